@@ -1,0 +1,331 @@
+"""Generator: the whole generation of a batch as one compiled TensorFlow call.
+
+One call of the compiled function does, on device:
+
+  1. prime: each row runs over its own prompt except the last character
+     (`Network.unroll` with a mask, so padding never touches a row's state);
+  2. decode: a `tf.while_loop` over steps that feeds the last id through
+     embedding-table gather -> cells -> dense -> sampling, appends the new id to
+     a TensorArray and advances the stop automaton; the loop ends after
+     `num_steps` or when every row has met a stop string.
+
+Only the final ids cross to the host. Every tunable (prompt lengths, batch
+size, steps, temperature, top-k, top-p, seeds, stop strings) is a tensor of a
+fixed signature, so nothing retraces; under XLA the executable is compiled per
+input *shape*, so prompt lengths and output buffers are padded to buckets
+(see `bucket`) to keep those compilations few.
+
+Streaming continues a generation chunk by chunk with the state carried on
+device between calls; the sampling noise is keyed by the global step, so the
+chunks join into exactly the one-shot text.
+"""
+
+import dataclasses
+import os
+from typing import Iterator, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from rnnstep import sampling
+from rnnstep import stopping
+
+# Bytes kept per generated character and row, all copies included (the id
+# buffer on device and its stacked copy, int32 each; the host id array; the
+# decoded str), for refusing runs that cannot fit before anything is allocated.
+BYTES_PER_GENERATED_CHAR = 16
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Rounds n up so that at most ~25% is padding: few distinct XLA shapes."""
+  n = max(int(n), minimum)
+  granule = max(1 << max(n.bit_length() - 3, 0), 1)
+  return -(-n // granule) * granule
+
+
+def available_memory_bytes() -> Optional[int]:
+  """MemAvailable from /proc/meminfo (None where unknown)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def check_output_fits(batch_size: int, num_steps: int) -> None:
+  """Refuses a run whose output cannot fit in memory, before allocating it.
+
+  Raises:
+    ValueError: with the estimate and what is available.
+  """
+  need = batch_size * num_steps * BYTES_PER_GENERATED_CHAR
+  have = available_memory_bytes()
+  if have is not None and need > have:
+    raise ValueError(
+        f"{batch_size} rows x {num_steps} steps need about {need / 2**30:.1f} GiB "
+        f"for the output but only {have / 2**30:.1f} GiB is available; generate "
+        "fewer rows or steps, or stream the output in chunks")
+
+
+@dataclasses.dataclass
+class Carry:
+  """What a continued generation carries between chunks (device tensors)."""
+  state: tuple
+  last_ids: tf.Tensor
+  stop_state: tf.Tensor
+  done: tf.Tensor
+  next_step: int
+
+
+class Generator(tf.Module):
+  """Compiled generation over a `Model`.
+
+  Research code can also drive the model directly: `zero_state(batch)` and the
+  compiled `step(ids, state) -> (logits, state)` run one timestep over explicit
+  state, the same cell code the loop uses.
+
+  Args:
+    model: an `rnnstep.Model`.
+    jit_compile: compile the functions with XLA.
+  """
+
+  def __init__(self, model, jit_compile: bool = True):
+    super().__init__(name=f"{model.name}_generator")
+    self.model = model
+    self.jit_compile = bool(jit_compile)
+    vocab_size = model.vocab_size
+    banned = np.zeros([vocab_size], np.float32)
+    if model.has_unk:
+      banned[0] = -np.inf
+    self._banned = tf.constant(banned) if model.has_unk else None
+    state_spec = tuple(
+        tuple(tf.TensorSpec([None, units], tf.float32) for units in sizes)
+        for sizes in self._state_sizes())
+    sampling_spec = [
+        tf.TensorSpec([], tf.float32, name="temperature"),
+        tf.TensorSpec([], tf.int32, name="top_k"),
+        tf.TensorSpec([], tf.float32, name="top_p"),
+        tf.TensorSpec([None], tf.int64, name="seeds"),
+        tf.TensorSpec([None], tf.int32, name="seed_index"),
+        tf.TensorSpec([None, vocab_size], tf.int32, name="stop_table"),
+        tf.TensorSpec([None], tf.bool, name="stop_accept"),
+    ]
+    buffer_spec = [tf.TensorSpec([], tf.int32, name="num_steps"),
+                   tf.TensorSpec([None], tf.bool, name="buffer_shape")]
+    jit = self.jit_compile
+    self._generate = tf.function(
+        self._generate_impl, jit_compile=jit, input_signature=[
+            tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
+            tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
+            *buffer_spec, *sampling_spec])
+    self._continue = tf.function(
+        self._continue_impl, jit_compile=jit, input_signature=[
+            state_spec,
+            tf.TensorSpec([None], tf.int32, name="last_ids"),
+            tf.TensorSpec([None], tf.int32, name="stop_state"),
+            tf.TensorSpec([None], tf.bool, name="done"),
+            tf.TensorSpec([], tf.int32, name="start_step"),
+            *buffer_spec, *sampling_spec])
+    self.step = tf.function(
+        self._step_impl, jit_compile=jit, input_signature=[
+            tf.TensorSpec([None], tf.int32, name="ids"), state_spec])
+
+  def _state_sizes(self):
+    sizes = {"gru": 1, "lstm": 2, "simple_rnn": 1}
+    return [(layer.units,) * sizes[layer.kind] for layer in self.model.config.layers]
+
+  def zero_state(self, batch_size: int):
+    """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer."""
+    return tuple(tuple(tf.zeros([batch_size, u]) for u in sizes)
+                 for sizes in self._state_sizes())
+
+  # -- compiled bodies -------------------------------------------------------
+
+  def _step_impl(self, ids, state):
+    return self.model.network().step(ids, state)
+
+  def _generate_impl(self, prompt_ids, prompt_lengths, num_steps, buffer_shape,
+                     temperature, top_k, top_p, seeds, seed_index, stop_table,
+                     stop_accept):
+    network = self.model.network()
+    batch = tf.shape(prompt_ids)[0]
+    # Prime over all but each row's last character; that one is the first input.
+    context = prompt_ids[:, :-1]
+    mask = tf.range(tf.shape(context)[1])[None, :] < (prompt_lengths[:, None] - 1)
+    _, state = network.unroll(context, network.zero_state(batch), mask)
+    last_ids = tf.gather(prompt_ids, prompt_lengths - 1, batch_dims=1)
+    return self._decode(network, state, last_ids,
+                        tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool),
+                        tf.constant(0), num_steps, buffer_shape, temperature,
+                        top_k, top_p, seeds, seed_index, stop_table, stop_accept)
+
+  def _continue_impl(self, state, last_ids, stop_state, done, start_step,
+                     num_steps, buffer_shape, temperature, top_k, top_p, seeds,
+                     seed_index, stop_table, stop_accept):
+    return self._decode(self.model.network(), state, last_ids, stop_state, done,
+                        start_step, num_steps, buffer_shape, temperature, top_k,
+                        top_p, seeds, seed_index, stop_table, stop_accept)
+
+  def _decode(self, network, state, last_ids, stop_state, done, start_step,
+              num_steps, buffer_shape, temperature, top_k, top_p, seeds,
+              seed_index, stop_table, stop_accept):
+    params = sampling.SamplingParams(temperature, top_k, top_p)
+    keys = sampling.row_keys(seeds, seed_index)
+    batch = tf.shape(last_ids)[0]
+    if self.jit_compile:
+      # XLA needs a static size: the buffer's shape is a compile-time constant.
+      ids = tf.TensorArray(tf.int32, size=tf.shape(buffer_shape)[0],
+                           element_shape=[None])
+    else:
+      ids = tf.TensorArray(tf.int32, size=0, dynamic_size=True,
+                           element_shape=[None])
+    lengths = tf.zeros([batch], tf.int32)
+
+    def cond(t, state, inputs, stop_state, done, lengths, ids):
+      del state, inputs, stop_state, lengths, ids
+      return (t < num_steps) & tf.logical_not(tf.reduce_all(done))
+
+    def body(t, state, inputs, stop_state, done, lengths, ids):
+      logits, state = network.step(inputs, state)
+      chosen = sampling.next_ids(logits, params, keys, start_step + t,
+                                 self._banned)
+      stop_state = tf.gather_nd(stop_table, tf.stack([stop_state, chosen], 1))
+      lengths = tf.where(done, lengths, t + 1)
+      done = done | tf.gather(stop_accept, stop_state)
+      return t + 1, state, chosen, stop_state, done, lengths, ids.write(t, chosen)
+
+    steps, state, last_ids, stop_state, done, lengths, ids = tf.while_loop(
+        cond, body, (tf.constant(0), state, last_ids, stop_state, done, lengths,
+                     ids))
+    return {"ids": tf.transpose(ids.stack()), "lengths": lengths,
+            "steps": steps, "state": state, "last_ids": last_ids,
+            "stop_state": stop_state, "done": done}
+
+  # -- host side ---------------------------------------------------------------
+
+  def _buffer(self, num_steps: int) -> np.ndarray:
+    size = bucket(num_steps) if self.jit_compile else 0
+    return np.zeros([size], bool)
+
+  def _stop_tables(self, stop: Sequence[str]):
+    sequences = []
+    for text in stop:
+      if not text:
+        raise ValueError("a stop string is empty; give at least one character")
+      try:
+        sequences.append(self.model.encode(text))
+      except ValueError as e:
+        raise ValueError(f"stop string {text!r} can never be generated: {e}") \
+            from None
+    return stopping.stop_automaton(sequences, self.model.vocab_size)
+
+  def _sampling_args(self, batch, temperature, top_k, top_p, seed, stop):
+    seeds, index = seed_rows(seed, batch)
+    table, accept = self._stop_tables(stop)
+    return (np.float32(temperature), np.int32(top_k), np.float32(top_p),
+            seeds, index, table, accept)
+
+  def prompt_batch(self, prompts: Sequence[str]):
+    """Encodes prompts into padded ids `[B, T]` and lengths `[B]`.
+
+    Raises:
+      ValueError: an empty prompt or one with a character outside the vocab.
+    """
+    encoded = []
+    for i, prompt in enumerate(prompts):
+      if not isinstance(prompt, str):
+        raise ValueError(f"prompt {i} is a {type(prompt).__name__}, not a str")
+      if not prompt:
+        raise ValueError(f"prompt {i} is empty; give at least one character")
+      try:
+        encoded.append(self.model.encode(prompt))
+      except ValueError as e:
+        raise ValueError(f"prompt {i}: {e}") from None
+    lengths = np.array([len(e) for e in encoded], np.int32)
+    width = int(lengths.max())
+    if self.jit_compile:
+      width = bucket(width, minimum=8)
+    ids = np.zeros([len(encoded), width], np.int32)
+    for row, e in enumerate(encoded):
+      ids[row, :len(e)] = e
+    return ids, lengths
+
+  def generate_ids(self, prompts: Sequence[str], num_steps: int, *,
+                   temperature=1.0, top_k=0, top_p=1.0, seed=None,
+                   stop=()) -> List[np.ndarray]:
+    """Generates continuations as id arrays, one per prompt, in one device call.
+
+    Arguments are as for `rnnstep.generate` (already validated there).
+
+    Returns:
+      One int32 array per prompt; a row that met a stop string ends with it.
+    """
+    prompt_ids, lengths = self.prompt_batch(prompts)
+    if num_steps == 0:
+      return [np.zeros([0], np.int32) for _ in prompts]
+    check_output_fits(len(prompts), num_steps)
+    out = self._generate(prompt_ids, lengths, np.int32(num_steps),
+                         self._buffer(num_steps),
+                         *self._sampling_args(len(prompts), temperature, top_k,
+                                              top_p, seed, stop))
+    ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
+    return [ids[row, :n] for row, n in enumerate(row_lengths)]
+
+  def stream_ids(self, prompts: Sequence[str], num_steps: int, chunk_size: int,
+                 *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
+                 stop=()) -> Iterator[List[np.ndarray]]:
+    """Like `generate_ids`, yielding each row's new ids every `chunk_size` steps.
+
+    The state stays on device between chunks; joined, the chunks equal the
+    one-shot result for the same arguments.
+    """
+    prompt_ids, lengths = self.prompt_batch(prompts)
+    batch = len(prompts)
+    args = self._sampling_args(batch, temperature, top_k, top_p, seed, stop)
+    carry = None
+    done_steps = 0
+    while done_steps < num_steps:
+      steps = min(chunk_size, num_steps - done_steps)
+      buffer = self._buffer(chunk_size)
+      if carry is None:
+        out = self._generate(prompt_ids, lengths, np.int32(steps), buffer, *args)
+      else:
+        out = self._continue(carry.state, carry.last_ids, carry.stop_state,
+                             carry.done, np.int32(done_steps), np.int32(steps),
+                             buffer, *args)
+      ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
+      yield [ids[row, :n] for row, n in enumerate(row_lengths)]
+      carry = Carry(out["state"], out["last_ids"], out["stop_state"],
+                    out["done"], done_steps + steps)
+      done_steps += steps
+      if bool(tf.reduce_all(out["done"])):
+        return
+
+
+def seed_rows(seed, batch_size: int):
+  """Maps the `seed` argument to per-row (seed, index) pairs.
+
+  - None: a fresh random seed, rows indexed 0..B-1;
+  - an int s: row i uses (s, i);
+  - a sequence of B ints: row i uses (seeds[i], 0), so a row can be reproduced
+    alone with its own seed.
+
+  Returns:
+    `(seeds int64 [B], index int32 [B])`.
+  """
+  if seed is None:
+    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+  if isinstance(seed, (int, np.integer)):
+    return (np.full([batch_size], seed, np.int64),
+            np.arange(batch_size, dtype=np.int32))
+  seeds = np.asarray(list(seed), np.int64)
+  if seeds.shape != (batch_size,):
+    raise ValueError(f"seed lists {seeds.size} seeds for {batch_size} prompts; "
+                     "give one int, or one per prompt")
+  return seeds, np.zeros([batch_size], np.int32)

@@ -1,0 +1,252 @@
+"""Model: a model file's raw tensors in a `tf.Module`, and the forward pass.
+
+`Model` owns the weights as (non-trainable) variables, plus one derived table:
+the first layer's input projection for every vocabulary entry,
+`input_table[v] = embedding[v] @ K_0 + folded input bias`, so that embedding
+lookup and the first input matmul become one gather per step.
+
+`Network` is the forward pass over those weights, built inside a compiled
+function (or eagerly) by `Model.network()`. It offers the two ways through the
+stack that everything else uses:
+
+  - `step(ids, state)`: one timestep through every layer (generation);
+  - `unroll(ids, state, mask)`: layer by layer over a whole sequence, each
+    layer's input projection batched over time (scoring and prompt priming).
+
+Both run the same cell code from `cells.py`.
+"""
+
+import os
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from rnnstep import cells as cells_lib
+from rnnstep import generator as generator_lib
+from rnnstep import model_file
+
+# A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
+StackState = Tuple[Tuple[tf.Tensor, ...], ...]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class Model(tf.Module):
+  """A recurrent character model: Embedding -> recurrent layers -> Dense.
+
+  Attributes:
+    config: the `model_file.ModelConfig`.
+    vocab: the characters in id order (id 0 may be "[UNK]").
+    has_unk: whether id 0 is "[UNK]" (it is never sampled).
+    compute_dtype: the dtype of the recurrent and output matmuls.
+    source: the file the model was read from, if any.
+  """
+
+  def __init__(self, config: model_file.ModelConfig, vocab: Sequence[str],
+               tensors, dtype: str = "float32", source: Optional[str] = None,
+               name: Optional[str] = None):
+    """Builds a model from validated tensors (see `model_file.validate`).
+
+    Args:
+      config: the architecture.
+      vocab: characters in id order.
+      tensors: float32 arrays keyed as in the model file.
+      dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
+      source: where the weights came from, for messages.
+      name: the tf.Module name.
+
+    Raises:
+      ValueError: an unknown dtype or tensors that do not fit the config.
+    """
+    super().__init__(name=name)
+    if dtype not in DTYPES:
+      raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    vocab = model_file.validate_vocab(list(vocab), source)
+    tensors = model_file.validate(config, vocab, tensors, source)
+    self.config = config
+    self.vocab = tuple(vocab)
+    self.has_unk = vocab[0] == model_file.UNK_TOKEN
+    self.compute_dtype = tf.as_dtype(dtype)
+    self.source = source
+    self._char_to_id = {c: i for i, c in enumerate(vocab)}
+
+    def var(key):
+      return tf.Variable(tensors[key], trainable=False, name=key)
+
+    self.embedding = var("embedding")
+    self.layer_weights = [
+        tuple(var(f"layer{i}_{part}")
+              for part in ("kernel", "recurrent_kernel", "bias"))
+        for i in range(len(config.layers))]
+    self.dense_kernel = var("dense_kernel")
+    self.dense_bias = var("dense_bias")
+    # The first layer's input projection for every id, computed in float32
+    # whatever the compute dtype (it is only gathered, never multiplied again).
+    first = cells_lib.make_cell(config.layers[0], *self.layer_weights[0])
+    self.input_table = tf.Variable(first.project_inputs(self.embedding),
+                                   trainable=False, name="input_table")
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.vocab)
+
+  @property
+  def num_parameters(self) -> int:
+    return sum(int(np.prod(v.shape)) for v in
+               [self.embedding, self.dense_kernel, self.dense_bias,
+                *[w for layer in self.layer_weights for w in layer]])
+
+  def encode(self, text: str) -> np.ndarray:
+    """Maps a string to int32 ids.
+
+    Raises:
+      ValueError: naming the first character that is not in the vocabulary.
+    """
+    try:
+      return np.fromiter((self._char_to_id[c] for c in text), np.int32, len(text))
+    except KeyError as e:
+      char = e.args[0]
+      raise ValueError(
+          f"character {char!r} (U+{ord(char):04X}) at position {text.index(char)} "
+          "is not in the model's vocabulary; remove or replace it") from None
+
+  def decode(self, ids) -> str:
+    """Maps ids back to a string."""
+    vocab = self.vocab
+    return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
+
+  def generator(self, jit_compile: bool = True):
+    """Returns this model's `Generator` for the given mode, built once and cached."""
+    # Kept out of tf.Module's attribute tracking (a generator refers back to the
+    # model; it is not part of the model's state).
+    cache = self.__dict__.setdefault("_generator_cache", {})
+    key = bool(jit_compile)
+    if key not in cache:
+      cache[key] = generator_lib.Generator(self, jit_compile=key)
+    return cache[key]
+
+  def network(self) -> "Network":
+    """Returns the forward pass over the current weights (read once, here)."""
+    dtype = self.compute_dtype
+    cells = []
+    for i, (layer, weights) in enumerate(zip(self.config.layers,
+                                             self.layer_weights)):
+      kernel, recurrent_kernel, bias = weights
+      if i == 0:
+        kernel = None  # Folded into input_table; never multiplied again.
+      cells.append(cells_lib.make_cell(layer, kernel, recurrent_kernel, bias,
+                                       dtype))
+    return Network(cells, tf.convert_to_tensor(self.input_table),
+                   tf.cast(self.dense_kernel, dtype),
+                   tf.convert_to_tensor(self.dense_bias), self.has_unk)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+  def score(self, ids):
+    """Teacher-forced logits `[B, T, V]` from a zero state, for ids `[B, T]`."""
+    network = self.network()
+    outputs, _ = network.unroll(ids, network.zero_state(tf.shape(ids)[0]))
+    return network.logits(outputs)
+
+
+class Network:
+  """The forward pass of a Model, over weight tensors read once.
+
+  Args:
+    cells: one `cells.Cell` per layer (layer 0's kernel is in `input_table`).
+    input_table: `[V, G*U_0]`, layer 0's input projection per id.
+    dense_kernel: `[U_last, V]` in the compute dtype.
+    dense_bias: `[V]`.
+    has_unk: whether id 0 is "[UNK]".
+  """
+
+  def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk):
+    self.cells = cells
+    self.input_table = input_table
+    self.dense_kernel = dense_kernel
+    self.dense_bias = dense_bias
+    self.has_unk = has_unk
+    self.vocab_size = int(dense_bias.shape[0])
+
+  def zero_state(self, batch_size) -> StackState:
+    return tuple(cell.zero_state(batch_size) for cell in self.cells)
+
+  def logits(self, outputs: tf.Tensor) -> tf.Tensor:
+    """The Dense layer on top-layer outputs `[..., U]` -> logits `[..., V]`."""
+    return cells_lib._matmul(outputs, self.dense_kernel,  # pylint: disable=protected-access
+                             self.dense_kernel.dtype) + self.dense_bias
+
+  def advance(self, ids: tf.Tensor, state: StackState):
+    """One timestep through every layer for ids `[B]`.
+
+    Returns:
+      `(top_output [B, U_last], new_state)`.
+    """
+    x_proj = tf.gather(self.input_table, ids)
+    new_state = []
+    for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
+      if i:
+        x_proj = cell.project_inputs(output)
+      output, layer_state = cell.step(x_proj, layer_state)
+      new_state.append(layer_state)
+    return output, tuple(new_state)
+
+  def step(self, ids: tf.Tensor, state: StackState):
+    """One timestep: ids `[B]` -> `(logits [B, V], new_state)`."""
+    output, state = self.advance(ids, state)
+    return self.logits(output), state
+
+  def unroll(self, ids: tf.Tensor, state: StackState,
+             mask: Optional[tf.Tensor] = None):
+    """Runs ids `[B, T]` through the stack, layer by layer.
+
+    Args:
+      ids: int32 `[B, T]`.
+      state: the initial state.
+      mask: optional bool `[B, T]`; where False the row's state is carried over
+        unchanged (bit for bit), so padding never touches a row.
+
+    Returns:
+      `(top_outputs [B, T, U_last], final_state)`.
+    """
+    x_proj = tf.gather(self.input_table, tf.transpose(ids))  # [T, B, G*U]
+    mask_tm = None if mask is None else tf.transpose(mask)
+    final = []
+    for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
+      if i:
+        x_proj = cell.project_inputs(outputs)
+      outputs, layer_state = _unroll_cell(cell, x_proj, layer_state, mask_tm)
+      final.append(layer_state)
+    return tf.transpose(outputs, [1, 0, 2]), tuple(final)
+
+
+def _unroll_cell(cell, x_proj, state, mask):
+  """Time-major loop of one cell: x_proj `[T, B, G*U]` -> outputs `[T, B, U]`."""
+  steps = tf.shape(x_proj)[0]
+  outputs = tf.TensorArray(tf.float32, size=steps, element_shape=[None, cell.units])
+
+  def body(t, state, outputs):
+    output, new_state = cell.step(x_proj[t], state)
+    if mask is not None:
+      keep = mask[t][:, None]
+      new_state = tuple(tf.where(keep, new, old)
+                        for new, old in zip(new_state, state))
+      output = new_state[0]
+    return t + 1, new_state, outputs.write(t, output)
+
+  _, state, outputs = tf.while_loop(lambda t, *_: t < steps, body,
+                                    (tf.constant(0), state, outputs))
+  return outputs.stack(), state
+
+
+def from_file(model_data: model_file.ModelFile, dtype: str = "float32",
+              source: Optional[str] = None) -> Model:
+  """Builds a Model from a read model file."""
+  name = None
+  if source:
+    stem = os.path.splitext(os.path.basename(source))[0]
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem) or None
+    if name and name[0].isdigit():
+      name = "m_" + name
+  return Model(model_data.config, model_data.vocab, model_data.tensors, dtype,
+               source, name=name)

@@ -1,0 +1,340 @@
+"""The rnnstep model file: a plain `.npz` archive of raw tensors.
+
+This module is the only place that knows the file's keys. A file holds:
+
+  format_version   int64 scalar, currently 1
+  config           str scalar: JSON `{"embedding_dim": D, "layers": [LAYER, ...]}`
+                   where LAYER is `{"kind": "gru", "units": U, "reset_after": bool}`,
+                   `{"kind": "lstm", "units": U}` or `{"kind": "simple_rnn", "units": U}`
+  vocab            str scalar: JSON list of the characters in id order; id 0 may be
+                   "[UNK]" (never sampled)
+  embedding        float32 [V, D]
+  layer{i}_kernel            float32 [D_i, G*U_i]   (D_0 = D, D_i = U_{i-1})
+  layer{i}_recurrent_kernel  float32 [U_i, G*U_i]
+  layer{i}_bias              float32: GRU reset_after [2, 3U]; GRU [3U]; LSTM [4U];
+                             SimpleRNN [U]
+  dense_kernel     float32 [U_last, V]
+  dense_bias       float32 [V]
+
+G is 3 for GRU (gate columns [z | r | h]), 4 for LSTM ([i | f | c | o]) and 1 for
+SimpleRNN: the Keras layouts, unchanged. Files are read with `allow_pickle=False`
+and every member's declared size is checked against its stored size before it is
+read, so a hostile file can neither run code nor make us allocate what it does not
+hold. Writes are atomic: a failed write leaves no file behind.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import tempfile
+import zipfile
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+FORMAT_VERSION = 1
+UNK_TOKEN = "[UNK]"
+
+# Gate blocks per recurrent kind: the kernel has GATES * units columns.
+GATES = {"gru": 3, "lstm": 4, "simple_rnn": 1}
+
+# Upper bounds that no real char model reaches; they stop absurd configs early.
+MAX_UNITS = 1 << 16
+MAX_VOCAB = 1 << 20
+MAX_LAYERS = 64
+MAX_MEMBER_BYTES = 8 << 30
+MAX_TEXT_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerConfig:
+  """One recurrent layer: its kind ('gru', 'lstm', 'simple_rnn'), width and variant."""
+  kind: str
+  units: int
+  reset_after: bool = True  # GRU only.
+
+  def to_json(self) -> dict:
+    out = {"kind": self.kind, "units": self.units}
+    if self.kind == "gru":
+      out["reset_after"] = self.reset_after
+    return out
+
+  def bias_shape(self) -> Tuple[int, ...]:
+    width = GATES[self.kind] * self.units
+    if self.kind == "gru" and self.reset_after:
+      return (2, width)
+    return (width,)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The architecture: Embedding(V, D) -> recurrent layers -> Dense(V)."""
+  embedding_dim: int
+  layers: Tuple[LayerConfig, ...]
+
+  def to_json(self) -> str:
+    return json.dumps({"embedding_dim": self.embedding_dim,
+                       "layers": [layer.to_json() for layer in self.layers]})
+
+  def expected_shapes(self, vocab_size: int) -> Dict[str, Tuple[int, ...]]:
+    """Returns the shape every tensor key must have for this config."""
+    shapes = {"embedding": (vocab_size, self.embedding_dim)}
+    inputs = self.embedding_dim
+    for i, layer in enumerate(self.layers):
+      width = GATES[layer.kind] * layer.units
+      shapes[f"layer{i}_kernel"] = (inputs, width)
+      shapes[f"layer{i}_recurrent_kernel"] = (layer.units, width)
+      shapes[f"layer{i}_bias"] = layer.bias_shape()
+      inputs = layer.units
+    shapes["dense_kernel"] = (inputs, vocab_size)
+    shapes["dense_bias"] = (vocab_size,)
+    return shapes
+
+
+@dataclasses.dataclass
+class ModelFile:
+  """What a model file holds, validated: config, vocabulary and float32 tensors."""
+  config: ModelConfig
+  vocab: List[str]
+  tensors: Dict[str, np.ndarray]
+
+
+def _fail(path, problem: str, advice: str = "") -> ValueError:
+  where = f"{path}: " if path else ""
+  return ValueError(f"{where}{problem}{'; ' + advice if advice else ''}")
+
+
+def parse_config(data, path=None) -> ModelConfig:
+  """Builds a ModelConfig from decoded JSON, accepting only known keys and values.
+
+  Args:
+    data: the decoded JSON object.
+    path: the file it came from, for error messages.
+
+  Returns:
+    The ModelConfig.
+
+  Raises:
+    ValueError: naming the field that is missing or out of range.
+  """
+  if not isinstance(data, dict):
+    raise _fail(path, "config is not a JSON object")
+  dim = data.get("embedding_dim")
+  if not _is_size(dim, MAX_UNITS):
+    raise _fail(path, f"config embedding_dim must be a positive integer, got {dim!r}")
+  layers_json = data.get("layers")
+  if (not isinstance(layers_json, list) or not layers_json
+      or len(layers_json) > MAX_LAYERS):
+    raise _fail(path, f"config layers must be a list of 1 to {MAX_LAYERS} layers")
+  layers = []
+  for i, entry in enumerate(layers_json):
+    if not isinstance(entry, dict):
+      raise _fail(path, f"config layer {i} is not a JSON object")
+    kind = entry.get("kind")
+    if kind not in GATES:
+      raise _fail(path, f"config layer {i} has unknown kind {kind!r}",
+                  f"known kinds: {sorted(GATES)}")
+    units = entry.get("units")
+    if not _is_size(units, MAX_UNITS):
+      raise _fail(path, f"config layer {i} units must be a positive integer, "
+                  f"got {units!r}")
+    reset_after = entry.get("reset_after", True)
+    if not isinstance(reset_after, bool):
+      raise _fail(path, f"config layer {i} reset_after must be true or false")
+    layers.append(LayerConfig(kind, units, reset_after))
+  return ModelConfig(dim, tuple(layers))
+
+
+def _is_size(value, limit) -> bool:
+  return (isinstance(value, int) and not isinstance(value, bool)
+          and 0 < value <= limit)
+
+
+def validate_vocab(vocab, path=None) -> List[str]:
+  """Checks a vocabulary: distinct single characters, optional "[UNK]" at id 0.
+
+  Raises:
+    ValueError: naming the offending entry.
+  """
+  if not isinstance(vocab, list) or not vocab:
+    raise _fail(path, "vocab must be a non-empty list of characters")
+  if len(vocab) > MAX_VOCAB:
+    raise _fail(path, f"vocab has {len(vocab)} entries, more than {MAX_VOCAB}")
+  for i, token in enumerate(vocab):
+    if not isinstance(token, str):
+      raise _fail(path, f"vocab entry {i} is not a string")
+    if token == UNK_TOKEN and i == 0:
+      continue
+    if len(token) != 1:
+      raise _fail(path, f"vocab entry {i} is {token!r}, not a single character",
+                  f"only id 0 may be {UNK_TOKEN!r}")
+  if len(set(vocab)) != len(vocab):
+    dupes = sorted({t for t in vocab if vocab.count(t) > 1})
+    raise _fail(path, f"vocab repeats {dupes!r}")
+  return list(vocab)
+
+
+def validate(config: ModelConfig, vocab: Sequence[str],
+             tensors: Mapping[str, np.ndarray], path=None) -> Dict[str, np.ndarray]:
+  """Checks tensors against config and vocab; returns them as float32 arrays.
+
+  Raises:
+    ValueError: a missing, extra, misshapen, non-float or non-finite tensor.
+  """
+  expected = config.expected_shapes(len(vocab))
+  missing = sorted(set(expected) - set(tensors))
+  if missing:
+    raise _fail(path, f"missing tensors {missing}")
+  extra = sorted(set(tensors) - set(expected))
+  if extra:
+    raise _fail(path, f"unexpected tensors {extra}",
+                "the file does not match its config")
+  out = {}
+  for key, shape in expected.items():
+    array = np.asarray(tensors[key])
+    if array.dtype.kind != "f":
+      raise _fail(path, f"tensor {key} has dtype {array.dtype}, expected float")
+    if tuple(array.shape) != shape:
+      raise _fail(path, f"tensor {key} has shape {tuple(array.shape)}, expected "
+                  f"{shape} for vocab size {len(vocab)} and the config")
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+      raise _fail(path, f"tensor {key} holds NaN or Inf values")
+    out[key] = array
+  return out
+
+
+def write(path, config: ModelConfig, vocab: Sequence[str],
+          tensors: Mapping[str, np.ndarray]) -> None:
+  """Validates and writes a model file atomically (temp file, then rename).
+
+  Args:
+    path: destination `.npz` path.
+    config: the architecture.
+    vocab: characters in id order.
+    tensors: the arrays named as in the module docstring.
+
+  Raises:
+    ValueError: if the contents are inconsistent (nothing is written).
+    OSError: if the file cannot be written (nothing is left behind).
+  """
+  vocab = validate_vocab(list(vocab))
+  arrays = validate(config, vocab, tensors)
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=".rnnstep-", suffix=".npz.tmp", dir=directory)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, format_version=np.int64(FORMAT_VERSION),
+               config=np.array(config.to_json()),
+               vocab=np.array(json.dumps(vocab, ensure_ascii=False)), **arrays)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except OSError:
+      pass
+    raise
+
+
+def read(path) -> ModelFile:
+  """Reads and validates a model file, without unpickling anything.
+
+  Args:
+    path: the `.npz` file.
+
+  Returns:
+    A ModelFile with float32 tensors.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be opened.
+    ValueError: the file is not a valid rnnstep model file; the message names the
+      file and the problem.
+  """
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no such model file")
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path}: is a directory, not an rnnstep .npz model file")
+  try:
+    members = _read_members(path)
+  except zipfile.BadZipFile as e:
+    raise _fail(path, f"not an rnnstep model file (not a valid .npz archive: {e})",
+                "convert Keras weights with rnnstep-convert") from None
+  version = members.pop("format_version", None)
+  if version is None or version.shape != () or version.dtype.kind not in "iu":
+    raise _fail(path, "not an rnnstep model file (no format_version)",
+                "convert Keras weights with rnnstep-convert")
+  if int(version) != FORMAT_VERSION:
+    raise _fail(path, f"format_version {int(version)} is not supported "
+                f"(this rnnstep reads version {FORMAT_VERSION})",
+                "upgrade rnnstep or re-convert the model")
+  config = parse_config(_json_member(members.pop("config", None), "config", path),
+                        path)
+  vocab = validate_vocab(_json_member(members.pop("vocab", None), "vocab", path),
+                         path)
+  tensors = validate(config, vocab, members, path)
+  return ModelFile(config, vocab, tensors)
+
+
+def _json_member(array: Optional[np.ndarray], key: str, path):
+  if array is None:
+    raise _fail(path, f"missing {key}")
+  if array.shape != () or array.dtype.kind != "U":
+    raise _fail(path, f"{key} must be a JSON text scalar")
+  try:
+    return json.loads(str(array))
+  except json.JSONDecodeError as e:
+    raise _fail(path, f"{key} is not valid JSON ({e})") from None
+
+
+def _read_members(path) -> Dict[str, np.ndarray]:
+  """Reads every `.npy` member, checking headers before allocating anything."""
+  out = {}
+  with zipfile.ZipFile(path) as archive:
+    infos = archive.infolist()
+    if len(infos) > 4 * MAX_LAYERS + 16:
+      raise _fail(path, f"holds {len(infos)} members, too many for a model file")
+    total = 0
+    for info in infos:
+      name = info.filename
+      if not name.endswith(".npy") or "/" in name or name.startswith("."):
+        raise _fail(path, f"unexpected member {name!r}")
+      total += info.file_size
+      if info.file_size > MAX_MEMBER_BYTES or total > MAX_MEMBER_BYTES:
+        raise _fail(path, f"member {name!r} declares {info.file_size} bytes, "
+                    "more than a model file may hold")
+      with archive.open(info) as stream:
+        header = stream.read(min(info.file_size, 1 << 16))
+        shape, dtype = _npy_header(header, name, path)
+        if dtype.kind in "OV" or dtype.hasobject:
+          raise _fail(path, f"member {name!r} holds {dtype} objects, not numbers")
+        declared = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if dtype.kind == "U":
+          if declared > MAX_TEXT_BYTES:
+            raise _fail(path, f"text member {name!r} is too large")
+        if declared > info.file_size:
+          raise _fail(path, f"member {name!r} declares {declared} bytes but holds "
+                      f"{info.file_size}: truncated or forged")
+      try:
+        out[name[:-4]] = np.load(io.BytesIO(archive.read(info)),
+                                 allow_pickle=False)
+      except (ValueError, OSError, EOFError) as e:
+        raise _fail(path, f"member {name!r} is unreadable ({e})") from None
+  return out
+
+
+def _npy_header(header: bytes, name: str, path) -> Tuple[Tuple[int, ...], np.dtype]:
+  stream = io.BytesIO(header)
+  try:
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+      shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+    else:
+      shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+  except (ValueError, EOFError, OSError) as e:
+    raise _fail(path, f"member {name!r} is not a valid .npy array ({e})") from None
+  return tuple(shape), dtype

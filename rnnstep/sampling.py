@@ -1,0 +1,136 @@
+"""Sampling: logits -> next ids, on device, the same under graph mode and XLA.
+
+Order of operations (as in HF `generate` and KerasHub samplers):
+
+  1. banned ids (an "[UNK]" at id 0) get -inf;
+  2. temperature: `temperature == 0` is greedy argmax (first maximum on ties);
+     otherwise logits are divided by it;
+  3. top-k keeps the k largest (ties at the k-th value are kept), 0 = off;
+  4. top-p keeps the smallest set of most likely ids whose probability reaches
+     p (after top-k), 1.0 = off;
+  5. one draw by the Gumbel-max trick: `argmax(logits + Gumbel noise)` is an
+     exact sample of `softmax(logits)`.
+
+Randomness is a counter-based hash, not a stateful or op-specific RNG: the noise
+for (row key, step, id) is `fmix32` (MurmurHash3's finalizer) chained over those
+integers. It is therefore identical in graph mode and under XLA, for a
+one-shot run and for the same run in chunks, and a row's noise depends only on
+its own key, never on the batch it is in. Row keys come from `row_keys(seeds,
+index)`: for `seed=s`, row i uses `(s, i)`.
+"""
+
+import collections
+
+import tensorflow as tf
+
+# Logits are clipped here before sampling so that a tiny temperature cannot
+# produce inf - inf = NaN in the softmax of top-p.
+_LOGIT_LIMIT = 1e30
+
+SamplingParams = collections.namedtuple("SamplingParams",
+                                        ["temperature", "top_k", "top_p"])
+SamplingParams.__doc__ = """Per-call sampling values, as scalar tensors.
+
+Attributes:
+  temperature: float32; 0 means greedy.
+  top_k: int32; 0 means off.
+  top_p: float32 in (0, 1]; 1 means off.
+"""
+
+
+def _u32(value):
+  return tf.constant(value, tf.uint32)
+
+
+def fmix32(x: tf.Tensor) -> tf.Tensor:
+  """MurmurHash3's 32-bit finalizer: a bijective, well-mixing uint32 -> uint32."""
+  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, _u32(16)))
+  x = x * _u32(0x85EBCA6B)
+  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, _u32(13)))
+  x = x * _u32(0xC2B2AE35)
+  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, _u32(16)))
+
+
+def row_keys(seeds: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+  """Derives one uint32 key per row from an int64 seed and an int32 row index.
+
+  Args:
+    seeds: int64 `[B]`, the seed of each row.
+    index: int32 `[B]`, each row's index under its seed.
+
+  Returns:
+    uint32 `[B]`.
+  """
+  seeds = tf.convert_to_tensor(seeds, tf.int64)
+  low = tf.cast(tf.bitwise.bitwise_and(seeds, tf.constant(0xFFFFFFFF, tf.int64)),
+                tf.uint32)
+  high = tf.cast(tf.bitwise.right_shift(seeds, tf.constant(32, tf.int64)),
+                 tf.uint32)
+  key = fmix32(tf.bitwise.bitwise_xor(low, _u32(0x9E3779B9)))
+  key = fmix32(tf.bitwise.bitwise_xor(key, high))
+  return fmix32(tf.bitwise.bitwise_xor(key, tf.cast(index, tf.uint32)))
+
+
+def uniform_noise(keys: tf.Tensor, step: tf.Tensor, vocab_size: int) -> tf.Tensor:
+  """Uniform floats in (0, 1), `[B, vocab_size]`, a pure function of (key, step, id)."""
+  step_key = fmix32(tf.bitwise.bitwise_xor(
+      keys, fmix32(tf.cast(step, tf.uint32) + _u32(0x632BE5AB))))
+  ids = tf.range(vocab_size, dtype=tf.int32)
+  id_salt = tf.cast(ids, tf.uint32) * _u32(0x27D4EB2F) + _u32(0x165667B1)
+  bits = fmix32(tf.bitwise.bitwise_xor(step_key[:, None], id_salt[None, :]))
+  # The top 24 bits, centred in their interval: never exactly 0 or 1.
+  mantissa = tf.cast(tf.bitwise.right_shift(bits, _u32(8)), tf.float32)
+  return (mantissa + 0.5) * (1.0 / (1 << 24))
+
+
+def filter_logits(scaled: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor):
+  """Sets logits outside the top-k / top-p set to -inf (one sort for both)."""
+  vocab_size = scaled.shape[-1] or tf.shape(scaled)[-1]
+  ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")
+  k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+  position = tf.range(vocab_size)[None, :]
+  ordered = tf.where(position < k, ordered, -float("inf"))
+  probs = tf.nn.softmax(ordered, axis=-1)
+  before = tf.cumsum(probs, axis=-1, exclusive=True)
+  # Keep ids whose preceding mass is below p: the smallest set reaching p. The
+  # first is always kept (its preceding mass is 0 < p).
+  kept = tf.reduce_sum(tf.cast((before < top_p) & (position < k), tf.int32), -1)
+  threshold = tf.gather(ordered, tf.maximum(kept, 1) - 1, batch_dims=1)
+  return tf.where(scaled >= threshold[:, None], scaled, -float("inf"))
+
+
+def next_ids(logits: tf.Tensor, params: SamplingParams, keys: tf.Tensor,
+             step: tf.Tensor, banned=None) -> tf.Tensor:
+  """Chooses the next id of every row.
+
+  Args:
+    logits: float32 `[B, V]`.
+    params: the SamplingParams.
+    keys: uint32 `[B]` row keys (see `row_keys`).
+    step: int32 scalar, the generation step (the noise's counter).
+    banned: optional float32 `[V]` added to the logits (-inf on banned ids).
+
+  Returns:
+    int32 `[B]`.
+  """
+  if banned is not None:
+    logits = logits + banned
+  vocab_size = logits.shape[-1]
+
+  def greedy():
+    return tf.argmax(logits, axis=-1, output_type=tf.int32)
+
+  def sample():
+    scaled = tf.clip_by_value(logits / params.temperature, -_LOGIT_LIMIT,
+                              _LOGIT_LIMIT)
+    if banned is not None:
+      scaled = scaled + banned
+    needs_filter = ((params.top_k > 0) & (params.top_k < vocab_size)
+                    ) | (params.top_p < 1.0)
+    scaled = tf.cond(needs_filter,
+                     lambda: filter_logits(scaled, params.top_k, params.top_p),
+                     lambda: scaled)
+    gumbel = -tf.math.log(-tf.math.log(uniform_noise(keys, step, vocab_size)))
+    return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+
+  return tf.cond(params.temperature > 0.0, sample, greedy)

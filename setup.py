@@ -1,0 +1,4 @@
+"""Setuptools shim: all metadata lives in setup.cfg."""
+import setuptools
+
+setuptools.setup()
