@@ -156,9 +156,11 @@ class Generator(tf.Module):
     network = self.model.network()
     batch = tf.shape(prompt_ids)[0]
     # Prime over all but each row's last character; that one is the first input.
-    context = prompt_ids[:, :-1]
-    mask = tf.range(tf.shape(context)[1])[None, :] < (prompt_lengths[:, None] - 1)
-    _, state = network.unroll(context, network.zero_state(batch), mask)
+    # (The unroll spans every column, so it is never empty; masked steps are free
+    # of effect on a row's state.)
+    mask = (tf.range(tf.shape(prompt_ids)[1])[None, :]
+            < (prompt_lengths[:, None] - 1))
+    _, state = network.unroll(prompt_ids, network.zero_state(batch), mask)
     last_ids = tf.gather(prompt_ids, prompt_lengths - 1, batch_dims=1)
     return self._decode(network, state, last_ids,
                         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool),

@@ -1,0 +1,95 @@
+"""Real Keras 3 models as the reference that rnnstep must match (tests only).
+
+`build(layers, vocab_size, embedding_dim, seed)` makes
+Embedding -> recurrent layers -> Dense with Keras' own initializers, and
+`rnnstep_model(keras_model, layers, vocab)` copies its weights, as raw arrays,
+into an `rnnstep.Model` without going through any file or converter, so these
+tests pin the kernel alone.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np
+import tensorflow as tf
+
+from rnnstep import model as model_lib
+from rnnstep import model_file
+
+GRU = model_file.LayerConfig("gru", 0, True)
+
+
+def layer(kind, units, reset_after=True):
+  return model_file.LayerConfig(kind, units, reset_after)
+
+
+def build(layers, vocab_size=65, embedding_dim=16, seed=0, bias_scale=0.3):
+  """A Keras 3 model `ids [B, T] -> logits [B, T, V]` with random weights.
+
+  Biases (zero at Keras init) are set to random values so that every bias
+  term of the cell equations is exercised.
+  """
+  keras.utils.set_random_seed(seed)
+  inputs = keras.Input(shape=(None,), dtype="int32")
+  x = keras.layers.Embedding(vocab_size, embedding_dim)(inputs)
+  for spec in layers:
+    if spec.kind == "gru":
+      x = keras.layers.GRU(spec.units, return_sequences=True,
+                           reset_after=spec.reset_after)(x)
+    elif spec.kind == "lstm":
+      x = keras.layers.LSTM(spec.units, return_sequences=True)(x)
+    else:
+      x = keras.layers.SimpleRNN(spec.units, return_sequences=True)(x)
+  outputs = keras.layers.Dense(vocab_size)(x)
+  model = keras.Model(inputs, outputs)
+  rng = np.random.default_rng(seed)
+  for lay in model.layers:
+    weights = lay.get_weights()
+    if weights and not isinstance(lay, keras.layers.Embedding):
+      weights[-1] = rng.normal(0, bias_scale, weights[-1].shape).astype(np.float32)
+      lay.set_weights(weights)
+  return model
+
+
+def weights_of(keras_model, layers):
+  """The model-file tensor dict of a model made by `build`."""
+  weight_layers = [l for l in keras_model.layers if l.get_weights()]
+  tensors = {"embedding": weight_layers[0].get_weights()[0]}
+  for i in range(len(layers)):
+    kernel, recurrent_kernel, bias = weight_layers[1 + i].get_weights()
+    tensors[f"layer{i}_kernel"] = kernel
+    tensors[f"layer{i}_recurrent_kernel"] = recurrent_kernel
+    tensors[f"layer{i}_bias"] = bias
+  tensors["dense_kernel"], tensors["dense_bias"] = weight_layers[-1].get_weights()
+  return tensors
+
+
+def default_vocab(vocab_size):
+  return [chr(ord(" ") + i) for i in range(vocab_size)]
+
+
+def rnnstep_model(keras_model, layers, vocab=None, dtype="float32"):
+  """An rnnstep Model holding the same weights as `keras_model`."""
+  embedding = keras_model.layers[1].get_weights()[0]
+  vocab = vocab or default_vocab(embedding.shape[0])
+  config = model_file.ModelConfig(int(embedding.shape[1]), tuple(layers))
+  return model_lib.Model(config, vocab, weights_of(keras_model, layers), dtype)
+
+
+def greedy(keras_model, prompt_ids, num_steps, banned=()):
+  """Keras greedy decoding by re-running the model on the whole sequence.
+
+  Slow (quadratic) but plainly correct: no state handling to get wrong.
+  """
+  forward = tf.function(lambda x: keras_model(x, training=False)[0, -1],
+                        input_signature=[tf.TensorSpec([1, None], tf.int32)])
+  ids = list(prompt_ids)
+  out = []
+  for _ in range(num_steps):
+    logits = forward(np.array([ids], np.int32)).numpy()
+    logits[list(banned)] = -np.inf
+    ids.append(int(np.argmax(logits)))
+    out.append(ids[-1])
+  return out

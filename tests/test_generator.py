@@ -1,0 +1,219 @@
+"""Generation: Keras-exact greedy text, batching, XLA, seeds, traces, streams, stops."""
+
+import functools
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tests import keras_reference as kr
+
+import rnnstep
+from rnnstep import generator as generator_lib
+
+STACKS = {
+    "gru_reset_after": [kr.layer("gru", 48, True)],
+    "gru_reset_before": [kr.layer("gru", 48, False)],
+    "lstm_then_gru": [kr.layer("lstm", 32), kr.layer("gru", 24, False)],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def models(name):
+  layers = STACKS[name]
+  keras_model = kr.build(layers, vocab_size=65, embedding_dim=16, seed=7,
+                         bias_scale=1.0)
+  return keras_model, kr.rnnstep_model(keras_model, layers)
+
+
+def unk_model():
+  """A model whose id 0 is [UNK] and whose bias strongly favours id 0."""
+  layers = STACKS["gru_reset_after"]
+  keras_model = kr.build(layers, vocab_size=66, embedding_dim=16, seed=3)
+  tensors = kr.weights_of(keras_model, layers)
+  tensors["dense_bias"][0] = 50.0
+  vocab = ["[UNK]"] + kr.default_vocab(65)
+  config = rnnstep.model_file.ModelConfig(16, tuple(layers)) if hasattr(
+      rnnstep, "model_file") else None
+  from rnnstep import model_file  # pylint: disable=g-import-not-at-top
+  config = model_file.ModelConfig(16, tuple(layers))
+  return rnnstep.Model(config, vocab, tensors)
+
+
+class GreedyTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(*[(n, n) for n in STACKS])
+  def test_greedy_matches_keras_loop(self, name):
+    keras_model, model = models(name)
+    prompt = "ROMEO: "
+    want = model.decode(kr.greedy(keras_model, model.encode(prompt), 120))
+    for jit in (False, True):
+      got = rnnstep.generate(model, prompt, 120, temperature=0.0, jit_compile=jit)
+      self.assertEqual(got, want, f"jit_compile={jit}")
+
+  def test_unk_is_never_generated(self):
+    model = unk_model()
+    for temperature in (0.0, 1.0):
+      text = rnnstep.generate(model, "AB", 200, temperature=temperature, seed=1)
+      self.assertNotIn("[UNK]", text)
+      self.assertLen(text, 200)
+
+
+class BatchTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_mixed_length_batch_equals_each_alone(self, jit):
+    _, model = models("lstm_then_gru")
+    prompts = ["A", "THE QUICK BROWN FOX", "HELLO, ", "Z" * 40]
+    batch = rnnstep.generate(model, prompts, 60, temperature=0.0, jit_compile=jit)
+    for prompt, text in zip(prompts, batch):
+      self.assertEqual(rnnstep.generate(model, prompt, 60, temperature=0.0,
+                                        jit_compile=jit), text)
+    # Sampled rows reproduce alone under their own per-row seed.
+    seeds = [11, 22, 33, 44]
+    sampled = rnnstep.generate(model, prompts, 60, seed=seeds, jit_compile=jit)
+    for prompt, seed, text in zip(prompts, seeds, sampled):
+      self.assertEqual(rnnstep.generate(model, [prompt], 60, seed=[seed],
+                                        jit_compile=jit)[0], text)
+
+  def test_xla_equals_graph_when_sampling(self):
+    _, model = models("gru_reset_after")
+    prompts = ["ABC", "HELLO"]
+    graph = rnnstep.generate(model, prompts, 100, temperature=0.9, top_k=20,
+                             top_p=0.95, seed=5, jit_compile=False)
+    xla = rnnstep.generate(model, prompts, 100, temperature=0.9, top_k=20,
+                           top_p=0.95, seed=5, jit_compile=True)
+    self.assertEqual(graph, xla)
+
+
+class SeedTest(tf.test.TestCase):
+
+  def test_same_seed_same_text_other_seed_other_text(self):
+    _, model = models("gru_reset_after")
+    a = rnnstep.generate(model, ["HI", "HI"], 80, seed=123)
+    b = rnnstep.generate(model, ["HI", "HI"], 80, seed=123)
+    c = rnnstep.generate(model, ["HI", "HI"], 80, seed=124)
+    self.assertEqual(a, b)
+    self.assertNotEqual(a, c)
+    self.assertNotEqual(a[0], a[1])  # Rows of one seed differ: (seed, row index).
+
+  def test_no_seed_is_fresh(self):
+    _, model = models("gru_reset_after")
+    texts = {rnnstep.generate(model, "HI", 60) for _ in range(3)}
+    self.assertLen(texts, 3)
+
+
+class SamplingLawTest(tf.test.TestCase):
+  """The first sampled character follows softmax(logits / T) and its filters."""
+
+  def setUp(self):
+    super().setUp()
+    _, self.model = models("gru_reset_after")
+    self.prompt = "ROMEO: "
+    self.logits = rnnstep.logits(self.model, [self.model.encode(self.prompt)])[0, -1]
+
+  def first_char_counts(self, rows, **kwargs):
+    texts = rnnstep.generate(self.model, [self.prompt] * rows, 1, seed=99, **kwargs)
+    ids = self.model.encode("".join(texts))
+    return np.bincount(ids, minlength=self.model.vocab_size)
+
+  def test_frequencies_follow_softmax(self):
+    rows = 20000
+    for temperature in (1.0, 0.5, 2.0):
+      counts = self.first_char_counts(rows, temperature=temperature)
+      expected = tf.nn.softmax(self.logits / temperature).numpy()
+      total_variation = 0.5 * np.abs(counts / rows - expected).sum()
+      self.assertLess(total_variation, 0.03, f"T={temperature}")
+
+  def test_top_k_and_top_p_stay_in_support(self):
+    order = np.argsort(-self.logits)
+    counts = self.first_char_counts(4000, top_k=3)
+    self.assertEqual(set(np.nonzero(counts)[0]), set(order[:3]))
+    probs = tf.nn.softmax(self.logits).numpy()[order]
+    nucleus = int(np.searchsorted(np.cumsum(probs), 0.6) + 1)
+    counts = self.first_char_counts(4000, top_p=0.6)
+    self.assertTrue(set(np.nonzero(counts)[0]) <= set(order[:nucleus]))
+    self.assertLen(set(np.nonzero(counts)[0]), nucleus)
+
+
+class TraceTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_no_retrace(self, jit):
+    keras_model = kr.build([kr.layer("gru", 16)], seed=1)
+    model = kr.rnnstep_model(keras_model, [kr.layer("gru", 16)])
+    calls = [
+        dict(prompts=["AB"], num_steps=5),
+        dict(prompts=["ABCDEFG", "X"], num_steps=9, temperature=0.0),
+        dict(prompts=["A"] * 5, num_steps=30, temperature=0.7, top_k=3, seed=1),
+        dict(prompts=["QQ", "WWW"], num_steps=2, top_p=0.5, seed=[1, 2]),
+        dict(prompts=["LONGER PROMPT " * 4], num_steps=70, stop=["A", "BC"]),
+    ]
+    for kwargs in calls:
+      rnnstep.generate(model, jit_compile=jit, **kwargs)
+    list(rnnstep.stream(model, ["AB", "C"], 20, chunk_size=6, jit_compile=jit))
+    generator = model.generator(jit)
+    self.assertEqual(generator._generate.experimental_get_tracing_count(), 1)
+    self.assertEqual(generator._continue.experimental_get_tracing_count(), 1)
+
+
+class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_stream_chunks_join_to_one_shot(self, jit):
+    _, model = models("lstm_then_gru")
+    prompts = ["ABC", "HELLO THERE"]
+    whole = rnnstep.generate(model, prompts, 75, seed=4, top_k=10, jit_compile=jit)
+    chunks = list(rnnstep.stream(model, prompts, 75, chunk_size=16, seed=4,
+                                 top_k=10, jit_compile=jit))
+    self.assertLen(chunks, 5)
+    self.assertEqual(["".join(c[i] for c in chunks) for i in range(2)], whole)
+    pieces = list(rnnstep.stream(model, "ABC", 75, chunk_size=16, seed=4,
+                                 top_k=10, jit_compile=jit))
+    self.assertEqual("".join(pieces), whole[0])
+
+  @parameterized.parameters(False, True)
+  def test_stop_strings(self, jit):
+    _, model = models("gru_reset_after")
+    free = rnnstep.generate(model, ["AB", "XY"], 300, seed=8, jit_compile=jit)
+    stop = free[0][40:42]
+    stopped = rnnstep.generate(model, ["AB", "XY"], 300, seed=8, stop=stop,
+                               jit_compile=jit)
+    for full, cut in zip(free, stopped):
+      end = full.find(stop)
+      expected = full if end < 0 else full[:end + len(stop)]
+      self.assertEqual(cut, expected)
+    streamed = list(rnnstep.stream(model, ["AB", "XY"], 300, chunk_size=7, seed=8,
+                                   stop=stop, jit_compile=jit))
+    self.assertEqual(["".join(c[i] for c in streamed) for i in range(2)], stopped)
+
+  def test_stop_automaton_overlapping_patterns(self):
+    table, accept = rnnstep.generator.stopping.stop_automaton([[1, 1, 2], [1, 3]], 4)
+    def run(seq):
+      state = 0
+      for i, token in enumerate(seq):
+        state = table[state, token]
+        if accept[state]:
+          return i
+      return None
+    self.assertEqual(run([1, 1, 1, 2]), 3)
+    self.assertEqual(run([1, 1, 3]), 2)
+    self.assertIsNone(run([1, 2, 1, 1, 0, 2]))
+
+  def test_zero_steps(self):
+    _, model = models("gru_reset_after")
+    self.assertEqual(rnnstep.generate(model, ["A", "B"], 0), ["", ""])
+    self.assertEqual(rnnstep.generate(model, "A", 0), "")
+
+
+class BucketTest(tf.test.TestCase):
+
+  def test_bucket(self):
+    for n in [1, 15, 16, 17, 100, 1000, 1001, 200000]:
+      b = generator_lib.bucket(n)
+      self.assertGreaterEqual(b, n)
+      self.assertLessEqual(b, max(16, n * 1.25 + 1))
+
+
+if __name__ == "__main__":
+  tf.test.main()
