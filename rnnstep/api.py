@@ -89,7 +89,8 @@ def logits(model: model_lib.Model, ids) -> np.ndarray:
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed=None, stop: Union[None, str, Sequence[str]] = None,
-             jit_compile: Optional[bool] = None) -> Union[str, List[str]]:
+             jit_compile: Optional[bool] = None,
+             strategy=None) -> Union[str, List[str]]:
   """Generates continuations of one prompt or a batch, in one device call.
 
   Args:
@@ -104,6 +105,10 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
     jit_compile: compile with XLA; None picks the faster path (XLA).
+    strategy: a `tf.distribute.Strategy`: the batch is split evenly across its
+      replicas, each running the same compiled loop; results come back in
+      order and equal the single-device text. Load the model under
+      `strategy.scope()` so each device holds its own copy of the weights.
 
   Returns:
     The continuations only: a str for a str prompt, else a list of str.
@@ -117,7 +122,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                         top_p, seed, stop)
   generator = model.generator(_jit(jit_compile))
   rows = generator.generate_ids(prompt_list, num_steps, temperature=temperature,
-                                top_k=top_k, top_p=top_p, seed=seed, stop=stops)
+                                top_k=top_k, top_p=top_p, seed=seed, stop=stops,
+                                strategy=strategy)
   texts = [model.decode(row) for row in rows]
   return texts[0] if single else texts
 

@@ -90,6 +90,19 @@ class Generator(tf.Module):
   compiled `step(ids, state) -> (logits, state)` run one timestep over explicit
   state, the same cell code the loop uses.
 
+  The compiled functions, for use inside other graphs (export, tf.distribute):
+
+    generate_fn(prompt_ids [B, T], prompt_lengths [B], num_steps, buffer_shape,
+                temperature, top_k, top_p, seeds [B], seed_index [B],
+                stop_table [S, V], stop_accept [S]) -> dict
+    continue_fn(state, last_ids, stop_state, done, start_step, num_steps,
+                buffer_shape, <the same sampling arguments>) -> dict
+
+  The dict holds "ids" [B, capacity], "lengths" [B] (valid ids per row),
+  "steps", and what a continuation needs: "state", "last_ids", "stop_state",
+  "done". `buffer_shape` only carries the output capacity in its shape (XLA
+  needs it static); in graph mode pass an empty one.
+
   Args:
     model: an `rnnstep.Model`.
     jit_compile: compile the functions with XLA.
@@ -119,12 +132,12 @@ class Generator(tf.Module):
     buffer_spec = [tf.TensorSpec([], tf.int32, name="num_steps"),
                    tf.TensorSpec([None], tf.bool, name="buffer_shape")]
     jit = self.jit_compile
-    self._generate = tf.function(
+    self.generate_fn = tf.function(
         self._generate_impl, jit_compile=jit, input_signature=[
             tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
             tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
             *buffer_spec, *sampling_spec])
-    self._continue = tf.function(
+    self.continue_fn = tf.function(
         self._continue_impl, jit_compile=jit, input_signature=[
             state_spec,
             tf.TensorSpec([None], tf.int32, name="last_ids"),
@@ -260,7 +273,7 @@ class Generator(tf.Module):
 
   def generate_ids(self, prompts: Sequence[str], num_steps: int, *,
                    temperature=1.0, top_k=0, top_p=1.0, seed=None,
-                   stop=()) -> List[np.ndarray]:
+                   stop=(), strategy=None) -> List[np.ndarray]:
     """Generates continuations as id arrays, one per prompt, in one device call.
 
     Arguments are as for `rnnstep.generate` (already validated there).
@@ -269,15 +282,54 @@ class Generator(tf.Module):
       One int32 array per prompt; a row that met a stop string ends with it.
     """
     prompt_ids, lengths = self.prompt_batch(prompts)
+    args = self._sampling_args(len(prompts), temperature, top_k, top_p, seed, stop)
     if num_steps == 0:
       return [np.zeros([0], np.int32) for _ in prompts]
     check_output_fits(len(prompts), num_steps)
-    out = self._generate(prompt_ids, lengths, np.int32(num_steps),
-                         self._buffer(num_steps),
-                         *self._sampling_args(len(prompts), temperature, top_k,
-                                              top_p, seed, stop))
+    steps, buffer = np.int32(num_steps), self._buffer(num_steps)
+    if strategy is not None:
+      return self._generate_distributed(strategy, prompt_ids, lengths, steps,
+                                        buffer, *args)
+    out = self.generate_fn(prompt_ids, lengths, steps, buffer, *args)
     ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
     return [ids[row, :n] for row, n in enumerate(row_lengths)]
+
+  def _generate_distributed(self, strategy, prompt_ids, lengths, num_steps,
+                            buffer, temperature, top_k, top_p, seeds, index,
+                            stop_table, stop_accept):
+    """Splits the rows evenly over the strategy's replicas; results in order.
+
+    Every row keeps its own (seed, index) key, so the text equals the
+    single-device text. Rows are padded with copies of row 0 to fill the last
+    replica; the copies are dropped.
+    """
+    replicas = strategy.num_replicas_in_sync
+    batch = len(lengths)
+    per_replica = -(-batch // replicas)
+    padding = per_replica * replicas - batch
+
+    def padded(array):
+      return np.concatenate([array, np.repeat(array[:1], padding, 0)])
+
+    def split(array):
+      array = padded(array)
+      return strategy.experimental_distribute_values_from_function(
+          lambda ctx: tf.constant(array[ctx.replica_id_in_sync_group * per_replica:
+                                        (ctx.replica_id_in_sync_group + 1)
+                                        * per_replica]))
+
+    # A plain callable: the strategy then calls it once per replica with that
+    # replica's values (it would hand a tf.function the PerReplica wrappers).
+    out = strategy.run(lambda *args: self.generate_fn(*args), args=(
+        split(prompt_ids), split(lengths), num_steps, buffer, temperature, top_k,
+        top_p, split(seeds), split(index), stop_table, stop_accept))
+    rows = []
+    for ids, row_lengths in zip(strategy.experimental_local_results(out["ids"]),
+                                strategy.experimental_local_results(
+                                    out["lengths"])):
+      ids, row_lengths = ids.numpy(), row_lengths.numpy()
+      rows.extend(ids[row, :n] for row, n in enumerate(row_lengths))
+    return rows[:batch]
 
   def stream_ids(self, prompts: Sequence[str], num_steps: int, chunk_size: int,
                  *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
@@ -296,9 +348,9 @@ class Generator(tf.Module):
       steps = min(chunk_size, num_steps - done_steps)
       buffer = self._buffer(chunk_size)
       if carry is None:
-        out = self._generate(prompt_ids, lengths, np.int32(steps), buffer, *args)
+        out = self.generate_fn(prompt_ids, lengths, np.int32(steps), buffer, *args)
       else:
-        out = self._continue(carry.state, carry.last_ids, carry.stop_state,
+        out = self.continue_fn(carry.state, carry.last_ids, carry.stop_state,
                              carry.done, np.int32(done_steps), np.int32(steps),
                              buffer, *args)
       ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()

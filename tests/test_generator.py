@@ -153,8 +153,8 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
       rnnstep.generate(model, jit_compile=jit, **kwargs)
     list(rnnstep.stream(model, ["AB", "C"], 20, chunk_size=6, jit_compile=jit))
     generator = model.generator(jit)
-    self.assertEqual(generator._generate.experimental_get_tracing_count(), 1)
-    self.assertEqual(generator._continue.experimental_get_tracing_count(), 1)
+    self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
+    self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
 
 
 class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
