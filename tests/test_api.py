@@ -109,3 +109,40 @@ class LoadTest(tf.test.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+# Property-based: any argument values either raise ValueError up front or give
+# exactly num_steps characters per prompt.
+from hypothesis import given, settings, strategies as st  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+_MODEL = None
+
+
+def _model():
+  global _MODEL
+  if _MODEL is None:
+    _MODEL = small_model()
+  return _MODEL
+
+
+_NUMBER = (st.integers(-5, 100) | st.floats(allow_nan=True, allow_infinity=True)
+           | st.none() | st.booleans() | st.text(max_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_steps=st.integers(-3, 12) | _NUMBER, temperature=_NUMBER,
+       top_k=_NUMBER, top_p=_NUMBER,
+       seed=st.none() | st.integers(-2**64, 2**64) | st.lists(st.integers(), max_size=3),
+       prompts=st.text(alphabet="ABC z", max_size=4)
+       | st.lists(st.text(alphabet="ABC", max_size=3), max_size=3))
+def test_arguments_validated_or_honoured(num_steps, temperature, top_k, top_p,
+                                         seed, prompts):
+  try:
+    out = rnnstep.generate(_model(), prompts, num_steps, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed,
+                           jit_compile=False)
+  except ValueError as e:
+    assert "\n" not in str(e)
+    return
+  texts = [out] if isinstance(prompts, str) else out
+  assert all(len(t) == num_steps for t in texts)

@@ -217,3 +217,23 @@ class BucketTest(tf.test.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+class CrossProcessTest(tf.test.TestCase):
+
+  def test_same_seed_same_text_in_another_process(self):
+    import os, subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+    from rnnstep import model_file  # pylint: disable=g-import-not-at-top
+    layers = STACKS["gru_reset_after"]
+    keras_model, model = models("gru_reset_after")
+    path = os.path.join(self.create_tempdir().full_path, "m.npz")
+    model_file.write(path, model.config, model.vocab,
+                     kr.weights_of(keras_model, layers))
+    script = ("import sys, rnnstep; m = rnnstep.load(sys.argv[1]); "
+              "print(repr(rnnstep.generate(m, ['AB', 'CD'], 80, seed=42, top_p=0.9)))")
+    result = subprocess.run([sys.executable, "-c", script, path],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    here = rnnstep.generate(rnnstep.load(path), ["AB", "CD"], 80, seed=42, top_p=0.9)
+    self.assertEqual(result.stdout.strip(), repr(here))

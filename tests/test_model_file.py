@@ -166,3 +166,73 @@ class ModelFileTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+# Property-based: whatever the bytes, reading either succeeds or refuses cleanly.
+from hypothesis import given, settings, strategies as st  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+
+def _valid_file_bytes():
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "m.npz")
+    model_file.write(path, CONFIG, VOCAB, random_tensors())
+    return open(path, "rb").read()
+
+
+_VALID = _valid_file_bytes()
+
+
+def _read_bytes(data):
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "m.npz")
+    with open(path, "wb") as f:
+      f.write(data)
+    try:
+      model_file.read(path)
+    except (ValueError, OSError) as e:
+      assert "\n" not in str(e)
+      assert path in str(e)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)),
+                min_size=1, max_size=8),
+       st.integers(1, len(_VALID)))
+def test_corrupted_bytes_are_refused_cleanly(flips, keep):
+  data = bytearray(_VALID[:keep])
+  for position, value in flips:
+    if position < len(data):
+      data[position] = value
+  _read_bytes(bytes(data))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["embedding_dim", "layers", "kind",
+                                       "units", "reset_after", "x"]), inner,
+                      max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON)
+def test_arbitrary_config_json_is_validated(data):
+  try:
+    config = model_file.parse_config(data, "f.npz")
+  except ValueError as e:
+    assert str(e).startswith("f.npz: ")
+  else:
+    assert config.layers and all(l.units > 0 for l in config.layers)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=3) | st.integers(), max_size=6))
+def test_arbitrary_vocab_is_validated(vocab):
+  try:
+    model_file.validate_vocab(vocab)
+  except ValueError:
+    return
+  assert all(len(t) == 1 or (t == "[UNK]" and i == 0) for i, t in enumerate(vocab))
