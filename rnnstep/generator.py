@@ -318,18 +318,24 @@ class Generator(tf.Module):
                                         (ctx.replica_id_in_sync_group + 1)
                                         * per_replica]))
 
+    def replica_fn(*args):
+      out = self.generate_fn(*args)
+      ids = out["ids"]
+      # Every replica's buffer gets the same width (graph mode stops early when
+      # all its rows have stopped), so the replicas' rows can be gathered.
+      ids = tf.pad(ids, [[0, 0], [0, tf.maximum(num_steps - tf.shape(ids)[1], 0)]])
+      return ids, out["lengths"]
+
     # A plain callable: the strategy then calls it once per replica with that
     # replica's values (it would hand a tf.function the PerReplica wrappers).
-    out = strategy.run(lambda *args: self.generate_fn(*args), args=(
+    ids, lengths = strategy.run(replica_fn, args=(
         split(prompt_ids), split(lengths), num_steps, buffer, temperature, top_k,
         top_p, split(seeds), split(index), stop_table, stop_accept))
-    rows = []
-    for ids, row_lengths in zip(strategy.experimental_local_results(out["ids"]),
-                                strategy.experimental_local_results(
-                                    out["lengths"])):
-      ids, row_lengths = ids.numpy(), row_lengths.numpy()
-      rows.extend(ids[row, :n] for row, n in enumerate(row_lengths))
-    return rows[:batch]
+    # gather (not local results) so that every worker of a multi-worker
+    # strategy gets all rows.
+    ids = strategy.gather(ids, axis=0).numpy()
+    lengths = strategy.gather(lengths, axis=0).numpy()
+    return [ids[row, :n] for row, n in enumerate(lengths[:batch])]
 
   def stream_ids(self, prompts: Sequence[str], num_steps: int, chunk_size: int,
                  *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
