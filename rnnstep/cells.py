@@ -181,6 +181,15 @@ class SimpleRNNCell(Cell):
     return h_new, (h_new,)
 
 
+# How many [B, units] tensors each kind's state holds: (h,) or (h, c).
+STATE_TENSORS = {"gru": 1, "lstm": 2, "simple_rnn": 1}
+
+
+def state_sizes(layer_config) -> Tuple[int, ...]:
+  """The state tensor widths of a `model_file.LayerConfig`'s cell."""
+  return (layer_config.units,) * STATE_TENSORS[layer_config.kind]
+
+
 def make_cell(layer_config, kernel, recurrent_kernel, bias,
               compute_dtype=tf.float32) -> Cell:
   """Builds the cell for a `model_file.LayerConfig` from its three tensors."""

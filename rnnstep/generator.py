@@ -27,6 +27,7 @@ from typing import Iterator, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import cells
 from rnnstep import sampling
 from rnnstep import stopping
 
@@ -150,8 +151,7 @@ class Generator(tf.Module):
             tf.TensorSpec([None], tf.int32, name="ids"), state_spec])
 
   def _state_sizes(self):
-    sizes = {"gru": 1, "lstm": 2, "simple_rnn": 1}
-    return [(layer.units,) * sizes[layer.kind] for layer in self.model.config.layers]
+    return [cells.state_sizes(layer) for layer in self.model.config.layers]
 
   def zero_state(self, batch_size: int):
     """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer."""
