@@ -7,17 +7,36 @@ Public API:
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
   Model, Generator                              the lower-level objects
+
+Names are imported on first use (PEP 562), so `import rnnstep` does not import
+TensorFlow: the command-line tools answer --help and flag errors at once, and
+can quiet TensorFlow's logging before it loads.
 """
 
-from rnnstep.api import bundled_model_path
-from rnnstep.api import generate
-from rnnstep.api import load
-from rnnstep.api import logits
-from rnnstep.api import stream
-from rnnstep.generator import Generator
-from rnnstep.model import Model
-from rnnstep.saved_model import export
+import importlib
 
-__all__ = ["Generator", "Model", "bundled_model_path", "export", "generate",
-           "load", "logits", "stream"]
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Generator": "rnnstep.generator",
+    "Model": "rnnstep.model",
+    "bundled_model_path": "rnnstep.api",
+    "export": "rnnstep.saved_model",
+    "generate": "rnnstep.api",
+    "load": "rnnstep.api",
+    "logits": "rnnstep.api",
+    "stream": "rnnstep.api",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'rnnstep' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

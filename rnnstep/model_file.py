@@ -231,6 +231,10 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
                vocab=np.array(json.dumps(vocab, ensure_ascii=False)), **arrays)
       f.flush()
       os.fsync(f.fileno())
+    # mkstemp makes the file private (0600); give it the usual umask mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
   except BaseException:
     try:

@@ -21,7 +21,9 @@ A single sample prints just that; with several, each sample is preceded by a lin
    "text": "<the continuation>", "stopped": <true if it ended on a --stop string>}
 
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
-1 failure (model file, output file, generation), 2 bad command line.
+1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C.
+TensorFlow's own log lines are hidden; set RNNSTEP_DEBUG=1 to see them and
+tracebacks.
 """
 
 import contextlib
@@ -29,13 +31,13 @@ import json
 import math
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import threading
 import time
 
-# Before TensorFlow is first imported (TF reads it once, at import): keeps TF's
-# C++ start-up log lines off the user's terminal. An explicit setting wins.
+# Read by TensorFlow when it is first imported; an explicit setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app  # pylint: disable=g-import-not-at-top
@@ -46,6 +48,9 @@ import rnnstep  # pylint: disable=g-import-not-at-top
 PROGRAM = "rnnstep-generate"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+HELP_FLAGS = ("--help", "--helpshort", "--helpfull", "--helpxml", "-?", "-help",
+              "-helpshort", "-helpfull", "-helpxml")
 DEFAULT_PROMPT = "ROMEO:"
 # rnnstep.model.DTYPES, spelled out so that flag definition (and --help, and
 # flag errors) need not import TensorFlow; tests check the two agree.
@@ -62,27 +67,26 @@ _PROMPT = flags.DEFINE_multi_string(
     f"Default: {DEFAULT_PROMPT!r}, as in the TensorFlow text-generation tutorial")
 _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
-    "Characters to generate per sample (fewer when a --stop string ends it).",
-    lower_bound=0, upper_bound=MAX_INT32)
+    "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
+    "the sample).")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 1.0,
-    "Sampling temperature: logits are divided by it; 0 is greedy (argmax).")
+    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy (argmax).")
 _TOP_K = flags.DEFINE_integer(
-    "top_k", 0, "Sample among the k most likely characters only; 0 = off.",
-    lower_bound=0, upper_bound=MAX_INT32)
+    "top_k", 0, "Sample among the k most likely characters only; 0 = off.")
 _TOP_P = flags.DEFINE_float(
     "top_p", 1.0,
     "Nucleus sampling: sample among the most likely characters holding this "
     "much probability; in (0, 1], 1 = off.")
 _SEED = flags.DEFINE_integer(
     "seed", None,
-    "Random seed: the same seed and flags give the same text; row R uses "
-    "(seed, R). Default: a fresh seed in [0, 2**31), reported in the output.",
-    lower_bound=-2**63, upper_bound=2**63 - 1)
+    "Random seed (64-bit): the same seed and flags give the same text; row R "
+    "uses (seed, R). Default: a fresh seed in [0, 2**31), reported in the "
+    "output.")
 _NUM_SAMPLES = flags.DEFINE_integer(
     "num_samples", 1,
-    "Samples per prompt; all prompts x samples rows are generated as one batch.",
-    lower_bound=1, upper_bound=MAX_INT32)
+    "Samples per prompt, >= 1; all prompts x samples rows are generated as one "
+    "batch.")
 _STOP = flags.DEFINE_multi_string(
     "stop", None,
     "Stop string (repeatable): a sample ends as soon as its continuation "
@@ -102,7 +106,8 @@ _OUTPUT = flags.DEFINE_string(
 _FORMAT = flags.DEFINE_enum(
     "format", "text", ["text", "jsonl"],
     "text: prompt + continuation per sample, with a header line per sample "
-    "when there are several; jsonl: one JSON object per sample (fields in --help)")
+    "when there are several; jsonl: one JSON object per sample (fields in "
+    "--help).")
 _STREAM = flags.DEFINE_boolean(
     "stream", False,
     "Generate --chunk_size steps per device call (state kept on device) and "
@@ -112,20 +117,30 @@ _STREAM = flags.DEFINE_boolean(
     "it has ended (stop string or --num_steps); in jsonl each object is "
     "printed as soon as its sample and all before it have ended.")
 _CHUNK_SIZE = flags.DEFINE_integer(
-    "chunk_size", 64, "Steps per device call with --stream.",
-    lower_bound=1, upper_bound=MAX_INT32)
+    "chunk_size", 64, "Steps per device call with --stream, >= 1.")
 
-flags.register_validator(
-    "temperature", lambda t: math.isfinite(t) and t >= 0,
-    "must be a finite number >= 0 (0 = greedy)")
-flags.register_validator(
-    "top_p", lambda p: 0 < p <= 1, "must be in (0, 1] (1 = off)")
-flags.register_validator(
-    "prompt", lambda prompts: all(prompts),
-    "a prompt is empty; give at least one character")
-flags.register_validator(
-    "stop", lambda stops: not stops or all(stops),
-    "a stop string is empty; give at least one character")
+
+def _validate(name, predicate, message):
+  """A check run after all flags are parsed: every bad value is reported."""
+  flags.register_validator(name, predicate, message)
+
+
+_validate("num_steps", lambda n: 0 <= n <= MAX_INT32,
+          f"must be an integer in [0, {MAX_INT32}]")
+_validate("temperature", lambda t: math.isfinite(t) and t >= 0,
+          "must be a finite number >= 0 (0 = greedy)")
+_validate("top_k", lambda k: 0 <= k <= MAX_INT32,
+          f"must be an integer in [0, {MAX_INT32}] (0 = off)")
+_validate("top_p", lambda p: 0 < p <= 1, "must be in (0, 1] (1 = off)")
+_validate("seed", lambda s: s is None or -2**63 <= s < 2**63,
+          "must be a 64-bit integer")
+_validate("num_samples", lambda n: 1 <= n <= MAX_INT32,
+          f"must be an integer in [1, {MAX_INT32}]")
+_validate("chunk_size", lambda n: 1 <= n <= MAX_INT32,
+          f"must be an integer in [1, {MAX_INT32}]")
+_validate("prompt", all, "a prompt is empty; give at least one character")
+_validate("stop", lambda stops: not stops or all(stops),
+          "a stop string is empty; give at least one character")
 
 _OWN_FLAGS = ("weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
               "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
@@ -140,10 +155,27 @@ class Failure(Exception):
     self.status = status
 
 
+# The real stderr while fd 2 points at /dev/null (see `_quiet_stderr`).
+_stderr = None
+
+
 def run():
   """The console-script entry point."""
+  global _stderr
   _adopt_flags_for_help()
-  app.run(main, flags_parser=_parse_flags)
+  signal.signal(signal.SIGTERM, _terminate)
+  with _quiet_stderr() as stream:
+    _stderr = stream
+    try:
+      app.run(main, flags_parser=_parse_flags)
+    finally:
+      _stderr = None
+
+
+def _terminate(signum, frame):
+  """SIGTERM unwinds like Ctrl-C (no temp output file left), then exits."""
+  del frame
+  raise SystemExit(128 + signum)
 
 
 def main(argv):
@@ -166,17 +198,57 @@ def main(argv):
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_FAILURE
   except KeyboardInterrupt:
-    return _report("interrupted", 130)
+    return _report("interrupted", EXIT_INTERRUPTED)
   except Exception as e:  # pylint: disable=broad-except
+    if _debug():
+      raise
     return _report(f"{type(e).__name__}: {e}", EXIT_FAILURE)
   return 0
+
+
+def _debug() -> bool:
+  return bool(os.environ.get("RNNSTEP_DEBUG"))
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+  """Points fd 2 at /dev/null and yields a stream to the real stderr.
+
+  TensorFlow's C++ logging writes to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL for
+  part of it (tensorflow/tensorflow#100442; and a cuInit error from an absl init
+  callback TF registers); our own lines (errors, progress) go to the stream
+  yielded here. RNNSTEP_DEBUG=1 leaves stderr alone.
+  """
+  if _debug():
+    yield sys.stderr
+    return
+  sys.stderr.flush()
+  try:
+    saved = os.dup(2)
+  except OSError:  # No stderr at all: nothing to keep quiet.
+    yield sys.stderr
+    return
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  os.close(devnull)
+  real = os.fdopen(os.dup(saved), "w", encoding="utf-8",
+                   errors="backslashreplace")
+  try:
+    yield real
+  finally:
+    with contextlib.suppress(OSError, ValueError):
+      sys.stderr.flush()
+    real.close()
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def _load_model():
   try:
     return rnnstep.load(_WEIGHTS.value, dtype=_DTYPE.value)
   except (OSError, ValueError) as e:
-    raise Failure(f"--weights: {_reason(e)}") from None
+    which = "" if _WEIGHTS.value else " not given"
+    raise Failure(f"--weights{which}: {_reason(e)}") from None
 
 
 def _generate(model, rows, seed, printer):
@@ -187,7 +259,6 @@ def _generate(model, rows, seed, printer):
                  top_p=_TOP_P.value, seed=seed, stop=stops or None,
                  jit_compile=_JIT_COMPILE.value)
   try:
-    printer.start()
     if _STREAM.value:
       for pieces in rnnstep.stream(model, prompts, _NUM_STEPS.value,
                                    chunk_size=_CHUNK_SIZE.value, **options):
@@ -217,7 +288,9 @@ class Printer:
   """Prints samples in row order, each as soon as the rows before it are out.
 
   Fed all text at once (`add(texts)`) or chunk by chunk (`add(pieces)` per
-  stream chunk), it prints the same bytes; only the timing differs.
+  stream chunk), it prints the same bytes; only the timing differs. Nothing is
+  printed before the library's first result, so a rejected argument never
+  leaves a partial output behind.
 
   Args:
     out: a text stream.
@@ -240,10 +313,6 @@ class Printer:
     self._tails = [""] * len(rows)  # The last characters, to spot stops.
     self._current = 0  # The first row not completely printed.
     self._started = False  # Whether the current row's head is printed.
-
-  def start(self):
-    """Prints what can be printed before any text exists (the first prompt)."""
-    self._advance(final=False)
 
   def add(self, pieces):
     """Takes the next text of every row (a list, one str per row)."""
@@ -297,7 +366,7 @@ class Progress:
 
   def __init__(self, label: str, stream=None, interval: float = 0.2):
     self._label = label
-    self._stream = sys.stderr if stream is None else stream
+    self._stream = stream or _stderr or sys.stderr
     self._interval = interval
     self._done = threading.Event()
     self._thread = None
@@ -384,17 +453,25 @@ def _one_line(message: str) -> str:
 
 
 def _report(message: str, status: int) -> int:
-  sys.stderr.write(f"{PROGRAM}: {_one_line(message)}\n")
-  sys.stderr.flush()
+  stream = _stderr or sys.stderr
+  stream.write(f"{PROGRAM}: error: {_one_line(message)}\n")
+  stream.flush()
   return status
 
 
 def _parse_flags(argv):
-  """absl's parser, with every flag error as one line (absl prints two)."""
+  """absl's parser, with every flag error as one line (absl prints two).
+
+  absl's help flags print help and exit 1; asked for, help is a success here.
+  """
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     sys.exit(_report(f"{e} (see --help)", EXIT_USAGE))
+  except SystemExit as e:
+    if e.code == 1 and any(arg.split("=")[0] in HELP_FLAGS for arg in argv[1:]):
+      sys.exit(0)
+    raise
 
 
 def _adopt_flags_for_help():
