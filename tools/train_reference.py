@@ -20,8 +20,8 @@ holding the epoch number and the history so far. Re-running with the same
 ``--workdir`` continues after the last completed epoch.
 
 Outputs in ``--workdir`` when training finishes:
-    final.weights.h5   Keras 3 ``model.save_weights``
-    final.keras        Keras 3 ``model.save``
+    final.weights.h5   Keras 3 ``model.save_weights`` (layer weights only)
+    final.keras        Keras 3 ``model.save`` (includes optimizer state)
     vocab.json         JSON list of the characters in id order
     train_log.json     command line, architecture, per-epoch timings, train
                        loss and held-out NLL, versions, seed, and two samples
@@ -303,7 +303,11 @@ def main(argv):
 
     final_nll = state["history"][-1]["heldout_nll"] if state["history"] else heldout_nll(
         model, eval_windows)
-    model.save_weights(workdir / "final.weights.h5")
+    # save_weights on a compiled model also stores the Adam slots (3x the size);
+    # the bundled weights file should hold only the layer weights.
+    inference_model = build_model(len(vocab), FLAGS.embedding_dim, FLAGS.units)
+    inference_model.set_weights(model.get_weights())
+    inference_model.save_weights(workdir / "final.weights.h5")
     model.save(workdir / "final.keras")
 
     step_model = build_step_model(model, len(vocab), FLAGS.embedding_dim, FLAGS.units)
@@ -314,7 +318,7 @@ def main(argv):
           flush=True)
 
     write_json(workdir / "train_log.json", {
-        "command": state["invocations"][-1],
+        "command": state["invocations"][0],
         "invocations": state["invocations"],
         "architecture": {
             "layers": "Embedding -> GRU(return_sequences, reset_after, tanh/sigmoid) -> Dense",

@@ -1,0 +1,361 @@
+"""Converts saved Keras char-RNN weights into an rnnstep model file, without Keras.
+
+    from rnnstep import convert
+    summary = convert.convert("training_checkpoints", "model.npz",
+                              corpus="shakespeare.txt")
+    print(summary)
+    print(convert.inspect("model.keras"))            # what is there; writes nothing
+    config, tensors = convert.read_weights("w.h5")   # ModelConfig + arrays
+
+Inputs (see `shared/design/keras-formats.md`):
+  - Keras 3 `.keras` archives (Sequential, Functional, subclassed), unzipped
+    `.keras` directories, `.weights.h5`, and legacy `.h5` from `model.save`;
+  - tf.keras / tf_keras HDF5: `save_weights('w.h5')` and `save('m.h5')`;
+  - TF checkpoints: a directory (its latest checkpoint) or a prefix, from
+    `ModelCheckpoint(save_weights_only=True)` of Keras 2 models and from
+    `tf.train.Checkpoint(model=...)` of Keras 3 models.
+
+The model must be Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN
+layer(s) -> Dense; anything else is refused with a message saying what was
+found. Files are read as data only: no Keras import, no config deserialization,
+guarded zip and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF
+checkpoints.
+
+Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
+`vocab=` is a list of characters or a vocabulary file (a UTF-8 JSON list of
+strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). If the
+embedding has exactly one row more than the characters, id 0 is "[UNK]" (the
+current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
+error that gives both sizes.
+"""
+
+import codecs
+import dataclasses
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from rnnstep import model_file
+from rnnstep.convert import keras_v2_h5
+from rnnstep.convert import keras_v3
+from rnnstep.convert import safe_io
+from rnnstep.convert import structure
+from rnnstep.convert import tf_checkpoint
+from rnnstep.convert.structure import resolve_vocab
+from rnnstep.convert.structure import vocab_from_corpus
+
+__all__ = ["LayerSummary", "Summary", "convert", "inspect", "read_corpus_vocab",
+           "read_vocab_file", "read_weights", "resolve_vocab", "vocab_from_corpus"]
+
+PathLike = Union[str, os.PathLike]
+MAX_VOCAB_FILE_BYTES = 64 << 20
+_CORPUS_CHUNK = 8 << 20
+
+
+@dataclasses.dataclass
+class LayerSummary:
+  """One layer as found in the file.
+
+  Attributes:
+    kind: 'embedding', 'gru', 'lstm', 'simple_rnn' or 'dense'.
+    name: where the file keeps it ('layers/gru', 'gru_1', 'layer_with_weights-1').
+    shapes: the stored variables' shapes, in creation order.
+    detail: e.g. 'units=1024, reset_after=True'.
+  """
+  kind: str
+  name: str
+  shapes: List[Tuple[int, ...]]
+  detail: str
+
+  def __str__(self):
+    shapes = ", ".join(str(s) for s in self.shapes)
+    return (f"{structure.KIND_NAMES[self.kind]:<10} {safe_io.show(self.name)}: "
+            f"{self.detail}; stored {shapes}")
+
+
+@dataclasses.dataclass
+class Summary:
+  """What `inspect` found, or what `convert` wrote.
+
+  Attributes:
+    input_path: the file or directory given.
+    format: the format found, e.g. 'Keras 3.15.1 .keras archive (Sequential)'.
+    layers: Embedding, recurrent layer(s), Dense, in order.
+    config: the rnnstep ModelConfig.
+    vocab_size: the embedding's rows (and the Dense's outputs).
+    embedding_dim: the embedding width.
+    num_parameters: the model's parameter count.
+    notes: things worth knowing (ignored layers, assumptions, [UNK]).
+    vocab: the vocabulary written (None for `inspect`).
+    output_path: the model file written (None for `inspect`).
+  """
+  input_path: str
+  format: str
+  layers: List[LayerSummary]
+  config: model_file.ModelConfig
+  vocab_size: int
+  embedding_dim: int
+  num_parameters: int
+  notes: List[str]
+  vocab: Optional[List[str]] = None
+  output_path: Optional[str] = None
+
+  @property
+  def has_unk(self) -> Optional[bool]:
+    if self.vocab is None:
+      return None
+    return self.vocab[0] == model_file.UNK_TOKEN
+
+  def __str__(self):
+    lines = [f"input:      {self.input_path}", f"format:     {self.format}",
+             "layers:"]
+    lines += [f"  {layer}" for layer in self.layers]
+    lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus with "
+                 f"{self.vocab_size} distinct characters, or "
+                 f"{self.vocab_size - 1} plus [UNK] at id 0)")
+    lines.append(f"parameters: {self.num_parameters:,}")
+    if self.vocab is not None:
+      shown = "".join(self.vocab[1:] if self.has_unk else self.vocab)
+      lines.append(f"vocab:      {len(self.vocab)} entries"
+                   f"{' ([UNK] at id 0)' if self.has_unk else ''}: "
+                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
+    if self.output_path is not None:
+      lines.append(f"output:     {self.output_path}")
+    if self.notes:
+      lines.append("notes:")
+      lines += [f"  - {note}" for note in self.notes]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ public API
+
+
+def inspect(input_path: PathLike) -> Summary:
+  """Reports what a weights file holds and how it maps; reads no tensor data.
+
+  Raises:
+    FileNotFoundError: no such file, directory or checkpoint prefix.
+    ValueError: the file cannot be read or the model cannot be mapped; the
+      message says what was found.
+  """
+  contents = _open(input_path)
+  try:
+    mapped = structure.map_model(contents)
+    return _summary(input_path, mapped)
+  finally:
+    contents.close()
+
+
+def read_weights(input_path: PathLike) -> Tuple[model_file.ModelConfig,
+                                                Dict[str, np.ndarray]]:
+  """Reads a weights file into (ModelConfig, float32 tensors), writing nothing.
+
+  The tensors are keyed as in the model file (`embedding`, `layer{i}_kernel`,
+  ..., `dense_bias`); a missing bias is returned as zeros.
+  """
+  contents = _open(input_path)
+  try:
+    mapped = structure.map_model(contents)
+    return mapped.config, mapped.read_tensors()
+  finally:
+    contents.close()
+
+
+def convert(input_path: PathLike, output_path: PathLike, *,
+            corpus: Optional[PathLike] = None,
+            vocab: Union[None, PathLike, Sequence[str]] = None) -> Summary:
+  """Converts a Keras weights file into an rnnstep model file.
+
+  Args:
+    input_path: a `.keras`, `.weights.h5`, `.h5`, TF checkpoint prefix or a
+      checkpoint directory.
+    output_path: the `.npz` model file to write (atomically: on any failure
+      nothing is left at this path).
+    corpus: a UTF-8 text file; the vocabulary is `sorted(set(text))`.
+    vocab: instead of `corpus`: a list of characters, or the path of a
+      vocabulary file (a JSON list of strings). A str is always a path.
+
+  Returns:
+    The Summary of what was read and written.
+
+  Raises:
+    FileNotFoundError: the input does not exist.
+    ValueError: the input cannot be read or mapped, or the vocabulary does not
+      fit the weights (the message gives both sizes).
+    OSError: the output cannot be written.
+  """
+  if (corpus is None) == (vocab is None):
+    raise ValueError("give exactly one of corpus= (a text file) or vocab= (a "
+                     "vocabulary file or list of characters)")
+  input_path = os.fspath(input_path)
+  output_path = os.fspath(output_path)
+  if os.path.isdir(output_path):
+    raise IsADirectoryError(f"{output_path}: the output is a directory; give a "
+                            "file name like model.npz")
+  directory = os.path.dirname(os.path.abspath(output_path))
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{output_path}: the output directory {directory} "
+                            "does not exist")
+  if os.path.exists(output_path) and os.path.exists(input_path) and (
+      os.path.samefile(output_path, input_path)):
+    raise ValueError(f"{output_path}: the output would overwrite the input")
+  if corpus is not None:
+    chars, source = read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}"
+  elif isinstance(vocab, (str, os.PathLike)):
+    chars, source = read_vocab_file(vocab), f"the vocab file {os.fspath(vocab)}"
+  else:
+    chars = model_file.validate_vocab(list(vocab), "vocab")
+    source = "the vocab list"
+  contents = _open(input_path)
+  try:
+    mapped = structure.map_model(contents)
+    full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
+    full_vocab = model_file.validate_vocab(full_vocab, source)
+    tensors = mapped.read_tensors()
+  finally:
+    contents.close()
+  model_file.write(output_path, mapped.config, full_vocab, tensors)
+  summary = _summary(input_path, mapped)
+  summary.vocab = full_vocab
+  summary.output_path = output_path
+  if summary.has_unk and chars[0] != model_file.UNK_TOKEN:
+    summary.notes.append("the embedding has one row more than the characters: "
+                         "id 0 is [UNK] (never generated)")
+  return summary
+
+
+def read_corpus_vocab(path: PathLike) -> List[str]:
+  """`sorted(set(text))` of a UTF-8 text file, read in chunks as bytes.
+
+  Newlines are kept exactly as stored ('\\r\\n' gives '\\r' and '\\n'), as the
+  tutorial's `open(path, 'rb').read().decode('utf-8')` does.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: it is not UTF-8 (the message gives the byte offset) or empty.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path}: the corpus is a directory, not a text file")
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  chars = set()
+  offset = 0
+  with open(path, "rb") as f:
+    while True:
+      chunk = f.read(_CORPUS_CHUNK)
+      try:
+        chars.update(decoder.decode(chunk, final=not chunk))
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: the corpus is not UTF-8 text (bad byte at "
+                         f"offset {offset + max(e.start, 0)})") from None
+      if not chunk:
+        break
+      offset += len(chunk)
+  if not chars:
+    raise ValueError(f"{path}: the corpus is empty")
+  return sorted(chars)
+
+
+def read_vocab_file(path: PathLike) -> List[str]:
+  """Reads a vocabulary file: a UTF-8 JSON list of single characters in id
+  order, optionally with "[UNK]" first, e.g. `["[UNK]", "\\n", " ", "!"]`.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: not such a list; the message says what is wrong.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path}: the vocab file is a directory")
+  size = os.path.getsize(path)
+  if size > MAX_VOCAB_FILE_BYTES:
+    raise ValueError(f"{path}: vocab file of {size} bytes is too large")
+  with open(path, "rb") as f:
+    raw = f.read(MAX_VOCAB_FILE_BYTES + 1)
+  try:
+    data = json.loads(raw.decode("utf-8-sig"))
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
+                     "expected a UTF-8 JSON list of characters like "
+                     '["\\n", " ", "!"]') from None
+  return model_file.validate_vocab(data, path)
+
+
+# ------------------------------------------------------------------- internals
+
+
+def _open(input_path: PathLike) -> structure.Contents:
+  """Finds the format of `input_path` and lists what it holds."""
+  path = os.fspath(input_path)
+  if not path:
+    raise FileNotFoundError("no input path given")
+  if os.path.isdir(path):
+    if keras_v3.is_unzipped_archive(path):
+      return keras_v3.read_directory(path)
+    return tf_checkpoint.read(path)
+  if not os.path.exists(path):
+    if os.path.isfile(path + ".index"):
+      return tf_checkpoint.read(path)
+    raise FileNotFoundError(f"{path}: no such file, directory or checkpoint "
+                            "prefix")
+  if tf_checkpoint.is_checkpoint_file(path):
+    return tf_checkpoint.read(path)
+  kind = _sniff(path)
+  if kind == "zip":
+    return keras_v3.read_archive(path)
+  if kind == "hdf5":
+    h5 = safe_io.H5File(path, path)
+    try:
+      if keras_v2_h5.is_keras2_layout(h5):
+        contents = keras_v2_h5.read(h5)
+        contents.closers.append(h5.close)
+        return contents
+      return keras_v3.read_weights_file(h5)
+    except BaseException:
+      h5.close()
+      raise
+  size = os.path.getsize(path)
+  if size == 0:
+    raise ValueError(f"{path}: the file is empty")
+  raise ValueError(f"{path}: not a Keras weights file (neither a .keras zip "
+                   "archive, an HDF5 file nor a TF checkpoint)")
+
+
+def _sniff(path: str) -> Optional[str]:
+  with open(path, "rb") as f:
+    head = f.read(8)
+  if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+    return "zip"
+  if safe_io.looks_like_hdf5(path):
+    return "hdf5"
+  return None
+
+
+def _summary(input_path, mapped: structure.MappedModel) -> Summary:
+  config = mapped.config
+  layers = []
+  vocab, dim = mapped.embedding.tensors["embeddings"].shape
+  layers.append(LayerSummary("embedding", mapped.embedding.name,
+                             mapped.embedding.shapes,
+                             f"vocab {vocab} x dim {dim}"))
+  for item in mapped.recurrent:
+    detail = f"units={item.layer.units}"
+    if item.kind == "gru":
+      detail += f", reset_after={item.layer.reset_after}"
+    if "bias" not in item.tensors:
+      detail += ", use_bias=False (zero bias written)"
+    layers.append(LayerSummary(item.kind, item.name, item.shapes, detail))
+  rows, cols = mapped.dense.tensors["kernel"].shape
+  detail = f"{rows} -> {cols}"
+  if "bias" not in mapped.dense.tensors:
+    detail += ", use_bias=False (zero bias written)"
+  layers.append(LayerSummary("dense", mapped.dense.name, mapped.dense.shapes,
+                             detail))
+  params = sum(int(np.prod(shape)) for shape in
+               config.expected_shapes(mapped.vocab_size).values())
+  return Summary(input_path=os.fspath(input_path),
+                 format=mapped.contents.format, layers=layers, config=config,
+                 vocab_size=mapped.vocab_size, embedding_dim=int(dim),
+                 num_parameters=params, notes=list(mapped.notes))

@@ -16,9 +16,12 @@ Every refusal is a `ValueError` whose message names the file, the object and
 the problem, on one line.
 """
 
+import functools
 import io
 import os
+import struct
 import zipfile
+import zlib
 from typing import Iterator, List, Optional, Tuple
 
 import h5py
@@ -44,22 +47,50 @@ def show(value, limit: int = 80) -> str:
   return repr(text)
 
 
-def fail(label, problem: str) -> ValueError:
-  return ValueError(f"{label}: {problem}" if label else problem)
+class Refusal(ValueError):
+  """A file refused; the message names the file and the problem, on one line."""
+
+
+def fail(label, problem: str) -> Refusal:
+  return Refusal(f"{label}: {problem}" if label else problem)
+
+
+# What h5py raises, depending on the damage, when it meets a corrupt file.
+H5_ERRORS = (KeyError, OSError, RuntimeError, TypeError, ValueError, IndexError,
+             OverflowError, AttributeError)
+
+
+def _guarded(method):
+  """Turns any h5py error inside an H5File method into a one-line Refusal."""
+
+  @functools.wraps(method)
+  def wrapper(self, *args, **kwargs):
+    try:
+      return method(self, *args, **kwargs)
+    except Refusal:
+      raise
+    except H5_ERRORS as e:
+      raise fail(self.label, f"corrupt HDF5 data ({_h5_reason(e)}); the file "
+                 "may be truncated or damaged") from None
+
+  return wrapper
 
 
 # ---------------------------------------------------------------- zip archives
+
+# What zipfile raises, depending on the damage, for a corrupt archive.
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError,
+              EOFError, OSError, ValueError, OverflowError, IndexError,
+              struct.error, zlib.error)
 
 
 def open_zip(path) -> zipfile.ZipFile:
   """Opens a zip archive for reading, turning zip errors into ValueError."""
   try:
     return zipfile.ZipFile(path)
-  except zipfile.BadZipFile as e:
-    raise fail(path, f"not a readable zip archive ({e}); the file may be "
-               "truncated or not a .keras file") from None
-  except zipfile.LargeZipFile as e:
-    raise fail(path, f"unsupported zip archive ({e})") from None
+  except ZIP_ERRORS as e:
+    raise fail(path, f"not a readable zip archive ({_one_line(e)}); the file "
+               "may be truncated or not a .keras file") from None
 
 
 def member_names(archive: zipfile.ZipFile) -> List[str]:
@@ -91,8 +122,7 @@ def read_member(archive: zipfile.ZipFile, name: str, limit: int, label) -> bytes
   try:
     with archive.open(info) as stream:
       data = stream.read(info.file_size + 1)
-  except (zipfile.BadZipFile, EOFError, OSError, ValueError,
-          NotImplementedError) as e:
+  except ZIP_ERRORS as e:
     raise fail(label, f"member {name!r} cannot be read ({_one_line(e)}); the "
                "archive may be truncated or corrupt") from None
   if len(data) != info.file_size:
@@ -137,7 +167,7 @@ class H5File:
       else:
         self.size = os.path.getsize(source)
         self.file = h5py.File(source, "r")
-    except OSError as e:
+    except H5_ERRORS as e:
       raise fail(label, f"not a readable HDF5 file ({_h5_reason(e)})") from None
     self._visited = 0
 
@@ -156,6 +186,7 @@ class H5File:
 
   # Navigation.
 
+  @_guarded
   def child(self, group: h5py.Group, name: str, where: str = ""):
     """The object `name` (one path component) in `group`, if a hard link.
 
@@ -195,6 +226,7 @@ class H5File:
       raise fail(self.label, f"{show(path)} is neither a group nor a dataset")
     return obj
 
+  @_guarded
   def get(self, path: str, base: Optional[h5py.Group] = None, where: str = ""):
     """Follows a '/'-separated path from `base` (default: the root), or None."""
     obj = self.file if base is None else base
@@ -207,6 +239,7 @@ class H5File:
       where = f"{where}/{part}" if where else part
     return obj
 
+  @_guarded
   def names(self, group: h5py.Group, where: str = "") -> List[str]:
     """The link names in a group (sorted, as HDF5 lists them)."""
     try:
@@ -214,6 +247,9 @@ class H5File:
     except (OSError, RuntimeError) as e:
       raise fail(self.label, f"cannot list {show(where or '/')} "
                  f"({_h5_reason(e)})") from None
+    if not all(isinstance(name, str) for name in names):
+      raise fail(self.label, f"{show(where or '/')} holds an object whose name "
+                 "is not UTF-8 text")
     if len(names) > MAX_OBJECTS:
       raise fail(self.label, f"{show(where or '/')} holds {len(names)} objects, "
                  "too many for a weights file")
@@ -240,6 +276,7 @@ class H5File:
 
   # Datasets.
 
+  @_guarded
   def check_dataset(self, ds: h5py.Dataset, path: str) -> Tuple[Tuple[int, ...],
                                                                 np.dtype]:
     """Checks a dataset before reading it; returns (shape, dtype).
@@ -282,6 +319,7 @@ class H5File:
                  f"(more than {MAX_EXPANSION}x); refusing a shape bomb")
     return tuple(int(d) for d in shape), dtype
 
+  @_guarded
   def read_dataset(self, ds: h5py.Dataset, path: str) -> np.ndarray:
     """Reads a checked dataset into memory."""
     shape, dtype = self.check_dataset(ds, path)
@@ -299,6 +337,7 @@ class H5File:
 
   # Attributes.
 
+  @_guarded
   def has_attr(self, obj, name: str) -> bool:
     try:
       return name in obj.attrs
@@ -306,14 +345,22 @@ class H5File:
       raise fail(self.label, f"cannot read attributes of {show(obj.name)} "
                  f"({_h5_reason(e)})") from None
 
+  @_guarded
   def _attr(self, obj, name: str):
     try:
       attr_id = obj.attrs.get_id(name)
-      elements = int(np.prod(attr_id.shape, dtype=object)) if attr_id.shape else 1
-      stored = attr_id.get_storage_size()
+      shape = attr_id.shape
     except (KeyError, OSError, RuntimeError, TypeError) as e:
       raise fail(self.label, f"cannot read attribute {show(name)} of "
                  f"{show(obj.name)} ({_h5_reason(e)})") from None
+    elements = int(np.prod(shape, dtype=object)) if shape else 1
+    stored = 0
+    if elements:
+      try:
+        stored = attr_id.get_storage_size()
+      except (OSError, RuntimeError) as e:
+        raise fail(self.label, f"cannot read attribute {show(name)} of "
+                   f"{show(obj.name)} ({_h5_reason(e)})") from None
     if elements > MAX_ATTR_ELEMENTS or stored > MAX_ATTR_BYTES:
       raise fail(self.label, f"attribute {show(name)} of {show(obj.name)} is too "
                  f"large ({elements} elements, {stored} bytes)")
@@ -323,6 +370,7 @@ class H5File:
       raise fail(self.label, f"cannot read attribute {show(name)} of "
                  f"{show(obj.name)} ({_h5_reason(e)})") from None
 
+  @_guarded
   def attr_text(self, obj, name: str, limit: int = MAX_JSON_BYTES) -> Optional[str]:
     """A string attribute (str or bytes), or None if absent."""
     if not self.has_attr(obj, name):
@@ -343,6 +391,7 @@ class H5File:
                  "characters")
     return value
 
+  @_guarded
   def attr_strings(self, obj, name: str) -> Optional[List[str]]:
     """A string-list attribute as Keras writes it, or None if absent.
 
@@ -362,6 +411,7 @@ class H5File:
         raise fail(self.label, f"attribute {show(name)} is too large")
     return out
 
+  @_guarded
   def _strings(self, obj, name: str) -> List[str]:
     value = np.asarray(self._attr(obj, name))
     if value.size == 0:
@@ -390,8 +440,6 @@ def _one_line(error: BaseException) -> str:
 
 
 def _h5_reason(error: BaseException) -> str:
-  """h5py's message, shortened to its useful part, on one line."""
-  text = _one_line(error)
-  # h5py messages look like "Unable to synchronously open file (truncated
-  # file: eof = 1, sblock->base_addr = 0, stored_eof = 2)".
-  return text
+  """h5py's message on one line, e.g. 'Unable to synchronously open file
+  (truncated file: eof = 1, sblock->base_addr = 0, stored_eof = 2)'."""
+  return _one_line(error)
