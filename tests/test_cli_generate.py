@@ -168,8 +168,7 @@ def env(tmp_path_factory):
     runs[f"bad_values_{group}"] = (
         [f"--weights={weights}"] + [f"--{flag}={value}" for flag, value in bad],
         False)
-  if os.path.exists(rnnstep.bundled_model_path()):
-    runs["bundled_default"] = ([], False)
+  runs["bundled_default"] = ([], False)
   with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
     futures = {name: pool.submit(run_binary, args, tty)
                for name, (args, tty) in runs.items()}
@@ -290,8 +289,6 @@ def test_unknown_prompt_character_names_it_and_the_flag(env):
 
 
 def test_default_run_on_the_bundled_model(env):
-  if "bundled_default" not in env["results"]:
-    pytest.skip("the bundled model is not in this install yet")
   text = ok(env["results"]["bundled_default"])
   assert text.startswith("ROMEO:") and text.endswith("\n")
   assert len(text) == len("ROMEO:") + 1000 + 1
