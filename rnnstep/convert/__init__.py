@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from rnnstep import model_file
+from rnnstep.convert import isolation
 from rnnstep.convert import keras_v2_h5
 from rnnstep.convert import keras_v3
 from rnnstep.convert import safe_io
@@ -140,6 +141,10 @@ def inspect(input_path: PathLike) -> Summary:
     ValueError: the file cannot be read or the model cannot be mapped; the
       message says what was found.
   """
+  return _contained(input_path, _inspect, input_path)
+
+
+def _inspect(input_path: PathLike) -> Summary:
   contents = _open(input_path)
   try:
     mapped = structure.map_model(contents)
@@ -155,6 +160,10 @@ def read_weights(input_path: PathLike) -> Tuple[model_file.ModelConfig,
   The tensors are keyed as in the model file (`embedding`, `layer{i}_kernel`,
   ..., `dense_bias`); a missing bias is returned as zeros.
   """
+  return _contained(input_path, _read_weights, input_path)
+
+
+def _read_weights(input_path: PathLike):
   contents = _open(input_path)
   try:
     mapped = structure.map_model(contents)
@@ -208,6 +217,12 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   else:
     chars = model_file.validate_vocab(list(vocab), "vocab")
     source = "the vocab list"
+  return _contained(input_path, _convert, input_path, output_path, chars,
+                    source)
+
+
+def _convert(input_path: str, output_path: str, chars: List[str],
+             source: str) -> Summary:
   contents = _open(input_path)
   try:
     mapped = structure.map_model(contents)
@@ -284,6 +299,19 @@ def read_vocab_file(path: PathLike) -> List[str]:
 
 
 # ------------------------------------------------------------------- internals
+
+
+def _contained(input_path: PathLike, fn, *args):
+  """Runs a reader of a zip/HDF5 input in a child process (see `isolation`).
+
+  TF checkpoints are read in-process: `tf.train.load_checkpoint` needs the TF
+  runtime, which must not be used in a forked child.
+  """
+  path = os.fspath(input_path)
+  if (not isolation.available() or os.path.isdir(path)
+      or not os.path.isfile(path) or tf_checkpoint.is_checkpoint_file(path)):
+    return fn(*args)
+  return isolation.run(path, fn, *args)
 
 
 def _open(input_path: PathLike) -> structure.Contents:

@@ -1,0 +1,175 @@
+"""Mutation fuzzer for the converter's readers (a developer tool, not part of CI).
+
+Takes real Keras files as seeds, mutates them (byte flips and overwrites,
+truncation, spliced or repeated chunks) and feeds each mutant to
+`rnnstep.convert.inspect` and `read_weights`. A clean refusal is a ValueError
+or OSError with a one-line message; anything else (another exception, a
+multi-line message, a crash or a hang of the worker) is a finding, saved with
+its input under --findings.
+
+  python tools/fuzz_convert.py --minutes=10
+  python tools/fuzz_convert.py --seeds=DIR --iterations=5000
+
+Without --seeds, seed files are made first by `tests/keras_models.py` (tf_keras
+in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
+and TF checkpoints.
+"""
+
+import glob
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+_SEEDS = flags.DEFINE_string("seeds", None, "Directory of seed files (default: "
+                             "build them with tests/keras_models.py).")
+_FINDINGS = flags.DEFINE_string("findings", "/tmp/rnnstep_fuzz_findings",
+                                "Where failing inputs are saved.")
+_MINUTES = flags.DEFINE_float("minutes", 5.0, "Time budget.")
+_ITERATIONS = flags.DEFINE_integer("iterations", 0, "Stop after this many "
+                                   "mutants (0: only the time budget).")
+_SEED = flags.DEFINE_integer("seed", 0, "Random seed of the mutator.")
+_PER_WORKER = 200  # Mutants per worker process (a crash loses at most one).
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+WORKER = r"""
+import os, sys, traceback
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+for name in ("keras", "tf_keras"):
+  sys.modules[name] = None
+from rnnstep import convert
+status_path = sys.argv[1]
+for line in sys.stdin:
+  path = line.strip()
+  with open(status_path, "w") as f:
+    f.write(path)
+  for fn in (convert.inspect, convert.read_weights):
+    try:
+      fn(path)
+      verdict = "ok"
+    except (ValueError, OSError) as e:
+      verdict = "refused" if "\n" not in str(e) else "multiline: " + repr(str(e))
+    except Exception:
+      verdict = "BUG: " + traceback.format_exc().replace("\n", " | ")
+    print(verdict, flush=True)
+"""
+
+
+def make_seeds(directory):
+  env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
+  subprocess.run([sys.executable, "-m", "tests.keras_models", "tf_keras",
+                  directory], cwd=REPO, env=env, check=True)
+
+
+def seed_files(directory):
+  """Single-file inputs (checkpoints as their .index/.data pair prefix)."""
+  files = []
+  for path in glob.glob(os.path.join(directory, "**", "*"), recursive=True):
+    if path.endswith((".h5", ".keras")) and os.path.isfile(path):
+      files.append([path])
+    elif path.endswith(".index"):
+      prefix = path[:-len(".index")]
+      files.append([path] + glob.glob(prefix + ".data-*"))
+  return files
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+  data = bytearray(data)
+  for _ in range(rng.randint(1, 4)):
+    choice = rng.random()
+    if not data:
+      break
+    position = rng.randrange(len(data))
+    if choice < 0.4:
+      data[position] ^= 1 << rng.randrange(8)
+    elif choice < 0.6:
+      data[position:position + 4] = rng.randbytes(4)
+    elif choice < 0.7:
+      del data[position:]
+    elif choice < 0.85:
+      size = rng.randint(1, 64)
+      data[position:position] = data[rng.randrange(len(data)):][:size]
+    else:
+      data[position:position + 8] = rng.choice(
+          [b"\xff" * 8, b"\x00" * 8, b"\x7f\xff\xff\xff\xff\xff\xff\xff"])
+  return bytes(data)
+
+
+def main(argv):
+  del argv
+  rng = random.Random(_SEED.value)
+  work = tempfile.mkdtemp(prefix="rnnstep_fuzz_")
+  seeds_dir = _SEEDS.value or os.path.join(work, "seeds")
+  if not _SEEDS.value:
+    make_seeds(seeds_dir)
+  seeds = seed_files(seeds_dir)
+  print(f"{len(seeds)} seed inputs from {seeds_dir}")
+  os.makedirs(_FINDINGS.value, exist_ok=True)
+  deadline = time.time() + 60 * _MINUTES.value
+  counts = {"ok": 0, "refused": 0, "findings": 0}
+  done = 0
+  while time.time() < deadline and (not _ITERATIONS.value
+                                     or done < _ITERATIONS.value):
+    batch = []
+    for i in range(_PER_WORKER):
+      files = rng.choice(seeds)
+      target = rng.randrange(len(files))
+      case_dir = os.path.join(work, f"case{done + i}")
+      os.makedirs(case_dir)
+      for j, path in enumerate(files):
+        data = open(path, "rb").read()
+        with open(os.path.join(case_dir, os.path.basename(path)), "wb") as f:
+          f.write(mutate(data, rng) if j == target else data)
+      main_file = os.path.join(case_dir, os.path.basename(files[0]))
+      if main_file.endswith(".index"):
+        main_file = main_file[:-len(".index")]
+      batch.append(main_file)
+    status = os.path.join(work, "status")
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, status], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+      out, _ = worker.communicate("\n".join(batch) + "\n", timeout=600)
+    except subprocess.TimeoutExpired:
+      worker.kill()
+      out, _ = worker.communicate()
+    verdicts = out.splitlines()
+    for index, path in enumerate(batch):
+      pair = verdicts[2 * index:2 * index + 2]
+      if len(pair) < 2:  # The worker died or hung on this one.
+        reason = f"worker exit {worker.returncode}"
+        _save(path, reason)
+        counts["findings"] += 1
+        break
+      for verdict in pair:
+        if verdict in ("ok", "refused"):
+          counts[verdict] += 1
+        else:
+          _save(path, verdict)
+          counts["findings"] += 1
+    done += len(batch)
+    for path in batch:
+      shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    print(f"{done} mutants: {counts}", flush=True)
+  shutil.rmtree(work, ignore_errors=True)
+  print(f"done: {done} mutants, {counts}; findings in {_FINDINGS.value}")
+
+
+def _save(path, reason):
+  name = f"finding{len(os.listdir(_FINDINGS.value)):04d}"
+  target = os.path.join(_FINDINGS.value, name)
+  shutil.copytree(os.path.dirname(path), target)
+  with open(os.path.join(target, "REASON.txt"), "w") as f:
+    f.write(f"{os.path.basename(path)}\n{reason}\n")
+  print(f"FINDING {name}: {reason[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
