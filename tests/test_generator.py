@@ -14,6 +14,9 @@ from rnnstep import generator as generator_lib
 STACKS = {
     "gru_reset_after": [kr.layer("gru", 48, True)],
     "gru_reset_before": [kr.layer("gru", 48, False)],
+    "lstm": [kr.layer("lstm", 40)],
+    "simple_rnn": [kr.layer("simple_rnn", 40)],
+    "gru_x2": [kr.layer("gru", 32), kr.layer("gru", 24)],
     "lstm_then_gru": [kr.layer("lstm", 32), kr.layer("gru", 24, False)],
 }
 
