@@ -6,29 +6,18 @@ their results. Expected texts come from the library
 (`rnnstep.generate`) in this process, on the same small random model file.
 """
 
-import concurrent.futures
 import json
 import os
-import pty
 import re
-import shutil
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 import rnnstep
 from rnnstep import model as model_lib
-from rnnstep import model_file
+from tests.test_cli_common import command, ok, one_error_line
+from tests.test_cli_common import run_concurrently, write_model
 
-BINARY = shutil.which("rnnstep-generate")
-COMMAND = [BINARY] if BINARY else [sys.executable, "-m", "rnnstep.cli.generate"]
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-TIMEOUT = 600
-
-# The Shakespeare character set (65 characters, as in the TF tutorial).
-VOCAB = list("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+COMMAND = command("rnnstep-generate", "rnnstep.cli.generate")
 PROMPTS = ["ROMEO:", "To be"]
 SAMPLES = 2
 STEPS = 60
@@ -38,14 +27,6 @@ OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
              "format", "stream", "chunk_size"]
 
-# TF >= 2.19 prints these at import whatever TF_CPP_MIN_LOG_LEVEL says
-# (tensorflow/tensorflow#100442); the CLI can only hide them if importing
-# `rnnstep` does not import TensorFlow first.
-TF_NOISE = re.compile(
-    r"WARNING: All log messages before absl::InitializeLog\(\) is called are "
-    r"written to STDERR|[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.]+:\d+\] .*|"
-    r"To enable the following instructions: .*")
-
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).
 BAD_VALUES = [
@@ -53,60 +34,6 @@ BAD_VALUES = [
      ("top_k", "-1"), ("num_samples", "0"), ("chunk_size", "0")],
     [("top_p", "1.5"), ("temperature", "nan")],
 ]
-
-
-class Result:
-
-  def __init__(self, returncode, stdout, stderr):
-    self.returncode = returncode
-    self.stdout = stdout
-    self.stderr_lines = [line for line in stderr.splitlines()
-                         if line.strip() and not TF_NOISE.fullmatch(line.strip())]
-
-  def __repr__(self):
-    return (f"Result(rc={self.returncode}, stdout={self.stdout[:300]!r}, "
-            f"stderr={self.stderr_lines!r})")
-
-
-def run_binary(args, tty_stderr=False):
-  if not tty_stderr:
-    proc = subprocess.run(COMMAND + args, capture_output=True, text=True,
-                          env=ENV, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
-    return Result(proc.returncode, proc.stdout, proc.stderr)
-  master, slave = pty.openpty()
-  proc = subprocess.Popen(COMMAND + args, stdout=subprocess.PIPE, stderr=slave,
-                          stdin=subprocess.DEVNULL, env=ENV)
-  os.close(slave)
-  chunks = []
-  while True:
-    try:
-      data = os.read(master, 1 << 16)
-    except OSError:  # EIO: the child closed the terminal.
-      break
-    if not data:
-      break
-    chunks.append(data)
-  os.close(master)
-  stdout = proc.stdout.read().decode()
-  proc.stdout.close()
-  proc.wait(TIMEOUT)
-  return Result(proc.returncode, stdout, b"".join(chunks).decode())
-
-
-def write_model(path):
-  rng = np.random.default_rng(0)
-  v, d, u = len(VOCAB), 16, 32
-  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),))
-  tensors = {
-      "embedding": rng.normal(size=(v, d)),
-      "layer0_kernel": rng.normal(size=(d, 3 * u)) * 0.3,
-      "layer0_recurrent_kernel": rng.normal(size=(u, 3 * u)) * 0.3,
-      "layer0_bias": rng.normal(size=(2, 3 * u)) * 0.1,
-      "dense_kernel": rng.normal(size=(u, v)),
-      "dense_bias": rng.normal(size=(v,)) * 0.1,
-  }
-  model_file.write(path, config, VOCAB,
-                   {k: x.astype(np.float32) for k, x in tensors.items()})
 
 
 def truncate(text, stops):
@@ -169,22 +96,13 @@ def env(tmp_path_factory):
         [f"--weights={weights}"] + [f"--{flag}={value}" for flag, value in bad],
         False)
   runs["bundled_default"] = ([], False)
-  with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-    futures = {name: pool.submit(run_binary, args, tty)
-               for name, (args, tty) in runs.items()}
-    results = {name: future.result() for name, future in futures.items()}
+  results = run_concurrently(COMMAND, runs)
   return {"tmp": tmp, "weights": weights, "model": model, "expected": expected,
           "stops": stops, "results": results}
 
 
-def ok(result):
-  assert result.returncode == 0, result
-  assert result.stderr_lines == [], result
-  return result.stdout
-
-
 def test_binary_is_installed():
-  assert BINARY, "rnnstep-generate is not on PATH: run `pip install -e .`"
+  assert len(COMMAND) == 1, "rnnstep-generate is not on PATH: `pip install -e .`"
 
 
 def test_batch_as_jsonl_file_matches_the_library(env):
@@ -253,16 +171,6 @@ def test_helpfull_and_help_list_the_flags(env):
     # The --dtype choices are the library's.
     assert "<" + "|".join(model_lib.DTYPES) + ">" in result.stdout
   assert "--flagfile" in full.stdout and "--flagfile" not in short.stdout
-
-
-def one_error_line(result, status=None):
-  assert result.returncode != 0, result
-  if status is not None:
-    assert result.returncode == status, result
-  assert result.stdout == "", result
-  assert len(result.stderr_lines) == 1, result
-  assert "Traceback" not in result.stderr_lines[0]
-  return result.stderr_lines[0]
 
 
 @pytest.mark.parametrize("group", range(len(BAD_VALUES)))

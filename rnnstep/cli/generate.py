@@ -21,7 +21,8 @@ A single sample prints just that; with several, each sample is preceded by a lin
    "text": "<the continuation>", "stopped": <true if it ended on a --stop string>}
 
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
-1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C.
+1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C,
+143 SIGTERM.
 TensorFlow's own log lines are hidden; set RNNSTEP_DEBUG=1 to see them and
 tracebacks.
 """
@@ -29,85 +30,72 @@ tracebacks.
 import contextlib
 import json
 import math
-import os
 import secrets
-import signal
 import sys
-import tempfile
 import threading
 import time
 
-# Read by TensorFlow when it is first imported; an explicit setting wins.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
-import rnnstep  # pylint: disable=g-import-not-at-top
+from rnnstep.cli import common  # pylint: disable=g-bad-import-order
+import rnnstep  # pylint: disable=g-bad-import-order
 
 PROGRAM = "rnnstep-generate"
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-HELP_FLAGS = ("--help", "--helpshort", "--helpfull", "--helpxml", "-?", "-help",
-              "-helpshort", "-helpfull", "-helpxml")
 DEFAULT_PROMPT = "ROMEO:"
-# rnnstep.model.DTYPES, spelled out so that flag definition (and --help, and
-# flag errors) need not import TensorFlow; tests check the two agree.
-DTYPES = ("float32", "bfloat16", "float16")
 MAX_INT32 = 2**31 - 1
 
-_WEIGHTS = flags.DEFINE_string(
-    "weights", None,
-    "Model file (.npz; make one from Keras weights with rnnstep-convert). "
-    "Default: the Shakespeare model bundled with rnnstep.")
+# Private flags: see common.py.
+FLAGS = flags.FlagValues()
+_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", [DEFAULT_PROMPT],
     f"Text to continue. Repeat the flag for several prompts (one batch). "
-    f"Default: {DEFAULT_PROMPT!r}, as in the TensorFlow text-generation tutorial")
+    f"Default: {DEFAULT_PROMPT!r}, as in the TensorFlow text-generation tutorial",
+    flag_values=FLAGS)
 _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
     "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
-    "the sample).")
+    "the sample).", flag_values=FLAGS)
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 1.0,
-    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy (argmax).")
+    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy (argmax).",
+    flag_values=FLAGS)
 _TOP_K = flags.DEFINE_integer(
-    "top_k", 0, "Sample among the k most likely characters only; 0 = off.")
+    "top_k", 0, "Sample among the k most likely characters only; 0 = off.",
+    flag_values=FLAGS)
 _TOP_P = flags.DEFINE_float(
     "top_p", 1.0,
     "Nucleus sampling: sample among the most likely characters holding this "
-    "much probability; in (0, 1], 1 = off.")
+    "much probability; in (0, 1], 1 = off.", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer(
     "seed", None,
     "Random seed (64-bit): the same seed and flags give the same text; row R "
     "uses (seed, R). Default: a fresh seed in [0, 2**31), reported in the "
-    "output.")
+    "output.", flag_values=FLAGS)
 _NUM_SAMPLES = flags.DEFINE_integer(
     "num_samples", 1,
     "Samples per prompt, >= 1; all prompts x samples rows are generated as one "
-    "batch.")
+    "batch.", flag_values=FLAGS)
 _STOP = flags.DEFINE_multi_string(
     "stop", None,
     "Stop string (repeatable): a sample ends as soon as its continuation "
-    "contains one (ending with it); generation ends when every sample has")
+    "contains one (ending with it); generation ends when every sample has "
+    "ended.",
+    flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", None,
     "Compile with XLA (--jit_compile) or not (--nojit_compile). "
-    "Default: the library's choice (the faster path).")
-_DTYPE = flags.DEFINE_enum(
-    "dtype", "float32", DTYPES,
-    "Precision of the recurrent and output matmuls (reduced precision is "
-    "faster on some hardware, at some cost in fidelity).")
+    "Default: the library's choice (the faster path).", flag_values=FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
     "Write the output to this file instead of stdout ('-' is stdout). The file "
-    "appears only when the run succeeds, whole: never a partial file.")
+    "appears only when the run succeeds, whole: never a partial file.",
+    flag_values=FLAGS)
 _FORMAT = flags.DEFINE_enum(
     "format", "text", ["text", "jsonl"],
     "text: prompt + continuation per sample, with a header line per sample "
     "when there are several; jsonl: one JSON object per sample (fields in "
-    "--help).")
+    "--help).", flag_values=FLAGS)
 _STREAM = flags.DEFINE_boolean(
     "stream", False,
     "Generate --chunk_size steps per device call (state kept on device) and "
@@ -115,14 +103,16 @@ _STREAM = flags.DEFINE_boolean(
     "same run prints without --stream: samples print in order, so the first "
     "sample streams live and each later one streams once every sample before "
     "it has ended (stop string or --num_steps); in jsonl each object is "
-    "printed as soon as its sample and all before it have ended.")
+    "printed as soon as its sample and all before it have ended.",
+    flag_values=FLAGS)
 _CHUNK_SIZE = flags.DEFINE_integer(
-    "chunk_size", 64, "Steps per device call with --stream, >= 1.")
+    "chunk_size", 64, "Steps per device call with --stream, >= 1.",
+    flag_values=FLAGS)
 
 
 def _validate(name, predicate, message):
   """A check run after all flags are parsed: every bad value is reported."""
-  flags.register_validator(name, predicate, message)
+  flags.register_validator(name, predicate, message, flag_values=FLAGS)
 
 
 _validate("num_steps", lambda n: 0 <= n <= MAX_INT32,
@@ -142,113 +132,18 @@ _validate("prompt", all, "a prompt is empty; give at least one character")
 _validate("stop", lambda stops: not stops or all(stops),
           "a stop string is empty; give at least one character")
 
-_OWN_FLAGS = ("weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
-              "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
-              "format", "stream", "chunk_size")
-
-
-class Failure(Exception):
-  """An error to report as one line on stderr, with an exit status."""
-
-  def __init__(self, message: str, status: int = EXIT_FAILURE):
-    super().__init__(message)
-    self.status = status
-
-
-# The real stderr while fd 2 points at /dev/null (see `_quiet_stderr`).
-_stderr = None
-
-
-def run():
-  """The console-script entry point."""
-  global _stderr
-  _adopt_flags_for_help()
-  signal.signal(signal.SIGTERM, _terminate)
-  with _quiet_stderr() as stream:
-    _stderr = stream
-    try:
-      app.run(main, flags_parser=_parse_flags)
-    finally:
-      _stderr = None
-
-
-def _terminate(signum, frame):
-  """SIGTERM unwinds like Ctrl-C (no temp output file left), then exits."""
-  del frame
-  raise SystemExit(128 + signum)
-
 
 def main(argv):
-  try:
-    if len(argv) > 1:
-      raise Failure(f"unexpected argument {argv[1]!r}; give prompts with "
-                    "--prompt", EXIT_USAGE)
-    seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
-    rows = [(p, s, prompt) for p, prompt in enumerate(_PROMPT.value)
-            for s in range(_NUM_SAMPLES.value)]
-    with _open_output(_OUTPUT.value) as out:
-      model = _load_model()
-      printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
-                        flush=_STREAM.value)
-      _generate(model, rows, seed, printer)
-  except Failure as e:
-    return _report(str(e), e.status)
-  except BrokenPipeError:
-    # The reader went away (e.g. `| head`): stop quietly, as `cat` would.
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_FAILURE
-  except KeyboardInterrupt:
-    return _report("interrupted", EXIT_INTERRUPTED)
-  except Exception as e:  # pylint: disable=broad-except
-    if _debug():
-      raise
-    return _report(f"{type(e).__name__}: {e}", EXIT_FAILURE)
+  common.reject_arguments(argv, "give prompts with --prompt (see --help)")
+  seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
+  rows = [(p, s, prompt) for p, prompt in enumerate(_PROMPT.value)
+          for s in range(_NUM_SAMPLES.value)]
+  with _open_output(_OUTPUT.value) as out:
+    model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+    printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
+                      flush=_STREAM.value)
+    _generate(model, rows, seed, printer)
   return 0
-
-
-def _debug() -> bool:
-  return bool(os.environ.get("RNNSTEP_DEBUG"))
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-  """Points fd 2 at /dev/null and yields a stream to the real stderr.
-
-  TensorFlow's C++ logging writes to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL for
-  part of it (tensorflow/tensorflow#100442; and a cuInit error from an absl init
-  callback TF registers); our own lines (errors, progress) go to the stream
-  yielded here. RNNSTEP_DEBUG=1 leaves stderr alone.
-  """
-  if _debug():
-    yield sys.stderr
-    return
-  sys.stderr.flush()
-  try:
-    saved = os.dup(2)
-  except OSError:  # No stderr at all: nothing to keep quiet.
-    yield sys.stderr
-    return
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  os.close(devnull)
-  real = os.fdopen(os.dup(saved), "w", encoding="utf-8",
-                   errors="backslashreplace")
-  try:
-    yield real
-  finally:
-    with contextlib.suppress(OSError, ValueError):
-      sys.stderr.flush()
-    real.close()
-    os.dup2(saved, 2)
-    os.close(saved)
-
-
-def _load_model():
-  try:
-    return rnnstep.load(_WEIGHTS.value, dtype=_DTYPE.value)
-  except (OSError, ValueError) as e:
-    which = "" if _WEIGHTS.value else " not given"
-    raise Failure(f"--weights{which}: {_reason(e)}") from None
 
 
 def _generate(model, rows, seed, printer):
@@ -272,16 +167,16 @@ def _generate(model, rows, seed, printer):
     raise _blame(model, prompts, stops, e, len(rows)) from None
 
 
-def _blame(model, prompts, stops, error, num_rows) -> Failure:
+def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
   """Names the flag behind a ValueError from the library."""
   for flag, texts in (("--prompt", prompts), ("--stop", stops)):
     for text in texts:
       try:
         model.encode(text)
       except ValueError as e:
-        return Failure(f"{flag}={text!r}: {e}", EXIT_USAGE)
-  return Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} rows "
-                 f"(prompts x --num_samples): {error}")
+        return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
+  return common.Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} "
+                        f"rows (prompts x --num_samples): {error}")
 
 
 class Printer:
@@ -366,7 +261,7 @@ class Progress:
 
   def __init__(self, label: str, stream=None, interval: float = 0.2):
     self._label = label
-    self._stream = stream or _stderr or sys.stderr
+    self._stream = stream or common.stderr()
     self._interval = interval
     self._done = threading.Event()
     self._thread = None
@@ -402,90 +297,15 @@ class Progress:
     return False
 
 
-@contextlib.contextmanager
 def _open_output(path):
-  """Yields stdout, or a temp file renamed to `path` only on success."""
+  """stdout, or a file that appears at `path` only if the run succeeds."""
   if not path or path == "-":
-    yield sys.stdout
-    return
-  if os.path.isdir(path):
-    raise Failure(f"--output={path}: is a directory")
-  directory = os.path.dirname(os.path.abspath(path))
-  try:
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp", dir=directory)
-  except OSError as e:
-    raise Failure(f"--output={path}: cannot create a file in {directory} "
-                  f"({e.strerror or e})") from None
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-      yield f
-    try:
-      os.chmod(tmp, _new_file_mode(path))
-      os.replace(tmp, path)
-    except OSError as e:
-      raise Failure(f"--output={path}: {_reason(e)}") from None
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.unlink(tmp)
-    raise
+    return contextlib.nullcontext(sys.stdout)
+  return common.atomic_output(path)
 
 
-def _new_file_mode(path) -> int:
-  """The mode `open(path, 'w')` would give: the old file's, or 0666 & ~umask."""
-  try:
-    return os.stat(path).st_mode & 0o777
-  except OSError:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def _reason(error: Exception) -> str:
-  if isinstance(error, OSError) and error.strerror:
-    name = f": {error.filename}" if error.filename else ""
-    return f"{error.strerror}{name}"
-  return str(error)
-
-
-def _one_line(message: str) -> str:
-  return "; ".join(line.strip() for line in message.splitlines() if line.strip())
-
-
-def _report(message: str, status: int) -> int:
-  stream = _stderr or sys.stderr
-  stream.write(f"{PROGRAM}: error: {_one_line(message)}\n")
-  stream.flush()
-  return status
-
-
-def _parse_flags(argv):
-  """absl's parser, with every flag error as one line (absl prints two).
-
-  absl's help flags print help and exit 1; asked for, help is a success here.
-  """
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    sys.exit(_report(f"{e} (see --help)", EXIT_USAGE))
-  except SystemExit as e:
-    if e.code == 1 and any(arg.split("=")[0] in HELP_FLAGS for arg in argv[1:]):
-      sys.exit(0)
-    raise
-
-
-def _adopt_flags_for_help():
-  """Makes `--help` show this module's doc and flags when run as a script.
-
-  absl's short help lists the key flags of the main module, named by
-  sys.argv[0]; for a console script that is the wrapper, not this module.
-  """
-  main_module = sys.modules.get("__main__")
-  if main_module is not None and not main_module.__doc__:
-    main_module.__doc__ = __doc__
-  for name in _OWN_FLAGS:
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-
+# The console-script entry point: run(argv=None).
+run = common.entry_point(PROGRAM, __doc__, FLAGS, main)
 
 if __name__ == "__main__":
   run()

@@ -1,0 +1,336 @@
+"""What every rnnstep command-line tool does the same way (absl front ends).
+
+A tool is a module with a docstring (its help), a private `flags.FlagValues`
+and `main(argv)`; its console-script entry point is
+
+  run = common.entry_point(PROGRAM, __doc__, FLAGS, main)  # run(argv=None)
+
+and this module gives it:
+- Quiet stderr: fd 2 points at /dev/null while the tool runs, since TensorFlow's
+  C++ logging ignores TF_CPP_MIN_LOG_LEVEL for part of what it writes
+  (tensorflow/tensorflow#100442; a cuInit error from an absl init callback TF
+  registers). The tool's own lines go to `stderr()`, a dup of the real stderr.
+- One-line errors, `PROGRAM: error: ...`, and one exit status per outcome: 0
+  success, 1 failure, 2 bad command line, 130 Ctrl-C, 143 SIGTERM (which
+  unwinds like Ctrl-C, so no temp output is left). A closed stdout pipe
+  (`| head`) ends quietly.
+- Flags: a private FlagValues, so tools imported into one process (tests) never
+  clash. Parse errors are one line (exit 2); --help, --helpshort, -h, -? print
+  the doc and the tool's flags, --helpfull adds --flagfile and --undefok,
+  --helpxml prints XML; help goes to stdout and exits 0. --flagfile works.
+- Outputs that appear whole or not at all: `atomic_output` (a text file) and
+  `staged_path` (a file or a directory), written beside the target and renamed
+  onto it on success.
+- RNNSTEP_DEBUG=1: stderr left alone (TensorFlow's logging shows) and
+  unexpected exceptions raised, with their traceback.
+
+Nothing here imports TensorFlow, so help and flag errors are instant; the tools
+import it inside `main` (through the lazy `rnnstep` package).
+"""
+
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+# Read by TensorFlow when it is first imported; an explicit setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import logging  # pylint: disable=g-import-not-at-top
+
+# Flags defined by the helpers below belong to the tool that calls them (its
+# --help group), not to this module.
+flags.disclaim_key_flags()
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
+# rnnstep.model.DTYPES, spelled out so that flag definition (and --help, and
+# flag errors) need not import TensorFlow; the tests check the two agree.
+DTYPES = ("float32", "bfloat16", "float16")
+_HELP = {"--help": "short", "-help": "short", "-h": "short", "-?": "short",
+         "--helpshort": "short", "-helpshort": "short", "--helpfull": "full",
+         "-helpfull": "full", "--helpxml": "xml", "-helpxml": "xml"}
+
+# The running tool's name and the real stderr while fd 2 points at /dev/null.
+_program = "rnnstep"
+_stderr = None
+
+
+class Failure(Exception):
+  """An error to report as one line on stderr, with an exit status."""
+
+  def __init__(self, message: str, status: int = EXIT_FAILURE):
+    super().__init__(message)
+    self.status = status
+
+
+class Terminated(BaseException):
+  """SIGTERM, raised where the program is so that it unwinds like Ctrl-C."""
+
+
+def run(program: str, doc: str, flag_values: flags.FlagValues, main,
+        argv=None):
+  """Runs `main(argv)` as the tool `program`; exits with its status."""
+  global _program, _stderr
+  _program = program
+  try:
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    installed = True
+  except ValueError:  # Not the main thread: leave SIGTERM alone.
+    installed = False
+  try:
+    with quiet_stderr() as stream:
+      _stderr = stream
+      try:
+        app.run(functools.partial(_call_main, main), argv=argv,
+                flags_parser=functools.partial(parse_flags, doc, flag_values))
+      except (KeyboardInterrupt, Terminated) as e:  # Before main ran.
+        sys.exit(_exit_status(e))
+      finally:
+        _stderr = None
+  finally:
+    if installed:
+      signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+def entry_point(program: str, doc: str, flag_values: flags.FlagValues, main):
+  """A tool's console-script entry point, `run(argv=None)` (see `run`)."""
+  return functools.partial(run, program, doc, flag_values, main)
+
+
+def _terminate(signum, frame):
+  del signum, frame
+  raise Terminated()
+
+
+def _call_main(main, argv) -> int:
+  if not debug():
+    logging.set_verbosity(logging.ERROR)
+  try:
+    status = main(argv)
+    sys.stdout.flush()  # A closed pipe shows here, not at exit.
+    return status or 0
+  except Exception as e:  # pylint: disable=broad-except
+    if debug() and not isinstance(e, (Failure, BrokenPipeError)):
+      raise
+    return _exit_status(e)
+  except (KeyboardInterrupt, Terminated) as e:
+    return _exit_status(e)
+
+
+def _exit_status(error: BaseException) -> int:
+  """Reports `error` as one line (if it needs one) and returns the status."""
+  if isinstance(error, BrokenPipeError):
+    # The reader went away (e.g. `| head`): stop quietly, as `cat` would.
+    with contextlib.suppress(OSError):
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_FAILURE
+  if isinstance(error, KeyboardInterrupt):
+    return report("interrupted", EXIT_INTERRUPTED)
+  if isinstance(error, Terminated):
+    return report("terminated", EXIT_TERMINATED)
+  if isinstance(error, Failure):
+    return report(str(error), error.status)
+  return report(describe(error), EXIT_FAILURE)
+
+
+def describe(error: Exception) -> str:
+  """The message for an exception the tool did not turn into a Failure."""
+  if isinstance(error, (OSError, ValueError, MemoryError)):  # Documented ones.
+    return reason(error) or type(error).__name__
+  if type(error).__module__.startswith("tensorflow."):  # E.g. out of memory.
+    return f"{type(error).__name__}: {error}"
+  return (f"unexpected {type(error).__name__}: {error} (please report this "
+          "with the RNNSTEP_DEBUG=1 output)")
+
+
+def reason(error: Exception) -> str:
+  """An OSError as 'strerror: filename'; anything else as its message."""
+  if isinstance(error, OSError) and error.strerror:
+    name = f": {error.filename}" if error.filename else ""
+    return f"{error.strerror}{name}"
+  return str(error)
+
+
+def one_line(message: str) -> str:
+  return "; ".join(line.strip() for line in str(message).splitlines()
+                   if line.strip())
+
+
+def report(message: str, status: int) -> int:
+  """Writes `PROGRAM: error: message` (one line) to stderr; returns status."""
+  stream = stderr()
+  stream.write(f"{_program}: error: {one_line(message)}\n")
+  stream.flush()
+  return status
+
+
+def stderr():
+  """The real stderr (fd 2 may point at /dev/null while a tool runs)."""
+  return _stderr or sys.stderr
+
+
+def debug() -> bool:
+  return bool(os.environ.get("RNNSTEP_DEBUG"))
+
+
+def reject_arguments(argv, hint: str = "every input is a flag (see --help)"):
+  """Every input is a flag: a positional argument is a usage error."""
+  if len(argv) > 1:
+    raise Failure(f"unexpected arguments {argv[1:]!r}; {hint}", EXIT_USAGE)
+
+
+def parse_flags(doc: str, flag_values: flags.FlagValues, argv):
+  """Parses `argv` into `flag_values`; help and errors exit (see module doc)."""
+  flag_values.unparse_flags()  # A second run in one process starts afresh.
+  args = argv[1:]
+  if "--" in args:
+    args = args[:args.index("--")]
+  for arg in args:
+    kind = _HELP.get(arg.split("=")[0])
+    if kind == "xml":
+      flag_values.write_help_in_xml_format(sys.stdout)
+      sys.exit(0)
+    if kind:
+      text = flag_values.get_help(include_special_flags=kind == "full")
+      sys.stdout.write(f"{doc.rstrip()}\n\nflags:\n{text}\n")
+      sys.exit(0)
+  try:
+    rest = flag_values(argv)
+  except flags.Error as e:
+    sys.exit(report(f"{e} (see --help)", EXIT_USAGE))
+  if not flags.FLAGS.is_parsed():  # absl.app reads a few of its own.
+    flags.FLAGS.mark_as_parsed()
+  return rest
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+  """Points fd 2 at /dev/null and yields a stream to the real stderr.
+
+  RNNSTEP_DEBUG=1 leaves stderr alone.
+  """
+  if debug():
+    yield sys.stderr
+    return
+  sys.stderr.flush()
+  try:
+    saved = os.dup(2)
+  except OSError:  # No stderr at all: nothing to keep quiet.
+    yield sys.stderr
+    return
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  os.close(devnull)
+  real = os.fdopen(os.dup(saved), "w", encoding="utf-8",
+                   errors="backslashreplace")
+  try:
+    yield real
+  finally:
+    with contextlib.suppress(OSError, ValueError):
+      sys.stderr.flush()
+    real.close()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+@contextlib.contextmanager
+def atomic_output(path, flag: str = "--output"):
+  """Yields a UTF-8 text file that appears at `path` only when the block
+  succeeds, whole (see `staged_path`)."""
+  if os.path.isdir(path):
+    raise Failure(f"{flag}={path}: is a directory")
+  with staged_path(path, flag) as tmp:
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+      yield f
+
+
+@contextlib.contextmanager
+def staged_path(path, flag: str = "--output", *, directory: bool = False):
+  """Yields a new temp file (or empty directory) that becomes `path` on success.
+
+  The temp `.NAME.XXXXXXXX.tmp` is created in `path`'s directory, so creating
+  it fails fast on an unwritable destination and the rename is atomic. On
+  success it gets the mode `open(path, 'w')` (or `os.mkdir(path)`) would give
+  and replaces `path` (an existing file; for a directory, nothing or an empty
+  directory). On any failure, Ctrl-C or SIGTERM it is removed. Errors are
+  Failures naming `flag`.
+  """
+  target = os.path.abspath(path)
+  parent = os.path.dirname(target)
+  options = dict(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                 dir=parent)
+  try:
+    if directory:
+      tmp = tempfile.mkdtemp(**options)
+    else:
+      fd, tmp = tempfile.mkstemp(**options)
+      os.close(fd)
+  except OSError as e:
+    kind = "directory" if directory else "file"
+    raise Failure(f"{flag}={path}: cannot create a {kind} in {parent} "
+                  f"({e.strerror or e})") from None
+  try:
+    yield tmp
+    try:
+      os.chmod(tmp, _new_mode(target, directory))
+      os.replace(tmp, target)
+    except OSError as e:  # E.g. a directory became non-empty meanwhile.
+      raise Failure(f"{flag}={path}: {e.strerror or e}") from None
+  except BaseException:
+    with contextlib.suppress(OSError):
+      if directory:
+        shutil.rmtree(tmp)
+      else:
+        os.unlink(tmp)
+    raise
+
+
+def _new_mode(path, directory: bool) -> int:
+  """The mode a new `path` would get: the old one's, or the default & ~umask."""
+  try:
+    return os.stat(path).st_mode & 0o777
+  except OSError:
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def forbid_empty(flag_values: flags.FlagValues, *names: str):
+  """Registers a check that each named string flag, if given, is not ''."""
+  for name in names:
+    flags.register_validator(name, lambda value: value is None or bool(value),
+                             message=f"--{name} must not be empty",
+                             flag_values=flag_values)
+
+
+def define_model_flags(flag_values: flags.FlagValues):
+  """Defines --weights and --dtype; returns their holders."""
+  weights = flags.DEFINE_string(
+      "weights", None,
+      "Model file (.npz; make one from Keras weights with rnnstep-convert). "
+      "Default: the Shakespeare model bundled with rnnstep.",
+      flag_values=flag_values)
+  dtype = flags.DEFINE_enum(
+      "dtype", "float32", DTYPES,
+      "Precision of the recurrent and output matmuls (reduced precision is "
+      "faster on some hardware, at some cost in fidelity).",
+      flag_values=flag_values)
+  return weights, dtype
+
+
+def load_model(weights, dtype: str):
+  """`rnnstep.load`, its errors as a Failure naming --weights."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  try:
+    return rnnstep.load(weights, dtype=dtype)
+  except (OSError, ValueError) as e:
+    which = "" if weights else " not given"
+    raise Failure(f"--weights{which}: {reason(e)}") from None

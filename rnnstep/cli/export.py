@@ -1,0 +1,129 @@
+"""rnnstep-export: write a model as a SavedModel that takes and returns strings.
+
+USAGE: rnnstep-export --output=DIR [--weights=NPZ] [--dtype=...] [--jit_compile]
+
+  rnnstep-export --output=served/1                     # the bundled model
+  rnnstep-export --weights=my.npz --output=served/1
+  saved_model_cli show --dir served/1 --all            # its signatures
+
+The SavedModel holds the weights, the vocabulary and the whole generation loop,
+so any TensorFlow runtime (TF Serving, tf.saved_model.load) serves it without
+rnnstep or Keras. Its signatures:
+  serving_default(prompts: string [B], num_steps: int32, temperature: float32,
+                  seed: int64) -> {"text": string [B]}
+  generate_top_k_top_p(the same + top_k: int32, top_p: float32) -> the same
+Row i of a call uses the seed pair (seed, i), as rnnstep.generate(...,
+seed=seed) does, so both give the same text.
+
+--output must not exist or be an empty directory; missing parent directories
+are created. The SavedModel is written to a temp directory beside --output and
+renamed to it when complete: a failed run leaves nothing there and removes the
+parent directories it created.
+
+Errors are one line on stderr. Exit status: 0 success, 1 failure (model file,
+output directory, export), 2 bad command line, 130 Ctrl-C, 143 SIGTERM.
+TensorFlow's own log lines are hidden; set RNNSTEP_DEBUG=1 to see them and
+tracebacks.
+"""
+
+import contextlib
+import os
+
+from absl import flags
+
+from rnnstep.cli import common  # pylint: disable=g-bad-import-order
+import rnnstep  # pylint: disable=g-bad-import-order
+
+PROGRAM = "rnnstep-export"
+
+# Private flags: see common.py.
+FLAGS = flags.FlagValues()
+_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_OUTPUT = flags.DEFINE_string(
+    "output", None,
+    "The SavedModel directory to create (e.g. served/1: TF Serving loads "
+    "numbered versions). It must not exist or be empty.", flag_values=FLAGS)
+_JIT_COMPILE = flags.DEFINE_boolean(
+    "jit_compile", False,
+    "Mark the generation body for XLA compilation. Off by default: every "
+    "TensorFlow runtime can run the plain graph.", flag_values=FLAGS)
+flags.mark_flag_as_required("output", flag_values=FLAGS)
+common.forbid_empty(FLAGS, "output")
+
+
+def main(argv):
+  common.reject_arguments(argv)
+  output = _OUTPUT.value
+  if os.path.exists(output) and (not os.path.isdir(output)
+                                 or os.listdir(output)):
+    raise common.Failure(f"--output={output}: already exists and is not an "
+                         "empty directory; choose a new one")
+  model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+  with _parents_made(output):
+    with common.staged_path(output, directory=True) as tmp:
+      rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
+  weights = _WEIGHTS.value or "the bundled model"
+  print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
+        f"jit_compile={_JIT_COMPILE.value}) to {output}")
+  print("signatures:")
+  for line in _signatures(output):
+    print(f"  {line}")
+  print(f"inspect: saved_model_cli show --dir {output} --all")
+  return 0
+
+
+@contextlib.contextmanager
+def _parents_made(path):
+  """Creates the missing parent directories of `path`; if the block fails,
+  removes those it created (when still empty)."""
+  missing = []
+  parent = os.path.dirname(os.path.abspath(path))
+  while not os.path.lexists(parent):
+    missing.append(parent)
+    parent = os.path.dirname(parent)
+  made = []
+  try:
+    for directory in reversed(missing):
+      try:
+        os.mkdir(directory)
+      except OSError as e:
+        raise common.Failure(f"--output={path}: {common.reason(e)}") from None
+      made.append(directory)
+    yield
+  except BaseException:
+    for directory in reversed(made):
+      with contextlib.suppress(OSError):
+        os.rmdir(directory)
+    raise
+
+
+def _signatures(export_dir):
+  """'name(input: dtype[shape], ...) -> output: dtype[shape]' per signature,
+  read from the saved_model.pb just written (no graph loaded)."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorflow.core.protobuf import saved_model_pb2
+
+  def spec(info):
+    dims = "".join(f"[{d.size if d.size >= 0 else '?'}]"
+                   for d in info.tensor_shape.dim)
+    return f"{tf.dtypes.as_dtype(info.dtype).name}{dims}"
+
+  def fields(tensors):
+    return ", ".join(f"{name}: {spec(tensors[name])}"
+                     for name in sorted(tensors))
+
+  saved = saved_model_pb2.SavedModel()
+  with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+    saved.ParseFromString(f.read())
+  signatures = saved.meta_graphs[0].signature_def
+  return [f"{name}({fields(sig.inputs)}) -> {fields(sig.outputs)}"
+          for name, sig in sorted(signatures.items())
+          if not name.startswith("__")]
+
+
+# The console-script entry point: run(argv=None).
+run = common.entry_point(PROGRAM, __doc__, FLAGS, main)
+
+if __name__ == "__main__":
+  run()
