@@ -15,14 +15,22 @@ import os
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
+import tensorflow as tf
 
 from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
 from rnnstep import model_file
 
 BUNDLED_MODEL = "shakespeare.npz"
-# By measurement (tools/benchmark.py, BUILD_NOTES.md): XLA is the faster path.
-DEFAULT_JIT_COMPILE = True
+
+def default_jit_compile(model: model_lib.Model) -> bool:
+  """The faster path by measurement (tools/benchmark.py, BUILD_NOTES.md).
+
+  float32: XLA (1.7x graph mode at batch 1, 1.2-1.3x at 64-256). bfloat16 and
+  float16: graph mode, whose oneDNN matmuls use AMX; XLA's CPU backend does
+  not, and is slower than float32 there.
+  """
+  return model.compute_dtype == tf.float32
 
 Prompts = Union[str, Sequence[str]]
 
@@ -104,7 +112,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
-    jit_compile: compile with XLA; None picks the faster path (XLA).
+    jit_compile: compile with XLA; None picks the faster path for the model's
+      dtype (`default_jit_compile`: XLA for float32, graph for bfloat16).
     strategy: a `tf.distribute.Strategy`: the batch is split evenly across its
       replicas, each running the same compiled loop; results come back in
       order and equal the single-device text. Load the model under
@@ -120,7 +129,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   single = isinstance(prompts, str)
   prompt_list, stops = _check_arguments(prompts, num_steps, temperature, top_k,
                                         top_p, seed, stop)
-  generator = model.generator(_jit(jit_compile))
+  generator = model.generator(_jit(model, jit_compile))
   rows = generator.generate_ids(prompt_list, num_steps, temperature=temperature,
                                 top_k=top_k, top_p=top_p, seed=seed, stop=stops,
                                 strategy=strategy)
@@ -151,7 +160,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                         top_p, seed, stop)
   if not _is_int(chunk_size) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-  generator = model.generator(_jit(jit_compile))
+  generator = model.generator(_jit(model, jit_compile))
   chunk_rows = min(chunk_size, max(num_steps, 1))
   generator_lib.check_output_fits(len(prompt_list), chunk_rows)
   for rows in generator.stream_ids(prompt_list, num_steps, chunk_size,
@@ -161,8 +170,8 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     yield texts[0] if single else texts
 
 
-def _jit(jit_compile):
-  return DEFAULT_JIT_COMPILE if jit_compile is None else bool(jit_compile)
+def _jit(model, jit_compile):
+  return default_jit_compile(model) if jit_compile is None else bool(jit_compile)
 
 
 def _is_int(value) -> bool:
