@@ -141,7 +141,8 @@ class Model(tf.Module):
                    tf.cast(self.dense_kernel, dtype),
                    tf.convert_to_tensor(self.dense_bias), self.has_unk)
 
-  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)],
+               autograph=False)
   def score(self, ids):
     """Teacher-forced logits `[B, T, V]` from a zero state, for ids `[B, T]`."""
     network = self.network()
