@@ -10,6 +10,7 @@ from tests import keras_reference as kr
 
 import rnnstep
 from rnnstep import generator as generator_lib
+from rnnstep import model_file
 
 STACKS = {
     "gru_reset_after": [kr.layer("gru", 48, True)],
@@ -36,9 +37,6 @@ def unk_model():
   tensors = kr.weights_of(keras_model, layers)
   tensors["dense_bias"][0] = 50.0
   vocab = ["[UNK]"] + kr.default_vocab(65)
-  config = rnnstep.model_file.ModelConfig(16, tuple(layers)) if hasattr(
-      rnnstep, "model_file") else None
-  from rnnstep import model_file  # pylint: disable=g-import-not-at-top
   config = model_file.ModelConfig(16, tuple(layers))
   return rnnstep.Model(config, vocab, tensors)
 
@@ -226,7 +224,6 @@ class CrossProcessTest(tf.test.TestCase):
 
   def test_same_seed_same_text_in_another_process(self):
     import os, subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
-    from rnnstep import model_file  # pylint: disable=g-import-not-at-top
     layers = STACKS["gru_reset_after"]
     keras_model, model = models("gru_reset_after")
     path = os.path.join(self.create_tempdir().full_path, "m.npz")
