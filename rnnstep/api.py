@@ -17,7 +17,6 @@ from typing import Iterator, List, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
 from rnnstep import model_file
 
@@ -161,8 +160,6 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   if not _is_int(chunk_size) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
   generator = model.generator(_jit(model, jit_compile))
-  chunk_rows = min(chunk_size, max(num_steps, 1))
-  generator_lib.check_output_fits(len(prompt_list), chunk_rows)
   for rows in generator.stream_ids(prompt_list, num_steps, chunk_size,
                                    temperature=temperature, top_k=top_k,
                                    top_p=top_p, seed=seed, stop=stops):

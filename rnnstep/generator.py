@@ -351,22 +351,22 @@ class Generator(tf.Module):
     prompt_ids, lengths = self.prompt_batch(prompts)
     batch = len(prompts)
     args = self._sampling_args(batch, temperature, top_k, top_p, seed, stop)
+    check_output_fits(batch, min(chunk_size, max(num_steps, 1)))
     carry = None
-    done_steps = 0
-    while done_steps < num_steps:
-      steps = min(chunk_size, num_steps - done_steps)
+    while (carry.next_step if carry else 0) < num_steps:
+      start = carry.next_step if carry else 0
+      steps = min(chunk_size, num_steps - start)
       buffer = self._buffer(chunk_size)
       if carry is None:
         out = self.generate_fn(prompt_ids, lengths, np.int32(steps), buffer, *args)
       else:
         out = self.continue_fn(carry.state, carry.last_ids, carry.stop_state,
-                             carry.done, np.int32(done_steps), np.int32(steps),
-                             buffer, *args)
+                               carry.done, np.int32(start), np.int32(steps),
+                               buffer, *args)
       ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
       yield [ids[row, :n] for row, n in enumerate(row_lengths)]
       carry = Carry(out["state"], out["last_ids"], out["stop_state"],
-                    out["done"], done_steps + steps)
-      done_steps += steps
+                    out["done"], start + steps)
       if bool(tf.reduce_all(out["done"])):
         return
 
