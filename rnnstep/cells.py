@@ -17,6 +17,12 @@ rounding (bias additions are regrouped, which moves the last bit at most).
 Reduced precision: with `compute_dtype` bfloat16 or float16 the matmul operands
 are cast to it and the products come back as float32; states, gates and biases
 stay float32.
+
+Each `step` is matmuls plus pure elementwise functions (`_gates...` below).
+With `compile_elementwise=True` those functions run as small XLA programs
+while the matmuls stay TensorFlow ops: that keeps TF's oneDNN matmuls (which
+use AMX for bfloat16; XLA's CPU backend does not) and still fuses the gate math
+into one pass instead of a dozen graph ops (see `generator.ELEMENTWISE`).
 """
 
 from typing import Tuple
@@ -37,8 +43,10 @@ class Cell:
   units: int
   state_size: Tuple[int, ...]
 
-  def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32):
+  def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
+               compile_elementwise=False):
     self.compute_dtype = tf.as_dtype(compute_dtype)
+    self.compile_elementwise = compile_elementwise
     self.units = int(recurrent_kernel.shape[0])
     # None where the input projection is precomputed elsewhere (layer 0's table).
     self.kernel = None if kernel is None else tf.cast(kernel, self.compute_dtype)
@@ -51,6 +59,16 @@ class Cell:
   def project_inputs(self, inputs: tf.Tensor) -> tf.Tensor:
     """Returns `inputs @ kernel + input_bias` for inputs of shape `[..., D]`."""
     return _matmul(inputs, self.kernel, self.compute_dtype) + self.input_bias
+
+  def _product(self, a, w):
+    """`a @ w` in the compute dtype; the elementwise functions widen it."""
+    return _matmul(a, w, self.compute_dtype, float32_result=False)
+
+  def _elementwise(self, fn):
+    """`fn` itself, or `fn` compiled by XLA when the cell compiles its gate math."""
+    if not self.compile_elementwise:
+      return fn
+    return tf.function(fn, jit_compile=True, autograph=False)
 
   def step(self, x_proj: tf.Tensor, state: State) -> Tuple[tf.Tensor, State]:
     """Advances one timestep.
@@ -65,20 +83,28 @@ class Cell:
     raise NotImplementedError
 
 
-def _matmul(a, w, compute_dtype):
-  """`a @ w` with `a` cast to the weights' dtype and the result in float32.
+def _matmul(a, w, compute_dtype, float32_result=True):
+  """`a @ w` with `a` cast to the weights' dtype.
+
+  The result is float32, or with `float32_result=False` left in the compute
+  dtype for an elementwise function to widen (`_float32`): then the cast runs
+  inside that function's fused pass, not as a graph op of its own. (Either way
+  the product was rounded to the compute dtype by the matmul.)
 
   Kept free of a fused bias add: XLA's CPU backend runs a matvec with an addend
   on a single thread (see BUILD_NOTES.md), a plain one on all of them.
   """
-  if compute_dtype == tf.float32:
-    if a.shape.rank == 2:
-      return tf.matmul(a, w)
-    return tf.tensordot(a, w, [[a.shape.rank - 1], [0]])
-  a = tf.cast(a, compute_dtype)
+  if compute_dtype != tf.float32:
+    a = tf.cast(a, compute_dtype)
   if a.shape.rank == 2:
-    return tf.cast(tf.matmul(a, w), tf.float32)
-  return tf.cast(tf.tensordot(a, w, [[a.shape.rank - 1], [0]]), tf.float32)
+    product = tf.matmul(a, w)
+  else:
+    product = tf.tensordot(a, w, [[a.shape.rank - 1], [0]])
+  return tf.cast(product, tf.float32) if float32_result else product
+
+
+def _float32(x):
+  return tf.cast(x, tf.float32)  # No op when x is float32 already.
 
 
 class GRUCell(Cell):
@@ -104,8 +130,8 @@ class GRUCell(Cell):
   """
 
   def __init__(self, kernel, recurrent_kernel, bias, reset_after=True,
-               compute_dtype=tf.float32):
-    super().__init__(kernel, recurrent_kernel, compute_dtype)
+               compute_dtype=tf.float32, compile_elementwise=False):
+    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
     units = self.units
     self.state_size = (units,)
     self.reset_after = reset_after
@@ -114,28 +140,43 @@ class GRUCell(Cell):
       self.input_bias = bias[0] + tf.concat([bias[1, :2 * units],
                                              tf.zeros([units])], 0)
       self.candidate_bias = bias[1, 2 * units:]
+      self._update = self._elementwise(self._gates_reset_after)
     else:
       self.input_bias = bias
       self.recurrent_gates = self.recurrent_kernel[:, :2 * units]
       self.recurrent_candidate = self.recurrent_kernel[:, 2 * units:]
+      self._reset = self._elementwise(self._gates_z_and_reset_h)
+      self._update = self._elementwise(self._gates_candidate)
 
   def step(self, x_proj, state):
     (h,) = state
-    units = self.units
-    x_gates, x_candidate = x_proj[:, :2 * units], x_proj[:, 2 * units:]
     if self.reset_after:
-      h_proj = _matmul(h, self.recurrent_kernel, self.compute_dtype)
-      zr = tf.sigmoid(x_gates + h_proj[:, :2 * units])
-      z, r = zr[:, :units], zr[:, units:]
-      n = tf.tanh(x_candidate + r * (h_proj[:, 2 * units:] + self.candidate_bias))
+      h_new = self._update(x_proj, self._product(h, self.recurrent_kernel), h)
     else:
-      zr = tf.sigmoid(x_gates + _matmul(h, self.recurrent_gates,
-                                        self.compute_dtype))
-      z, r = zr[:, :units], zr[:, units:]
-      n = tf.tanh(x_candidate + _matmul(r * h, self.recurrent_candidate,
-                                        self.compute_dtype))
-    h_new = z * h + (1.0 - z) * n
+      z, reset_h = self._reset(x_proj, self._product(h, self.recurrent_gates), h)
+      h_new = self._update(
+          x_proj, self._product(reset_h, self.recurrent_candidate), z, h)
     return h_new, (h_new,)
+
+  # The elementwise parts (see the class docstring for the equations).
+
+  def _gates_reset_after(self, x_proj, h_proj, h):
+    units = self.units
+    h_proj = _float32(h_proj)
+    zr = tf.sigmoid(x_proj[:, :2 * units] + h_proj[:, :2 * units])
+    z, r = zr[:, :units], zr[:, units:]
+    n = tf.tanh(x_proj[:, 2 * units:]
+                + r * (h_proj[:, 2 * units:] + self.candidate_bias))
+    return z * h + (1.0 - z) * n
+
+  def _gates_z_and_reset_h(self, x_proj, h_proj_gates, h):
+    units = self.units
+    zr = tf.sigmoid(x_proj[:, :2 * units] + _float32(h_proj_gates))
+    return zr[:, :units], zr[:, units:] * h
+
+  def _gates_candidate(self, x_proj, reset_h_proj, z, h):
+    n = tf.tanh(x_proj[:, 2 * self.units:] + _float32(reset_h_proj))
+    return z * h + (1.0 - z) * n
 
 
 class LSTMCell(Cell):
@@ -149,36 +190,48 @@ class LSTMCell(Cell):
   used as is.
   """
 
-  def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32):
-    super().__init__(kernel, recurrent_kernel, compute_dtype)
+  def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32,
+               compile_elementwise=False):
+    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
     self.state_size = (self.units, self.units)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
+    self._update = self._elementwise(self._gates)
 
   def step(self, x_proj, state):
     h, c = state
+    h_new, c_new = self._update(
+        x_proj, self._product(h, self.recurrent_kernel), c)
+    return h_new, (h_new, c_new)
+
+  def _gates(self, x_proj, h_proj, c):
     units = self.units
-    gates = x_proj + _matmul(h, self.recurrent_kernel, self.compute_dtype)
+    gates = x_proj + _float32(h_proj)
     # One sigmoid over all four blocks (the c block's is unused) costs fewer ops
     # than gathering the three gate blocks first.
     gate = tf.sigmoid(gates)
     i, f, o = gate[:, :units], gate[:, units:2 * units], gate[:, 3 * units:]
     c_new = f * c + i * tf.tanh(gates[:, 2 * units:3 * units])
-    h_new = o * tf.tanh(c_new)
-    return h_new, (h_new, c_new)
+    return o * tf.tanh(c_new), c_new
 
 
 class SimpleRNNCell(Cell):
   """Keras SimpleRNN, K `[D, U]`, R `[U, U]`, b `[U]`: `h' = tanh(x @ K + b + h @ R)`."""
 
-  def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32):
-    super().__init__(kernel, recurrent_kernel, compute_dtype)
+  def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32,
+               compile_elementwise=False):
+    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
     self.state_size = (self.units,)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
+    self._update = self._elementwise(self._gates)
 
   def step(self, x_proj, state):
     (h,) = state
-    h_new = tf.tanh(x_proj + _matmul(h, self.recurrent_kernel, self.compute_dtype))
+    h_new = self._update(x_proj, self._product(h, self.recurrent_kernel))
     return h_new, (h_new,)
+
+  @staticmethod
+  def _gates(x_proj, h_proj):
+    return tf.tanh(x_proj + _float32(h_proj))
 
 
 # How many [B, units] tensors each kind's state holds: (h,) or (h, c).
@@ -191,13 +244,15 @@ def state_sizes(layer_config) -> Tuple[int, ...]:
 
 
 def make_cell(layer_config, kernel, recurrent_kernel, bias,
-              compute_dtype=tf.float32) -> Cell:
+              compute_dtype=tf.float32, compile_elementwise=False) -> Cell:
   """Builds the cell for a `model_file.LayerConfig` from its three tensors."""
   if layer_config.kind == "gru":
     return GRUCell(kernel, recurrent_kernel, bias, layer_config.reset_after,
-                   compute_dtype)
+                   compute_dtype, compile_elementwise)
   if layer_config.kind == "lstm":
-    return LSTMCell(kernel, recurrent_kernel, bias, compute_dtype)
+    return LSTMCell(kernel, recurrent_kernel, bias, compute_dtype,
+                    compile_elementwise)
   if layer_config.kind == "simple_rnn":
-    return SimpleRNNCell(kernel, recurrent_kernel, bias, compute_dtype)
+    return SimpleRNNCell(kernel, recurrent_kernel, bias, compute_dtype,
+                         compile_elementwise)
   raise ValueError(f"unknown recurrent layer kind {layer_config.kind!r}")

@@ -29,7 +29,7 @@ def keras_layer(kind, units, reset_after):
 
 class CellTest(tf.test.TestCase, parameterized.TestCase):
 
-  def _run(self, kind, reset_after, use_function):
+  def _run(self, kind, reset_after, use_function, compile_elementwise=False):
     keras.utils.set_random_seed(1)
     batch, steps, dim, units = 3, 9, 7, 12
     x = np.random.default_rng(2).normal(0, 1, [batch, steps, dim]).astype(np.float32)
@@ -41,7 +41,7 @@ class CellTest(tf.test.TestCase, parameterized.TestCase):
     layer.set_weights(weights)
     expected = [t.numpy() for t in layer(x)]
     cell = cells.make_cell(model_file.LayerConfig(kind, units, reset_after),
-                           *weights)
+                           *weights, compile_elementwise=compile_elementwise)
 
     def unroll(x):
       x_proj = cell.project_inputs(x)
@@ -57,10 +57,13 @@ class CellTest(tf.test.TestCase, parameterized.TestCase):
     return expected, outputs, state
 
   @parameterized.named_parameters(
-      *[(f"{name}_{mode}", kind, ra, mode == "function")
-        for name, kind, ra in CASES for mode in ("eager", "function")])
-  def test_matches_keras(self, kind, reset_after, use_function):
-    expected, outputs, state = self._run(kind, reset_after, use_function)
+      *[(f"{name}_{mode}", kind, ra, mode != "eager", mode == "xla_gates")
+        for name, kind, ra in CASES
+        for mode in ("eager", "function", "xla_gates")])
+  def test_matches_keras(self, kind, reset_after, use_function,
+                         compile_elementwise):
+    expected, outputs, state = self._run(kind, reset_after, use_function,
+                                         compile_elementwise)
     self.assertAllClose(expected[0], outputs, atol=1e-6, rtol=0)
     # Keras returns (seq, h) for GRU/SimpleRNN and (seq, h, c) for LSTM.
     for want, got in zip(expected[1:], state):
