@@ -116,18 +116,27 @@ class Model(tf.Module):
     vocab = self.vocab
     return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
 
-  def generator(self, jit_compile: bool = True):
-    """Returns this model's `Generator` for the given mode, built once and cached."""
+  def generator(self, jit_compile=True):
+    """Returns this model's `Generator` for a path, built once and cached.
+
+    Args:
+      jit_compile: True, False or "elementwise" (see `generator.Generator`).
+    """
     # Kept out of tf.Module's attribute tracking (a generator refers back to the
     # model; it is not part of the model's state).
     cache = self.__dict__.setdefault("_generator_cache", {})
-    key = bool(jit_compile)
+    key = generator_lib.mode_name(jit_compile)
     if key not in cache:
-      cache[key] = generator_lib.Generator(self, jit_compile=key)
+      cache[key] = generator_lib.Generator(self, jit_compile=jit_compile)
     return cache[key]
 
-  def network(self) -> "Network":
-    """Returns the forward pass over the current weights (read once, here)."""
+  def network(self, compile_elementwise: bool = False) -> "Network":
+    """Returns the forward pass over the current weights (read once, here).
+
+    Args:
+      compile_elementwise: compile each cell's gate math with XLA, leaving the
+        matmuls to TensorFlow (see `cells.py`).
+    """
     dtype = self.compute_dtype
     cells = []
     for i, (layer, weights) in enumerate(zip(self.config.layers,
@@ -136,7 +145,7 @@ class Model(tf.Module):
       if i == 0:
         kernel = None  # Folded into input_table; never multiplied again.
       cells.append(cells_lib.make_cell(layer, kernel, recurrent_kernel, bias,
-                                       dtype))
+                                       dtype, compile_elementwise))
     return Network(cells, tf.convert_to_tensor(self.input_table),
                    tf.cast(self.dense_kernel, dtype),
                    tf.convert_to_tensor(self.dense_bias), self.has_unk)
