@@ -17,19 +17,46 @@ from typing import Iterator, List, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
 from rnnstep import model_file
 
 BUNDLED_MODEL = "shakespeare.npz"
 
-def default_jit_compile(model: model_lib.Model) -> bool:
-  """The faster path by measurement (tools/benchmark.py, BUILD_NOTES.md).
+# The fastest path per compute dtype, as (largest batch size, path) bands, by
+# measurement on a 2-core Sapphire Rapids (AMX) VM: `python tools/benchmark.py
+# --sections=paths` prints the table these come from (BUILD_NOTES.md has it).
+# XLA's CPU dot is slow for float32/float16 at 17-48 rows (up to 1.24x), and
+# has no AMX path for bfloat16, where TF's oneDNN matmul is 2-3x faster.
+_XLA, _ELEMENTWISE = generator_lib.XLA, generator_lib.ELEMENTWISE
+_FASTEST_PATHS = {
+    "float32": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
+    "float16": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
+    "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
+}
+_PATH_VALUES = {_XLA: True, generator_lib.GRAPH: False, _ELEMENTWISE: _ELEMENTWISE}
 
-  float32: XLA (1.7x graph mode at batch 1, 1.2-1.3x at 64-256). bfloat16 and
-  float16: graph mode, whose oneDNN matmuls use AMX; XLA's CPU backend does
-  not, and is slower than float32 there.
+
+def default_path(model: model_lib.Model, batch_size: int) -> str:
+  """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
+
+  The fastest measured for the model's compute dtype and the batch size (see
+  `_FASTEST_PATHS`). For a float32 model every path is Keras-exact; sampled
+  text can differ between paths only where rounding flips a draw (rare in
+  float32; in bfloat16, expect texts to part after some dozens of characters),
+  so pass `jit_compile` explicitly to reproduce a row across batch sizes that
+  fall in different bands.
   """
-  return model.compute_dtype == tf.float32
+  for largest, path in _FASTEST_PATHS[model.compute_dtype.name]:
+    if largest is None or batch_size <= largest:
+      return path
+  raise AssertionError("the last band has no upper bound")
+
+
+def default_jit_compile(model: model_lib.Model, batch_size: int = 1):
+  """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
+  return _PATH_VALUES[default_path(model, batch_size)]
+
 
 Prompts = Union[str, Sequence[str]]
 
@@ -96,7 +123,7 @@ def logits(model: model_lib.Model, ids) -> np.ndarray:
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed=None, stop: Union[None, str, Sequence[str]] = None,
-             jit_compile: Optional[bool] = None,
+             jit_compile: Union[None, bool, str] = None,
              strategy=None) -> Union[str, List[str]]:
   """Generates continuations of one prompt or a batch, in one device call.
 
@@ -111,8 +138,11 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
-    jit_compile: compile with XLA; None picks the faster path for the model's
-      dtype (`default_jit_compile`: XLA for float32, graph for bfloat16).
+    jit_compile: None picks the fastest path measured for the model's dtype
+      and the batch size (`default_path`); True runs the whole generation as
+      one XLA program; False as a TF graph without XLA; "elementwise" as a TF
+      graph whose gate math and sampling are XLA-compiled (for bfloat16 at
+      large batches). Every path runs the whole generation in one call.
     strategy: a `tf.distribute.Strategy`: the batch is split evenly across its
       replicas, each running the same compiled loop; results come back in
       order and equal the single-device text. Load the model under
@@ -128,7 +158,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   single = isinstance(prompts, str)
   prompt_list, stops = _check_arguments(prompts, num_steps, temperature, top_k,
                                         top_p, seed, stop)
-  generator = model.generator(_jit(model, jit_compile))
+  generator = model.generator(_jit(model, jit_compile, len(prompt_list)))
   rows = generator.generate_ids(prompt_list, num_steps, temperature=temperature,
                                 top_k=top_k, top_p=top_p, seed=seed, stop=stops,
                                 strategy=strategy)
@@ -140,7 +170,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
            chunk_size: int = 64, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
-           jit_compile: Optional[bool] = None
+           jit_compile: Union[None, bool, str] = None
            ) -> Iterator[Union[str, List[str]]]:
   """Like `generate`, but yields text as it comes, every `chunk_size` steps.
 
@@ -159,7 +189,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                         top_p, seed, stop)
   if not _is_int(chunk_size) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-  generator = model.generator(_jit(model, jit_compile))
+  generator = model.generator(_jit(model, jit_compile, len(prompt_list)))
   for rows in generator.stream_ids(prompt_list, num_steps, chunk_size,
                                    temperature=temperature, top_k=top_k,
                                    top_p=top_p, seed=seed, stop=stops):
@@ -167,8 +197,11 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     yield texts[0] if single else texts
 
 
-def _jit(model, jit_compile):
-  return default_jit_compile(model) if jit_compile is None else bool(jit_compile)
+def _jit(model, jit_compile, batch_size):
+  if jit_compile is None:
+    return default_jit_compile(model, batch_size)
+  generator_lib.mode_name(jit_compile)  # Raises ValueError on a bad value.
+  return jit_compile
 
 
 def _is_int(value) -> bool:

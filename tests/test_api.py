@@ -49,6 +49,8 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
       ("bad_stop", dict(stop=5), "stop must be"),
       ("empty_stop", dict(stop=""), "stop string is empty"),
       ("impossible_stop", dict(stop="zz"), "stop string 'zz' can never be"),
+      ("jit_compile_text", dict(jit_compile="xla"), "jit_compile must be True"),
+      ("jit_compile_int", dict(jit_compile=1), "jit_compile must be True"),
   )
   def test_bad_argument(self, overrides, pattern):
     kwargs = dict(prompts="HELLO", num_steps=5)
@@ -72,6 +74,31 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsInstance(out, list)
     self.assertEqual([len(t) for t in out], [3, 3])
     self.assertLen(rnnstep.generate(self.model, "AB", 3, seed=np.int64(4)), 3)
+
+
+class DefaultPathTest(tf.test.TestCase):
+
+  def test_paths_by_dtype_and_batch(self):
+    config = model_file.ModelConfig(16, tuple(LAYERS))
+    tensors = kr.weights_of(kr.build(LAYERS, seed=2), LAYERS)
+    vocab = kr.default_vocab(65)
+    full = rnnstep.Model(config, vocab, tensors)
+    half = rnnstep.Model(config, vocab, tensors, dtype="bfloat16")
+    for batch in (1, 16, 64, 256, 10**6):
+      self.assertEqual(api.default_path(full, batch), "xla")
+    self.assertEqual(api.default_path(full, 32), "elementwise")
+    self.assertEqual(api.default_path(half, 1), "xla")
+    self.assertEqual(api.default_path(half, 256), "elementwise")
+    self.assertEqual(api.default_jit_compile(half, 256), "elementwise")
+    # The bands have no gaps: every batch size maps to a path.
+    for batch in range(1, 600):
+      self.assertIn(api.default_path(half, batch),
+                    ("xla", "graph", "elementwise"))
+    # The default path runs (its text is the explicit path's text).
+    self.assertEqual(
+        rnnstep.generate(half, ["AB"] * 256, 5, seed=1)[-1],
+        rnnstep.generate(half, ["AB"] * 256, 5, seed=1,
+                         jit_compile="elementwise")[-1])
 
 
 class LoadTest(tf.test.TestCase):

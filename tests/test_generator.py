@@ -12,6 +12,9 @@ import rnnstep
 from rnnstep import generator as generator_lib
 from rnnstep import model_file
 
+# Every execution path (`jit_compile` values; see generator.py).
+PATHS = (False, True, "elementwise")
+
 STACKS = {
     "gru_reset_after": [kr.layer("gru", 48, True)],
     "gru_reset_before": [kr.layer("gru", 48, False)],
@@ -48,7 +51,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
     keras_model, model = models(name)
     prompt = "ROMEO: "
     want = model.decode(kr.greedy(keras_model, model.encode(prompt), 120))
-    for jit in (False, True):
+    for jit in PATHS:
       got = rnnstep.generate(model, prompt, 120, temperature=0.0, jit_compile=jit)
       self.assertEqual(got, want, f"jit_compile={jit}")
 
@@ -62,7 +65,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
 
 class BatchTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(False, True)
+  @parameterized.parameters(*PATHS)
   def test_mixed_length_batch_equals_each_alone(self, jit):
     _, model = models("lstm_then_gru")
     prompts = ["A", "THE QUICK BROWN FOX", "HELLO, ", "Z" * 40]
@@ -77,14 +80,14 @@ class BatchTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(rnnstep.generate(model, [prompt], 60, seed=[seed],
                                         jit_compile=jit)[0], text)
 
-  def test_xla_equals_graph_when_sampling(self):
+  def test_paths_agree_when_sampling(self):
     _, model = models("gru_reset_after")
     prompts = ["ABC", "HELLO"]
-    graph = rnnstep.generate(model, prompts, 100, temperature=0.9, top_k=20,
-                             top_p=0.95, seed=5, jit_compile=False)
-    xla = rnnstep.generate(model, prompts, 100, temperature=0.9, top_k=20,
-                           top_p=0.95, seed=5, jit_compile=True)
+    graph, xla, elementwise = (
+        rnnstep.generate(model, prompts, 100, temperature=0.9, top_k=20,
+                         top_p=0.95, seed=5, jit_compile=jit) for jit in PATHS)
     self.assertEqual(graph, xla)
+    self.assertEqual(elementwise, xla)
 
 
 class SeedTest(tf.test.TestCase):
@@ -139,7 +142,7 @@ class SamplingLawTest(tf.test.TestCase):
 
 class TraceTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(False, True)
+  @parameterized.parameters(*PATHS)
   def test_no_retrace(self, jit):
     keras_model = kr.build([kr.layer("gru", 16)], seed=1)
     model = kr.rnnstep_model(keras_model, [kr.layer("gru", 16)])
@@ -160,7 +163,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
 
 class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(False, True)
+  @parameterized.parameters(*PATHS)
   def test_stream_chunks_join_to_one_shot(self, jit):
     _, model = models("lstm_then_gru")
     prompts = ["ABC", "HELLO THERE"]
@@ -173,7 +176,7 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
                                  top_k=10, jit_compile=jit))
     self.assertEqual("".join(pieces), whole[0])
 
-  @parameterized.parameters(False, True)
+  @parameterized.parameters(*PATHS)
   def test_stop_strings(self, jit):
     _, model = models("gru_reset_after")
     free = rnnstep.generate(model, ["AB", "XY"], 300, seed=8, jit_compile=jit)

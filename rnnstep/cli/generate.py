@@ -84,8 +84,10 @@ _STOP = flags.DEFINE_multi_string(
     flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", None,
-    "Compile with XLA (--jit_compile) or not (--nojit_compile). "
-    "Default: the library's choice (the faster path).", flag_values=FLAGS)
+    "Run the whole generation as one XLA program (--jit_compile) or as a "
+    "TensorFlow graph without XLA (--nojit_compile). Default: the library's "
+    "choice, the fastest path measured for the dtype and batch size.",
+    flag_values=FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
     "Write the output to this file instead of stdout ('-' is stdout). The file "
