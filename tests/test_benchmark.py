@@ -15,8 +15,10 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
 
-DEFAULT_VARIANTS = ["eager_keras", "onestep_keras", "rnnstep_graph", "rnnstep_xla",
-                    "floor", "floor_graph", "torch_gru", "torch_fused"]
+DEFAULT_VARIANTS = ["eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
+                    "rnnstep_xla", "floor", "floor_graph", "torch_gru",
+                    "torch_fused"]
+PATHS = ("xla", "graph", "elementwise")
 TORCH_VARIANTS = ["torch_gru", "torch_fused"]
 
 
@@ -93,7 +95,7 @@ class QuickBenchmarkTest(unittest.TestCase):
   def test_speedups_and_ratios_printed(self):
     rows = table_rows(self.proc.stdout, "## speed-ups of rnnstep")
     self.assertEqual({(r[0], int(r[1])) for r in rows},
-                     {(v, b) for v in ("rnnstep_graph", "rnnstep_xla")
+                     {(v, b) for v in ("rnnstep", "rnnstep_graph", "rnnstep_xla")
                       for b in (1, 4)})
     for row in rows:
       self.assertGreater(float(row[-1]), 0)  # x floor
@@ -101,11 +103,22 @@ class QuickBenchmarkTest(unittest.TestCase):
   def test_dtype_and_fidelity_tables(self):
     rows = table_rows(self.proc.stdout, "## reduced precision")
     self.assertEqual({(r[0], r[1]) for r in rows},
-                     {(m, d) for m in ("xla", "graph")
+                     {(m, d) for m in ("default", *PATHS)
                       for d in ("float32", "bfloat16")})
+    for row in rows:
+      self.assertGreater(float(row[5]), 0)  # vs f32 best
     rows = table_rows(self.proc.stdout, "## reduced-precision fidelity")
     self.assertEqual([r[0] for r in rows], ["bfloat16"])
     self.assertLess(float(rows[0][1]), 1.0)  # max |logit error|, bf16 tiny model
+
+  def test_paths_table(self):
+    rows = table_rows(self.proc.stdout, "## execution paths")
+    self.assertEqual({(r[0], int(r[1])) for r in rows},
+                     {(d, b) for d in ("float32", "bfloat16") for b in (1, 4)})
+    for row in rows:
+      self.assertIn(row[-3], PATHS)  # fastest
+      self.assertIn(row[-2], PATHS)  # what the default picks
+      self.assertGreaterEqual(float(row[-1]), 1.0)  # default / fastest
 
   def test_json_out(self):
     self.assertIsNotNone(self.data)

@@ -28,8 +28,12 @@ Variants (sections=speed), each generating `--num_chars` characters after a
   onestep_keras  the tutorial's OneStep: one tf.function call per character
                  with the Keras model inside (ids in and out: the tutorial's
                  string lookups are left out, which only flatters it).
+  rnnstep        rnnstep.generate(...) with its defaults: what users get (the
+                 path `jit_compile=None` picks for the dtype and batch size).
   rnnstep_graph  rnnstep.generate(..., jit_compile=False).
   rnnstep_xla    rnnstep.generate(..., jit_compile=True).
+  rnnstep_elementwise  rnnstep.generate(..., jit_compile="elementwise")
+                 (not run unless asked for; see the paths section).
   floor          an XLA tf.while_loop doing only the two per-step matmuls,
                  h@R [U, 3U] and h@W_out [U, V], with h = tanh(first U columns
                  of h@R) so that steps stay sequential: what no GRU can beat.
@@ -44,10 +48,14 @@ Variants (sections=speed), each generating `--num_chars` characters after a
 
 Other sections:
   dtype    rnnstep float32 vs each `--dtype` (bfloat16, float16) at
-           `--dtype_batch`, graph and XLA, timed the same way; fidelity: the
+           `--dtype_batch` on each path of `--dtype_modes`, timed the same way,
+           with the speed-up over the fastest float32 path; fidelity: the
            max |logit error| of rnnstep.logits against float32 over a
            --num_chars text, the teacher-forced argmax agreement, and greedy
            (temperature 0) agreement over --num_chars generated characters.
+  paths    every execution path (xla, graph, elementwise) for float32 and each
+           `--dtype` at each of `--path_batch_sizes`: the fastest, and the one
+           `jit_compile=None` picks (the evidence for `api.default_path`).
   latency  time to first text in a FRESH subprocess (python start, import,
            load the model file, trace/compile, generate), graph and XLA.
   cli      `rnnstep-generate` end-to-end wall time for --num_chars chars
@@ -68,19 +76,23 @@ import time
 from absl import app
 from absl import flags
 
-ALL_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep_graph", "rnnstep_xla",
-                "floor", "floor_graph", "torch_gru", "torch_fused")
-DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep_graph",
+ALL_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
+                "rnnstep_xla", "rnnstep_elementwise", "floor", "floor_graph",
+                "torch_gru", "torch_fused")
+DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "rnnstep_xla", "floor", "floor_graph", "torch_gru",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
-SECTIONS = ("speed", "dtype", "latency", "cli")
-RNNSTEP_VARIANTS = ("rnnstep_graph", "rnnstep_xla")
+SECTIONS = ("speed", "dtype", "paths", "latency", "cli")
+# rnnstep's execution paths, by their `jit_compile` value (generator.py).
+PATHS = {"xla": True, "graph": False, "elementwise": "elementwise"}
+RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
+                    "rnnstep_elementwise")
 
 _QUICK = flags.DEFINE_boolean(
     "quick", False,
     "Smoke test: a tiny model (U=64, E=16), 40 chars, 1 round, batches 1 and 4, "
-    "sections speed and dtype (at batch 4) unless --sections is given. "
+    "sections speed, dtype (at batch 4) and paths unless --sections is given. "
     "Overrides the size, step, round and batch flags.")
 _SECTIONS = flags.DEFINE_list(
     "sections", list(SECTIONS), f"Which sections to run, of {SECTIONS}.")
@@ -127,8 +139,14 @@ _DTYPE = flags.DEFINE_list(
     "(bfloat16, float16).")
 _DTYPE_BATCH = flags.DEFINE_integer("dtype_batch", 256,
                                     "Batch size of the dtype section.", lower_bound=1)
-_DTYPE_MODES = flags.DEFINE_list("dtype_modes", ["xla", "graph"],
-                                 "rnnstep modes timed in the dtype section.")
+_DTYPE_MODES = flags.DEFINE_list(
+    "dtype_modes", ["default", "xla", "graph", "elementwise"],
+    "rnnstep paths timed in the dtype section ('default' = jit_compile=None).")
+_PATH_BATCH_SIZES = flags.DEFINE_list(
+    "path_batch_sizes", ["1", "8", "16", "32", "64", "128", "256"],
+    "Batch sizes of the paths section.")
+_PATH_CHARS = flags.DEFINE_integer(
+    "path_chars", 300, "Characters per row in the paths section.", lower_bound=1)
 _CLI_RUNS = flags.DEFINE_integer("cli_runs", 3, "Runs of the CLI (median).",
                                  lower_bound=1)
 _LATENCY_RUNS = flags.DEFINE_integer(
@@ -174,11 +192,14 @@ class Settings:
       self.eager_batch_sizes = ([1] if quick else
                                 [int(b) for b in _EAGER_BATCH_SIZES.value])
     self.dtype_batch = 4 if quick else _DTYPE_BATCH.value
+    self.path_batch_sizes = ([1, 4] if quick else
+                             [int(b) for b in _PATH_BATCH_SIZES.value])
+    self.path_chars = self.num_chars if quick else _PATH_CHARS.value
     self.sections = [s for s in _SECTIONS.value if s]
     if quick and not flags.FLAGS["sections"].present:
       # The latency and cli sections start fresh TensorFlow processes (seconds
       # each): asked for explicitly only.
-      self.sections = ["speed", "dtype"]
+      self.sections = ["speed", "dtype", "paths"]
     for s in self.sections:
       if s not in SECTIONS:
         raise app.UsageError(f"--sections: unknown section {s!r}; of {SECTIONS}")
@@ -495,7 +516,7 @@ class OneStepKeras:
 
 
 class Rnnstep:
-  """rnnstep.generate, graph mode or XLA (decoded text, as users get it)."""
+  """rnnstep.generate on one path, or the default (decoded text, as users get it)."""
 
   def __init__(self, model, settings, jit_compile):
     import rnnstep  # pylint: disable=g-import-not-at-top
@@ -752,10 +773,14 @@ def speed_section(settings, weights, tf, torch, results_out):
       runners[v] = EagerKeras(keras_model, weights, settings)
     elif v == "onestep_keras":
       runners[v] = OneStepKeras(keras_model, weights, settings)
+    elif v == "rnnstep":
+      runners[v] = Rnnstep(model, settings, jit_compile=None)
     elif v == "rnnstep_graph":
       runners[v] = Rnnstep(model, settings, jit_compile=False)
     elif v == "rnnstep_xla":
       runners[v] = Rnnstep(model, settings, jit_compile=True)
+    elif v == "rnnstep_elementwise":
+      runners[v] = Rnnstep(model, settings, jit_compile="elementwise")
     elif v == "floor":
       runners[v] = Floor(weights, settings, jit_compile=True)
     elif v == "floor_graph":
@@ -882,32 +907,39 @@ def dtype_section(settings, weights, tf, results_out):
   jobs = []
   modes = [m for m in _DTYPE_MODES.value if m]
   for mode in modes:
-    if mode not in ("xla", "graph"):
-      raise app.UsageError(f"--dtype_modes: {mode!r} is not xla or graph")
+    if mode != "default" and mode not in PATHS:
+      raise app.UsageError(f"--dtype_modes: {mode!r} is not default or one of "
+                           f"{tuple(PATHS)}")
     for d, model in models.items():
-      jobs.append(((mode, d), Rnnstep(model, settings, mode == "xla"),
+      jit = None if mode == "default" else PATHS[mode]
+      jobs.append(((mode, d), Rnnstep(model, settings, jit),
                    (prompt_texts, _SEED.value)))
   samples, _ = run_rounds(jobs, settings.rounds, "dtype")
 
+  medians = {key: statistics.median(secs) for key, secs in samples.items()}
+  best_f32 = min(medians[(mode, "float32")] for mode in modes)
   print(f"## reduced precision: rnnstep at batch {batch}, ms per 1000 chars "
-        "(median), speed-up over float32 in the same mode")
-  header = (f"{'mode':<6} {'dtype':<9} {'ms/1000ch':>11} {'chars/s':>11} "
-            f"{'vs f32':>7} {'spread%':>8}")
+        "(median); speed-up over float32 on the same path, and over the "
+        "fastest float32 path measured")
+  header = (f"{'path':<11} {'dtype':<9} {'ms/1000ch':>11} {'chars/s':>11} "
+            f"{'vs f32':>7} {'vs f32 best':>11} {'spread%':>8}")
   print(header)
   print("-" * len(header))
   for mode in modes:
-    base = statistics.median(samples[(mode, "float32")])
+    base = medians[(mode, "float32")]
     for d in models:
       secs = samples[(mode, d)]
-      med = statistics.median(secs)
+      med = medians[(mode, d)]
       per_1000 = med * 1000.0 / settings.num_chars
-      print(f"{mode:<6} {d:<9} {fmt_ms(per_1000):>11} "
+      print(f"{mode:<11} {d:<9} {fmt_ms(per_1000):>11} "
             f"{batch * 1000.0 / per_1000:>11,.0f} {base / med:>7.2f} "
-            f"{spread(secs):>7.0f}%")
+            f"{best_f32 / med:>11.2f} {spread(secs):>7.0f}%")
       results_out.append({"section": "dtype", "mode": mode, "dtype": d,
                           "batch": batch, "ms_per_1000_chars": per_1000 * 1e3,
                           "chars_per_s": batch * 1000.0 / per_1000,
-                          "speedup_vs_float32": base / med, "round_seconds": secs})
+                          "speedup_vs_float32": base / med,
+                          "speedup_vs_fastest_float32": best_f32 / med,
+                          "round_seconds": secs})
   print()
 
   # Fidelity: teacher-forced logits over a sampled float32 text, and greedy text.
@@ -947,6 +979,52 @@ def dtype_section(settings, weights, tf, results_out):
   print("argmax agree: teacher-forced argmax equal to float32's; greedy agree: "
         "positions equal in temperature-0 text (after a first difference the "
         "texts drift apart, so this is a lower bound on per-step agreement)")
+  print()
+
+
+def paths_section(settings, weights, tf, results_out):
+  """Times every execution path for float32 and each --dtype over batch sizes.
+
+  This is the evidence behind `rnnstep.api.default_jit_compile`, which picks a
+  path per (dtype, batch size): the table shows the fastest path and the
+  default's time relative to it.
+  """
+  import copy  # pylint: disable=g-import-not-at-top
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  del tf
+  short = copy.copy(settings)
+  short.num_chars = settings.path_chars
+  models = {d: weights.rnnstep_model(d) for d in ["float32", *settings.dtypes]}
+  jobs = []
+  for batch in settings.path_batch_sizes:
+    _, prompt_texts = make_prompts(weights, batch, settings.prompt_len,
+                                   _SEED.value)
+    for d, model in models.items():
+      for path, jit in PATHS.items():
+        jobs.append(((d, batch, path), Rnnstep(model, short, jit),
+                     (prompt_texts, _SEED.value)))
+  samples, _ = run_rounds(jobs, settings.rounds, "paths")
+
+  print(f"## execution paths: ms per 1000 chars (median; {short.num_chars} chars "
+        "per row), the fastest, and the path `jit_compile=None` picks")
+  header = (f"{'dtype':<9} {'batch':>5} " + " ".join(f"{p:>11}" for p in PATHS)
+            + f" {'fastest':>11} {'default':>11} {'x fastest':>9}")
+  print(header)
+  print("-" * len(header))
+  for d, model in models.items():
+    for batch in settings.path_batch_sizes:
+      per_1000 = {p: statistics.median(samples[(d, batch, p)]) * 1000.0
+                  / short.num_chars for p in PATHS}
+      fastest = min(per_1000, key=per_1000.get)
+      default = api.default_path(model, batch)
+      print(f"{d:<9} {batch:>5} "
+            + " ".join(f"{fmt_ms(per_1000[p]):>11}" for p in PATHS)
+            + f" {fastest:>11} {default:>11} "
+            f"{per_1000[default] / per_1000[fastest]:>9.2f}")
+      results_out.append({"section": "paths", "dtype": d, "batch": batch,
+                          "ms_per_1000_chars": {p: v * 1e3 for p, v
+                                                in per_1000.items()},
+                          "fastest": fastest, "default": default})
   print()
 
 
@@ -1097,6 +1175,8 @@ def main(argv):
         speed_section(settings, weights, tf, torch, results)
       elif section == "dtype":
         dtype_section(settings, weights, tf, results)
+      elif section == "paths":
+        paths_section(settings, weights, tf, results)
       elif section == "latency":
         latency_section(settings, weights, tmpdir, results)
       elif section == "cli":
