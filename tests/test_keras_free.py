@@ -32,6 +32,7 @@ SCRIPT = textwrap.dedent("""
     print(rnnstep.logits(model, [[1, 2, 3]]).shape)
     print(len(rnnstep.generate(model, ["AB", "C"], 20, seed=1, jit_compile=False)[1]))
     print(len(rnnstep.generate(model, "AB", 20, temperature=0, jit_compile=True)))
+    print(len(rnnstep.generate(model, "AB", 20, jit_compile="elementwise")))
     print(len("".join(rnnstep.stream(model, "AB", 20, chunk_size=8))))
     loaded = sorted(m for m in sys.modules
                     if m.split(".")[0] in ("keras", "tf_keras")
@@ -51,8 +52,8 @@ class KerasFreeTest(tf.test.TestCase):
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertEqual(result.stdout.split("\n")[:5],
-                     ["(1, 3, 65)", "20", "20", "20", "keras modules: []"])
+    self.assertEqual(result.stdout.split("\n")[:6],
+                     ["(1, 3, 65)", "20", "20", "20", "20", "keras modules: []"])
 
   def test_source_never_mentions_keras_imports(self):
     offenders = []
