@@ -192,7 +192,8 @@ class Network:
     Returns:
       `(top_output [B, U_last], new_state)`.
     """
-    x_proj = tf.gather(self.input_table, ids)
+    # Layer 0's rows are gathered inside its gate function (fused when compiled).
+    x_proj = cells_lib.TableRows(self.input_table, ids)
     new_state = []
     for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
       if i:
