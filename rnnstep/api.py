@@ -8,6 +8,7 @@ Every argument is checked here, with the caller's words, before anything is
 compiled or allocated; the compiled work lives in `generator.py`.
 """
 
+import functools
 import importlib.resources
 import math
 import numbers
@@ -47,10 +48,19 @@ def default_path(model: model_lib.Model, batch_size: int) -> str:
   so pass `jit_compile` explicitly to reproduce a row across batch sizes that
   fall in different bands.
   """
+  if _gpu_visible():
+    # The bands are CPU measurements; on a GPU XLA's dots use the vendor
+    # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
+    return _XLA
   for largest, path in _FASTEST_PATHS[model.compute_dtype.name]:
     if largest is None or batch_size <= largest:
       return path
   raise AssertionError("the last band has no upper bound")
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_visible() -> bool:
+  return bool(tf.config.list_physical_devices("GPU"))
 
 
 def default_jit_compile(model: model_lib.Model, batch_size: int = 1):
