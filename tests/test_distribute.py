@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     with strategy.scope():
       model = kr.rnnstep_model(keras_model, layers)
     prompts = ["HELLO", "A", "BCD", "XYZW", "Q"]   # odd: the last replica is padded
-    for jit in (False, True):
+    for jit in (False, True, "elementwise"):
       for kwargs in (dict(temperature=0.0), dict(seed=3, top_k=8),
                      dict(seed=3, stop=["E", "A"])):
         one = rnnstep.generate(model, prompts, 40, jit_compile=jit, **kwargs)

@@ -161,6 +161,18 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
 
 
+  def test_default_path_traces_each_path_once(self):
+    layers = [kr.layer("gru", 16)]
+    model = kr.rnnstep_model(kr.build(layers, seed=1), layers)
+    # Batch sizes in every float32 band (api._FASTEST_PATHS): xla, elementwise.
+    for batch in (1, 3, 20, 40, 64, 2):
+      rnnstep.generate(model, ["AB"] * batch, 4, seed=1)
+    cache = model.__dict__["_generator_cache"]
+    self.assertEqual(set(cache), {"xla", "elementwise"})
+    for generator in cache.values():
+      self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
+
+
 class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*PATHS)
