@@ -28,11 +28,13 @@ class ServingModule(tf.Module):
 
   Args:
     model: an `rnnstep.Model`.
-    jit_compile: compile the generation body with XLA in the SavedModel (off by
-      default: every TF runtime can run the plain graph).
+    jit_compile: False (the default: every TF runtime can run the plain
+      graph), True (the generation body is one XLA program) or "elementwise"
+      (a graph loop with XLA-compiled gate math; for bfloat16 at large
+      batches). The last two need XLA where the model is served.
   """
 
-  def __init__(self, model, jit_compile: bool = False):
+  def __init__(self, model, jit_compile=False):
     super().__init__(name="rnnstep_serving")
     self.model = model
     self._generator = generator_lib.Generator(model, jit_compile=jit_compile)
@@ -92,13 +94,13 @@ class ServingModule(tf.Module):
     return self._text(prompts, num_steps, temperature, seed, top_k, top_p)
 
 
-def export(model, export_dir, *, jit_compile: bool = False) -> str:
+def export(model, export_dir, *, jit_compile=False) -> str:
   """Writes `model` as a SavedModel with string signatures (see module doc).
 
   Args:
     model: an `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
-    jit_compile: mark the generation body for XLA compilation.
+    jit_compile: False, True or "elementwise" (see `ServingModule`).
 
   Returns:
     The export directory.

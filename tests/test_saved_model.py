@@ -66,6 +66,22 @@ class SavedModelTest(tf.test.TestCase):
           model, PROMPTS, 50, top_k=5, top_p=0.9, seed=9, jit_compile=jit))
     self.assertIn("not in the vocabulary", out["error"])
 
+  def test_elementwise_bfloat16_export_matches_library(self):
+    model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)),
+                          kr.default_vocab(65),
+                          kr.weights_of(kr.build(LAYERS, seed=4), LAYERS),
+                          dtype="bfloat16")
+    export_dir = os.path.join(self.create_tempdir().full_path, "served")
+    rnnstep.export(model, export_dir, jit_compile="elementwise")
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, export_dir, json.dumps(PROMPTS)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    self.assertEqual(out["sampled"], rnnstep.generate(
+        model, PROMPTS, 50, temperature=0.8, seed=5, jit_compile="elementwise"))
+
   def test_refuses_non_empty_directory(self):
     layers = [kr.layer("gru", 8)]
     model = kr.rnnstep_model(kr.build(layers), layers)
