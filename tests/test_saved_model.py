@@ -46,19 +46,23 @@ SCRIPT = textwrap.dedent("""
 
 class SavedModelTest(tf.test.TestCase):
 
-  def test_export_runs_without_rnnstep_and_matches_library(self):
-    keras_model = kr.build(LAYERS, vocab_size=66, seed=4)
-    vocab = ["[UNK]"] + kr.default_vocab(65)
-    model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)), vocab,
-                          kr.weights_of(keras_model, LAYERS))
+  def serve(self, model, **export_args):
+    """Exports `model`, runs SCRIPT on the export; returns its JSON output."""
     export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(model, export_dir)
+    rnnstep.export(model, export_dir, **export_args)
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, export_dir, json.dumps(PROMPTS)],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+  def test_export_runs_without_rnnstep_and_matches_library(self):
+    keras_model = kr.build(LAYERS, vocab_size=66, seed=4)
+    vocab = ["[UNK]"] + kr.default_vocab(65)
+    model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)), vocab,
+                          kr.weights_of(keras_model, LAYERS))
+    out = self.serve(model)
     for jit in (False, True):
       self.assertEqual(out["sampled"], rnnstep.generate(
           model, PROMPTS, 50, temperature=0.8, seed=5, jit_compile=jit))
@@ -71,14 +75,7 @@ class SavedModelTest(tf.test.TestCase):
                           kr.default_vocab(65),
                           kr.weights_of(kr.build(LAYERS, seed=4), LAYERS),
                           dtype="bfloat16")
-    export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(model, export_dir, jit_compile="elementwise")
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, export_dir, json.dumps(PROMPTS)],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = self.serve(model, jit_compile="elementwise")
     self.assertEqual(out["sampled"], rnnstep.generate(
         model, PROMPTS, 50, temperature=0.8, seed=5, jit_compile="elementwise"))
 
