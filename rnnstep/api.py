@@ -21,6 +21,9 @@ import tensorflow as tf
 from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
 from rnnstep import model_file
+from rnnstep import paths
+from rnnstep import request as request_lib
+from rnnstep import sampling
 
 BUNDLED_MODEL = "shakespeare.npz"
 
@@ -29,13 +32,12 @@ BUNDLED_MODEL = "shakespeare.npz"
 # --sections=paths` prints the table these come from (BUILD_NOTES.md has it).
 # XLA's CPU dot is slow for float32/float16 at 17-48 rows (up to 1.24x), and
 # has no AMX path for bfloat16, where TF's oneDNN matmul is 2-3x faster.
-_XLA, _ELEMENTWISE = generator_lib.XLA, generator_lib.ELEMENTWISE
+_XLA, _ELEMENTWISE = paths.XLA, paths.ELEMENTWISE
 _FASTEST_PATHS = {
     "float32": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
     "float16": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
     "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
 }
-_PATH_VALUES = {_XLA: True, generator_lib.GRAPH: False, _ELEMENTWISE: _ELEMENTWISE}
 
 
 def default_path(model: model_lib.Model, batch_size: int) -> str:
@@ -65,7 +67,7 @@ def _gpu_visible() -> bool:
 
 def default_jit_compile(model: model_lib.Model, batch_size: int = 1):
   """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
-  return _PATH_VALUES[default_path(model, batch_size)]
+  return paths.jit_compile_of(default_path(model, batch_size))
 
 
 Prompts = Union[str, Sequence[str]]
@@ -130,12 +132,22 @@ def logits(model: model_lib.Model, ids) -> np.ndarray:
   return model.score(array.astype(np.int32)).numpy()
 
 
+PerRow = Union[float, Sequence[float]]
+
+
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             seed=None, stop: Union[None, str, Sequence[str]] = None,
-             jit_compile: Union[None, bool, str] = None,
-             strategy=None) -> Union[str, List[str]]:
+             temperature: PerRow = 1.0, top_k: PerRow = 0, top_p: PerRow = 1.0,
+             min_p: PerRow = 0.0, repetition_penalty: PerRow = 1.0,
+             repetition_window: int = 0, no_repeat_ngram_size: int = 0,
+             num_beams: int = 1, length_penalty: float = 1.0,
+             num_return_sequences: int = 1, seed=None,
+             stop: Union[None, str, Sequence[str]] = None,
+             return_scores: bool = False,
+             jit_compile: Union[None, bool, str] = None, strategy=None):
   """Generates continuations of one prompt or a batch, in one device call.
+
+  Per step (as HF `generate`): `[UNK]` ban -> repetition penalty -> n-gram ban
+  -> temperature -> top-k -> top-p -> min-p -> draw.
 
   Args:
     model: the Model.
@@ -144,10 +156,26 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     temperature: 0 is greedy argmax; otherwise logits are divided by it.
     top_k: keep the k most likely ids (0 = off).
     top_p: nucleus sampling mass in (0, 1] (1 = off).
+    min_p: keep ids whose probability (after temperature) is at least min_p
+      times the largest, in [0, 1] (0 = off).
+    repetition_penalty: θ > 0 (1 = off): for each distinct id among the last
+      `repetition_window` ids of prompt + continuation, its logit is divided
+      by θ if positive, else multiplied by θ (the CTRL/HF rule).
+    repetition_window: how many ids the penalty looks back over (0 = all).
+    no_repeat_ngram_size: n > 0 bans any id that would complete an n-gram
+      already in prompt + continuation (0 = off).
+    num_beams: k > 1 runs beam search of width k (deterministic: temperature,
+      top_k, top_p, min_p and seed do not apply).
+    length_penalty: with beams and stop strings, finished hypotheses rank by
+      score / length**length_penalty.
+    num_return_sequences: with beams, return the r <= k best per prompt.
     seed: None (fresh randomness), an int (row i uses (seed, i): same seed, same
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
+    return_scores: also return each continuation's log-likelihood under the
+      model (natural log; the sum of log-softmax of the raw logits at the
+      chosen ids, whatever the sampling settings).
     jit_compile: None picks the fastest path measured for the model's dtype
       and the batch size (`default_path`); True runs the whole generation as
       one XLA program; False as a TF graph without XLA; "elementwise" as a TF
@@ -155,71 +183,148 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       large batches). Every path runs the whole generation in one call.
     strategy: a `tf.distribute.Strategy`: the batch is split evenly across its
       replicas, each running the same compiled loop; results come back in
-      order and equal the single-device text. Load the model under
-      `strategy.scope()` so each device holds its own copy of the weights.
+      order and equal the single-device text. A model loaded outside
+      `strategy.scope()` is copied to every replica once (and the copy kept).
+
+  `temperature`, `top_k`, `top_p`, `min_p` and `repetition_penalty` each take
+  one value, or a list with one value per prompt. A row's text depends only on
+  its own prompt, settings and seed.
 
   Returns:
-    The continuations only: a str for a str prompt, else a list of str.
+    The continuations only: a str for a str prompt, else a list of str. With
+    `num_return_sequences` r > 1, a list of r str (best first) per prompt
+    instead of each str. With `return_scores`, `(texts, scores)`, the scores
+    nested as the texts.
 
   Raises:
     ValueError: a bad argument, an unusable prompt (empty, unknown character),
       or an output too large for memory (refused before allocating).
   """
+  # Every keyword argument but the last two describes the generation itself.
+  arguments = dict(locals())
+  del arguments["jit_compile"], arguments["strategy"]
   single = isinstance(prompts, str)
-  prompt_list, stops = _check_arguments(prompts, num_steps, temperature, top_k,
-                                        top_p, seed, stop)
-  generator = model.generator(_jit(model, jit_compile, len(prompt_list)))
-  rows = generator.generate_ids(prompt_list, num_steps, temperature=temperature,
-                                top_k=top_k, top_p=top_p, seed=seed, stop=stops,
-                                strategy=strategy)
-  texts = [model.decode(row) for row in rows]
-  return texts[0] if single else texts
+  prompt_list, options = _check_arguments(**arguments)
+  rows_per_device = len(prompt_list)
+  if strategy is not None:
+    model = model_lib.replicated(model, strategy)
+    rows_per_device = -(-rows_per_device // strategy.num_replicas_in_sync)
+  generator = generator_lib.cached(
+      model, _path(model, jit_compile, rows_per_device))
+  out = generator.generate_ids(prompt_list, num_steps, options,
+                               strategy=strategy)
+
+  def shaped(per_prompt):
+    if num_return_sequences == 1:
+      per_prompt = [values[0] for values in per_prompt]
+    return per_prompt[0] if single else per_prompt
+
+  texts = shaped([[model.decode(ids) for ids in seqs] for seqs in out.ids])
+  return (texts, shaped(out.scores)) if return_scores else texts
 
 
 def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
-           chunk_size: int = 64, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, seed=None,
+           chunk_size: int = 64, temperature: PerRow = 1.0, top_k: PerRow = 0,
+           top_p: PerRow = 1.0, min_p: PerRow = 0.0,
+           repetition_penalty: PerRow = 1.0, repetition_window: int = 0,
+           no_repeat_ngram_size: int = 0, num_beams: int = 1, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
-           jit_compile: Union[None, bool, str] = None
-           ) -> Iterator[Union[str, List[str]]]:
+           return_scores: bool = False,
+           jit_compile: Union[None, bool, str] = None) -> Iterator:
   """Like `generate`, but yields text as it comes, every `chunk_size` steps.
 
-  Each chunk is one device call; the recurrent state stays on device between
-  chunks. Joined, the chunks equal `generate`'s text for the same arguments.
+  Each chunk is one device call; the recurrent state (and the history the
+  repetition penalty and n-gram ban read) stays on device between chunks.
+  Joined, the chunks equal `generate`'s text for the same arguments. Beam
+  search does not stream (its best hypothesis is known only at the end).
 
   Yields:
     For a str prompt, the next piece of text; for a list, a list of pieces
-    (empty for rows that have already stopped).
+    (empty for rows that have already stopped). With `return_scores`,
+    `(pieces, scores)`: each row's log-likelihood of its text so far.
 
   Raises:
-    ValueError: as for `generate`, or a chunk_size below 1.
+    ValueError: as for `generate`, a chunk_size below 1, or num_beams > 1.
   """
+  # Every keyword argument but these describes the generation itself.
+  arguments = dict(locals())
+  del arguments["jit_compile"], arguments["chunk_size"]
   single = isinstance(prompts, str)
-  prompt_list, stops = _check_arguments(prompts, num_steps, temperature, top_k,
-                                        top_p, seed, stop)
   if not _is_int(chunk_size) or chunk_size < 1:
     raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-  generator = model.generator(_jit(model, jit_compile, len(prompt_list)))
-  for rows in generator.stream_ids(prompt_list, num_steps, chunk_size,
-                                   temperature=temperature, top_k=top_k,
-                                   top_p=top_p, seed=seed, stop=stops):
-    texts = [model.decode(row) for row in rows]
-    yield texts[0] if single else texts
+  if _is_int(num_beams) and num_beams > 1:
+    raise ValueError(f"num_beams={num_beams}: beam search does not stream (the "
+                     "best hypothesis is known only at the end); use "
+                     "rnnstep.generate, or num_beams=1")
+  prompt_list, options = _check_arguments(**arguments)
+  generator = generator_lib.cached(
+      model, _path(model, jit_compile, len(prompt_list)))
+  for out in generator.stream_ids(prompt_list, num_steps, chunk_size, options):
+    texts = [model.decode(row) for row in out.ids]
+    texts, scores = (texts[0], out.scores[0]) if single else (texts, out.scores)
+    yield (texts, scores) if return_scores else texts
 
 
-def _jit(model, jit_compile, batch_size):
-  if jit_compile is None:
-    return default_jit_compile(model, batch_size)
-  generator_lib.mode_name(jit_compile)  # Raises ValueError on a bad value.
-  return jit_compile
+def _path(model, jit_compile, batch_size) -> str:
+  """The concrete path for a user's `jit_compile` value (auto resolved here)."""
+  path = paths.from_jit_compile(jit_compile)
+  return default_path(model, batch_size) if path == paths.AUTO else path
 
 
 def _is_int(value) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_arguments(prompts, num_steps, temperature, top_k, top_p, seed, stop):
-  """Validates generation arguments; returns (prompt list, stop list)."""
+def _is_real(value) -> bool:
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+# Each per-row sampling setting: (check of one value, what it must be).
+_SETTING_CHECKS = {
+    "temperature": (lambda v: _is_real(v) and v >= 0,
+                    "a finite number >= 0 (0 = greedy)"),
+    "top_k": (lambda v: _is_int(v) and 0 <= v < 2**31,
+              "a non-negative integer (0 = off)"),
+    "top_p": (lambda v: _is_real(v) and 0 < v <= 1, "in (0, 1] (1 = off)"),
+    "min_p": (lambda v: _is_real(v) and 0 <= v <= 1, "in [0, 1] (0 = off)"),
+    "repetition_penalty": (lambda v: _is_real(v) and v > 0,
+                           "a finite number > 0 (1 = off)"),
+}
+
+
+def _check_setting(name, value, batch_size):
+  """Checks a scalar-or-per-row setting; returns it (a list as a tuple)."""
+  check, must_be = _SETTING_CHECKS[name]
+  if isinstance(value, (list, tuple, np.ndarray)):
+    values = list(value)
+    if len(values) != batch_size:
+      raise ValueError(f"{name} lists {len(values)} values for {batch_size} "
+                       "prompts; give one value, or one per prompt")
+    for i, v in enumerate(values):
+      if not check(v):
+        raise ValueError(f"{name}[{i}] must be {must_be}, got {v!r}")
+    return tuple(values)
+  if not check(value):
+    raise ValueError(f"{name} must be {must_be}, got {value!r}")
+  return value
+
+
+def _check_arguments(model, prompts, num_steps, seed, stop, **decoding):
+  """Validates the arguments of `generate` or `stream`.
+
+  Args:
+    model: the Model.
+    prompts: as given.
+    num_steps: as given.
+    seed: as given.
+    stop: as given.
+    **decoding: every `sampling.Params` setting and `request.Options` field,
+      by name.
+
+  Returns:
+    `(prompt list, request.Options)`.
+  """
   if isinstance(prompts, str):
     prompt_list = [prompts]
   elif isinstance(prompts, (list, tuple)):
@@ -233,26 +338,47 @@ def _check_arguments(prompts, num_steps, temperature, top_k, top_p, seed, stop):
     raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
   if num_steps >= 2**31:
     raise ValueError(f"num_steps must be below 2**31, got {num_steps}")
-  if (not isinstance(temperature, numbers.Real) or isinstance(temperature, bool)
-      or not math.isfinite(temperature) or temperature < 0):
-    raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), "
-                     f"got {temperature!r}")
-  if not _is_int(top_k) or top_k < 0 or top_k >= 2**31:
-    raise ValueError(f"top_k must be a non-negative integer (0 = off), got "
-                     f"{top_k!r}")
-  if (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
-      or not 0 < top_p <= 1):
-    raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+  params = sampling.Params(**{
+      name: _check_setting(name, decoding.pop(name), len(prompt_list))
+      for name in sampling.Params._fields})
   _check_seed(seed, len(prompt_list))
   if stop is None:
-    stops = []
+    stops = ()
   elif isinstance(stop, str):
-    stops = [stop]
+    stops = (stop,)
   elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-    stops = list(stop)
+    stops = tuple(stop)
   else:
     raise ValueError(f"stop must be a str or a list of str, got {stop!r}")
-  return prompt_list, stops
+  options = request_lib.Options(sampling=params, seed=seed, stop=stops,
+                                **decoding)
+  _check_decoding(model, options)
+  return prompt_list, options
+
+
+def _check_decoding(model, options: request_lib.Options):
+  """Checks the look-back and beam settings of `options`."""
+  def non_negative(name, value, below=2**31):
+    if not _is_int(value) or not 0 <= value < below:
+      raise ValueError(f"{name} must be a non-negative integer (0 = off), got "
+                       f"{value!r}")
+  non_negative("repetition_window", options.repetition_window)
+  non_negative("no_repeat_ngram_size", options.no_repeat_ngram_size)
+  usable = model.vocab_size - int(model.has_unk)
+  beams = options.num_beams
+  if not _is_int(beams) or not 1 <= beams <= usable:
+    raise ValueError(f"num_beams must be an integer from 1 (no beam search) to "
+                     f"{usable} (the model's usable vocabulary), got {beams!r}")
+  returned = options.num_return_sequences
+  if not _is_int(returned) or not 1 <= returned <= beams:
+    raise ValueError(f"num_return_sequences must be an integer from 1 to "
+                     f"num_beams ({beams}), got {returned!r}")
+  if not _is_real(options.length_penalty):
+    raise ValueError(f"length_penalty must be a finite number, got "
+                     f"{options.length_penalty!r}")
+  if not isinstance(options.return_scores, (bool, np.bool_)):
+    raise ValueError(f"return_scores must be True or False, got "
+                     f"{options.return_scores!r}")
 
 
 def _check_seed(seed, batch_size):

@@ -9,36 +9,34 @@ One call of the compiled function does, on device:
      a TensorArray and advances the stop automaton; the loop ends after
      `num_steps` or when every row has met a stop string.
 
-Three ways to run it (`Generator(model, jit_compile=...)`):
+The compiled functions take one `request.Request` (a nest of tensors: the
+input signature) and return a `request.Result`. Every caller builds its request
+with `request.build`; `Generator.request` does so from Python values. Nothing a
+user changes retraces: every value is a tensor of a fixed signature, and under
+XLA the shapes are bucketed (see `request.py`).
 
-  - `True` ("xla"): the whole function is one XLA program. Fastest for float32
-    (fewest dispatches per step; XLA's float32 dots are as fast as TF's).
-  - `False` ("graph"): plain TensorFlow graph, no XLA anywhere.
-  - `"elementwise"`: a TensorFlow graph loop whose matmuls are TF (oneDNN) ops,
-    with each cell's gate math and the sampling/stopping tail compiled by XLA as
-    small programs. For bfloat16 at large batches: oneDNN runs bf16 matmuls on
-    AMX (XLA's CPU backend does not), and the XLA pieces fuse what would
-    otherwise be ~20 graph ops per step.
+It runs on one of three paths (`paths.py`): "xla" (the whole function is one
+XLA program), "graph" (a TF graph, no XLA) or "elementwise" (a TF graph loop
+whose matmuls are TF's oneDNN ops, with each cell's gate math and the
+sampling/stopping tail compiled by XLA as small programs).
 
-Only the final ids cross to the host. Every tunable (prompt lengths, batch
-size, steps, temperature, top-k, top-p, seeds, stop strings) is a tensor of a
-fixed signature, so nothing retraces; under XLA the executable is compiled per
-input *shape*, so prompt lengths and output buffers are padded to buckets
-(see `bucket`) to keep those compilations few.
-
-Streaming continues a generation chunk by chunk with the state carried on
-device between calls; the sampling noise is keyed by the global step, so the
-chunks join into exactly the one-shot text.
+Only the final ids cross to the host. Streaming continues a generation chunk
+by chunk with the state carried on device between calls; the sampling noise is
+keyed by the global step, so the chunks join into exactly the one-shot text.
 """
 
-import dataclasses
 import os
-from typing import Iterator, List, Optional, Sequence
+import weakref
+from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import beam_search
 from rnnstep import cells
+from rnnstep import paths
+from rnnstep import processors
+from rnnstep import request as request_lib
 from rnnstep import sampling
 from rnnstep import stopping
 
@@ -46,30 +44,6 @@ from rnnstep import stopping
 # buffer on device and its stacked copy, int32 each; the host id array; the
 # decoded str), for refusing runs that cannot fit before anything is allocated.
 BYTES_PER_GENERATED_CHAR = 16
-
-# The paths `jit_compile` names (see the module docstring).
-XLA, GRAPH, ELEMENTWISE = "xla", "graph", "elementwise"
-
-
-def mode_name(jit_compile) -> str:
-  """Maps a `jit_compile` value (True, False or "elementwise") to its path.
-
-  Raises:
-    ValueError: any other value.
-  """
-  if isinstance(jit_compile, (bool, np.bool_)):
-    return XLA if jit_compile else GRAPH
-  if isinstance(jit_compile, str) and jit_compile == ELEMENTWISE:
-    return ELEMENTWISE
-  raise ValueError(f"jit_compile must be True, False, {ELEMENTWISE!r} or None, "
-                   f"got {jit_compile!r}")
-
-
-def bucket(n: int, minimum: int = 16) -> int:
-  """Rounds n up so that at most ~25% is padding: few distinct XLA shapes."""
-  n = max(int(n), minimum)
-  granule = max(1 << max(n.bit_length() - 3, 0), 1)
-  return -(-n // granule) * granule
 
 
 def available_memory_bytes() -> Optional[int]:
@@ -102,91 +76,61 @@ def check_output_fits(batch_size: int, num_steps: int) -> None:
         "fewer rows or steps, or stream the output in chunks")
 
 
-@dataclasses.dataclass
-class Carry:
-  """What a continued generation carries between chunks (device tensors)."""
-  state: tuple
-  last_ids: tf.Tensor
-  stop_state: tf.Tensor
-  done: tf.Tensor
-  next_step: int
-
-
 class Generator(tf.Module):
-  """Compiled generation over a `Model`.
+  """Compiled generation over a `Model`, on one execution path.
+
+  The compiled functions (usable inside other graphs: export, tf.distribute):
+
+    generate_fn(request) -> Result            prime the prompts, then decode
+    continue_fn(request, carry) -> Result     decode on from a Result's carry
+                                              (the request's prompts unused)
 
   Research code can also drive the model directly: `zero_state(batch)` and the
   compiled `step(ids, state) -> (logits, state)` run one timestep over explicit
   state, the same cell code the loop uses.
 
-  The compiled functions, for use inside other graphs (export, tf.distribute):
-
-    generate_fn(prompt_ids [B, T], prompt_lengths [B], num_steps, buffer_shape,
-                temperature, top_k, top_p, seeds [B], seed_index [B],
-                stop_table [S, V], stop_accept [S]) -> dict
-    continue_fn(state, last_ids, stop_state, done, start_step, num_steps,
-                buffer_shape, <the same sampling arguments>) -> dict
-
-  The dict holds "ids" [B, capacity], "lengths" [B] (valid ids per row),
-  "steps", and what a continuation needs: "state", "last_ids", "stop_state",
-  "done". `buffer_shape` only carries the output capacity in its shape (XLA
-  needs it static); in graph mode pass an empty one.
-
   Args:
     model: an `rnnstep.Model`.
-    jit_compile: True compiles the functions with XLA; False runs them as TF
-      graphs; "elementwise" runs TF graphs with the elementwise parts compiled
-      by XLA (see the module docstring).
+    path: "xla", "graph" or "elementwise" (see `paths.py`).
+    hold_model: keep the model alive (False for `cached`, whose cache must not).
 
   Attributes:
-    mode: "xla", "graph" or "elementwise".
-    jit_compile: whether each function is one XLA program (mode "xla").
+    model: the Model.
+    path: the execution path.
+    jit_compile: whether each function is one XLA program (path "xla").
   """
 
-  def __init__(self, model, jit_compile=True):
+  def __init__(self, model, path: str = paths.XLA, *, hold_model: bool = True):
     super().__init__(name=f"{model.name}_generator")
-    self.model = model
-    self.mode = mode_name(jit_compile)
-    self.jit_compile = self.mode == XLA
-    vocab_size = model.vocab_size
-    banned = np.zeros([vocab_size], np.float32)
+    if hold_model:
+      self._held_model = model
+    self._model_ref = weakref.ref(model)
+    self.path = paths.check_concrete(path)
+    self.jit_compile = self.path == paths.XLA
     if model.has_unk:
+      banned = np.zeros([model.vocab_size], np.float32)
       banned[0] = -np.inf
-    self._banned = tf.constant(banned) if model.has_unk else None
-    state_spec = tuple(
-        tuple(tf.TensorSpec([None, units], tf.float32) for units in sizes)
-        for sizes in self._state_sizes())
-    sampling_spec = [
-        tf.TensorSpec([], tf.float32, name="temperature"),
-        tf.TensorSpec([], tf.int32, name="top_k"),
-        tf.TensorSpec([], tf.float32, name="top_p"),
-        tf.TensorSpec([None], tf.int64, name="seeds"),
-        tf.TensorSpec([None], tf.int32, name="seed_index"),
-        tf.TensorSpec([None, vocab_size], tf.int32, name="stop_table"),
-        tf.TensorSpec([None], tf.bool, name="stop_accept"),
-    ]
-    buffer_spec = [tf.TensorSpec([], tf.int32, name="num_steps"),
-                   tf.TensorSpec([None], tf.bool, name="buffer_shape")]
-    jit = self.jit_compile
+      self._banned = tf.constant(banned)
+    else:
+      self._banned = None
+    request_spec = request_lib.spec(model.vocab_size)
+    carry_spec = request_lib.carry_spec(self._state_sizes(), model.vocab_size)
     # autograph=False: the bodies use tf.while_loop/tf.cond explicitly, and
     # skipping autograph's source conversion cuts the first trace from ~1.6 s
     # to ~0.2 s (measured).
-    self.generate_fn = tf.function(
-        self._generate_impl, jit_compile=jit, autograph=False, input_signature=[
-            tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
-            tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
-            *buffer_spec, *sampling_spec])
-    self.continue_fn = tf.function(
-        self._continue_impl, jit_compile=jit, autograph=False, input_signature=[
-            state_spec,
-            tf.TensorSpec([None], tf.int32, name="last_ids"),
-            tf.TensorSpec([None], tf.int32, name="stop_state"),
-            tf.TensorSpec([None], tf.bool, name="done"),
-            tf.TensorSpec([], tf.int32, name="start_step"),
-            *buffer_spec, *sampling_spec])
-    self.step = tf.function(
-        self._step_impl, jit_compile=jit, autograph=False, input_signature=[
-            tf.TensorSpec([None], tf.int32, name="ids"), state_spec])
+    compiled = dict(jit_compile=self.jit_compile, autograph=False)
+    self.generate_fn = tf.function(self._generate_impl, **compiled,
+                                   input_signature=[request_spec])
+    self.continue_fn = tf.function(self._continue_impl, **compiled,
+                                   input_signature=[request_spec, carry_spec])
+    self.beam_fn = tf.function(self._beam_impl, **compiled,
+                               input_signature=[request_spec])
+    self.step = tf.function(self._step_impl, **compiled, input_signature=[
+        tf.TensorSpec([None], tf.int32, name="ids"), carry_spec.state])
+
+  @property
+  def model(self):
+    return self._model_ref()
 
   def _state_sizes(self):
     return [cells.state_sizes(layer) for layer in self.model.config.layers]
@@ -199,15 +143,15 @@ class Generator(tf.Module):
   # -- compiled bodies -------------------------------------------------------
 
   def _network(self):
-    return self.model.network(compile_elementwise=self.mode == ELEMENTWISE)
+    return self.model.network(
+        compile_elementwise=self.path == paths.ELEMENTWISE)
 
   def _step_impl(self, ids, state):
     return self._network().step(ids, state)
 
-  def _generate_impl(self, prompt_ids, prompt_lengths, num_steps, buffer_shape,
-                     temperature, top_k, top_p, seeds, seed_index, stop_table,
-                     stop_accept):
+  def _generate_impl(self, request: request_lib.Request) -> request_lib.Result:
     network = self._network()
+    prompt_ids, prompt_lengths = request.prompts
     batch = tf.shape(prompt_ids)[0]
     # Prime over all but each row's last character; that one is the first input.
     # (The unroll spans every column, so it is never empty; masked steps are free
@@ -215,72 +159,105 @@ class Generator(tf.Module):
     mask = (tf.range(tf.shape(prompt_ids)[1])[None, :]
             < (prompt_lengths[:, None] - 1))
     _, state = network.unroll(prompt_ids, network.zero_state(batch), mask)
-    last_ids = tf.gather(prompt_ids, prompt_lengths - 1, batch_dims=1)
-    return self._decode(network, state, last_ids,
-                        tf.zeros([batch], tf.int32), tf.zeros([batch], tf.bool),
-                        tf.constant(0), num_steps, buffer_shape, temperature,
-                        top_k, top_p, seeds, seed_index, stop_table, stop_accept)
+    history = processors.start(
+        prompt_ids, prompt_lengths, self.model.vocab_size, request.lookback,
+        processors.in_use(request.sampling.repetition_penalty,
+                          request.lookback))
+    carry = request_lib.Carry(
+        state=state,
+        last_ids=tf.gather(prompt_ids, prompt_lengths - 1, batch_dims=1),
+        stop_state=tf.zeros([batch], tf.int32),
+        done=tf.zeros([batch], tf.bool),
+        step=tf.constant(0),
+        history=history,
+        scores=tf.zeros([batch], tf.float32))
+    return self._decode(network, request, carry)
 
-  def _continue_impl(self, state, last_ids, stop_state, done, start_step,
-                     num_steps, buffer_shape, temperature, top_k, top_p, seeds,
-                     seed_index, stop_table, stop_accept):
-    return self._decode(self._network(), state, last_ids, stop_state, done,
-                        start_step, num_steps, buffer_shape, temperature, top_k,
-                        top_p, seeds, seed_index, stop_table, stop_accept)
+  def _beam_impl(self, request: request_lib.Request) -> beam_search.BeamResult:
+    return beam_search.search(self._network(), request, self._banned,
+                              self.model.vocab_size)
 
-  def _decode(self, network, state, last_ids, stop_state, done, start_step,
-              num_steps, buffer_shape, temperature, top_k, top_p, seeds,
-              seed_index, stop_table, stop_accept):
-    params = sampling.SamplingParams(temperature, top_k, top_p)
-    keys = sampling.row_keys(seeds, seed_index)
-    batch = tf.shape(last_ids)[0]
-    if self.jit_compile:
-      # XLA needs a static size: the buffer's shape is a compile-time constant.
-      ids = tf.TensorArray(tf.int32, size=tf.shape(buffer_shape)[0],
-                           element_shape=[None])
-    else:
-      ids = tf.TensorArray(tf.int32, size=0, dynamic_size=True,
-                           element_shape=[None])
-    lengths = tf.zeros([batch], tf.int32)
-    banned = self._banned
+  def _continue_impl(self, request, carry):
+    return self._decode(self._network(), request, carry)
 
-    def choose(logits, t, stop_state, done, lengths, params, keys, stop_table,
-               stop_accept):
-      """Samples the next ids and advances the stop automaton and lengths."""
-      chosen = sampling.next_ids(logits, params, keys, start_step + t, banned)
-      stop_state = tf.gather_nd(stop_table, tf.stack([stop_state, chosen], 1))
-      lengths = tf.where(done, lengths, t + 1)
-      done = done | tf.gather(stop_accept, stop_state)
-      return chosen, stop_state, done, lengths
+  def _decode(self, network, request: request_lib.Request,
+              carry: request_lib.Carry) -> request_lib.Result:
+    keys = sampling.row_keys(request.seeds.seeds, request.seeds.index)
+    start = carry.step
+    batch = tf.shape(carry.last_ids)[0]
+    # A fixed-size buffer on every path: under XLA `capacity` is a compile-time
+    # constant; in graph mode unwritten slots stack as zeros.
+    ids = tf.TensorArray(tf.int32, size=request.capacity, element_shape=[None])
+    num_steps = tf.minimum(request.num_steps, request.capacity)
+    choose = self._chooser()
 
-    if self.mode == ELEMENTWISE:
-      choose = tf.function(choose, jit_compile=True, autograph=False)
-
-    def cond(t, state, inputs, stop_state, done, lengths, ids):
-      del state, inputs, stop_state, lengths, ids
+    def cond(t, state, inputs, stop_state, done, lengths, history, scores, ids):
+      del state, inputs, stop_state, lengths, history, scores, ids
       return (t < num_steps) & tf.logical_not(tf.reduce_all(done))
 
-    def body(t, state, inputs, stop_state, done, lengths, ids):
+    def body(t, state, inputs, stop_state, done, lengths, history, scores, ids):
       logits, state = network.step(inputs, state)
-      chosen, stop_state, done, lengths = choose(
-          logits, t, stop_state, done, lengths, params, keys, stop_table,
-          stop_accept)
-      return t + 1, state, chosen, stop_state, done, lengths, ids.write(t, chosen)
+      chosen, stop_state, done, lengths, history, scores = choose(
+          logits, t, start, stop_state, done, lengths, history, scores,
+          request.sampling, keys, request.stops, request.lookback,
+          request.want_scores)
+      return (t + 1, state, chosen, stop_state, done, lengths, history, scores,
+              ids.write(t, chosen))
 
-    steps, state, last_ids, stop_state, done, lengths, ids = tf.while_loop(
-        cond, body, (tf.constant(0), state, last_ids, stop_state, done, lengths,
-                     ids))
-    return {"ids": tf.transpose(ids.stack()), "lengths": lengths,
-            "steps": steps, "state": state, "last_ids": last_ids,
-            "stop_state": stop_state, "done": done}
+    (steps, state, last_ids, stop_state, done, lengths, history, scores,
+     ids) = tf.while_loop(cond, body, (
+         tf.constant(0), carry.state, carry.last_ids, carry.stop_state,
+         carry.done, tf.zeros([batch], tf.int32), carry.history, carry.scores,
+         ids))
+    return request_lib.Result(
+        ids=tf.transpose(ids.stack()), lengths=lengths, scores=scores,
+        carry=request_lib.Carry(state, last_ids, stop_state, done,
+                                start + steps, history, scores))
+
+  def _chooser(self):
+    """The per-step tail after the logits: processors, sampling, stops, scores.
+
+    On the elementwise path it is one small XLA program.
+    """
+    banned = self._banned
+
+    def choose(logits, t, start, stop_state, done, lengths, history, scores,
+               params, keys, stops, lookback, want_scores):
+      """Chooses the next ids; advances stops, lengths, history and scores."""
+      raw = logits
+      if banned is not None:
+        logits = logits + banned
+      looks_back = processors.in_use(params.repetition_penalty, lookback)
+      logits = tf.cond(
+          looks_back,
+          lambda: processors.apply(logits, history, params.repetition_penalty,
+                                   lookback),
+          lambda: logits)
+      chosen = sampling.next_ids(logits, params, keys, start + t, banned)
+      history = tf.cond(looks_back,
+                        lambda: processors.append(history, chosen, lookback),
+                        lambda: history)
+      scores = tf.cond(
+          want_scores,
+          lambda: scores + tf.where(done, 0.0, log_probability(raw, chosen)),
+          lambda: scores)
+      stop_state = tf.gather_nd(stops.table, tf.stack([stop_state, chosen], 1))
+      lengths = tf.where(done, lengths, t + 1)
+      done = done | tf.gather(stops.accept, stop_state)
+      return chosen, stop_state, done, lengths, history, scores
+
+    if self.path == paths.ELEMENTWISE:
+      return tf.function(choose, jit_compile=True, autograph=False)
+    return choose
 
   # -- host side ---------------------------------------------------------------
 
-  def _buffer(self, num_steps: int) -> np.ndarray:
-    size = bucket(num_steps) if self.jit_compile else 0
-    return np.zeros([size], bool)
+  def stop_automaton(self, stop: Sequence[str]) -> stopping.Automaton:
+    """Compiles stop strings for this model's vocabulary.
 
-  def _stop_tables(self, stop: Sequence[str]):
+    Raises:
+      ValueError: an empty stop string, or one the model can never generate.
+    """
     sequences = []
     for text in stop:
       if not text:
@@ -292,14 +269,8 @@ class Generator(tf.Module):
             from None
     return stopping.stop_automaton(sequences, self.model.vocab_size)
 
-  def _sampling_args(self, batch, temperature, top_k, top_p, seed, stop):
-    seeds, index = seed_rows(seed, batch)
-    table, accept = self._stop_tables(stop)
-    return (np.float32(temperature), np.int32(top_k), np.float32(top_p),
-            seeds, index, table, accept)
-
   def prompt_batch(self, prompts: Sequence[str]):
-    """Encodes prompts into padded ids `[B, T]` and lengths `[B]`.
+    """Encodes prompts into right-padded ids `[B, T]` and lengths `[B]`.
 
     Raises:
       ValueError: an empty prompt or one with a character outside the vocab.
@@ -315,109 +286,184 @@ class Generator(tf.Module):
       except ValueError as e:
         raise ValueError(f"prompt {i}: {e}") from None
     lengths = np.array([len(e) for e in encoded], np.int32)
-    width = int(lengths.max())
-    if self.jit_compile:
-      width = bucket(width, minimum=8)
-    ids = np.zeros([len(encoded), width], np.int32)
+    ids = np.zeros([len(encoded), int(lengths.max())], np.int32)
     for row, e in enumerate(encoded):
       ids[row, :len(e)] = e
     return ids, lengths
 
-  def generate_ids(self, prompts: Sequence[str], num_steps: int, *,
-                   temperature=1.0, top_k=0, top_p=1.0, seed=None,
-                   stop=(), strategy=None) -> List[np.ndarray]:
-    """Generates continuations as id arrays, one per prompt, in one device call.
+  def request(self, prompts: Sequence[str], num_steps: int,
+              options: request_lib.Options = request_lib.Options(), *,
+              capacity_steps=None, total_steps=None) -> request_lib.Request:
+    """Builds the `Request` for Python values (see `request.build`).
+
+    Args:
+      prompts: the prompts, as str.
+      num_steps: steps to generate (in this call).
+      options: the `request.Options`.
+      capacity_steps: the steps the output buffer must hold (streaming).
+      total_steps: the steps of the whole generation (streaming).
+
+    Returns:
+      The Request; under XLA its batch is padded to a bucket.
+
+    Raises:
+      ValueError: an unusable prompt, stop string or seed list.
+    """
+    prompt_ids, lengths = self.prompt_batch(prompts)
+    seeds, index = seed_rows(options.seed, len(prompts))
+    return request_lib.build(
+        prompt_ids, lengths, num_steps, options.sampling, seeds, index,
+        self.stop_automaton(options.stop), bucket_shapes=self.jit_compile,
+        capacity_steps=capacity_steps, total_steps=total_steps,
+        repetition_window=options.repetition_window,
+        no_repeat_ngram_size=options.no_repeat_ngram_size,
+        num_beams=options.num_beams, length_penalty=options.length_penalty,
+        want_scores=options.return_scores)
+
+  def generate_ids(self, prompts: Sequence[str], num_steps: int,
+                   options: request_lib.Options = request_lib.Options(), *,
+                   strategy=None) -> "Sequences":
+    """Generates continuations as ids, in one device call.
 
     Arguments are as for `rnnstep.generate` (already validated there).
 
     Returns:
-      One int32 array per prompt; a row that met a stop string ends with it.
+      The `Sequences`: per prompt, `num_return_sequences` id arrays (one when
+      sampling) and their scores; a row that met a stop string ends with it.
     """
-    prompt_ids, lengths = self.prompt_batch(prompts)
-    args = self._sampling_args(len(prompts), temperature, top_k, top_p, seed, stop)
+    request = self.request(prompts, num_steps, options)
+    batch, returned = len(prompts), options.num_return_sequences
     if num_steps == 0:
-      return [np.zeros([0], np.int32) for _ in prompts]
-    check_output_fits(len(prompts), num_steps)
-    steps, buffer = np.int32(num_steps), self._buffer(num_steps)
+      return Sequences([[np.zeros([0], np.int32)] * returned] * batch,
+                       [[0.0] * returned] * batch)
+    check_output_fits(batch * options.num_beams, num_steps)
+    beams = options.num_beams > 1
+
+    def run(request):
+      if beams:
+        return tuple(self.beam_fn(request))
+      result = self.generate_fn(request)
+      return result.ids, result.lengths, result.scores
+
     if strategy is not None:
-      return self._generate_distributed(strategy, prompt_ids, lengths, steps,
-                                        buffer, *args)
-    out = self.generate_fn(prompt_ids, lengths, steps, buffer, *args)
-    ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
-    return [ids[row, :n] for row, n in enumerate(row_lengths)]
-
-  def _generate_distributed(self, strategy, prompt_ids, lengths, num_steps,
-                            buffer, temperature, top_k, top_p, seeds, index,
-                            stop_table, stop_accept):
-    """Splits the rows evenly over the strategy's replicas; results in order.
-
-    Every row keeps its own (seed, index) key, so the text equals the
-    single-device text. Rows are padded with copies of row 0 to fill the last
-    replica; the copies are dropped.
-    """
-    replicas = strategy.num_replicas_in_sync
-    batch = len(lengths)
-    per_replica = -(-batch // replicas)
-    padding = per_replica * replicas - batch
-
-    def padded(array):
-      return np.concatenate([array, np.repeat(array[:1], padding, 0)])
-
-    def split(array):
-      array = padded(array)
-      return strategy.experimental_distribute_values_from_function(
-          lambda ctx: tf.constant(array[ctx.replica_id_in_sync_group * per_replica:
-                                        (ctx.replica_id_in_sync_group + 1)
-                                        * per_replica]))
-
-    def replica_fn(*args):
-      out = self.generate_fn(*args)
-      ids = out["ids"]
-      # Every replica's buffer gets the same width (graph mode stops early when
-      # all its rows have stopped), so the replicas' rows can be gathered.
-      ids = tf.pad(ids, [[0, 0], [0, tf.maximum(num_steps - tf.shape(ids)[1], 0)]])
-      return ids, out["lengths"]
-
-    # A plain callable: the strategy then calls it once per replica with that
-    # replica's values (it would hand a tf.function the PerReplica wrappers).
-    ids, lengths = strategy.run(replica_fn, args=(
-        split(prompt_ids), split(lengths), num_steps, buffer, temperature, top_k,
-        top_p, split(seeds), split(index), stop_table, stop_accept))
-    # gather (not local results) so that every worker of a multi-worker
-    # strategy gets all rows.
-    ids = strategy.gather(ids, axis=0).numpy()
-    lengths = strategy.gather(lengths, axis=0).numpy()
-    return [ids[row, :n] for row, n in enumerate(lengths[:batch])]
+      ids, lengths, scores = run_distributed(run, strategy, request)
+    else:
+      ids, lengths, scores = (x.numpy() for x in run(request))
+    if not beams:  # One sequence per prompt.
+      ids, lengths, scores = ids[:, None], lengths[:, None], scores[:, None]
+    return Sequences(
+        [[ids[p, j, :lengths[p, j]] for j in range(returned)]
+         for p in range(batch)],
+        [[float(scores[p, j]) for j in range(returned)] for p in range(batch)])
 
   def stream_ids(self, prompts: Sequence[str], num_steps: int, chunk_size: int,
-                 *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-                 stop=()) -> Iterator[List[np.ndarray]]:
+                 options: request_lib.Options = request_lib.Options()
+                 ) -> Iterator["Sequences"]:
     """Like `generate_ids`, yielding each row's new ids every `chunk_size` steps.
 
-    The state stays on device between chunks; joined, the chunks equal the
-    one-shot result for the same arguments.
+    The state (and the history the look-back rules read) stays on device
+    between chunks; joined, the chunks equal the one-shot result for the same
+    arguments. Sampling only (not beam search).
+
+    Yields:
+      `Sequences` holding each row's new ids (one array per row, not a list)
+      and its score so far.
     """
-    prompt_ids, lengths = self.prompt_batch(prompts)
     batch = len(prompts)
-    args = self._sampling_args(batch, temperature, top_k, top_p, seed, stop)
+    request = self.request(prompts, min(chunk_size, num_steps), options,
+                           capacity_steps=chunk_size, total_steps=num_steps)
     check_output_fits(batch, min(chunk_size, max(num_steps, 1)))
-    carry = None
-    while (carry.next_step if carry else 0) < num_steps:
-      start = carry.next_step if carry else 0
+    carry, start = None, 0
+    while start < num_steps:
       steps = min(chunk_size, num_steps - start)
-      buffer = self._buffer(chunk_size)
+      request = request._replace(num_steps=tf.constant(steps, tf.int32))
       if carry is None:
-        out = self.generate_fn(prompt_ids, lengths, np.int32(steps), buffer, *args)
+        result = self.generate_fn(request)
       else:
-        out = self.continue_fn(carry.state, carry.last_ids, carry.stop_state,
-                               carry.done, np.int32(start), np.int32(steps),
-                               buffer, *args)
-      ids, row_lengths = out["ids"].numpy(), out["lengths"].numpy()
-      yield [ids[row, :n] for row, n in enumerate(row_lengths)]
-      carry = Carry(out["state"], out["last_ids"], out["stop_state"],
-                    out["done"], start + steps)
-      if bool(tf.reduce_all(out["done"])):
+        result = self.continue_fn(request, carry)
+      ids, lengths = result.ids.numpy(), result.lengths.numpy()
+      scores = result.scores.numpy()
+      yield Sequences([ids[row, :lengths[row]] for row in range(batch)],
+                      [float(scores[row]) for row in range(batch)])
+      carry, start = result.carry, start + steps
+      if bool(tf.reduce_all(carry.done)):
         return
+
+
+class Sequences(NamedTuple):
+  """Generated ids on the host.
+
+  Attributes:
+    ids: per prompt, a list of int32 arrays (the returned sequences, best
+      first for beam search; one when sampling).
+    scores: per prompt, each sequence's log-likelihood under the model (0.0
+      unless scores were asked for, for sampling).
+  """
+  ids: List[List[np.ndarray]]
+  scores: List[List[float]]
+
+
+def log_probability(logits: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+  """log softmax(logits)[ids] per row: the model's own log-likelihood of ids."""
+  return (tf.gather(logits, ids, batch_dims=1)
+          - tf.reduce_logsumexp(logits, axis=-1))
+
+
+def run_distributed(run, strategy, request: request_lib.Request):
+  """Runs a request with its rows split evenly over a strategy's replicas.
+
+  Every row keeps its own (seed, index) key, so the text equals the
+  single-device text. Rows are padded with copies of row 0 to fill the last
+  replica. Every worker of a multi-worker strategy gets all rows.
+
+  Args:
+    run: the compiled work, `run(request) -> tuple of tensors`, each with the
+      rows as its first dimension.
+    strategy: the `tf.distribute.Strategy`.
+    request: the whole `Request`.
+
+  Returns:
+    `run`'s tensors for all rows as numpy arrays, rows in order (padding rows
+    last).
+  """
+  replicas = strategy.num_replicas_in_sync
+  batch = int(request.prompts.lengths.shape[0])
+  per_replica = -(-batch // replicas)
+  request = request_lib.pad_rows(request, per_replica * replicas)
+  host = tf.nest.map_structure(lambda x: x.numpy(), request)
+
+  def replica_values(ctx):
+    first = ctx.replica_id_in_sync_group * per_replica
+    return host.map_rows(lambda x: x[first:first + per_replica])
+
+  # Each replica's own rows; the shared fields are the same on every replica.
+  per_replica_request = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.nest.map_structure(tf.constant, replica_values(ctx)))
+
+  # A plain callable: the strategy then calls it once per replica with that
+  # replica's values (it would hand a tf.function the PerReplica wrappers).
+  results = strategy.run(run, args=(per_replica_request,))
+  # gather (not local results) so that every worker of a multi-worker
+  # strategy gets all rows.
+  return tuple(strategy.gather(x, axis=0).numpy() for x in results)
+
+
+_CACHE = weakref.WeakKeyDictionary()
+
+
+def cached(model, path: str) -> Generator:
+  """The model's Generator for a concrete path, built once per model and path.
+
+  The cache holds models weakly, and its generators do too: it never keeps a
+  model alive by itself.
+  """
+  per_model = _CACHE.get(model)
+  if per_model is None:
+    per_model = _CACHE[model] = {}
+  generator = per_model.get(path)
+  if generator is None:
+    generator = per_model[path] = Generator(model, path, hold_model=False)
+  return generator
 
 
 def seed_rows(seed, batch_size: int):

@@ -17,13 +17,13 @@ Both run the same cell code from `cells.py`.
 """
 
 import os
+import weakref
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from rnnstep import cells as cells_lib
-from rnnstep import generator as generator_lib
 from rnnstep import model_file
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
@@ -116,19 +116,15 @@ class Model(tf.Module):
     vocab = self.vocab
     return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
 
-  def generator(self, jit_compile=True):
-    """Returns this model's `Generator` for a path, built once and cached.
-
-    Args:
-      jit_compile: True, False or "elementwise" (see `generator.Generator`).
-    """
-    # Kept out of tf.Module's attribute tracking (a generator refers back to the
-    # model; it is not part of the model's state).
-    cache = self.__dict__.setdefault("_generator_cache", {})
-    key = generator_lib.mode_name(jit_compile)
-    if key not in cache:
-      cache[key] = generator_lib.Generator(self, jit_compile=jit_compile)
-    return cache[key]
+  def tensors(self):
+    """The weights as float32 numpy arrays, keyed as in the model file."""
+    tensors = {"embedding": self.embedding.numpy(),
+               "dense_kernel": self.dense_kernel.numpy(),
+               "dense_bias": self.dense_bias.numpy()}
+    for i, weights in enumerate(self.layer_weights):
+      for part, weight in zip(("kernel", "recurrent_kernel", "bias"), weights):
+        tensors[f"layer{i}_{part}"] = weight.numpy()
+    return tensors
 
   def network(self, compile_elementwise: bool = False) -> "Network":
     """Returns the forward pass over the current weights (read once, here).
@@ -248,6 +244,28 @@ def _unroll_cell(cell, x_proj, state, mask):
   _, state, outputs = tf.while_loop(lambda t, *_: t < steps, body,
                                     (tf.constant(0), state, outputs))
   return outputs.stack(), state
+
+
+_REPLICATED = weakref.WeakKeyDictionary()
+
+
+def replicated(model: Model, strategy) -> Model:
+  """The model with its weights on every replica of a `tf.distribute` strategy.
+
+  A model whose variables were made under `strategy.scope()` is returned as it
+  is; any other is copied once under the scope (and the copy cached), so a
+  compiled function on every replica reads weights on its own device.
+  """
+  if strategy.extended.variable_created_in_scope(model.embedding):
+    return model
+  per_strategy = _REPLICATED.setdefault(model, weakref.WeakKeyDictionary())
+  copy = per_strategy.get(strategy)
+  if copy is None:
+    with strategy.scope():
+      copy = Model(model.config, model.vocab, model.tensors(),
+                   model.compute_dtype.name, model.source, name=model.name)
+    per_strategy[strategy] = copy
+  return copy
 
 
 def from_file(model_data: model_file.ModelFile, dtype: str = "float32",

@@ -3,13 +3,19 @@
 Order of operations (as in HF `generate` and KerasHub samplers):
 
   1. banned ids (an "[UNK]" at id 0) get -inf;
-  2. temperature: `temperature == 0` is greedy argmax (first maximum on ties);
+  2. the look-back processors (`processors.py`: repetition penalty, n-gram
+     ban) run on these logits before they reach `next_ids`;
+  3. temperature: `temperature == 0` is greedy argmax (first maximum on ties);
      otherwise logits are divided by it;
-  3. top-k keeps the k largest (ties at the k-th value are kept), 0 = off;
-  4. top-p keeps the smallest set of most likely ids whose probability reaches
+  4. top-k keeps the k largest (ties at the k-th value are kept), 0 = off;
+  5. top-p keeps the smallest set of most likely ids whose probability reaches
      p (after top-k), 1.0 = off;
-  5. one draw by the Gumbel-max trick: `argmax(logits + Gumbel noise)` is an
+  6. min-p keeps ids whose probability is at least min_p x the largest, 0 = off;
+  7. one draw by the Gumbel-max trick: `argmax(logits + Gumbel noise)` is an
      exact sample of `softmax(logits)`.
+
+Every setting is per row (`Params`): a row's choice never depends on another
+row's settings.
 
 Randomness is a counter-based hash, not a stateful or op-specific RNG: the noise
 for (row key, step, id) is `fmix32` (MurmurHash3's finalizer) chained over those
@@ -19,7 +25,7 @@ its own key, never on the batch it is in. Row keys come from `row_keys(seeds,
 index)`: for `seed=s`, row i uses `(s, i)`.
 """
 
-import collections
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -27,15 +33,33 @@ import tensorflow as tf
 # produce inf - inf = NaN in the softmax of top-p.
 _LOGIT_LIMIT = 1e30
 
-SamplingParams = collections.namedtuple("SamplingParams",
-                                        ["temperature", "top_k", "top_p"])
-SamplingParams.__doc__ = """Per-call sampling values, as scalar tensors.
 
-Attributes:
-  temperature: float32; 0 means greedy.
-  top_k: int32; 0 means off.
-  top_p: float32 in (0, 1]; 1 means off.
-"""
+class Params(NamedTuple):
+  """Sampling settings, one value per row (each a `[B]` tensor on device).
+
+  A new setting is a field here, its dtype and default in `DTYPES` and
+  `DEFAULTS`, its use in `next_ids`, and its argument check in the API; the
+  request type, its builder and the compiled signatures follow from this class.
+
+  Attributes:
+    temperature: float32; 0 means greedy.
+    top_k: int32; 0 means off.
+    top_p: float32 in (0, 1]; 1 means off.
+    min_p: float32 in [0, 1]; keeps ids whose probability (after temperature)
+      is at least min_p times the largest; 0 means off.
+    repetition_penalty: float32 > 0; 1 means off (applied by `processors`).
+  """
+  temperature: tf.Tensor
+  top_k: tf.Tensor
+  top_p: tf.Tensor
+  min_p: tf.Tensor
+  repetition_penalty: tf.Tensor
+
+
+DTYPES = Params(temperature=tf.float32, top_k=tf.int32, top_p=tf.float32,
+                min_p=tf.float32, repetition_penalty=tf.float32)
+DEFAULTS = Params(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                  repetition_penalty=1.0)
 
 
 def _u32(value):
@@ -84,28 +108,51 @@ def uniform_noise(keys: tf.Tensor, step: tf.Tensor, vocab_size: int) -> tf.Tenso
 
 
 def filter_logits(scaled: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor):
-  """Sets logits outside the top-k / top-p set to -inf (one sort for both)."""
+  """Sets logits outside each row's top-k / top-p set to -inf (one sort for both).
+
+  Args:
+    scaled: float32 `[B, V]`, logits after temperature.
+    top_k: int32 `[B]` (0 or >= V: off).
+    top_p: float32 `[B]` (1: off).
+
+  Returns:
+    float32 `[B, V]`.
+  """
   vocab_size = scaled.shape[-1] or tf.shape(scaled)[-1]
   ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")
-  k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+  k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)[:, None]
   position = tf.range(vocab_size)[None, :]
   ordered = tf.where(position < k, ordered, -float("inf"))
   probs = tf.nn.softmax(ordered, axis=-1)
   before = tf.cumsum(probs, axis=-1, exclusive=True)
   # Keep ids whose preceding mass is below p: the smallest set reaching p. The
   # first is always kept (its preceding mass is 0 < p).
-  kept = tf.reduce_sum(tf.cast((before < top_p) & (position < k), tf.int32), -1)
+  kept = tf.reduce_sum(
+      tf.cast((before < top_p[:, None]) & (position < k), tf.int32), -1)
   threshold = tf.gather(ordered, tf.maximum(kept, 1) - 1, batch_dims=1)
   return tf.where(scaled >= threshold[:, None], scaled, -float("inf"))
 
 
-def next_ids(logits: tf.Tensor, params: SamplingParams, keys: tf.Tensor,
+def min_p_filter(scaled: tf.Tensor, min_p: tf.Tensor) -> tf.Tensor:
+  """Sets logits whose probability is below min_p x the largest to -inf.
+
+  `p_i >= min_p * p_max` is `scaled_i >= max(scaled) + log(min_p)`, so no
+  softmax is needed; a row with min_p 0 keeps everything (log 0 = -inf).
+  """
+  floor = tf.reduce_max(scaled, -1) + tf.math.log(min_p)
+  return tf.where(scaled >= floor[:, None], scaled, -float("inf"))
+
+
+def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
              step: tf.Tensor, banned=None) -> tf.Tensor:
-  """Chooses the next id of every row.
+  """Chooses the next id of every row, each by its own settings.
+
+  A row's choice depends only on its own logits, settings, key and the step:
+  the batch-wide `tf.cond`s only skip work that no row needs.
 
   Args:
     logits: float32 `[B, V]`.
-    params: the SamplingParams.
+    params: the `Params`, each `[B]`.
     keys: uint32 `[B]` row keys (see `row_keys`).
     step: int32 scalar, the generation step (the noise's counter).
     banned: optional float32 `[V]` added to the logits (-inf on banned ids).
@@ -116,21 +163,27 @@ def next_ids(logits: tf.Tensor, params: SamplingParams, keys: tf.Tensor,
   if banned is not None:
     logits = logits + banned
   vocab_size = logits.shape[-1]
-
-  def greedy():
-    return tf.argmax(logits, axis=-1, output_type=tf.int32)
+  greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
+  sampled_rows = params.temperature > 0.0
 
   def sample():
-    scaled = tf.clip_by_value(logits / params.temperature, -_LOGIT_LIMIT,
-                              _LOGIT_LIMIT)
+    temperature = tf.where(sampled_rows, params.temperature, 1.0)[:, None]
+    scaled = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
     if banned is not None:
       scaled = scaled + banned
-    needs_filter = ((params.top_k > 0) & (params.top_k < vocab_size)
-                    ) | (params.top_p < 1.0)
-    scaled = tf.cond(needs_filter,
-                     lambda: filter_logits(scaled, params.top_k, params.top_p),
+    needs_filter = (((params.top_k > 0) & (params.top_k < vocab_size))
+                    | (params.top_p < 1.0))
+    scaled = tf.cond(
+        tf.reduce_any(needs_filter),
+        lambda: tf.where(needs_filter[:, None],
+                         filter_logits(scaled, params.top_k, params.top_p),
+                         scaled),
+        lambda: scaled)
+    scaled = tf.cond(tf.reduce_any(params.min_p > 0.0),
+                     lambda: min_p_filter(scaled, params.min_p),
                      lambda: scaled)
     gumbel = -tf.math.log(-tf.math.log(uniform_noise(keys, step, vocab_size)))
     return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
 
-  return tf.cond(params.temperature > 0.0, sample, greedy)
+  chosen = tf.cond(tf.reduce_any(sampled_rows), sample, lambda: greedy)
+  return tf.where(sampled_rows, chosen, greedy)

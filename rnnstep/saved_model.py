@@ -9,6 +9,15 @@ Keras) can serve it. Signatures:
                   float32 [], seed: int64 []) -> {"text": string [B]}
   generate_top_k_top_p(the same + top_k: int32 [], top_p: float32 [])
                   -> {"text": string [B]}
+  generate_decoding(the same + min_p: float32 [], repetition_penalty:
+                  float32 [], repetition_window: int32 [],
+                  no_repeat_ngram_size: int32 [], num_beams: int32 [],
+                  length_penalty: float32 [])
+                  -> {"text": string [B], "logprob": float32 [B]}
+
+`generate_decoding` with num_beams > 1 returns each prompt's best beam;
+"logprob" is the model's log-likelihood of the returned text (natural log,
+raw logits), as `rnnstep.generate(..., return_scores=True)` gives.
 
 Row i of a call uses the noise key (seed, i), as `rnnstep.generate(...,
 seed=seed)` does, so both give the same text. A prompt character outside the
@@ -17,10 +26,26 @@ vocabulary, or an empty prompt, fails the call with InvalidArgumentError.
 
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from rnnstep import generator as generator_lib
+from rnnstep import paths
+from rnnstep import request as request_lib
+from rnnstep import sampling
+from rnnstep import stopping
+
+
+# The signature with every decoding setting and the log-likelihood output.
+DECODING_SIGNATURE = "generate_decoding"
+
+# The inputs every signature starts with, and the two of top-k/top-p.
+_BASIC_INPUTS = [
+    tf.TensorSpec([None], tf.string, name="prompts"),
+    tf.TensorSpec([], tf.int32, name="num_steps"),
+    tf.TensorSpec([], tf.float32, name="temperature"),
+    tf.TensorSpec([], tf.int64, name="seed")]
+_TOP_K_TOP_P_INPUTS = [tf.TensorSpec([], tf.int32, name="top_k"),
+                       tf.TensorSpec([], tf.float32, name="top_p")]
 
 
 class ServingModule(tf.Module):
@@ -28,16 +53,21 @@ class ServingModule(tf.Module):
 
   Args:
     model: an `rnnstep.Model`.
-    jit_compile: False (the default: every TF runtime can run the plain
-      graph), True (the generation body is one XLA program) or "elementwise"
-      (a graph loop with XLA-compiled gate math; for bfloat16 at large
-      batches). The last two need XLA where the model is served.
+    jit_compile: False or None (the default, a plain graph: every TF runtime
+      can run it), True (the generation body is one XLA program) or
+      "elementwise" (a graph loop with XLA-compiled gate math; for bfloat16 at
+      large batches). The last two need XLA where the model is served.
+
+  Raises:
+    ValueError: a bad jit_compile value.
   """
 
   def __init__(self, model, jit_compile=False):
     super().__init__(name="rnnstep_serving")
+    path = paths.from_jit_compile(jit_compile)
     self.model = model
-    self._generator = generator_lib.Generator(model, jit_compile=jit_compile)
+    self._generator = generator_lib.Generator(
+        model, paths.GRAPH if path == paths.AUTO else path)
     chars = [c if c != "[UNK]" else "" for c in model.vocab]
     keys = [c for c in chars if c]
     self.char_table = tf.lookup.StaticHashTable(
@@ -46,12 +76,16 @@ class ServingModule(tf.Module):
                                            tf.int32)),
         default_value=-1)
     self.id_to_char = tf.Variable(chars, trainable=False, name="vocab")
-    self._no_stop = np.zeros([1, model.vocab_size], np.int32)
+    self._no_stop = stopping.stop_automaton([], model.vocab_size)
 
-  def _text(self, prompts, num_steps, temperature, seed, top_k, top_p):
+  def _text(self, prompts, num_steps, seed, settings: sampling.Params,
+            repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
+            length_penalty=1.0):
+    """Generates for string prompts; returns {"text", "logprob"} (see module)."""
     chars = tf.strings.unicode_split(prompts, "UTF-8")
     ids = self.char_table.lookup(chars)
     lengths = tf.cast(ids.row_lengths(), tf.int32)
+    vocab_size = self.model.vocab_size
     checks = [
         tf.debugging.assert_non_negative(
             ids.flat_values, message="a prompt character is not in the "
@@ -59,39 +93,88 @@ class ServingModule(tf.Module):
         tf.debugging.assert_positive(lengths, message="a prompt is empty"),
         tf.debugging.assert_non_negative(num_steps,
                                          message="num_steps must be >= 0"),
-        tf.debugging.assert_non_negative(temperature,
+        tf.debugging.assert_non_negative(settings.temperature,
                                          message="temperature must be >= 0"),
+        tf.debugging.assert_non_negative(settings.top_k,
+                                         message="top_k must be >= 0"),
+        tf.debugging.assert_positive(settings.top_p,
+                                     message="top_p must be in (0, 1]"),
+        tf.debugging.assert_less_equal(settings.top_p, 1.0,
+                                       message="top_p must be in (0, 1]"),
+        tf.debugging.assert_non_negative(settings.min_p,
+                                         message="min_p must be in [0, 1]"),
+        tf.debugging.assert_less_equal(settings.min_p, 1.0,
+                                       message="min_p must be in [0, 1]"),
+        tf.debugging.assert_positive(
+            settings.repetition_penalty,
+            message="repetition_penalty must be > 0"),
+        tf.debugging.assert_non_negative(
+            repetition_window, message="repetition_window must be >= 0"),
+        tf.debugging.assert_non_negative(
+            no_repeat_ngram_size, message="no_repeat_ngram_size must be >= 0"),
+        tf.debugging.assert_positive(num_beams, message="num_beams must be >= 1"),
+        tf.debugging.assert_less_equal(
+            num_beams, vocab_size - int(self.model.has_unk),
+            message="num_beams must not exceed the usable vocabulary"),
     ]
     with tf.control_dependencies(checks):
       prompt_ids = ids.to_tensor()
     batch = tf.shape(prompt_ids)[0]
-    out = self._generator.generate_fn(
-        prompt_ids, lengths, num_steps, tf.zeros([0], tf.bool),
-        temperature, top_k, top_p, tf.fill([batch], seed),
-        tf.range(batch), tf.constant(self._no_stop),
-        tf.constant([False]))
-    pieces = tf.gather(self.id_to_char, out["ids"])
-    pieces = tf.RaggedTensor.from_tensor(pieces, lengths=out["lengths"])
-    return {"text": tf.strings.reduce_join(pieces, axis=1)}
+    generator = self._generator
+    request = request_lib.build(
+        prompt_ids, lengths, num_steps, settings, tf.fill([batch], seed),
+        tf.range(batch), self._no_stop, bucket_shapes=generator.jit_compile,
+        repetition_window=repetition_window,
+        no_repeat_ngram_size=no_repeat_ngram_size, num_beams=num_beams,
+        length_penalty=length_penalty,
+        want_scores=not isinstance(num_beams, int))
 
-  @tf.function(input_signature=[
-      tf.TensorSpec([None], tf.string, name="prompts"),
-      tf.TensorSpec([], tf.int32, name="num_steps"),
-      tf.TensorSpec([], tf.float32, name="temperature"),
-      tf.TensorSpec([], tf.int64, name="seed")])
+    def sample():
+      result = generator.generate_fn(request)
+      return result.ids, result.lengths, result.scores
+
+    def beam_search():
+      best = tf.nest.map_structure(lambda x: x[:, 0], generator.beam_fn(request))
+      # The same width as the sampling branch's buffer.
+      return best.ids, best.lengths, best.scores
+
+    if isinstance(num_beams, int):  # The signatures without beams or scores.
+      out_ids, out_lengths, scores = sample()
+    else:
+      out_ids, out_lengths, scores = tf.cond(num_beams > 1, beam_search, sample)
+    # The request may hold padding rows after the real ones.
+    pieces = tf.gather(self.id_to_char, out_ids[:batch])
+    pieces = tf.RaggedTensor.from_tensor(pieces, lengths=out_lengths[:batch])
+    return {"text": tf.strings.reduce_join(pieces, axis=1),
+            "logprob": scores[:batch]}
+
+  @tf.function(input_signature=_BASIC_INPUTS)
   def serve(self, prompts, num_steps, temperature, seed):
-    return self._text(prompts, num_steps, temperature, seed, tf.constant(0),
-                      tf.constant(1.0))
+    out = self._text(prompts, num_steps, seed,
+                     sampling.DEFAULTS._replace(temperature=temperature))
+    return {"text": out["text"]}
 
-  @tf.function(input_signature=[
-      tf.TensorSpec([None], tf.string, name="prompts"),
-      tf.TensorSpec([], tf.int32, name="num_steps"),
-      tf.TensorSpec([], tf.float32, name="temperature"),
-      tf.TensorSpec([], tf.int64, name="seed"),
-      tf.TensorSpec([], tf.int32, name="top_k"),
-      tf.TensorSpec([], tf.float32, name="top_p")])
+  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS)
   def serve_top_k_top_p(self, prompts, num_steps, temperature, seed, top_k, top_p):
-    return self._text(prompts, num_steps, temperature, seed, top_k, top_p)
+    out = self._text(prompts, num_steps, seed, sampling.DEFAULTS._replace(
+        temperature=temperature, top_k=top_k, top_p=top_p))
+    return {"text": out["text"]}
+
+  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS + [
+      tf.TensorSpec([], tf.float32, name="min_p"),
+      tf.TensorSpec([], tf.float32, name="repetition_penalty"),
+      tf.TensorSpec([], tf.int32, name="repetition_window"),
+      tf.TensorSpec([], tf.int32, name="no_repeat_ngram_size"),
+      tf.TensorSpec([], tf.int32, name="num_beams"),
+      tf.TensorSpec([], tf.float32, name="length_penalty")])
+  def serve_decoding(self, prompts, num_steps, temperature, seed, top_k, top_p,
+                     min_p, repetition_penalty, repetition_window,
+                     no_repeat_ngram_size, num_beams, length_penalty):
+    return self._text(
+        prompts, num_steps, seed,
+        sampling.Params(temperature=temperature, top_k=top_k, top_p=top_p,
+                        min_p=min_p, repetition_penalty=repetition_penalty),
+        repetition_window, no_repeat_ngram_size, num_beams, length_penalty)
 
 
 def export(model, export_dir, *, jit_compile=False) -> str:
@@ -100,7 +183,8 @@ def export(model, export_dir, *, jit_compile=False) -> str:
   Args:
     model: an `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
-    jit_compile: False, True or "elementwise" (see `ServingModule`).
+    jit_compile: False or None (graph), True or "elementwise" (see
+      `ServingModule`).
 
   Returns:
     The export directory.
@@ -117,5 +201,6 @@ def export(model, export_dir, *, jit_compile=False) -> str:
   tf.saved_model.save(module, export_dir, signatures={
       "serving_default": module.serve,
       "generate_top_k_top_p": module.serve_top_k_top_p,
+      DECODING_SIGNATURE: module.serve_decoding,
   })
   return export_dir

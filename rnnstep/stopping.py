@@ -8,13 +8,18 @@ never accepts, so the compiled loop is the same either way.
 """
 
 import collections
-from typing import Sequence, Tuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 
-def stop_automaton(stops: Sequence[Sequence[int]],
-                   vocab_size: int) -> Tuple[np.ndarray, np.ndarray]:
+class Automaton(NamedTuple):
+  """The stop automaton: `table` int32 `[S, V]`, `accept` bool `[S]`."""
+  table: np.ndarray
+  accept: np.ndarray
+
+
+def stop_automaton(stops: Sequence[Sequence[int]], vocab_size: int) -> Automaton:
   """Builds the automaton that accepts as soon as any stop sequence has appeared.
 
   Args:
@@ -22,7 +27,7 @@ def stop_automaton(stops: Sequence[Sequence[int]],
     vocab_size: V.
 
   Returns:
-    `(table int32 [S, V], accept bool [S])`; state 0 is the start.
+    The `Automaton`; state 0 is the start.
   """
   children = [dict()]
   accept = [False]
@@ -51,4 +56,4 @@ def stop_automaton(stops: Sequence[Sequence[int]],
       fail[child] = table[fail[node], token] if node else 0
       table[node, token] = child
       queue.append(child)
-  return table, np.array(accept, bool)
+  return Automaton(table, np.array(accept, bool))

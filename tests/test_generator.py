@@ -12,6 +12,8 @@ import rnnstep
 from rnnstep import api
 from rnnstep import generator as generator_lib
 from rnnstep import model_file
+from rnnstep import paths
+from rnnstep import request as request_lib
 
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")
@@ -157,7 +159,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     for kwargs in calls:
       rnnstep.generate(model, jit_compile=jit, **kwargs)
     list(rnnstep.stream(model, ["AB", "C"], 20, chunk_size=6, jit_compile=jit))
-    generator = model.generator(jit)
+    generator = generator_lib.cached(model, paths.from_jit_compile(jit))
     self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
     self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
 
@@ -170,7 +172,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     # Batch sizes in every float32 band (api._FASTEST_PATHS): xla, elementwise.
     for batch in (1, 3, 20, 40, 64, 2):
       rnnstep.generate(model, ["AB"] * batch, 4, seed=1)
-    cache = model.__dict__["_generator_cache"]
+    cache = generator_lib._CACHE[model]  # pylint: disable=protected-access
     self.assertEqual(set(cache), {"xla", "elementwise"})
     for generator in cache.values():
       self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
@@ -223,15 +225,6 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
     _, model = models("gru_reset_after")
     self.assertEqual(rnnstep.generate(model, ["A", "B"], 0), ["", ""])
     self.assertEqual(rnnstep.generate(model, "A", 0), "")
-
-
-class BucketTest(tf.test.TestCase):
-
-  def test_bucket(self):
-    for n in [1, 15, 16, 17, 100, 1000, 1001, 200000]:
-      b = generator_lib.bucket(n)
-      self.assertGreaterEqual(b, n)
-      self.assertLessEqual(b, max(16, n * 1.25 + 1))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""SavedModel export: strings in, strings out, runnable without rnnstep or Keras."""
+"""SavedModel export: strings in, strings out, runnable without rnnstep or Keras.
+
+Every export path (graph, XLA, elementwise) is served in a process where
+`rnnstep`, `keras` and `tf_keras` are unimportable; greedy text is checked
+against a real Keras greedy loop, seeded sampling against the library's text on
+the same path.
+"""
 
 import json
 import os
@@ -6,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+from absl.testing import parameterized
 import tensorflow as tf
 
 from tests import keras_reference as kr
@@ -15,69 +22,152 @@ from rnnstep import model_file
 
 LAYERS = [kr.layer("lstm", 24), kr.layer("gru", 16)]
 PROMPTS = ["HELLO", "A", "THE KING'S SPEECH"]
+STEPS = 50
 
+# The generate_decoding signature's inputs (besides prompts and num_steps).
+DECODING_DEFAULTS = dict(temperature=1.0, seed=0, top_k=0, top_p=1.0,
+                         min_p=0.0, repetition_penalty=1.0, repetition_window=0,
+                         no_repeat_ngram_size=0, num_beams=1,
+                         length_penalty=1.0)
+DECODING_DTYPES = dict(temperature="float32", seed="int64", top_k="int32",
+                       top_p="float32", min_p="float32",
+                       repetition_penalty="float32", repetition_window="int32",
+                       no_repeat_ngram_size="int32", num_beams="int32",
+                       length_penalty="float32")
+DECODING_CASES = {
+    "penalized": dict(DECODING_DEFAULTS, temperature=0.9, seed=3, min_p=0.1,
+                      repetition_penalty=1.4, repetition_window=8,
+                      no_repeat_ngram_size=3),
+    "beams": dict(DECODING_DEFAULTS, num_beams=4, length_penalty=0.8),
+}
+
+# Serves every export directory given; prints one JSON object per directory.
 SCRIPT = textwrap.dedent("""
     import json, sys
     for name in ("rnnstep", "keras", "tf_keras"):
       sys.modules[name] = None
     import tensorflow as tf
-    loaded = tf.saved_model.load(sys.argv[1])
-    prompts = tf.constant(json.loads(sys.argv[2]))
-    out = {}
-    text = loaded.signatures["serving_default"](
-        prompts=prompts, num_steps=tf.constant(50), temperature=tf.constant(0.8),
-        seed=tf.constant(5, tf.int64))["text"]
-    out["sampled"] = [t.decode() for t in text.numpy()]
-    text = loaded.signatures["generate_top_k_top_p"](
-        prompts=prompts, num_steps=tf.constant(50), temperature=tf.constant(1.0),
-        seed=tf.constant(9, tf.int64), top_k=tf.constant(5),
-        top_p=tf.constant(0.9))["text"]
-    out["filtered"] = [t.decode() for t in text.numpy()]
-    try:
-      loaded.signatures["serving_default"](
-          prompts=tf.constant(["hello"]), num_steps=tf.constant(5),
-          temperature=tf.constant(1.0), seed=tf.constant(1, tf.int64))
-      out["error"] = None
-    except tf.errors.InvalidArgumentError as e:
-      out["error"] = e.message
-    print(json.dumps(out))
+    prompts = tf.constant(json.loads(sys.argv[1]))
+    steps = tf.constant(int(sys.argv[2]))
+    DECODING_CASES = json.loads(sys.argv[3])
+    DECODING_DTYPES = json.loads(sys.argv[4])
+    results = {}
+    for export_dir in sys.argv[5:]:
+      loaded = tf.saved_model.load(export_dir)
+      serve = loaded.signatures["serving_default"]
+      def text(signature, **kwargs):
+        out = signature(prompts=prompts, num_steps=steps, **kwargs)["text"]
+        return [t.decode() for t in out.numpy()]
+      out = {}
+      out["greedy"] = text(serve, temperature=tf.constant(0.0),
+                           seed=tf.constant(0, tf.int64))
+      out["sampled"] = text(serve, temperature=tf.constant(0.8),
+                            seed=tf.constant(5, tf.int64))
+      out["filtered"] = text(loaded.signatures["generate_top_k_top_p"],
+                             temperature=tf.constant(1.0),
+                             seed=tf.constant(9, tf.int64),
+                             top_k=tf.constant(5), top_p=tf.constant(0.9))
+      decoding = loaded.signatures["generate_decoding"]
+      for name, options in DECODING_CASES.items():
+        args = {k: tf.constant(v, DECODING_DTYPES[k]) for k, v in options.items()}
+        got = decoding(prompts=prompts, num_steps=steps, **args)
+        out[name] = ([t.decode() for t in got["text"].numpy()],
+                     got["logprob"].numpy().tolist())
+      try:
+        serve(prompts=tf.constant(["hello"]), num_steps=tf.constant(5),
+              temperature=tf.constant(1.0), seed=tf.constant(1, tf.int64))
+        out["error"] = None
+      except tf.errors.InvalidArgumentError as e:
+        out["error"] = e.message
+      results[export_dir] = out
+    print(json.dumps(results))
 """)
 
+# Every export path, as `jit_compile` values; None exports the portable graph.
+EXPORT_PATHS = (False, True, "elementwise", None)
 
-class SavedModelTest(tf.test.TestCase):
 
-  def serve(self, model, **export_args):
-    """Exports `model`, runs SCRIPT on the export; returns its JSON output."""
-    export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(model, export_dir, **export_args)
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, export_dir, json.dumps(PROMPTS)],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
+  """Runs SCRIPT on the exports; returns {export_dir: outputs}."""
+  result = subprocess.run(
+      [sys.executable, "-c", SCRIPT, json.dumps(prompts), str(steps),
+       json.dumps(DECODING_CASES), json.dumps(DECODING_DTYPES), *export_dirs],
+      capture_output=True, text=True, timeout=600,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
-  def test_export_runs_without_rnnstep_and_matches_library(self):
+
+class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
     keras_model = kr.build(LAYERS, vocab_size=66, seed=4)
     vocab = ["[UNK]"] + kr.default_vocab(65)
-    model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)), vocab,
-                          kr.weights_of(keras_model, LAYERS))
-    out = self.serve(model)
-    for jit in (False, True):
+    cls.keras_model = keras_model
+    cls.model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)), vocab,
+                              kr.weights_of(keras_model, LAYERS))
+
+  def test_every_export_path_serves_the_library_text(self):
+    root = self.create_tempdir().full_path
+    dirs = {}
+    for jit in EXPORT_PATHS:
+      dirs[jit] = os.path.join(root, f"served_{jit}")
+      rnnstep.export(self.model, dirs[jit], jit_compile=jit)
+    served = serve(list(dirs.values()))
+    model = self.model
+    # The independent reference for greedy text: a Keras loop ([UNK] banned).
+    keras_greedy = [model.decode(kr.greedy(self.keras_model, model.encode(p),
+                                           STEPS, banned=[0]))
+                    for p in PROMPTS]
+    for jit, export_dir in dirs.items():
+      out = served[export_dir]
+      library_path = False if jit is None else jit
+      with self.subTest(jit_compile=jit):
+        self.assertEqual(out["greedy"], keras_greedy)
+        for text in out["sampled"] + out["filtered"]:
+          self.assertLen(text, STEPS)
+        self.assertEqual(out["sampled"], rnnstep.generate(
+            model, PROMPTS, STEPS, temperature=0.8, seed=5,
+            jit_compile=library_path))
+        self.assertEqual(out["filtered"], rnnstep.generate(
+            model, PROMPTS, STEPS, top_k=5, top_p=0.9, seed=9,
+            jit_compile=library_path))
+        self.assertIn("not in the vocabulary", out["error"])
+        for name, options in DECODING_CASES.items():
+          texts, scores = out[name]
+          want_texts, want_scores = rnnstep.generate(
+              model, PROMPTS, STEPS, return_scores=True,
+              jit_compile=library_path, **options)
+          self.assertEqual(texts, want_texts, name)
+          self.assertAllClose(scores, want_scores, rtol=1e-5, msg=name)
+
+  def test_xla_export_serves_batches_across_buckets(self):
+    # Batches of 1, 3 and 5 rows pad to 1, 4 and 8 rows under XLA; the served
+    # rows are the real ones, each as the library generates it.
+    export_dir = os.path.join(self.create_tempdir().full_path, "served")
+    rnnstep.export(self.model, export_dir, jit_compile=True)
+    for prompts in (["Q"], PROMPTS, PROMPTS + ["XY", "Z"]):
+      out = serve([export_dir], prompts, 20)[export_dir]
       self.assertEqual(out["sampled"], rnnstep.generate(
-          model, PROMPTS, 50, temperature=0.8, seed=5, jit_compile=jit))
-      self.assertEqual(out["filtered"], rnnstep.generate(
-          model, PROMPTS, 50, top_k=5, top_p=0.9, seed=9, jit_compile=jit))
-    self.assertIn("not in the vocabulary", out["error"])
+          self.model, prompts, 20, temperature=0.8, seed=5, jit_compile=True))
 
   def test_elementwise_bfloat16_export_matches_library(self):
     model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)),
                           kr.default_vocab(65),
                           kr.weights_of(kr.build(LAYERS, seed=4), LAYERS),
                           dtype="bfloat16")
-    out = self.serve(model, jit_compile="elementwise")
+    export_dir = os.path.join(self.create_tempdir().full_path, "served")
+    rnnstep.export(model, export_dir, jit_compile="elementwise")
+    out = serve([export_dir])[export_dir]
+    library = dict(jit_compile="elementwise")
+    self.assertEqual(out["greedy"], rnnstep.generate(
+        model, PROMPTS, STEPS, temperature=0.0, **library))
     self.assertEqual(out["sampled"], rnnstep.generate(
-        model, PROMPTS, 50, temperature=0.8, seed=5, jit_compile="elementwise"))
+        model, PROMPTS, STEPS, temperature=0.8, seed=5, **library))
+    self.assertEqual(out["filtered"], rnnstep.generate(
+        model, PROMPTS, STEPS, top_k=5, top_p=0.9, seed=9, **library))
 
   def test_refuses_non_empty_directory(self):
     layers = [kr.layer("gru", 8)]
@@ -86,6 +176,11 @@ class SavedModelTest(tf.test.TestCase):
     directory.create_file("keep.txt")
     with self.assertRaisesRegex(ValueError, "not an empty directory"):
       rnnstep.export(model, directory.full_path)
+
+  def test_refuses_a_bad_path(self):
+    with self.assertRaisesRegex(ValueError, "jit_compile must be"):
+      rnnstep.export(self.model, self.create_tempdir().full_path,
+                     jit_compile="fast")
 
 
 if __name__ == "__main__":

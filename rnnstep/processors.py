@@ -1,0 +1,164 @@
+"""Logit processors that look back: repetition penalty and the n-gram ban.
+
+Both read each row's history (prompt + continuation), which the decode loop
+keeps on device as a `History`:
+
+  ids     int32 `[B, L]`  the row's ids so far, from position 0;
+  length  int32 `[B]`     how many of them are valid;
+  counts  int32 `[B, V]`  occurrences of each id among the last
+                          `repetition_window` ids (all of them for 0).
+
+The counts move with the window: the id entering and the id leaving it (read
+from `ids`), so the penalty costs O(B·V) per step and no sort.
+
+Rules (as HF `RepetitionPenaltyLogitsProcessor` and
+`NoRepeatNGramLogitsProcessor`; see ../shared/design/decoding.md):
+
+  - repetition penalty θ: for every distinct id in the window,
+    `logit / θ if logit > 0 else logit * θ` (θ > 1 discourages repeats);
+  - no-repeat n-gram size n: an id that would complete an n-gram already
+    present in the history gets -inf.
+
+Neither does any work, nor keeps a history, for a request whose rows all have
+θ = 1 and n = 0: the loop asks `in_use` and skips both under `tf.cond`.
+"""
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+
+class Settings(NamedTuple):
+  """The look-back settings shared by all rows of a request.
+
+  Attributes:
+    repetition_window: int32 `[]`, ids the penalty looks back over (0 = all).
+    no_repeat_ngram_size: int32 `[]`, n of the n-gram ban (0 = off).
+    history_length: int32 `[]`, L, the history buffer's length: at least the
+      prompt width plus every step of the generation when a look-back rule is
+      in use, else 1. Under XLA it is a compile-time constant.
+  """
+  repetition_window: tf.Tensor
+  no_repeat_ngram_size: tf.Tensor
+  history_length: tf.Tensor
+
+
+class History(NamedTuple):
+  """Each row's ids so far (see the module docstring)."""
+  ids: tf.Tensor
+  length: tf.Tensor
+  counts: tf.Tensor
+
+
+def in_use(penalty: tf.Tensor, settings: Settings) -> tf.Tensor:
+  """Whether any row needs the history (bool scalar)."""
+  return tf.reduce_any(penalty != 1.0) | (settings.no_repeat_ngram_size > 0)
+
+
+def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
+          settings: Settings, use: tf.Tensor) -> History:
+  """The history after the prompts.
+
+  Args:
+    prompt_ids: int32 `[B, T]`, right-padded.
+    prompt_lengths: int32 `[B]`.
+    vocab_size: V.
+    settings: the `Settings`.
+    use: bool scalar, `in_use(...)`; when False the history is left empty.
+
+  Returns:
+    The `History`.
+  """
+  batch, width = tf.shape(prompt_ids)[0], tf.shape(prompt_ids)[1]
+  length = settings.history_length
+
+  def filled():
+    ids = tf.pad(prompt_ids[:, :tf.minimum(width, length)],
+                 [[0, 0], [0, tf.maximum(length - width, 0)]])
+    position = tf.range(width)[None, :]
+    window = settings.repetition_window
+    first = tf.where(window > 0, prompt_lengths - window, 0)[:, None]
+    counted = (position < prompt_lengths[:, None]) & (position >= first)
+    counts = tf.reduce_sum(
+        tf.one_hot(prompt_ids, vocab_size, dtype=tf.int32)
+        * tf.cast(counted, tf.int32)[:, :, None], axis=1)
+    return ids, counts
+
+  def empty():
+    return (tf.zeros([batch, length], tf.int32),
+            tf.zeros([batch, vocab_size], tf.int32))
+
+  ids, counts = tf.cond(use, filled, empty)
+  return History(ids, prompt_lengths, counts)
+
+
+def append(history: History, new_ids: tf.Tensor, settings: Settings) -> History:
+  """Appends one id per row; the window's counts follow."""
+  vocab_size = history.counts.shape[-1]
+  batch = tf.shape(new_ids)[0]
+  last = tf.shape(history.ids)[1] - 1
+  rows = tf.range(batch)
+  position = tf.minimum(history.length, last)
+  ids = tf.tensor_scatter_nd_update(history.ids, tf.stack([rows, position], 1),
+                                    new_ids)
+  counts = history.counts + tf.one_hot(new_ids, vocab_size, dtype=tf.int32)
+  window = settings.repetition_window
+  leaving_at = history.length - window
+  leaving = tf.gather(ids, tf.clip_by_value(leaving_at, 0, last), batch_dims=1)
+  leaves = (window > 0) & (leaving_at >= 0)
+  counts -= (tf.one_hot(leaving, vocab_size, dtype=tf.int32)
+             * tf.cast(leaves, tf.int32)[:, None])
+  return History(ids, history.length + 1, counts)
+
+
+def apply(logits: tf.Tensor, history: History, penalty: tf.Tensor,
+          settings: Settings) -> tf.Tensor:
+  """The repetition penalty, then the n-gram ban, on logits `[B, V]`.
+
+  Args:
+    logits: float32 `[B, V]` (after the `[UNK]` ban).
+    history: the rows' `History`.
+    penalty: float32 `[B]`, θ per row (1 = off).
+    settings: the `Settings`.
+
+  Returns:
+    float32 `[B, V]`.
+  """
+  seen = history.counts > 0
+  theta = penalty[:, None]
+  penalized = tf.where(logits > 0, logits / theta, logits * theta)
+  logits = tf.where(seen & (theta != 1.0), penalized, logits)
+  n = settings.no_repeat_ngram_size
+  return tf.cond(n > 0, lambda: logits + ngram_ban(history, n, logits.shape[-1]),
+                 lambda: logits)
+
+
+def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:
+  """-inf on every id that would complete an n-gram already in the history.
+
+  The last n-1 ids are compared with every earlier window of n-1 ids (one
+  `[B, L]` comparison per id of the window); the id that followed a matching
+  window is banned.
+
+  Returns:
+    float32 `[B, V]`: 0 or -inf.
+  """
+  ids, length = history.ids, history.length
+  batch, size = tf.shape(ids)[0], tf.shape(ids)[1]
+  start = tf.range(size)[None, :]
+  # Windows starting at j whose following id exists: j + n - 1 < length.
+  match = start + n - 1 < length[:, None]
+
+  def body(k, match):
+    earlier = tf.gather(ids, tf.minimum(start + k, size - 1)[0], axis=1)
+    recent = tf.gather(ids, tf.maximum(length - n + 1 + k, 0), batch_dims=1)
+    return k + 1, match & (earlier == recent[:, None])
+
+  _, match = tf.while_loop(lambda k, _: k < n - 1, body, (tf.constant(0), match))
+  follower = tf.gather(ids, tf.minimum(start + n - 1, size - 1)[0], axis=1)
+  rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
+  banned = tf.tensor_scatter_nd_max(
+      tf.zeros([batch, vocab_size], tf.int32),
+      tf.reshape(tf.stack([rows, follower], -1), [-1, 2]),
+      tf.reshape(tf.cast(match, tf.int32), [-1]))
+  return tf.where(banned > 0, -float("inf"), 0.0)

@@ -1,0 +1,313 @@
+"""The generation request: one typed description of what to generate.
+
+A `Request` is a nest of tensors (prompts, per-row sampling settings and seeds,
+the stop automaton, the step count and the output capacity). It is the
+`input_signature` of the compiled generation functions (`spec`), and `build`
+is the one function that makes one, for every caller: `rnnstep.generate` and
+`stream` (host values), tf.distribute (which splits a built request by rows)
+and the SavedModel export (inside the serving graph). `build` is written in
+TensorFlow ops, so it runs eagerly on host values and traces into a graph alike.
+
+Shapes are bucketed here, once, for the paths that compile per shape:
+
+  - `capacity`, the length of the output buffer, is `bucket(num_steps)` on
+    every path. Under XLA it is a compile-time constant (XLA compiles once per
+    distinct value), in graph mode the size of the TensorArray; either way it
+    means the same thing and the loop never writes past it.
+  - With `bucket_shapes` (the XLA path), the prompt width is padded to
+    `bucket(width, 8)` and the batch to `batch_bucket(batch)` with copies of
+    row 0, so a sweep over batch sizes 1..64 compiles 7 programs. Rows never
+    interact, so padding never changes a real row; callers keep the first
+    `batch` rows of the result.
+
+`Carry` is what a continued generation (streaming) carries between calls.
+"""
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from rnnstep import processors
+from rnnstep import sampling as sampling_lib
+from rnnstep import stopping
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """A generation's settings as the API checked them (Python values).
+
+  `Generator.request` turns them, with the prompts, into a `Request`.
+
+  Attributes:
+    sampling: `sampling_lib.Params` of scalars, or of one value per prompt.
+    seed: None, an int, or one int per prompt (see `generator.seed_rows`).
+    stop: stop strings.
+    repetition_window: see `processors.Settings`.
+    no_repeat_ngram_size: see `processors.Settings`.
+    num_beams: beam width (1: sample).
+    length_penalty: see `Beams`.
+    num_return_sequences: hypotheses returned per prompt (<= num_beams).
+    return_scores: also return each sequence's log-likelihood.
+  """
+  sampling: sampling_lib.Params = sampling_lib.DEFAULTS
+  seed: Any = None
+  stop: Sequence[str] = ()
+  repetition_window: int = 0
+  no_repeat_ngram_size: int = 0
+  num_beams: int = 1
+  length_penalty: float = 1.0
+  num_return_sequences: int = 1
+  return_scores: bool = False
+
+
+class Prompts(NamedTuple):
+  """Encoded prompts: `ids` int32 `[B, T]` right-padded, `lengths` int32 `[B]` >= 1."""
+  ids: tf.Tensor
+  lengths: tf.Tensor
+
+
+class Seeds(NamedTuple):
+  """Row noise keys' sources: `seeds` int64 `[B]`, `index` int32 `[B]`.
+
+  For `seed=s` row i uses (s, i); with a list of seeds row i uses (seeds[i], 0),
+  so that a row reproduces alone (see `sampling.row_keys`).
+  """
+  seeds: tf.Tensor
+  index: tf.Tensor
+
+
+class Beams(NamedTuple):
+  """Beam search settings (`beam_search.py`), shared by all rows.
+
+  Attributes:
+    num_beams: int32 `[]`, k (1 = sampling; the beam function needs k > 1).
+      Under XLA a compile-time constant.
+    length_penalty: float32 `[]`, finished hypotheses rank by
+      score / length**length_penalty.
+  """
+  num_beams: tf.Tensor
+  length_penalty: tf.Tensor
+
+
+class Request(NamedTuple):
+  """One generation, as tensors.
+
+  Attributes:
+    prompts: the `Prompts` (per row).
+    sampling: `sampling_lib.Params`, each `[B]` (per row).
+    seeds: the `Seeds` (per row).
+    stops: `stopping.Automaton` (shared by all rows).
+    lookback: `processors.Settings` (shared by all rows).
+    beams: `Beams` (shared; read by the beam search function only).
+    want_scores: bool `[]`, accumulate each row's log-likelihood.
+    num_steps: int32 `[]`, the steps to run (<= capacity).
+    capacity: int32 `[]`, the output buffer's length.
+  """
+  prompts: Prompts
+  sampling: sampling_lib.Params
+  seeds: Seeds
+  stops: stopping.Automaton
+  lookback: processors.Settings
+  beams: Beams
+  want_scores: tf.Tensor
+  num_steps: tf.Tensor
+  capacity: tf.Tensor
+
+  def map_rows(self, fn: Callable[[tf.Tensor], tf.Tensor]) -> "Request":
+    """Applies `fn` to every per-row tensor (batch first); the rest is kept."""
+    return self._replace(
+        prompts=tf.nest.map_structure(fn, self.prompts),
+        sampling=tf.nest.map_structure(fn, self.sampling),
+        seeds=tf.nest.map_structure(fn, self.seeds))
+
+
+class Carry(NamedTuple):
+  """What a generation hands to its continuation (device tensors).
+
+  Attributes:
+    state: the recurrent state, one tuple of `[B, U]` tensors per layer.
+    last_ids: int32 `[B]`, each row's last id (the next step's input).
+    stop_state: int32 `[B]`, each row's stop-automaton state.
+    done: bool `[B]`, rows that have met a stop string.
+    step: int32 `[]`, the global step the continuation starts at.
+    history: the `processors.History` (ids so far and penalty counts).
+    scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
+      request wants scores).
+  """
+  state: tuple
+  last_ids: tf.Tensor
+  stop_state: tf.Tensor
+  done: tf.Tensor
+  step: tf.Tensor
+  history: processors.History
+  scores: tf.Tensor
+
+
+class Result(NamedTuple):
+  """What a compiled generation returns.
+
+  Attributes:
+    ids: int32 `[B, capacity]`; row r's ids are `ids[r, :lengths[r]]`.
+    lengths: int32 `[B]`, valid ids per row (a stopped row ends with its stop
+      string).
+    scores: float32 `[B]`, each row's log-likelihood of its ids (see
+      `Carry.scores`).
+    carry: the `Carry` for a continuation.
+  """
+  ids: tf.Tensor
+  lengths: tf.Tensor
+  scores: tf.Tensor
+  carry: Carry
+
+
+def spec(vocab_size: int) -> Request:
+  """The `Request` of `TensorSpec`s: the compiled functions' signature."""
+  rows = [None]
+  return Request(
+      prompts=Prompts(tf.TensorSpec([None, None], tf.int32, "prompt_ids"),
+                      tf.TensorSpec(rows, tf.int32, "prompt_lengths")),
+      sampling=sampling_lib.Params(*[tf.TensorSpec(rows, dtype, name) for name, dtype
+                                 in sampling_lib.DTYPES._asdict().items()]),
+      seeds=Seeds(tf.TensorSpec(rows, tf.int64, "seeds"),
+                  tf.TensorSpec(rows, tf.int32, "seed_index")),
+      stops=stopping.Automaton(
+          tf.TensorSpec([None, vocab_size], tf.int32, "stop_table"),
+          tf.TensorSpec([None], tf.bool, "stop_accept")),
+      lookback=processors.Settings(
+          tf.TensorSpec([], tf.int32, "repetition_window"),
+          tf.TensorSpec([], tf.int32, "no_repeat_ngram_size"),
+          tf.TensorSpec([], tf.int32, "history_length")),
+      beams=Beams(tf.TensorSpec([], tf.int32, "num_beams"),
+                  tf.TensorSpec([], tf.float32, "length_penalty")),
+      want_scores=tf.TensorSpec([], tf.bool, "want_scores"),
+      num_steps=tf.TensorSpec([], tf.int32, "num_steps"),
+      capacity=tf.TensorSpec([], tf.int32, "capacity"))
+
+
+def carry_spec(state_sizes, vocab_size: int) -> Carry:
+  """The `Carry` of `TensorSpec`s for per-layer state widths `state_sizes`."""
+  rows = [None]
+  return Carry(
+      state=tuple(tuple(tf.TensorSpec([None, units], tf.float32)
+                        for units in sizes) for sizes in state_sizes),
+      last_ids=tf.TensorSpec(rows, tf.int32),
+      stop_state=tf.TensorSpec(rows, tf.int32),
+      done=tf.TensorSpec(rows, tf.bool),
+      step=tf.TensorSpec([], tf.int32),
+      history=processors.History(
+          tf.TensorSpec([None, None], tf.int32),
+          tf.TensorSpec(rows, tf.int32),
+          tf.TensorSpec([None, vocab_size], tf.int32)),
+      scores=tf.TensorSpec(rows, tf.float32))
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Rounds n up so that at most ~25% is padding: few distinct XLA shapes."""
+  n = max(int(n), minimum)
+  granule = max(1 << max(n.bit_length() - 3, 0), 1)
+  return -(-n // granule) * granule
+
+
+def batch_bucket(n: int) -> int:
+  """The padded batch under XLA: a power of two up to 64, then `bucket(n, 64)`."""
+  n = max(int(n), 1)
+  if n <= 64:
+    return 1 << (n - 1).bit_length()
+  return bucket(n, 64)
+
+
+def _bucket_tensor(n: tf.Tensor, minimum: int) -> tf.Tensor:
+  """`bucket` in TensorFlow ops (int32 scalar in and out), for `build`."""
+  n = tf.maximum(tf.cast(n, tf.int64), minimum)
+  powers = tf.bitwise.left_shift(tf.constant(1, tf.int64), tf.range(63, dtype=tf.int64))
+  bit_length = tf.reduce_sum(tf.cast(n >= powers, tf.int64))
+  granule = tf.bitwise.left_shift(tf.constant(1, tf.int64),
+                                  tf.maximum(bit_length - 3, 0))
+  rounded = (n + granule - 1) // granule * granule
+  return tf.cast(tf.minimum(rounded, np.iinfo(np.int32).max), tf.int32)
+
+
+def _batch_bucket_tensor(n: tf.Tensor) -> tf.Tensor:
+  """`batch_bucket` in TensorFlow ops."""
+  powers = tf.constant([1, 2, 4, 8, 16, 32, 64], tf.int32)
+  power = tf.reduce_min(tf.where(powers >= n, powers, 64))
+  return tf.where(n <= 64, power, _bucket_tensor(n, 64))
+
+
+def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
+          seeds, seed_index, stops: stopping.Automaton, *,
+          bucket_shapes: bool, capacity_steps=None, total_steps=None,
+          repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
+          length_penalty=1.0, want_scores=False) -> Request:
+  """Builds the `Request` that the compiled generation functions take.
+
+  Runs eagerly on host values (numpy arrays, Python numbers) or traces into a
+  graph on tensors (the SavedModel export), with the same result.
+
+  Args:
+    prompt_ids: int `[B, T]`, right-padded prompt ids.
+    prompt_lengths: int `[B]`, each >= 1.
+    num_steps: int scalar, steps to generate.
+    settings: `sampling_lib.Params` of scalars (every row alike) or `[B]` values.
+    seeds: int64 `[B]` (see `Seeds`).
+    seed_index: int32 `[B]`.
+    stops: the `stopping.Automaton`.
+    bucket_shapes: pad the prompt width and the batch to buckets (XLA).
+    capacity_steps: the steps the output buffer must hold (default:
+      num_steps); streaming sizes it for a whole chunk.
+    total_steps: the steps of the whole generation (default: num_steps);
+      streaming sizes the history for all its chunks.
+    repetition_window: see `processors.Settings`.
+    no_repeat_ngram_size: see `processors.Settings`.
+    num_beams: see `Beams`.
+    length_penalty: see `Beams`.
+    want_scores: accumulate each row's log-likelihood.
+
+  Returns:
+    The `Request`; its batch may be larger than `B` (padding rows at the end).
+  """
+  ids = tf.convert_to_tensor(prompt_ids, tf.int32)
+  lengths = tf.convert_to_tensor(prompt_lengths, tf.int32)
+  batch = tf.shape(ids)[0]
+  params = sampling_lib.Params(*[
+      tf.broadcast_to(tf.cast(value, dtype), [batch])
+      for value, dtype in zip(settings, sampling_lib.DTYPES)])
+  num_steps = tf.convert_to_tensor(num_steps, tf.int32)
+  capacity = _bucket_tensor(num_steps if capacity_steps is None
+                            else capacity_steps, 16)
+  width = tf.shape(ids)[1]
+  if bucket_shapes:
+    ids = tf.pad(ids, [[0, 0], [0, _bucket_tensor(width, 8) - width]])
+    width = tf.shape(ids)[1]
+  ngram = tf.convert_to_tensor(no_repeat_ngram_size, tf.int32)
+  looks_back = processors.in_use(params.repetition_penalty,
+                                 processors.Settings(0, ngram, 0))
+  steps = num_steps if total_steps is None else total_steps
+  history_length = tf.where(
+      looks_back, _bucket_tensor(width + tf.cast(steps, tf.int32), 16), 1)
+  request = Request(
+      prompts=Prompts(ids, lengths), sampling=params,
+      seeds=Seeds(tf.convert_to_tensor(seeds, tf.int64),
+                  tf.convert_to_tensor(seed_index, tf.int32)),
+      stops=stopping.Automaton(tf.convert_to_tensor(stops.table, tf.int32),
+                               tf.convert_to_tensor(stops.accept, tf.bool)),
+      lookback=processors.Settings(
+          tf.convert_to_tensor(repetition_window, tf.int32), ngram,
+          history_length),
+      beams=Beams(tf.convert_to_tensor(num_beams, tf.int32),
+                  tf.convert_to_tensor(length_penalty, tf.float32)),
+      want_scores=tf.convert_to_tensor(want_scores, tf.bool),
+      num_steps=num_steps, capacity=capacity)
+  if bucket_shapes:
+    request = pad_rows(request, _batch_bucket_tensor(batch))
+  return request
+
+
+def pad_rows(request: Request, rows) -> Request:
+  """Pads every per-row tensor to `rows` rows with copies of row 0."""
+  batch = tf.shape(request.prompts.lengths)[0]
+  index = tf.concat([tf.range(batch), tf.zeros([rows - batch], tf.int32)], 0)
+  return request.map_rows(lambda x: tf.gather(x, index))
+

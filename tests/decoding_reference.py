@@ -1,0 +1,144 @@
+"""Independent numpy references for the decoding rules (tests only).
+
+Written from the rules as stated (HF `generate`; ../shared/design/decoding.md),
+plainly and slowly, sharing no code with rnnstep: the repetition penalty, the
+n-gram ban, min-p / top-k / top-p supports, log-likelihood scores and a
+brute-force beam search over a float64 forward (`numpy_reference.Reference`).
+"""
+
+import math
+
+import numpy as np
+
+
+def penalize(logits, history, theta, window):
+  """The CTRL/HF repetition penalty over the last `window` ids (0 = all)."""
+  logits = np.array(logits, np.float64)
+  looked_at = history[-window:] if window else history
+  for token in set(int(t) for t in looked_at):
+    value = logits[token]
+    logits[token] = value / theta if value > 0 else value * theta
+  return logits
+
+
+def ngram_banned(history, n):
+  """The ids that would complete an n-gram already in `history` (HF)."""
+  history = [int(t) for t in history]
+  if n <= 0 or len(history) < n - 1:
+    return set()
+  recent = tuple(history[len(history) - n + 1:]) if n > 1 else ()
+  banned = set()
+  for start in range(len(history) - n + 1):
+    if tuple(history[start:start + n - 1]) == recent:
+      banned.add(history[start + n - 1])
+  return banned
+
+
+def process(logits, history, *, banned=(), theta=1.0, window=0, ngram=0):
+  """[UNK] ban -> repetition penalty -> n-gram ban, on raw logits `[V]`."""
+  logits = np.array(logits, np.float64)
+  logits[list(banned)] = -np.inf
+  if theta != 1.0:
+    logits = penalize(logits, history, theta, window)
+  logits[list(ngram_banned(history, ngram))] = -np.inf
+  return logits
+
+
+def log_softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  finite = logits[np.isfinite(logits)]
+  peak = finite.max()
+  return logits - (peak + math.log(np.exp(finite - peak).sum()))
+
+
+def support(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+  """The ids a sample can draw after temperature, top-k, top-p and min-p."""
+  scaled = np.asarray(logits, np.float64) / temperature
+  order = np.argsort(-scaled, kind="stable")
+  keep = np.isfinite(scaled)
+  if 0 < top_k < len(scaled):
+    kth = scaled[order[top_k - 1]]
+    keep &= scaled >= kth
+  if top_p < 1.0:
+    probs = np.exp(log_softmax(np.where(keep, scaled, -np.inf)))
+    mass, kept = 0.0, np.zeros_like(keep)
+    for token in order:
+      if not keep[token]:
+        continue
+      kept[token] = True
+      mass += probs[token]
+      if mass >= top_p:
+        break
+    keep = kept | (keep & (scaled >= scaled[kept].min()))
+  if min_p > 0.0:
+    peak = scaled[keep].max()
+    keep &= scaled >= peak + math.log(min_p)
+  return set(np.flatnonzero(keep).tolist())
+
+
+def continuation_log_likelihood(reference, prompt_ids, continuation):
+  """sum log p(continuation[t] | prompt, continuation[:t]) under raw logits."""
+  ids = list(prompt_ids) + list(continuation)
+  logits = reference.logits(np.array(ids[:-1]))
+  total = 0.0
+  for t, token in enumerate(continuation):
+    total += log_softmax(logits[len(prompt_ids) - 1 + t])[token]
+  return total
+
+
+def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
+                length_penalty=1.0, banned=(), theta=1.0, window=0, ngram=0):
+  """Brute-force beam search (HF rules, early_stopping=False).
+
+  Every step expands every live beam by every id, sorts all candidates, sets
+  aside stop-completing ones among the k best as finished hypotheses (ranked
+  by score / length**length_penalty, length = generated ids), and keeps the k
+  best others as beams. Done when k are finished and the best beam cannot beat
+  the worst of them; then live beams join.
+
+  Returns:
+    The k hypotheses, best first: (ids, processed score, raw log-likelihood).
+  """
+  stops = [tuple(s) for s in stops]
+  state = reference.zero_state()
+  for token in prompt_ids[:-1]:
+    _, state = reference.step(int(token), state)
+  # (score, raw, generated ids, state, last id)
+  beams = [(0.0, 0.0, [], state, int(prompt_ids[-1]))]
+  finished = []  # (normalized, score, raw, ids)
+
+  def normalized(score, length):
+    return score / (length ** length_penalty)
+
+  for step in range(num_steps):
+    candidates = []
+    for b, (score, raw, ids, state, last) in enumerate(beams):
+      logits, new_state = reference.step(last, state)
+      history = list(prompt_ids) + ids
+      log_p = log_softmax(process(logits, history, banned=banned, theta=theta,
+                                  window=window, ngram=ngram))
+      raw_log_p = log_softmax(logits)
+      for token in range(len(logits)):
+        if np.isfinite(log_p[token]):
+          candidates.append((score + log_p[token], b, token,
+                             raw + raw_log_p[token], new_state))
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+    new_beams = []
+    for rank, (score, b, token, raw, new_state) in enumerate(candidates):
+      ids = beams[b][2] + [token]
+      if any(tuple(ids[-len(s):]) == s for s in stops if len(ids) >= len(s)):
+        if rank < num_beams:
+          finished.append((normalized(score, len(ids)), score, raw, ids))
+        continue
+      if len(new_beams) < num_beams:
+        new_beams.append((score, raw, ids, new_state, token))
+    finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+    beams = new_beams
+    if (len(finished) == num_beams and
+        normalized(beams[0][0], step + 1) <= finished[-1][0]):
+      break
+  else:
+    for score, raw, ids, _, _ in beams:
+      finished.append((normalized(score, len(ids)), score, raw, ids))
+  finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+  return [(ids, score, raw) for _, score, raw, ids in finished]

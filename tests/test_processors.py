@@ -1,0 +1,141 @@
+"""The look-back rules (repetition penalty, n-gram ban) against numpy references.
+
+The rules are checked on random logits and histories, eagerly and compiled
+(graph and XLA), then step by step along generated text: every chosen id must
+be the argmax of the reference's processed logits for its prefix.
+"""
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tests import decoding_reference as dr
+from tests import keras_reference as kr
+from tests import numpy_reference as nr
+
+import rnnstep
+from rnnstep import processors
+
+V = 7
+
+
+def _history(rows, length, capacity, rng, vocab=V):
+  ids = np.zeros([len(rows), capacity], np.int32)
+  for r, row in enumerate(rows):
+    ids[r, :len(row)] = row
+  return ids, np.array([len(r) for r in rows], np.int32)
+
+
+def _apply(logits, ids, lengths, theta, window, ngram, mode):
+  """processors.start + apply, as a numpy result, in `mode`."""
+  settings = processors.Settings(tf.constant(window), tf.constant(ngram),
+                                 tf.constant(ids.shape[1]))
+
+  def run(logits, ids, lengths, theta):
+    history = processors.start(ids, lengths, V, settings, tf.constant(True))
+    return processors.apply(logits, history, theta, settings)
+
+  if mode != "eager":
+    run = tf.function(run, jit_compile=mode == "xla", autograph=False)
+  return run(tf.constant(logits, tf.float32), ids, lengths,
+             tf.constant(theta, tf.float32)).numpy()
+
+
+class RulesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters("eager", "graph", "xla")
+  def test_random_histories_match_the_reference(self, mode):
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+      rows = [list(rng.integers(0, V, rng.integers(1, 14))) for _ in range(3)]
+      logits = rng.normal(0, 2, [3, V]).astype(np.float32)
+      theta = rng.choice([1.0, 1.3, 0.7, 2.0], 3).astype(np.float32)
+      window = int(rng.choice([0, 1, 3, 8]))
+      ngram = int(rng.choice([0, 1, 2, 3, 4]))
+      ids, lengths = _history(rows, 16, 16, rng)
+      got = _apply(logits, ids, lengths, theta, window, ngram, mode)
+      for r, row in enumerate(rows):
+        want = dr.process(logits[r], row, theta=float(theta[r]), window=window,
+                          ngram=ngram)
+        self.assertAllClose(got[r], want, rtol=1e-6,
+                            msg=f"trial {trial} row {r}: {row} {window} {ngram}")
+
+  def test_append_moves_the_window(self):
+    settings = processors.Settings(tf.constant(3), tf.constant(0),
+                                   tf.constant(12))
+    ids = np.array([[1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
+    history = processors.start(ids, np.array([3], np.int32), V, settings,
+                               tf.constant(True))
+    row = [1, 2, 2]
+    for token in [3, 3, 1, 5, 5, 5, 2]:
+      history = processors.append(history, tf.constant([token]), settings)
+      row.append(token)
+      want = np.bincount(row[-3:], minlength=V)
+      self.assertAllEqual(history.counts[0], want)
+      self.assertAllEqual(history.ids[0, :len(row)], row)
+      self.assertEqual(int(history.length[0]), len(row))
+
+
+def _model():
+  layers = [kr.layer("gru", 32)]
+  keras_model = kr.build(layers, vocab_size=12, embedding_dim=8, seed=5,
+                         bias_scale=1.0)
+  vocab = list("ab cdefghij.")
+  model = kr.rnnstep_model(keras_model, layers, vocab=vocab)
+  return model, nr.Reference(kr.weights_of(keras_model, layers), layers)
+
+
+class GenerationTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(False, True, "elementwise")
+  def test_each_greedy_step_is_the_reference_argmax(self, jit):
+    model, reference = _model()
+    prompts = ["ab ab ab", "c", "jihgf"]
+    cases = [dict(repetition_penalty=1.5, repetition_window=4),
+             dict(no_repeat_ngram_size=3),
+             dict(repetition_penalty=[1.2, 1.0, 3.0], no_repeat_ngram_size=2),
+             dict(repetition_penalty=1.4)]
+    for case in cases:
+      texts = rnnstep.generate(model, prompts, 30, temperature=0.0,
+                               jit_compile=jit, **case)
+      for r, (prompt, text) in enumerate(zip(prompts, texts)):
+        theta = case.get("repetition_penalty", 1.0)
+        theta = theta[r] if isinstance(theta, list) else theta
+        history = list(model.encode(prompt))
+        logits_all = reference.logits(np.array(history + list(model.encode(text))))
+        for t, token in enumerate(model.encode(text)):
+          raw = logits_all[len(history) - 1]
+          want = dr.process(raw, history, theta=theta,
+                            window=case.get("repetition_window", 0),
+                            ngram=case.get("no_repeat_ngram_size", 0))
+          ordered = np.sort(want[np.isfinite(want)])
+          self.assertEqual(int(np.argmax(want)), int(token),
+                           f"{case} row {r} step {t}: gap "
+                           f"{ordered[-1] - ordered[-2] if len(ordered) > 1 else 0}")
+          history.append(int(token))
+
+  def test_ngram_ban_removes_repeats_that_greedy_makes(self):
+    model, _ = _model()
+    plain = rnnstep.generate(model, "ab ab ab", 60, temperature=0.0)
+    banned = rnnstep.generate(model, "ab ab ab", 60, temperature=0.0,
+                              no_repeat_ngram_size=3)
+    text = "ab ab ab" + banned
+    # Every 3-gram that ends in the continuation is new (the prompt's own
+    # repeats were there before).
+    for end in range(len("ab ab ab"), len(text)):
+      self.assertNotIn(text[end - 2:end + 1], text[:end], end)
+    self.assertNotEqual(plain, banned)
+
+  @parameterized.parameters(False, True, "elementwise")
+  def test_stream_carries_the_history(self, jit):
+    model, _ = _model()
+    kwargs = dict(seed=3, repetition_penalty=1.6, repetition_window=5,
+                  no_repeat_ngram_size=3, jit_compile=jit)
+    whole = rnnstep.generate(model, ["ab", "c d"], 50, **kwargs)
+    chunks = list(rnnstep.stream(model, ["ab", "c d"], 50, chunk_size=7,
+                                 **kwargs))
+    self.assertEqual(["".join(c[i] for c in chunks) for i in range(2)], whole)
+
+
+if __name__ == "__main__":
+  tf.test.main()

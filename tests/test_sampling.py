@@ -1,0 +1,184 @@
+"""Sampling: supports of min-p / top-k / top-p by drawing many rows, scores
+against a float64 log-likelihood, and per-row settings (each row as alone)."""
+
+import functools
+
+from absl.testing import parameterized
+from hypothesis import given, settings, strategies as st
+import numpy as np
+import tensorflow as tf
+
+from tests import decoding_reference as dr
+from tests import keras_reference as kr
+from tests import numpy_reference as nr
+
+import rnnstep
+from rnnstep import model_file
+
+PATHS = (False, True, "elementwise")
+LAYERS = [kr.layer("gru", 24)]
+
+
+@functools.lru_cache(maxsize=None)
+def small():
+  keras_model = kr.build(LAYERS, vocab_size=21, embedding_dim=8, seed=2,
+                         bias_scale=1.5)
+  vocab = ["[UNK]"] + list("abcdefghij ,.;:!?-'\n")
+  model = rnnstep.Model(model_file.ModelConfig(8, tuple(LAYERS)), vocab,
+                        kr.weights_of(keras_model, LAYERS))
+  return model, nr.Reference(kr.weights_of(keras_model, LAYERS), LAYERS,
+                             banned=[0])
+
+
+class SupportTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(
+      dict(min_p=0.1), dict(min_p=0.5), dict(top_k=3), dict(top_p=0.6),
+      dict(top_k=5, top_p=0.8, min_p=0.05), dict(temperature=0.5, min_p=0.2),
+      dict(temperature=2.0, top_p=0.9))
+  def test_draws_cover_exactly_the_reference_support(self, **filters):
+    model, reference = small()
+    prompt = "abc d"
+    raw = reference.logits(model.encode(prompt))[-1]
+    logits = dr.process(raw, [], banned=[0])
+    want = dr.support(logits, **filters)
+    probs = np.exp(dr.log_softmax(logits / filters.get("temperature", 1.0)))
+    rows = 3000
+    for jit in PATHS:
+      drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=17,
+                               jit_compile=jit, **filters)
+      got = {model.encode(t)[0] for t in drawn}
+      self.assertLessEqual(got, want, f"{jit} {filters}")
+      # Every id in the support with a fair chance of being drawn was drawn.
+      likely = {i for i in want
+                if probs[i] / probs[list(want)].sum() > 5.0 / rows}
+      self.assertLessEqual(likely, got, f"{jit} {filters}")
+
+  def test_frequencies_follow_the_renormalized_support(self):
+    model, reference = small()
+    prompt = "abc d"
+    logits = dr.process(reference.logits(model.encode(prompt))[-1], [],
+                        banned=[0])
+    filters = dict(top_k=6, min_p=0.05)
+    keep = sorted(dr.support(logits, **filters))
+    probs = np.exp(dr.log_softmax(logits[keep]))
+    rows = 6000
+    drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=4, **filters)
+    counts = np.array([sum(t == model.vocab[i] for t in drawn) for i in keep])
+    expected = probs * rows
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # 99.9% quantile of chi-square with <= 5 degrees of freedom is ~20.5.
+    self.assertLess(chi2, 20.5, (counts, expected))
+
+
+class ScoreTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(*PATHS)
+  def test_scores_are_the_float64_log_likelihood(self, jit):
+    model, reference = small()
+    prompts = ["abc", "j", "ha ha, ha"]
+    for kwargs in (dict(temperature=0.7, top_k=4, seed=3),
+                   dict(temperature=0.0, repetition_penalty=1.3),
+                   dict(seed=[1, 2, 3], stop=[".", "!"]),
+                   dict(seed=5, min_p=0.3, no_repeat_ngram_size=2)):
+      texts, scores = rnnstep.generate(model, prompts, 40, return_scores=True,
+                                       jit_compile=jit, **kwargs)
+      for prompt, text, score in zip(prompts, texts, scores):
+        want = dr.continuation_log_likelihood(
+            reference, model.encode(prompt), model.encode(text))
+        self.assertNear(score, want, 1e-3 * max(1.0, abs(want)), kwargs)
+    single_text, single_score = rnnstep.generate(
+        model, "abc", 10, seed=1, return_scores=True, jit_compile=jit)
+    self.assertIsInstance(single_text, str)
+    self.assertIsInstance(single_score, float)
+
+  def test_stream_reports_scores_so_far(self):
+    model, _ = small()
+    texts, scores = rnnstep.generate(model, ["abc", "j"], 30, seed=8,
+                                     return_scores=True)
+    chunks = list(rnnstep.stream(model, ["abc", "j"], 30, chunk_size=7, seed=8,
+                                 return_scores=True))
+    self.assertEqual(["".join(c[0][i] for c in chunks) for i in range(2)], texts)
+    self.assertAllClose(chunks[-1][1], scores, rtol=1e-6)
+
+
+_SETTING = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    "top_k": st.sampled_from([0, 1, 3, 30]),
+    "top_p": st.sampled_from([1.0, 0.9, 0.3]),
+    "min_p": st.sampled_from([0.0, 0.05, 0.5]),
+    "repetition_penalty": st.sampled_from([1.0, 1.3, 0.8]),
+})
+
+
+class PerRowTest(tf.test.TestCase):
+
+  @settings(max_examples=8, deadline=None)
+  @given(rows=st.lists(st.tuples(st.text(alphabet="abcdej ,", min_size=1,
+                                         max_size=9), _SETTING,
+                                 st.integers(0, 2**40)),
+                       min_size=1, max_size=5),
+         path=st.sampled_from(PATHS), window=st.sampled_from([0, 4]),
+         ngram=st.sampled_from([0, 3]))
+  def test_each_row_equals_itself_alone(self, rows, path, window, ngram):
+    model, _ = small()
+    prompts = [prompt for prompt, _, _ in rows]
+    seeds = [seed for _, _, seed in rows]
+    per_row = {name: [s[name] for _, s, _ in rows] for name in _SETTING_KEYS}
+    common = dict(repetition_window=window, no_repeat_ngram_size=ngram,
+                  jit_compile=path)
+    batch = rnnstep.generate(model, prompts, 24, seed=seeds, **per_row,
+                             **common)
+    streamed = list(rnnstep.stream(model, prompts, 24, chunk_size=10,
+                                   seed=seeds, **per_row, **common))
+    self.assertEqual(["".join(c[i] for c in streamed)
+                      for i in range(len(rows))], batch)
+    for (prompt, setting, seed), text in zip(rows, batch):
+      alone = rnnstep.generate(model, prompt, 24, seed=[seed], **setting,
+                               **common)
+      self.assertEqual(alone, text, (prompt, setting, seed))
+
+
+_SETTING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+class BadValueTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("zero_penalty", dict(repetition_penalty=0.0), "repetition_penalty must"),
+      ("negative_penalty", dict(repetition_penalty=-1.0),
+       "repetition_penalty must"),
+      ("row_penalty", dict(prompts=["a", "b"], repetition_penalty=[1.0, 0.0]),
+       r"repetition_penalty\[1\] must"),
+      ("returns_over_beams", dict(num_beams=2, num_return_sequences=3),
+       "num_return_sequences must"),
+      ("list_length", dict(prompts=["a", "b"], temperature=[0.5]),
+       "temperature lists 1 values for 2 prompts"),
+      ("min_p_high", dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
+      ("min_p_negative", dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
+      ("window", dict(repetition_window=-1), "repetition_window must"),
+      ("ngram", dict(no_repeat_ngram_size=1.5), "no_repeat_ngram_size must"),
+      ("beams_zero", dict(num_beams=0), "num_beams must"),
+      ("beams_vocab", dict(num_beams=500), "num_beams must"),
+      ("length_penalty", dict(num_beams=2, length_penalty=float("nan")),
+       "length_penalty must"),
+      ("scores", dict(return_scores="yes"), "return_scores must"),
+  )
+  def test_bad_value(self, overrides, pattern):
+    model, _ = small()
+    kwargs = dict(prompts="abc", num_steps=5)
+    kwargs.update(overrides)
+    prompts, num_steps = kwargs.pop("prompts"), kwargs.pop("num_steps")
+    with self.assertRaisesRegex(ValueError, pattern) as ctx:
+      rnnstep.generate(model, prompts, num_steps, **kwargs)
+    self.assertNotIn("\n", str(ctx.exception))
+
+  def test_beams_do_not_stream(self):
+    model, _ = small()
+    with self.assertRaisesRegex(ValueError, "num_beams=3: beam search does not "
+                                "stream"):
+      next(rnnstep.stream(model, "abc", 5, num_beams=3))
+
+
+if __name__ == "__main__":
+  tf.test.main()
