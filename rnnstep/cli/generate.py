@@ -6,6 +6,9 @@ USAGE: rnnstep-generate [flags]
   rnnstep-generate --prompt=JULIET: --prompt=HAMLET: --num_samples=3 --seed=7
   rnnstep-generate --weights=model.npz --temperature=0.8 --stop=. --format=jsonl
   rnnstep-generate --stream --chunk_size=32
+  rnnstep-generate --num_samples=3 --temperature=0.2,0.6,1.0   # a sweep, one run
+  rnnstep-generate --repetition_penalty=1.3 --repetition_window=32 --no_repeat_ngram_size=4
+  rnnstep-generate --num_beams=8 --num_return_sequences=3 --stop=.
 
 All prompts x samples are generated together as one batch; row R (counted from 0)
 is sample S of prompt P, R = P * num_samples + S, and uses the seed pair (seed, R).
@@ -18,7 +21,18 @@ A single sample prints just that; with several, each sample is preceded by a lin
   ----- row R: prompt P, sample S, seed N -----
 --format=jsonl: one JSON object per sample, in row order:
   {"index": R, "prompt_index": P, "sample": S, "seed": N, "prompt": "...",
-   "text": "<the continuation>", "stopped": <true if it ended on a --stop string>}
+   "text": "<the continuation>", "stopped": <true if it ended on a --stop string>,
+   "logprob": <the model's log-likelihood of "text" after the prompt, in nats>}
+
+--temperature takes one value, one per --prompt, or one per row (prompts x
+--num_samples, in row order): --num_samples=3 --temperature=0.2,0.6,1.0 sweeps
+three temperatures in one batch.
+
+With --num_beams=K > 1 the continuation is a beam search of width K
+(deterministic: --temperature, --top_k, --top_p, --min_p and --seed do not
+apply); --num_return_sequences=N <= K prints the N best hypotheses of each
+prompt, best first, as samples 0..N-1 (--num_samples must then be 1, and
+--stream is not available).
 
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
 1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C,
@@ -56,9 +70,10 @@ _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
     "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
     "the sample).", flag_values=FLAGS)
-_TEMPERATURE = flags.DEFINE_float(
-    "temperature", 1.0,
-    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy (argmax).",
+_TEMPERATURE = flags.DEFINE_list(
+    "temperature", ["1.0"],
+    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy "
+    "(argmax). One value, one per --prompt, or one per row (comma-separated).",
     flag_values=FLAGS)
 _TOP_K = flags.DEFINE_integer(
     "top_k", 0, "Sample among the k most likely characters only; 0 = off.",
@@ -67,6 +82,34 @@ _TOP_P = flags.DEFINE_float(
     "top_p", 1.0,
     "Nucleus sampling: sample among the most likely characters holding this "
     "much probability; in (0, 1], 1 = off.", flag_values=FLAGS)
+_MIN_P = flags.DEFINE_float(
+    "min_p", 0.0,
+    "Keep characters whose probability (after temperature) is at least this "
+    "times the largest; in [0, 1], 0 = off.", flag_values=FLAGS)
+_REPETITION_PENALTY = flags.DEFINE_float(
+    "repetition_penalty", 1.0,
+    "Penalty > 0 on characters seen in the last --repetition_window "
+    "characters (prompt included): positive logits are divided by it, "
+    "negative ones multiplied; 1 = off, 1.1-1.5 discourages loops.",
+    flag_values=FLAGS)
+_REPETITION_WINDOW = flags.DEFINE_integer(
+    "repetition_window", 0,
+    "How many characters --repetition_penalty looks back over, >= 0 (0 = all).",
+    flag_values=FLAGS)
+_NO_REPEAT_NGRAM_SIZE = flags.DEFINE_integer(
+    "no_repeat_ngram_size", 0,
+    "Never repeat an n-gram of this many characters (prompt included), >= 0; "
+    "0 = off.", flag_values=FLAGS)
+_NUM_BEAMS = flags.DEFINE_integer(
+    "num_beams", 1, "Beam search width, >= 1; 1 = sample.", flag_values=FLAGS)
+_LENGTH_PENALTY = flags.DEFINE_float(
+    "length_penalty", 1.0,
+    "With --num_beams and --stop: finished hypotheses rank by "
+    "log-likelihood / length**length_penalty.", flag_values=FLAGS)
+_NUM_RETURN_SEQUENCES = flags.DEFINE_integer(
+    "num_return_sequences", 1,
+    "With --num_beams: how many of the best hypotheses to print per prompt, "
+    "in [1, --num_beams].", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer(
     "seed", None,
     "Random seed (64-bit): the same seed and flags give the same text; row R "
@@ -119,8 +162,28 @@ def _validate(name, predicate, message):
 
 _validate("num_steps", lambda n: 0 <= n <= MAX_INT32,
           f"must be an integer in [0, {MAX_INT32}]")
-_validate("temperature", lambda t: math.isfinite(t) and t >= 0,
-          "must be a finite number >= 0 (0 = greedy)")
+def _temperatures_valid(values) -> bool:
+  try:
+    return bool(values) and all(math.isfinite(float(v)) and float(v) >= 0
+                                for v in values)
+  except ValueError:
+    return False
+
+
+_validate("temperature", _temperatures_valid,
+          "must be finite numbers >= 0 (0 = greedy), comma-separated")
+_validate("min_p", lambda p: 0 <= p <= 1, "must be in [0, 1] (0 = off)")
+_validate("repetition_penalty", lambda p: math.isfinite(p) and p > 0,
+          "must be a finite number > 0 (1 = off)")
+_validate("repetition_window", lambda n: 0 <= n <= MAX_INT32,
+          f"must be an integer in [0, {MAX_INT32}] (0 = all)")
+_validate("no_repeat_ngram_size", lambda n: 0 <= n <= MAX_INT32,
+          f"must be an integer in [0, {MAX_INT32}] (0 = off)")
+_validate("num_beams", lambda n: 1 <= n <= MAX_INT32,
+          f"must be an integer in [1, {MAX_INT32}]")
+_validate("length_penalty", math.isfinite, "must be a finite number")
+_validate("num_return_sequences", lambda n: 1 <= n <= MAX_INT32,
+          f"must be an integer in [1, {MAX_INT32}]")
 _validate("top_k", lambda k: 0 <= k <= MAX_INT32,
           f"must be an integer in [0, {MAX_INT32}] (0 = off)")
 _validate("top_p", lambda p: 0 < p <= 1, "must be in (0, 1] (1 = off)")
@@ -137,33 +200,90 @@ _validate("stop", lambda stops: not stops or all(stops),
 
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
+  _check_beam_flags()
   seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
+  per_prompt = (_NUM_RETURN_SEQUENCES.value if _NUM_BEAMS.value > 1
+                else _NUM_SAMPLES.value)
   rows = [(p, s, prompt) for p, prompt in enumerate(_PROMPT.value)
-          for s in range(_NUM_SAMPLES.value)]
+          for s in range(per_prompt)]
+  temperature = _row_temperatures(len(_PROMPT.value), per_prompt)
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_WEIGHTS.value, _DTYPE.value)
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
-    _generate(model, rows, seed, printer)
+    _generate(model, rows, seed, temperature, printer)
   return 0
 
 
-def _generate(model, rows, seed, printer):
+def _check_beam_flags():
+  """Flag combinations that beam search cannot honour, as usage errors."""
+  beams = _NUM_BEAMS.value
+  if _NUM_RETURN_SEQUENCES.value > beams:
+    raise common.Failure(
+        f"--num_return_sequences={_NUM_RETURN_SEQUENCES.value} is more than "
+        f"--num_beams={beams}; give at most --num_beams", common.EXIT_USAGE)
+  if beams > 1 and _NUM_SAMPLES.value > 1:
+    raise common.Failure(
+        f"--num_samples={_NUM_SAMPLES.value} with --num_beams={beams}: beam "
+        "search is deterministic; use --num_return_sequences for several "
+        "hypotheses", common.EXIT_USAGE)
+  if beams > 1 and _STREAM.value:
+    raise common.Failure(
+        f"--stream with --num_beams={beams}: beam search knows its best "
+        "hypothesis only at the end; drop --stream", common.EXIT_USAGE)
+
+
+def _row_temperatures(num_prompts, per_prompt):
+  """--temperature as one value, or one per row (from per-prompt values)."""
+  values = [float(v) for v in _TEMPERATURE.value]
+  if len(values) == 1:
+    return values[0]
+  if len(values) == num_prompts:
+    return [t for t in values for _ in range(per_prompt)]
+  if len(values) == num_prompts * per_prompt:
+    return values
+  raise common.Failure(
+      f"--temperature lists {len(values)} values for {num_prompts} prompts x "
+      f"{per_prompt} samples; give one value, one per --prompt, or one per row",
+      common.EXIT_USAGE)
+
+
+def _generate(model, rows, seed, temperature, printer):
   """Calls the library (one batch) and prints through `printer`."""
   prompts = [prompt for _, _, prompt in rows]
   stops = _STOP.value or []
-  options = dict(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-                 top_p=_TOP_P.value, seed=seed, stop=stops or None,
+  options = dict(temperature=temperature, top_k=_TOP_K.value,
+                 top_p=_TOP_P.value, min_p=_MIN_P.value,
+                 repetition_penalty=_REPETITION_PENALTY.value,
+                 repetition_window=_REPETITION_WINDOW.value,
+                 no_repeat_ngram_size=_NO_REPEAT_NGRAM_SIZE.value, seed=seed,
+                 stop=stops or None, return_scores=True,
                  jit_compile=_JIT_COMPILE.value)
   try:
     if _STREAM.value:
-      for pieces in rnnstep.stream(model, prompts, _NUM_STEPS.value,
-                                   chunk_size=_CHUNK_SIZE.value, **options):
-        printer.add(pieces)
+      for pieces, scores in rnnstep.stream(model, prompts, _NUM_STEPS.value,
+                                           chunk_size=_CHUNK_SIZE.value,
+                                           **options):
+        printer.add(pieces, scores)
+    elif _NUM_BEAMS.value > 1:
+      # One beam search per prompt; its hypotheses are the prompt's rows.
+      unique = list(_PROMPT.value)
+      returned = _NUM_RETURN_SEQUENCES.value
+      with Progress(f"beam search, {_NUM_BEAMS.value} beams x "
+                    f"{len(unique)} prompts x {_NUM_STEPS.value} characters"):
+        texts, scores = rnnstep.generate(
+            model, unique, _NUM_STEPS.value, num_beams=_NUM_BEAMS.value,
+            length_penalty=_LENGTH_PENALTY.value,
+            num_return_sequences=returned, **options)
+      if returned == 1:
+        texts, scores = [[t] for t in texts], [[s] for s in scores]
+      printer.add([t for per in texts for t in per],
+                  [s for per in scores for s in per])
     else:
       with Progress(f"generating {len(rows)} x {_NUM_STEPS.value} characters"):
-        texts = rnnstep.generate(model, prompts, _NUM_STEPS.value, **options)
-      printer.add(texts)
+        texts, scores = rnnstep.generate(model, prompts, _NUM_STEPS.value,
+                                         **options)
+      printer.add(texts, scores)
     printer.finish()
   except ValueError as e:
     raise _blame(model, prompts, stops, e, len(rows)) from None
@@ -177,6 +297,10 @@ def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
         model.encode(text)
       except ValueError as e:
         return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
+  # The library names the argument first ("num_beams must be ...").
+  argument = str(error).split(" ", 1)[0].split("[", 1)[0]
+  if argument != "num_steps" and argument in FLAGS:
+    return common.Failure(f"--{argument}: {error}", common.EXIT_USAGE)
   return common.Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} "
                         f"rows (prompts x --num_samples): {error}")
 
@@ -210,9 +334,17 @@ class Printer:
     self._tails = [""] * len(rows)  # The last characters, to spot stops.
     self._current = 0  # The first row not completely printed.
     self._started = False  # Whether the current row's head is printed.
+    self._scores = [None] * len(rows)  # Each row's log-likelihood so far.
 
-  def add(self, pieces):
-    """Takes the next text of every row (a list, one str per row)."""
+  def add(self, pieces, scores=None):
+    """Takes the next text of every row (a list, one str per row).
+
+    Args:
+      pieces: the rows' new text.
+      scores: the rows' log-likelihoods so far, if known.
+    """
+    if scores is not None:
+      self._scores = list(scores)
     for row, piece in enumerate(pieces):
       if piece:
         self._pending[row].append(piece)
@@ -250,6 +382,7 @@ class Printer:
             "index": row, "prompt_index": prompt_index, "sample": sample,
             "seed": self._seed, "prompt": prompt,
             "text": "".join(self._pending[row]), "stopped": self._ended(row),
+            "logprob": self._scores[row],
         }, ensure_ascii=False) + "\n")
         self._pending[row].clear()
       self._current += 1
