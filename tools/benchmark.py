@@ -7,6 +7,7 @@ USAGE:
   python tools/benchmark.py --sections=dtype --dtype=bfloat16,float16
   python tools/benchmark.py --variants=rnnstep_xla,floor,floor_graph
   python tools/benchmark.py --sections=floors --rounds=7   # paths vs the floor
+  python tools/benchmark.py --sections=floors --tune       # tune first, then see
 
 Everything timed runs in ONE process: every variant is compiled (warm-up)
 first, then `--rounds` rounds each run every (variant, batch) once, interleaved
@@ -148,6 +149,8 @@ def main(argv):
   started = time.time()
   with tempfile.TemporaryDirectory(prefix="rnnstep_bench_") as tmpdir:
     ctx = Context(settings, weights, tf, torch, tmpdir)
+    if settings.tune:
+      floors.tune(ctx, results)
     for section in settings.sections:
       SECTION_MODULES[section].run(ctx, results)
       sys.stdout.flush()

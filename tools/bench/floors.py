@@ -86,3 +86,31 @@ def run(ctx, results_out):
         "separately, so noise shows here), fast/flr = fastest / floor, "
         "dflt/flr = default / floor")
   print()
+
+
+def tune(ctx, results_out):
+  """rnnstep.tune for every floor case's dtype and batch (--tune)."""
+  from rnnstep import tuning  # pylint: disable=g-import-not-at-top
+  settings, weights = ctx.settings, ctx.weights
+  dtypes = sorted({dtype for dtype, _ in settings.floor_cases})
+  print("## tuning (rnnstep.tune): ms per 1000 steps per path, the winner "
+        "saved for the batch's bucket")
+  header = (f"{'dtype':<9} {'batch':>5} {'bucket':>7} {'steps':>5} "
+            f"{'rounds':>6} " + " ".join(f"{p:>11}" for p in cfg.PATHS)
+            + f" {'fastest':>11} {'was':>11}")
+  print(header)
+  print("-" * len(header))
+  for dtype in dtypes:
+    batches = [b for d, b in settings.floor_cases if d == dtype]
+    report = tuning.tune(weights.rnnstep_model(dtype), batches,
+                         progress=lambda line: timing.log(f"[tune] {line}"))
+    for row in report["results"]:
+      ms = row["ms_per_1000_steps"]
+      print(f"{dtype:<9} {row['batch_size']:>5} {row['bucket']:>7} "
+            f"{row['num_steps']:>5} {row['rounds']:>6} "
+            + " ".join(f"{ms[p]:>11.1f}" for p in cfg.PATHS)
+            + f" {row['fastest']:>11} {row['previous_default']:>11}")
+      results_out.append({"section": "tune", "dtype": dtype, **row})
+    where = report["cache_file"] or report["cache_error"] or "not saved"
+    print(f"({dtype}: {where})")
+  print()

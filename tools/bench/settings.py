@@ -94,6 +94,12 @@ FLOOR_CASES = flags.DEFINE_list(
     "floor_cases", ["float32:1", "float32:16", "float32:32", "float32:64",
                     "float32:256", "bfloat16:256"],
     "dtype:batch cases of the floors section.")
+TUNE = flags.DEFINE_boolean(
+    "tune", False,
+    "Before the sections, run rnnstep.tune on the benchmark's model for every "
+    "--floor_cases dtype and batch (writes the tuning cache: "
+    "$RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep), so that the default columns "
+    "show the measured winners ('tuned').")
 FLOOR_CHARS = flags.DEFINE_list(
     "floor_chars", ["1:1000", "16:500", "32:300", "256:200"],
     "batch:chars: characters per row in the floors section for batches from "
@@ -135,6 +141,7 @@ class Settings:
     self.floor_chars = ({1: self.num_chars} if quick else
                         _batch_map(FLOOR_CHARS.value, "--floor_chars"))
     self.seed = SEED.value
+    self.tune = TUNE.value
     self.weights_path = WEIGHTS.value
     self.dtype_modes = [m for m in DTYPE_MODES.value if m]
     self.cli_runs = CLI_RUNS.value
