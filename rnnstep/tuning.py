@@ -308,7 +308,8 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
   Raises:
     ValueError: a bad argument.
   """
-  from rnnstep import api  # pylint: disable=g-import-not-at-top  # api imports us.
+  # Imported here: api imports this module (inside default_path).
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
   batch_sizes = list(batch_sizes)
   if not batch_sizes:
     raise ValueError("batch_sizes is empty; give at least one batch size")
