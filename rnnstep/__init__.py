@@ -6,6 +6,7 @@ Public API:
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
+  tune(model, batch_sizes=...)                  measure the fastest path here, cache it
   Model, Generator                              the lower-level objects
 
 Names are imported on first use (PEP 562), so `import rnnstep` does not import
@@ -26,6 +27,7 @@ _EXPORTS = {
     "load": "rnnstep.api",
     "logits": "rnnstep.api",
     "stream": "rnnstep.api",
+    "tune": "rnnstep.tuning",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -49,11 +49,21 @@ def default_path(model: model_lib.Model, batch_size: int) -> str:
   float32; in bfloat16, expect texts to part after some dozens of characters),
   so pass `jit_compile` explicitly to reproduce a row across batch sizes that
   fall in different bands.
+
+  A winner measured on this machine by `rnnstep.tune` (see `tuning.py`) comes
+  first; the table answers for what was not measured, or with
+  RNNSTEP_TUNING=off. Nothing is measured here.
   """
   if _gpu_visible():
     # The bands are CPU measurements; on a GPU XLA's dots use the vendor
     # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
     return _XLA
+  # Imported here so that this edit stays inside this function (tuning.py
+  # imports api lazily too); after the first call it is a dict lookup.
+  from rnnstep import tuning  # pylint: disable=g-import-not-at-top
+  measured = tuning.cached_path(model, batch_size)
+  if measured is not None:
+    return measured
   for largest, path in _FASTEST_PATHS[model.compute_dtype.name]:
     if largest is None or batch_size <= largest:
       return path

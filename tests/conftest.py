@@ -9,3 +9,13 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
+
+# Tests never read or write the user's tuning cache (rnnstep/tuning.py): a
+# winner measured on this machine would change which path jit_compile=None
+# takes. Subprocesses inherit this.
+import atexit  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import shutil  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
+atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)

@@ -202,8 +202,12 @@ def keras3_cases(keras, out):
   return cases
 
 
-def tutorial_model(keras, keras3):
-  """The current TF text-generation tutorial's MyModel (66 = [UNK] + 65)."""
+def tutorial_model(keras, keras3, **sizes):
+  """The current TF text-generation tutorial's MyModel (66 = [UNK] + 65).
+
+  `sizes` (vocab_size, embedding_dim, rnn_units) override the small defaults
+  (tools/benchmark.py builds the tutorial's full size with them).
+  """
 
   class MyModel(keras.Model):
 
@@ -225,7 +229,7 @@ def tutorial_model(keras, keras3):
     def get_config(self):
       return {}
 
-  return MyModel()
+  return MyModel(**sizes)
 
 
 def subclassed_stack(keras):

@@ -1,7 +1,10 @@
 """Smoke tests of tools/benchmark.py: it runs in quick mode and reports every variant.
 
-No timing is asserted (machines are noisy): only that every section prints its
-table with every variant, and that --json_out holds the same results.
+No timing is asserted (machines are noisy). What is asserted could fail: every
+section prints every (variant, batch) row; every derived figure (ratios,
+"fastest", the floor) is recomputed here from the raw medians in --json_out
+and must equal what was printed; and the default column follows the tuning
+cache (a winner planted in it) or, without one, the built-in table.
 """
 
 import importlib.util
@@ -11,6 +14,11 @@ import subprocess
 import sys
 import tempfile
 import unittest
+
+from tests import keras_reference as kr
+
+from rnnstep import api
+from rnnstep import tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
@@ -30,10 +38,50 @@ def torch_importable() -> bool:
   return probe.returncode == 0
 
 
-def run_benchmark(*args, timeout=600):
+# The --quick model (tools/bench/settings.py) and the winner planted for it.
+QUICK_LAYERS = [kr.layer("gru", 64)]
+PLANTED = ("float32", 1, "elementwise")  # The table would say xla.
+
+
+def quick_model(dtype):
+  """An rnnstep Model of the quick benchmark's shape (for its cache key)."""
+  return kr.rnnstep_model(kr.build(QUICK_LAYERS, embedding_dim=16), QUICK_LAYERS,
+                          dtype=dtype)
+
+
+def plant_winner(cache_dir):
+  """A tuning cache naming PLANTED's path for the quick model; returns its dir."""
+  dtype, batch, path = PLANTED
+  key = tuning.cache_key(quick_model(dtype), batch)
+  os.makedirs(cache_dir, exist_ok=True)
+  with open(os.path.join(cache_dir, tuning.CACHE_FILE), "w") as f:
+    json.dump({"format": tuning.FORMAT, "version": tuning.VERSION,
+               "entries": {key: {"path": path}}}, f)
+  return cache_dir
+
+
+def expected_default(dtype, batch):
+  """The path the benchmark's default must take with the planted cache."""
+  if api._gpu_visible():  # pylint: disable=protected-access
+    return "xla"
+  if (dtype, batch) == PLANTED[:2]:
+    return PLANTED[2]
+  for largest, path in api._FASTEST_PATHS[dtype]:  # pylint: disable=protected-access
+    if largest is None or batch <= largest:
+      return path
+  raise AssertionError("no band")
+
+
+def number(cell):
+  """A printed figure as a float: '1,234' -> 1234.0, '41,305*' -> 41305.0."""
+  return float(cell.rstrip("*%").replace(",", ""))
+
+
+def run_benchmark(*args, timeout=600, cache_dir=None):
   with tempfile.TemporaryDirectory() as tmp:
     json_path = os.path.join(tmp, "out.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               RNNSTEP_CACHE_DIR=cache_dir or os.path.join(tmp, "cache"))
     proc = subprocess.run(
         [sys.executable, BENCHMARK, "--quick", f"--json_out={json_path}", *args],
         capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -65,8 +113,22 @@ class QuickBenchmarkTest(unittest.TestCase):
 
   @classmethod
   def setUpClass(cls):
-    cls.proc, cls.data = run_benchmark()
+    cls.cache = tempfile.TemporaryDirectory()
+    cls.proc, cls.data = run_benchmark(
+        cache_dir=plant_winner(os.path.join(cls.cache.name, "cache")))
     cls.torch = torch_importable()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.cache.cleanup()
+
+  def results(self, section):
+    return [r for r in self.data["results"] if r["section"] == section]
+
+  def assertPrinted(self, printed, exact, decimals=2):
+    """`printed` is `exact` rounded to `decimals` places."""
+    self.assertAlmostEqual(number(printed), exact,
+                           delta=0.5 * 10**-decimals + 1e-9 * abs(exact))
 
   def test_runs(self):
     self.assertEqual(self.proc.returncode, 0,
@@ -77,6 +139,17 @@ class QuickBenchmarkTest(unittest.TestCase):
     for word in ("machine:", "tensorflow", "oneDNN:", "tf.config.threading",
                  "load average", "QUICK MODE"):
       self.assertIn(word, out)
+    machine = next(line for line in out.splitlines()
+                   if line.startswith("machine:"))
+    facts = self.data["machine"]
+    for part in (facts["cpu"], f"{facts['cores']} cores", f"L3 {facts['l3']}",
+                 f"AMX {'yes' if facts['amx'] else 'no'}",
+                 f"AVX512-BF16 {'yes' if facts['avx512_bf16'] else 'no'}",
+                 f"TF {facts['tensorflow']}"):
+      self.assertIn(part, machine)
+    with open("/proc/cpuinfo") as f:
+      has_bf16 = " avx512_bf16" in f.read()
+    self.assertEqual(facts["avx512_bf16"], has_bf16)
 
   def test_speed_table_has_every_variant_and_batch(self):
     rows = table_rows(self.proc.stdout, "## speed:")
@@ -92,21 +165,52 @@ class QuickBenchmarkTest(unittest.TestCase):
       self.assertIn("skipped, torch not importable", self.proc.stdout)
     self.assertIn("* eager_keras ran", self.proc.stdout)
 
+  def test_speed_table_matches_the_medians(self):
+    ms = {(r["variant"], r["batch"]): r["ms_per_1000_chars"]
+          for r in self.results("speed")}
+    rows = table_rows(self.proc.stdout, "## speed:")
+    self.assertEqual(len(rows), len(ms))
+    for row in rows:
+      variant, batch = row[0], int(row[1])
+      mine = ms[(variant, batch)]
+      self.assertAlmostEqual(number(row[2]), mine,
+                             delta=0.5 + 0.005 * mine)  # Printed as '1,234'.
+      floor = ms[("floor", batch)]
+      best = min(floor, ms[("floor_graph", batch)])
+      self.assertPrinted(row[4], mine / floor)  # x floor
+      self.assertPrinted(row[5], mine / best)  # x best
+      self.assertEqual(row[2].endswith("*"), variant == "eager_keras")
+
   def test_speedups_and_ratios_printed(self):
     rows = table_rows(self.proc.stdout, "## speed-ups of rnnstep")
     self.assertEqual({(r[0], int(r[1])) for r in rows},
                      {(v, b) for v in ("rnnstep", "rnnstep_graph", "rnnstep_xla")
                       for b in (1, 4)})
+    ms = {(r["variant"], r["batch"]): r["ms_per_1000_chars"]
+          for r in self.results("speed")}
     for row in rows:
-      self.assertGreater(float(row[-1]), 0)  # x floor
+      mine = ms[(row[0], int(row[1]))]
+      others = ["eager_keras", "onestep_keras", "torch_gru", "torch_fused"]
+      for cell, other in zip(row[2:6], others):
+        theirs = ms.get((other, int(row[1])))
+        if theirs is None:
+          self.assertEqual(cell, "-")
+        else:
+          self.assertPrinted(cell, theirs / mine)  # > 1: rnnstep faster.
+      self.assertPrinted(row[6], mine / ms[("floor", int(row[1]))])  # x floor
 
   def test_dtype_and_fidelity_tables(self):
     rows = table_rows(self.proc.stdout, "## reduced precision")
     self.assertEqual({(r[0], r[1]) for r in rows},
                      {(m, d) for m in ("default", *PATHS)
                       for d in ("float32", "bfloat16")})
+    ms = {(r["mode"], r["dtype"]): r["ms_per_1000_chars"]
+          for r in self.results("dtype")}
+    best_f32 = min(v for (_, d), v in ms.items() if d == "float32")
     for row in rows:
-      self.assertGreater(float(row[5]), 0)  # vs f32 best
+      mine = ms[(row[0], row[1])]
+      self.assertPrinted(row[4], ms[(row[0], "float32")] / mine)  # vs f32
+      self.assertPrinted(row[5], best_f32 / mine)  # vs f32 best
     rows = table_rows(self.proc.stdout, "## reduced-precision fidelity")
     self.assertEqual([r[0] for r in rows], ["bfloat16"])
     self.assertLess(float(rows[0][1]), 1.0)  # max |logit error|, bf16 tiny model
@@ -115,10 +219,48 @@ class QuickBenchmarkTest(unittest.TestCase):
     rows = table_rows(self.proc.stdout, "## execution paths")
     self.assertEqual({(r[0], int(r[1])) for r in rows},
                      {(d, b) for d in ("float32", "bfloat16") for b in (1, 4)})
+    results = {(r["dtype"], r["batch"]): r for r in self.results("paths")}
     for row in rows:
-      self.assertIn(row[-3], PATHS)  # fastest
-      self.assertIn(row[-2], PATHS)  # what the default picks
-      self.assertGreaterEqual(float(row[-1]), 1.0)  # default / fastest
+      result = results[(row[0], int(row[1]))]
+      ms = result["ms_per_1000_chars"]
+      self.assertEqual(row[-3], min(ms, key=ms.get))  # fastest = argmin
+      self.assertEqual(row[-3], result["fastest"])
+      # The default column follows the planted cache, else the table.
+      self.assertEqual(row[-2], expected_default(row[0], int(row[1])))
+      self.assertPrinted(row[-1], ms[row[-2]] / ms[row[-3]])  # x fastest
+      for cell, path in zip(row[2:5], PATHS):
+        self.assertAlmostEqual(number(cell), ms[path], delta=0.5 + 0.005 * ms[path])
+
+  def test_floors_table(self):
+    rows = table_rows(self.proc.stdout, "## floors")
+    cases = [("float32", 1), ("float32", 4), ("bfloat16", 4)]
+    self.assertEqual([(r[0], int(r[1])) for r in rows], cases)
+    results = {(r["dtype"], r["batch"]): r for r in self.results("floors")}
+    self.assertEqual(list(results), cases)
+    for row in rows:
+      dtype, batch = row[0], int(row[1])
+      result = results[(dtype, batch)]
+      ms = result["ms_per_1000_steps"]
+      self.assertEqual(set(ms), {"floor_xla", "floor_graph", "default", *PATHS})
+      floor = min(ms["floor_xla"], ms["floor_graph"])
+      self.assertEqual(result["floor"], floor)
+      fastest = min(PATHS, key=ms.get)
+      took = expected_default(dtype, batch)
+      cells = dict(zip(["chars", "floor_xla", "floor_graph", "floor", *PATHS,
+                        "fastest", "default", "took", "from", "dflt/fast",
+                        "fast/flr", "dflt/flr"], row[2:]))
+      self.assertEqual(int(cells["chars"]), 40)
+      for name in ("floor_xla", "floor_graph", *PATHS, "default"):
+        self.assertPrinted(cells[name], ms[name], decimals=1)
+      self.assertPrinted(cells["floor"], floor, decimals=1)
+      self.assertEqual(cells["fastest"], fastest)
+      self.assertEqual(cells["took"], took)
+      self.assertEqual(cells["from"],
+                       "tuned" if (dtype, batch) == PLANTED[:2] else "table")
+      self.assertPrinted(cells["dflt/fast"], ms["default"] / ms[fastest])
+      self.assertPrinted(cells["fast/flr"], ms[fastest] / floor)
+      self.assertPrinted(cells["dflt/flr"], ms["default"] / floor)
+      self.assertEqual(result["default_over_fastest"], ms["default"] / ms[fastest])
 
   def test_json_out(self):
     self.assertIsNotNone(self.data)

@@ -1,0 +1,1 @@
+"""The sections and parts of tools/benchmark.py (see its docstring)."""
