@@ -24,6 +24,7 @@ from rnnstep import model_file
 from rnnstep import paths
 from rnnstep import request as request_lib
 from rnnstep import sampling
+from rnnstep import tuning
 
 BUNDLED_MODEL = "shakespeare.npz"
 
@@ -58,9 +59,6 @@ def default_path(model: model_lib.Model, batch_size: int) -> str:
     # The bands are CPU measurements; on a GPU XLA's dots use the vendor
     # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
     return _XLA
-  # Imported here so that this edit stays inside this function (tuning.py
-  # imports api lazily too); after the first call it is a dict lookup.
-  from rnnstep import tuning  # pylint: disable=g-import-not-at-top
   measured = tuning.cached_path(model, batch_size)
   if measured is not None:
     return measured

@@ -50,11 +50,13 @@ from typing import Callable, Dict, Iterable, Optional
 
 import tensorflow as tf
 
+from rnnstep import paths
+
 CACHE_FILE = "tuning.json"
 FORMAT = "rnnstep-tuning"
 VERSION = 1
 # The candidate paths, as `jit_compile` values (rnnstep.generate's argument).
-PATHS = {"xla": True, "graph": False, "elementwise": "elementwise"}
+PATHS = {path: paths.jit_compile_of(path) for path in paths.CONCRETE}
 # Upper bounds of the batch buckets; above the last is one open bucket.
 BUCKET_BOUNDS = (1, 4, 8, 16, 32, 64, 128, 256)
 # The CPU features that change which matmul kernels TF and XLA use.

@@ -7,6 +7,8 @@ section modules defines them once; the sections read a `Settings`.
 from absl import app
 from absl import flags
 
+from rnnstep import tuning
+
 ALL_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                 "rnnstep_xla", "rnnstep_elementwise", "floor", "floor_graph",
                 "torch_gru", "torch_fused")
@@ -15,8 +17,8 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
 SECTIONS = ("speed", "dtype", "paths", "floors", "latency", "cli")
-# rnnstep's execution paths, by their `jit_compile` value (generator.py).
-PATHS = {"xla": True, "graph": False, "elementwise": "elementwise"}
+# rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
+PATHS = tuning.PATHS
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
                     "rnnstep_elementwise")
 
