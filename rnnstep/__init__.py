@@ -6,6 +6,7 @@ Public API:
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
+  export_litert(model, export_dir)              model.tflite + vocab.json (LiteRT)
   Model, Generator                              the lower-level objects
 
 Names are imported on first use (PEP 562), so `import rnnstep` does not import
@@ -22,6 +23,7 @@ _EXPORTS = {
     "Model": "rnnstep.model",
     "bundled_model_path": "rnnstep.api",
     "export": "rnnstep.saved_model",
+    "export_litert": "rnnstep.litert",
     "generate": "rnnstep.api",
     "load": "rnnstep.api",
     "logits": "rnnstep.api",
