@@ -106,6 +106,16 @@ class GenerateModule(tf.Module):
     return {"ids": tf.transpose(ids)}
 
 
+def signature_text() -> str:
+  """The `generate` signature, one line: 'generate(name: dtype[shape], ...) -> ...'."""
+  def spec(tensor_spec):
+    dims = "".join(f"[{'?' if d is None else d}]" for d in tensor_spec.shape)
+    return f"{tensor_spec.name}: {tensor_spec.dtype.name}{dims}"
+  inputs = GenerateModule.generate.input_signature
+  return (f"{SIGNATURE}({', '.join(spec(s) for s in inputs)}) -> "
+          "ids: int32[?][?]")
+
+
 def row_keys(seeds, index):
   """`sampling.row_keys` for int32 seeds, from ops LiteRT has as builtins.
 
