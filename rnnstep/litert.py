@@ -1,11 +1,11 @@
-"""LiteRT (TFLite) export: the whole generation of a batch as one interpreter call.
+"""LiteRT (TFLite) export: a whole batch generation in one interpreter call.
 
 `export_litert(model, export_dir)` writes
 
   export_dir/model.tflite   one signature, "generate":
       prompt_ids int32 [B, T] (right-padded), prompt_lengths int32 [B],
       num_steps int32 [], temperature float32 [], top_k int32 [],
-      top_p float32 [], seed int64 []  ->  ids int32 [B, num_steps]
+      top_p float32 [], seed int32 []  ->  ids int32 [B, num_steps]
   export_dir/vocab.json     the characters in id order (a JSON list)
 
 The flatbuffer holds only builtin LiteRT ops (no TF "Flex" ops), so the plain
@@ -18,13 +18,19 @@ The loop is written for the converter rather than shared with `Generator`
     only while the column is before its last character (masked, as
     `Network.unroll` does);
   - decode: a while loop over steps whose ids go into a `[num_steps, B]`
-    buffer updated in place (`tensor_scatter_nd_update`), no TensorArray.
+    buffer, row t written by a dynamic update slice (LiteRT's builtin
+    DYNAMIC_UPDATE_SLICE; 13-20% faster than `tensor_scatter_nd_update`,
+    which becomes SCATTER_ND + SELECT, at B=1 x 5000 and B=64 x 500 steps).
+    That op has TF kernels only under XLA: the function is meant for the
+    converter, not to be called in TensorFlow.
 
-The cells, the projection and the sampling are the library's own
-(`Model.network()`, `sampling.next_ids`, `sampling.row_keys`): row i of a call
-uses the noise key (seed, i), as `rnnstep.generate(..., seed=seed)` does, so
-the two give the same text (greedy: the same text as Keras). Stop strings are
-not part of the export (cut the decoded text on the host).
+The cells, the projection and the sampling (greedy, temperature, top-k,
+top-p; "[UNK]" never drawn) are the library's own (`Model.network()`,
+`sampling.next_ids`): row i of a call uses the noise key (seed, i), as
+`rnnstep.generate(..., seed=seed)` does, so the two give the same text
+(greedy: the same text as Keras). The seed is int32, not int64: LiteRT has no
+int64 bitwise ops to split a 64-bit seed (see `row_keys`). Stop strings are not
+part of the export (cut the decoded text on the host).
 
 Only float32 models are exported: LiteRT has no bfloat16 matmul, so a model
 loaded with dtype bfloat16/float16 is refused rather than silently changed.
@@ -36,6 +42,9 @@ import shutil
 import tempfile
 
 import tensorflow as tf
+# XlaDynamicUpdateSlice, which the converter maps to LiteRT's builtin
+# DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
+from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
 from rnnstep import sampling
 
@@ -92,13 +101,12 @@ class GenerateModule(tf.Module):
     keys = row_keys(tf.fill([batch], seed), tf.range(batch))
     banned = None if self._banned is None else tf.constant(self._banned)
     steps = tf.maximum(num_steps, 0)
-    rows = tf.range(batch)
 
     def decode(t, state, inputs, ids):
       logits, state = network.step(inputs, state)
       chosen = sampling.next_ids(logits, params, keys, t, banned)
-      where = tf.stack([tf.fill([batch], t), rows], axis=1)
-      return t + 1, state, chosen, tf.tensor_scatter_nd_update(ids, where, chosen)
+      return t + 1, state, chosen, xla.dynamic_update_slice(
+          ids, chosen[None, :], tf.stack([t, 0]))
 
     _, _, _, ids = tf.while_loop(
         lambda t, *_: t < steps, decode,
@@ -107,7 +115,7 @@ class GenerateModule(tf.Module):
 
 
 def signature_text() -> str:
-  """The `generate` signature, one line: 'generate(name: dtype[shape], ...) -> ...'."""
+  """The `generate` signature as one line: 'generate(name: dtype[dims], ...)'."""
   def spec(tensor_spec):
     dims = "".join(f"[{'?' if d is None else d}]" for d in tensor_spec.shape)
     return f"{tensor_spec.name}: {tensor_spec.dtype.name}{dims}"
@@ -133,7 +141,8 @@ def row_keys(seeds, index):
   """
   low = tf.cast(seeds, tf.uint32)
   high = tf.cast(tf.bitwise.right_shift(seeds, 31), tf.uint32)
-  key = sampling.fmix32(tf.bitwise.bitwise_xor(low, tf.constant(0x9E3779B9, tf.uint32)))
+  key = sampling.fmix32(
+      tf.bitwise.bitwise_xor(low, tf.constant(0x9E3779B9, tf.uint32)))
   key = sampling.fmix32(tf.bitwise.bitwise_xor(key, high))
   return sampling.fmix32(tf.bitwise.bitwise_xor(key, tf.cast(index, tf.uint32)))
 

@@ -56,7 +56,7 @@ WORKER = textwrap.dedent("""
     single = rnnstep.load(path)
     with strategy.scope():
       model = rnnstep.load(path)
-    prompts = ["HELLO", "A", "BCD", "XYZW", "Q"]   # odd: the last replica is padded
+    prompts = ["HELLO", "A", "BCD", "XYZW", "Q"]  # odd: a replica is padded
     runs = [(False, dict(temperature=0.0)), (False, dict(seed=3, top_k=8)),
             (False, dict(seed=3, stop=["E", "A"])),
             (True, dict(temperature=0.0)), (True, dict(seed=4, top_p=0.9)),
@@ -117,7 +117,8 @@ class DistributeTest(tf.test.TestCase):
     workers = []
     try:
       for index in range(2):
-        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        config = {"cluster": cluster,
+                  "task": {"type": "worker", "index": index}}
         workers.append(subprocess.Popen(
             [sys.executable, "-c", WORKER, path], cwd=root, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,

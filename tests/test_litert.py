@@ -152,7 +152,8 @@ def test_row_keys_equal_the_library_s_for_int32_seeds():
   index = np.arange(len(seeds), dtype=np.int32) * 7
   np.testing.assert_array_equal(
       litert.row_keys(tf.constant(seeds), tf.constant(index)).numpy(),
-      sampling.row_keys(tf.constant(seeds, tf.int64), tf.constant(index)).numpy())
+      sampling.row_keys(tf.constant(seeds, tf.int64),
+                        tf.constant(index)).numpy())
 
 
 def test_export_writes_both_files_and_leaves_no_temp(tmp_path):

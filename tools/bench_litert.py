@@ -1,7 +1,7 @@
 """LiteRT export against the library: file size and characters per second.
 
 USAGE (from the repo root):
-  python tools/bench_litert.py                        # bundled model, B=1, 500 chars
+  python tools/bench_litert.py             # bundled model, B=1, 500 chars
   python tools/bench_litert.py --num_chars=200 --rounds=3 --batch_size=8
   python tools/bench_litert.py --weights=my.npz --num_threads=1
 
@@ -41,6 +41,7 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
   import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
 
   model = rnnstep.load(_WEIGHTS.value)
   steps, batch = _NUM_CHARS.value, _BATCH.value
@@ -67,7 +68,8 @@ def main(argv):
                             seed=1)
 
   greedy_equal = litert(0.0) == library(0.0)  # Also the warm-up.
-  variants = {"litert": litert, "rnnstep (default path)": library}
+  variants = {f"litert ({_THREADS.value} threads)": litert,
+              f"rnnstep [{api.default_path(model, batch)}]": library}
   times = {name: [] for name in variants}
   for round_ in range(_ROUNDS.value):
     order = list(variants)
@@ -78,7 +80,6 @@ def main(argv):
       variants[name](_TEMPERATURE.value)
       times[name].append(time.perf_counter() - start)
 
-  path_name = rnnstep.api.default_path(model, batch)
   print(f"model: {_WEIGHTS.value or 'bundled'} ({model.config.layers}), "
         f"B={batch}, {steps} chars, temperature {_TEMPERATURE.value}, "
         f"medians of {_ROUNDS.value}")
@@ -88,10 +89,7 @@ def main(argv):
   print(f"{'variant':32s} {'seconds':>9s} {'chars/s':>10s}")
   for name, values in times.items():
     seconds = statistics.median(values)
-    label = name if name == "litert" else f"{name} [{path_name}]"
-    if name == "litert":
-      label = f"litert ({_THREADS.value} threads)"
-    print(f"{label:32s} {seconds:9.3f} {steps * batch / seconds:10.0f}")
+    print(f"{name:32s} {seconds:9.3f} {steps * batch / seconds:10.0f}")
 
 
 if __name__ == "__main__":

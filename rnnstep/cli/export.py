@@ -6,7 +6,7 @@ USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite]
   rnnstep-export --output=served/1                     # the bundled model
   rnnstep-export --weights=my.npz --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
-  rnnstep-export --format=tflite --output=litert       # model.tflite + vocab.json
+  rnnstep-export --format=tflite --output=litert  # model.tflite, vocab.json
 
 The SavedModel holds the weights, the vocabulary and the whole generation loop,
 so any TensorFlow runtime (TF Serving, tf.saved_model.load) serves it without
@@ -89,11 +89,11 @@ def main(argv):
         rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
   weights = _WEIGHTS.value or "the bundled model"
   if litert:
-    from rnnstep import litert as litert_lib  # pylint: disable=g-import-not-at-top
+    from rnnstep import litert as lib  # pylint: disable=g-import-not-at-top
     print(f"wrote a LiteRT model of {weights} (float32) to {output}: "
-          f"{litert_lib.MODEL_FILE}, {litert_lib.VOCAB_FILE}")
+          f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")
-    print(f"  {litert_lib.signature_text()}")
+    print(f"  {lib.signature_text()}")
     return 0
   print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
         f"jit_compile={_JIT_COMPILE.value}) to {output}")
