@@ -5,6 +5,7 @@ must equal `rnnstep.generate(..., seed=s)`; the flatbuffer must hold builtin
 ops only (no Flex ops: the plain interpreter could not run them).
 """
 
+import ast
 import functools
 import json
 import os
@@ -189,3 +190,26 @@ def test_export_refuses_a_reduced_precision_model(tmp_path):
   with pytest.raises(ValueError, match="float32 only.*dtype='float32'"):
     rnnstep.export_litert(model, tmp_path / "out")
   assert os.listdir(tmp_path) == []
+
+
+
+def test_the_package_never_imports_the_interpreter():
+  """ai_edge_litert is for tests and users; rnnstep only writes the file."""
+  package = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "rnnstep")
+  offenders = []
+  for directory, _, files in os.walk(package):
+    for name in [f for f in files if f.endswith(".py")]:
+      path = os.path.join(directory, name)
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+          modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+          modules = [node.module or ""]
+        else:
+          continue
+        offenders += [f"{path}:{node.lineno}" for m in modules
+                      if m.split(".")[0] in ("ai_edge_litert", "tflite_runtime")]
+  assert offenders == []
