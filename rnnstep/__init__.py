@@ -7,6 +7,7 @@ Public API:
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
   tune(model, batch_sizes=...)                  measure the fastest path here, cache it
+  export_litert(model, export_dir)              model.tflite + vocab.json (LiteRT)
   Model, Generator                              the lower-level objects
 
 Names are imported on first use (PEP 562), so `import rnnstep` does not import
@@ -23,6 +24,7 @@ _EXPORTS = {
     "Model": "rnnstep.model",
     "bundled_model_path": "rnnstep.api",
     "export": "rnnstep.saved_model",
+    "export_litert": "rnnstep.litert",
     "generate": "rnnstep.api",
     "load": "rnnstep.api",
     "logits": "rnnstep.api",

@@ -2,7 +2,8 @@
 
 The exported SavedModel is loaded in a process where `rnnstep`, `keras` and
 `tf_keras` are unimportable; its text must equal `rnnstep.generate` in this
-process on the same small random model file.
+process on the same small random model file. The --format=tflite export runs
+in the ai_edge_litert interpreter in a process without TensorFlow.
 """
 
 import json
@@ -42,6 +43,34 @@ SERVE = textwrap.dedent("""
     print(json.dumps(texts))
 """)
 
+# The LiteRT export, run where TensorFlow, rnnstep and Keras are unimportable.
+LITERT = textwrap.dedent("""
+    import json, os, sys
+    sys.modules.update(tensorflow=None, rnnstep=None, keras=None, tf_keras=None)
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+    directory, prompts, calls = sys.argv[1], *json.loads(sys.argv[2])
+    with open(os.path.join(directory, "vocab.json"), encoding="utf-8") as f:
+      vocab = json.load(f)
+    index = {c: i for i, c in enumerate(vocab)}
+    ids = np.zeros([len(prompts), max(map(len, prompts))], np.int32)
+    for row, prompt in enumerate(prompts):
+      ids[row, :len(prompt)] = [index[c] for c in prompt]
+    runner = Interpreter(os.path.join(directory, "model.tflite")
+                         ).get_signature_runner("generate")
+    texts = []
+    for args in calls:
+      out = runner(prompt_ids=ids,
+                   prompt_lengths=np.array([len(p) for p in prompts], np.int32),
+                   num_steps=np.int32(args["num_steps"]),
+                   temperature=np.float32(args["temperature"]),
+                   top_k=np.int32(args.get("top_k", 0)),
+                   top_p=np.float32(args.get("top_p", 1.0)),
+                   seed=np.int32(args["seed"]))["ids"]
+      texts.append(["".join(vocab[i] for i in row) for row in out])
+    print(json.dumps(texts))
+""")
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
@@ -49,7 +78,7 @@ def env(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("cli_export")
   weights = str(tmp / "model.npz")
   write_model(weights)
-  for name in ("errors", "full", "sigterm"):
+  for name in ("errors", "full", "sigterm", "litert_errors"):
     (tmp / name).mkdir()
   (tmp / "full" / "keep.txt").write_text("keep")
   served = tmp / "served" / "1"  # Its parent does not exist yet.
@@ -61,6 +90,18 @@ def env(tmp_path_factory):
                     False),
       "no_output": ([f"--weights={weights}"], False),
       "help": (["--help"], False),
+      "tflite": ([f"--weights={weights}", "--format=tflite",
+                  f"--output={tmp / 'litert' / 'a'}"], False),
+      "tflite_bfloat16": ([f"--weights={weights}", "--format=tflite",
+                           "--dtype=bfloat16",
+                           f"--output={tmp / 'litert_errors' / 'b'}"], False),
+      "tflite_jit": ([f"--weights={weights}", "--format=tflite",
+                      "--jit_compile",
+                      f"--output={tmp / 'litert_errors' / 'c'}"], False),
+      "tflite_non_empty": ([f"--weights={weights}", "--format=tflite",
+                            f"--output={tmp / 'full'}"], False),
+      "bad_format": ([f"--weights={weights}", "--format=onnx",
+                      f"--output={tmp / 'litert_errors' / 'd'}"], False),
   }
   return {"tmp": tmp, "weights": weights, "served": served,
           "results": run_concurrently(COMMAND, runs)}
@@ -93,10 +134,53 @@ def test_served_text_equals_the_library_without_rnnstep(env):
                     for _, args in CALLS]
 
 
+def test_tflite_export_reports_files_and_the_signature(env):
+  directory = env["tmp"] / "litert" / "a"
+  lines = ok(env["results"]["tflite"]).splitlines()
+  assert lines[0].startswith("wrote a LiteRT model of ")
+  assert str(directory) in lines[0]
+  assert lines[-1].strip().startswith("generate(prompt_ids: int32[?][?], ")
+  assert sorted(os.listdir(directory)) == ["model.tflite", "vocab.json"]
+  assert os.listdir(directory.parent) == ["a"]  # No temp directory left.
+
+
+def test_tflite_text_equals_the_library_without_tensorflow(env):
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  ok(env["results"]["tflite"])
+  calls = [dict(args, num_steps=STEPS) for _, args in CALLS]
+  calls.append(dict(num_steps=STEPS, temperature=0.0, seed=0))
+  proc = subprocess.run(
+      [sys.executable, "-c", LITERT, str(env["tmp"] / "litert" / "a"),
+       json.dumps([PROMPTS, calls])],
+      capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  texts = json.loads(proc.stdout.strip().splitlines()[-1])
+  model = rnnstep.load(env["weights"])
+  assert texts == [rnnstep.generate(model, PROMPTS, jit_compile=False, **args)
+                   for args in calls]
+
+
+@pytest.mark.parametrize("run, status, words", [
+    ("tflite_bfloat16", 2, "--dtype=bfloat16: --format=tflite exports float32"),
+    ("tflite_jit", 2, "--jit_compile applies to --format=saved_model only"),
+    ("tflite_non_empty", 1, "not an empty directory"),
+    ("bad_format", 2, "--format=onnx"),
+])
+def test_tflite_bad_values_are_one_line_and_create_nothing(env, run, status,
+                                                          words):
+  line = one_error_line(env["results"][run], status)
+  assert line.startswith("rnnstep-export: error: ")
+  assert words in line
+  assert os.listdir(env["tmp"] / "litert_errors") == []
+  assert os.listdir(env["tmp"] / "full") == ["keep.txt"]
+
+
 def test_help_lists_the_flags(env):
   text = ok(env["results"]["help"])
   assert "USAGE: rnnstep-export" in text
-  for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype"):
+  for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype",
+               "--format"):
     assert flag in text, flag
 
 

@@ -1,17 +1,24 @@
-"""Multi-device generation with tf.distribute, on two logical CPU devices.
+"""Multi-device generation with tf.distribute: two logical CPU devices, and two
+worker processes on localhost.
 
-Logical devices must be configured before TensorFlow starts, so the check runs
-in a fresh interpreter. Every path runs with the model loaded outside the
-strategy's scope (the ordinary way) and inside it; greedy text is checked
-against a real Keras greedy loop, sampled text against the single-device text.
+Logical devices and a worker's cluster must be set before TensorFlow starts,
+so each check runs in fresh interpreters. Every path runs with the model
+loaded outside the strategy's scope (the ordinary way) and inside it; greedy
+text is checked against a real Keras greedy loop, sampled text against the
+single-device text.
 """
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import tensorflow as tf
+
+from tests.test_cli_common import write_model
 
 SCRIPT = textwrap.dedent("""
     import tensorflow as tf
@@ -45,6 +52,55 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# One worker of a MultiWorkerMirroredStrategy (TF_CONFIG names its task); both
+# run this. Collectives time out, so a worker whose peer died exits by itself.
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=60))
+    import rnnstep
+    path = sys.argv[1]
+    single = rnnstep.load(path)
+    with strategy.scope():
+      model = rnnstep.load(path)
+    prompts = ["HELLO", "A", "BCD", "XYZW", "Q"]  # odd: a replica is padded
+    runs = [(False, dict(temperature=0.0)), (False, dict(seed=3, top_k=8)),
+            (False, dict(seed=3, stop=["E", "A"])),
+            (True, dict(temperature=0.0)), (True, dict(seed=4, top_p=0.9)),
+            ("elementwise", dict(seed=3, stop=["E", "A"]))]
+    texts = []
+    for jit, kwargs in runs:
+      two = rnnstep.generate(model, prompts, 40, jit_compile=jit,
+                             strategy=strategy, **kwargs)
+      one = rnnstep.generate(single, prompts, 40, jit_compile=jit, **kwargs)
+      assert one == two, (jit, kwargs, one, two)
+      texts.append(two)
+    # A model loaded outside the scope, on every path.
+    for jit in (False, True, "elementwise"):
+      unscoped = rnnstep.generate(single, prompts, 40, jit_compile=jit, seed=3,
+                                  strategy=strategy)
+      assert unscoped == rnnstep.generate(single, prompts, 40, jit_compile=jit,
+                                          seed=3), (jit, unscoped)
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    print(json.dumps({"replicas": strategy.num_replicas_in_sync, "task": task,
+                      "texts": texts}))
+""")
+
+
+def free_ports(count):
+  """`count` ports free on 127.0.0.1 now (bound then released)."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
 class DistributeTest(tf.test.TestCase):
 
   def test_two_replicas_equal_one_device_on_every_path_and_scope(self):
@@ -54,6 +110,44 @@ class DistributeTest(tf.test.TestCase):
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn("replicas 2 ok", result.stdout)
+
+  def test_two_workers_each_get_every_row_equal_to_one_device(self):
+    """MultiWorkerMirroredStrategy, two worker processes over loopback.
+
+    Every path with the model loaded under strategy.scope() and outside it.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(self.create_tempdir().full_path, "model.npz")
+    write_model(path)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+    workers = []
+    try:
+      for index in range(2):
+        config = {"cluster": cluster,
+                  "task": {"type": "worker", "index": index}}
+        workers.append(subprocess.Popen(
+            [sys.executable, "-c", WORKER, path], cwd=root, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "TF_CONFIG": json.dumps(config),
+                 "TF_CPP_MIN_LOG_LEVEL": "3"}))
+      deadline = time.monotonic() + 300
+      outputs = [w.communicate(timeout=max(deadline - time.monotonic(), 1))
+                 for w in workers]
+    finally:
+      for worker in workers:  # Only after a failure: they exit by themselves.
+        if worker.poll() is None:
+          worker.kill()
+          worker.wait(30)
+    results = []
+    for worker, (stdout, stderr) in zip(workers, outputs):
+      self.assertEqual(worker.returncode, 0, stderr[-3000:])
+      results.append(json.loads(stdout.strip().splitlines()[-1]))
+    self.assertEqual([r["task"] for r in results], [0, 1])
+    self.assertEqual([r["replicas"] for r in results], [2, 2])
+    self.assertEqual(results[0]["texts"], results[1]["texts"])
+    for texts in results[0]["texts"]:
+      self.assertLen(texts, 5)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""rnnstep-export: write a model as a SavedModel that takes and returns strings.
+"""rnnstep-export: write a model as a SavedModel (strings in and out) or LiteRT.
 
-USAGE: rnnstep-export --output=DIR [--weights=NPZ] [--dtype=...] [--jit_compile]
+USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite]
+                      [--weights=NPZ] [--dtype=...] [--jit_compile]
 
   rnnstep-export --output=served/1                     # the bundled model
   rnnstep-export --weights=my.npz --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
+  rnnstep-export --format=tflite --output=litert  # model.tflite, vocab.json
 
 The SavedModel holds the weights, the vocabulary and the whole generation loop,
 so any TensorFlow runtime (TF Serving, tf.saved_model.load) serves it without
@@ -15,8 +17,15 @@ rnnstep or Keras. Its signatures:
 Row i of a call uses the seed pair (seed, i), as rnnstep.generate(...,
 seed=seed) does, so both give the same text.
 
+--format=tflite writes DIR/model.tflite and DIR/vocab.json (the characters in
+id order) for the LiteRT interpreter (ai_edge_litert; builtin ops only, no
+TensorFlow needed). Its one signature works on ids, float32 models only:
+  generate(prompt_ids: int32 [B, T] (right-padded), prompt_lengths: int32 [B],
+           num_steps: int32, temperature: float32, top_k: int32,
+           top_p: float32, seed: int32) -> {"ids": int32 [B, num_steps]}
+
 --output must not exist or be an empty directory; missing parent directories
-are created. The SavedModel is written to a temp directory beside --output and
+are created. The export is written to a temp directory beside --output and
 renamed to it when complete: a failed run leaves nothing there and removes the
 parent directories it created.
 
@@ -41,12 +50,18 @@ FLAGS = flags.FlagValues()
 _WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
-    "The SavedModel directory to create (e.g. served/1: TF Serving loads "
-    "numbered versions). It must not exist or be empty.", flag_values=FLAGS)
+    "The directory to create (e.g. served/1: TF Serving loads numbered "
+    "versions). It must not exist or be empty.", flag_values=FLAGS)
+_FORMAT = flags.DEFINE_enum(
+    "format", "saved_model", ["saved_model", "tflite"],
+    "saved_model: a TensorFlow SavedModel, strings in and out. tflite: "
+    "model.tflite (LiteRT, builtin ops, ids in and out) and vocab.json.",
+    flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", False,
-    "Mark the generation body for XLA compilation. Off by default: every "
-    "TensorFlow runtime can run the plain graph.", flag_values=FLAGS)
+    "Mark the generation body for XLA compilation (--format=saved_model "
+    "only). Off by default: every TensorFlow runtime can run the plain graph.",
+    flag_values=FLAGS)
 flags.mark_flag_as_required("output", flag_values=FLAGS)
 common.forbid_empty(FLAGS, "output")
 
@@ -54,6 +69,13 @@ common.forbid_empty(FLAGS, "output")
 def main(argv):
   common.reject_arguments(argv)
   output = _OUTPUT.value
+  litert = _FORMAT.value == "tflite"
+  if litert and FLAGS["jit_compile"].present:
+    raise common.Failure("--jit_compile applies to --format=saved_model only; "
+                         "drop it", common.EXIT_USAGE)
+  if litert and _DTYPE.value != "float32":
+    raise common.Failure(f"--dtype={_DTYPE.value}: --format=tflite exports "
+                         "float32 models only; drop --dtype", common.EXIT_USAGE)
   if os.path.exists(output) and (not os.path.isdir(output)
                                  or os.listdir(output)):
     raise common.Failure(f"--output={output}: already exists and is not an "
@@ -61,8 +83,18 @@ def main(argv):
   model = common.load_model(_WEIGHTS.value, _DTYPE.value)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
-      rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
+      if litert:
+        rnnstep.export_litert(model, tmp)
+      else:
+        rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
   weights = _WEIGHTS.value or "the bundled model"
+  if litert:
+    from rnnstep import litert as lib  # pylint: disable=g-import-not-at-top
+    print(f"wrote a LiteRT model of {weights} (float32) to {output}: "
+          f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
+    print("signature:")
+    print(f"  {lib.signature_text()}")
+    return 0
   print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
         f"jit_compile={_JIT_COMPILE.value}) to {output}")
   print("signatures:")

@@ -1,0 +1,215 @@
+"""LiteRT export: the flatbuffer run in the ai_edge_litert interpreter.
+
+Greedy text must equal a real Keras greedy loop (and the library); seeded text
+must equal `rnnstep.generate(..., seed=s)`; the flatbuffer must hold builtin
+ops only (no Flex ops: the plain interpreter could not run them).
+"""
+
+import ast
+import functools
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import keras_reference as kr
+
+import rnnstep
+from rnnstep import litert
+from rnnstep import model_file
+from rnnstep import sampling
+
+interpreter_lib = pytest.importorskip(
+    "ai_edge_litert.interpreter",
+    reason="ai_edge_litert is not installed (pip install ai-edge-litert)")
+schema = pytest.importorskip("ai_edge_litert.schema_py_generated")
+
+STACKS = {
+    "gru_reset_after": [kr.layer("gru", 24, True)],
+    "gru_reset_before": [kr.layer("gru", 24, False)],
+    "lstm": [kr.layer("lstm", 20)],
+    "simple_rnn": [kr.layer("simple_rnn", 20)],
+    "lstm_then_gru": [kr.layer("lstm", 16), kr.layer("gru", 12, False)],
+}
+PROMPTS = ["ROMEO: ", "A", "THE KING'S SPEECH"]  # Mixed lengths: padded rows.
+STEPS = 30
+
+
+@functools.lru_cache(maxsize=None)
+def exported(name):
+  """(keras model, rnnstep model, flatbuffer bytes) for a stack.
+
+  Keras' initial weights are scaled up so that greedy text depends on the
+  state (at init it settles on one repeated character), and id 0 is "[UNK]"
+  with a raised bias, so that it is often the argmax: the export must never
+  generate it.
+  """
+  layers = STACKS[name]
+  keras_model = kr.build(layers, vocab_size=66, seed=7)
+  embedding, *recurrent, dense = keras_model.layers[1:]
+  embedding.set_weights([embedding.get_weights()[0] * 40])
+  for lay in recurrent:
+    kernel, recurrent_kernel, bias = lay.get_weights()
+    lay.set_weights([kernel, recurrent_kernel * 3, bias])
+  kernel, bias = dense.get_weights()
+  bias[0] = 1.0
+  dense.set_weights([kernel * 3, bias])
+  vocab = ["[UNK]"] + kr.default_vocab(65)
+  model = kr.rnnstep_model(keras_model, layers, vocab)
+  return keras_model, model, litert.convert(model)
+
+
+def run(flatbuffer, model, prompts, num_steps, temperature=0.0, top_k=0,
+        top_p=1.0, seed=0):
+  """Runs the `generate` signature; returns the texts."""
+  interpreter = interpreter_lib.Interpreter(model_content=flatbuffer)
+  runner = interpreter.get_signature_runner(litert.SIGNATURE)
+  encoded = [model.encode(p) for p in prompts]
+  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
+  for row, e in enumerate(encoded):
+    ids[row, :len(e)] = e
+  out = runner(prompt_ids=ids,
+               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
+               num_steps=np.int32(num_steps),
+               temperature=np.float32(temperature), top_k=np.int32(top_k),
+               top_p=np.float32(top_p), seed=np.int32(seed))["ids"]
+  assert out.dtype == np.int32 and out.shape == (len(prompts), num_steps)
+  return [model.decode(row) for row in out]
+
+
+def op_codes(flatbuffer):
+  """(builtin op name, custom code) of every op code, all subgraphs."""
+  root = schema.Model.GetRootAsModel(flatbuffer, 0)
+  names = {v: k for k, v in vars(schema.BuiltinOperator).items()
+           if not k.startswith("_")}
+  codes = []
+  for i in range(root.OperatorCodesLength()):
+    code = root.OperatorCodes(i)
+    builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+    codes.append((names.get(builtin), code.CustomCode()))
+  return codes
+
+
+@pytest.mark.parametrize("name", list(STACKS))
+def test_greedy_equals_keras_and_the_library(name):
+  keras_model, model, flatbuffer = exported(name)
+  got = run(flatbuffer, model, PROMPTS, STEPS)
+  want = [model.decode(kr.greedy(keras_model, model.encode(p), STEPS,
+                                 banned=(0,))) for p in PROMPTS]
+  assert got == want
+  assert got == rnnstep.generate(model, PROMPTS, STEPS, temperature=0.0,
+                                 jit_compile=False)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=0.8, seed=5),
+    dict(temperature=1.0, seed=-3, top_k=5),
+    dict(temperature=1.3, seed=2**31 - 1, top_p=0.9),
+    dict(temperature=1.0, seed=-2**31, top_k=8, top_p=0.8),
+])
+def test_seeded_text_equals_the_library_and_repeats(kwargs):
+  _, model, flatbuffer = exported("lstm_then_gru")
+  got = run(flatbuffer, model, PROMPTS, STEPS, **kwargs)
+  assert got == rnnstep.generate(model, PROMPTS, STEPS, jit_compile=False,
+                                 **kwargs)
+  assert got == run(flatbuffer, model, PROMPTS, STEPS, **kwargs)
+  assert got != run(flatbuffer, model, PROMPTS, STEPS,
+                    **dict(kwargs, seed=kwargs["seed"] ^ 1))
+
+
+def test_unk_is_never_generated():
+  _, model, flatbuffer = exported("gru_reset_after")
+  text = "".join(run(flatbuffer, model, PROMPTS, 200, temperature=5.0, seed=1))
+  assert len(text) == 600 and "[UNK]" not in text
+
+
+def test_each_row_of_a_mixed_batch_equals_its_prompt_alone():
+  _, model, flatbuffer = exported("gru_reset_before")
+  batch = run(flatbuffer, model, PROMPTS, STEPS)
+  assert batch == [run(flatbuffer, model, [p], STEPS)[0] for p in PROMPTS]
+  # Row 0 of a seeded batch has the key (seed, 0), as it has alone.
+  sampled = run(flatbuffer, model, PROMPTS, STEPS, temperature=1.0, seed=4)
+  assert sampled[0] == run(flatbuffer, model, PROMPTS[:1], STEPS,
+                           temperature=1.0, seed=4)[0]
+
+
+def test_zero_steps_give_an_empty_row_each():
+  _, model, flatbuffer = exported("simple_rnn")
+  assert run(flatbuffer, model, PROMPTS, 0) == ["", "", ""]
+
+
+def test_the_flatbuffer_holds_builtin_ops_only():
+  _, _, flatbuffer = exported("lstm_then_gru")
+  codes = op_codes(flatbuffer)
+  assert ("WHILE", None) in codes  # The whole loop is in the flatbuffer.
+  assert [c for c in codes if c[0] == "CUSTOM" or c[1] is not None] == []
+
+
+def test_row_keys_equal_the_library_s_for_int32_seeds():
+  seeds = np.array([0, 1, -1, 5, 2**31 - 1, -2**31, 123456789, -987654321],
+                   np.int32)
+  index = np.arange(len(seeds), dtype=np.int32) * 7
+  np.testing.assert_array_equal(
+      litert.row_keys(tf.constant(seeds), tf.constant(index)).numpy(),
+      sampling.row_keys(tf.constant(seeds, tf.int64),
+                        tf.constant(index)).numpy())
+
+
+def test_export_writes_both_files_and_leaves_no_temp(tmp_path):
+  _, model, _ = exported("gru_reset_after")
+  target = tmp_path / "out"
+  assert rnnstep.export_litert(model, target) == str(target)
+  assert sorted(os.listdir(tmp_path)) == ["out"]
+  assert sorted(os.listdir(target)) == ["model.tflite", "vocab.json"]
+  vocab = json.loads((target / "vocab.json").read_text(encoding="utf-8"))
+  assert vocab == list(model.vocab) and vocab[0] == "[UNK]"
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(target).st_mode & 0o777 == 0o777 & ~umask
+  flatbuffer = (target / "model.tflite").read_bytes()
+  assert run(flatbuffer, model, PROMPTS[:1], 10) == rnnstep.generate(
+      model, PROMPTS[:1], 10, temperature=0.0, jit_compile=False)
+
+
+def test_export_refuses_a_non_empty_directory(tmp_path):
+  _, model, _ = exported("gru_reset_after")
+  (tmp_path / "keep.txt").write_text("keep")
+  with pytest.raises(ValueError, match="not an empty directory"):
+    rnnstep.export_litert(model, tmp_path)
+  assert os.listdir(tmp_path) == ["keep.txt"]
+
+
+def test_export_refuses_a_reduced_precision_model(tmp_path):
+  layers = STACKS["gru_reset_after"]
+  model = rnnstep.Model(model_file.ModelConfig(16, tuple(layers)),
+                        kr.default_vocab(65),
+                        kr.weights_of(kr.build(layers), layers),
+                        dtype="bfloat16")
+  with pytest.raises(ValueError, match="float32 only.*dtype='float32'"):
+    rnnstep.export_litert(model, tmp_path / "out")
+  assert os.listdir(tmp_path) == []
+
+
+
+def test_the_package_never_imports_the_interpreter():
+  """ai_edge_litert is for tests and users; rnnstep only writes the file."""
+  package = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "rnnstep")
+  offenders = []
+  for directory, _, files in os.walk(package):
+    for name in [f for f in files if f.endswith(".py")]:
+      path = os.path.join(directory, name)
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+          modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+          modules = [node.module or ""]
+        else:
+          continue
+        offenders += [f"{path}:{node.lineno}" for m in modules
+                      if m.split(".")[0] in ("ai_edge_litert", "tflite_runtime")]
+  assert offenders == []
