@@ -190,6 +190,10 @@ class Generator(tf.Module):
     ids = tf.TensorArray(tf.int32, size=request.capacity, element_shape=[None])
     num_steps = tf.minimum(request.num_steps, request.capacity)
     choose = self._chooser()
+    # Loop invariants, computed once: which parts of the tail any row needs.
+    parts = sampling.active(request.sampling, self.model.vocab_size)
+    looks_back = processors.in_use(request.sampling.repetition_penalty,
+                                   request.lookback)
 
     def cond(t, state, inputs, stop_state, done, lengths, history, scores, ids):
       del state, inputs, stop_state, lengths, history, scores, ids
@@ -199,8 +203,8 @@ class Generator(tf.Module):
       logits, state = network.step(inputs, state)
       chosen, stop_state, done, lengths, history, scores = choose(
           logits, t, start, stop_state, done, lengths, history, scores,
-          request.sampling, keys, request.stops, request.lookback,
-          request.want_scores)
+          request.sampling, parts, keys, request.stops, request.lookback,
+          looks_back, request.want_scores)
       return (t + 1, state, chosen, stop_state, done, lengths, history, scores,
               ids.write(t, chosen))
 
@@ -222,18 +226,17 @@ class Generator(tf.Module):
     banned = self._banned
 
     def choose(logits, t, start, stop_state, done, lengths, history, scores,
-               params, keys, stops, lookback, want_scores):
+               params, parts, keys, stops, lookback, looks_back, want_scores):
       """Chooses the next ids; advances stops, lengths, history and scores."""
       raw = logits
       if banned is not None:
         logits = logits + banned
-      looks_back = processors.in_use(params.repetition_penalty, lookback)
       logits = tf.cond(
           looks_back,
           lambda: processors.apply(logits, history, params.repetition_penalty,
                                    lookback),
           lambda: logits)
-      chosen = sampling.next_ids(logits, params, keys, start + t, banned)
+      chosen = sampling.next_ids(logits, params, keys, start + t, banned, parts)
       history = tf.cond(looks_back,
                         lambda: processors.append(history, chosen, lookback),
                         lambda: history)

@@ -22,7 +22,7 @@ ELEMENTWISE = "elementwise"
 AUTO = "auto"
 
 # The paths a Generator can run (AUTO is resolved before one is built).
-CONCRETE = (GRAPH, XLA, ELEMENTWISE)
+CONCRETE = (XLA, GRAPH, ELEMENTWISE)
 
 
 def from_jit_compile(jit_compile) -> str:

@@ -143,8 +143,34 @@ def min_p_filter(scaled: tf.Tensor, min_p: tf.Tensor) -> tf.Tensor:
   return tf.where(scaled >= floor[:, None], scaled, -float("inf"))
 
 
+class Active(NamedTuple):
+  """Which parts of sampling the rows need: loop-invariant, computed once.
+
+  Attributes:
+    sampled_rows: bool `[B]`, rows with temperature > 0 (the others are greedy).
+    filtered_rows: bool `[B]`, rows with a top-k or top-p below "off".
+    any_sampled: bool `[]`.
+    any_filtered: bool `[]`.
+    any_min_p: bool `[]`.
+  """
+  sampled_rows: tf.Tensor
+  filtered_rows: tf.Tensor
+  any_sampled: tf.Tensor
+  any_filtered: tf.Tensor
+  any_min_p: tf.Tensor
+
+
+def active(params: Params, vocab_size: int) -> Active:
+  """The `Active` parts for `params` (see `next_ids`)."""
+  sampled = params.temperature > 0.0
+  filtered = (((params.top_k > 0) & (params.top_k < vocab_size))
+              | (params.top_p < 1.0))
+  return Active(sampled, filtered, tf.reduce_any(sampled),
+                tf.reduce_any(filtered), tf.reduce_any(params.min_p > 0.0))
+
+
 def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
-             step: tf.Tensor, banned=None) -> tf.Tensor:
+             step: tf.Tensor, banned=None, parts: Active = None) -> tf.Tensor:
   """Chooses the next id of every row, each by its own settings.
 
   A row's choice depends only on its own logits, settings, key and the step:
@@ -156,6 +182,7 @@ def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
     keys: uint32 `[B]` row keys (see `row_keys`).
     step: int32 scalar, the generation step (the noise's counter).
     banned: optional float32 `[V]` added to the logits (-inf on banned ids).
+    parts: `active(params, V)`, computed once outside a loop (default: here).
 
   Returns:
     int32 `[B]`.
@@ -163,27 +190,26 @@ def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
   if banned is not None:
     logits = logits + banned
   vocab_size = logits.shape[-1]
+  if parts is None:
+    parts = active(params, vocab_size)
   greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
-  sampled_rows = params.temperature > 0.0
 
   def sample():
-    temperature = tf.where(sampled_rows, params.temperature, 1.0)[:, None]
+    temperature = tf.where(parts.sampled_rows, params.temperature, 1.0)[:, None]
     scaled = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
     if banned is not None:
       scaled = scaled + banned
-    needs_filter = (((params.top_k > 0) & (params.top_k < vocab_size))
-                    | (params.top_p < 1.0))
     scaled = tf.cond(
-        tf.reduce_any(needs_filter),
-        lambda: tf.where(needs_filter[:, None],
+        parts.any_filtered,
+        lambda: tf.where(parts.filtered_rows[:, None],
                          filter_logits(scaled, params.top_k, params.top_p),
                          scaled),
         lambda: scaled)
-    scaled = tf.cond(tf.reduce_any(params.min_p > 0.0),
+    scaled = tf.cond(parts.any_min_p,
                      lambda: min_p_filter(scaled, params.min_p),
                      lambda: scaled)
     gumbel = -tf.math.log(-tf.math.log(uniform_noise(keys, step, vocab_size)))
     return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
 
-  chosen = tf.cond(tf.reduce_any(sampled_rows), sample, lambda: greedy)
-  return tf.where(sampled_rows, chosen, greedy)
+  chosen = tf.cond(parts.any_sampled, sample, lambda: greedy)
+  return tf.where(parts.sampled_rows, chosen, greedy)

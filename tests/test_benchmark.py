@@ -262,6 +262,23 @@ class QuickBenchmarkTest(unittest.TestCase):
       self.assertPrinted(cells["dflt/flr"], ms["default"] / floor)
       self.assertEqual(result["default_over_fastest"], ms["default"] / ms[fastest])
 
+  def test_decoding_ratios_are_the_medians_ratios(self):
+    rows = self.results("decoding")
+    ms = next(r["ms"] for r in rows if "ms" in r)
+    self.assertEqual(ms["floor_1"], min(ms["floor_xla"], ms["floor_graph"]))
+    ratios = {r["ratio"]: r for r in rows if "ratio" in r}
+    self.assertEqual(set(ratios), {"beam_8/sample_8", "penalty_ngram_1/sample_1",
+                                   "scores_1/sample_1", "sample_1/floor_1"})
+    for name, row in ratios.items():
+      a, b = name.split("/")
+      self.assertAlmostEqual(row["value"], ms[a] / ms[b], places=9)
+      printed = next(line for line in self.proc.stdout.splitlines()
+                     if line.startswith(f"{a} / {b}:"))
+      self.assertPrinted(printed.split()[3], ms[a] / ms[b])
+      if row["target"] is not None:
+        met = ms[a] / ms[b] <= row["target"]
+        self.assertIn("met" if met else "NOT met", printed)
+
   def test_json_out(self):
     self.assertIsNotNone(self.data)
     speed = [r for r in self.data["results"] if r["section"] == "speed"]

@@ -75,6 +75,10 @@ Other sections:
            (jit_compile=None, tuned or table) and the ratios default/fastest,
            fastest/floor, default/floor; --floor_chars sets fewer chars at
            large batches (1000 at 1, 500 at 16, 300 at 32-64, 200 at 256).
+  decoding beam search (8 beams, 1 prompt) vs sampling 8 rows; repetition
+           penalty (window 32) + 4-gram ban at batch 1 vs plain sampling;
+           return_scores vs plain; plain sampling vs the floor, on
+           --decoding_path (XLA), --decoding_chars chars.
   latency  time to first text in a FRESH subprocess (python start, import,
            load the model file, trace/compile, generate), graph and XLA.
   cli      `rnnstep-generate` end-to-end wall time for --num_chars chars
@@ -99,6 +103,7 @@ if _ROOT not in sys.path:
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 from bench import cli
+from bench import decoding
 from bench import dtype
 from bench import floors
 from bench import latency
@@ -111,7 +116,8 @@ from bench import weights as weights_lib
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 SECTION_MODULES = {"speed": speed, "dtype": dtype, "paths": paths,
-                   "floors": floors, "latency": latency, "cli": cli}
+                   "floors": floors, "decoding": decoding, "latency": latency,
+                   "cli": cli}
 assert tuple(SECTION_MODULES) == cfg.SECTIONS
 
 # What every section's `run(ctx, results)` gets.

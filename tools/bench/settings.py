@@ -16,7 +16,7 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "rnnstep_xla", "floor", "floor_graph", "torch_gru",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
-SECTIONS = ("speed", "dtype", "paths", "floors", "latency", "cli")
+SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
 PATHS = tuning.PATHS
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
@@ -102,6 +102,12 @@ TUNE = flags.DEFINE_boolean(
     "--floor_cases dtype and batch (writes the tuning cache: "
     "$RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep), so that the default columns "
     "show the measured winners ('tuned').")
+DECODING_PATH = flags.DEFINE_enum(
+    "decoding_path", "xla", ["xla", "graph", "elementwise"],
+    "The path of the decoding section's comparisons.")
+DECODING_CHARS = flags.DEFINE_integer(
+    "decoding_chars", 500, "Characters per row in the decoding section.",
+    lower_bound=1)
 FLOOR_CHARS = flags.DEFINE_list(
     "floor_chars", ["1:1000", "16:500", "32:300", "256:200"],
     "batch:chars: characters per row in the floors section for batches from "
@@ -143,6 +149,8 @@ class Settings:
     self.floor_chars = ({1: self.num_chars} if quick else
                         _batch_map(FLOOR_CHARS.value, "--floor_chars"))
     self.seed = SEED.value
+    self.decoding_path = DECODING_PATH.value
+    self.decoding_chars = self.num_chars if quick else DECODING_CHARS.value
     self.tune = TUNE.value
     self.weights_path = WEIGHTS.value
     self.dtype_modes = [m for m in DTYPE_MODES.value if m]
@@ -152,7 +160,7 @@ class Settings:
     if quick and not flags.FLAGS["sections"].present:
       # The latency and cli sections start fresh TensorFlow processes (seconds
       # each): asked for explicitly only.
-      self.sections = ["speed", "dtype", "paths", "floors"]
+      self.sections = ["speed", "dtype", "paths", "floors", "decoding"]
     for s in self.sections:
       if s not in SECTIONS:
         raise app.UsageError(f"--sections: unknown section {s!r}; of {SECTIONS}")
