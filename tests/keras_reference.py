@@ -66,6 +66,23 @@ def weights_of(keras_model, layers):
   return tensors
 
 
+def from_weights(tensors, layers):
+  """A Keras model made by `build`, holding a model-file tensor dict's weights.
+
+  For model files written without Keras (e.g. tests/test_cli_common.py's
+  `write_model`): the same weights in a real Keras model, as the reference.
+  """
+  vocab_size, embedding_dim = tensors["embedding"].shape
+  keras_model = build(layers, vocab_size, embedding_dim)
+  weight_layers = [l for l in keras_model.layers if l.get_weights()]
+  weight_layers[0].set_weights([tensors["embedding"]])
+  for i in range(len(layers)):
+    weight_layers[1 + i].set_weights([tensors[f"layer{i}_{part}"] for part in
+                                      ("kernel", "recurrent_kernel", "bias")])
+  weight_layers[-1].set_weights([tensors["dense_kernel"], tensors["dense_bias"]])
+  return keras_model
+
+
 def default_vocab(vocab_size):
   return [chr(ord(" ") + i) for i in range(vocab_size)]
 
