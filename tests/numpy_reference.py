@@ -47,20 +47,20 @@ class Reference:
       (h,) = state
       if spec.reset_after:
         xp, hp = x @ k + b[0], h @ r + b[1]
-        z = _sigmoid(xp[:u] + hp[:u])
-        rr = _sigmoid(xp[u:2 * u] + hp[u:2 * u])
-        n = np.tanh(xp[2 * u:] + rr * hp[2 * u:])
+        z = _sigmoid(xp[..., :u] + hp[..., :u])
+        rr = _sigmoid(xp[..., u:2 * u] + hp[..., u:2 * u])
+        n = np.tanh(xp[..., 2 * u:] + rr * hp[..., 2 * u:])
       else:
         xp = x @ k + b
-        z = _sigmoid(xp[:u] + h @ r[:, :u])
-        rr = _sigmoid(xp[u:2 * u] + h @ r[:, u:2 * u])
-        n = np.tanh(xp[2 * u:] + (rr * h) @ r[:, 2 * u:])
+        z = _sigmoid(xp[..., :u] + h @ r[:, :u])
+        rr = _sigmoid(xp[..., u:2 * u] + h @ r[:, u:2 * u])
+        n = np.tanh(xp[..., 2 * u:] + (rr * h) @ r[:, 2 * u:])
       h = z * h + (1 - z) * n
       return h, [h]
     if spec.kind == "lstm":
       h, c = state
       g = x @ k + h @ r + b
-      i_, f, cc, o = (g[j * u:(j + 1) * u] for j in range(4))
+      i_, f, cc, o = (g[..., j * u:(j + 1) * u] for j in range(4))
       c = _sigmoid(f) * c + _sigmoid(i_) * np.tanh(cc)
       h = _sigmoid(o) * np.tanh(c)
       return h, [h, c]
@@ -71,7 +71,10 @@ class Reference:
     raise ValueError(spec.kind)
 
   def step(self, token, state):
-    """One id through the stack: `(logits [V], new_state)`."""
+    """One id (or ids `[B]`) through the stack: `(logits [(B,) V], new_state)`.
+
+    A zero state of shape `[U]` broadcasts over a batch of ids.
+    """
     x = self.t["embedding"][token]
     new_state = []
     for i, (spec, layer_state) in enumerate(zip(self.layers, state)):
@@ -80,12 +83,14 @@ class Reference:
     return x @ self.t["dense_kernel"] + self.t["dense_bias"], new_state
 
   def logits(self, ids):
-    """Teacher-forced logits `[T, V]` from a zero state for one row of ids."""
+    """Teacher-forced logits from a zero state: ids `[T]` -> `[T, V]`, or
+    `[B, T]` -> `[B, T, V]`."""
+    ids = np.asarray(ids)
     state, out = self.zero_state(), []
-    for token in ids:
-      logits, state = self.step(int(token), state)
+    for t in range(ids.shape[-1]):
+      logits, state = self.step(ids[..., t], state)
       out.append(logits)
-    return np.stack(out)
+    return np.stack(out, -2)
 
   def _choose(self, logits):
     logits = logits.copy()
@@ -112,7 +117,8 @@ class Reference:
     return float((logits[np.arange(len(ids) - 1), ids[1:]] - log_norm).sum())
 
   def greedy_agreement(self, prompt_ids, generated_ids):
-    """How well a greedy continuation agrees with this float64 model.
+    """How well a greedy continuation (or a batch of them) agrees with this
+    float64 model.
 
     Teacher-forced along the generated text itself: at each step the
     reference sees the same history the generator saw, so one early flip does
@@ -124,17 +130,20 @@ class Reference:
       generated id is the reference's argmax; the largest reference logit gap
       `max - logit[chosen]` over the steps (0 where they agree: a small gap
       means a near-tie that rounding may flip); the first step that differs
-      (len(generated) when none).
+      (len(generated) when none). For a batch (prompts `[B, P]`, texts
+      `[B, N]`, equal lengths), over all rows; the first divergence is the
+      earliest of any row.
     """
-    ids = list(prompt_ids) + list(generated_ids)
-    logits = self.logits(ids[:-1])[len(prompt_ids) - 1:]
-    logits[:, self.banned] = -np.inf
-    chosen = np.asarray(generated_ids)
+    prompt_ids = np.atleast_2d(prompt_ids)
+    chosen = np.atleast_2d(generated_ids)
+    ids = np.concatenate([prompt_ids, chosen], 1)
+    logits = self.logits(ids[:, :-1])[:, prompt_ids.shape[1] - 1:]
+    logits[..., self.banned] = -np.inf
     best = logits.argmax(-1)
-    gaps = logits.max(-1) - logits[np.arange(len(chosen)), chosen]
-    agree = best == chosen
-    first = int(np.argmin(agree)) if not agree.all() else len(chosen)
-    return float(agree.mean()), float(gaps.max()), first
+    gaps = logits.max(-1) - np.take_along_axis(logits, chosen[..., None], -1)[..., 0]
+    agree = (best == chosen).all(0)
+    first = int(np.argmin(agree)) if not agree.all() else chosen.shape[1]
+    return float((best == chosen).mean()), float(gaps.max()), first
 
 
 def tensors_of_file(model_data):

@@ -22,6 +22,10 @@ class NumpyReferenceTest(parameterized.TestCase):
     ids = np.random.default_rng(0).integers(0, 65, 60)
     want = keras_model(ids[None].astype(np.int32), training=False).numpy()[0]
     np.testing.assert_allclose(reference.logits(ids), want, atol=2e-5, rtol=0)
+    batch = np.stack([ids, ids[::-1]])  # Rows of a batch are independent.
+    np.testing.assert_allclose(reference.logits(batch),
+                               [reference.logits(ids), reference.logits(ids[::-1])],
+                               atol=1e-12, rtol=0)
     prompt = model.encode("ROMEO: ")
     self.assertEqual(reference.greedy(prompt, 60),
                      kr.greedy(keras_model, prompt, 60))
