@@ -190,7 +190,7 @@ KERAS_STEPS = 100  # The most num_steps the strategy below draws.
 
 @functools.lru_cache(maxsize=None)
 def _models():
-  keras_model = kr.build(LAYERS, seed=2)
+  keras_model = kr.lively(kr.build(LAYERS, seed=2))
   return keras_model, kr.rnnstep_model(keras_model, LAYERS)
 
 
