@@ -60,7 +60,9 @@ def lively(keras_model, embedding_scale=40.0, recurrent_scale=3.0,
   At Keras' initial scales a random model's greedy text is one character
   repeated whatever the prompt, which lets a wrong prompt, state or path
   through unseen; these scales give varied, prompt-dependent text that is
-  still not chaotic (float32 rounding does not part Keras and rnnstep).
+  still not chaotic for GRU and LSTM stacks (float32 rounding does not part
+  Keras and rnnstep). A tanh SimpleRNN turns chaotic near recurrent_scale 2:
+  use 1.5 there.
 
   Args:
     keras_model: a model made by `build`.
