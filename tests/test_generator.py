@@ -62,7 +62,9 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
       got = rnnstep.generate(model, prompt, 120, temperature=0.0, jit_compile=jit)
       self.assertEqual(got, want, f"jit_compile={jit}")
 
-  @parameterized.parameters(*PATHS, None)
+  @parameterized.named_parameters(("graph", False), ("xla", True),
+                                  ("elementwise", "elementwise"),
+                                  ("default", None))
   def test_unk_is_never_generated(self, jit):
     model = unk_model()  # Its bias makes [UNK] the argmax at every step.
     reference = nr.Reference(unk_tensors(), STACKS["gru_reset_after"],
@@ -245,7 +247,9 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
 class StepTest(tf.test.TestCase, parameterized.TestCase):
   """`Generator.step` / `zero_state`, the research entry points, per path."""
 
-  @parameterized.product(name=list(STACKS), jit=PATHS)
+  @parameterized.named_parameters(*[(f"{n}_{mode}", n, jit) for n in STACKS
+                                     for mode, jit in zip(
+                                         ("graph", "xla", "elementwise"), PATHS)])
   def test_step_logits_match_keras_over_a_sequence(self, name, jit):
     keras_model, model = models(name)
     ids = np.random.default_rng(1).integers(0, 65, [3, 30]).astype(np.int32)
@@ -279,7 +283,8 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
   # dtype is really used (float32 errs by < 1e-6 here).
   ERROR_BOUNDS = {"bfloat16": (1e-4, 2e-2), "float16": (1e-5, 3e-3)}
 
-  @parameterized.product(name=list(STACKS), dtype=list(ERROR_BOUNDS))
+  @parameterized.named_parameters(*[(f"{n}_{d}", n, d) for n in STACKS
+                                     for d in ("bfloat16", "float16")])
   def test_step_logits_within_bounds_of_float64(self, name, dtype):
     keras_model, _ = models(name)
     layers = STACKS[name]
