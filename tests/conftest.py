@@ -17,12 +17,10 @@ def pytest_collection_modifyitems(config, items):
   meaningless skip per class (19) to the count, hiding the skips that matter.
   It is not a test of ours, so it is dropped silently (not "deselected")."""
   del config
-  kept, dropped = [], []
-  for item in items:
+
+  def is_stub(item):
     method = getattr(getattr(item, "cls", None), "test_session", None)
-    if (item.name == "test_session" and method is not None
-        and method.__qualname__ == "TensorFlowTestCase.test_session"):
-      dropped.append(item)
-    else:
-      kept.append(item)
-  items[:] = kept
+    return (item.name == "test_session" and method is not None
+            and method.__qualname__ == "TensorFlowTestCase.test_session")
+
+  items[:] = [item for item in items if not is_stub(item)]
