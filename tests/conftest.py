@@ -19,3 +19,17 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
 atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
+
+def pytest_collection_modifyitems(config, items):
+  """Drops `tf.test.TestCase.test_session`, a deprecated stub that every
+  tf.test.TestCase subclass inherits and that only ever skips: it added one
+  meaningless skip per class (19) to the count, hiding the skips that matter.
+  It is not a test of ours, so it is dropped silently (not "deselected")."""
+  del config
+
+  def is_stub(item):
+    method = getattr(getattr(item, "cls", None), "test_session", None)
+    return (item.name == "test_session" and method is not None
+            and method.__qualname__ == "TensorFlowTestCase.test_session")
+
+  items[:] = [item for item in items if not is_stub(item)]

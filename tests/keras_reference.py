@@ -53,6 +53,42 @@ def build(layers, vocab_size=65, embedding_dim=16, seed=0, bias_scale=0.3):
   return model
 
 
+def lively(keras_model, embedding_scale=40.0, recurrent_scale=3.0,
+           dense_scale=3.0, deep_kernel_scale=5.0):
+  """Scales a `build` model's weights so that greedy text depends on the prompt.
+
+  At Keras' initial scales a random model's greedy text is one character
+  repeated whatever the prompt, which lets a wrong prompt, state or path
+  through unseen; these scales give varied, prompt-dependent text that is
+  still not chaotic for GRU and LSTM stacks (float32 rounding does not part
+  Keras and rnnstep). A tanh SimpleRNN turns chaotic near recurrent_scale 2:
+  use 1.5 there.
+
+  Args:
+    keras_model: a model made by `build`.
+    embedding_scale: for the embedding (the first layer's input).
+    recurrent_scale: for every recurrent kernel.
+    dense_scale: for the output kernel.
+    deep_kernel_scale: for the input kernels of the second layer on.
+
+  Returns:
+    The same model, for chaining.
+  """
+  recurrent = 0
+  for lay in keras_model.layers:
+    weights = lay.get_weights()
+    if isinstance(lay, keras.layers.Embedding):
+      lay.set_weights([weights[0] * embedding_scale])
+    elif len(weights) == 3:
+      kernel_scale = deep_kernel_scale if recurrent else 1.0
+      recurrent += 1
+      lay.set_weights([weights[0] * kernel_scale, weights[1] * recurrent_scale,
+                       weights[2]])
+    elif len(weights) == 2:
+      lay.set_weights([weights[0] * dense_scale, weights[1]])
+  return keras_model
+
+
 def weights_of(keras_model, layers):
   """The model-file tensor dict of a model made by `build`."""
   weight_layers = [l for l in keras_model.layers if l.get_weights()]
@@ -64,6 +100,23 @@ def weights_of(keras_model, layers):
     tensors[f"layer{i}_bias"] = bias
   tensors["dense_kernel"], tensors["dense_bias"] = weight_layers[-1].get_weights()
   return tensors
+
+
+def from_weights(tensors, layers):
+  """A Keras model made by `build`, holding a model-file tensor dict's weights.
+
+  For model files written without Keras (e.g. tests/test_cli_common.py's
+  `write_model`): the same weights in a real Keras model, as the reference.
+  """
+  vocab_size, embedding_dim = tensors["embedding"].shape
+  keras_model = build(layers, vocab_size, embedding_dim)
+  weight_layers = [l for l in keras_model.layers if l.get_weights()]
+  weight_layers[0].set_weights([tensors["embedding"]])
+  for i in range(len(layers)):
+    weight_layers[1 + i].set_weights([tensors[f"layer{i}_{part}"] for part in
+                                      ("kernel", "recurrent_kernel", "bias")])
+  weight_layers[-1].set_weights([tensors["dense_kernel"], tensors["dense_bias"]])
+  return keras_model
 
 
 def default_vocab(vocab_size):

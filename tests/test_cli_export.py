@@ -16,6 +16,7 @@ import time
 import pytest
 
 import rnnstep
+from rnnstep.cli import export
 from tests.test_cli_common import ENV, TIMEOUT, command, ok, one_error_line
 from tests.test_cli_common import Result, run_concurrently, write_model
 
@@ -205,16 +206,21 @@ def test_missing_output_flag_is_a_usage_error(env):
 
 def test_sigterm_while_exporting_removes_what_it_created(env):
   """Killed once its temp directory exists: the temp directory and the
-  parents it made go; the directory that was there stays."""
+  parents it made go; the directory that was there stays. The tool's
+  test-only pause (export.PAUSE_ENV) holds it there until the signal, so a
+  fast export cannot finish first."""
   parent = env["tmp"] / "sigterm"
   made = parent / "a" / "b"
+  paused = env["tmp"] / "sigterm.paused"
   proc = subprocess.Popen(
       COMMAND + [f"--weights={env['weights']}", f"--output={made / '1'}"],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**ENV, export.PAUSE_ENV: str(paused)})
   deadline = time.monotonic() + TIMEOUT
-  while not (made.is_dir() and os.listdir(made)):
+  while not paused.exists():
     assert proc.poll() is None and time.monotonic() < deadline
     time.sleep(0.005)
+  assert len(os.listdir(made)) == 1  # The temp directory, nothing else yet.
   proc.terminate()
   stdout, stderr = proc.communicate(timeout=TIMEOUT)
   line = one_error_line(Result(proc.returncode, stdout, stderr), 143)

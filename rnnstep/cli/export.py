@@ -37,6 +37,7 @@ tracebacks.
 
 import contextlib
 import os
+import time
 
 from absl import flags
 
@@ -83,6 +84,7 @@ def main(argv):
   model = common.load_model(_WEIGHTS.value, _DTYPE.value)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
+      _pause_for_tests()
       if litert:
         rnnstep.export_litert(model, tmp)
       else:
@@ -102,6 +104,24 @@ def main(argv):
     print(f"  {line}")
   print(f"inspect: saved_model_cli show --dir {output} --all")
   return 0
+
+
+# Test-only: tests/test_cli_export.py signals the tool while it exports. With
+# this variable set to a file path, the tool creates that file once its temp
+# directory exists and then waits (at most a minute) before saving, so the
+# signal lands at a known point instead of racing a fast export.
+PAUSE_ENV = "RNNSTEP_TEST_PAUSE_BEFORE_SAVE"
+
+
+def _pause_for_tests():
+  path = os.environ.get(PAUSE_ENV)
+  if not path:
+    return
+  with open(path, "w"):
+    pass
+  deadline = time.monotonic() + 60
+  while os.path.exists(path) and time.monotonic() < deadline:
+    time.sleep(0.01)
 
 
 @contextlib.contextmanager

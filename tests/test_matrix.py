@@ -1,0 +1,333 @@
+"""One matrix: execution path x caller x dtype x cell kind, greedy text checked.
+
+Every cell generates greedy text for a few prompts and checks it against an
+independent reference: for float32 a Keras greedy loop (char for char); for
+bfloat16/float16 the float64 numpy forward (tests/numpy_reference.py), with the
+per-step agreement (teacher-forced along the generated text) and the logit gap
+of any disagreement measured and bounded, since rounding may flip near-ties.
+
+The full product (4 x 6 x 3 x 5 = 360 cells) is pruned by a deterministic
+pairwise covering design (`covering`): every pair of axis values appears in at
+least one cell, in about two dozen cells. BUILD_NOTES.md ("Test matrix") lists
+them.
+
+Callers are functions `caller(model, prompts, num_steps, path) -> texts`, keyed
+by name in `CALLERS` (generate, stream, strategy, CLI, SavedModel served
+without rnnstep, LiteRT in the ai_edge_litert interpreter). Callers that start a process get `model.source` (a model file) and
+`model.compute_dtype`; all cells run through a small thread pool so the
+subprocesses overlap.
+"""
+
+import concurrent.futures
+import functools
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from absl.testing import parameterized
+
+from tests import keras_reference as kr
+from tests import numpy_reference as nr
+from tests.test_cli_common import ENV, TIMEOUT, command
+
+import rnnstep
+from rnnstep import model_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS = ["ROMEO: ", "HELLO", "A"]  # Odd: the strategy pads its last replica.
+STEPS = 32
+
+# `jit_compile` per path name.
+PATHS = {"graph": False, "xla": True, "elementwise": "elementwise",
+         "default": None}
+DTYPES = ("float32", "bfloat16", "float16")
+CELLS = {
+    "gru_reset_after": [kr.layer("gru", 32, True)],
+    "gru_reset_before": [kr.layer("gru", 32, False)],
+    "lstm": [kr.layer("lstm", 32)],
+    "simple_rnn": [kr.layer("simple_rnn", 32)],
+    "gru_lstm_stack": [kr.layer("gru", 24), kr.layer("lstm", 16)],
+}
+
+# Reduced precision bounds: the fraction of steps whose choice is the float64
+# argmax, and the largest float64 logit gap of a step that differs (a
+# near-tie). Measured over every reduced-precision cell: see BUILD_NOTES.md.
+MIN_AGREEMENT = 0.9
+MAX_GAP = {"bfloat16": 0.15, "float16": 0.02}
+
+
+# -- callers --------------------------------------------------------------------
+
+
+def call_generate(model, prompts, num_steps, path):
+  return rnnstep.generate(model, prompts, num_steps, temperature=0,
+                          jit_compile=PATHS[path])
+
+
+def call_stream(model, prompts, num_steps, path):
+  chunks = list(rnnstep.stream(model, prompts, num_steps, chunk_size=10,
+                               temperature=0, jit_compile=PATHS[path]))
+  return ["".join(chunk[i] for chunk in chunks) for i in range(len(prompts))]
+
+
+STRATEGY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import rnnstep
+    path, dtype, prompts, num_steps, jit = json.loads(sys.argv[1])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+      model = rnnstep.load(path, dtype=dtype)
+    print(json.dumps(rnnstep.generate(model, prompts, num_steps, temperature=0,
+                                      jit_compile=jit, strategy=strategy)))
+""")
+
+
+def call_strategy(model, prompts, num_steps, path):
+  """MirroredStrategy over two logical CPUs, in a fresh interpreter."""
+  args = [model.source, model.compute_dtype.name, prompts, num_steps,
+          PATHS[path]]
+  result = subprocess.run(
+      [sys.executable, "-c", STRATEGY_SCRIPT, json.dumps(args)],
+      capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=ENV)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+CLI_JIT_FLAGS = {"graph": ["--nojit_compile"], "xla": ["--jit_compile"],
+                 "default": []}  # The CLI has no elementwise flag.
+
+
+def call_cli(model, prompts, num_steps, path):
+  """rnnstep-generate, jsonl out."""
+  result = subprocess.run(
+      command("rnnstep-generate", "rnnstep.cli.generate")
+      + [f"--weights={model.source}", f"--dtype={model.compute_dtype.name}",
+         f"--num_steps={num_steps}", "--temperature=0", "--format=jsonl"]
+      + [f"--prompt={p}" for p in prompts] + CLI_JIT_FLAGS[path],
+      capture_output=True, text=True, timeout=TIMEOUT, env=ENV,
+      stdin=subprocess.DEVNULL)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [json.loads(line)["text"] for line in result.stdout.splitlines()]
+
+
+SERVE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    for name in ("rnnstep", "keras", "tf_keras"):
+      sys.modules[name] = None
+    import tensorflow as tf
+    export_dir, prompts, num_steps = json.loads(sys.argv[1])
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    text = serve(prompts=tf.constant(prompts), num_steps=tf.constant(num_steps),
+                 temperature=tf.constant(0.0), seed=tf.constant(0, tf.int64))
+    print(json.dumps([t.decode() for t in text["text"].numpy()]))
+""")
+
+
+def call_saved_model(model, prompts, num_steps, path):
+  """rnnstep.export on the path, served where rnnstep cannot be imported."""
+  export_dir = tempfile.mkdtemp(prefix="served_", dir=workdir())
+  rnnstep.export(model, os.path.join(export_dir, "1"), jit_compile=PATHS[path])
+  result = subprocess.run(
+      [sys.executable, "-c", SERVE_SCRIPT,
+       json.dumps([os.path.join(export_dir, "1"), prompts, num_steps])],
+      capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def call_litert(model, prompts, num_steps, path):
+  """rnnstep.export_litert, run in the ai_edge_litert interpreter (no TF)."""
+  del path  # LiteRT has its own loop (builtin ops); float32 only.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from ai_edge_litert import interpreter as litert  # pylint: disable=g-import-not-at-top
+  export_dir = os.path.join(tempfile.mkdtemp(prefix="litert_", dir=workdir()),
+                            "out")
+  rnnstep.export_litert(model, export_dir)
+  runner = litert.Interpreter(
+      model_path=os.path.join(export_dir, "model.tflite")).get_signature_runner(
+          "generate")
+  encoded = [model.encode(p) for p in prompts]
+  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
+  for row, e in enumerate(encoded):
+    ids[row, :len(e)] = e
+  out = runner(prompt_ids=ids,
+               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
+               num_steps=np.array(num_steps, np.int32),
+               temperature=np.array(0.0, np.float32), top_k=np.array(0, np.int32),
+               top_p=np.array(1.0, np.float32), seed=np.array(0, np.int32))
+  return [model.decode(row) for row in out["ids"]]
+
+
+CALLERS = {
+    "generate": call_generate,
+    "stream": call_stream,
+    "strategy": call_strategy,
+    "cli": call_cli,
+    "saved_model": call_saved_model,
+    "litert": call_litert,
+}
+
+
+def allowed(cell):
+  """Whether a (partial) cell can run.
+
+  The CLI cannot name the elementwise path; LiteRT runs its own loop (the path
+  axis does not apply: "default" only) in float32 only.
+  """
+  if cell.get("caller") == "cli" and cell.get("path") == "elementwise":
+    return False
+  if cell.get("caller") == "litert":
+    return cell.get("path", "default") == "default" and cell.get(
+        "dtype", "float32") == "float32"
+  return True
+
+
+# -- the covering design -------------------------------------------------------
+
+
+def covering(axes, allowed_fn=lambda cell: True):
+  """A deterministic greedy pairwise covering of the product of `axes`.
+
+  Args:
+    axes: {axis name: list of values}, in order.
+    allowed_fn: takes a partial cell {axis: value}; False excludes it.
+
+  Returns:
+    A list of cells {axis: value} in which every allowed pair of values of
+    two axes appears at least once.
+  """
+  names = list(axes)
+  pairs = [((n1, a), (n2, b))
+           for n1, n2 in itertools.combinations(names, 2)
+           for a in axes[n1] for b in axes[n2]
+           if allowed_fn({n1: a, n2: b})]
+  uncovered = set(pairs)
+  cells = []
+  while uncovered:
+    (n1, a), (n2, b) = next(p for p in pairs if p in uncovered)
+    cell = {n1: a, n2: b}
+    for name in names:
+      if name in cell:
+        continue
+
+      def gain(value, name=name, cell=cell):
+        return sum(((m, cell[m]), (name, value)) in uncovered
+                   or ((name, value), (m, cell[m])) in uncovered
+                   for m in cell)
+
+      options = [v for v in axes[name] if allowed_fn({**cell, name: v})]
+      cell[name] = max(options, key=gain)  # max keeps the first of ties.
+    cell = {name: cell[name] for name in names}
+    cells.append(cell)
+    uncovered -= {((n1, cell[n1]), (n2, cell[n2]))
+                  for n1, n2 in itertools.combinations(names, 2)}
+  return cells
+
+
+AXES = {"path": list(PATHS), "caller": list(CALLERS), "dtype": list(DTYPES),
+        "cell": list(CELLS)}
+MATRIX = covering(AXES, allowed)
+
+
+def cell_name(cell):
+  return "_".join(cell[axis] for axis in AXES)
+
+
+# -- models and references ------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def workdir():
+  return tempfile.mkdtemp(prefix="rnnstep_matrix_")
+
+
+@functools.lru_cache(maxsize=None)
+def keras_model(kind):
+  # recurrent_scale 1.5: prompt-dependent text, not chaotic for any kind
+  # (at 3 a SimpleRNN's float32 state drifts from float64's within 30 steps,
+  # and bfloat16 text would then disagree with the reference by chaos alone).
+  return kr.lively(kr.build(CELLS[kind], seed=11, bias_scale=0.5),
+                   recurrent_scale=1.5)
+
+
+@functools.lru_cache(maxsize=None)
+def model_path(kind):
+  layers = CELLS[kind]
+  path = os.path.join(workdir(), f"{kind}.npz")
+  model_file.write(path, model_file.ModelConfig(16, tuple(layers)),
+                   kr.default_vocab(65), kr.weights_of(keras_model(kind), layers))
+  return path
+
+
+@functools.lru_cache(maxsize=None)
+def keras_greedy(kind, prompt):
+  model = rnnstep.load(model_path(kind))
+  return model.decode(kr.greedy(keras_model(kind), model.encode(prompt), STEPS))
+
+
+def reference(kind):
+  return nr.Reference(kr.weights_of(keras_model(kind), CELLS[kind]), CELLS[kind])
+
+
+def run_cell(cell):
+  model = rnnstep.load(model_path(cell["cell"]), dtype=cell["dtype"])
+  return CALLERS[cell["caller"]](model, PROMPTS, STEPS, cell["path"])
+
+
+@functools.lru_cache(maxsize=None)
+def results():
+  """Every cell's texts (or its exception), computed once, 3 at a time."""
+  for kind in CELLS:
+    model_path(kind)  # Written before the threads start.
+
+  def safe(cell):
+    try:
+      return run_cell(cell)
+    except Exception as e:  # pylint: disable=broad-except
+      return e
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    return dict(zip(map(cell_name, MATRIX), pool.map(safe, MATRIX)))
+
+
+class MatrixTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*[(cell_name(c), c) for c in MATRIX])
+  def test_greedy_text_against_the_reference(self, cell):
+    texts = results()[cell_name(cell)]
+    if isinstance(texts, Exception):
+      raise texts
+    self.assertEqual([len(t) for t in texts], [STEPS] * len(PROMPTS))
+    kind = cell["cell"]
+    if cell["dtype"] == "float32":
+      self.assertEqual(texts, [keras_greedy(kind, p) for p in PROMPTS])
+      return
+    model = rnnstep.load(model_path(kind))
+    for prompt, text in zip(PROMPTS, texts):
+      agreement, gap, first = reference(kind).greedy_agreement(
+          model.encode(prompt), model.encode(text))
+      self.assertGreaterEqual(agreement, MIN_AGREEMENT, (prompt, first))
+      self.assertLessEqual(gap, MAX_GAP[cell["dtype"]], (prompt, first))
+
+
+class CoveringTest(parameterized.TestCase):
+
+  def test_every_pair_is_covered_and_the_design_is_small(self):
+    names = list(AXES)
+    for n1, n2 in itertools.combinations(names, 2):
+      for a in AXES[n1]:
+        for b in AXES[n2]:
+          if allowed({n1: a, n2: b}):
+            self.assertTrue(any(c[n1] == a and c[n2] == b for c in MATRIX),
+                            (n1, a, n2, b))
+    self.assertTrue(all(allowed(c) for c in MATRIX))
+    self.assertLessEqual(len(MATRIX), 36)
+    self.assertEqual(MATRIX, covering(AXES, allowed))  # Deterministic.
