@@ -28,7 +28,9 @@ SEED = 7
 SAMPLING = {"temperature": 0.8, "top_k": 20, "top_p": 0.95}
 OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
-             "format", "stream", "chunk_size"]
+             "format", "stream", "chunk_size", "min_p", "repetition_penalty",
+             "repetition_window", "no_repeat_ngram_size", "num_beams",
+             "length_penalty", "num_return_sequences"]
 
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).
@@ -36,7 +38,15 @@ BAD_VALUES = [
     [("num_steps", "-1"), ("temperature", "-0.5"), ("top_p", "0"),
      ("top_k", "-1"), ("num_samples", "0"), ("chunk_size", "0")],
     [("top_p", "1.5"), ("temperature", "nan")],
+    [("min_p", "1.5"), ("repetition_penalty", "0"), ("repetition_window", "-1"),
+     ("no_repeat_ngram_size", "-2"), ("num_beams", "0"),
+     ("num_return_sequences", "0"), ("length_penalty", "inf")],
 ]
+# Decoding options: per-prompt temperatures, the look-back rules, min-p.
+DECODING = {"temperature": "0.5,1.0", "min_p": "0.05",
+            "repetition_penalty": "1.3", "repetition_window": "16",
+            "no_repeat_ngram_size": "3"}
+BEAMS = {"num_beams": "4", "num_return_sequences": "2", "length_penalty": "0.7"}
 
 
 def truncate(text, stops):
@@ -104,6 +114,25 @@ def env(tmp_path_factory):
         [f"--weights={weights}"] + [f"--{flag}={value}" for flag, value in bad],
         False)
   runs["bundled_default"] = ([], False)
+  decoding = common[:-len(SAMPLING)] + [f"--{k}={v}" for k, v in DECODING.items()]
+  runs["decoding_jsonl"] = (decoding + ["--format=jsonl"], False)
+  runs["decoding_stream_jsonl"] = (decoding + stop_flags + [
+      "--format=jsonl", "--stream", "--chunk_size=9"], False)
+  runs["row_temperatures"] = (common[:-len(SAMPLING)] + [
+      "--temperature=0,0.5,1,2", "--format=jsonl"], False)
+  beam_flags = [f"--weights={weights}", f"--num_steps={STEPS}",
+                f"--seed={SEED}"] + [
+      f"--prompt={p}" for p in PROMPTS] + [f"--{k}={v}" for k, v in BEAMS.items()]
+  runs["beams_jsonl"] = (beam_flags + stop_flags + ["--format=jsonl"], False)
+  runs["beams_text"] = (beam_flags + ["--num_steps=20"], False)
+  for name, extra in (("beams_over", ["--num_return_sequences=5"]),
+                      ("beams_stream", ["--stream"]),
+                      ("beams_samples", ["--num_samples=2"]),
+                      ("beams_vocab", ["--num_beams=500",
+                                       "--num_return_sequences=1"])):
+    runs[name] = (beam_flags + extra, False)
+  runs["temperature_count"] = (common[:-len(SAMPLING)] + [
+      "--temperature=0.5,0.6,0.7"], False)
   results = run_concurrently(COMMAND, runs)
   return {"tmp": tmp, "weights": weights, "model": model, "expected": expected,
           "stops": stops, "results": results}
@@ -231,3 +260,62 @@ def test_default_run_on_the_bundled_model(env):
   assert text.startswith("ROMEO:") and text.endswith("\n")
   assert len(text) == len("ROMEO:") + 1000 + 1
   assert 0.1 < text.count(" ") / len(text) < 0.3  # Word-like, not noise.
+
+
+def test_decoding_options_and_logprob_match_the_library(env):
+  model, stops = env["model"], env["stops"]
+  batch = [prompt for prompt in PROMPTS for _ in range(SAMPLES)]
+  options = dict(temperature=[0.5, 0.5, 1.0, 1.0], min_p=0.05,
+                 repetition_penalty=1.3, repetition_window=16,
+                 no_repeat_ngram_size=3, seed=SEED, return_scores=True)
+  texts, scores = rnnstep.generate(model, batch, STEPS, **options)
+  records = [json.loads(line) for line in
+             ok(env["results"]["decoding_jsonl"]).splitlines()]
+  assert [r["text"] for r in records] == texts
+  assert [r["logprob"] for r in records] == pytest.approx(scores, rel=1e-6)
+  stopped, stopped_scores = rnnstep.generate(model, batch, STEPS, stop=stops,
+                                             **options)
+  records = [json.loads(line) for line in
+             ok(env["results"]["decoding_stream_jsonl"]).splitlines()]
+  assert [r["text"] for r in records] == stopped
+  assert [r["logprob"] for r in records] == pytest.approx(stopped_scores,
+                                                          rel=1e-6)
+
+
+def test_one_temperature_per_row(env):
+  batch = [prompt for prompt in PROMPTS for _ in range(SAMPLES)]
+  texts = rnnstep.generate(env["model"], batch, STEPS, seed=SEED,
+                           temperature=[0.0, 0.5, 1.0, 2.0])
+  records = [json.loads(line) for line in
+             ok(env["results"]["row_temperatures"]).splitlines()]
+  assert [r["text"] for r in records] == texts
+  line = one_error_line(env["results"]["temperature_count"], 2)
+  assert "--temperature lists 3 values for 2 prompts x 2 samples" in line
+
+
+def test_beam_search_prints_the_best_hypotheses(env):
+  model, stops = env["model"], env["stops"]
+  texts, scores = rnnstep.generate(model, PROMPTS, STEPS, num_beams=4,
+                                   num_return_sequences=2, length_penalty=0.7,
+                                   stop=stops, return_scores=True)
+  records = [json.loads(line) for line in
+             ok(env["results"]["beams_jsonl"]).splitlines()]
+  assert [(r["prompt_index"], r["sample"], r["text"]) for r in records] == [
+      (p, j, texts[p][j]) for p in range(len(PROMPTS)) for j in range(2)]
+  assert [r["logprob"] for r in records] == pytest.approx(
+      [s for per in scores for s in per], rel=1e-6)
+  best = rnnstep.generate(model, PROMPTS, 20, num_beams=4,
+                          num_return_sequences=2, length_penalty=0.7)
+  assert ok(env["results"]["beams_text"]) == "".join(
+      f"----- row {p * 2 + j}: prompt {p}, sample {j}, seed {SEED} -----\n"
+      f"{PROMPTS[p]}{best[p][j]}\n" for p in range(2) for j in range(2))
+
+
+@pytest.mark.parametrize("name, words", [
+    ("beams_over", "--num_return_sequences=5 is more than --num_beams=4"),
+    ("beams_stream", "--stream with --num_beams=4"),
+    ("beams_samples", "--num_samples=2 with --num_beams=4"),
+    ("beams_vocab", "--num_beams: num_beams must be an integer from 1"),
+])
+def test_beam_flag_errors_are_one_line(env, name, words):
+  assert words in one_error_line(env["results"][name], 2)
