@@ -35,7 +35,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from rnnstep.convert import safe_io
-from rnnstep.convert import structure
+from rnnstep.convert import contents
 from rnnstep.convert.safe_io import show
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -90,7 +90,7 @@ def resolve(path: str) -> Tuple[str, str]:
   raise FileNotFoundError(f"{path}: no such checkpoint")
 
 
-def read(path: str) -> structure.Contents:
+def read(path: str) -> contents.Contents:
   """Lists the layer variables of a TF checkpoint (tensors read later)."""
   prefix, how = resolve(path)
   label = prefix
@@ -109,7 +109,7 @@ def read(path: str) -> structure.Contents:
   notes = []
   ignored = 0
   cells = set()
-  by_group: Dict[str, List[structure.Tensor]] = collections.OrderedDict()
+  by_group: Dict[str, List[contents.Tensor]] = collections.OrderedDict()
   for key, parts in sorted(paths.items(), key=lambda kv: kv[1]):
     shape = tuple(int(d) for d in shapes[key])
     dtype = dtypes[key]
@@ -122,13 +122,13 @@ def read(path: str) -> structure.Contents:
       raise safe_io.fail(label, f"variable {show(key)} declares shape {shape} = "
                          f"{declared} bytes but the data files hold "
                          f"{data_bytes}; truncated or forged")
-    role = structure.role_from_name(parts[-1])
+    role = contents.role_from_name(parts[-1])
     owner = list(parts[:-1])
     if owner and owner[-1] == "cell":
       owner.pop()
       cells.add("/".join(owner))
     name = "/".join(owner)
-    by_group.setdefault(name, []).append(structure.Tensor(
+    by_group.setdefault(name, []).append(contents.Tensor(
         path=key, shape=shape, role=role, reader=_reader(reader, key, label)))
   if ignored:
     notes.append(f"ignored {ignored} non-weight variable(s) (counters, RNG or "
@@ -139,15 +139,15 @@ def read(path: str) -> structure.Contents:
       raise safe_io.fail(label, f"variables at the top of the checkpoint "
                          f"({', '.join(show(t.path) for t in tensors[:3])}) "
                          "belong to no layer")
-    groups.append(structure.Group(name=name, tensors=tensors,
-                                  hint=structure.hint_from_name(name),
+    groups.append(contents.Group(name=name, tensors=tensors,
+                                  hint=contents.hint_from_name(name),
                                   order=_order(name), cell=name in cells))
   scheme = _naming_scheme(groups)
   fmt = f"TF checkpoint ({how}: {os.path.basename(prefix)}; {scheme})"
   if not uses_graph:
     notes.append("the checkpoint has no object graph; variables were matched "
                  "by their names")
-  return structure.Contents(label=label, format=fmt, groups=groups, notes=notes)
+  return contents.Contents(label=label, format=fmt, groups=groups, notes=notes)
 
 
 def _variable_paths(reader, shapes, label) -> Tuple[Dict[str, Tuple[str, ...]],
