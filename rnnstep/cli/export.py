@@ -1,9 +1,11 @@
 """rnnstep-export: write a model as a SavedModel that takes and returns strings.
 
 USAGE: rnnstep-export --output=DIR [--weights=NPZ] [--dtype=...] [--jit_compile]
+       [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --weights)]
 
   rnnstep-export --output=served/1                     # the bundled model
   rnnstep-export --weights=my.npz --output=served/1
+  rnnstep-export --weights=char_rnn.pt --vocab=vocab.json --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
 
 The SavedModel holds the weights, the vocabulary and the whole generation loop,
@@ -39,6 +41,7 @@ PROGRAM = "rnnstep-export"
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 _WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
     "The SavedModel directory to create (e.g. served/1: TF Serving loads "
@@ -58,7 +61,8 @@ def main(argv):
                                  or os.listdir(output)):
     raise common.Failure(f"--output={output}: already exists and is not an "
                          "empty directory; choose a new one")
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
+                            _VOCAB.value)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
       rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
