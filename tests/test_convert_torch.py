@@ -214,13 +214,14 @@ def _ints(values):
   return b"(" + b"".join(_int(v) for v in values) + b"t"
 
 
-def tensor_pickle(numel, size, stride, offset=0, key="0"):
-  """The pickle torch.save writes for {'w': tensor}, assembled by hand."""
+def tensor_pickle(numel, size, stride, offset=0, key="0", build=b""):
+  """The pickle torch.save writes for {'w': tensor}, assembled by hand;
+  `build` is a state to BUILD the tensor with (torch never writes one)."""
   storage = (b"(" + _str("storage") + b"ctorch\nFloatStorage\n" + _str(key)
              + _str("cpu") + _int(numel) + b"tQ")
   return (b"\x80\x02}(" + _str("w") + b"ctorch._utils\n_rebuild_tensor_v2\n("
           + storage + _int(offset) + _ints(size) + _ints(stride)
-          + b"\x89ccollections\nOrderedDict\n)RtRu.")
+          + b"\x89ccollections\nOrderedDict\n)RtR" + build + b"u.")
 
 
 def test_handmade_tensor_pickle_reads_views(tmp_path):
@@ -233,6 +234,15 @@ def test_handmade_tensor_pickle_reads_views(tmp_path):
   close()
   want = np.lib.stride_tricks.as_strided(values[2:], (3, 4), (4, 24))
   np.testing.assert_array_equal(got, want)
+
+
+def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
+  path = tmp_path / "build.pt"
+  state = b"}" + _str("offset") + _int(10**6) + b"sb"  # BUILD {'offset': 1e6}
+  _torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
+             [("0", bytes(96))])
+  with pytest.raises(ValueError, match="tried to modify a tensor"):
+    torch_files.read_zip(path)
 
 
 @pytest.mark.parametrize("numel,size,stride,offset,data_bytes,message", [

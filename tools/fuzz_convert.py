@@ -1,6 +1,6 @@
 """Mutation fuzzer for the converter's readers (a developer tool, not part of CI).
 
-Takes real Keras files as seeds, mutates them (byte flips and overwrites,
+Takes real Keras and PyTorch files as seeds, mutates them (byte flips and overwrites,
 truncation, spliced or repeated chunks) and feeds each mutant to
 `rnnstep.convert.inspect` and `read_weights`. A clean refusal is a ValueError
 or OSError with a one-line message; anything else (another exception, a
@@ -12,7 +12,11 @@ its input under --findings.
 
 Without --seeds, seed files are made first by `tests/keras_models.py` (tf_keras
 in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
-and TF checkpoints.
+and TF checkpoints (--nokeras skips them). The PyTorch fixtures in
+tests/data/torch (torch.save zip and legacy, .safetensors, a pickled module)
+are added unless --notorch.
+
+  python tools/fuzz_convert.py --nokeras --minutes=5     # PyTorch readers only
 """
 
 import glob
@@ -35,9 +39,14 @@ _MINUTES = flags.DEFINE_float("minutes", 5.0, "Time budget.")
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "Stop after this many "
                                    "mutants (0: only the time budget).")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the mutator.")
+_KERAS = flags.DEFINE_bool("keras", True, "Without --seeds: build Keras seeds.")
+_TORCH = flags.DEFINE_bool("torch", True, "Add the PyTorch fixtures of "
+                           "tests/data/torch as seeds.")
 _PER_WORKER = 200  # Mutants per worker process (a crash loses at most one).
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_SEEDS = os.path.join(REPO, "tests", "data", "torch")
+SEED_SUFFIXES = (".h5", ".keras", ".pt", ".pth", ".bin", ".safetensors")
 
 WORKER = r"""
 import os, sys, traceback
@@ -72,7 +81,7 @@ def seed_files(directory):
   """Single-file inputs (checkpoints as their .index/.data pair prefix)."""
   files = []
   for path in glob.glob(os.path.join(directory, "**", "*"), recursive=True):
-    if path.endswith((".h5", ".keras")) and os.path.isfile(path):
+    if path.endswith(SEED_SUFFIXES) and os.path.isfile(path):
       files.append([path])
     elif path.endswith(".index"):
       prefix = path[:-len(".index")]
@@ -107,10 +116,15 @@ def main(argv):
   rng = random.Random(_SEED.value)
   work = tempfile.mkdtemp(prefix="rnnstep_fuzz_")
   seeds_dir = _SEEDS.value or os.path.join(work, "seeds")
-  if not _SEEDS.value:
+  if not _SEEDS.value and _KERAS.value:
     make_seeds(seeds_dir)
-  seeds = seed_files(seeds_dir)
-  print(f"{len(seeds)} seed inputs from {seeds_dir}")
+  seeds = seed_files(seeds_dir) if os.path.isdir(seeds_dir) else []
+  if _TORCH.value:
+    seeds += seed_files(TORCH_SEEDS)
+  if not seeds:
+    raise app.UsageError("no seed files")
+  print(f"{len(seeds)} seed inputs from {seeds_dir}"
+        f"{' and ' + TORCH_SEEDS if _TORCH.value else ''}")
   os.makedirs(_FINDINGS.value, exist_ok=True)
   deadline = time.time() + 60 * _MINUTES.value
   counts = {"ok": 0, "refused": 0, "findings": 0}
