@@ -96,7 +96,8 @@ def test_served_text_equals_the_library_without_rnnstep(env):
 def test_help_lists_the_flags(env):
   text = ok(env["results"]["help"])
   assert "USAGE: rnnstep-export" in text
-  for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype"):
+  for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype",
+               "--corpus", "--vocab"):
     assert flag in text, flag
 
 

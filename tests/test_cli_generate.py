@@ -25,7 +25,7 @@ SEED = 7
 SAMPLING = {"temperature": 0.8, "top_k": 20, "top_p": 0.95}
 OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
-             "format", "stream", "chunk_size"]
+             "format", "stream", "chunk_size", "corpus", "vocab"]
 
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).

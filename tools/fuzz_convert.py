@@ -20,6 +20,7 @@ are added unless --notorch.
 """
 
 import glob
+import io
 import os
 import random
 import shutil
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 from absl import app
 from absl import flags
@@ -111,6 +113,27 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
   return bytes(data)
 
 
+def mutate_zip_member(data: bytes, rng: random.Random) -> bytes:
+  """Mutates one member of a torch.save zip and rewrites the archive, so the
+  mutant passes the zip CRC checks and reaches the unpickler and tensor
+  checks (byte flips of the archive itself mostly fail the CRC)."""
+  try:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+      members = [(info, archive.read(info)) for info in archive.infolist()]
+  except (zipfile.BadZipFile, OSError, ValueError):
+    return mutate(data, rng)
+  pickles = [i for i, (info, _) in enumerate(members)
+             if info.filename.endswith("data.pkl")]
+  target = (rng.choice(pickles) if pickles and rng.random() < 0.7
+            else rng.randrange(len(members)))
+  out = io.BytesIO()
+  with zipfile.ZipFile(out, "w") as archive:
+    for i, (info, content) in enumerate(members):
+      archive.writestr(info.filename,
+                       mutate(content, rng) if i == target else content)
+  return out.getvalue()
+
+
 def main(argv):
   del argv
   rng = random.Random(_SEED.value)
@@ -140,7 +163,13 @@ def main(argv):
       for j, path in enumerate(files):
         data = open(path, "rb").read()
         with open(os.path.join(case_dir, os.path.basename(path)), "wb") as f:
-          f.write(mutate(data, rng) if j == target else data)
+          if j != target:
+            f.write(data)
+          elif path.endswith((".pt", ".pth", ".bin")) and data[:2] == b"PK" and (
+              rng.random() < 0.5):
+            f.write(mutate_zip_member(data, rng))
+          else:
+            f.write(mutate(data, rng))
       main_file = os.path.join(case_dir, os.path.basename(files[0]))
       if main_file.endswith(".index"):
         main_file = main_file[:-len(".index")]

@@ -41,6 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from rnnstep import kinds
 from rnnstep import model_file
 from rnnstep.convert import isolation
 from rnnstep.convert import keras_v2_h5
@@ -455,7 +456,7 @@ def _summary(input_path, mapped: mapping.MappedModel) -> Summary:
                              f"vocab {vocab} x dim {dim}"))
   for item in mapped.recurrent:
     detail = f"units={item.layer.units}"
-    if item.kind == "gru":
+    if kinds.KINDS[item.kind].has_reset_after:
       detail += f", reset_after={item.layer.reset_after}"
     if "bias" not in item.tensors:
       detail += ", use_bias=False (zero bias written)"

@@ -139,10 +139,7 @@ def hint_from_name(name: str) -> Optional[str]:
         base.startswith(("forward_", "backward_"))):
       return "bidirectional"
   for base in reversed(parts):
-    for kind, names in (("gru", ("gru", "gru_cell")),
-                        ("lstm", ("lstm", "lstm_cell")),
-                        ("simple_rnn", ("simple_rnn", "simple_rnn_cell")),
-                        ("embedding", ("embedding",)), ("dense", ("dense",))):
+    for kind, names in _HINT_NAMES:
       if base in names:
         return kind
   return None
@@ -153,3 +150,11 @@ def snake_case(name: str) -> str:
   name = re.sub(r"\W+", "", name)
   name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
   return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+# Keras's default layer names per kind: 'gru', 'gru_cell', 'simple_rnn', ...
+_HINT_NAMES = tuple(
+    (kind.name, tuple(name for cls in kind.keras_classes
+                      for name in (snake_case(cls), f"{snake_case(cls)}_cell")))
+    for kind in kinds.KINDS.values()) + (("embedding", ("embedding",)),
+                                         ("dense", ("dense",)))

@@ -184,7 +184,7 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
   if activation != "tanh":
     raise safe_io.fail(label, f"{where} has activation {show(activation)}; "
                        "rnnstep implements Keras's tanh only")
-  if kind != "simple_rnn":
+  if kinds.KINDS[kind].gates > 1:  # Gates use the recurrent activation.
     recurrent_activation = _get(cfg, "recurrent_activation", str, "sigmoid",
                                 label, where)
     if recurrent_activation == "hard_sigmoid":
@@ -204,7 +204,7 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
     notes.append(f"{where} is stateful; its saved state is not in the file, "
                  "rnnstep starts from zeros and carries the state itself")
   reset_after = None
-  if kind == "gru":
+  if kinds.KINDS[kind].has_reset_after:
     reset_after = _get(cfg, "reset_after", bool, None, label, where)
   return LayerSpec(kind, name, path,
                    units=_get(cfg, "units", int, None, label, where),

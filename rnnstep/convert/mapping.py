@@ -164,7 +164,7 @@ def _match_spec(group, spec, label) -> MappedLayer:
     raise safe_io.fail(label, f"{where} with {spec.units} units: the stored "
                        f"weights {group.describe()} fit a "
                        f"{KIND_NAMES[kind]} with {units} units")
-  if spec.kind == "gru":
+  if kinds.KINDS[spec.kind].has_reset_after:
     if spec.reset_after is not None:
       if "bias" in tensors and reset_after != spec.reset_after:
         raise safe_io.fail(label, f"{where}: config says reset_after="
@@ -175,7 +175,7 @@ def _match_spec(group, spec, label) -> MappedLayer:
       raise safe_io.fail(label, f"{where}: cannot tell reset_after (no bias "
                          "and no reset_after in the config)")
   layer = model_file.LayerConfig(kind, units, bool(reset_after)
-                                 if kind == "gru" else True)
+                                 if kinds.KINDS[kind].has_reset_after else True)
   _check_bias(tensors, spec.use_bias, layer.bias_shape(), where, label)
   return MappedLayer(kind, group.name, tensors, layer)
 
@@ -254,9 +254,10 @@ def _recurrent_shapes(group, tensors, label):
   reset_after = None
   if bias is not None:
     shape = tuple(bias.shape)
-    if kind == "gru" and shape == (2, width):
+    variants = kinds.KINDS[kind].has_reset_after
+    if variants and shape == (2, width):
       reset_after = True
-    elif kind == "gru" and shape == (width,):
+    elif variants and shape == (width,):
       reset_after = False
     elif shape != (width,):
       raise safe_io.fail(label, f"{group.describe()}: a {KIND_NAMES[kind]} "
@@ -308,11 +309,13 @@ def _map_by_shapes(groups, label):
     if classes[group.name] == "recurrent":
       tensors = _assign_roles(group, "recurrent", label)
       kind, units, reset_after = _recurrent_shapes(group, tensors, label)
-      if kind == "gru" and reset_after is None:
-        raise safe_io.fail(label, f"GRU {group.describe()} has no bias and the "
-                           "file has no config: cannot tell reset_after")
-      layer = model_file.LayerConfig(kind, units, bool(reset_after)
-                                     if kind == "gru" else True)
+      if kinds.KINDS[kind].has_reset_after and reset_after is None:
+        raise safe_io.fail(label, f"{KIND_NAMES[kind]} {group.describe()} has "
+                           "no bias and the file has no config: cannot tell "
+                           "reset_after")
+      layer = model_file.LayerConfig(
+          kind, units,
+          bool(reset_after) if kinds.KINDS[kind].has_reset_after else True)
       recurrent.append((group, MappedLayer(kind, group.name, tensors, layer)))
   if not recurrent:
     raise safe_io.fail(label, f"found no recurrent layer; found: "

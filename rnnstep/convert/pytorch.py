@@ -164,7 +164,7 @@ def _map_state_dict(tensors: Dict[str, torch_files.StoredTensor], label):
                                       units=dim, input_dim=vocab))
   for module in modules:
     kind = module.kind
-    if kind.name == "simple_rnn":
+    if kind.torch_module == "RNN":  # nn.RNN(nonlinearity='tanh' | 'relu')
       notes.append(f"nn.RNN {show(module.module or '(top level)')}: assumed "
                    "nonlinearity='tanh' (the default; a relu RNN has the same "
                    "keys and would be computed wrongly)")
