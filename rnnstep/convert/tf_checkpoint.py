@@ -48,6 +48,11 @@ _ORDER_PATTERNS = (
     (re.compile(r"^layer-(\d+)$"), "layer"),
 )
 _ORDER_LISTS = ("_operations", "_layers", "layers", "_self_tracked_trackables")
+# What the checkpoint reader raises on damaged files: besides TF's errors,
+# fuzzing found IndexError ("Read less bytes than requested") from a
+# corrupted .index.
+READER_ERRORS = (tf.errors.OpError, ValueError, OSError, IndexError,
+                 RuntimeError)
 
 
 def is_checkpoint_file(path: str) -> bool:
@@ -68,7 +73,7 @@ def resolve(path: str) -> Tuple[str, str]:
                          "the training checkpoint or a .keras file instead")
     try:
       prefix = tf.train.latest_checkpoint(path)
-    except (tf.errors.OpError, ValueError, OSError) as e:
+    except READER_ERRORS as e:
       raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
                          f"({_message(e)})") from None
     if prefix is None:
@@ -100,7 +105,7 @@ def read(path: str) -> contents.Contents:
     reader = tf.train.load_checkpoint(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
-  except (tf.errors.OpError, ValueError, OSError) as e:
+  except READER_ERRORS as e:
     raise safe_io.fail(label, f"not a readable TF checkpoint ({_message(e)}); "
                        "the files may be truncated or corrupt") from None
   data_bytes = sum(os.path.getsize(f) for f in glob.glob(
@@ -227,7 +232,7 @@ def _reader(reader, key, label):
   def read_tensor():
     try:
       return reader.get_tensor(key)
-    except (tf.errors.OpError, ValueError, OSError) as e:
+    except READER_ERRORS as e:
       raise safe_io.fail(label, f"cannot read variable {show(key)} "
                          f"({_message(e)}); the checkpoint may be truncated or "
                          "corrupt") from None
