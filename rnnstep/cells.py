@@ -270,6 +270,6 @@ def make_cell(layer_config, kernel, recurrent_kernel, bias,
   kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
   variant = ({"reset_after": layer_config.reset_after}
              if kind.has_reset_after else {})
-  return globals()[kind.cell_class](
+  return globals()[kind.cell_class](  # The class the kind table names.
       kernel, recurrent_kernel, bias, compute_dtype=compute_dtype,
       compile_elementwise=compile_elementwise, **variant)
