@@ -13,14 +13,13 @@ import importlib.resources
 import math
 import numbers
 import os
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
 from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
-from rnnstep import model_file
 from rnnstep import paths
 from rnnstep import request as request_lib
 from rnnstep import sampling
@@ -87,20 +86,34 @@ def bundled_model_path() -> str:
 
 
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
-         dtype: str = "float32") -> model_lib.Model:
-  """Loads a model file (see BUILD_NOTES.md for the format).
+         dtype: str = "float32",
+         corpus: Optional[Union[str, os.PathLike]] = None,
+         vocab: Union[None, str, os.PathLike, Sequence[str]] = None
+         ) -> model_lib.Model:
+  """Loads a model file, or converts Keras / PyTorch weights on the fly.
 
   Args:
-    path: a `.npz` model file; None loads the bundled default model.
+    path: a `.npz` model file (see BUILD_NOTES.md for the format), or any
+      weights file `rnnstep-convert` reads (Keras `.keras` / `.h5` / TF
+      checkpoint, PyTorch `.pt` / `.pth` / `.bin` / `.safetensors` state
+      dict), read as data with the same checks; None loads the bundled model.
     dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
+    corpus: for weights files, which hold no vocabulary: the training text
+      (UTF-8); the vocabulary is `sorted(set(text))`.
+    vocab: for weights files, instead of `corpus`: a vocabulary file (a JSON
+      list of characters in id order) or a list of characters.
 
   Returns:
     The Model.
 
   Raises:
     FileNotFoundError: no such file (or no bundled model in this install).
-    ValueError: the file is not a valid model file, or a bad dtype.
+    ValueError: the file is not a valid model or weights file, a weights file
+      without `corpus`/`vocab` (or a model file with one), a vocabulary that
+      does not fit, or a bad dtype.
   """
+  # pylint: disable-next=g-import-not-at-top
+  from rnnstep import convert as convert_lib  # Only loaded when needed.
   if path is None:
     path = bundled_model_path()
     if not os.path.exists(path):
@@ -110,7 +123,9 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   path = os.fspath(path)
   if dtype not in model_lib.DTYPES:
     raise ValueError(f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
-  return model_lib.from_file(model_file.read(path), dtype=dtype, source=path)
+  return model_lib.from_file(
+      convert_lib.read_any(path, corpus=corpus, vocab=vocab), dtype=dtype,
+      source=path)
 
 
 def logits(model: model_lib.Model, ids) -> np.ndarray:

@@ -29,6 +29,8 @@ from typing import NamedTuple, Tuple
 
 import tensorflow as tf
 
+from rnnstep import kinds
+
 State = Tuple[tf.Tensor, ...]
 
 
@@ -254,24 +256,20 @@ class SimpleRNNCell(Cell):
 
 
 # How many [B, units] tensors each kind's state holds: (h,) or (h, c).
-STATE_TENSORS = {"gru": 1, "lstm": 2, "simple_rnn": 1}
+STATE_TENSORS = {name: kind.state_tensors for name, kind in kinds.KINDS.items()}
 
 
 def state_sizes(layer_config) -> Tuple[int, ...]:
   """The state tensor widths of a `model_file.LayerConfig`'s cell."""
-  return (layer_config.units,) * STATE_TENSORS[layer_config.kind]
+  return (layer_config.units,) * kinds.get(layer_config.kind).state_tensors
 
 
 def make_cell(layer_config, kernel, recurrent_kernel, bias,
               compute_dtype=tf.float32, compile_elementwise=False) -> Cell:
   """Builds the cell for a `model_file.LayerConfig` from its three tensors."""
-  if layer_config.kind == "gru":
-    return GRUCell(kernel, recurrent_kernel, bias, layer_config.reset_after,
-                   compute_dtype, compile_elementwise)
-  if layer_config.kind == "lstm":
-    return LSTMCell(kernel, recurrent_kernel, bias, compute_dtype,
-                    compile_elementwise)
-  if layer_config.kind == "simple_rnn":
-    return SimpleRNNCell(kernel, recurrent_kernel, bias, compute_dtype,
-                         compile_elementwise)
-  raise ValueError(f"unknown recurrent layer kind {layer_config.kind!r}")
+  kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
+  variant = ({"reset_after": layer_config.reset_after}
+             if kind.has_reset_after else {})
+  return globals()[kind.cell_class](  # The class the kind table names.
+      kernel, recurrent_kernel, bias, compute_dtype=compute_dtype,
+      compile_elementwise=compile_elementwise, **variant)

@@ -33,11 +33,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rnnstep import kinds
+
 FORMAT_VERSION = 1
 UNK_TOKEN = "[UNK]"
 
-# Gate blocks per recurrent kind: the kernel has GATES * units columns.
-GATES = {"gru": 3, "lstm": 4, "simple_rnn": 1}
+# Gate blocks per recurrent kind (the kernel has GATES * units columns); the
+# kinds and their facts are described in `kinds.KINDS`.
+GATES = {name: kind.gates for name, kind in kinds.KINDS.items()}
 
 # Upper bounds that no real char model reaches; they stop absurd configs early.
 MAX_UNITS = 1 << 16
@@ -56,15 +59,12 @@ class LayerConfig:
 
   def to_json(self) -> dict:
     out = {"kind": self.kind, "units": self.units}
-    if self.kind == "gru":
+    if kinds.get(self.kind).has_reset_after:
       out["reset_after"] = self.reset_after
     return out
 
   def bias_shape(self) -> Tuple[int, ...]:
-    width = GATES[self.kind] * self.units
-    if self.kind == "gru" and self.reset_after:
-      return (2, width)
-    return (width,)
+    return kinds.get(self.kind).bias_shape(self.units, self.reset_after)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -181,7 +181,7 @@ def test_help_lists_the_flags(env):
   text = ok(env["results"]["help"])
   assert "USAGE: rnnstep-export" in text
   for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype",
-               "--format"):
+               "--format", "--corpus", "--vocab"):
     assert flag in text, flag
 
 

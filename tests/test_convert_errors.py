@@ -440,3 +440,15 @@ def test_output_directory_must_exist(files, tmp_path):
                     corpus=files["corpus"])
   with pytest.raises(ValueError, match="exactly one of corpus"):
     convert.convert(files["good_keras"], tmp_path / "o.npz")
+
+
+def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path):
+  """A fuzzed .index made tf.train.load_checkpoint raise IndexError."""
+  fuzz = os.path.join(os.path.dirname(__file__), "data", "fuzz")
+  shutil.copy(os.path.join(fuzz, "ckpt_read_less.index"),
+              tmp_path / "ckpt_1.index")
+  (tmp_path / "ckpt_1.data-00000-of-00001").write_bytes(b"")
+  for read in (convert.inspect, convert.read_weights):
+    with pytest.raises(ValueError, match="not a readable TF checkpoint") as info:
+      read(tmp_path / "ckpt_1")
+    assert "\n" not in str(info.value)

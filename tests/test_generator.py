@@ -14,7 +14,6 @@ from rnnstep import api
 from rnnstep import generator as generator_lib
 from rnnstep import model_file
 from rnnstep import paths
-from rnnstep import request as request_lib
 
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")

@@ -1,6 +1,6 @@
 """Mutation fuzzer for the converter's readers (a developer tool, not part of CI).
 
-Takes real Keras files as seeds, mutates them (byte flips and overwrites,
+Takes real Keras and PyTorch files as seeds, mutates them (byte flips and overwrites,
 truncation, spliced or repeated chunks) and feeds each mutant to
 `rnnstep.convert.inspect` and `read_weights`. A clean refusal is a ValueError
 or OSError with a one-line message; anything else (another exception, a
@@ -12,10 +12,15 @@ its input under --findings.
 
 Without --seeds, seed files are made first by `tests/keras_models.py` (tf_keras
 in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
-and TF checkpoints.
+and TF checkpoints (--nokeras skips them). The PyTorch fixtures in
+tests/data/torch (torch.save zip and legacy, .safetensors, a pickled module)
+are added unless --notorch.
+
+  python tools/fuzz_convert.py --nokeras --minutes=5     # PyTorch readers only
 """
 
 import glob
+import io
 import os
 import random
 import shutil
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 from absl import app
 from absl import flags
@@ -35,9 +41,14 @@ _MINUTES = flags.DEFINE_float("minutes", 5.0, "Time budget.")
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "Stop after this many "
                                    "mutants (0: only the time budget).")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the mutator.")
+_KERAS = flags.DEFINE_bool("keras", True, "Without --seeds: build Keras seeds.")
+_TORCH = flags.DEFINE_bool("torch", True, "Add the PyTorch fixtures of "
+                           "tests/data/torch as seeds.")
 _PER_WORKER = 200  # Mutants per worker process (a crash loses at most one).
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH_SEEDS = os.path.join(REPO, "tests", "data", "torch")
+SEED_SUFFIXES = (".h5", ".keras", ".pt", ".pth", ".bin", ".safetensors")
 
 WORKER = r"""
 import os, sys, traceback
@@ -72,7 +83,7 @@ def seed_files(directory):
   """Single-file inputs (checkpoints as their .index/.data pair prefix)."""
   files = []
   for path in glob.glob(os.path.join(directory, "**", "*"), recursive=True):
-    if path.endswith((".h5", ".keras")) and os.path.isfile(path):
+    if path.endswith(SEED_SUFFIXES) and os.path.isfile(path):
       files.append([path])
     elif path.endswith(".index"):
       prefix = path[:-len(".index")]
@@ -102,15 +113,41 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
   return bytes(data)
 
 
+def mutate_zip_member(data: bytes, rng: random.Random) -> bytes:
+  """Mutates one member of a torch.save zip and rewrites the archive, so the
+  mutant passes the zip CRC checks and reaches the unpickler and tensor
+  checks (byte flips of the archive itself mostly fail the CRC)."""
+  try:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+      members = [(info, archive.read(info)) for info in archive.infolist()]
+  except (zipfile.BadZipFile, OSError, ValueError):
+    return mutate(data, rng)
+  pickles = [i for i, (info, _) in enumerate(members)
+             if info.filename.endswith("data.pkl")]
+  target = (rng.choice(pickles) if pickles and rng.random() < 0.7
+            else rng.randrange(len(members)))
+  out = io.BytesIO()
+  with zipfile.ZipFile(out, "w") as archive:
+    for i, (info, content) in enumerate(members):
+      archive.writestr(info.filename,
+                       mutate(content, rng) if i == target else content)
+  return out.getvalue()
+
+
 def main(argv):
   del argv
   rng = random.Random(_SEED.value)
   work = tempfile.mkdtemp(prefix="rnnstep_fuzz_")
   seeds_dir = _SEEDS.value or os.path.join(work, "seeds")
-  if not _SEEDS.value:
+  if not _SEEDS.value and _KERAS.value:
     make_seeds(seeds_dir)
-  seeds = seed_files(seeds_dir)
-  print(f"{len(seeds)} seed inputs from {seeds_dir}")
+  seeds = seed_files(seeds_dir) if os.path.isdir(seeds_dir) else []
+  if _TORCH.value:
+    seeds += seed_files(TORCH_SEEDS)
+  if not seeds:
+    raise app.UsageError("no seed files")
+  print(f"{len(seeds)} seed inputs from {seeds_dir}"
+        f"{' and ' + TORCH_SEEDS if _TORCH.value else ''}")
   os.makedirs(_FINDINGS.value, exist_ok=True)
   deadline = time.time() + 60 * _MINUTES.value
   counts = {"ok": 0, "refused": 0, "findings": 0}
@@ -126,7 +163,13 @@ def main(argv):
       for j, path in enumerate(files):
         data = open(path, "rb").read()
         with open(os.path.join(case_dir, os.path.basename(path)), "wb") as f:
-          f.write(mutate(data, rng) if j == target else data)
+          if j != target:
+            f.write(data)
+          elif path.endswith((".pt", ".pth", ".bin")) and data[:2] == b"PK" and (
+              rng.random() < 0.5):
+            f.write(mutate_zip_member(data, rng))
+          else:
+            f.write(mutate(data, rng))
       main_file = os.path.join(case_dir, os.path.basename(files[0]))
       if main_file.endswith(".index"):
         main_file = main_file[:-len(".index")]

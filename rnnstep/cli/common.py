@@ -315,8 +315,10 @@ def define_model_flags(flag_values: flags.FlagValues):
   """Defines --weights and --dtype; returns their holders."""
   weights = flags.DEFINE_string(
       "weights", None,
-      "Model file (.npz; make one from Keras weights with rnnstep-convert). "
-      "Default: the Shakespeare model bundled with rnnstep.",
+      "Model file (.npz; make one with rnnstep-convert), or any weights file "
+      "rnnstep-convert reads (Keras, PyTorch), converted in memory: then give "
+      "--corpus or --vocab. Default: the Shakespeare model bundled with "
+      "rnnstep.",
       flag_values=flag_values)
   dtype = flags.DEFINE_enum(
       "dtype", "float32", DTYPES,
@@ -326,11 +328,53 @@ def define_model_flags(flag_values: flags.FlagValues):
   return weights, dtype
 
 
-def load_model(weights, dtype: str):
-  """`rnnstep.load`, its errors as a Failure naming --weights."""
+def define_vocab_flags(flag_values: flags.FlagValues):
+  """Defines --corpus and --vocab (for --weights files without a vocabulary);
+  returns their holders."""
+  corpus = flags.DEFINE_string(
+      "corpus", None,
+      "With --weights of Keras or PyTorch weights (which hold no vocabulary): "
+      "the training text (UTF-8); the vocabulary is sorted(set(text)).",
+      flag_values=flag_values)
+  vocab = flags.DEFINE_string(
+      "vocab", None,
+      "Instead of --corpus: a vocabulary file, a UTF-8 JSON list of the "
+      "characters in id order (optionally \"[UNK]\" first).",
+      flag_values=flag_values)
+  flags.mark_flags_as_mutual_exclusive(["corpus", "vocab"],
+                                       flag_values=flag_values)
+  forbid_empty(flag_values, "corpus", "vocab")
+  return corpus, vocab
+
+
+def load_model(weights, dtype: str, corpus=None, vocab=None):
+  """`rnnstep.load`, its errors as a Failure naming the flag at fault.
+
+  `weights` may be a model file or any weights file rnnstep-convert reads;
+  the latter need `corpus` or `vocab`.
+  """
   import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep import convert  # pylint: disable=g-import-not-at-top
+  # Read the vocabulary source first, so that its errors name its flag.
+  for flag, value, read in (("--corpus", corpus, convert.read_corpus_vocab),
+                            ("--vocab", vocab, convert.read_vocab_file)):
+    if value is not None:
+      try:
+        read(value)
+      except (OSError, ValueError) as e:
+        raise Failure(f"{flag}={value}: {reason(e)}") from None
   try:
-    return rnnstep.load(weights, dtype=dtype)
+    return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
+  except convert.VocabularyRequired:
+    raise Failure(f"--weights={weights}: Keras and PyTorch weights hold no "
+                  "vocabulary; give --corpus=TEXT_FILE (the training text) or "
+                  "--vocab=VOCAB_FILE (a JSON list of characters in id "
+                  "order)") from None
+  except convert.VocabularyNotAllowed:
+    flag = "--corpus" if corpus is not None else "--vocab"
+    which = f"={weights}" if weights else " (the bundled model)"
+    raise Failure(f"{flag}: --weights{which} is an rnnstep model file, which "
+                  f"holds its own vocabulary; drop {flag}") from None
   except (OSError, ValueError) as e:
     which = "" if weights else " not given"
     raise Failure(f"--weights{which}: {reason(e)}") from None

@@ -1,15 +1,23 @@
-"""rnnstep-convert: turn saved Keras char-RNN weights into an rnnstep model file.
+"""rnnstep-convert: turn saved Keras or PyTorch char-RNN weights into an rnnstep
+model file.
 
-Reads the weights as data -- never imports Keras, never runs code from the file.
+Reads the weights as data -- never imports Keras or torch, never runs code from
+the file (PyTorch pickles go through an unpickler that rebuilds only tensors
+and dicts).
 
   rnnstep-convert --input=training_checkpoints --output=model.npz --corpus=shakespeare.txt
   rnnstep-convert --input=model.keras --output=model.npz --vocab=vocab.json
+  rnnstep-convert --input=char_rnn.pt --output=model.npz --vocab=vocab.json
   rnnstep-convert --input=w.h5 --inspect
 
 --input takes a Keras 3 .keras archive, a .weights.h5, a Keras 2 / tf.keras .h5
-(save_weights or full save), a TF checkpoint prefix (ckpt_5), or a directory of
-TF checkpoints (its latest). The model must be Embedding -> GRU/LSTM/SimpleRNN
-layer(s) -> Dense.
+(save_weights or full save), a TF checkpoint prefix (ckpt_5), a directory of TF
+checkpoints (its latest), or a PyTorch state dict: torch.save(
+model.state_dict(), PATH) (.pt/.pth/.bin, zip or legacy format) or
+.safetensors. The model must be Embedding -> GRU/LSTM/SimpleRNN layer(s) ->
+Dense (PyTorch: nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module
+names, unidirectional; an nn.RNN is assumed to use tanh, its default). A
+pickled whole model (torch.save(model)) is refused: save its state_dict.
 
 The vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
@@ -33,7 +41,8 @@ PROGRAM = "rnnstep-convert"
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("input", None, "The saved weights: .keras, .weights.h5, "
-                    ".h5, a TF checkpoint prefix, or a checkpoint directory.",
+                    ".h5, a TF checkpoint prefix, a checkpoint directory, or a "
+                    "PyTorch state dict (.pt, .pth, .bin, .safetensors).",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "The rnnstep model file to write (.npz). "
                     "Written atomically.", flag_values=FLAGS)

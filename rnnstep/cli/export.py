@@ -2,9 +2,11 @@
 
 USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite]
                       [--weights=NPZ] [--dtype=...] [--jit_compile]
+       [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --weights)]
 
   rnnstep-export --output=served/1                     # the bundled model
   rnnstep-export --weights=my.npz --output=served/1
+  rnnstep-export --weights=char_rnn.pt --vocab=vocab.json --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
   rnnstep-export --format=tflite --output=litert  # model.tflite, vocab.json
 
@@ -49,6 +51,7 @@ PROGRAM = "rnnstep-export"
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 _WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
     "The directory to create (e.g. served/1: TF Serving loads numbered "
@@ -81,7 +84,8 @@ def main(argv):
                                  or os.listdir(output)):
     raise common.Failure(f"--output={output}: already exists and is not an "
                          "empty directory; choose a new one")
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
+                            _VOCAB.value)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
       _pause_for_tests()

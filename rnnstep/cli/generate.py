@@ -9,6 +9,12 @@ USAGE: rnnstep-generate [flags]
   rnnstep-generate --num_samples=3 --temperature=0.2,0.6,1.0   # a sweep, one run
   rnnstep-generate --repetition_penalty=1.3 --repetition_window=32 --no_repeat_ngram_size=4
   rnnstep-generate --num_beams=8 --num_return_sequences=3 --stop=.
+  rnnstep-generate --weights=char_rnn.pt --vocab=vocab.json   # PyTorch, converted on the fly
+
+--weights takes an rnnstep .npz model file or any weights file rnnstep-convert
+reads (Keras .keras/.h5/TF checkpoint, PyTorch .pt/.pth/.bin/.safetensors),
+which is converted in memory; those hold no vocabulary, so give --corpus (the
+training text) or --vocab (a JSON list of the characters in id order).
 
 All prompts x samples are generated together as one batch; row R (counted from 0)
 is sample S of prompt P, R = P * num_samples + S, and uses the seed pair (seed, R).
@@ -61,6 +67,7 @@ MAX_INT32 = 2**31 - 1
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 _WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", [DEFAULT_PROMPT],
     f"Text to continue. Repeat the flag for several prompts (one batch). "
@@ -209,7 +216,8 @@ def main(argv):
           for s in range(per_prompt)]
   temperature = _row_temperatures(len(_PROMPT.value), per_prompt)
   with _open_output(_OUTPUT.value) as out:
-    model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+    model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
+                              _VOCAB.value)
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
     _generate(model, rows, seed, temperature, printer)

@@ -1,4 +1,5 @@
-"""Converts saved Keras char-RNN weights into an rnnstep model file, without Keras.
+"""Converts saved Keras or PyTorch char-RNN weights into an rnnstep model file,
+without Keras or torch.
 
     from rnnstep import convert
     summary = convert.convert("training_checkpoints", "model.npz",
@@ -6,6 +7,7 @@
     print(summary)
     print(convert.inspect("model.keras"))            # what is there; writes nothing
     config, tensors = convert.read_weights("w.h5")   # ModelConfig + arrays
+    model_file = convert.read_any("rnn.pt", vocab="vocab.json")  # no file written
 
 Inputs (see `shared/design/keras-formats.md`):
   - Keras 3 `.keras` archives (Sequential, Functional, subclassed), unzipped
@@ -13,13 +15,16 @@ Inputs (see `shared/design/keras-formats.md`):
   - tf.keras / tf_keras HDF5: `save_weights('w.h5')` and `save('m.h5')`;
   - TF checkpoints: a directory (its latest checkpoint) or a prefix, from
     `ModelCheckpoint(save_weights_only=True)` of Keras 2 models and from
-    `tf.train.Checkpoint(model=...)` of Keras 3 models.
+    `tf.train.Checkpoint(model=...)` of Keras 3 models;
+  - PyTorch state dicts: `torch.save` files (`.pt`, `.pth`, `.bin`; zip or
+    legacy format) and `.safetensors` (`pytorch`, `torch_files`).
 
 The model must be Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN
-layer(s) -> Dense; anything else is refused with a message saying what was
-found. Files are read as data only: no Keras import, no config deserialization,
-guarded zip and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF
-checkpoints.
+layer(s) -> Dense (PyTorch: Embedding -> GRU / LSTM / RNN(tanh) -> Linear);
+anything else is refused with a message saying what was found. Files are read
+as data only: no Keras or torch import, no config deserialization, no pickled
+code run (a restricted unpickler rebuilds tensors and dicts only), guarded zip
+and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 
 Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
 `vocab=` is a list of characters or a vocabulary file (a UTF-8 JSON list of
@@ -29,7 +34,6 @@ current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
 error that gives both sizes.
 """
 
-import codecs
 import dataclasses
 import json
 import os
@@ -37,22 +41,29 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from rnnstep import kinds
 from rnnstep import model_file
 from rnnstep.convert import isolation
 from rnnstep.convert import keras_v2_h5
 from rnnstep.convert import keras_v3
+from rnnstep.convert import mapping
+from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
-from rnnstep.convert import structure
 from rnnstep.convert import tf_checkpoint
-from rnnstep.convert.structure import resolve_vocab
-from rnnstep.convert.structure import vocab_from_corpus
+from rnnstep.convert import torch_files
+from rnnstep.convert.contents import Contents
+from rnnstep.convert.contents import KIND_NAMES
+from rnnstep.convert.vocabulary import read_corpus_vocab
+from rnnstep.convert.vocabulary import read_vocab_file
+from rnnstep.convert.vocabulary import resolve_vocab
+from rnnstep.convert.vocabulary import vocab_from_corpus
 
-__all__ = ["LayerSummary", "Summary", "convert", "inspect", "read_corpus_vocab",
-           "read_vocab_file", "read_weights", "resolve_vocab", "vocab_from_corpus"]
+__all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
+           "VocabularyRequired", "convert", "inspect", "is_model_file",
+           "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
+           "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
-MAX_VOCAB_FILE_BYTES = 64 << 20
-_CORPUS_CHUNK = 8 << 20
 
 
 @dataclasses.dataclass
@@ -72,7 +83,7 @@ class LayerSummary:
 
   def __str__(self):
     shapes = ", ".join(str(s) for s in self.shapes)
-    return (f"{structure.KIND_NAMES[self.kind]:<10} {safe_io.show(self.name)}: "
+    return (f"{KIND_NAMES[self.kind]:<10} {safe_io.show(self.name)}: "
             f"{self.detail}; stored {shapes}")
 
 
@@ -147,7 +158,7 @@ def inspect(input_path: PathLike) -> Summary:
 def _inspect(input_path: PathLike) -> Summary:
   contents = _open(input_path)
   try:
-    mapped = structure.map_model(contents)
+    mapped = mapping.map_model(contents)
     return _summary(input_path, mapped)
   finally:
     contents.close()
@@ -166,7 +177,7 @@ def read_weights(input_path: PathLike) -> Tuple[model_file.ModelConfig,
 def _read_weights(input_path: PathLike):
   contents = _open(input_path)
   try:
-    mapped = structure.map_model(contents)
+    mapped = mapping.map_model(contents)
     return mapped.config, mapped.read_tensors()
   finally:
     contents.close()
@@ -178,7 +189,8 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   """Converts a Keras weights file into an rnnstep model file.
 
   Args:
-    input_path: a `.keras`, `.weights.h5`, `.h5`, TF checkpoint prefix or a
+    input_path: a `.keras`, `.weights.h5`, `.h5`, a PyTorch `.pt` / `.pth` /
+      `.bin` / `.safetensors` state dict, a TF checkpoint prefix or a
       checkpoint directory.
     output_path: the `.npz` model file to write (atomically: on any failure
       nothing is left at this path).
@@ -210,22 +222,132 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   if os.path.exists(output_path) and os.path.exists(input_path) and (
       os.path.samefile(output_path, input_path)):
     raise ValueError(f"{output_path}: the output would overwrite the input")
-  if corpus is not None:
-    chars, source = read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}"
-  elif isinstance(vocab, (str, os.PathLike)):
-    chars, source = read_vocab_file(vocab), f"the vocab file {os.fspath(vocab)}"
-  else:
-    chars = model_file.validate_vocab(list(vocab), "vocab")
-    source = "the vocab list"
+  if is_model_file(input_path):
+    raise ValueError(f"{input_path}: already an rnnstep model file; nothing to "
+                     "convert")
+  chars, source = _characters(corpus, vocab)
   return _contained(input_path, _convert, input_path, output_path, chars,
                     source)
+
+
+class VocabularyRequired(ValueError):
+  """A weights file holds no vocabulary and none was given."""
+
+
+class VocabularyNotAllowed(ValueError):
+  """A vocabulary was given for an rnnstep model file, which holds its own."""
+
+
+def is_model_file(path: PathLike) -> bool:
+  """Whether `path` is an rnnstep `.npz` model file (a zip holding a
+  `format_version.npy` member), as opposed to weights to convert."""
+  path = os.fspath(path)
+  if not os.path.isfile(path) or _sniff(path) != "zip":
+    return False
+  try:
+    with safe_io.open_zip(path) as archive:
+      return "format_version.npy" in safe_io.member_names(archive)
+  except ValueError:
+    return False
+
+
+def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
+             vocab: Union[None, PathLike, Sequence[str]] = None
+             ) -> model_file.ModelFile:
+  """Reads any file `convert` reads (or an rnnstep model file) into memory.
+
+  Args:
+    input_path: an rnnstep `.npz` model file, or Keras or PyTorch weights (as
+      for `convert`).
+    corpus: for weights: a UTF-8 text file; the vocabulary is
+      `sorted(set(text))`.
+    vocab: for weights, instead of `corpus`: a list of characters or the path
+      of a vocabulary file (a JSON list of strings).
+
+  Returns:
+    What `model_file.read` returns: the validated ModelFile, float32 tensors.
+
+  Raises:
+    FileNotFoundError: the input does not exist.
+    VocabularyRequired: weights without `corpus` or `vocab` (a ValueError).
+    VocabularyNotAllowed: `corpus` or `vocab` for an rnnstep model file.
+    ValueError: the input cannot be read or mapped, or the vocabulary does not
+      fit the weights.
+  """
+  input_path = os.fspath(input_path)
+  if is_model_file(input_path):
+    if corpus is not None or vocab is not None:
+      raise VocabularyNotAllowed(
+          f"{input_path}: an rnnstep model file holds its own vocabulary; "
+          "give no corpus or vocab for it")
+    return model_file.read(input_path)
+  if corpus is not None and vocab is not None:
+    raise ValueError("give only one of corpus= (a text file) or vocab= (a "
+                     "vocabulary file or list of characters)")
+  if corpus is None and vocab is None:
+    if not _looks_like_weights(input_path):
+      return model_file.read(input_path)  # Its errors say what is wrong.
+    raise VocabularyRequired(
+        f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
+        "give the training text (corpus) or a vocabulary file (vocab: a JSON "
+        "list of characters in id order)")
+  chars, source = _characters(corpus, vocab)
+  return _contained(input_path, _read_any, input_path, chars, source)
+
+
+def _read_any(input_path: str, chars: List[str], source: str
+              ) -> model_file.ModelFile:
+  contents = _open(input_path)
+  try:
+    mapped = mapping.map_model(contents)
+    full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
+    full_vocab = model_file.validate_vocab(full_vocab, source)
+    tensors = mapped.read_tensors()
+  finally:
+    contents.close()
+  tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
+  return model_file.ModelFile(mapped.config, full_vocab, tensors)
+
+
+def _looks_like_weights(path: str) -> bool:
+  """Whether `path` looks like a weights file `_open` reads (by its first
+  bytes, member names or checkpoint files; nothing is parsed)."""
+  if os.path.isdir(path):
+    return keras_v3.is_unzipped_archive(path) or os.path.isfile(
+        os.path.join(path, "checkpoint"))
+  if not os.path.isfile(path):
+    return os.path.isfile(path + ".index")
+  if tf_checkpoint.is_checkpoint_file(path):
+    return True
+  kind = _sniff(path)
+  if kind == "zip":
+    try:
+      with safe_io.open_zip(path) as archive:
+        names = safe_io.member_names(archive)
+    except ValueError:
+      return False
+    return torch_files.is_torch_zip(names) or keras_v3.CONFIG_MEMBER in names
+  if kind == "hdf5":
+    return True
+  with open(path, "rb") as f:
+    head = f.read(64)
+  return pytorch.reader_kind(path, head, os.path.getsize(path)) is not None
+
+
+def _characters(corpus, vocab) -> Tuple[List[str], str]:
+  """The characters `corpus=` or `vocab=` give, and how messages name them."""
+  if corpus is not None:
+    return read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}"
+  if isinstance(vocab, (str, os.PathLike)):
+    return read_vocab_file(vocab), f"the vocab file {os.fspath(vocab)}"
+  return model_file.validate_vocab(list(vocab), "vocab"), "the vocab list"
 
 
 def _convert(input_path: str, output_path: str, chars: List[str],
              source: str) -> Summary:
   contents = _open(input_path)
   try:
-    mapped = structure.map_model(contents)
+    mapped = mapping.map_model(contents)
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
     tensors = mapped.read_tensors()
@@ -239,63 +361,6 @@ def _convert(input_path: str, output_path: str, chars: List[str],
     summary.notes.append("the embedding has one row more than the characters: "
                          "id 0 is [UNK] (never generated)")
   return summary
-
-
-def read_corpus_vocab(path: PathLike) -> List[str]:
-  """`sorted(set(text))` of a UTF-8 text file, read in chunks as bytes.
-
-  Newlines are kept exactly as stored ('\\r\\n' gives '\\r' and '\\n'), as the
-  tutorial's `open(path, 'rb').read().decode('utf-8')` does.
-
-  Raises:
-    FileNotFoundError / OSError: the file cannot be read.
-    ValueError: it is not UTF-8 (the message gives the byte offset) or empty.
-  """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    raise IsADirectoryError(f"{path}: the corpus is a directory, not a text file")
-  decoder = codecs.getincrementaldecoder("utf-8")()
-  chars = set()
-  offset = 0
-  with open(path, "rb") as f:
-    while True:
-      chunk = f.read(_CORPUS_CHUNK)
-      try:
-        chars.update(decoder.decode(chunk, final=not chunk))
-      except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: the corpus is not UTF-8 text (bad byte at "
-                         f"offset {offset + max(e.start, 0)})") from None
-      if not chunk:
-        break
-      offset += len(chunk)
-  if not chars:
-    raise ValueError(f"{path}: the corpus is empty")
-  return sorted(chars)
-
-
-def read_vocab_file(path: PathLike) -> List[str]:
-  """Reads a vocabulary file: a UTF-8 JSON list of single characters in id
-  order, optionally with "[UNK]" first, e.g. `["[UNK]", "\\n", " ", "!"]`.
-
-  Raises:
-    FileNotFoundError / OSError: the file cannot be read.
-    ValueError: not such a list; the message says what is wrong.
-  """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    raise IsADirectoryError(f"{path}: the vocab file is a directory")
-  size = os.path.getsize(path)
-  if size > MAX_VOCAB_FILE_BYTES:
-    raise ValueError(f"{path}: vocab file of {size} bytes is too large")
-  with open(path, "rb") as f:
-    raw = f.read(MAX_VOCAB_FILE_BYTES + 1)
-  try:
-    data = json.loads(raw.decode("utf-8-sig"))
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-    raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
-                     "expected a UTF-8 JSON list of characters like "
-                     '["\\n", " ", "!"]') from None
-  return model_file.validate_vocab(data, path)
 
 
 # ------------------------------------------------------------------- internals
@@ -314,7 +379,7 @@ def _contained(input_path: PathLike, fn, *args):
   return isolation.run(path, fn, *args)
 
 
-def _open(input_path: PathLike) -> structure.Contents:
+def _open(input_path: PathLike) -> Contents:
   """Finds the format of `input_path` and lists what it holds."""
   path = os.fspath(input_path)
   if not path:
@@ -332,6 +397,13 @@ def _open(input_path: PathLike) -> structure.Contents:
     return tf_checkpoint.read(path)
   kind = _sniff(path)
   if kind == "zip":
+    with safe_io.open_zip(path) as archive:
+      names = safe_io.member_names(archive)
+    if torch_files.is_torch_zip(names) and keras_v3.CONFIG_MEMBER not in names:
+      return pytorch.read(path, "zip")
+    if "format_version.npy" in names:
+      raise ValueError(f"{path}: an rnnstep model file, not weights to convert "
+                       "(load it with rnnstep.load or --weights)")
     return keras_v3.read_archive(path)
   if kind == "hdf5":
     h5 = safe_io.H5File(path, path)
@@ -347,8 +419,22 @@ def _open(input_path: PathLike) -> structure.Contents:
   size = os.path.getsize(path)
   if size == 0:
     raise ValueError(f"{path}: the file is empty")
-  raise ValueError(f"{path}: not a Keras weights file (neither a .keras zip "
-                   "archive, an HDF5 file nor a TF checkpoint)")
+  with open(path, "rb") as f:
+    head = f.read(64)
+  torch_kind = pytorch.reader_kind(path, head, size)
+  if torch_kind is not None:
+    return pytorch.read(path, torch_kind)
+  if torch_files.is_tar(path):
+    raise ValueError(f"{path}: a torch.save file in the old tar format (torch "
+                     "0.1), which rnnstep does not read; re-save its state "
+                     "dict with a current torch")
+  if head[:1] == b"\x80":
+    raise ValueError(f"{path}: a Python pickle that is not a torch.save file; "
+                     "rnnstep does not unpickle arbitrary files (save the "
+                     "weights with torch.save(model.state_dict(), PATH))")
+  raise ValueError(f"{path}: not a Keras weights file nor a PyTorch one (neither "
+                   "a .keras zip archive, an HDF5 file, a TF checkpoint, a "
+                   "torch.save file nor .safetensors)")
 
 
 def _sniff(path: str) -> Optional[str]:
@@ -361,7 +447,7 @@ def _sniff(path: str) -> Optional[str]:
   return None
 
 
-def _summary(input_path, mapped: structure.MappedModel) -> Summary:
+def _summary(input_path, mapped: mapping.MappedModel) -> Summary:
   config = mapped.config
   layers = []
   vocab, dim = mapped.embedding.tensors["embeddings"].shape
@@ -370,7 +456,7 @@ def _summary(input_path, mapped: structure.MappedModel) -> Summary:
                              f"vocab {vocab} x dim {dim}"))
   for item in mapped.recurrent:
     detail = f"units={item.layer.units}"
-    if item.kind == "gru":
+    if kinds.KINDS[item.kind].has_reset_after:
       detail += f", reset_after={item.layer.reset_after}"
     if "bias" not in item.tensors:
       detail += ", use_bias=False (zero bias written)"

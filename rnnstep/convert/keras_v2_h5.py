@@ -8,7 +8,7 @@ layer group's attribute `weight_names` lists its datasets in creation order,
 e.g. `gru/gru_cell/kernel:0` (Keras 3 legacy files drop the `:0`). Both are read
 in attribute order, as str or bytes, and may be split into `layer_names0, 1,
 ...`. A full model also has a `model_config` JSON attribute, which is read as
-data (`structure.parse_model_config`), never deserialized.
+data (`keras_config.parse_model_config`), never deserialized.
 
 The layer order: a config fixes it. In a weights-only file from a Sequential or
 Functional model, the weight names start with the layer's own name and
@@ -21,7 +21,8 @@ from typing import List
 import h5py
 
 from rnnstep.convert import safe_io
-from rnnstep.convert import structure
+from rnnstep.convert import contents
+from rnnstep.convert import keras_config
 from rnnstep.convert.safe_io import show
 
 
@@ -33,7 +34,7 @@ def is_keras2_layout(h5: safe_io.H5File) -> bool:
   return "model_weights" in h5.names(root)
 
 
-def read(h5: safe_io.H5File) -> structure.Contents:
+def read(h5: safe_io.H5File) -> contents.Contents:
   """Lists the layer groups of a Keras-2-layout HDF5 file (nothing read yet).
 
   Raises:
@@ -53,8 +54,8 @@ def read(h5: safe_io.H5File) -> structure.Contents:
   kind = "Keras 3 legacy HDF5" if keras3 else "Keras 2 (tf.keras) HDF5"
   chain = None
   if config_text is not None:
-    data = structure.parse_json(config_text, label, "the model_config attribute")
-    chain = structure.parse_model_config(data, label, "the model_config attribute")
+    data = keras_config.parse_json(config_text, label, "the model_config attribute")
+    chain = keras_config.parse_model_config(data, label, "the model_config attribute")
     what = f"full model, {chain.model_class}"
   else:
     what = "weights only"
@@ -64,11 +65,11 @@ def read(h5: safe_io.H5File) -> structure.Contents:
   if chain is not None and chain.specs is None:
     for group in groups:
       group.order = None
-  return structure.Contents(label=label, format=fmt, groups=groups, chain=chain,
+  return contents.Contents(label=label, format=fmt, groups=groups, chain=chain,
                             key="name")
 
 
-def _layer_groups(h5: safe_io.H5File, weights, where: str) -> List[structure.Group]:
+def _layer_groups(h5: safe_io.H5File, weights, where: str) -> List[contents.Group]:
   label = h5.label
   layer_names = h5.attr_strings(weights, "layer_names")
   if layer_names is None:
@@ -94,18 +95,18 @@ def _layer_groups(h5: safe_io.H5File, weights, where: str) -> List[structure.Gro
         raise safe_io.fail(label, f"dataset {show(path)} listed in weight_names "
                            "is missing (a variable is missing from the file)")
       shape, _ = h5.check_dataset(dataset, path)
-      tensors.append(structure.Tensor(
-          path=path, shape=shape, role=structure.role_from_name(weight_name),
+      tensors.append(contents.Tensor(
+          path=path, shape=shape, role=contents.role_from_name(weight_name),
           reader=_reader(h5, dataset, path)))
     hint = None
     for weight_name in weight_names:
-      hint = structure.hint_from_name(weight_name)
+      hint = contents.hint_from_name(weight_name)
       if hint == "bidirectional":
         break
-    hint = hint or structure.hint_from_name(layer_name)
+    hint = hint or contents.hint_from_name(layer_name)
     ordered = bool(weight_names) and all(
         name.startswith(f"{layer_name}/") for name in weight_names)
-    groups.append(structure.Group(
+    groups.append(contents.Group(
         name=layer_name, tensors=tensors, hint=hint,
         order=("layer_names", index) if ordered else None))
   return groups

@@ -3,7 +3,7 @@
 A `.keras` file is a zip archive (shared/design/keras-formats.md, 1a-1b). Only
 the fixed members `config.json`, `metadata.json` and `model.weights.h5` are
 read, each after checking its declared size; nothing is extracted. The config
-is JSON read as data through an allow-list (`structure.parse_model_config`),
+is JSON read as data through an allow-list (`keras_config.parse_model_config`),
 never deserialized. An unzipped archive (a directory holding `config.json` and
 `model.weights.h5`) is read the same way.
 
@@ -28,7 +28,8 @@ from typing import List, Optional
 import h5py
 
 from rnnstep.convert import safe_io
-from rnnstep.convert import structure
+from rnnstep.convert import contents
+from rnnstep.convert import keras_config
 from rnnstep.convert.safe_io import show
 
 CONFIG_MEMBER = "config.json"
@@ -38,7 +39,7 @@ SKIPPED_TOP_LEVEL = ("optimizer", "metrics")
 _LAYER_PATH = re.compile(r"^layers/([a-z0-9_]*?[a-z])(?:_(\d+))?$")
 
 
-def read_archive(path) -> structure.Contents:
+def read_archive(path) -> contents.Contents:
   """Lists what a `.keras` zip archive holds (tensors are read later)."""
   label = os.fspath(path)
   with safe_io.open_zip(path) as archive:
@@ -64,7 +65,7 @@ def is_unzipped_archive(path) -> bool:
           and os.path.isfile(os.path.join(path, WEIGHTS_MEMBER)))
 
 
-def read_directory(path) -> structure.Contents:
+def read_directory(path) -> contents.Contents:
   """Lists what an unzipped `.keras` directory holds."""
   label = os.fspath(path)
   config = _read_small_file(os.path.join(path, CONFIG_MEMBER),
@@ -87,8 +88,8 @@ def _read_small_file(path, limit, label) -> bytes:
 
 def _read(label, config_bytes, metadata_bytes, weights, kind):
   version = _keras_version(metadata_bytes, label)
-  data = structure.parse_json(config_bytes, label, CONFIG_MEMBER)
-  chain = structure.parse_model_config(data, label, CONFIG_MEMBER)
+  data = keras_config.parse_json(config_bytes, label, CONFIG_MEMBER)
+  chain = keras_config.parse_model_config(data, label, CONFIG_MEMBER)
   h5 = safe_io.H5File(weights, f"{label}: {WEIGHTS_MEMBER}")
   try:
     groups = list_groups(h5)
@@ -101,21 +102,21 @@ def _read(label, config_bytes, metadata_bytes, weights, kind):
   who = "tf_keras" if version and version.startswith("2.") else "Keras"
   fmt = (f"{who} {version or ''} {kind} ({chain.model_class})").replace(
       "  ", " ")
-  return structure.Contents(label=label, format=fmt, groups=groups, chain=chain,
+  return contents.Contents(label=label, format=fmt, groups=groups, chain=chain,
                             key="path", closers=[h5.close])
 
 
 def _keras_version(metadata_bytes, label) -> Optional[str]:
   if metadata_bytes is None:
     return None
-  data = structure.parse_json(metadata_bytes, label, METADATA_MEMBER)
+  data = keras_config.parse_json(metadata_bytes, label, METADATA_MEMBER)
   version = data.get("keras_version") if isinstance(data, dict) else None
   if isinstance(version, str) and re.fullmatch(r"[0-9A-Za-z.+-]{1,32}", version):
     return version
   return None
 
 
-def read_weights_file(h5: safe_io.H5File) -> structure.Contents:
+def read_weights_file(h5: safe_io.H5File) -> contents.Contents:
   """Lists what a `.weights.h5` file holds (an open, guarded HDF5 file)."""
   groups = list_groups(h5)
   layered = bool(groups) and all(g.name.startswith("layers/") for g in groups)
@@ -125,12 +126,12 @@ def read_weights_file(h5: safe_io.H5File) -> structure.Contents:
     style = "subclassed-model paths"
     for group in groups:  # `layers/...` here numbers creation order only.
       group.order = None
-  return structure.Contents(
+  return contents.Contents(
       label=h5.label, format=f"Keras 3 .weights.h5 ({style}, no config)",
       groups=groups, key="path", closers=[h5.close])
 
 
-def list_groups(h5: safe_io.H5File) -> List[structure.Group]:
+def list_groups(h5: safe_io.H5File) -> List[contents.Group]:
   """One Group per object that stores variables (`<path>/vars/0, 1, ...`)."""
   groups = []
   for path, obj in h5.walk(h5.root):
@@ -150,15 +151,15 @@ def list_groups(h5: safe_io.H5File) -> List[structure.Group]:
                          f"({len(tensors)} in 'vars'); rnnstep maps only "
                          "Embedding, recurrent and Dense layer weights")
     name = owner[:-len("/cell")] if owner.endswith("/cell") else owner
-    hint = structure.hint_from_name(name)
+    hint = contents.hint_from_name(name)
     match = _LAYER_PATH.match(name)
     order = (match.group(1), int(match.group(2) or 0)) if match else None
-    groups.append(structure.Group(name=name, tensors=tensors, hint=hint,
+    groups.append(contents.Group(name=name, tensors=tensors, hint=hint,
                                   order=order, cell=name != owner))
   return groups
 
 
-def _vars(h5, group, where) -> List[structure.Tensor]:
+def _vars(h5, group, where) -> List[contents.Tensor]:
   names = h5.names(group, where)
   if any(not n.isdigit() or n != str(int(n)) for n in names):
     raise safe_io.fail(h5.label, f"{show(where)} holds unexpected entries "
@@ -172,7 +173,7 @@ def _vars(h5, group, where) -> List[structure.Tensor]:
     path = f"{where}/{index}"
     dataset = h5.child(group, str(index), where)
     shape, _ = h5.check_dataset(dataset, path)
-    tensors.append(structure.Tensor(path=path, shape=shape, role=None,
+    tensors.append(contents.Tensor(path=path, shape=shape, role=None,
                                     reader=_reader(h5, dataset, path)))
   return tensors
 

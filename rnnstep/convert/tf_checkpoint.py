@@ -35,7 +35,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from rnnstep.convert import safe_io
-from rnnstep.convert import structure
+from rnnstep.convert import contents
 from rnnstep.convert.safe_io import show
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -48,6 +48,11 @@ _ORDER_PATTERNS = (
     (re.compile(r"^layer-(\d+)$"), "layer"),
 )
 _ORDER_LISTS = ("_operations", "_layers", "layers", "_self_tracked_trackables")
+# What the checkpoint reader raises on damaged files: besides TF's errors,
+# fuzzing found IndexError ("Read less bytes than requested") from a
+# corrupted .index.
+READER_ERRORS = (tf.errors.OpError, ValueError, OSError, IndexError,
+                 RuntimeError)
 
 
 def is_checkpoint_file(path: str) -> bool:
@@ -68,7 +73,7 @@ def resolve(path: str) -> Tuple[str, str]:
                          "the training checkpoint or a .keras file instead")
     try:
       prefix = tf.train.latest_checkpoint(path)
-    except (tf.errors.OpError, ValueError, OSError) as e:
+    except READER_ERRORS as e:
       raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
                          f"({_message(e)})") from None
     if prefix is None:
@@ -90,7 +95,7 @@ def resolve(path: str) -> Tuple[str, str]:
   raise FileNotFoundError(f"{path}: no such checkpoint")
 
 
-def read(path: str) -> structure.Contents:
+def read(path: str) -> contents.Contents:
   """Lists the layer variables of a TF checkpoint (tensors read later)."""
   prefix, how = resolve(path)
   label = prefix
@@ -100,7 +105,7 @@ def read(path: str) -> structure.Contents:
     reader = tf.train.load_checkpoint(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
-  except (tf.errors.OpError, ValueError, OSError) as e:
+  except READER_ERRORS as e:
     raise safe_io.fail(label, f"not a readable TF checkpoint ({_message(e)}); "
                        "the files may be truncated or corrupt") from None
   data_bytes = sum(os.path.getsize(f) for f in glob.glob(
@@ -109,7 +114,7 @@ def read(path: str) -> structure.Contents:
   notes = []
   ignored = 0
   cells = set()
-  by_group: Dict[str, List[structure.Tensor]] = collections.OrderedDict()
+  by_group: Dict[str, List[contents.Tensor]] = collections.OrderedDict()
   for key, parts in sorted(paths.items(), key=lambda kv: kv[1]):
     shape = tuple(int(d) for d in shapes[key])
     dtype = dtypes[key]
@@ -122,13 +127,13 @@ def read(path: str) -> structure.Contents:
       raise safe_io.fail(label, f"variable {show(key)} declares shape {shape} = "
                          f"{declared} bytes but the data files hold "
                          f"{data_bytes}; truncated or forged")
-    role = structure.role_from_name(parts[-1])
+    role = contents.role_from_name(parts[-1])
     owner = list(parts[:-1])
     if owner and owner[-1] == "cell":
       owner.pop()
       cells.add("/".join(owner))
     name = "/".join(owner)
-    by_group.setdefault(name, []).append(structure.Tensor(
+    by_group.setdefault(name, []).append(contents.Tensor(
         path=key, shape=shape, role=role, reader=_reader(reader, key, label)))
   if ignored:
     notes.append(f"ignored {ignored} non-weight variable(s) (counters, RNG or "
@@ -139,15 +144,15 @@ def read(path: str) -> structure.Contents:
       raise safe_io.fail(label, f"variables at the top of the checkpoint "
                          f"({', '.join(show(t.path) for t in tensors[:3])}) "
                          "belong to no layer")
-    groups.append(structure.Group(name=name, tensors=tensors,
-                                  hint=structure.hint_from_name(name),
+    groups.append(contents.Group(name=name, tensors=tensors,
+                                  hint=contents.hint_from_name(name),
                                   order=_order(name), cell=name in cells))
   scheme = _naming_scheme(groups)
   fmt = f"TF checkpoint ({how}: {os.path.basename(prefix)}; {scheme})"
   if not uses_graph:
     notes.append("the checkpoint has no object graph; variables were matched "
                  "by their names")
-  return structure.Contents(label=label, format=fmt, groups=groups, notes=notes)
+  return contents.Contents(label=label, format=fmt, groups=groups, notes=notes)
 
 
 def _variable_paths(reader, shapes, label) -> Tuple[Dict[str, Tuple[str, ...]],
@@ -227,7 +232,7 @@ def _reader(reader, key, label):
   def read_tensor():
     try:
       return reader.get_tensor(key)
-    except (tf.errors.OpError, ValueError, OSError) as e:
+    except READER_ERRORS as e:
       raise safe_io.fail(label, f"cannot read variable {show(key)} "
                          f"({_message(e)}); the checkpoint may be truncated or "
                          "corrupt") from None

@@ -1,0 +1,160 @@
+"""What a reader found in a weights file: layers of stored variables, not read yet.
+
+The readers (`keras_v3`, `keras_v2_h5`, `tf_checkpoint`, `pytorch`) turn a file
+into `Contents`: the weight `Group`s it stores (one per layer, tensors in
+creation order, not yet read), plus -- where the file has a model config, or
+the reader has worked out the chain itself -- the chain of layers it describes
+(`LayerSpec`s). `mapping.map_model` then matches the two. This module also
+holds the naming helpers the readers share.
+"""
+
+import dataclasses
+import re
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+from rnnstep import kinds
+from rnnstep.convert import safe_io
+from rnnstep.convert.safe_io import show
+
+# How messages name each layer kind.
+KIND_NAMES = {**{name: kind.display for name, kind in kinds.KINDS.items()},
+              "embedding": "Embedding", "dense": "Dense"}
+
+# ---------------------------------------------------------------- file contents
+
+
+@dataclasses.dataclass
+class Tensor:
+  """One stored variable, not read yet.
+
+  Attributes:
+    path: where the file keeps it (for messages).
+    shape: the declared shape.
+    role: 'embeddings', 'kernel', 'recurrent_kernel' or 'bias' when the file
+      names the variable, else None (Keras 3 stores `vars/0, 1, ...`).
+    reader: returns the array (guarded by the reader that made it).
+  """
+  path: str
+  shape: Tuple[int, ...]
+  role: Optional[str]
+  reader: Callable[[], np.ndarray]
+
+  def read(self, label) -> np.ndarray:
+    array = np.asarray(self.reader())
+    if tuple(array.shape) != tuple(self.shape):
+      raise safe_io.fail(label, f"{show(self.path)} read with shape "
+                         f"{array.shape}, declared {self.shape}")
+    if array.dtype.kind != "f":
+      raise safe_io.fail(label, f"{show(self.path)} has dtype {array.dtype}, "
+                         "expected float weights")
+    return array.astype(np.float32)
+
+
+@dataclasses.dataclass
+class Group:
+  """The variables of one layer, in creation order.
+
+  Attributes:
+    name: the layer's place in the file ('layers/gru_1', 'gru',
+      'layer_with_weights-1', ...).
+    tensors: its variables.
+    hint: the layer kind suggested by names ('embedding', 'gru', ...), if any.
+    order: (scheme, index) when the file records the layer's position; two
+      groups' indices are comparable only within one scheme.
+    cell: whether the variables sat under a recurrent `cell`.
+  """
+  name: str
+  tensors: List[Tensor]
+  hint: Optional[str] = None
+  order: Optional[Tuple[str, int]] = None
+  cell: bool = False
+
+  def describe(self) -> str:
+    shapes = ", ".join(str(tuple(t.shape)) for t in self.tensors)
+    return f"{show(self.name)} [{shapes}]"
+
+
+@dataclasses.dataclass
+class LayerSpec:
+  """Allow-listed facts about one layer of a config's chain."""
+  kind: str                  # 'embedding', a `kinds.KINDS` name, 'dense'
+  name: str                  # the layer name (the group key in HDF5 files)
+  path: str                  # its Keras 3 weights path: layers/<snake>[_N]
+  units: int                 # Embedding: output_dim; others: units
+  input_dim: Optional[int] = None   # Embedding only
+  use_bias: bool = True
+  reset_after: Optional[bool] = None  # GRU only; None if the config omits it
+
+
+@dataclasses.dataclass
+class ConfigChain:
+  """What a model config says: the class and, if usable, the layer chain."""
+  model_class: str
+  specs: Optional[List[LayerSpec]]  # None: a subclassed model (no usable config)
+  notes: List[str]
+
+
+@dataclasses.dataclass
+class Contents:
+  """What a reader found in a file."""
+  label: str                       # the file, as messages name it
+  format: str                      # human-readable format description
+  groups: List[Group]
+  chain: Optional[ConfigChain] = None
+  key: str = "path"                # which LayerSpec field names a group
+  notes: List[str] = dataclasses.field(default_factory=list)
+  closers: List[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+  def close(self):
+    """Releases the open file(s); the tensors cannot be read afterwards."""
+    while self.closers:
+      self.closers.pop()()
+
+
+# ------------------------------------------------------------- names and roles
+
+
+_ROLE_NAMES = {"embeddings": "embeddings", "kernel": "kernel",
+               "recurrent_kernel": "recurrent_kernel", "bias": "bias"}
+
+
+def role_from_name(name: str) -> str:
+  """'gru/gru_cell/kernel:0' -> 'kernel'; '_embeddings' -> 'embeddings'.
+
+  Unknown names come back as they are (and are refused when matched).
+  """
+  leaf = name.rsplit("/", 1)[-1]
+  leaf = re.sub(r":\d+$", "", leaf)
+  return _ROLE_NAMES.get(leaf.lstrip("_"), leaf)
+
+
+def hint_from_name(name: str) -> Optional[str]:
+  """The layer kind a Keras auto-generated name suggests, if any."""
+  parts = [re.sub(r"_\d+$", "", re.sub(r":\d+$", "", part))
+           for part in name.lower().split("/")]
+  for base in parts:
+    if base in ("forward_layer", "backward_layer", "bidirectional") or (
+        base.startswith(("forward_", "backward_"))):
+      return "bidirectional"
+  for base in reversed(parts):
+    for kind, names in _HINT_NAMES:
+      if base in names:
+        return kind
+  return None
+
+
+def snake_case(name: str) -> str:
+  """Keras 3's `naming.to_snake_case`: 'SimpleRNN' -> 'simple_rnn'."""
+  name = re.sub(r"\W+", "", name)
+  name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+  return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+# Keras's default layer names per kind: 'gru', 'gru_cell', 'simple_rnn', ...
+_HINT_NAMES = tuple(
+    (kind.name, tuple(name for cls in kind.keras_classes
+                      for name in (snake_case(cls), f"{snake_case(cls)}_cell")))
+    for kind in kinds.KINDS.values()) + (("embedding", ("embedding",)),
+                                         ("dense", ("dense",)))

@@ -1,0 +1,351 @@
+"""Keras model configs (`config.json`, the `model_config` attribute), read as data.
+
+A config is decoded as plain JSON and read through an allow-list: InputLayer,
+Embedding, GRU/LSTM/SimpleRNN (the `kinds.KINDS` Keras classes), Dense, and
+Dropout as the inference identity; a Functional graph must be one straight
+chain. Nothing is deserialized. Anything else -- Bidirectional or wrapped
+layers, layers in between, activations other than tanh/sigmoid, go_backwards,
+masking, custom or Lambda layers -- is refused with a message saying what was
+found.
+"""
+
+import json
+from typing import Dict, List, Optional, Tuple
+
+from rnnstep import kinds
+from rnnstep import model_file
+from rnnstep.convert import safe_io
+from rnnstep.convert.contents import ConfigChain
+from rnnstep.convert.contents import KIND_NAMES
+from rnnstep.convert.contents import LayerSpec
+from rnnstep.convert.contents import snake_case
+from rnnstep.convert.safe_io import show
+
+RECURRENT_CLASSES = kinds.BY_KERAS_CLASS
+# Layers that hold no weights and are the identity at inference.
+IDENTITY_CLASSES = ("Dropout",)
+MODEL_CLASSES = ("Sequential", "Functional", "Model")
+
+
+def parse_json(text, label, what: str):
+  """Decodes JSON as plain data (dicts, lists, strings, numbers)."""
+  if isinstance(text, (bytes, bytearray)):
+    try:
+      text = bytes(text).decode("utf-8")
+    except UnicodeDecodeError:
+      raise safe_io.fail(label, f"{what} is not UTF-8 text") from None
+  try:
+    return json.loads(text)
+  except (json.JSONDecodeError, RecursionError) as e:
+    raise safe_io.fail(label, f"{what} is not valid JSON ({e})") from None
+
+
+def parse_model_config(data, label, what: str = "the model config") -> ConfigChain:
+  """Reads a Keras 2 or Keras 3 model config as data, through an allow-list.
+
+  Args:
+    data: the decoded JSON of `config.json` or the `model_config` attribute.
+    label: the file, for messages.
+    what: how messages name the config.
+
+  Returns:
+    A ConfigChain; `specs` is None for a subclassed model (its config says
+    nothing usable about its layers).
+
+  Raises:
+    ValueError: the config describes a model rnnstep cannot run exactly.
+  """
+  if not isinstance(data, dict):
+    raise safe_io.fail(label, f"{what} is not a JSON object")
+  class_name = data.get("class_name")
+  if not isinstance(class_name, str):
+    raise safe_io.fail(label, f"{what} has no class_name")
+  config = data.get("config")
+  if class_name not in MODEL_CLASSES:
+    return ConfigChain(class_name, None, [
+        f"subclassed model {show(class_name)}: its config lists no layers, so "
+        "the layers were inferred from the stored weights' names and shapes "
+        "(its call() is assumed to be Embedding -> recurrent -> Dense)"])
+  _check_builtin(data, label, what)
+  if not isinstance(config, dict) or not isinstance(config.get("layers"), list):
+    raise safe_io.fail(label, f"{what}: {class_name} config has no layer list")
+  layers = config["layers"]
+  if len(layers) > 4 * model_file.MAX_LAYERS:
+    raise safe_io.fail(label, f"{what} lists {len(layers)} layers, too many")
+  notes = []
+  entries = [_layer_entry(entry, i, label) for i, entry in enumerate(layers)]
+  if class_name == "Sequential":
+    ordered = [e for e in entries if e["class_name"] != "InputLayer"]
+    if len(ordered) + 1 < len(entries):
+      raise safe_io.fail(label, f"{what}: Sequential model with more than one "
+                         "InputLayer")
+  else:
+    ordered = _functional_chain(config, entries, label, what)
+  counters: Dict[str, int] = {}
+  paths = {}
+  for entry in entries:  # Keras 3 numbers paths per class, over all layers.
+    snake = snake_case(entry["class_name"])
+    count = counters.get(snake, 0)
+    counters[snake] = count + 1
+    paths[id(entry)] = f"layers/{snake}" + (f"_{count}" if count else "")
+  specs = []
+  for entry in ordered:
+    spec = _layer_spec(entry, paths[id(entry)], label, notes)
+    if spec is not None:
+      specs.append(spec)
+  _check_chain(specs, label)
+  return ConfigChain(class_name, specs, notes)
+
+
+def _check_builtin(entry, label, what):
+  """Refuses classes that a config marks as custom (user code)."""
+  module = entry.get("module")
+  registered = entry.get("registered_name")
+  class_name = entry.get("class_name")
+  if module is not None and (not isinstance(module, str) or not (
+      module == "keras" or module.startswith(("keras.", "tf_keras.")))):
+    raise safe_io.fail(label, f"{what}: {show(class_name)} comes from module "
+                       f"{show(module)}, not Keras; refusing custom classes")
+  if registered is not None and registered != class_name and not (
+      class_name in MODEL_CLASSES and registered in MODEL_CLASSES):
+    raise safe_io.fail(label, f"{what}: {show(class_name)} is registered as "
+                       f"custom class {show(registered)}; refusing custom "
+                       "classes")
+
+
+def _layer_entry(entry, index, label) -> dict:
+  if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+    raise safe_io.fail(label, f"model config layer {index} has no class_name")
+  config = entry.get("config")
+  if not isinstance(config, dict):
+    raise safe_io.fail(label, f"model config layer {index} "
+                       f"({show(entry['class_name'])}) has no config object")
+  name = entry.get("name", config.get("name"))
+  if not isinstance(name, str) or not name:
+    raise safe_io.fail(label, f"model config layer {index} has no name")
+  return {"class_name": entry["class_name"], "config": config, "name": name,
+          "raw": entry}
+
+
+def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
+  """An allow-listed LayerSpec, None for an identity layer; refuses the rest."""
+  cls = entry["class_name"]
+  cfg = entry["config"]
+  name = entry["name"]
+  where = f"layer {show(name)} ({cls})"
+  if cls == "Lambda":
+    raise safe_io.fail(label, f"{where}: a Lambda layer holds arbitrary Python "
+                       "code; rnnstep never runs code from a file and cannot "
+                       "map it")
+  if cls == "Bidirectional":
+    raise safe_io.fail(label, f"{where}: bidirectional layers read the text "
+                       "backwards too and cannot generate left to right; "
+                       "rnnstep maps Embedding -> GRU/LSTM/SimpleRNN -> Dense")
+  if cls in ("TimeDistributed", "RNN", "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D",
+             "StackedRNNCells"):
+    raise safe_io.fail(label, f"{where} cannot be mapped; rnnstep maps "
+                       "Embedding -> GRU/LSTM/SimpleRNN -> Dense")
+  if cls in IDENTITY_CLASSES:
+    _check_builtin(entry["raw"], label, "the model config")
+    notes.append(f"{cls} layer {show(name)} ignored (the identity at inference)")
+    return None
+  if cls != "Embedding" and cls != "Dense" and cls not in RECURRENT_CLASSES:
+    raise safe_io.fail(label, f"{where} cannot be mapped: rnnstep maps "
+                       "Embedding -> GRU/LSTM/SimpleRNN layers -> Dense only")
+  _check_builtin(entry["raw"], label, "the model config")
+  for key in ("lora_rank",):
+    if cfg.get(key):
+      raise safe_io.fail(label, f"{where} has {key}={cfg[key]!r}; LoRA layers "
+                         "are not supported")
+  if cfg.get("quantization_config") is not None or cfg.get("dtype") in (
+      "int8", "int4", "float8"):
+    raise safe_io.fail(label, f"{where} is quantized; not supported")
+  _note_dtype(cfg, where, notes)
+  if cls == "Embedding":
+    if _get(cfg, "mask_zero", bool, False, label, where):
+      raise safe_io.fail(label, f"{where} has mask_zero=True: id 0 would skip "
+                         "timesteps, which rnnstep does not implement")
+    return LayerSpec("embedding", name, path,
+                     units=_get(cfg, "output_dim", int, None, label, where),
+                     input_dim=_get(cfg, "input_dim", int, None, label, where))
+  if cls == "Dense":
+    activation = _get(cfg, "activation", str, "linear", label, where)
+    if activation == "softmax":
+      notes.append(f"{where}: softmax dropped; rnnstep works on the logits "
+                   "(sampling probabilities are unchanged)")
+    elif activation != "linear":
+      raise safe_io.fail(label, f"{where} has activation {show(activation)}; the "
+                         "output layer must be linear (logits) or softmax")
+    return LayerSpec("dense", name, path,
+                     units=_get(cfg, "units", int, None, label, where),
+                     use_bias=_get(cfg, "use_bias", bool, True, label, where))
+  kind = RECURRENT_CLASSES[cls]
+  activation = _get(cfg, "activation", str, "tanh", label, where)
+  if activation != "tanh":
+    raise safe_io.fail(label, f"{where} has activation {show(activation)}; "
+                       "rnnstep implements Keras's tanh only")
+  if kinds.KINDS[kind].gates > 1:  # Gates use the recurrent activation.
+    recurrent_activation = _get(cfg, "recurrent_activation", str, "sigmoid",
+                                label, where)
+    if recurrent_activation == "hard_sigmoid":
+      raise safe_io.fail(label, f"{where} has recurrent_activation "
+                         "'hard_sigmoid' (old Keras default; Keras 2 and 3 "
+                         "even compute it differently); rnnstep implements "
+                         "sigmoid only")
+    if recurrent_activation != "sigmoid":
+      raise safe_io.fail(label, f"{where} has recurrent_activation "
+                         f"{show(recurrent_activation)}; rnnstep implements "
+                         "sigmoid only")
+  for flag, why in (("go_backwards", "it reads the text backwards"),
+                    ("time_major", "time-major inputs are not supported")):
+    if _get(cfg, flag, bool, False, label, where):
+      raise safe_io.fail(label, f"{where} has {flag}=True: {why}")
+  if _get(cfg, "stateful", bool, False, label, where):
+    notes.append(f"{where} is stateful; its saved state is not in the file, "
+                 "rnnstep starts from zeros and carries the state itself")
+  reset_after = None
+  if kinds.KINDS[kind].has_reset_after:
+    reset_after = _get(cfg, "reset_after", bool, None, label, where)
+  return LayerSpec(kind, name, path,
+                   units=_get(cfg, "units", int, None, label, where),
+                   use_bias=_get(cfg, "use_bias", bool, True, label, where),
+                   reset_after=reset_after)
+
+
+def _note_dtype(cfg, where, notes):
+  dtype = cfg.get("dtype")
+  name = dtype
+  if isinstance(dtype, dict):
+    inner = dtype.get("config")
+    name = inner.get("name") if isinstance(inner, dict) else None
+  if isinstance(name, str) and name not in ("float32", "float64"):
+    notes.append(f"{where} computed in {show(name)} under Keras; rnnstep "
+                 "computes in float32 unless told otherwise")
+
+
+_MISSING = object()
+
+
+def _get(cfg, key, kind, default, label, where):
+  value = cfg.get(key, _MISSING)
+  if value is _MISSING or (value is None and default is not None):
+    if default is None and kind is not bool:
+      raise safe_io.fail(label, f"{where} has no {key} in its config")
+    return default
+  if kind is int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and (
+        0 < value <= max(model_file.MAX_UNITS, model_file.MAX_VOCAB))
+  elif kind is bool:
+    ok = isinstance(value, bool) or (value is None and default is None)
+  else:
+    ok = isinstance(value, kind)
+  if not ok:
+    raise safe_io.fail(label, f"{where} has {key}={show(value)}, which rnnstep "
+                       "cannot use")
+  return value
+
+
+def _functional_chain(config, entries, label, what) -> List[dict]:
+  """Checks a Functional graph is one straight chain; returns it in order."""
+  by_name = {}
+  for entry in entries:
+    if entry["name"] in by_name:
+      raise safe_io.fail(label, f"{what} has two layers named "
+                         f"{show(entry['name'])}")
+    by_name[entry["name"]] = entry
+  inputs = [e for e in entries if e["class_name"] == "InputLayer"]
+  if len(inputs) != 1:
+    raise safe_io.fail(label, f"{what}: a Functional model with {len(inputs)} "
+                       "inputs; rnnstep maps a single input of ids")
+  previous = inputs[0]["name"]
+  chain = []
+  for entry in entries:
+    if entry is inputs[0]:
+      continue
+    sources = _inbound_sources(entry, label)
+    if sources != [(previous, 0)]:
+      found = ", ".join(f"{show(n)}[{i}]" for n, i in sources) or "nothing"
+      raise safe_io.fail(label, f"{what}: layer {show(entry['name'])} takes "
+                         f"{found}, not the output of {show(previous)}; only a "
+                         "straight chain Embedding -> recurrent -> Dense can be "
+                         "mapped")
+    chain.append(entry)
+    previous = entry["name"]
+  outputs = _output_refs(config.get("output_layers"))
+  if (previous, 0) not in outputs:
+    raise safe_io.fail(label, f"{what}: the model's outputs do not include the "
+                       f"last layer {show(previous)}")
+  return chain
+
+
+def _inbound_sources(entry, label) -> List[Tuple[str, int]]:
+  """The (layer name, tensor index) pairs a Functional layer consumes."""
+  nodes = entry["raw"].get("inbound_nodes")
+  name = show(entry["name"])
+  if not isinstance(nodes, list) or len(nodes) != 1:
+    count = len(nodes) if isinstance(nodes, list) else 0
+    raise safe_io.fail(label, f"layer {name} is called {count} times in the "
+                       "model graph; only a straight chain can be mapped")
+  node = nodes[0]
+  refs = []
+  if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
+    _keras_history(node.get("args"), refs, 0)
+    kwarg_refs = []
+    _keras_history(node.get("kwargs"), kwarg_refs, 0)
+    if kwarg_refs:
+      raise safe_io.fail(label, f"layer {name} gets extra tensors (e.g. an "
+                         "initial_state) from the graph; cannot be mapped")
+  elif isinstance(node, list):  # Keras 2: [[name, node_index, tensor_index, kw]]
+    for item in node:
+      if (not isinstance(item, list) or len(item) < 3
+          or not isinstance(item[0], str) or not isinstance(item[2], int)):
+        raise safe_io.fail(label, f"layer {name} has unreadable inbound_nodes")
+      if len(item) > 3 and item[3] and any(
+          isinstance(v, (list, dict)) for v in item[3].values()
+          if isinstance(item[3], dict)):
+        raise safe_io.fail(label, f"layer {name} gets extra tensors (e.g. an "
+                           "initial_state) from the graph; cannot be mapped")
+      refs.append((item[0], item[2]))
+  else:
+    raise safe_io.fail(label, f"layer {name} has unreadable inbound_nodes")
+  return refs
+
+
+def _keras_history(value, refs, depth):
+  if depth > 20:
+    return
+  if isinstance(value, dict):
+    history = value.get("keras_history") if isinstance(
+        value.get("keras_history"), list) else None
+    if history is None and isinstance(value.get("config"), dict):
+      history = value["config"].get("keras_history")
+    if isinstance(history, list) and len(history) == 3 and isinstance(
+        history[0], str) and isinstance(history[2], int):
+      refs.append((history[0], history[2]))
+      return
+    for item in value.values():
+      _keras_history(item, refs, depth + 1)
+  elif isinstance(value, list):
+    for item in value:
+      _keras_history(item, refs, depth + 1)
+
+
+def _output_refs(value) -> List[Tuple[str, int]]:
+  if (isinstance(value, list) and len(value) == 3 and isinstance(value[0], str)
+      and isinstance(value[2], int)):
+    return [(value[0], value[2])]
+  if isinstance(value, list):
+    return [ref for item in value for ref in _output_refs(item)]
+  return []
+
+
+def _check_chain(specs: List[LayerSpec], label):
+  kinds = [s.kind for s in specs]
+  described = " -> ".join(f"{KIND_NAMES[s.kind]} {show(s.name)}" for s in specs)
+  if (len(specs) < 3 or kinds[0] != "embedding" or kinds[-1] != "dense"
+      or any(k in ("embedding", "dense") for k in kinds[1:-1])):
+    raise safe_io.fail(label, f"the model is {described or 'empty'}; rnnstep "
+                       "maps Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense")
+  if len(specs) - 2 > model_file.MAX_LAYERS:
+    raise safe_io.fail(label, f"{len(specs) - 2} recurrent layers, more than "
+                       f"{model_file.MAX_LAYERS}")

@@ -1,0 +1,626 @@
+"""PyTorch weight files read as data, without torch and without running code.
+
+Formats:
+  - `torch.save` zip archives (`.pt`, `.pth`, `.bin`; torch >= 1.6): a member
+    `<root>/data.pkl` (the pickled object) and one member `<root>/data/<key>`
+    per storage (raw bytes; `<root>/byteorder` says their byte order);
+  - legacy `torch.save(..., _use_new_zipfile_serialization=False)` files:
+    pickles in a row (magic number, protocol version, system info, the object,
+    the storage keys), then each storage as an int64 element count and raw
+    bytes;
+  - `.safetensors`: an 8-byte little-endian header length, a JSON header
+    `{name: {"dtype", "shape", "data_offsets": [begin, end]}}`, raw data.
+  The older tar format of torch < 1.6's predecessors (0.1.x) is refused.
+
+The pickle is read by `_RestrictedUnpickler`: its `find_class` knows only
+`collections.OrderedDict`, the storage classes (`torch.FloatStorage`, ...)
+and torch's tensor rebuild functions (`torch._utils._rebuild_tensor_v2`,
+`_rebuild_tensor`, `_rebuild_parameter`), each replaced by our own code that
+records what the tensor is (storage key, dtype, offset, size, stride) and
+checks it against the storage; `persistent_load` accepts only storage records.
+Anything else a pickle asks for -- a pickled module (`torch.save(model)`), any
+other class or function -- is refused in one line; nothing from the file is
+ever called. Storages are read later, by name, after their sizes are checked.
+
+Every refusal is a `safe_io.Refusal` (a ValueError) naming the file.
+"""
+
+import collections
+import dataclasses
+import io
+import json
+import os
+import pickle
+import pickletools
+import re
+import struct
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+
+from rnnstep.convert import safe_io
+from rnnstep.convert.safe_io import show
+
+MAX_PICKLE_BYTES = 64 << 20
+MAX_SAFETENSORS_HEADER = 100_000_000  # The safetensors library's own limit.
+MAX_NDIM = 8
+MAX_STORAGES = 100_000
+
+# The legacy format starts with a pickled magic number (PROTO 2, LONG1 10).
+LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
+LEGACY_PROTOCOL = 1001
+LEGACY_HEADER = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
+
+# Storage classes: (dtype name, numpy dtype code, bytes per element).
+_STORAGES = {
+    "FloatStorage": ("float32", "f4", 4), "DoubleStorage": ("float64", "f8", 8),
+    "HalfStorage": ("float16", "f2", 2), "BFloat16Storage": ("bfloat16", "u2", 2),
+    "LongStorage": ("int64", "i8", 8), "IntStorage": ("int32", "i4", 4),
+    "ShortStorage": ("int16", "i2", 2), "CharStorage": ("int8", "i1", 1),
+    "ByteStorage": ("uint8", "u1", 1), "BoolStorage": ("bool", "u1", 1),
+}
+_SAFETENSORS_DTYPES = {
+    "F32": ("float32", "f4", 4), "F64": ("float64", "f8", 8),
+    "F16": ("float16", "f2", 2), "BF16": ("bfloat16", "u2", 2),
+    "I64": ("int64", "i8", 8), "I32": ("int32", "i4", 4),
+    "I16": ("int16", "i2", 2), "I8": ("int8", "i1", 1),
+    "U8": ("uint8", "u1", 1), "BOOL": ("bool", "u1", 1),
+}
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+_KEY = re.compile(r"[0-9A-Za-z_.-]{1,64}")
+
+# What a pickle may be (besides plain data): errors while unpickling.
+_PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError,
+                  KeyError, IndexError, AttributeError, OverflowError,
+                  MemoryError, RecursionError, UnicodeDecodeError,
+                  struct.error, ImportError)
+
+
+# ------------------------------------------------------------------- tensors
+
+
+class Storage:
+  """One storage: `numel` elements of one dtype, read on demand.
+
+  Attributes:
+    key: its name in the file.
+    dtype: 'float32', 'bfloat16', ... (see `_STORAGES`).
+    numel: its size in elements.
+  """
+  __slots__ = ("key", "dtype", "code", "itemsize", "numel", "_reader",
+               "_array", "_order")
+
+  def __init__(self, key, dtype, code, itemsize, numel, reader, order="<"):
+    self.key = key
+    self.dtype = dtype
+    self.code = code
+    self.itemsize = itemsize
+    self.numel = numel
+    self._reader = reader
+    self._array = None
+    self._order = order
+
+  def __setstate__(self, state):  # A pickle's BUILD must not alter us.
+    raise pickle.UnpicklingError("a pickle tried to modify a storage")
+
+  def array(self, label) -> np.ndarray:
+    """The storage's elements, 1-D (read once)."""
+    if self._array is None:
+      if self._reader is None:
+        raise safe_io.fail(label, f"storage {show(self.key)} has no data in "
+                           "the file")
+      data = self._reader()
+      if len(data) != self.numel * self.itemsize:
+        raise safe_io.fail(label, f"storage {show(self.key)} holds {len(data)} "
+                           f"bytes, expected {self.numel * self.itemsize}")
+      self._array = np.frombuffer(data, self._order + self.code)
+    return self._array
+
+
+class StoredTensor:
+  """A tensor as the file describes it: a strided view of a storage."""
+  __slots__ = ("storage", "offset", "shape", "strides")
+
+  def __init__(self, storage: Storage, offset: int, shape, strides):
+    self.storage = storage
+    self.offset = offset
+    self.shape = tuple(shape)
+    self.strides = tuple(strides)
+
+  def __setstate__(self, state):
+    raise pickle.UnpicklingError("a pickle tried to modify a tensor")
+
+  @property
+  def dtype(self) -> str:
+    return self.storage.dtype
+
+  def read(self, label, name) -> np.ndarray:
+    """The tensor's values as a new float32 array (bfloat16, float16 and
+    float64 are converted exactly / rounded to float32)."""
+    if self.dtype not in FLOAT_DTYPES:
+      raise safe_io.fail(label, f"tensor {show(name)} has dtype {self.dtype}, "
+                         "expected float weights")
+    flat = self.storage.array(label)
+    if not self.shape or min(self.shape) > 0:
+      # Checked when the tensor was built; checked again against the data.
+      last = self.offset + sum((n - 1) * s for n, s in zip(self.shape,
+                                                           self.strides))
+      if last >= flat.size:
+        raise safe_io.fail(label, f"tensor {show(name)} reaches past the end "
+                           "of its storage")
+    view = np.lib.stride_tricks.as_strided(
+        flat[self.offset:], shape=self.shape,
+        strides=[s * flat.itemsize for s in self.strides], writeable=False)
+    if self.dtype == "bfloat16":  # The upper half of a float32.
+      return (view.astype(np.uint32) << 16).view(np.float32)
+    return view.astype(np.float32)
+
+
+def _check_view(storage, offset, shape, strides, label) -> StoredTensor:
+  """Builds a StoredTensor after checking the view stays inside the storage."""
+  limit = None
+  if isinstance(storage, _View):  # Legacy format: a slice of a root storage.
+    if type(offset) is int and offset >= 0:  # pylint: disable=unidiomatic-typecheck
+      limit = storage.offset + storage.numel
+      offset += storage.offset
+    storage = storage.root
+  if not isinstance(storage, Storage):
+    raise safe_io.fail(label, "a tensor in the pickle has no storage record")
+  for what, values in (("size", shape), ("stride", strides)):
+    if not isinstance(values, (tuple, list)) or len(values) > MAX_NDIM or not all(
+        type(v) is int and v >= 0 for v in values):  # pylint: disable=unidiomatic-typecheck
+      raise safe_io.fail(label, f"a tensor has an invalid {what} "
+                         f"{show(values)}")
+  if type(offset) is not int or offset < 0 or len(shape) != len(strides):  # pylint: disable=unidiomatic-typecheck
+    raise safe_io.fail(label, "a tensor has an invalid offset or stride")
+  if all(n > 0 for n in shape):
+    last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
+    if last >= (storage.numel if limit is None else limit):
+      raise safe_io.fail(label, f"a tensor of shape {tuple(shape)} (offset "
+                         f"{offset}, strides {tuple(strides)}) reaches past "
+                         f"the end of storage {show(storage.key)} of "
+                         f"{storage.numel} elements")
+  declared = int(np.prod(shape, dtype=object)) * storage.itemsize
+  if declared > safe_io.MAX_DECLARED_BYTES:
+    raise safe_io.fail(label, f"a tensor declares shape {tuple(shape)}, more "
+                       "than 4 GiB")
+  return StoredTensor(storage, offset, shape, strides)
+
+
+# ----------------------------------------------------------------- unpickler
+
+
+class _Forbidden(Exception):
+  """A pickle asked for something outside the allow-list."""
+
+  def __init__(self, what: str):
+    super().__init__(what)
+    self.what = what
+
+
+class _StorageType:
+  """Stands for `torch.FloatStorage` etc. in a pickle: only its dtype."""
+  __slots__ = ("name",)
+
+  def __init__(self, name):
+    self.name = name
+
+  def __setstate__(self, state):
+    raise pickle.UnpicklingError("a pickle tried to modify a storage type")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+  """Rebuilds dicts of tensors only; refuses every other global.
+
+  Args:
+    file: the pickle stream.
+    label: the file, for messages.
+    storage: `storage(key, storage_type, numel, view)` -> Storage, called for
+      each storage record (see the format readers).
+  """
+
+  def __init__(self, file, label, storage: Callable):
+    super().__init__(file)
+    self._label = label
+    self._storage = storage
+
+  def find_class(self, module, name):
+    label = self._label
+    if module == "collections" and name == "OrderedDict":
+      return collections.OrderedDict
+    if module == "torch" and name in _STORAGES:
+      return _StorageType(name)
+    if module == "torch._utils" and name == "_rebuild_tensor_v2":
+      def rebuild_v2(storage, offset, size, stride, requires_grad=False,
+                     backward_hooks=None, metadata=None):
+        del requires_grad, backward_hooks, metadata  # Irrelevant to values.
+        return _check_view(storage, offset, size, stride, label)
+      return rebuild_v2
+    if module == "torch._utils" and name == "_rebuild_tensor":
+      def rebuild(storage, offset, size, stride):
+        return _check_view(storage, offset, size, stride, label)
+      return rebuild
+    if module == "torch._utils" and name == "_rebuild_parameter":
+      def rebuild_parameter(data, requires_grad=False, backward_hooks=None):
+        del requires_grad, backward_hooks
+        if not isinstance(data, StoredTensor):
+          raise safe_io.fail(label, "a parameter in the pickle holds no tensor")
+        return data
+      return rebuild_parameter
+    raise _Forbidden(f"{module}.{name}")
+
+  def persistent_load(self, pid):
+    if not isinstance(pid, tuple) or not pid:
+      raise safe_io.fail(self._label, "the pickle holds an unknown persistent "
+                         "record")
+    kind = pid[0]
+    if isinstance(kind, bytes):
+      kind = kind.decode("ascii", "replace")
+    if kind == "module":
+      raise _Forbidden("module")
+    if kind != "storage" or len(pid) not in (5, 6):
+      raise safe_io.fail(self._label, f"the pickle holds an unknown persistent "
+                         f"record {show(kind)}")
+    storage_type, key, _, numel = pid[1:5]
+    view = pid[5] if len(pid) == 6 else None
+    if not isinstance(storage_type, _StorageType):
+      raise safe_io.fail(self._label, "a storage record names no storage type")
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or key in (".", ".."):
+      raise safe_io.fail(self._label, f"a storage record has the invalid key "
+                         f"{show(key)}")
+    if type(numel) is not int or numel < 0:  # pylint: disable=unidiomatic-typecheck
+      raise safe_io.fail(self._label, f"storage {show(key)} has the invalid "
+                         f"size {show(numel)}")
+    return self._storage(key, storage_type.name, numel, view)
+
+
+def _unpickle(data: bytes, label, storage: Callable):
+  """Unpickles `data` through the restricted unpickler; one-line errors."""
+  try:
+    return _RestrictedUnpickler(io.BytesIO(data), label, storage).load()
+  except _Forbidden as e:
+    raise _refusal(data, e.what, label) from None
+  except safe_io.Refusal:
+    raise
+  except _PICKLE_ERRORS as e:
+    text = " ".join(str(e).split())[:200] or type(e).__name__
+    raise safe_io.fail(label, f"the pickle is corrupt or not a state dict "
+                       f"({type(e).__name__}: {text})") from None
+
+
+def _refusal(data: bytes, what: str, label) -> safe_io.Refusal:
+  """Says why a forbidden global was refused: a whole module, or other code."""
+  if what == "module" or what.startswith("torch.nn.modules") or (
+      _mentions_module(data)):
+    return safe_io.fail(label, "a whole pickled model (torch.save(model)), "
+                        "which only running its code could rebuild; save the "
+                        "weights with torch.save(model.state_dict(), PATH) and "
+                        "use that file")
+  return safe_io.fail(label, f"the pickle asks for {show(what)}, which is not a "
+                      "tensor or a dict; rnnstep rebuilds only tensors and "
+                      "dicts and never runs code from a file (refused)")
+
+
+def _mentions_module(data: bytes) -> bool:
+  """Whether a pickle's strings look like an nn.Module's (read, not run)."""
+  try:
+    for _, arg, _ in pickletools.genops(data):
+      if isinstance(arg, str) and (arg in ("_modules", "_parameters") or
+                                   arg.startswith("torch.nn.modules")):
+        return True
+  except Exception:  # pylint: disable=broad-except  (a corrupt pickle)
+    pass
+  return False
+
+
+def _storage_info(name, label):
+  if name not in _STORAGES:
+    raise safe_io.fail(label, f"unknown storage type {show(name)}")
+  return _STORAGES[name]
+
+
+# ----------------------------------------------------------------- zip format
+
+
+def is_torch_zip(names) -> bool:
+  return any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names)
+
+
+def read_zip(path) -> Tuple[object, str, Callable[[], None]]:
+  """Reads a `torch.save` zip archive's object (tensors not read yet).
+
+  Returns:
+    (the object, a format description, a function that closes the archive).
+  """
+  label = os.fspath(path)
+  archive = safe_io.open_zip(path)
+  try:
+    names = safe_io.member_names(archive)
+    pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    if len(pickles) != 1:
+      raise safe_io.fail(label, f"a torch.save archive must hold one data.pkl, "
+                         f"found {len(pickles)}")
+    root = pickles[0][:-len("data.pkl")]
+    order = "<"
+    if f"{root}byteorder" in names:
+      byteorder = safe_io.read_member(archive, f"{root}byteorder", 16, label)
+      if byteorder not in (b"little", b"big"):
+        raise safe_io.fail(label, f"unknown byteorder {show(byteorder)}")
+      order = "<" if byteorder == b"little" else ">"
+    infos = {}
+    for info in archive.infolist():
+      infos.setdefault(info.filename, []).append(info)
+    data = safe_io.read_member(archive, pickles[0], MAX_PICKLE_BYTES, label)
+    storages: Dict[str, Storage] = {}
+
+    def storage(key, type_name, numel, view):
+      if view is not None:
+        raise safe_io.fail(label, "a storage view record in a zip archive")
+      dtype, code, itemsize = _storage_info(type_name, label)
+      member = f"{root}data/{key}"
+      known = storages.get(key)
+      if known is not None:
+        if (known.dtype, known.numel) != (dtype, numel):
+          raise safe_io.fail(label, f"storage {show(key)} is declared twice "
+                             "with different types or sizes")
+        return known
+      found = infos.get(member, [])
+      if len(found) != 1:
+        raise safe_io.fail(label, f"storage {show(key)}: the archive holds "
+                           f"{len(found)} members named {show(member)}")
+      nbytes = numel * itemsize
+      if found[0].file_size != nbytes:
+        raise safe_io.fail(label, f"storage {show(key)} declares {numel} "
+                           f"{dtype} elements ({nbytes} bytes) but its member "
+                           f"holds {found[0].file_size} bytes")
+      if len(storages) >= MAX_STORAGES:
+        raise safe_io.fail(label, "too many storages")
+      reader = lambda: safe_io.read_member(archive, member, nbytes, label)
+      storages[key] = Storage(key, dtype, code, itemsize, numel, reader, order)
+      return storages[key]
+
+    obj = _unpickle(data, label, storage)
+  except BaseException:
+    archive.close()
+    raise
+  return obj, "torch.save zip archive", archive.close
+
+
+# -------------------------------------------------------------- legacy format
+
+
+def is_legacy(head: bytes) -> bool:
+  return head.startswith(LEGACY_HEADER)
+
+
+def is_tar(path) -> bool:
+  with open(path, "rb") as f:
+    f.seek(257)
+    return f.read(5) == b"ustar"
+
+
+def read_legacy(path) -> Tuple[object, str, Callable[[], None]]:
+  """Reads a legacy (non-zip) `torch.save` file's object (tensors not read)."""
+  label = os.fspath(path)
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(min(size, MAX_PICKLE_BYTES))
+  stream = io.BytesIO(head)
+  no_storage = lambda *args: _raise(safe_io.fail(
+      label, "a storage record outside the object pickle"))
+
+  def load():
+    start = stream.tell()
+    ops_end = _pickle_end(head, start, label)
+    stream.seek(ops_end)
+    return _unpickle(head[start:ops_end], label, no_storage)
+
+  magic, protocol, info = load(), load(), load()
+  if magic != LEGACY_MAGIC or protocol != LEGACY_PROTOCOL:
+    raise safe_io.fail(label, "not a torch.save file (bad magic number or "
+                       "protocol version)")
+  little = info.get("little_endian") if isinstance(info, dict) else None
+  if not isinstance(little, bool):
+    raise safe_io.fail(label, "the file's system info is missing or corrupt")
+  order = "<" if little else ">"
+  storages: Dict[str, Storage] = {}
+
+  def storage(key, type_name, numel, view):
+    dtype, code, itemsize = _storage_info(type_name, label)
+    root = storages.get(key)
+    if root is None:
+      if len(storages) >= MAX_STORAGES:
+        raise safe_io.fail(label, "too many storages")
+      root = storages[key] = Storage(key, dtype, code, itemsize, numel, None,
+                                     order)
+    elif (root.dtype, root.numel) != (dtype, numel):
+      raise safe_io.fail(label, f"storage {show(key)} is declared twice with "
+                         "different types or sizes")
+    if view is None:
+      return root
+    # An old storage view: (view key, offset, size) elements of the root.
+    if (not isinstance(view, tuple) or len(view) != 3
+        or not isinstance(view[0], str) or not all(
+            type(v) is int and v >= 0 for v in view[1:])  # pylint: disable=unidiomatic-typecheck
+        or view[1] + view[2] > numel):
+      raise safe_io.fail(label, f"storage {show(key)} has an invalid view")
+    return _View(root, view[1], view[2])
+
+  start = stream.tell()
+  end = _pickle_end(head, start, label)
+  obj = _unpickle(head[start:end], label, storage)
+  stream.seek(end)
+  keys = load()
+  if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+    raise safe_io.fail(label, "the storage key list is missing or corrupt")
+  offset = stream.tell()
+  for key in keys:
+    root = storages.get(key)
+    if root is None:
+      raise safe_io.fail(label, f"data for unknown storage {show(key)}")
+    if offset + 8 > size:
+      raise safe_io.fail(label, "the file is truncated (storage data missing)")
+    with open(path, "rb") as f:
+      f.seek(offset)
+      (count,) = struct.unpack(order + "q", f.read(8))
+    nbytes = root.numel * root.itemsize
+    if count != root.numel or offset + 8 + nbytes > size:
+      raise safe_io.fail(label, f"storage {show(key)} declares {root.numel} "
+                         f"elements but the file holds {count} (or less data); "
+                         "truncated or forged")
+    root._reader = _file_reader(path, offset + 8, nbytes, label)  # pylint: disable=protected-access
+    offset += 8 + nbytes
+  return obj, "legacy torch.save file", lambda: None
+
+
+class _View:
+  """An old-format storage view, resolved to its root when tensors are made."""
+  __slots__ = ("root", "offset", "numel")
+
+  def __init__(self, root, offset, numel):
+    self.root, self.offset, self.numel = root, offset, numel
+
+  def __setstate__(self, state):
+    raise pickle.UnpicklingError("a pickle tried to modify a storage view")
+
+
+def _pickle_end(data: bytes, start: int, label) -> int:
+  """The offset just past the pickle starting at `start` (read, not run)."""
+  try:
+    for op, _, position in pickletools.genops(io.BytesIO(data[start:])):
+      if op.name == "STOP":
+        return start + position + 1
+  except Exception as e:  # pylint: disable=broad-except  (corrupt)
+    text = " ".join(str(e).split())[:200]
+    raise safe_io.fail(label, f"a corrupt pickle in the file ({text})") from None
+  raise safe_io.fail(label, "a pickle in the file has no end (truncated)")
+
+
+def _file_reader(path, offset, nbytes, label):
+  def read():
+    with open(path, "rb") as f:
+      f.seek(offset)
+      data = f.read(nbytes)
+    if len(data) != nbytes:
+      raise safe_io.fail(label, "the file is truncated (storage data missing)")
+    return data
+  return read
+
+
+def _raise(error):
+  raise error
+
+
+# --------------------------------------------------------------- safetensors
+
+
+def is_safetensors(head: bytes, size: int) -> bool:
+  if len(head) < 9 or size < 10:
+    return False
+  (length,) = struct.unpack("<Q", head[:8])
+  return 2 <= length <= size - 8 and head[8:9] == b"{"
+
+
+def read_safetensors(path) -> Tuple[Dict[str, StoredTensor], str,
+                                    Callable[[], None]]:
+  """Reads a `.safetensors` header into {name: StoredTensor} (data later)."""
+  label = os.fspath(path)
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    (length,) = struct.unpack("<Q", f.read(8))
+    if length > MAX_SAFETENSORS_HEADER or 8 + length > size:
+      raise safe_io.fail(label, f"safetensors header of {length} bytes does not "
+                         f"fit the file of {size} bytes")
+    header = f.read(length)
+  try:
+    meta = json.loads(header.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    text = " ".join(str(e).split())[:200]
+    raise safe_io.fail(label, f"the safetensors header is not JSON ({text})"
+                       ) from None
+  if not isinstance(meta, dict):
+    raise safe_io.fail(label, "the safetensors header is not a JSON object")
+  data_start = 8 + length
+  data_size = size - data_start
+  out = collections.OrderedDict()
+  for name, entry in meta.items():
+    if name == "__metadata__":
+      continue
+    where = f"safetensors entry {show(name)}"
+    if not isinstance(entry, dict):
+      raise safe_io.fail(label, f"{where} is not a JSON object")
+    dtype_name = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if dtype_name not in _SAFETENSORS_DTYPES:
+      raise safe_io.fail(label, f"{where} has unsupported dtype "
+                         f"{show(dtype_name)}")
+    if (not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
+        type(d) is int and d >= 0 for d in shape)):  # pylint: disable=unidiomatic-typecheck
+      raise safe_io.fail(label, f"{where} has an invalid shape {show(shape)}")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(
+        type(o) is int for o in offsets)  # pylint: disable=unidiomatic-typecheck
+        or not 0 <= offsets[0] <= offsets[1] <= data_size):
+      raise safe_io.fail(label, f"{where} has data offsets {show(offsets)} "
+                         f"outside the {data_size} data bytes")
+    dtype, code, itemsize = _SAFETENSORS_DTYPES[dtype_name]
+    numel = int(np.prod(shape, dtype=object))
+    if offsets[1] - offsets[0] != numel * itemsize:
+      raise safe_io.fail(label, f"{where}: shape {tuple(shape)} of {dtype_name} "
+                         f"needs {numel * itemsize} bytes, its offsets span "
+                         f"{offsets[1] - offsets[0]}")
+    storage = Storage(name, dtype, code, itemsize, numel, _file_reader(
+        path, data_start + offsets[0], numel * itemsize, label))
+    strides = [int(np.prod(shape[i + 1:], dtype=object)) for i in
+               range(len(shape))]
+    out[name] = StoredTensor(storage, 0, shape, strides)
+  return out, "safetensors file", lambda: None
+
+
+# --------------------------------------------------------- state dict search
+
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
+
+
+@dataclasses.dataclass
+class StateDict:
+  """The tensors of a state dict, in file order, and where they were found."""
+  tensors: Dict[str, StoredTensor]
+  notes: list
+
+
+def find_state_dict(obj, label) -> StateDict:
+  """The state dict in what a file holds: the object itself, or a checkpoint
+  dict's 'state_dict' / 'model_state_dict' / 'model' entry.
+
+  Raises:
+    ValueError: no dict of tensors there.
+  """
+  if isinstance(obj, StoredTensor):
+    raise safe_io.fail(label, "holds a single tensor, not a state dict")
+  if not isinstance(obj, dict):
+    raise safe_io.fail(label, f"holds a {type(obj).__name__}, not a state dict "
+                       "(a dict of tensors)")
+  notes = []
+  if not any(isinstance(v, StoredTensor) for v in obj.values()):
+    found = [k for k in STATE_DICT_KEYS if isinstance(obj.get(k), dict) and any(
+        isinstance(v, StoredTensor) for v in obj[k].values())]
+    if not found:
+      keys = ", ".join(show(k, 30) for k in list(obj)[:8]) or "nothing"
+      raise safe_io.fail(label, f"holds no tensors (a dict of {keys}); expected "
+                         "a state dict (torch.save(model.state_dict(), PATH))")
+    notes.append(f"read the state dict under the key {show(found[0])}")
+    obj = obj[found[0]]
+  tensors = collections.OrderedDict()
+  skipped = 0
+  for key, value in obj.items():
+    if not isinstance(key, str):
+      raise safe_io.fail(label, f"the state dict has a non-string key "
+                         f"{show(key)}")
+    if isinstance(value, StoredTensor):
+      tensors[key] = value
+    else:
+      skipped += 1
+  if skipped:
+    notes.append(f"ignored {skipped} entries that are not tensors")
+  return StateDict(tensors, notes)

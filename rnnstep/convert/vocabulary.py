@@ -1,0 +1,108 @@
+"""Vocabulary rules: where a model's characters come from, and how they fit.
+
+Weights files (Keras, PyTorch) hold no vocabulary, so it comes from the
+training text (`read_corpus_vocab`: the tutorial's `sorted(set(text))`) or a
+vocabulary file (`read_vocab_file`: a UTF-8 JSON list of characters in id
+order, the format of the LiteRT export's vocab.json). `resolve_vocab` fits the
+characters to the embedding's rows: one row more means "[UNK]" at id 0 (the
+current TF tutorial's `StringLookup(mask_token=None)`).
+"""
+
+import codecs
+import json
+import os
+from typing import List, Sequence
+
+from rnnstep import model_file
+
+UNK_TOKEN = model_file.UNK_TOKEN
+MAX_VOCAB_FILE_BYTES = 64 << 20
+_CORPUS_CHUNK = 8 << 20
+
+
+def vocab_from_corpus(text: str) -> List[str]:
+  """The tutorial's vocabulary: `sorted(set(text))`."""
+  if not isinstance(text, str):
+    raise ValueError(f"corpus text must be a str, got {type(text).__name__}")
+  return sorted(set(text))
+
+
+def resolve_vocab(chars: Sequence[str], vocab_size: int, source: str) -> List[str]:
+  """Fits a character list to the model's vocabulary size.
+
+  `chars` of exactly `vocab_size` entries are used as they are. One entry
+  fewer, without "[UNK]", gets "[UNK]" at id 0 (the current TF tutorial's
+  `StringLookup(mask_token=None)` layout).
+
+  Raises:
+    ValueError: the sizes do not match; the message gives both.
+  """
+  chars = list(chars)
+  if len(chars) == vocab_size:
+    return chars
+  if len(chars) + 1 == vocab_size and (not chars or chars[0] != UNK_TOKEN):
+    return [UNK_TOKEN] + chars
+  has_unk = bool(chars) and chars[0] == UNK_TOKEN
+  count = len(chars) - (1 if has_unk else 0)
+  raise ValueError(
+      f"vocabulary size mismatch: {source} gives {count} characters"
+      f"{' plus [UNK]' if has_unk else ''} but the model's embedding has "
+      f"{vocab_size} rows (it needs {vocab_size} characters, or "
+      f"{vocab_size - 1} plus [UNK] at id 0)")
+
+
+def read_corpus_vocab(path) -> List[str]:
+  """`sorted(set(text))` of a UTF-8 text file, read in chunks as bytes.
+
+  Newlines are kept exactly as stored ('\\r\\n' gives '\\r' and '\\n'), as the
+  tutorial's `open(path, 'rb').read().decode('utf-8')` does.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: it is not UTF-8 (the message gives the byte offset) or empty.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path}: the corpus is a directory, not a text file")
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  chars = set()
+  offset = 0
+  with open(path, "rb") as f:
+    while True:
+      chunk = f.read(_CORPUS_CHUNK)
+      try:
+        chars.update(decoder.decode(chunk, final=not chunk))
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: the corpus is not UTF-8 text (bad byte at "
+                         f"offset {offset + max(e.start, 0)})") from None
+      if not chunk:
+        break
+      offset += len(chunk)
+  if not chars:
+    raise ValueError(f"{path}: the corpus is empty")
+  return sorted(chars)
+
+
+def read_vocab_file(path) -> List[str]:
+  """Reads a vocabulary file: a UTF-8 JSON list of single characters in id
+  order, optionally with "[UNK]" first, e.g. `["[UNK]", "\\n", " ", "!"]`.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: not such a list; the message says what is wrong.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{path}: the vocab file is a directory")
+  size = os.path.getsize(path)
+  if size > MAX_VOCAB_FILE_BYTES:
+    raise ValueError(f"{path}: vocab file of {size} bytes is too large")
+  with open(path, "rb") as f:
+    raw = f.read(MAX_VOCAB_FILE_BYTES + 1)
+  try:
+    data = json.loads(raw.decode("utf-8-sig"))
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
+                     "expected a UTF-8 JSON list of characters like "
+                     '["\\n", " ", "!"]') from None
+  return model_file.validate_vocab(data, path)

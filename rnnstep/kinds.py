@@ -1,0 +1,102 @@
+"""The recurrent cell kinds rnnstep runs, described once.
+
+Every fact about a kind that more than one module needs lives in `KINDS`:
+the model file (`model_file`: gate count, bias shape, the config's `kind`),
+the cells (`cells`: state tensors, which class computes it), and the
+converter (`convert`: the Keras class names it maps, the PyTorch module and how
+its weights map). A new kind is a new row here plus its cell class in
+`cells.py` (and, to import it, any reader-specific handling).
+
+This module imports nothing heavy (no TensorFlow), so the converter's forked
+readers and `model_file` can use it.
+"""
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """One recurrent cell kind.
+
+  Attributes:
+    name: the model file's `kind` ('gru', 'lstm', 'simple_rnn').
+    display: how messages name it ('GRU').
+    gates: gate blocks G: the kernel is [D, G*U], the recurrent kernel [U, G*U].
+    gate_order: the Keras column blocks, e.g. ('z', 'r', 'h').
+    state_tensors: [B, U] tensors in its state: 1 (h) or 2 (h, c).
+    has_reset_after: whether the `reset_after` variant flag applies (GRU).
+    keras_classes: Keras layer class names that are this kind.
+    cell_class: the `cells.py` class that computes it.
+    torch_module: the PyTorch module class (`torch.nn.<name>`), or None.
+    torch_gate_order: PyTorch's row blocks of `weight_ih_l{k}` / `weight_hh_l{k}`.
+    torch_bias: how PyTorch's `bias_ih` and `bias_hh` become the Keras bias:
+      'rows' stacks them as [2, G*U] (GRU reset_after: the recurrent bias of
+      the candidate sits inside r * (...)); 'sum' adds them (they are plain
+      additions in these equations).
+  """
+  name: str
+  display: str
+  gates: int
+  gate_order: Tuple[str, ...]
+  state_tensors: int
+  has_reset_after: bool
+  keras_classes: Tuple[str, ...]
+  cell_class: str
+  torch_module: Optional[str]
+  torch_gate_order: Tuple[str, ...]
+  torch_bias: str
+
+  def bias_shape(self, units: int, reset_after: bool = True) -> Tuple[int, ...]:
+    """The Keras bias shape: [2, G*U] for GRU reset_after, else [G*U]."""
+    width = self.gates * units
+    if self.has_reset_after and reset_after:
+      return (2, width)
+    return (width,)
+
+  def torch_permutation(self) -> Tuple[int, ...]:
+    """For each Keras gate block, the PyTorch block that holds it."""
+    return tuple(_TORCH_EQUIVALENT[self.name].index(gate)
+                 for gate in self.gate_order)
+
+
+KINDS: Dict[str, Kind] = {
+    "gru": Kind(name="gru", display="GRU", gates=3, gate_order=("z", "r", "h"),
+                state_tensors=1, has_reset_after=True, keras_classes=("GRU",),
+                cell_class="GRUCell", torch_module="GRU",
+                torch_gate_order=("r", "z", "n"), torch_bias="rows"),
+    "lstm": Kind(name="lstm", display="LSTM", gates=4,
+                 gate_order=("i", "f", "c", "o"), state_tensors=2,
+                 has_reset_after=False, keras_classes=("LSTM",),
+                 cell_class="LSTMCell", torch_module="LSTM",
+                 torch_gate_order=("i", "f", "g", "o"), torch_bias="sum"),
+    "simple_rnn": Kind(name="simple_rnn", display="SimpleRNN", gates=1,
+                       gate_order=("h",), state_tensors=1,
+                       has_reset_after=False, keras_classes=("SimpleRNN",),
+                       cell_class="SimpleRNNCell", torch_module="RNN",
+                       torch_gate_order=("h",), torch_bias="sum"),
+}
+
+# PyTorch's gate names spelled as Keras's: GRU n is Keras h, LSTM g is Keras c.
+_TORCH_EQUIVALENT = {"gru": ("r", "z", "h"), "lstm": ("i", "f", "c", "o"),
+                     "simple_rnn": ("h",)}
+
+# Derived lookups.
+BY_KERAS_CLASS = {cls: kind.name for kind in KINDS.values()
+                  for cls in kind.keras_classes}
+BY_GATES = {kind.gates: kind.name for kind in KINDS.values()}
+BY_TORCH_GATES = {kind.gates: kind.name for kind in KINDS.values()
+                  if kind.torch_module}
+
+
+def get(name: str) -> Kind:
+  """The Kind called `name`.
+
+  Raises:
+    ValueError: no such kind.
+  """
+  try:
+    return KINDS[name]
+  except (KeyError, TypeError):
+    raise ValueError(f"unknown recurrent layer kind {name!r}; known kinds: "
+                     f"{sorted(KINDS)}") from None

@@ -1,0 +1,383 @@
+"""PyTorch state dicts, read without torch: committed fixtures vs torch's logits.
+
+The fixtures in tests/data/torch/ were written by real torch
+(tools/make_torch_fixtures.py, torch 2.13 CPU): random char models (nothing
+trained) saved with torch.save (zip and legacy), safetensors, as a training
+checkpoint dict with `module.` keys, with bfloat16 / float16 / float64
+tensors, tied weights and strided views of a shared storage; plus files that
+must be refused. `reference.npz` holds torch's logits for a fixed id sequence
+and torch's greedy continuation of a prompt. Here rnnstep reads the files
+(torch is not needed) and must match: logits within 2e-5, greedy text char for
+char. Hostile pickles are built here with `pickle` (never unpickled by us) and
+must be refused without running anything. One test rebuilds the fixtures with
+live torch when it is importable (skipped in CI, which has no torch).
+"""
+
+import json
+import os
+import pathlib
+import pickle
+import struct
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import rnnstep
+from rnnstep import convert
+from rnnstep.cli import common
+from rnnstep.convert import torch_files
+from tests.test_cli_common import Result
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "torch"
+TOLERANCE = 2e-5
+
+# (file, reference name): every readable fixture.
+CASES = [
+    ("gru2.pt", "gru2"), ("gru2.safetensors", "gru2"),
+    ("gru2_legacy.pt", "gru2"), ("lstm.pth", "lstm"),
+    ("rnn_nobias.safetensors", "rnn_nobias"),
+    ("gru_nobias_checkpoint.bin", "gru_nobias"),
+    ("stack_bf16.pt", "stack_bf16"), ("tied_views.pt", "tied_views"),
+]
+
+
+def check_against_reference(directory, file_name, ref_name):
+  """Loads a fixture directly and compares it with torch's stored outputs."""
+  ref = np.load(os.path.join(directory, "reference.npz"))
+  chars = json.load(open(os.path.join(directory, "vocab.json"),
+                         encoding="utf-8"))
+  model = rnnstep.load(os.path.join(directory, file_name),
+                       vocab=os.path.join(directory, "vocab.json"))
+  logits = rnnstep.logits(model, ref["ids"])[0]
+  error = float(np.abs(logits - ref[f"{ref_name}_logits"]).max())
+  assert error <= TOLERANCE, (file_name, error)
+  prompt = str(ref["prompt"])
+  greedy = ref[f"{ref_name}_greedy"]
+  text = rnnstep.generate(model, prompt, len(greedy), temperature=0)
+  assert text == "".join(chars[i] for i in greedy), file_name
+  return error
+
+
+@pytest.mark.parametrize("file_name,ref_name", CASES)
+def test_logits_and_greedy_text_match_torch(file_name, ref_name):
+  check_against_reference(DATA, file_name, ref_name)
+
+
+def test_corpus_gives_the_same_vocabulary_and_convert_writes_it(tmp_path):
+  ref = np.load(DATA / "reference.npz")
+  direct = rnnstep.load(DATA / "lstm.pth", corpus=DATA / "corpus.txt")
+  out = tmp_path / "lstm.npz"
+  summary = convert.convert(DATA / "lstm.pth", out, corpus=DATA / "corpus.txt")
+  assert "PyTorch state dict" in summary.format
+  converted = rnnstep.load(out)
+  for model in (direct, converted):
+    error = np.abs(rnnstep.logits(model, ref["ids"])[0]
+                   - ref["lstm_logits"]).max()
+    assert error <= TOLERANCE
+  assert list(converted.vocab) == json.load(open(DATA / "vocab.json"))
+
+
+def test_inspect_reports_the_mapping():
+  text = str(convert.inspect(DATA / "rnn_nobias.safetensors"))
+  assert "safetensors" in text and "SimpleRNN  'recurrence[l1]'" in text
+  assert "assumed nonlinearity='tanh'" in text
+  assert "use_bias=False (zero bias written)" in text
+  text = str(convert.inspect(DATA / "gru_nobias_checkpoint.bin"))
+  assert "under the key 'state_dict'" in text
+  assert "'module.embedding'" in text and "'module.linear'" in text
+  text = str(convert.inspect(DATA / "stack_bf16.pt"))
+  assert "LSTM       'model.lstm[l0]'" in text
+  assert "GRU        'model.gru[l0]'" in text
+
+
+def test_read_weights_matches_the_keras_layout_from_safetensors():
+  """An independent reading of the safetensors file (numpy only) and the
+  documented mapping (keras-formats.md section 5) give the same arrays."""
+  raw = (DATA / "gru2.safetensors").read_bytes()
+  (length,) = struct.unpack("<Q", raw[:8])
+  header = json.loads(raw[8:8 + length])
+  def tensor(name):
+    entry = header[name]
+    begin, end = entry["data_offsets"]
+    return np.frombuffer(raw[8 + length + begin:8 + length + end],
+                         "<f4").reshape(entry["shape"])
+  def permute(a):  # PyTorch r,z,n -> Keras z,r,h.
+    h = a.shape[0] // 3
+    return np.concatenate([a[h:2 * h], a[:h], a[2 * h:]])
+  config, tensors = convert.read_weights(DATA / "gru2.safetensors")
+  assert [layer.kind for layer in config.layers] == ["gru", "gru"]
+  np.testing.assert_array_equal(tensors["embedding"], tensor("embed.weight"))
+  for k in range(2):
+    np.testing.assert_array_equal(tensors[f"layer{k}_kernel"],
+                                  permute(tensor(f"gru.weight_ih_l{k}")).T)
+    np.testing.assert_array_equal(tensors[f"layer{k}_recurrent_kernel"],
+                                  permute(tensor(f"gru.weight_hh_l{k}")).T)
+    np.testing.assert_array_equal(tensors[f"layer{k}_bias"], np.stack([
+        permute(tensor(f"gru.bias_ih_l{k}")),
+        permute(tensor(f"gru.bias_hh_l{k}"))]))
+  np.testing.assert_array_equal(tensors["dense_kernel"], tensor("fc.weight").T)
+  np.testing.assert_array_equal(tensors["dense_bias"], tensor("fc.bias"))
+
+
+# -------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("file_name,message", [
+    ("whole_module.pt", r"a whole pickled model \(torch.save\(model\)\).*"
+     r"torch.save\(model.state_dict\(\), PATH\)"),
+    ("bidirectional.pt", r"'gru.weight_ih_l0_reverse': a bidirectional RNN"),
+    ("lstm_proj.pt", r"'lstm.weight_hr_l0': an LSTM with proj_size"),
+])
+def test_refusals_are_one_line(file_name, message):
+  for call in (lambda p: convert.inspect(p),
+               lambda p: rnnstep.load(p, vocab=DATA / "vocab.json")):
+    with pytest.raises(ValueError, match=message) as info:
+      call(DATA / file_name)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(str(DATA / file_name))
+
+
+class _RunsCode:
+  """Pickles as a call of os.system (pickling it runs nothing)."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (os.system, (f"touch {self.marker}",))
+
+
+class _Evaluates:
+
+  def __reduce__(self):
+    return (eval, ("__import__('os').getcwd()",))
+
+
+def _torch_zip(path, pickle_bytes, members=()):
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("archive/data.pkl", pickle_bytes)
+    z.writestr("archive/byteorder", b"little")
+    z.writestr("archive/version", b"3\n")
+    for name, data in members:
+      z.writestr(f"archive/data/{name}", data)
+
+
+def _legacy(path, pickle_bytes):
+  with open(path, "wb") as f:
+    f.write(pickle.dumps(torch_files.LEGACY_MAGIC, protocol=2))
+    f.write(pickle.dumps(torch_files.LEGACY_PROTOCOL, protocol=2))
+    f.write(pickle.dumps({"protocol_version": 1001, "little_endian": True,
+                          "type_sizes": {"short": 2, "int": 4, "long": 4}},
+                         protocol=2))
+    f.write(pickle_bytes)
+    f.write(pickle.dumps([], protocol=2))
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy"])
+def test_a_pickle_that_would_run_code_is_refused_without_running_it(
+    tmp_path, layout):
+  marker = tmp_path / "ran"
+  payloads = {
+      "system": pickle.dumps(_RunsCode(marker), protocol=2),
+      "in_dict": pickle.dumps({"embed.weight": _RunsCode(marker)}, protocol=2),
+      "eval": pickle.dumps(_Evaluates(), protocol=2),
+  }
+  for name, payload in payloads.items():
+    path = tmp_path / f"{name}.pt"
+    (_torch_zip if layout == "zip" else _legacy)(path, payload)
+    with pytest.raises(ValueError) as info:
+      convert.read_any(path, vocab=DATA / "vocab.json")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "never runs code from a file (refused)" in message, message
+    assert "system" in message or "eval" in message, message
+    assert not marker.exists()
+
+
+def _str(text):
+  data = text.encode()
+  return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _int(value):
+  if -2**31 <= value < 2**31:
+    return b"J" + struct.pack("<i", value)
+  data = value.to_bytes(8, "little", signed=True)
+  return b"\x8a" + bytes([len(data)]) + data  # LONG1
+
+
+def _ints(values):
+  return b"(" + b"".join(_int(v) for v in values) + b"t"
+
+
+def tensor_pickle(numel, size, stride, offset=0, key="0", build=b""):
+  """The pickle torch.save writes for {'w': tensor}, assembled by hand;
+  `build` is a state to BUILD the tensor with (torch never writes one)."""
+  storage = (b"(" + _str("storage") + b"ctorch\nFloatStorage\n" + _str(key)
+             + _str("cpu") + _int(numel) + b"tQ")
+  return (b"\x80\x02}(" + _str("w") + b"ctorch._utils\n_rebuild_tensor_v2\n("
+          + storage + _int(offset) + _ints(size) + _ints(stride)
+          + b"\x89ccollections\nOrderedDict\n)RtR" + build + b"u.")
+
+
+def test_handmade_tensor_pickle_reads_views(tmp_path):
+  path = tmp_path / "views.pt"
+  values = np.arange(24, dtype="<f4")
+  _torch_zip(path, tensor_pickle(24, (3, 4), (1, 6), offset=2),
+             [("0", values.tobytes())])
+  obj, _, close = torch_files.read_zip(path)
+  got = obj["w"].read(str(path), "w")
+  close()
+  want = np.lib.stride_tricks.as_strided(values[2:], (3, 4), (4, 24))
+  np.testing.assert_array_equal(got, want)
+
+
+def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
+  path = tmp_path / "build.pt"
+  state = b"}" + _str("offset") + _int(10**6) + b"sb"  # BUILD {'offset': 1e6}
+  _torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
+             [("0", bytes(96))])
+  with pytest.raises(ValueError, match="tried to modify a tensor"):
+    torch_files.read_zip(path)
+
+
+@pytest.mark.parametrize("numel,size,stride,offset,data_bytes,message", [
+    (24, (3, 4), (1, 6), 6, 96, "reaches past the end of storage"),
+    (24, (5, 5), (5, 1), 0, 96, "reaches past the end of storage"),
+    (24, (2, 2), (-1, 1), 0, 96, "invalid stride"),
+    (24, (2, 2), (2, 1), 0, 40, "declares 24 float32 elements"),
+    (1 << 40, (4,), (1,), 0, 96, "declares 1099511627776 float32 elements"),
+])
+def test_bad_tensor_records_are_refused(tmp_path, numel, size, stride, offset,
+                                        data_bytes, message):
+  path = tmp_path / "bad.pt"
+  _torch_zip(path, tensor_pickle(numel, size, stride, offset),
+             [("0", bytes(data_bytes))])
+  with pytest.raises(ValueError, match=message) as info:
+    torch_files.read_zip(path)
+  assert "\n" not in str(info.value)
+
+
+def _safetensors(path, header, data=b""):
+  raw = json.dumps(header).encode()
+  path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+@pytest.mark.parametrize("header,data,message", [
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 64]}},
+     bytes(16), "outside the 16 data bytes"),
+    ({"w": {"dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 16]}},
+     bytes(16), "needs 4398046511104 bytes"),
+    ({"w": {"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}},
+     bytes(16), "unsupported dtype 'C64'"),
+    ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}},
+     bytes(16), "invalid shape"),
+])
+def test_bad_safetensors_are_refused(tmp_path, header, data, message):
+  path = tmp_path / "bad.safetensors"
+  _safetensors(path, header, data)
+  with pytest.raises(ValueError, match=message) as info:
+    convert.inspect(path)
+  assert "\n" not in str(info.value)
+
+
+def test_truncated_and_corrupt_files_are_refused(tmp_path):
+  raw = (DATA / "gru2.pt").read_bytes()
+  for cut in (len(raw) // 2, len(raw) - 30):
+    path = tmp_path / f"cut{cut}.pt"
+    path.write_bytes(raw[:cut])
+    with pytest.raises(ValueError) as info:
+      convert.read_any(path, vocab=DATA / "vocab.json")
+    assert "\n" not in str(info.value)
+  legacy = (DATA / "gru2_legacy.pt").read_bytes()
+  path = tmp_path / "legacy_cut.pt"
+  path.write_bytes(legacy[:-100])
+  with pytest.raises(ValueError, match="truncated") as info:
+    convert.read_any(path, vocab=DATA / "vocab.json")
+  plain = tmp_path / "plain.pkl"
+  plain.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
+  with pytest.raises(ValueError, match="a Python pickle that is not a "
+                     "torch.save file"):
+    convert.inspect(plain)
+
+
+# ------------------------------------------------------------- direct loading
+
+
+def test_load_needs_a_vocabulary_for_weights_but_not_for_model_files(tmp_path):
+  with pytest.raises(convert.VocabularyRequired, match="hold no vocabulary"):
+    rnnstep.load(DATA / "gru2.pt")
+  out = tmp_path / "m.npz"
+  convert.convert(DATA / "gru2.pt", out, vocab=DATA / "vocab.json")
+  assert rnnstep.load(out).vocab_size == 21
+  with pytest.raises(convert.VocabularyNotAllowed, match="holds its own"):
+    rnnstep.load(out, corpus=DATA / "corpus.txt")
+  with pytest.raises(ValueError, match="vocabulary size mismatch"):
+    rnnstep.load(DATA / "gru2.pt", vocab=list("abc"))
+  with pytest.raises(ValueError, match="already an rnnstep model file"):
+    convert.convert(out, tmp_path / "again.npz", vocab=DATA / "vocab.json")
+
+
+def test_cli_errors_name_the_flag(tmp_path):
+  with pytest.raises(common.Failure, match=r"^--weights=.*gru2.pt: Keras and "
+                     r"PyTorch weights hold no vocabulary; give --corpus"):
+    common.load_model(str(DATA / "gru2.pt"), "float32")
+  with pytest.raises(common.Failure, match=r"^--vocab=.*missing.json: "):
+    common.load_model(str(DATA / "gru2.pt"), "float32",
+                      vocab=str(tmp_path / "missing.json"))
+  with pytest.raises(common.Failure, match=r"^--corpus: --weights \(the "
+                     r"bundled model\) is an rnnstep model file"):
+    common.load_model(None, "float32", corpus=str(DATA / "corpus.txt"))
+
+
+def _run(module, *args):
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=600, env=env,
+                        stdin=subprocess.DEVNULL)
+  return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_generate_cli_reads_pytorch_weights():
+  ref = np.load(DATA / "reference.npz")
+  chars = json.load(open(DATA / "vocab.json"))
+  prompt = str(ref["prompt"])
+  result = _run("rnnstep.cli.generate", f"--weights={DATA / 'lstm.pth'}",
+                f"--vocab={DATA / 'vocab.json'}", f"--prompt={prompt}",
+                "--temperature=0", f"--num_steps={len(ref['lstm_greedy'])}")
+  assert result.returncode == 0, result
+  assert result.stdout == (prompt + "".join(chars[i] for i in
+                                            ref["lstm_greedy"]) + "\n")
+  result = _run("rnnstep.cli.generate", f"--weights={DATA / 'lstm.pth'}",
+                "--num_steps=5")
+  assert result.returncode == 1
+  assert len(result.stderr_lines) == 1, result
+  assert "hold no vocabulary; give --corpus" in result.stderr_lines[0]
+
+
+# --------------------------------------------------------------- live torch
+
+
+def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
+  """Regenerates the fixtures with the installed torch and compares again;
+  checks the direct tensor reading against torch.load too."""
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("safetensors")
+  subprocess.run([sys.executable, str(REPO / "tools" / "make_torch_fixtures.py"),
+                  f"--out={tmp_path}"], check=True, capture_output=True,
+                 timeout=600)
+  for file_name, ref_name in CASES:
+    check_against_reference(str(tmp_path), file_name, ref_name)
+  for name in ("tied_views.pt", "stack_bf16.pt", "gru2_legacy.pt"):
+    want = torch.load(tmp_path / name, weights_only=True)
+    opener = (torch_files.read_legacy if "legacy" in name
+              else torch_files.read_zip)
+    got, _, close = opener(tmp_path / name)
+    for key, value in want.items():
+      np.testing.assert_array_equal(got[key].read(name, key),
+                                    value.float().numpy())
+    close()
