@@ -182,6 +182,10 @@ class Network:
     return cells_lib._matmul(outputs, self.dense_kernel,  # pylint: disable=protected-access
                              self.dense_kernel.dtype) + self.dense_bias
 
+  def first_projection(self, ids: tf.Tensor) -> tf.Tensor:
+    """Layer 0's input projection for ids `[B]`: rows of `input_table`."""
+    return tf.gather(self.input_table, ids)
+
   def advance(self, ids: tf.Tensor, state: StackState):
     """One timestep through every layer for ids `[B]`.
 
@@ -189,7 +193,19 @@ class Network:
       `(top_output [B, U_last], new_state)`.
     """
     # Layer 0's rows are gathered inside its gate function (fused when compiled).
-    x_proj = cells_lib.TableRows(self.input_table, ids)
+    return self.advance_projected(cells_lib.TableRows(self.input_table, ids),
+                                  state)
+
+  def advance_projected(self, x_proj, state: StackState):
+    """`advance` from layer 0's input projection (`first_projection(ids)`).
+
+    Args:
+      x_proj: `[B, G*U_0]`, or a `cells.TableRows`.
+      state: the stack's state.
+
+    Returns:
+      `(top_output [B, U_last], new_state)`.
+    """
     new_state = []
     for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
       if i:
@@ -201,6 +217,11 @@ class Network:
   def step(self, ids: tf.Tensor, state: StackState):
     """One timestep: ids `[B]` -> `(logits [B, V], new_state)`."""
     output, state = self.advance(ids, state)
+    return self.logits(output), state
+
+  def step_projected(self, x_proj, state: StackState):
+    """`step` from layer 0's input projection (see `advance_projected`)."""
+    output, state = self.advance_projected(x_proj, state)
     return self.logits(output), state
 
   def unroll(self, ids: tf.Tensor, state: StackState,

@@ -169,6 +169,20 @@ def active(params: Params, vocab_size: int) -> Active:
                 tf.reduce_any(filtered), tf.reduce_any(params.min_p > 0.0))
 
 
+def _scale(logits: tf.Tensor, params: Params, parts: Active, banned):
+  """Logits / temperature for sampled rows, clipped; banned ids stay -inf."""
+  temperature = tf.where(parts.sampled_rows, params.temperature, 1.0)[:, None]
+  scaled = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
+  return scaled if banned is None else scaled + banned
+
+
+def _draw(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+  """One Gumbel-max draw from softmax(scaled) per row."""
+  gumbel = -tf.math.log(-tf.math.log(
+      uniform_noise(keys, step, scaled.shape[-1])))
+  return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+
+
 def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
              step: tf.Tensor, banned=None, parts: Active = None) -> tf.Tensor:
   """Chooses the next id of every row, each by its own settings.
@@ -189,16 +203,12 @@ def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
   """
   if banned is not None:
     logits = logits + banned
-  vocab_size = logits.shape[-1]
   if parts is None:
-    parts = active(params, vocab_size)
+    parts = active(params, logits.shape[-1])
   greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
 
   def sample():
-    temperature = tf.where(parts.sampled_rows, params.temperature, 1.0)[:, None]
-    scaled = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
-    if banned is not None:
-      scaled = scaled + banned
+    scaled = _scale(logits, params, parts, banned)
     scaled = tf.cond(
         parts.any_filtered,
         lambda: tf.where(parts.filtered_rows[:, None],
@@ -208,8 +218,22 @@ def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
     scaled = tf.cond(parts.any_min_p,
                      lambda: min_p_filter(scaled, params.min_p),
                      lambda: scaled)
-    gumbel = -tf.math.log(-tf.math.log(uniform_noise(keys, step, vocab_size)))
-    return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+    return _draw(scaled, keys, step)
 
   chosen = tf.cond(parts.any_sampled, sample, lambda: greedy)
   return tf.where(parts.sampled_rows, chosen, greedy)
+
+
+def plain_next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
+                   step: tf.Tensor, banned, parts: Active) -> tf.Tensor:
+  """`next_ids` for rows without top-k, top-p or min-p, with no conditionals.
+
+  The same choice as `next_ids` for such rows (greedy where temperature is 0,
+  else the same draw); the noise is computed even for an all-greedy batch,
+  which costs less than a conditional in a compiled loop.
+  """
+  if banned is not None:
+    logits = logits + banned
+  greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
+  drawn = _draw(_scale(logits, params, parts, banned), keys, step)
+  return tf.where(parts.sampled_rows, drawn, greedy)
