@@ -90,7 +90,8 @@ def search(network, request: request_lib.Request, banned,
   # Prime each prompt once, then give each of its k beams a copy.
   mask = (tf.range(tf.shape(prompt_ids)[1])[None, :]
           < (prompt_lengths[:, None] - 1))
-  _, state = network.unroll(prompt_ids, network.zero_state(prompts), mask)
+  _, state = network.unroll(prompt_ids, network.zero_state(prompts), mask,
+                            steps=tf.reduce_max(prompt_lengths) - 1)
   history = processors.start(prompt_ids, prompt_lengths, vocab_size, lookback,
                              looks_back)
   beam_of_row = tf.repeat(tf.range(prompts), k)

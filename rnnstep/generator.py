@@ -169,11 +169,12 @@ class Generator(tf.Module):
     prompt_ids, prompt_lengths = request.prompts
     batch = tf.shape(prompt_ids)[0]
     # Prime over all but each row's last character; that one is the first input.
-    # (The unroll spans every column, so it is never empty; masked steps are free
-    # of effect on a row's state.)
+    # The unroll stops at the longest prompt, not the bucketed width; masked
+    # steps are free of effect on a row's state.
     mask = (tf.range(tf.shape(prompt_ids)[1])[None, :]
             < (prompt_lengths[:, None] - 1))
-    _, state = network.unroll(prompt_ids, network.zero_state(batch), mask)
+    _, state = network.unroll(prompt_ids, network.zero_state(batch), mask,
+                              steps=tf.reduce_max(prompt_lengths) - 1)
     history = processors.start(
         prompt_ids, prompt_lengths, self.model.vocab_size, request.lookback,
         processors.in_use(request.sampling.repetition_penalty,

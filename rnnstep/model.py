@@ -225,7 +225,7 @@ class Network:
     return self.logits(output), state
 
   def unroll(self, ids: tf.Tensor, state: StackState,
-             mask: Optional[tf.Tensor] = None):
+             mask: Optional[tf.Tensor] = None, steps=None):
     """Runs ids `[B, T]` through the stack, layer by layer.
 
     Args:
@@ -233,9 +233,12 @@ class Network:
       state: the initial state.
       mask: optional bool `[B, T]`; where False the row's state is carried over
         unchanged (bit for bit), so padding never touches a row.
+      steps: run only the first `steps` columns (default: all T); the mask
+        must be False beyond them. Priming stops at the longest prompt rather
+        than at the bucketed width.
 
     Returns:
-      `(top_outputs [B, T, U_last], final_state)`.
+      `(top_outputs [B, T, U_last], final_state)`; outputs past `steps` are 0.
     """
     x_proj = tf.gather(self.input_table, tf.transpose(ids))  # [T, B, G*U]
     mask_tm = None if mask is None else tf.transpose(mask)
@@ -243,15 +246,20 @@ class Network:
     for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
       if i:
         x_proj = cell.project_inputs(outputs)
-      outputs, layer_state = _unroll_cell(cell, x_proj, layer_state, mask_tm)
+      outputs, layer_state = _unroll_cell(cell, x_proj, layer_state, mask_tm,
+                                          steps)
       final.append(layer_state)
     return tf.transpose(outputs, [1, 0, 2]), tuple(final)
 
 
-def _unroll_cell(cell, x_proj, state, mask):
-  """Time-major loop of one cell: x_proj `[T, B, G*U]` -> outputs `[T, B, U]`."""
-  steps = tf.shape(x_proj)[0]
-  outputs = tf.TensorArray(tf.float32, size=steps, element_shape=[None, cell.units])
+def _unroll_cell(cell, x_proj, state, mask, steps=None):
+  """Time-major loop of one cell: x_proj `[T, B, G*U]` -> outputs `[T, B, U]`.
+
+  Only the first `steps` columns run (all T by default).
+  """
+  size = tf.shape(x_proj)[0]
+  steps = size if steps is None else tf.minimum(steps, size)
+  outputs = tf.TensorArray(tf.float32, size=size, element_shape=[None, cell.units])
 
   def body(t, state, outputs):
     output, new_state = cell.step(x_proj[t], state)
