@@ -28,31 +28,46 @@ from rnnstep import tuning
 BUNDLED_MODEL = "shakespeare.npz"
 
 # The fastest path per compute dtype, as (largest batch size, path) bands, by
-# measurement on a 2-core Sapphire Rapids (AMX) VM: `python tools/benchmark.py
-# --sections=paths` prints the table these come from (BUILD_NOTES.md has it).
-# XLA's CPU dot is slow for float32/float16 at 17-48 rows (up to 1.24x), and
-# has no AMX path for bfloat16, where TF's oneDNN matmul is 2-3x faster.
+# measurement: `python tools/benchmark.py --sections=paths` prints the tables
+# these come from (BUILD_NOTES.md has them). Two machine kinds so far:
+#   - with AMX (a 2-core Sapphire Rapids VM): XLA's CPU dot is slow for
+#     float32/float16 at 17-48 rows (up to 1.24x), and has no AMX path for
+#     bfloat16, where TF's oneDNN matmul is 2-3x faster;
+#   - without AMX (a 2-core AMD EPYC Zen 4, AVX512-BF16): XLA is the fastest
+#     float32 path at every batch it runs unpadded; bfloat16 as with AMX.
 _XLA, _ELEMENTWISE = paths.XLA, paths.ELEMENTWISE
 _FASTEST_PATHS = {
     "float32": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
     "float16": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
     "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
 }
+_FASTEST_PATHS_WITHOUT_AMX = {
+    "float32": ((None, _XLA),),
+    "float16": ((None, _XLA),),
+    "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
+}
+# XLA runs the batch padded to `request.batch_bucket`; above 16 rows (where
+# the step stops being bound by reading the weights) padding by more than this
+# makes a path that runs the exact batch win (measured without AMX at 48 rows
+# padded to 64: XLA 1.55x the floor, elementwise 1.31x).
+_MOST_XLA_PADDING = 1.15
 
 
 def default_path(model: model_lib.Model, batch_size: int) -> str:
   """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
 
-  The fastest measured for the model's compute dtype and the batch size (see
-  `_FASTEST_PATHS`). For a float32 model every path is Keras-exact; sampled
-  text can differ between paths only where rounding flips a draw (rare in
-  float32; in bfloat16, expect texts to part after some dozens of characters),
-  so pass `jit_compile` explicitly to reproduce a row across batch sizes that
-  fall in different bands.
-
   A winner measured on this machine by `rnnstep.tune` (see `tuning.py`) comes
-  first; the table answers for what was not measured, or with
-  RNNSTEP_TUNING=off. Nothing is measured here.
+  first. Otherwise the fastest measured on a machine of this kind (with or
+  without AMX) for the model's compute dtype and the batch size (see
+  `_FASTEST_PATHS`), except that XLA gives way to the elementwise path where
+  it would pad the batch by more than 15%. Nothing is measured here
+  (RNNSTEP_TUNING=off: the tables only).
+
+  For a float32 model every path is Keras-exact; sampled text can differ
+  between paths only where rounding flips a draw (rare in float32; in
+  bfloat16, expect texts to part after some dozens of characters), so pass
+  `jit_compile` explicitly to reproduce a row across batch sizes that fall in
+  different bands.
   """
   if _gpu_visible():
     # The bands are CPU measurements; on a GPU XLA's dots use the vendor
@@ -61,10 +76,19 @@ def default_path(model: model_lib.Model, batch_size: int) -> str:
   measured = tuning.cached_path(model, batch_size)
   if measured is not None:
     return measured
-  for largest, path in _FASTEST_PATHS[model.compute_dtype.name]:
+  return table_path(model.compute_dtype.name, batch_size, tuning.has_amx())
+
+
+def table_path(dtype: str, batch_size: int, amx: bool) -> str:
+  """The built-in tables' path for a compute dtype, batch size and CPU kind."""
+  table = _FASTEST_PATHS if amx else _FASTEST_PATHS_WITHOUT_AMX
+  for largest, path in table[dtype]:
     if largest is None or batch_size <= largest:
-      return path
-  raise AssertionError("the last band has no upper bound")
+      break
+  if (path == _XLA and batch_size > 16 and request_lib.batch_bucket(batch_size)
+      > _MOST_XLA_PADDING * batch_size):
+    return _ELEMENTWISE
+  return path
 
 
 @functools.lru_cache(maxsize=None)

@@ -127,6 +127,11 @@ def _cpu_info():
   return name, tuple(flag for flag in CPU_FLAGS if flag in have)
 
 
+def has_amx() -> bool:
+  """Whether this CPU has AMX tiles (what the built-in path tables split on)."""
+  return "amx_tile" in _cpu_info()[1]
+
+
 def _usable_cores() -> int:
   try:
     return len(os.sched_getaffinity(0))

@@ -14,6 +14,7 @@ import rnnstep
 from rnnstep import api
 from rnnstep import generator as generator_lib
 from rnnstep import model_file
+from rnnstep import tuning
 
 LAYERS = [kr.layer("gru", 16)]
 EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"
@@ -90,12 +91,24 @@ class DefaultPathTest(tf.test.TestCase):
     vocab = kr.default_vocab(65)
     full = rnnstep.Model(config, vocab, tensors)
     half = rnnstep.Model(config, vocab, tensors, dtype="bfloat16")
-    for batch in (1, 16, 64, 256, 10**6):
+    amx = tuning.has_amx()
+    for batch in (1, 3, 16, 64, 256, 2**20):
       self.assertEqual(api.default_path(full, batch), "xla")
-    self.assertEqual(api.default_path(full, 32), "elementwise")
+    self.assertEqual(api.default_path(full, 32),
+                     "elementwise" if amx else "xla")
+    # XLA would pad 48 rows to 64 and 65 to 80: the exact batch wins there.
+    self.assertEqual(api.default_path(full, 48), "elementwise")
+    self.assertEqual(api.default_path(full, 65), "elementwise")
     self.assertEqual(api.default_path(half, 1), "xla")
     self.assertEqual(api.default_path(half, 256), "elementwise")
     self.assertEqual(api.default_jit_compile(half, 256), "elementwise")
+    # Both machine kinds' tables.
+    for kind in (True, False):
+      self.assertEqual(api.table_path("float32", 1, kind), "xla")
+      self.assertEqual(api.table_path("float32", 20, kind), "elementwise")
+      self.assertEqual(api.table_path("bfloat16", 64, kind), "elementwise")
+    self.assertEqual(api.table_path("float32", 32, True), "elementwise")
+    self.assertEqual(api.table_path("float32", 32, False), "xla")
     # The bands have no gaps: every batch size maps to a path.
     for batch in range(1, 600):
       self.assertIn(api.default_path(half, batch),

@@ -66,10 +66,7 @@ def expected_default(dtype, batch):
     return "xla"
   if (dtype, batch) == PLANTED[:2]:
     return PLANTED[2]
-  for largest, path in api._FASTEST_PATHS[dtype]:  # pylint: disable=protected-access
-    if largest is None or batch <= largest:
-      return path
-  raise AssertionError("no band")
+  return api.table_path(dtype, batch, tuning.has_amx())
 
 
 def number(cell):
