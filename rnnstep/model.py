@@ -258,7 +258,9 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None):
   Only the first `steps` columns run (all T by default).
   """
   size = tf.shape(x_proj)[0]
-  steps = size if steps is None else tf.minimum(steps, size)
+  # At least one step: a TensorArray with nothing written cannot be stacked
+  # in graph mode (the extra step of a 1-character prompt is masked out).
+  steps = size if steps is None else tf.clip_by_value(steps, 1, size)
   outputs = tf.TensorArray(tf.float32, size=size, element_shape=[None, cell.units])
 
   def body(t, state, outputs):

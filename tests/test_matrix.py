@@ -35,6 +35,7 @@ from tests import numpy_reference as nr
 from tests.test_cli_common import ENV, TIMEOUT, command
 
 import rnnstep
+from rnnstep import litert
 from rnnstep import model_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,26 +145,10 @@ def call_saved_model(model, prompts, num_steps, path):
 
 
 def call_litert(model, prompts, num_steps, path):
-  """rnnstep.export_litert, run in the ai_edge_litert interpreter (no TF)."""
+  """rnnstep's LiteRT export, run in the ai_edge_litert interpreter (no TF)."""
   del path  # LiteRT has its own loop (builtin ops); float32 only.
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from ai_edge_litert import interpreter as litert  # pylint: disable=g-import-not-at-top
-  export_dir = os.path.join(tempfile.mkdtemp(prefix="litert_", dir=workdir()),
-                            "out")
-  rnnstep.export_litert(model, export_dir)
-  runner = litert.Interpreter(
-      model_path=os.path.join(export_dir, "model.tflite")).get_signature_runner(
-          "generate")
-  encoded = [model.encode(p) for p in prompts]
-  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
-  for row, e in enumerate(encoded):
-    ids[row, :len(e)] = e
-  out = runner(prompt_ids=ids,
-               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
-               num_steps=np.array(num_steps, np.int32),
-               temperature=np.array(0.0, np.float32), top_k=np.array(0, np.int32),
-               top_p=np.array(1.0, np.float32), seed=np.array(0, np.int32))
-  return [model.decode(row) for row in out["ids"]]
+  from tests import test_litert  # pylint: disable=g-import-not-at-top
+  return test_litert.run(litert.convert(model), model, prompts, num_steps)
 
 
 CALLERS = {

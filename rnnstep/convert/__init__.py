@@ -295,16 +295,22 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
   return _contained(input_path, _read_any, input_path, chars, source)
 
 
-def _read_any(input_path: str, chars: List[str], source: str
-              ) -> model_file.ModelFile:
+def _read_mapped(input_path: str, chars: List[str], source: str):
+  """Opens a weights file, maps its model, resolves the vocabulary, reads the
+  tensors; returns `(mapped, vocab, tensors)`."""
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
-    tensors = mapped.read_tensors()
+    return mapped, full_vocab, mapped.read_tensors()
   finally:
     contents.close()
+
+
+def _read_any(input_path: str, chars: List[str], source: str
+              ) -> model_file.ModelFile:
+  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
   return model_file.ModelFile(mapped.config, full_vocab, tensors)
 
@@ -345,14 +351,7 @@ def _characters(corpus, vocab) -> Tuple[List[str], str]:
 
 def _convert(input_path: str, output_path: str, chars: List[str],
              source: str) -> Summary:
-  contents = _open(input_path)
-  try:
-    mapped = mapping.map_model(contents)
-    full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
-    full_vocab = model_file.validate_vocab(full_vocab, source)
-    tensors = mapped.read_tensors()
-  finally:
-    contents.close()
+  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
   model_file.write(output_path, mapped.config, full_vocab, tensors)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
