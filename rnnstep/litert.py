@@ -38,7 +38,6 @@ loaded with dtype bfloat16/float16 is refused rather than silently changed.
 
 import json
 import os
-import shutil
 import tempfile
 
 import tensorflow as tf
@@ -47,6 +46,7 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
 from rnnstep import sampling
+from rnnstep import staging
 
 SIGNATURE = "generate"
 MODEL_FILE = "model.tflite"
@@ -195,19 +195,9 @@ def export_litert(model, export_dir) -> str:
     raise ValueError(f"{export_dir}: already exists and is not an empty "
                      "directory; choose a new one")
   flatbuffer = convert(model)
-  target = os.path.abspath(export_dir)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                         dir=os.path.dirname(target))
-  try:
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # What os.mkdir would give (mkdtemp: 0700).
+  with staging.staged_path(export_dir, directory=True) as tmp:
     with open(os.path.join(tmp, MODEL_FILE), "wb") as f:
       f.write(flatbuffer)
     with open(os.path.join(tmp, VOCAB_FILE), "w", encoding="utf-8") as f:
       json.dump(list(model.vocab), f, ensure_ascii=False)
-    os.replace(tmp, target)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return export_dir

@@ -27,13 +27,13 @@ import dataclasses
 import io
 import json
 import os
-import tempfile
 import zipfile
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from rnnstep import kinds
+from rnnstep import staging
 
 FORMAT_VERSION = 1
 UNK_TOKEN = "[UNK]"
@@ -221,27 +221,13 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
   """
   vocab = validate_vocab(list(vocab))
   arrays = validate(config, vocab, tensors)
-  path = os.fspath(path)
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=".rnnstep-", suffix=".npz.tmp", dir=directory)
-  try:
-    with os.fdopen(fd, "wb") as f:
+  with staging.staged_path(os.fspath(path), prefix=".rnnstep-") as tmp:
+    with open(tmp, "wb") as f:
       np.savez(f, format_version=np.int64(FORMAT_VERSION),
                config=np.array(config.to_json()),
                vocab=np.array(json.dumps(vocab, ensure_ascii=False)), **arrays)
       f.flush()
       os.fsync(f.fileno())
-    # mkstemp makes the file private (0600); give it the usual umask mode.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.unlink(tmp)
-    except OSError:
-      pass
-    raise
 
 
 def read(path) -> ModelFile:

@@ -44,13 +44,13 @@ import numbers
 import os
 import platform
 import statistics
-import tempfile
 import time
 from typing import Callable, Dict, Iterable, Optional
 
 import tensorflow as tf
 
 from rnnstep import paths
+from rnnstep import staging
 
 CACHE_FILE = "tuning.json"
 FORMAT = "rnnstep-tuning"
@@ -231,22 +231,12 @@ def _write(path: str, new_entries: Dict[str, dict]):
     newest = sorted(entries, key=lambda k: str(entries[k].get("measured_at")),
                     reverse=True)[:MAX_ENTRIES]
     entries = {key: entries[key] for key in newest}
-  directory = os.path.dirname(path)
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.",
-                             suffix=".tmp", dir=directory)
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with staging.staged_path(path) as tmp:
+    with open(tmp, "w", encoding="utf-8") as f:
       json.dump({"format": FORMAT, "version": VERSION, "entries": entries}, f,
                 indent=1, sort_keys=True)
       f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.unlink(tmp)
-    except OSError:
-      pass
-    raise
   _memo[path] = entries
 
 

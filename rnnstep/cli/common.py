@@ -31,10 +31,8 @@ import it inside `main` (through the lazy `rnnstep` package).
 import contextlib
 import functools
 import os
-import shutil
 import signal
 import sys
-import tempfile
 
 # Read by TensorFlow when it is first imported; an explicit setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -42,6 +40,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
+
+from rnnstep import staging  # pylint: disable=g-import-not-at-top
 
 # Flags defined by the helpers below belong to the tool that calls them (its
 # --help group), not to this module.
@@ -254,53 +254,28 @@ def atomic_output(path, flag: str = "--output"):
 
 @contextlib.contextmanager
 def staged_path(path, flag: str = "--output", *, directory: bool = False):
-  """Yields a new temp file (or empty directory) that becomes `path` on success.
+  """`staging.staged_path`, with its errors as Failures naming `flag`.
 
-  The temp `.NAME.XXXXXXXX.tmp` is created in `path`'s directory, so creating
-  it fails fast on an unwritable destination and the rename is atomic. On
-  success it gets the mode `open(path, 'w')` (or `os.mkdir(path)`) would give
-  and replaces `path` (an existing file; for a directory, nothing or an empty
-  directory). On any failure, Ctrl-C or SIGTERM it is removed. Errors are
-  Failures naming `flag`.
+  Yields a new temp file (or empty directory) that becomes `path` on success
+  and is removed on any failure, Ctrl-C or SIGTERM.
   """
-  target = os.path.abspath(path)
-  parent = os.path.dirname(target)
-  options = dict(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                 dir=parent)
+  stage = contextlib.ExitStack()
   try:
-    if directory:
-      tmp = tempfile.mkdtemp(**options)
-    else:
-      fd, tmp = tempfile.mkstemp(**options)
-      os.close(fd)
+    tmp = stage.enter_context(staging.staged_path(path, directory=directory))
   except OSError as e:
     kind = "directory" if directory else "file"
+    parent = os.path.dirname(os.path.abspath(path))
     raise Failure(f"{flag}={path}: cannot create a {kind} in {parent} "
                   f"({e.strerror or e})") from None
+  written = False
   try:
-    yield tmp
-    try:
-      os.chmod(tmp, _new_mode(target, directory))
-      os.replace(tmp, target)
-    except OSError as e:  # E.g. a directory became non-empty meanwhile.
-      raise Failure(f"{flag}={path}: {e.strerror or e}") from None
-  except BaseException:
-    with contextlib.suppress(OSError):
-      if directory:
-        shutil.rmtree(tmp)
-      else:
-        os.unlink(tmp)
-    raise
-
-
-def _new_mode(path, directory: bool) -> int:
-  """The mode a new `path` would get: the old one's, or the default & ~umask."""
-  try:
-    return os.stat(path).st_mode & 0o777
-  except OSError:
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
+    with stage:
+      yield tmp
+      written = True
+  except OSError as e:  # E.g. a directory became non-empty meanwhile.
+    if not written:
+      raise
+    raise Failure(f"{flag}={path}: {e.strerror or e}") from None
 
 
 def forbid_empty(flag_values: flags.FlagValues, *names: str):
