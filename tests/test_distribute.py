@@ -48,6 +48,22 @@ SCRIPT = textwrap.dedent("""
             assert [len(t) for t in two] == [40] * 5, (name, jit, two)
           if kwargs.get("temperature") == 0.0:
             assert two == keras_greedy, (name, jit, two, keras_greedy)
+        if name == "outside":
+          # The decoding strategies split over replicas too.
+          for kwargs in (dict(num_beams=3, num_return_sequences=2),
+                         dict(seed=3, min_p=0.05, repetition_penalty=1.3,
+                              repetition_window=8, no_repeat_ngram_size=3,
+                              return_scores=True)):
+            one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
+                                   **kwargs)
+            two = rnnstep.generate(model, prompts, 20, jit_compile=jit,
+                                   strategy=strategy, **kwargs)
+            if kwargs.get("return_scores"):  # Scores to float32 rounding.
+              (one, one_scores), (two, two_scores) = one, two
+              assert all(abs(a - b) <= 1e-4 * max(1, abs(a))
+                         for a, b in zip(one_scores, two_scores)), (
+                             one_scores, two_scores)
+            assert one == two, (jit, kwargs, one, two)
     print("replicas", strategy.num_replicas_in_sync, "ok")
 """)
 
