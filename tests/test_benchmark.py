@@ -10,6 +10,7 @@ cache (a winner planted in it) or, without one, the built-in table.
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -254,10 +255,19 @@ class QuickBenchmarkTest(unittest.TestCase):
       self.assertEqual(cells["took"], took)
       self.assertEqual(cells["from"],
                        "tuned" if (dtype, batch) == PLANTED[:2] else "table")
-      self.assertPrinted(cells["dflt/fast"], ms["default"] / ms[fastest])
-      self.assertPrinted(cells["fast/flr"], ms[fastest] / floor)
-      self.assertPrinted(cells["dflt/flr"], ms["default"] / floor)
-      self.assertEqual(result["default_over_fastest"], ms["default"] / ms[fastest])
+      # Ratios are paired: the median over rounds of each round's ratio.
+      rounds = result["round_seconds"]
+      floor_rounds = [min(x, g) for x, g in zip(rounds["floor_xla"],
+                                                 rounds["floor_graph"])]
+
+      def paired(times, reference):
+        return statistics.median(t / r for t, r in zip(times, reference))
+
+      default_over_fastest = paired(rounds["default"], rounds[fastest])
+      self.assertPrinted(cells["dflt/fast"], default_over_fastest)
+      self.assertPrinted(cells["fast/flr"], paired(rounds[fastest], floor_rounds))
+      self.assertPrinted(cells["dflt/flr"], paired(rounds["default"], floor_rounds))
+      self.assertEqual(result["default_over_fastest"], default_over_fastest)
 
   def test_decoding_ratios_are_the_medians_ratios(self):
     rows = self.results("decoding")

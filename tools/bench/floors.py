@@ -1,12 +1,18 @@
 """Section `floors`: each path and the default against the matmul floor.
 
 For each --floor_cases (dtype, batch): the floor (the faster of the XLA and the
-graph loop doing only h@R and h@W_out, `runners.Floor`), each explicit path
-(xla, graph, elementwise), the fastest of them, and the default
+graph loop doing only h@R and h@W_out, `runners.Floor`, over the steps the
+generation runs: prompt_len - 1 priming steps, then num_chars), each explicit
+path (xla, graph, elementwise), the fastest of them, and the default
 (`jit_compile=None`: the tuning cache's winner, else the built-in table), all
 timed in one set of interleaved rounds. The ratios answer the issue's
 questions directly: default / fastest (did the default pick well?), fastest /
 floor (how close is the best path to the matmuls alone?) and default / floor.
+
+The ratios are paired: each is the median over rounds of that round's ratio
+(the floor of a round being the faster of its two floors). A shared machine's
+load drifts between rounds; the jobs of one round run back to back, so the
+drift mostly cancels in a round's ratio and not in a ratio of medians.
 """
 
 import copy
@@ -35,7 +41,8 @@ def run(ctx, results_out):
                                                settings.prompt_len, settings.seed)
     for name, jit in FLOORS.items():
       jobs.append(((dtype, batch, name),
-                   runners.Floor(weights, case, jit, dtype=dtype),
+                   runners.Floor(weights, case, jit, dtype=dtype,
+                                 priming_steps=settings.prompt_len - 1),
                    (batch, settings.seed)))
     for path, jit in [*cfg.PATHS.items(), ("default", None)]:
       jobs.append(((dtype, batch, path), runners.Rnnstep(model, case, jit),
@@ -43,8 +50,8 @@ def run(ctx, results_out):
   samples, _ = timing.run_rounds(jobs, settings.rounds, "floors")
 
   print("## floors: ms per 1000 steps (median), floor = min(floor_xla, "
-        "floor_graph); fastest of the explicit paths; default = "
-        "jit_compile=None")
+        "floor_graph) over the same priming and decoding steps; fastest of the "
+        "explicit paths; default = jit_compile=None; ratios paired by round")
   header = (f"{'dtype':<9} {'batch':>5} {'chars':>5} {'floor_xla':>10} "
             f"{'floor_graph':>11} {'floor':>9} "
             + " ".join(f"{p:>11}" for p in cfg.PATHS)
@@ -62,9 +69,11 @@ def run(ctx, results_out):
     model = weights.rnnstep_model(dtype)
     took = api.default_path(model, batch)
     source = "tuned" if tuning.cached_path(model, batch) else "table"
-    ratios = {"default_over_fastest": ms["default"] / ms[fastest],
-              "fastest_over_floor": ms[fastest] / floor,
-              "default_over_floor": ms["default"] / floor}
+    rounds = {name: samples[(dtype, batch, name)] for name in ms}
+    floor_rounds = [min(pair) for pair in zip(*(rounds[f] for f in FLOORS))]
+    ratios = {"default_over_fastest": paired(rounds["default"], rounds[fastest]),
+              "fastest_over_floor": paired(rounds[fastest], floor_rounds),
+              "default_over_floor": paired(rounds["default"], floor_rounds)}
     print(f"{dtype:<9} {batch:>5} {num_chars:>5} {ms['floor_xla']:>10.1f} "
           f"{ms['floor_graph']:>11.1f} {floor:>9.1f} "
           + " ".join(f"{ms[p]:>11.1f}" for p in cfg.PATHS)
@@ -77,15 +86,19 @@ def run(ctx, results_out):
         "num_chars": num_chars, "ms_per_1000_steps": ms, "floor": floor,
         "fastest": fastest, "default_path": took, "default_from": source,
         **ratios,
-        "round_seconds": {name: samples[(dtype, batch, name)]
-                          for name in ms}})
+        "round_seconds": rounds})
   print()
   print("took: the path jit_compile=None ran, from the tuning cache "
         "(rnnstep-tune) or the built-in table; dflt/fast = default / fastest "
         "(near 1 when the default took the fastest path: the two are timed "
         "separately, so noise shows here), fast/flr = fastest / floor, "
-        "dflt/flr = default / floor")
+        "dflt/flr = default / floor; each the median of the rounds' ratios")
   print()
+
+
+def paired(times, reference_times):
+  """The median over rounds of times[r] / reference_times[r]."""
+  return statistics.median(t / r for t, r in zip(times, reference_times))
 
 
 def tune(ctx, results_out):

@@ -43,9 +43,11 @@ def run(ctx, results_out):
       loops[v] = runners.Rnnstep(model, settings,
                                  jit_compile="elementwise")
     elif v == "floor":
-      loops[v] = runners.Floor(weights, settings, jit_compile=True)
+      loops[v] = runners.Floor(weights, settings, jit_compile=True,
+                               priming_steps=settings.prompt_len - 1)
     elif v == "floor_graph":
-      loops[v] = runners.Floor(weights, settings, jit_compile=False)
+      loops[v] = runners.Floor(weights, settings, jit_compile=False,
+                               priming_steps=settings.prompt_len - 1)
     elif v == "torch_gru":
       loops[v] = torch_loops.TorchGRU(torch, torch_model, settings)
     elif v == "torch_fused":
@@ -116,8 +118,9 @@ def run(ctx, results_out):
   for v, steps in scaled:
     print(f"* {v} ran {steps:.0f} of {settings.num_chars} steps per round; "
           f"its time is scaled to {settings.num_chars} (prompt cost included once)")
-  print("x floor: time / the (XLA) floor's time at the same batch; x best: / the "
-        "faster of floor and floor_graph; spread%: (max - min) / median over rounds")
+  print("x floor: time / the (XLA) floor's time at the same batch (the floors "
+        "run the prompt's priming steps too); x best: / the faster of floor and "
+        "floor_graph; spread%: (max - min) / median over rounds")
   print()
 
   print("## speed-ups of rnnstep (same batch; > 1 means rnnstep is faster)")
