@@ -176,11 +176,17 @@ def _scale(logits: tf.Tensor, params: Params, parts: Active, banned):
   return scaled if banned is None else scaled + banned
 
 
-def _draw(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-  """One Gumbel-max draw from softmax(scaled) per row."""
+def _perturbed(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+  """scaled + Gumbel noise: its argmax is one draw from softmax(scaled)."""
   gumbel = -tf.math.log(-tf.math.log(
       uniform_noise(keys, step, scaled.shape[-1])))
-  return tf.argmax(scaled + gumbel, axis=-1, output_type=tf.int32)
+  return scaled + gumbel
+
+
+def _draw(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+  """One Gumbel-max draw from softmax(scaled) per row."""
+  return tf.argmax(_perturbed(scaled, keys, step), axis=-1,
+                   output_type=tf.int32)
 
 
 def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
@@ -234,6 +240,8 @@ def plain_next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
   """
   if banned is not None:
     logits = logits + banned
-  greedy = tf.argmax(logits, axis=-1, output_type=tf.int32)
-  drawn = _draw(_scale(logits, params, parts, banned), keys, step)
-  return tf.where(parts.sampled_rows, drawn, greedy)
+  perturbed = _perturbed(_scale(logits, params, parts, banned), keys, step)
+  # One argmax over each row's own scores (a greedy row's are its logits), not
+  # two argmaxes and a select: under XLA one reduction is one kernel a step.
+  return tf.argmax(tf.where(parts.sampled_rows[:, None], perturbed, logits),
+                   axis=-1, output_type=tf.int32)
