@@ -51,21 +51,33 @@ LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 LEGACY_PROTOCOL = 1001
 LEGACY_HEADER = b"\x80\x02\x8a\x0a" + LEGACY_MAGIC.to_bytes(10, "little")
 
-# Storage classes: (dtype name, numpy dtype code, bytes per element).
-_STORAGES = {
-    "FloatStorage": ("float32", "f4", 4), "DoubleStorage": ("float64", "f8", 8),
-    "HalfStorage": ("float16", "f2", 2), "BFloat16Storage": ("bfloat16", "u2", 2),
-    "LongStorage": ("int64", "i8", 8), "IntStorage": ("int32", "i4", 4),
-    "ShortStorage": ("int16", "i2", 2), "CharStorage": ("int8", "i1", 1),
-    "ByteStorage": ("uint8", "u1", 1), "BoolStorage": ("bool", "u1", 1),
+# Each element type once: its numpy type code (read little-endian; bfloat16 as
+# raw uint16) and its size in bytes.
+_ELEMENTS = {
+    "float32": ("f4", 4), "float64": ("f8", 8), "float16": ("f2", 2),
+    "bfloat16": ("u2", 2), "int64": ("i8", 8), "int32": ("i4", 4),
+    "int16": ("i2", 2), "int8": ("i1", 1), "uint8": ("u1", 1),
+    "bool": ("u1", 1),
 }
-_SAFETENSORS_DTYPES = {
-    "F32": ("float32", "f4", 4), "F64": ("float64", "f8", 8),
-    "F16": ("float16", "f2", 2), "BF16": ("bfloat16", "u2", 2),
-    "I64": ("int64", "i8", 8), "I32": ("int32", "i4", 4),
-    "I16": ("int16", "i2", 2), "I8": ("int8", "i1", 1),
-    "U8": ("uint8", "u1", 1), "BOOL": ("bool", "u1", 1),
-}
+
+
+def _named(names):
+  """{file's name: (dtype, code, itemsize)} for {file's name: dtype}."""
+  return {name: (dtype, *_ELEMENTS[dtype]) for name, dtype in names.items()}
+
+
+# The same element types by torch's storage class names and safetensors' names.
+_STORAGES = _named({
+    "FloatStorage": "float32", "DoubleStorage": "float64",
+    "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool",
+})
+_SAFETENSORS_DTYPES = _named({
+    "F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U8": "uint8", "BOOL": "bool",
+})
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 _KEY = re.compile(r"[0-9A-Za-z_.-]{1,64}")
 
