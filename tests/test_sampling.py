@@ -14,6 +14,7 @@ from tests import numpy_reference as nr
 
 import rnnstep
 from rnnstep import model_file
+from rnnstep import sampling
 
 PATHS = (False, True, "elementwise")
 LAYERS = [kr.layer("gru", 24)]
@@ -168,6 +169,27 @@ class MixedRowsTest(tf.test.TestCase, parameterized.TestCase):
 
 
 _SETTING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+class FirstMaxIndexTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(("eager", None), ("graph", False),
+                                  ("xla", True))
+  def test_is_numpys_argmax_ties_and_infinities_included(self, jit):
+    rng = np.random.default_rng(5)
+    scores = rng.normal(size=[64, 65]).astype(np.float32)
+    scores[:16] = np.round(scores[:16])  # Many ties: the first one wins.
+    scores[16:20, :30] = -np.inf
+    scores[20, :] = -np.inf
+    scores[20, 64] = 0.0
+    scores[21, 7] = np.inf
+    scores[21, 9] = np.inf
+    fn = sampling.first_max_index
+    if jit is not None:
+      fn = tf.function(fn, jit_compile=jit, autograph=False)
+    got = fn(tf.constant(scores)).numpy()
+    self.assertEqual(got.dtype, np.int32)
+    np.testing.assert_array_equal(got, np.argmax(scores, axis=-1))
 
 
 class BadValueTest(tf.test.TestCase, parameterized.TestCase):
