@@ -18,11 +18,13 @@ Reduced precision: with `compute_dtype` bfloat16 or float16 the matmul operands
 are cast to it and the products come back as float32; states, gates and biases
 stay float32.
 
-Each `step` is matmuls plus pure elementwise functions (`_gates...` below).
-With `compile_elementwise=True` those functions run as small XLA programs
-while the matmuls stay TensorFlow ops: that keeps TF's oneDNN matmuls (which
-use AMX for bfloat16; XLA's CPU backend does not) and still fuses the gate math
-into one pass instead of a dozen graph ops (see `generator.ELEMENTWISE`).
+Each `step` is matmuls plus pure elementwise functions: for most cells one
+product `recurrent_product(h)` and then `gate_math` (GRU with
+reset_after=False has two of each). With `compile_elementwise=True` those
+functions run as small XLA programs while the matmuls stay TensorFlow ops:
+that keeps TF's oneDNN matmuls (which use AMX for bfloat16; XLA's CPU backend
+does not) and still fuses the gate math into one pass instead of a dozen graph
+ops (see `paths.ELEMENTWISE`).
 """
 
 from typing import NamedTuple, Tuple
@@ -62,6 +64,11 @@ class Cell:
 
   units: int
   state_size: Tuple[int, ...]
+  # Whether a step is one product of h (`recurrent_product`) followed by
+  # elementwise math only (`gate_math`): the elementwise path then compiles
+  # that math together with the choice of the id the step consumes (see
+  # `generator.py`). GRU with reset_after=False multiplies twice.
+  fusable = True
 
   def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
                compile_elementwise=False):
@@ -98,7 +105,22 @@ class Cell:
       state: the previous state, a tuple of `[B, units]` tensors.
 
     Returns:
-      `(output [B, units], new_state)`.
+      `(output [B, units], new_state)`; the output is the new state's h.
+    """
+    new_state = self._update(x_proj, self.recurrent_product(state[0]), state)
+    return new_state[0], new_state
+
+  def recurrent_product(self, h: tf.Tensor) -> tf.Tensor:
+    """`h @ recurrent_kernel` in the compute dtype (h may be cast already)."""
+    return self._product(h, self.recurrent_kernel)
+
+  def gate_math(self, x_proj, h_proj: tf.Tensor, state: State) -> State:
+    """The elementwise rest of a fusable step: the new state.
+
+    Args:
+      x_proj: as for `step`.
+      h_proj: `recurrent_product(state[0])`.
+      state: the previous state.
     """
     raise NotImplementedError
 
@@ -160,35 +182,37 @@ class GRUCell(Cell):
       self.input_bias = bias[0] + tf.concat([bias[1, :2 * units],
                                              tf.zeros([units])], 0)
       self.candidate_bias = bias[1, 2 * units:]
-      self._update = self._elementwise(self._gates_reset_after)
+      self._update = self._elementwise(self.gate_math)
     else:
+      self.fusable = False
       self.input_bias = bias
       self.recurrent_gates = self.recurrent_kernel[:, :2 * units]
       self.recurrent_candidate = self.recurrent_kernel[:, 2 * units:]
       self._reset = self._elementwise(self._gates_z_and_reset_h)
-      self._update = self._elementwise(self._gates_candidate)
+      self._candidate = self._elementwise(self._gates_candidate)
 
   def step(self, x_proj, state):
-    (h,) = state
     if self.reset_after:
-      h_new = self._update(x_proj, self._product(h, self.recurrent_kernel), h)
-    else:
-      x_proj = _rows(x_proj)  # Used by both functions: gathered once.
-      z, reset_h = self._reset(x_proj, self._product(h, self.recurrent_gates), h)
-      h_new = self._update(
-          x_proj, self._product(reset_h, self.recurrent_candidate), z, h)
+      return super().step(x_proj, state)
+    (h,) = state
+    x_proj = _rows(x_proj)  # Used by both functions: gathered once.
+    z, reset_h = self._reset(x_proj, self._product(h, self.recurrent_gates), h)
+    h_new = self._candidate(
+        x_proj, self._product(reset_h, self.recurrent_candidate), z, h)
     return h_new, (h_new,)
 
   # The elementwise parts (see the class docstring for the equations).
 
-  def _gates_reset_after(self, x_proj, h_proj, h):
+  def gate_math(self, x_proj, h_proj, state):
+    """reset_after=True only."""
     units = self.units
+    (h,) = state
     x_proj, h_proj = _rows(x_proj), _float32(h_proj)
     zr = tf.sigmoid(x_proj[:, :2 * units] + h_proj[:, :2 * units])
     z, r = zr[:, :units], zr[:, units:]
     n = tf.tanh(x_proj[:, 2 * units:]
                 + r * (h_proj[:, 2 * units:] + self.candidate_bias))
-    return z * h + (1.0 - z) * n
+    return (z * h + (1.0 - z) * n,)
 
   def _gates_z_and_reset_h(self, x_proj, h_proj_gates, h):
     units = self.units
@@ -216,16 +240,11 @@ class LSTMCell(Cell):
     super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
     self.state_size = (self.units, self.units)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
-    self._update = self._elementwise(self._gates)
+    self._update = self._elementwise(self.gate_math)
 
-  def step(self, x_proj, state):
-    h, c = state
-    h_new, c_new = self._update(
-        x_proj, self._product(h, self.recurrent_kernel), c)
-    return h_new, (h_new, c_new)
-
-  def _gates(self, x_proj, h_proj, c):
+  def gate_math(self, x_proj, h_proj, state):
     units = self.units
+    _, c = state
     gates = _rows(x_proj) + _float32(h_proj)
     # One sigmoid over all four blocks (the c block's is unused) costs fewer ops
     # than gathering the three gate blocks first.
@@ -243,16 +262,11 @@ class SimpleRNNCell(Cell):
     super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
     self.state_size = (self.units,)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
-    self._update = self._elementwise(self._gates)
+    self._update = self._elementwise(self.gate_math)
 
-  def step(self, x_proj, state):
-    (h,) = state
-    h_new = self._update(x_proj, self._product(h, self.recurrent_kernel))
-    return h_new, (h_new,)
-
-  @staticmethod
-  def _gates(x_proj, h_proj):
-    return tf.tanh(_rows(x_proj) + _float32(h_proj))
+  def gate_math(self, x_proj, h_proj, state):
+    del state  # h enters only through h_proj.
+    return (tf.tanh(_rows(x_proj) + _float32(h_proj)),)
 
 
 # How many [B, units] tensors each kind's state holds: (h,) or (h, c).

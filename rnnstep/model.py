@@ -179,8 +179,16 @@ class Network:
 
   def logits(self, outputs: tf.Tensor) -> tf.Tensor:
     """The Dense layer on top-layer outputs `[..., U]` -> logits `[..., V]`."""
+    return self.logits_of_product(self.output_product(outputs))
+
+  def output_product(self, outputs: tf.Tensor) -> tf.Tensor:
+    """`outputs @ dense_kernel` in the compute dtype: the logits before bias."""
     return cells_lib._matmul(outputs, self.dense_kernel,  # pylint: disable=protected-access
-                             self.dense_kernel.dtype) + self.dense_bias
+                             self.dense_kernel.dtype, float32_result=False)
+
+  def logits_of_product(self, product: tf.Tensor) -> tf.Tensor:
+    """Logits from `output_product`'s result (widened, plus the bias)."""
+    return tf.cast(product, tf.float32) + self.dense_bias
 
   def first_projection(self, ids: tf.Tensor) -> tf.Tensor:
     """Layer 0's input projection for ids `[B]`: rows of `input_table`."""
@@ -206,11 +214,22 @@ class Network:
     Returns:
       `(top_output [B, U_last], new_state)`.
     """
-    new_state = []
-    for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
-      if i:
-        x_proj = cell.project_inputs(output)
-      output, layer_state = cell.step(x_proj, layer_state)
+    output, first = self.cells[0].step(x_proj, state[0])
+    return self.advance_above(output, (first,) + tuple(state[1:]))
+
+  def advance_above(self, output: tf.Tensor, state: StackState):
+    """The rest of a timestep once layer 0 has stepped.
+
+    Args:
+      output: layer 0's new output `[B, U_0]`.
+      state: layer 0's new state, then the other layers' previous states.
+
+    Returns:
+      `(top_output [B, U_last], new_state)`.
+    """
+    new_state = [state[0]]
+    for cell, layer_state in zip(self.cells[1:], state[1:]):
+      output, layer_state = cell.step(cell.project_inputs(output), layer_state)
       new_state.append(layer_state)
     return output, tuple(new_state)
 

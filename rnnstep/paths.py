@@ -4,9 +4,9 @@
     step; XLA's float32 dots are as fast as TF's on most CPUs).
   - "graph": a plain TensorFlow graph, no XLA anywhere.
   - "elementwise": a TensorFlow graph loop whose matmuls are TF (oneDNN) ops,
-    with each cell's gate math and the sampling/stopping tail compiled by XLA
-    as small programs (oneDNN runs bfloat16 matmuls on AMX; XLA's CPU backend
-    does not).
+    with the rest of a step (sampling, stopping, layer 0's gate math; each
+    further layer's gate math) compiled by XLA as small programs (oneDNN runs
+    bfloat16 matmuls on AMX; XLA's CPU backend does not).
   - "auto": the library picks one of the three for the model's dtype and the
     batch size (`rnnstep.api.default_path`).
 

@@ -211,6 +211,26 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
                                  top_k=10, jit_compile=jit))
     self.assertEqual("".join(pieces), whole[0])
 
+  @parameterized.named_parameters(*[(n, n) for n in STACKS])
+  def test_elementwise_chunks_join_to_the_xla_text(self, name):
+    # The elementwise loop chooses before it consumes (its carry's state has
+    # consumed the last id): with a first layer it fuses (GRU reset_after,
+    # LSTM, SimpleRNN) or steps after the call (GRU reset_after=False), and
+    # with layers above, chunks of 1 and 7 steps join to the one-shot text of
+    # the loop that consumes first.
+    _, model = models(name)
+    prompts = ["ABC", "HELLO THERE", "Q"]
+    want = rnnstep.generate(model, prompts, 30, seed=9, temperature=0.8,
+                            jit_compile=True)
+    self.assertEqual(rnnstep.generate(model, prompts, 30, seed=9,
+                                      temperature=0.8,
+                                      jit_compile="elementwise"), want)
+    for chunk_size in (1, 7):
+      chunks = list(rnnstep.stream(model, prompts, 30, chunk_size=chunk_size,
+                                   seed=9, temperature=0.8,
+                                   jit_compile="elementwise"))
+      self.assertEqual(["".join(c[i] for c in chunks) for i in range(3)], want)
+
   @parameterized.parameters(*PATHS)
   def test_stop_strings(self, jit):
     _, model = models("gru_reset_after")
