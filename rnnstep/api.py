@@ -34,7 +34,9 @@ BUNDLED_MODEL = "shakespeare.npz"
 #     float32/float16 at 17-48 rows (up to 1.24x), and has no AMX path for
 #     bfloat16, where TF's oneDNN matmul is 2-3x faster;
 #   - without AMX (a 2-core AMD EPYC Zen 4, AVX512-BF16): XLA is the fastest
-#     float32 path at every batch it runs unpadded; bfloat16 as with AMX.
+#     float32 path at every batch it runs unpadded but 33-64 rows, where the
+#     elementwise path's oneDNN matmul wins by 3-5% (its one XLA call a step,
+#     2026-12); bfloat16 as with AMX.
 _XLA, _ELEMENTWISE = paths.XLA, paths.ELEMENTWISE
 _FASTEST_PATHS = {
     "float32": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
@@ -42,7 +44,7 @@ _FASTEST_PATHS = {
     "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
 }
 _FASTEST_PATHS_WITHOUT_AMX = {
-    "float32": ((None, _XLA),),
+    "float32": ((32, _XLA), (64, _ELEMENTWISE), (None, _XLA)),
     "float16": ((None, _XLA),),
     "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
 }
