@@ -128,7 +128,10 @@ class Carry(NamedTuple):
 
   Attributes:
     state: the recurrent state, one tuple of `[B, U]` tensors per layer.
-    last_ids: int32 `[B]`, each row's last id (the next step's input).
+      On the xla and graph paths it has not yet consumed `last_ids`; on the
+      elementwise path it has (`Generator._choose_then_consume`): a carry
+      continues only on the path that made it.
+    last_ids: int32 `[B]`, each row's last id.
     stop_state: int32 `[B]`, each row's stop-automaton state.
     done: bool `[B]`, rows that have met a stop string.
     step: int32 `[]`, the global step the continuation starts at.
