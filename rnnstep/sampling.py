@@ -183,7 +183,8 @@ def first_max_index(scores: tf.Tensor) -> tf.Tensor:
   `tf.argmax` (one reduction over value-index pairs) as scalar code with the
   sampling noise fused into it, but these two plain reductions vectorized
   (measured at batch 256 over 65 ids: 169 -> 51 us a step with the noise, 28
-  -> 12 without). A row without a maximum (NaN) gets the last index.
+  -> 12 without; at batch 1 in an XLA loop 1.06 -> 0.30 us). A row without a
+  maximum (NaN) gets the last index.
 
   Args:
     scores: float32 `[B, V]`.
