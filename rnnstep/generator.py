@@ -304,14 +304,14 @@ class Generator(tf.Module):
     compute_dtype = first_cell.compute_dtype
     batch = tf.shape(carry.last_ids)[0]
 
-    # Whether the compiled call returns h cast for the next matmuls. In
-    # float32 it returns nothing more than the state: one tensor returned
-    # twice is copied by XLA (4% of a float32 step at batch 64, measured).
+    # In reduced precision the compiled call also returns layer 0's h cast
+    # for the next step's matmuls, carried as `h_cast` (an empty tuple
+    # otherwise: in float32 h is the state's own tensor, and a tensor
+    # returned twice is copied by XLA, 4% of a float32 step at batch 64).
     casts = first_cell.fusable and compute_dtype != tf.float32
 
-    def matmul_operand(first_state):
-      h = first_state[0]
-      return tf.cast(h, compute_dtype) if casts else h
+    def cast_h(first_state):
+      return (tf.cast(first_state[0], compute_dtype),) if casts else ()
 
     @functools.partial(tf.function, jit_compile=True, autograph=False)
     def choose_and_consume(output_product, h_proj, first_state, t, stop_state,
@@ -321,40 +321,39 @@ class Generator(tf.Module):
           lengths, history, scores)
       if first_cell.fusable:
         first_state = first_cell.gate_math(x_proj, h_proj, first_state)
-        consumed = matmul_operand(first_state) if casts else None
-      else:  # Two products a step: layer 0 steps after this call.
-        consumed = x_proj
-      return (chosen, consumed, first_state, stop_state, done, lengths,
-              history, scores, tf.logical_not(tf.reduce_all(done)))
+        x_proj = None  # Consumed here.
+      # else two products a step: layer 0 steps after this call, on x_proj.
+      return (chosen, x_proj, first_state, cast_h(first_state), stop_state,
+              done, lengths, history, scores,
+              tf.logical_not(tf.reduce_all(done)))
 
-    def cond(t, state, h_first, last_ids, stop_state, done, lengths, history,
+    def cond(t, state, h_cast, last_ids, stop_state, done, lengths, history,
              scores, running, ids):
-      del state, h_first, last_ids, stop_state, done, lengths, history
+      del state, h_cast, last_ids, stop_state, done, lengths, history
       del scores, ids
       return (t < num_steps) & running
 
-    def body(t, state, h_first, last_ids, stop_state, done, lengths, history,
+    def body(t, state, h_cast, last_ids, stop_state, done, lengths, history,
              scores, running, ids):
       del last_ids, running
+      h_first = h_cast[0] if casts else state[0][0]
       top = h_first if len(network.cells) == 1 else state[-1][0]
       h_proj = (first_cell.recurrent_product(h_first) if first_cell.fusable
                 else None)
-      (chosen, consumed, first_state, stop_state, done, lengths, history,
+      (chosen, x_proj, first_state, h_cast, stop_state, done, lengths, history,
        scores, running) = choose_and_consume(
            network.output_product(top), h_proj, state[0], t, stop_state,
            done, lengths, history, scores)
       if not first_cell.fusable:
-        _, first_state = first_cell.step(consumed, first_state)
-      if not casts:
-        consumed = matmul_operand(first_state)
+        _, first_state = first_cell.step(x_proj, first_state)
       _, state = network.advance_above(first_state[0],
                                        (first_state,) + tuple(state[1:]))
-      return (t + 1, state, consumed, chosen, stop_state, done, lengths,
+      return (t + 1, state, h_cast, chosen, stop_state, done, lengths,
               history, scores, running, ids.write(t, chosen))
 
     (steps, state, _, last_ids, stop_state, done, lengths, history, scores, _,
      ids) = tf.while_loop(cond, body, (
-         tf.constant(0), carry.state, matmul_operand(carry.state[0]),
+         tf.constant(0), carry.state, cast_h(carry.state[0]),
          carry.last_ids, carry.stop_state, carry.done,
          tf.zeros([batch], tf.int32), carry.history, carry.scores,
          tf.logical_not(tf.reduce_all(carry.done)), ids))
