@@ -237,7 +237,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 
   `temperature`, `top_k`, `top_p`, `min_p` and `repetition_penalty` each take
   one value, or a list with one value per prompt. A row's text depends only on
-  its own prompt, settings and seed.
+  its own prompt, settings and seed (its logits to float32 rounding: the
+  batch size chooses the matmul kernel; README "Reproducibility").
 
   Returns:
     The continuations only: a str for a str prompt, else a list of str. With

@@ -142,3 +142,36 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
       finished.append((normalized(score, len(ids)), score, raw, ids))
   finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
   return [(ids, score, raw) for _, score, raw, ids in finished]
+
+
+# -- the sampling noise, from its spec (sampling.py's module docstring) -------
+_MASK32 = 0xFFFFFFFF
+
+
+def _fmix32(x):
+  """MurmurHash3's finalizer on uint32 values, in Python integers."""
+  x = np.asarray(x, np.uint64) & _MASK32
+  x ^= x >> 16
+  x = (x * 0x85EBCA6B) & _MASK32
+  x ^= x >> 13
+  x = (x * 0xC2B2AE35) & _MASK32
+  return x ^ (x >> 16)
+
+
+def row_key(seed, index):
+  """A row's noise key for (seed, index): the low and high words of the 64-bit
+  seed, then the index, each xor-ed in and mixed."""
+  low, high = int(seed) & _MASK32, (int(seed) >> 32) & _MASK32
+  key = _fmix32(low ^ 0x9E3779B9)
+  key = _fmix32(key ^ high)
+  return int(_fmix32(key ^ (int(index) & _MASK32)))
+
+
+def gumbel_noise(key, step, vocab_size):
+  """The Gumbel noise a row with `key` adds to its scaled logits at `step`."""
+  step_key = _fmix32(key ^ _fmix32((int(step) + 0x632BE5AB) & _MASK32))
+  salt = (np.arange(vocab_size, dtype=np.uint64) * 0x27D4EB2F
+          + 0x165667B1) & _MASK32
+  bits = _fmix32(step_key ^ salt)
+  uniform = ((bits >> 8).astype(np.float64) + 0.5) / (1 << 24)
+  return -np.log(-np.log(uniform))

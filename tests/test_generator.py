@@ -6,8 +6,10 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from tests import decoding_reference as dr
 from tests import keras_reference as kr
 from tests import numpy_reference as nr
+from tests import row_contract
 
 import rnnstep
 from rnnstep import api
@@ -85,21 +87,44 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class BatchTest(tf.test.TestCase, parameterized.TestCase):
+  """The batch contract (README "Reproducibility", tests/row_contract.py)."""
+
+  PROMPTS = ["A", "THE QUICK BROWN FOX", "HELLO, ", "Z" * 40, "KING RICHARD"]
+  SEEDS = [11, 22, 33, 44, 55]
+  TEMPERATURES = [0.0, 1.0, 0.0, 1.0, 0.8]  # Greedy and sampled rows.
 
   @parameterized.parameters(*PATHS)
-  def test_mixed_length_batch_equals_each_alone(self, jit):
+  def test_the_same_request_gives_the_same_bits(self, jit):
     _, model = models("lstm_then_gru")
-    prompts = ["A", "THE QUICK BROWN FOX", "HELLO, ", "Z" * 40]
-    batch = rnnstep.generate(model, prompts, 60, temperature=0.0, jit_compile=jit)
-    for prompt, text in zip(prompts, batch):
-      self.assertEqual(rnnstep.generate(model, prompt, 60, temperature=0.0,
-                                        jit_compile=jit), text)
-    # Sampled rows reproduce alone under their own per-row seed.
-    seeds = [11, 22, 33, 44]
-    sampled = rnnstep.generate(model, prompts, 60, seed=seeds, jit_compile=jit)
-    for prompt, seed, text in zip(prompts, seeds, sampled):
-      self.assertEqual(rnnstep.generate(model, [prompt], 60, seed=[seed],
-                                        jit_compile=jit)[0], text)
+    runs = [rnnstep.generate(model, self.PROMPTS, 40, seed=9,
+                             temperature=self.TEMPERATURES,
+                             return_scores=True, jit_compile=jit)
+            for _ in range(2)]
+    self.assertEqual(runs[0], runs[1])  # Texts, and scores as exact floats.
+
+  @parameterized.parameters(*PATHS)
+  def test_each_row_alone_gives_its_text_but_at_a_near_tie(self, jit):
+    keras_model, model = models("lstm_then_gru")
+    layers = STACKS["lstm_then_gru"]
+    reference = nr.Reference(kr.weights_of(keras_model, layers), layers)
+    batch = rnnstep.generate(model, self.PROMPTS, 40, seed=self.SEEDS,
+                             temperature=self.TEMPERATURES, jit_compile=jit)
+    for prompt, seed, temperature, text in zip(
+        self.PROMPTS, self.SEEDS, self.TEMPERATURES, batch):
+      alone = rnnstep.generate(model, [prompt], 40, seed=[seed],
+                               temperature=temperature, jit_compile=jit)[0]
+      row_contract.assert_same_or_near_tie(
+          reference, model.encode(prompt), model.encode(text),
+          model.encode(alone), temperature=temperature,
+          key=dr.row_key(seed, 0), message=(jit, prompt, temperature))
+
+  def test_a_row_s_logits_equal_it_alone_to_float32_rounding(self):
+    _, model = models("lstm_then_gru")
+    ids = np.random.default_rng(4).integers(0, 65, [7, 50]).astype(np.int32)
+    batch = rnnstep.logits(model, ids)
+    for row in range(len(ids)):
+      self.assertAllClose(batch[row], rnnstep.logits(model, ids[row])[0],
+                          atol=1e-5, rtol=0)
 
   def test_paths_agree_when_sampling(self):
     _, model = models("gru_reset_after")
