@@ -10,19 +10,18 @@ compiled or allocated; the compiled work lives in `generator.py`.
 
 import functools
 import importlib.resources
-import math
-import numbers
 import os
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import errors
 from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
+from rnnstep import options as options_lib
 from rnnstep import paths
 from rnnstep import request as request_lib
-from rnnstep import sampling
 from rnnstep import tuning
 
 BUNDLED_MODEL = "shakespeare.npz"
@@ -148,7 +147,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
           "rnnstep or pass a model file path")
   path = os.fspath(path)
   if dtype not in model_lib.DTYPES:
-    raise ValueError(f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
+    raise errors.ArgumentError(
+        "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
   return model_lib.from_file(
       convert_lib.read_any(path, corpus=corpus, vocab=vocab), dtype=dtype,
       source=path)
@@ -171,53 +171,46 @@ def logits(model: model_lib.Model, ids) -> np.ndarray:
   if array.ndim == 1:
     array = array[None, :]
   if array.ndim != 2 or array.size == 0:
-    raise ValueError(f"ids must be a non-empty [batch, time] array, got shape "
-                     f"{array.shape}")
+    raise errors.ArgumentError(
+        "ids", f"ids must be a non-empty [batch, time] array, got shape "
+        f"{array.shape}")
   if array.dtype.kind not in "iu":
-    raise ValueError(f"ids must be integers, got dtype {array.dtype}")
+    raise errors.ArgumentError(
+        "ids", f"ids must be integers, got dtype {array.dtype}")
   if array.min() < 0 or array.max() >= model.vocab_size:
-    raise ValueError(f"ids must lie in [0, {model.vocab_size}), got values from "
-                     f"{array.min()} to {array.max()}")
+    raise errors.ArgumentError(
+        "ids", f"ids must lie in [0, {model.vocab_size}), got values from "
+        f"{array.min()} to {array.max()}")
   return model.score(array.astype(np.int32)).numpy()
 
 
-PerRow = Union[float, Sequence[float]]
+def _options_doc(streams: bool) -> str:
+  """The decoding options' part of `generate`'s / `stream`'s docstring."""
+  lines = []
+  for option in options_lib.OPTIONS:
+    if streams and not option.streams:
+      continue
+    kind = "one value or one per prompt" if option.per_row else "one value"
+    lines.append(f"    {option.name}: {option.doc} Default {option.default!r}; "
+                 f"{kind}.")
+  return "\n".join(lines)
 
 
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
-             temperature: PerRow = 1.0, top_k: PerRow = 0, top_p: PerRow = 1.0,
-             min_p: PerRow = 0.0, repetition_penalty: PerRow = 1.0,
-             repetition_window: int = 0, no_repeat_ngram_size: int = 0,
-             num_beams: int = 1, length_penalty: float = 1.0,
-             num_return_sequences: int = 1, seed=None,
-             stop: Union[None, str, Sequence[str]] = None,
+             seed=None, stop: Union[None, str, Sequence[str]] = None,
              return_scores: bool = False,
-             jit_compile: Union[None, bool, str] = None, strategy=None):
+             jit_compile: Union[None, bool, str] = None, strategy=None,
+             **decoding):
   """Generates continuations of one prompt or a batch, in one device call.
 
   Per step (as HF `generate`): `[UNK]` ban -> repetition penalty -> n-gram ban
-  -> temperature -> top-k -> top-p -> min-p -> draw.
+  -> temperature -> top-k -> top-p -> min-p -> typical-p -> draw. The decoding
+  options are keyword arguments declared in `rnnstep.options` (listed below).
 
   Args:
     model: the Model.
     prompts: a str, or a list of str (any lengths; generated as one batch).
     num_steps: characters to generate per prompt (0 gives empty strings).
-    temperature: 0 is greedy argmax; otherwise logits are divided by it.
-    top_k: keep the k most likely ids (0 = off).
-    top_p: nucleus sampling mass in (0, 1] (1 = off).
-    min_p: keep ids whose probability (after temperature) is at least min_p
-      times the largest, in [0, 1] (0 = off).
-    repetition_penalty: θ > 0 (1 = off): for each distinct id among the last
-      `repetition_window` ids of prompt + continuation, its logit is divided
-      by θ if positive, else multiplied by θ (the CTRL/HF rule).
-    repetition_window: how many ids the penalty looks back over (0 = all).
-    no_repeat_ngram_size: n > 0 bans any id that would complete an n-gram
-      already in prompt + continuation (0 = off).
-    num_beams: k > 1 runs beam search of width k (deterministic: temperature,
-      top_k, top_p, min_p and seed do not apply).
-    length_penalty: with beams and stop strings, finished hypotheses rank by
-      score / length**length_penalty.
-    num_return_sequences: with beams, return the r <= k best per prompt.
     seed: None (fresh randomness), an int (row i uses (seed, i): same seed, same
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
@@ -234,11 +227,12 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       replicas, each running the same compiled loop; results come back in
       order and equal the single-device text. A model loaded outside
       `strategy.scope()` is copied to every replica once (and the copy kept).
+    **decoding: the decoding options:
+{options}
 
-  `temperature`, `top_k`, `top_p`, `min_p` and `repetition_penalty` each take
-  one value, or a list with one value per prompt. A row's text depends only on
-  its own prompt, settings and seed (its logits to float32 rounding: the
-  batch size chooses the matmul kernel; README "Reproducibility").
+  A row's text depends only on its own prompt, settings and seed (its logits
+  to float32 rounding: the batch size chooses the matmul kernel; README
+  "Reproducibility").
 
   Returns:
     The continuations only: a str for a str prompt, else a list of str. With
@@ -247,14 +241,15 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     nested as the texts.
 
   Raises:
-    ValueError: a bad argument, an unusable prompt (empty, unknown character),
-      or an output too large for memory (refused before allocating).
+    errors.ArgumentError (a ValueError): a bad argument, naming it; an
+      unusable prompt (empty, unknown character).
+    ValueError: an output too large for memory (refused before allocating).
+    TypeError: an unknown keyword argument.
   """
-  # Every keyword argument but the last two describes the generation itself.
-  arguments = dict(locals())
-  del arguments["jit_compile"], arguments["strategy"]
   single = isinstance(prompts, str)
-  prompt_list, options = _check_arguments(**arguments)
+  prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
+                                          stop, return_scores, decoding,
+                                          streams=False)
   rows_per_device = len(prompt_list)
   if strategy is not None:
     model = model_lib.replicated(model, strategy)
@@ -265,7 +260,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                strategy=strategy)
 
   def shaped(per_prompt):
-    if num_return_sequences == 1:
+    if options.num_return_sequences == 1:
       per_prompt = [values[0] for values in per_prompt]
     return per_prompt[0] if single else per_prompt
 
@@ -273,14 +268,15 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   return (texts, shaped(out.scores)) if return_scores else texts
 
 
+generate.__doc__ = generate.__doc__.format(options=_options_doc(False))
+
+
 def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
-           chunk_size: int = 64, temperature: PerRow = 1.0, top_k: PerRow = 0,
-           top_p: PerRow = 1.0, min_p: PerRow = 0.0,
-           repetition_penalty: PerRow = 1.0, repetition_window: int = 0,
-           no_repeat_ngram_size: int = 0, num_beams: int = 1, seed=None,
+           chunk_size: int = 64, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
            return_scores: bool = False,
-           jit_compile: Union[None, bool, str] = None) -> Iterator:
+           jit_compile: Union[None, bool, str] = None,
+           **decoding) -> Iterator:
   """Like `generate`, but yields text as it comes, every `chunk_size` steps.
 
   Each chunk is one device call; the recurrent state (and the history the
@@ -288,25 +284,36 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   Joined, the chunks equal `generate`'s text for the same arguments. Beam
   search does not stream (its best hypothesis is known only at the end).
 
+  Args (as `generate`'s, and):
+    chunk_size: steps per device call, >= 1.
+    **decoding: the decoding options:
+{options}
+
   Yields:
     For a str prompt, the next piece of text; for a list, a list of pieces
     (empty for rows that have already stopped). With `return_scores`,
     `(pieces, scores)`: each row's log-likelihood of its text so far.
 
   Raises:
-    ValueError: as for `generate`, a chunk_size below 1, or num_beams > 1.
+    errors.ArgumentError: as for `generate`, a chunk_size below 1, or
+      num_beams > 1.
+    TypeError: an unknown keyword argument.
   """
-  # Every keyword argument but these describes the generation itself.
-  arguments = dict(locals())
-  del arguments["jit_compile"], arguments["chunk_size"]
   single = isinstance(prompts, str)
-  if not _is_int(chunk_size) or chunk_size < 1:
-    raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-  if _is_int(num_beams) and num_beams > 1:
-    raise ValueError(f"num_beams={num_beams}: beam search does not stream (the "
-                     "best hypothesis is known only at the end); use "
-                     "rnnstep.generate, or num_beams=1")
-  prompt_list, options = _check_arguments(**arguments)
+  if not options_lib.is_int(chunk_size) or chunk_size < 1:
+    raise errors.ArgumentError(
+        "chunk_size", f"chunk_size must be a positive integer, got "
+        f"{chunk_size!r}")
+  beams = decoding.pop("num_beams", 1)
+  if options_lib.is_int(beams) and beams > 1:
+    raise errors.ArgumentError(
+        "num_beams", f"num_beams={beams}: beam search does not stream (the "
+        "best hypothesis is known only at the end); use rnnstep.generate, or "
+        "num_beams=1")
+  prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
+                                          stop, return_scores,
+                                          dict(decoding, num_beams=beams),
+                                          streams=True)
   generator = generator_lib.cached(
       model, _path(model, jit_compile, len(prompt_list)))
   for out in generator.stream_ids(prompt_list, num_steps, chunk_size, options):
@@ -315,82 +322,62 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     yield (texts, scores) if return_scores else texts
 
 
+stream.__doc__ = stream.__doc__.format(options=_options_doc(True))
+
+
 def _path(model, jit_compile, batch_size) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)
   return default_path(model, batch_size) if path == paths.AUTO else path
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value))
-
-
-# Each per-row sampling setting: (check of one value, what it must be).
-_SETTING_CHECKS = {
-    "temperature": (lambda v: _is_real(v) and v >= 0,
-                    "a finite number >= 0 (0 = greedy)"),
-    "top_k": (lambda v: _is_int(v) and 0 <= v < 2**31,
-              "a non-negative integer (0 = off)"),
-    "top_p": (lambda v: _is_real(v) and 0 < v <= 1, "in (0, 1] (1 = off)"),
-    "min_p": (lambda v: _is_real(v) and 0 <= v <= 1, "in [0, 1] (0 = off)"),
-    "repetition_penalty": (lambda v: _is_real(v) and v > 0,
-                           "a finite number > 0 (1 = off)"),
-}
-
-
-def _check_setting(name, value, batch_size):
-  """Checks a scalar-or-per-row setting; returns it (a list as a tuple)."""
-  check, must_be = _SETTING_CHECKS[name]
-  if isinstance(value, (list, tuple, np.ndarray)):
-    values = list(value)
-    if len(values) != batch_size:
-      raise ValueError(f"{name} lists {len(values)} values for {batch_size} "
-                       "prompts; give one value, or one per prompt")
-    for i, v in enumerate(values):
-      if not check(v):
-        raise ValueError(f"{name}[{i}] must be {must_be}, got {v!r}")
-    return tuple(values)
-  if not check(value):
-    raise ValueError(f"{name} must be {must_be}, got {value!r}")
-  return value
-
-
-def _check_arguments(model, prompts, num_steps, seed, stop, **decoding):
+def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
+                     decoding, *, streams):
   """Validates the arguments of `generate` or `stream`.
 
   Args:
     model: the Model.
-    prompts: as given.
-    num_steps: as given.
-    seed: as given.
-    stop: as given.
-    **decoding: every `sampling.Params` setting and `request.Options` field,
-      by name.
+    prompts, num_steps, seed, stop, return_scores: as given.
+    decoding: the decoding options given, by name (`options.OPTIONS`).
+    streams: for `stream` (which takes no beam options).
 
   Returns:
     `(prompt list, request.Options)`.
+
+  Raises:
+    errors.ArgumentError: naming the argument.
+    TypeError: an unknown decoding option.
   """
+  caller = "stream" if streams else "generate"
+  for name in decoding:
+    option = options_lib.BY_NAME.get(name)
+    if option is None or (streams and not option.streams and name
+                          != "num_beams"):
+      raise TypeError(f"{caller}() got an unexpected keyword argument "
+                      f"{name!r}")
   if isinstance(prompts, str):
     prompt_list = [prompts]
   elif isinstance(prompts, (list, tuple)):
     prompt_list = list(prompts)
     if not prompt_list:
-      raise ValueError("prompts is an empty list; give at least one prompt")
+      raise errors.ArgumentError(
+          "prompts", "prompts is an empty list; give at least one prompt")
   else:
-    raise ValueError(f"prompts must be a str or a list of str, got "
-                     f"{type(prompts).__name__}")
-  if not _is_int(num_steps) or num_steps < 0:
-    raise ValueError(f"num_steps must be a non-negative integer, got {num_steps!r}")
+    raise errors.ArgumentError(
+        "prompts", f"prompts must be a str or a list of str, got "
+        f"{type(prompts).__name__}")
+  if not options_lib.is_int(num_steps) or num_steps < 0:
+    raise errors.ArgumentError(
+        "num_steps", f"num_steps must be a non-negative integer, got "
+        f"{num_steps!r}")
   if num_steps >= 2**31:
-    raise ValueError(f"num_steps must be below 2**31, got {num_steps}")
-  params = sampling.Params(**{
-      name: _check_setting(name, decoding.pop(name), len(prompt_list))
-      for name in sampling.Params._fields})
+    raise errors.ArgumentError(
+        "num_steps", f"num_steps must be below 2**31, got {num_steps}")
+  values = {option.name: option.check(decoding.get(option.name,
+                                                   option.default),
+                                      len(prompt_list))
+            for option in options_lib.OPTIONS}
+  _check_beams(model, values["num_beams"], values["num_return_sequences"])
   _check_seed(seed, len(prompt_list))
   if stop is None:
     stops = ()
@@ -399,49 +386,46 @@ def _check_arguments(model, prompts, num_steps, seed, stop, **decoding):
   elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
     stops = tuple(stop)
   else:
-    raise ValueError(f"stop must be a str or a list of str, got {stop!r}")
-  options = request_lib.Options(sampling=params, seed=seed, stop=stops,
-                                **decoding)
-  _check_decoding(model, options)
-  return prompt_list, options
+    raise errors.ArgumentError(
+        "stop", f"stop must be a str or a list of str, got {stop!r}")
+  if not isinstance(return_scores, (bool, np.bool_)):
+    raise errors.ArgumentError(
+        "return_scores", f"return_scores must be True or False, got "
+        f"{return_scores!r}")
+  params = options_lib.Params(**{o.name: values[o.name]
+                                 for o in options_lib.PER_ROW})
+  shared = {o.name: values[o.name] for o in options_lib.SHARED}
+  return prompt_list, request_lib.Options(
+      sampling=params, seed=seed, stop=stops, return_scores=return_scores,
+      **shared)
 
 
-def _check_decoding(model, options: request_lib.Options):
-  """Checks the look-back and beam settings of `options`."""
-  def non_negative(name, value, below=2**31):
-    if not _is_int(value) or not 0 <= value < below:
-      raise ValueError(f"{name} must be a non-negative integer (0 = off), got "
-                       f"{value!r}")
-  non_negative("repetition_window", options.repetition_window)
-  non_negative("no_repeat_ngram_size", options.no_repeat_ngram_size)
+def _check_beams(model, beams, returned):
+  """The beam settings' bounds that depend on the model and each other."""
   usable = model.vocab_size - int(model.has_unk)
-  beams = options.num_beams
-  if not _is_int(beams) or not 1 <= beams <= usable:
-    raise ValueError(f"num_beams must be an integer from 1 (no beam search) to "
-                     f"{usable} (the model's usable vocabulary), got {beams!r}")
-  returned = options.num_return_sequences
-  if not _is_int(returned) or not 1 <= returned <= beams:
-    raise ValueError(f"num_return_sequences must be an integer from 1 to "
-                     f"num_beams ({beams}), got {returned!r}")
-  if not _is_real(options.length_penalty):
-    raise ValueError(f"length_penalty must be a finite number, got "
-                     f"{options.length_penalty!r}")
-  if not isinstance(options.return_scores, (bool, np.bool_)):
-    raise ValueError(f"return_scores must be True or False, got "
-                     f"{options.return_scores!r}")
+  if beams > usable:
+    raise errors.ArgumentError(
+        "num_beams", f"num_beams must be an integer from 1 (no beam search) "
+        f"to {usable} (the model's usable vocabulary), got {beams!r}")
+  if returned > beams:
+    raise errors.ArgumentError(
+        "num_return_sequences", f"num_return_sequences must be an integer "
+        f"from 1 to num_beams ({beams}), got {returned!r}")
 
 
 def _check_seed(seed, batch_size):
   def check_one(value):
-    if not _is_int(value) or not -2**63 <= value < 2**63:
-      raise ValueError(f"seed must be None, a 64-bit integer or a list of them "
-                       f"(one per prompt), got {value!r}")
+    if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
+      raise errors.ArgumentError(
+          "seed", f"seed must be None, a 64-bit integer or a list of them "
+          f"(one per prompt), got {value!r}")
   if seed is None:
     return
   if isinstance(seed, (list, tuple, np.ndarray)):
     if len(seed) != batch_size:
-      raise ValueError(f"seed lists {len(seed)} seeds for {batch_size} prompts; "
-                       "give one int, or one per prompt")
+      raise errors.ArgumentError(
+          "seed", f"seed lists {len(seed)} seeds for {batch_size} prompts; "
+          "give one int, or one per prompt")
     for value in seed:
       check_one(value)
   else:

@@ -33,6 +33,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from rnnstep import loop
+from rnnstep import pipeline
 from rnnstep import processors
 from rnnstep import request as request_lib
 
@@ -62,19 +64,17 @@ def _normalized(scores, length, length_penalty):
   return scores / tf.pow(tf.cast(length, tf.float32), length_penalty)
 
 
-def search(network, request: request_lib.Request, banned,
-           vocab_size: int) -> BeamResult:
+def search(network, request: request_lib.Request) -> BeamResult:
   """Runs beam search for a request (see the module docstring).
 
   Args:
-    network: the model's `Network`.
+    network: the model's `Network` (its `banned` ids are never chosen).
     request: the `Request`; `request.beams.num_beams` is k.
-    banned: float32 `[V]` added to the logits (-inf on `[UNK]`), or None.
-    vocab_size: V.
 
   Returns:
     The `BeamResult`.
   """
+  vocab_size = network.vocab_size
   k = request.beams.num_beams
   length_penalty = request.beams.length_penalty
   prompt_ids, prompt_lengths = request.prompts
@@ -83,22 +83,22 @@ def search(network, request: request_lib.Request, banned,
   capacity = request.capacity
   num_steps = tf.minimum(request.num_steps, capacity)
   lookback = request.lookback
-  penalty = request.sampling.repetition_penalty
-  looks_back = processors.in_use(penalty, lookback)
+  parts = pipeline.active(request.sampling, lookback, vocab_size)
+  looks_back = pipeline.looks_back(parts)
   stop_table, stop_accept = request.stops
 
   # Prime each prompt once, then give each of its k beams a copy.
-  mask = (tf.range(tf.shape(prompt_ids)[1])[None, :]
-          < (prompt_lengths[:, None] - 1))
-  _, state = network.unroll(prompt_ids, network.zero_state(prompts), mask,
-                            steps=tf.reduce_max(prompt_lengths) - 1)
+  state = loop.prime(network, request.prompts, unconsumed=1)
   history = processors.start(prompt_ids, prompt_lengths, vocab_size, lookback,
                              looks_back)
   beam_of_row = tf.repeat(tf.range(prompts), k)
   expand = lambda x: tf.gather(x, beam_of_row)  # pylint: disable=unnecessary-lambda-assignment
   state = tf.nest.map_structure(expand, state)
   history = tf.nest.map_structure(expand, history)
-  penalty = expand(penalty)
+  # The look-back options' per-row values and rows, one copy per beam.
+  params = tf.nest.map_structure(expand, request.sampling)
+  parts = parts._replace(rows={name: expand(rows)
+                               for name, rows in parts.rows.items()})
   last_ids = expand(tf.gather(prompt_ids, prompt_lengths - 1, batch_dims=1))
   # Only beam 0 of each prompt is live at first.
   beam_scores = tf.where(tf.range(k)[None, :] == 0, 0.0,
@@ -116,11 +116,10 @@ def search(network, request: request_lib.Request, banned,
            out, pool, pool_rank, done):
     logits, state = network.step(last_ids, state)
     raw_log_p = _log_softmax(logits)
-    if banned is not None:
-      logits = logits + banned
+    logits = pipeline.ban(logits, network.banned)
     logits = tf.cond(
         looks_back,
-        lambda: processors.apply(logits, history, penalty, lookback),
+        lambda: pipeline.look_back(logits, params, parts, history, lookback),
         lambda: logits)
     candidates = tf.reshape(
         tf.reshape(beam_scores, [rows, 1]) + _log_softmax(logits),

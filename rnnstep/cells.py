@@ -269,10 +269,6 @@ class SimpleRNNCell(Cell):
     return (tf.tanh(_rows(x_proj) + _float32(h_proj)),)
 
 
-# How many [B, units] tensors each kind's state holds: (h,) or (h, c).
-STATE_TENSORS = {name: kind.state_tensors for name, kind in kinds.KINDS.items()}
-
-
 def state_sizes(layer_config) -> Tuple[int, ...]:
   """The state tensor widths of a `model_file.LayerConfig`'s cell."""
   return (layer_config.units,) * kinds.get(layer_config.kind).state_tensors

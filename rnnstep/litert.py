@@ -14,9 +14,9 @@ The flatbuffer holds only builtin LiteRT ops (no TF "Flex" ops), so the plain
 The loop is written for the converter rather than shared with `Generator`
 (whose TensorArrays become TensorList ops, which need Flex or static shapes):
 
-  - prime: a while loop over the prompt columns, each row's state advanced
-    only while the column is before its last character (masked, as
-    `Network.unroll` does);
+  - prime: `loop.prime` stepwise, a while loop over the prompt columns, each
+    row's state advanced only while the column is before its last character
+    (masked, as generation's priming is);
   - decode: a while loop over steps whose ids go into a `[num_steps, B]`
     buffer, row t written by a dynamic update slice (LiteRT's builtin
     DYNAMIC_UPDATE_SLICE; 13-20% faster than `tensor_scatter_nd_update`,
@@ -26,7 +26,7 @@ The loop is written for the converter rather than shared with `Generator`
 
 The cells, the projection and the sampling (greedy, temperature, top-k,
 top-p; "[UNK]" never drawn) are the library's own (`Model.network()`,
-`sampling.next_ids`): row i of a call uses the noise key (seed, i), as
+`pipeline.choose`): row i of a call uses the noise key (seed, i), as
 `rnnstep.generate(..., seed=seed)` does, so the two give the same text
 (greedy: the same text as Keras). The seed is int32, not int64: LiteRT has no
 int64 bitwise ops to split a 64-bit seed (see `row_keys`). Stop strings are not
@@ -45,6 +45,9 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
+from rnnstep import loop
+from rnnstep import pipeline
+from rnnstep import request as request_lib
 from rnnstep import sampling
 from rnnstep import staging
 
@@ -63,10 +66,6 @@ class GenerateModule(tf.Module):
   def __init__(self, model):
     super().__init__(name="rnnstep_litert")
     self.model = model
-    banned = [0.0] * model.vocab_size
-    if model.has_unk:
-      banned[0] = -float("inf")
-    self._banned = banned if model.has_unk else None
 
   @tf.function(autograph=False, input_signature=[
       tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
@@ -85,16 +84,8 @@ class GenerateModule(tf.Module):
     # Out-of-range lengths are clamped (the interpreter has no assertions): an
     # empty row primes nothing and starts from its first column.
     lengths = tf.clip_by_value(prompt_lengths, 1, width)
-
-    def prime(t, state):
-      _, new_state = network.advance(prompt_ids[:, t], state)
-      keep = (t < lengths - 1)[:, None]
-      return t + 1, tuple(
-          tuple(tf.where(keep, new, old) for new, old in zip(new_layer, layer))
-          for new_layer, layer in zip(new_state, state))
-
-    _, state = tf.while_loop(lambda t, state: t < width - 1, prime,
-                             (tf.constant(0), network.zero_state(batch)))
+    prompts = request_lib.Prompts(prompt_ids, lengths)
+    state = loop.prime(network, prompts, unconsumed=1, stepwise=True)
     last_ids = tf.gather(prompt_ids, lengths - 1, batch_dims=1)
 
     settings = sampling.DEFAULTS._replace(temperature=temperature, top_k=top_k,
@@ -102,13 +93,14 @@ class GenerateModule(tf.Module):
     params = sampling.Params(*[tf.fill([batch], tf.cast(value, dtype))
                                for value, dtype in zip(settings,
                                                        sampling.DTYPES)])
+    parts = pipeline.active(params, None, network.vocab_size)
     keys = row_keys(tf.fill([batch], seed), tf.range(batch))
-    banned = None if self._banned is None else tf.constant(self._banned)
     steps = tf.maximum(num_steps, 0)
 
     def decode(t, state, inputs, ids):
       logits, state = network.step(inputs, state)
-      chosen = sampling.next_ids(logits, params, keys, t, banned)
+      chosen = pipeline.choose(pipeline.ban(logits, network.banned), params,
+                               parts, keys, t)
       return t + 1, state, chosen, xla.dynamic_update_slice(
           ids, chosen[None, :], tf.stack([t, 0]))
 

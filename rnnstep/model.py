@@ -164,6 +164,11 @@ class Network:
     dense_kernel: `[U_last, V]` in the compute dtype.
     dense_bias: `[V]`.
     has_unk: whether id 0 is "[UNK]".
+
+  Attributes:
+    banned: float32 `[V]`, -inf at "[UNK]" (id 0) and 0 elsewhere, which
+      the option pipeline adds to every step's logits so that it is never
+      chosen; None where the vocabulary has no "[UNK]".
   """
 
   def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk):
@@ -171,8 +176,11 @@ class Network:
     self.input_table = input_table
     self.dense_kernel = dense_kernel
     self.dense_bias = dense_bias
-    self.has_unk = has_unk
     self.vocab_size = int(dense_bias.shape[0])
+    self.banned = None
+    if has_unk:
+      self.banned = tf.one_hot(0, self.vocab_size, on_value=-float("inf"),
+                               off_value=0.0)
 
   def zero_state(self, batch_size) -> StackState:
     return tuple(cell.zero_state(batch_size) for cell in self.cells)

@@ -16,6 +16,8 @@ or None); inside the library only these names travel.
 
 import numpy as np
 
+from rnnstep import errors
+
 XLA = "xla"
 GRAPH = "graph"
 ELEMENTWISE = "elementwise"
@@ -35,7 +37,7 @@ def from_jit_compile(jit_compile) -> str:
     One of XLA, GRAPH, ELEMENTWISE, AUTO.
 
   Raises:
-    ValueError: any other value.
+    errors.ArgumentError: any other value.
   """
   if jit_compile is None:
     return AUTO
@@ -43,8 +45,9 @@ def from_jit_compile(jit_compile) -> str:
     return XLA if jit_compile else GRAPH
   if isinstance(jit_compile, str) and jit_compile == ELEMENTWISE:
     return ELEMENTWISE
-  raise ValueError(f"jit_compile must be True, False, {ELEMENTWISE!r} or None, "
-                   f"got {jit_compile!r}")
+  raise errors.ArgumentError(
+      "jit_compile", f"jit_compile must be True, False, {ELEMENTWISE!r} or "
+      f"None, got {jit_compile!r}")
 
 
 def check_concrete(path: str) -> str:

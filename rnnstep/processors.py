@@ -19,8 +19,9 @@ Rules (as HF `RepetitionPenaltyLogitsProcessor` and
   - no-repeat n-gram size n: an id that would complete an n-gram already
     present in the history gets -inf.
 
-Neither does any work, nor keeps a history, for a request whose rows all have
-θ = 1 and n = 0: the loop asks `in_use` and skips both under `tf.cond`.
+Both are declared in `options.py` (stage HISTORY); neither does any work, nor
+keeps a history, for a request whose rows all have θ = 1 and n = 0: the loop
+asks `pipeline.looks_back` and skips both under `tf.cond`.
 """
 
 from typing import NamedTuple
@@ -50,11 +51,6 @@ class History(NamedTuple):
   counts: tf.Tensor
 
 
-def in_use(penalty: tf.Tensor, settings: Settings) -> tf.Tensor:
-  """Whether any row needs the history (bool scalar)."""
-  return tf.reduce_any(penalty != 1.0) | (settings.no_repeat_ngram_size > 0)
-
-
 def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
           settings: Settings, use: tf.Tensor) -> History:
   """The history after the prompts.
@@ -64,7 +60,8 @@ def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
     prompt_lengths: int32 `[B]`.
     vocab_size: V.
     settings: the `Settings`.
-    use: bool scalar, `in_use(...)`; when False the history is left empty.
+    use: bool scalar, `pipeline.looks_back(...)`; when False the history is
+      left empty.
 
   Returns:
     The `History`.
@@ -111,26 +108,31 @@ def append(history: History, new_ids: tf.Tensor, settings: Settings) -> History:
   return History(ids, history.length + 1, counts)
 
 
-def apply(logits: tf.Tensor, history: History, penalty: tf.Tensor,
-          settings: Settings) -> tf.Tensor:
-  """The repetition penalty, then the n-gram ban, on logits `[B, V]`.
+def penalize(logits: tf.Tensor, penalty: tf.Tensor, history: History,
+             settings: Settings) -> tf.Tensor:
+  """The repetition penalty on logits `[B, V]` (after the `[UNK]` ban).
 
   Args:
-    logits: float32 `[B, V]` (after the `[UNK]` ban).
-    history: the rows' `History`.
+    logits: float32 `[B, V]`.
     penalty: float32 `[B]`, θ per row (1 = off).
-    settings: the `Settings`.
+    history: the rows' `History` (its counts cover the window).
+    settings: the `Settings` (unused: the window is in the counts).
 
   Returns:
     float32 `[B, V]`.
   """
+  del settings
   seen = history.counts > 0
   theta = penalty[:, None]
   penalized = tf.where(logits > 0, logits / theta, logits * theta)
-  logits = tf.where(seen & (theta != 1.0), penalized, logits)
-  n = settings.no_repeat_ngram_size
-  return tf.cond(n > 0, lambda: logits + ngram_ban(history, n, logits.shape[-1]),
-                 lambda: logits)
+  return tf.where(seen & (theta != 1.0), penalized, logits)
+
+
+def ban_ngrams(logits: tf.Tensor, n: tf.Tensor, history: History,
+               settings: Settings) -> tf.Tensor:
+  """The n-gram ban on logits `[B, V]`: -inf on ids completing a seen n-gram."""
+  del settings
+  return logits + ngram_ban(history, n, logits.shape[-1])
 
 
 def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:

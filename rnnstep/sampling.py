@@ -1,21 +1,18 @@
-"""Sampling: logits -> next ids, on device, the same under graph mode and XLA.
+"""Sampling: the draw, the noise and the filters' logits transforms, on device.
 
-Order of operations (as in HF `generate` and KerasHub samplers):
+The options themselves (which exist, their order, their checks) are declared
+in `options.py`; `pipeline.py` applies them in that order. This module holds
+what a step's choice is made of, the same under graph mode and XLA:
 
-  1. banned ids (an "[UNK]" at id 0) get -inf;
-  2. the look-back processors (`processors.py`: repetition penalty, n-gram
-     ban) run on these logits before they reach `next_ids`;
-  3. temperature: `temperature == 0` is greedy argmax (first maximum on ties);
-     otherwise logits are divided by it;
-  4. top-k keeps the k largest (ties at the k-th value are kept), 0 = off;
-  5. top-p keeps the smallest set of most likely ids whose probability reaches
-     p (after top-k), 1.0 = off;
-  6. min-p keeps ids whose probability is at least min_p x the largest, 0 = off;
-  7. one draw by the Gumbel-max trick: `argmax(logits + Gumbel noise)` is an
-     exact sample of `softmax(logits)`.
-
-Every setting is per row (`Params`): a row's choice never depends on another
-row's settings.
+  - temperature: `temperature == 0` is greedy argmax (first maximum on ties);
+    otherwise logits are divided by it (`scale`);
+  - the filters' transforms, each setting the ids outside its kept set to
+    -inf: `top_k_filter` (ties at the k-th value are kept), `top_p_filter`
+    (the smallest set of most likely ids whose probability reaches p),
+    `min_p_filter` (probability at least min_p x the largest),
+    `typical_filter` (typical decoding, HF's rule);
+  - one draw by the Gumbel-max trick: `argmax(logits + Gumbel noise)` is an
+    exact sample of `softmax(logits)`.
 
 Randomness is a counter-based hash, not a stateful or op-specific RNG: the noise
 for (row key, step, id) is `fmix32` (MurmurHash3's finalizer) chained over those
@@ -25,41 +22,18 @@ its own key, never on the batch it is in. Row keys come from `row_keys(seeds,
 index)`: for `seed=s`, row i uses `(s, i)`.
 """
 
-from typing import NamedTuple
-
 import tensorflow as tf
 
+from rnnstep import options
+
 # Logits are clipped here before sampling so that a tiny temperature cannot
-# produce inf - inf = NaN in the softmax of top-p.
+# produce inf - inf = NaN in a filter's softmax.
 _LOGIT_LIMIT = 1e30
 
-
-class Params(NamedTuple):
-  """Sampling settings, one value per row (each a `[B]` tensor on device).
-
-  A new setting is a field here, its dtype and default in `DTYPES` and
-  `DEFAULTS`, its use in `next_ids`, and its argument check in the API; the
-  request type, its builder and the compiled signatures follow from this class.
-
-  Attributes:
-    temperature: float32; 0 means greedy.
-    top_k: int32; 0 means off.
-    top_p: float32 in (0, 1]; 1 means off.
-    min_p: float32 in [0, 1]; keeps ids whose probability (after temperature)
-      is at least min_p times the largest; 0 means off.
-    repetition_penalty: float32 > 0; 1 means off (applied by `processors`).
-  """
-  temperature: tf.Tensor
-  top_k: tf.Tensor
-  top_p: tf.Tensor
-  min_p: tf.Tensor
-  repetition_penalty: tf.Tensor
-
-
-DTYPES = Params(temperature=tf.float32, top_k=tf.int32, top_p=tf.float32,
-                min_p=tf.float32, repetition_penalty=tf.float32)
-DEFAULTS = Params(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                  repetition_penalty=1.0)
+# The per-row values of a request (`options.Params`), their dtypes and defaults.
+Params = options.Params
+DTYPES = Params(*(tf.as_dtype(option.dtype) for option in options.PER_ROW))
+DEFAULTS = options.DEFAULTS
 
 
 def _u32(value):
@@ -107,30 +81,41 @@ def uniform_noise(keys: tf.Tensor, step: tf.Tensor, vocab_size: int) -> tf.Tenso
   return (mantissa + 0.5) * (1.0 / (1 << 24))
 
 
-def filter_logits(scaled: tf.Tensor, top_k: tf.Tensor, top_p: tf.Tensor):
-  """Sets logits outside each row's top-k / top-p set to -inf (one sort for both).
+def _sorted_descending(scaled: tf.Tensor):
+  vocab_size = scaled.shape[-1] or tf.shape(scaled)[-1]
+  return tf.sort(scaled, axis=-1, direction="DESCENDING"), vocab_size
+
+
+def _keep_at_least(scaled: tf.Tensor, threshold: tf.Tensor) -> tf.Tensor:
+  return tf.where(scaled >= threshold[:, None], scaled, -float("inf"))
+
+
+def top_k_filter(scaled: tf.Tensor, top_k: tf.Tensor) -> tf.Tensor:
+  """Keeps each row's k largest logits (ties at the k-th kept); others -inf.
 
   Args:
     scaled: float32 `[B, V]`, logits after temperature.
-    top_k: int32 `[B]` (0 or >= V: off).
-    top_p: float32 `[B]` (1: off).
-
-  Returns:
-    float32 `[B, V]`.
+    top_k: int32 `[B]` (0 or >= V: everything kept).
   """
-  vocab_size = scaled.shape[-1] or tf.shape(scaled)[-1]
-  ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")
-  k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)[:, None]
-  position = tf.range(vocab_size)[None, :]
-  ordered = tf.where(position < k, ordered, -float("inf"))
-  probs = tf.nn.softmax(ordered, axis=-1)
-  before = tf.cumsum(probs, axis=-1, exclusive=True)
-  # Keep ids whose preceding mass is below p: the smallest set reaching p. The
-  # first is always kept (its preceding mass is 0 < p).
-  kept = tf.reduce_sum(
-      tf.cast((before < top_p[:, None]) & (position < k), tf.int32), -1)
-  threshold = tf.gather(ordered, tf.maximum(kept, 1) - 1, batch_dims=1)
-  return tf.where(scaled >= threshold[:, None], scaled, -float("inf"))
+  ordered, vocab_size = _sorted_descending(scaled)
+  k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+  return _keep_at_least(scaled, tf.gather(ordered, k - 1, batch_dims=1))
+
+
+def top_p_filter(scaled: tf.Tensor, top_p: tf.Tensor) -> tf.Tensor:
+  """Keeps the smallest set of most likely ids whose probability reaches p.
+
+  Args:
+    scaled: float32 `[B, V]`, logits after temperature (and top-k).
+    top_p: float32 `[B]`.
+  """
+  ordered, _ = _sorted_descending(scaled)
+  before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)
+  # Keep ids whose preceding mass is below p; the first is always kept (its
+  # preceding mass is 0 < p).
+  kept = tf.reduce_sum(tf.cast(before < top_p[:, None], tf.int32), -1)
+  return _keep_at_least(
+      scaled, tf.gather(ordered, tf.maximum(kept, 1) - 1, batch_dims=1))
 
 
 def min_p_filter(scaled: tf.Tensor, min_p: tf.Tensor) -> tf.Tensor:
@@ -139,41 +124,44 @@ def min_p_filter(scaled: tf.Tensor, min_p: tf.Tensor) -> tf.Tensor:
   `p_i >= min_p * p_max` is `scaled_i >= max(scaled) + log(min_p)`, so no
   softmax is needed; a row with min_p 0 keeps everything (log 0 = -inf).
   """
-  floor = tf.reduce_max(scaled, -1) + tf.math.log(min_p)
-  return tf.where(scaled >= floor[:, None], scaled, -float("inf"))
+  return _keep_at_least(scaled, tf.reduce_max(scaled, -1) + tf.math.log(min_p))
 
 
-class Active(NamedTuple):
-  """Which parts of sampling the rows need: loop-invariant, computed once.
+def typical_filter(scaled: tf.Tensor, typical_p: tf.Tensor) -> tf.Tensor:
+  """Typical decoding (Meister et al. 2022), as HF's `TypicalLogitsWarper`.
 
-  Attributes:
-    sampled_rows: bool `[B]`, rows with temperature > 0 (the others are greedy).
-    filtered_rows: bool `[B]`, rows with a top-k or top-p below "off".
-    any_sampled: bool `[]`.
-    any_filtered: bool `[]`.
-    any_min_p: bool `[]`.
+  With log p the log-softmax of the row and H = -sum p log p its entropy,
+  ids are ordered by |-log p - H| (most typical first); the smallest prefix
+  whose probability reaches `typical_p` is kept, together with every id as
+  typical as its last (at least one id). Ids already at -inf stay there.
+
+  Args:
+    scaled: float32 `[B, V]`, logits after temperature and the filters
+      before it (top-k, top-p, min-p).
+    typical_p: float32 `[B]` in (0, 1].
   """
-  sampled_rows: tf.Tensor
-  filtered_rows: tf.Tensor
-  any_sampled: tf.Tensor
-  any_filtered: tf.Tensor
-  any_min_p: tf.Tensor
+  vocab_size = scaled.shape[-1] or tf.shape(scaled)[-1]
+  log_p = tf.nn.log_softmax(scaled, axis=-1)
+  p = tf.exp(log_p)
+  entropy = -tf.reduce_sum(tf.where(p > 0, p * log_p, 0.0), -1, keepdims=True)
+  atypical = tf.abs(-log_p - entropy)  # inf where scaled is -inf
+  order = tf.argsort(atypical, axis=-1, stable=True)
+  ordered_atypical = tf.gather(atypical, order, batch_dims=1)
+  mass = tf.cumsum(tf.nn.softmax(tf.gather(scaled, order, batch_dims=1), -1),
+                   axis=-1)
+  last = tf.minimum(
+      tf.reduce_sum(tf.cast(mass < typical_p[:, None], tf.int32), -1),
+      vocab_size - 1)
+  threshold = tf.gather(ordered_atypical, last, batch_dims=1)
+  return tf.where(atypical > threshold[:, None], -float("inf"), scaled)
 
 
-def active(params: Params, vocab_size: int) -> Active:
-  """The `Active` parts for `params` (see `next_ids`)."""
-  sampled = params.temperature > 0.0
-  filtered = (((params.top_k > 0) & (params.top_k < vocab_size))
-              | (params.top_p < 1.0))
-  return Active(sampled, filtered, tf.reduce_any(sampled),
-                tf.reduce_any(filtered), tf.reduce_any(params.min_p > 0.0))
-
-
-def _scale(logits: tf.Tensor, params: Params, parts: Active, banned):
-  """Logits / temperature for sampled rows, clipped; banned ids stay -inf."""
-  temperature = tf.where(parts.sampled_rows, params.temperature, 1.0)[:, None]
-  scaled = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
-  return scaled if banned is None else scaled + banned
+def scale(logits: tf.Tensor, temperature: tf.Tensor,
+          sampled_rows: tf.Tensor) -> tf.Tensor:
+  """Logits / temperature for sampled rows, clipped; -inf (banned) stays -inf."""
+  temperature = tf.where(sampled_rows, temperature, 1.0)[:, None]
+  clipped = tf.clip_by_value(logits / temperature, -_LOGIT_LIMIT, _LOGIT_LIMIT)
+  return tf.where(logits > -float("inf"), clipped, logits)
 
 
 def first_max_index(scores: tf.Tensor) -> tf.Tensor:
@@ -195,71 +183,13 @@ def first_max_index(scores: tf.Tensor) -> tf.Tensor:
   return tf.reduce_min(index, axis=-1)
 
 
-def _perturbed(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+def perturbed(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
   """scaled + Gumbel noise: its argmax is one draw from softmax(scaled)."""
   gumbel = -tf.math.log(-tf.math.log(
       uniform_noise(keys, step, scaled.shape[-1])))
   return scaled + gumbel
 
 
-def _draw(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+def draw(scaled: tf.Tensor, keys: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
   """One Gumbel-max draw from softmax(scaled) per row."""
-  return first_max_index(_perturbed(scaled, keys, step))
-
-
-def next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
-             step: tf.Tensor, banned=None, parts: Active = None) -> tf.Tensor:
-  """Chooses the next id of every row, each by its own settings.
-
-  A row's choice depends only on its own logits, settings, key and the step:
-  the batch-wide `tf.cond`s only skip work that no row needs.
-
-  Args:
-    logits: float32 `[B, V]`.
-    params: the `Params`, each `[B]`.
-    keys: uint32 `[B]` row keys (see `row_keys`).
-    step: int32 scalar, the generation step (the noise's counter).
-    banned: optional float32 `[V]` added to the logits (-inf on banned ids).
-    parts: `active(params, V)`, computed once outside a loop (default: here).
-
-  Returns:
-    int32 `[B]`.
-  """
-  if banned is not None:
-    logits = logits + banned
-  if parts is None:
-    parts = active(params, logits.shape[-1])
-  greedy = first_max_index(logits)
-
-  def sample():
-    scaled = _scale(logits, params, parts, banned)
-    scaled = tf.cond(
-        parts.any_filtered,
-        lambda: tf.where(parts.filtered_rows[:, None],
-                         filter_logits(scaled, params.top_k, params.top_p),
-                         scaled),
-        lambda: scaled)
-    scaled = tf.cond(parts.any_min_p,
-                     lambda: min_p_filter(scaled, params.min_p),
-                     lambda: scaled)
-    return _draw(scaled, keys, step)
-
-  chosen = tf.cond(parts.any_sampled, sample, lambda: greedy)
-  return tf.where(parts.sampled_rows, chosen, greedy)
-
-
-def plain_next_ids(logits: tf.Tensor, params: Params, keys: tf.Tensor,
-                   step: tf.Tensor, banned, parts: Active) -> tf.Tensor:
-  """`next_ids` for rows without top-k, top-p or min-p, with no conditionals.
-
-  The same choice as `next_ids` for such rows (greedy where temperature is 0,
-  else the same draw); the noise is computed even for an all-greedy batch,
-  which costs less than a conditional in a compiled loop.
-  """
-  if banned is not None:
-    logits = logits + banned
-  perturbed = _perturbed(_scale(logits, params, parts, banned), keys, step)
-  # One index search over each row's own scores (a greedy row's are its
-  # logits), not two and a select: fewer kernels a step under XLA.
-  return first_max_index(tf.where(parts.sampled_rows[:, None], perturbed,
-                                  logits))
+  return first_max_index(perturbed(scaled, keys, step))

@@ -9,10 +9,10 @@ Keras) can serve it. Signatures:
                   float32 [], seed: int64 []) -> {"text": string [B]}
   generate_top_k_top_p(the same + top_k: int32 [], top_p: float32 [])
                   -> {"text": string [B]}
-  generate_decoding(the same + min_p: float32 [], repetition_penalty:
-                  float32 [], repetition_window: int32 [],
-                  no_repeat_ngram_size: int32 [], num_beams: int32 [],
-                  length_penalty: float32 [])
+  generate_decoding(prompts, num_steps, seed + one scalar input per served
+                  decoding option of `options.py`: repetition_penalty,
+                  no_repeat_ngram_size, repetition_window, temperature,
+                  top_k, top_p, min_p, typical_p, num_beams, length_penalty)
                   -> {"text": string [B], "logprob": float32 [B]}
 
 `generate_decoding` with num_beams > 1 returns each prompt's best beam;
@@ -29,6 +29,7 @@ import os
 import tensorflow as tf
 
 from rnnstep import generator as generator_lib
+from rnnstep import options
 from rnnstep import paths
 from rnnstep import request as request_lib
 from rnnstep import sampling
@@ -46,6 +47,13 @@ _BASIC_INPUTS = [
     tf.TensorSpec([], tf.int64, name="seed")]
 _TOP_K_TOP_P_INPUTS = [tf.TensorSpec([], tf.int32, name="top_k"),
                        tf.TensorSpec([], tf.float32, name="top_p")]
+# generate_decoding: one input per served option, in declaration order.
+_SERVED = tuple(option for option in options.OPTIONS if option.served)
+_DECODING_INPUTS = [tf.TensorSpec([None], tf.string, name="prompts"),
+                    tf.TensorSpec([], tf.int32, name="num_steps"),
+                    tf.TensorSpec([], tf.int64, name="seed")] + [
+                        tf.TensorSpec([], tf.as_dtype(option.dtype),
+                                      name=option.name) for option in _SERVED]
 
 
 class ServingModule(tf.Module):
@@ -78,10 +86,21 @@ class ServingModule(tf.Module):
     self.id_to_char = tf.Variable(chars, trainable=False, name="vocab")
     self._no_stop = stopping.stop_automaton([], model.vocab_size)
 
-  def _text(self, prompts, num_steps, seed, settings: sampling.Params,
-            repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
-            length_penalty=1.0):
-    """Generates for string prompts; returns {"text", "logprob"} (see module)."""
+  def _text(self, prompts, num_steps, seed, values):
+    """Generates for string prompts; returns {"text", "logprob"} (see module).
+
+    Args:
+      prompts: string `[B]`.
+      num_steps: int32 `[]`.
+      seed: int64 `[]`.
+      values: {option name: scalar tensor or Python value} for some of the
+        declared options (the rest take their defaults).
+    """
+    values = {option.name: values.get(option.name, option.default)
+              for option in options.OPTIONS}
+    settings = sampling.Params(**{o.name: values[o.name]
+                                  for o in options.PER_ROW})
+    num_beams = values["num_beams"]
     chars = tf.strings.unicode_split(prompts, "UTF-8")
     ids = self.char_table.lookup(chars)
     lengths = tf.cast(ids.row_lengths(), tf.int32)
@@ -93,30 +112,13 @@ class ServingModule(tf.Module):
         tf.debugging.assert_positive(lengths, message="a prompt is empty"),
         tf.debugging.assert_non_negative(num_steps,
                                          message="num_steps must be >= 0"),
-        tf.debugging.assert_non_negative(settings.temperature,
-                                         message="temperature must be >= 0"),
-        tf.debugging.assert_non_negative(settings.top_k,
-                                         message="top_k must be >= 0"),
-        tf.debugging.assert_positive(settings.top_p,
-                                     message="top_p must be in (0, 1]"),
-        tf.debugging.assert_less_equal(settings.top_p, 1.0,
-                                       message="top_p must be in (0, 1]"),
-        tf.debugging.assert_non_negative(settings.min_p,
-                                         message="min_p must be in [0, 1]"),
-        tf.debugging.assert_less_equal(settings.min_p, 1.0,
-                                       message="min_p must be in [0, 1]"),
-        tf.debugging.assert_positive(
-            settings.repetition_penalty,
-            message="repetition_penalty must be > 0"),
-        tf.debugging.assert_non_negative(
-            repetition_window, message="repetition_window must be >= 0"),
-        tf.debugging.assert_non_negative(
-            no_repeat_ngram_size, message="no_repeat_ngram_size must be >= 0"),
-        tf.debugging.assert_positive(num_beams, message="num_beams must be >= 1"),
         tf.debugging.assert_less_equal(
             num_beams, vocab_size - int(self.model.has_unk),
             message="num_beams must not exceed the usable vocabulary"),
     ]
+    for option in options.OPTIONS:  # The declared bounds, as graph checks.
+      if isinstance(values[option.name], tf.Tensor):
+        checks += option.valid.graph_checks(values[option.name], option.name)
     with tf.control_dependencies(checks):
       prompt_ids = ids.to_tensor()
     batch = tf.shape(prompt_ids)[0]
@@ -124,9 +126,9 @@ class ServingModule(tf.Module):
     request = request_lib.build(
         prompt_ids, lengths, num_steps, settings, tf.fill([batch], seed),
         tf.range(batch), self._no_stop, bucket_shapes=generator.jit_compile,
-        repetition_window=repetition_window,
-        no_repeat_ngram_size=no_repeat_ngram_size, num_beams=num_beams,
-        length_penalty=length_penalty,
+        repetition_window=values["repetition_window"],
+        no_repeat_ngram_size=values["no_repeat_ngram_size"],
+        num_beams=num_beams, length_penalty=values["length_penalty"],
         want_scores=not isinstance(num_beams, int))
 
     def sample():
@@ -150,31 +152,19 @@ class ServingModule(tf.Module):
 
   @tf.function(input_signature=_BASIC_INPUTS)
   def serve(self, prompts, num_steps, temperature, seed):
-    out = self._text(prompts, num_steps, seed,
-                     sampling.DEFAULTS._replace(temperature=temperature))
+    out = self._text(prompts, num_steps, seed, dict(temperature=temperature))
     return {"text": out["text"]}
 
   @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS)
   def serve_top_k_top_p(self, prompts, num_steps, temperature, seed, top_k, top_p):
-    out = self._text(prompts, num_steps, seed, sampling.DEFAULTS._replace(
+    out = self._text(prompts, num_steps, seed, dict(
         temperature=temperature, top_k=top_k, top_p=top_p))
     return {"text": out["text"]}
 
-  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS + [
-      tf.TensorSpec([], tf.float32, name="min_p"),
-      tf.TensorSpec([], tf.float32, name="repetition_penalty"),
-      tf.TensorSpec([], tf.int32, name="repetition_window"),
-      tf.TensorSpec([], tf.int32, name="no_repeat_ngram_size"),
-      tf.TensorSpec([], tf.int32, name="num_beams"),
-      tf.TensorSpec([], tf.float32, name="length_penalty")])
-  def serve_decoding(self, prompts, num_steps, temperature, seed, top_k, top_p,
-                     min_p, repetition_penalty, repetition_window,
-                     no_repeat_ngram_size, num_beams, length_penalty):
-    return self._text(
-        prompts, num_steps, seed,
-        sampling.Params(temperature=temperature, top_k=top_k, top_p=top_p,
-                        min_p=min_p, repetition_penalty=repetition_penalty),
-        repetition_window, no_repeat_ngram_size, num_beams, length_penalty)
+  @tf.function(input_signature=_DECODING_INPUTS)
+  def serve_decoding(self, prompts, num_steps, seed, *values):
+    return self._text(prompts, num_steps, seed, {
+        option.name: value for option, value in zip(_SERVED, values)})
 
 
 def export(model, export_dir, *, jit_compile=False) -> str:

@@ -51,8 +51,10 @@ def log_softmax(logits):
   return logits - (peak + math.log(np.exp(finite - peak).sum()))
 
 
-def support(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-  """The ids a sample can draw after temperature, top-k, top-p and min-p."""
+def support(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+            typical_p=1.0):
+  """The ids a sample can draw after temperature, top-k, top-p, min-p and
+  typical-p (HF's order)."""
   scaled = np.asarray(logits, np.float64) / temperature
   order = np.argsort(-scaled, kind="stable")
   keep = np.isfinite(scaled)
@@ -73,7 +75,28 @@ def support(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
   if min_p > 0.0:
     peak = scaled[keep].max()
     keep &= scaled >= peak + math.log(min_p)
+  if typical_p < 1.0:
+    keep &= typical_kept(np.where(keep, scaled, -np.inf), typical_p)
   return set(np.flatnonzero(keep).tolist())
+
+
+def typical_kept(scaled, mass):
+  """HF's typical decoding (Meister et al. 2022) as a kept mask over `[V]`.
+
+  With p the softmax and H = -sum p log p, ids are ordered by |-log p - H|
+  (stably); the first position where the ordered probabilities' running sum
+  reaches `mass` (or the last position) sets a threshold on |-log p - H|, and
+  every id at or below it is kept.
+  """
+  log_p = log_softmax(scaled)
+  p = np.exp(log_p)
+  finite = np.isfinite(log_p)
+  entropy = -float((p[finite] * log_p[finite]).sum())
+  atypical = np.where(finite, np.abs(-log_p - entropy), np.inf)
+  order = np.argsort(atypical, kind="stable")
+  running = np.cumsum(p[order])
+  last = min(int((running < mass).sum()), len(scaled) - 1)
+  return atypical <= atypical[order[last]]
 
 
 def continuation_log_likelihood(reference, prompt_ids, continuation):

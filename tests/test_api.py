@@ -13,6 +13,7 @@ from tests import numpy_reference as nr
 import rnnstep
 from rnnstep import api
 from rnnstep import generator as generator_lib
+from rnnstep import host
 from rnnstep import model_file
 from rnnstep import tuning
 
@@ -180,7 +181,7 @@ class LoadTest(tf.test.TestCase):
     self.assertEqual(rnnstep.load().source, api.bundled_model_path())
 
   def test_memory_estimate(self):
-    have = generator_lib.available_memory_bytes()
+    have = host.available_memory_bytes()
     self.assertGreater(have, 0)
 
 

@@ -30,14 +30,16 @@ OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "seed", "num_samples", "stop", "jit_compile", "dtype", "output",
              "format", "stream", "chunk_size", "min_p", "repetition_penalty",
              "repetition_window", "no_repeat_ngram_size", "num_beams",
-             "length_penalty", "num_return_sequences", "corpus", "vocab"]
+             "length_penalty", "num_return_sequences", "corpus", "vocab",
+             "typical_p"]
 
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).
 BAD_VALUES = [
     [("num_steps", "-1"), ("temperature", "-0.5"), ("top_p", "0"),
      ("top_k", "-1"), ("num_samples", "0"), ("chunk_size", "0")],
-    [("top_p", "1.5"), ("temperature", "nan")],
+    [("top_p", "1.5"), ("temperature", "nan"), ("typical_p", "0"),
+     ("top_k", "2.5")],
     [("min_p", "1.5"), ("repetition_penalty", "0"), ("repetition_window", "-1"),
      ("no_repeat_ngram_size", "-2"), ("num_beams", "0"),
      ("num_return_sequences", "0"), ("length_penalty", "inf")],
@@ -45,7 +47,7 @@ BAD_VALUES = [
 # Decoding options: per-prompt temperatures, the look-back rules, min-p.
 DECODING = {"temperature": "0.5,1.0", "min_p": "0.05",
             "repetition_penalty": "1.3", "repetition_window": "16",
-            "no_repeat_ngram_size": "3"}
+            "no_repeat_ngram_size": "3", "typical_p": "0.9"}
 BEAMS = {"num_beams": "4", "num_return_sequences": "2", "length_penalty": "0.7"}
 
 
@@ -267,7 +269,8 @@ def test_decoding_options_and_logprob_match_the_library(env):
   batch = [prompt for prompt in PROMPTS for _ in range(SAMPLES)]
   options = dict(temperature=[0.5, 0.5, 1.0, 1.0], min_p=0.05,
                  repetition_penalty=1.3, repetition_window=16,
-                 no_repeat_ngram_size=3, seed=SEED, return_scores=True)
+                 no_repeat_ngram_size=3, typical_p=0.9, seed=SEED,
+                 return_scores=True)
   texts, scores = rnnstep.generate(model, batch, STEPS, **options)
   records = [json.loads(line) for line in
              ok(env["results"]["decoding_jsonl"]).splitlines()]

@@ -16,6 +16,7 @@ from rnnstep import api
 from rnnstep import generator as generator_lib
 from rnnstep import model_file
 from rnnstep import paths
+from rnnstep import stopping
 
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")
@@ -272,7 +273,7 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(["".join(c[i] for c in streamed) for i in range(2)], stopped)
 
   def test_stop_automaton_overlapping_patterns(self):
-    table, accept = rnnstep.generator.stopping.stop_automaton([[1, 1, 2], [1, 3]], 4)
+    table, accept = stopping.stop_automaton([[1, 1, 2], [1, 3]], 4)
     def run(seq):
       state = 0
       for i, token in enumerate(seq):

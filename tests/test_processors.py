@@ -14,7 +14,9 @@ from tests import keras_reference as kr
 from tests import numpy_reference as nr
 
 import rnnstep
+from rnnstep import pipeline
 from rnnstep import processors
+from rnnstep import sampling
 
 V = 7
 
@@ -27,13 +29,17 @@ def _history(rows, length, capacity, rng, vocab=V):
 
 
 def _apply(logits, ids, lengths, theta, window, ngram, mode):
-  """processors.start + apply, as a numpy result, in `mode`."""
+  """processors.start + the pipeline's look-back stage, as numpy, in `mode`."""
   settings = processors.Settings(tf.constant(window), tf.constant(ngram),
                                  tf.constant(ids.shape[1]))
 
   def run(logits, ids, lengths, theta):
     history = processors.start(ids, lengths, V, settings, tf.constant(True))
-    return processors.apply(logits, history, theta, settings)
+    params = sampling.DEFAULTS._replace(repetition_penalty=theta)
+    params = sampling.Params(*[tf.broadcast_to(tf.cast(v, d), tf.shape(theta))
+                               for v, d in zip(params, sampling.DTYPES)])
+    parts = pipeline.active(params, settings, V)
+    return pipeline.look_back(logits, params, parts, history, settings)
 
   if mode != "eager":
     run = tf.function(run, jit_compile=mode == "xla", autograph=False)

@@ -37,7 +37,9 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       dict(min_p=0.1), dict(min_p=0.5), dict(top_k=3), dict(top_p=0.6),
       dict(top_k=5, top_p=0.8, min_p=0.05), dict(temperature=0.5, min_p=0.2),
-      dict(temperature=2.0, top_p=0.9))
+      dict(temperature=2.0, top_p=0.9), dict(typical_p=0.5),
+      dict(typical_p=0.9, temperature=0.7), dict(typical_p=0.2),
+      dict(typical_p=0.8, min_p=0.02, top_k=12))
   def test_draws_cover_exactly_the_reference_support(self, **filters):
     model, reference = small()
     prompt = "abc d"
@@ -56,21 +58,31 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
                 if probs[i] / probs[list(want)].sum() > 5.0 / rows}
       self.assertLessEqual(likely, got, f"{jit} {filters}")
 
-  def test_frequencies_follow_the_renormalized_support(self):
+  @parameterized.parameters(dict(top_k=6, min_p=0.05), dict(typical_p=0.6),
+                            dict(typical_p=0.9, temperature=1.5))
+  def test_frequencies_follow_the_renormalized_support(self, **filters):
     model, reference = small()
     prompt = "abc d"
     logits = dr.process(reference.logits(model.encode(prompt))[-1], [],
                         banned=[0])
-    filters = dict(top_k=6, min_p=0.05)
     keep = sorted(dr.support(logits, **filters))
-    probs = np.exp(dr.log_softmax(logits[keep]))
+    probs = np.exp(dr.log_softmax(logits[keep] / filters.get("temperature",
+                                                             1.0)))
     rows = 6000
     drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=4, **filters)
+    self.assertLessEqual({model.encode(t)[0] for t in drawn}, set(keep))
     counts = np.array([sum(t == model.vocab[i] for t in drawn) for i in keep])
     expected = probs * rows
     chi2 = float(((counts - expected) ** 2 / expected).sum())
-    # 99.9% quantile of chi-square with <= 5 degrees of freedom is ~20.5.
-    self.assertLess(chi2, 20.5, (counts, expected))
+    # The 99.9% quantile of chi-square with len(keep) - 1 degrees of freedom.
+    self.assertLess(chi2, _CHI2_999[len(keep) - 1], (counts, expected))
+
+
+# The 99.9% quantiles of chi-square by degrees of freedom (scipy.stats.chi2).
+_CHI2_999 = {0: 0.0, 1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52,
+             6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26,
+             12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79,
+             18: 42.31, 19: 43.82}
 
 
 class ScoreTest(tf.test.TestCase, parameterized.TestCase):
@@ -236,6 +248,10 @@ class BadValueTest(tf.test.TestCase, parameterized.TestCase):
        "temperature lists 1 values for 2 prompts"),
       ("min_p_high", dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
       ("min_p_negative", dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
+      ("typical_p_zero", dict(typical_p=0.0), r"typical_p must be in \(0, 1\]"),
+      ("typical_p_high", dict(typical_p=1.5), r"typical_p must be in \(0, 1\]"),
+      ("typical_p_row", dict(prompts=["a", "b"], typical_p=[0.5, float("nan")]),
+       r"typical_p\[1\] must be in \(0, 1\]"),
       ("window", dict(repetition_window=-1), "repetition_window must"),
       ("ngram", dict(no_repeat_ngram_size=1.5), "no_repeat_ngram_size must"),
       ("beams_zero", dict(num_beams=0), "num_beams must"),

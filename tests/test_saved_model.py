@@ -28,17 +28,18 @@ STEPS = 50
 DECODING_DEFAULTS = dict(temperature=1.0, seed=0, top_k=0, top_p=1.0,
                          min_p=0.0, repetition_penalty=1.0, repetition_window=0,
                          no_repeat_ngram_size=0, num_beams=1,
-                         length_penalty=1.0)
+                         length_penalty=1.0, typical_p=1.0)
 DECODING_DTYPES = dict(temperature="float32", seed="int64", top_k="int32",
                        top_p="float32", min_p="float32",
                        repetition_penalty="float32", repetition_window="int32",
                        no_repeat_ngram_size="int32", num_beams="int32",
-                       length_penalty="float32")
+                       length_penalty="float32", typical_p="float32")
 DECODING_CASES = {
     "penalized": dict(DECODING_DEFAULTS, temperature=0.9, seed=3, min_p=0.1,
                       repetition_penalty=1.4, repetition_window=8,
                       no_repeat_ngram_size=3),
     "beams": dict(DECODING_DEFAULTS, num_beams=4, length_penalty=0.8),
+    "typical": dict(DECODING_DEFAULTS, temperature=1.2, seed=4, typical_p=0.6),
 }
 
 # Serves every export directory given; prints one JSON object per directory.
@@ -79,6 +80,13 @@ SCRIPT = textwrap.dedent("""
         out["error"] = None
       except tf.errors.InvalidArgumentError as e:
         out["error"] = e.message
+      try:
+        bad = dict(DECODING_CASES["typical"], typical_p=0.0)
+        decoding(prompts=prompts, num_steps=steps, **{
+            k: tf.constant(v, DECODING_DTYPES[k]) for k, v in bad.items()})
+        out["typical_error"] = None
+      except tf.errors.InvalidArgumentError as e:
+        out["typical_error"] = e.message
       results[export_dir] = out
     print(json.dumps(results))
 """)
@@ -135,6 +143,7 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
             model, PROMPTS, STEPS, top_k=5, top_p=0.9, seed=9,
             jit_compile=library_path))
         self.assertIn("not in the vocabulary", out["error"])
+        self.assertIn("typical_p must be in (0, 1]", out["typical_error"])
         for name, options in DECODING_CASES.items():
           texts, scores = out[name]
           want_texts, want_scores = rnnstep.generate(

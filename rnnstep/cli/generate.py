@@ -9,6 +9,7 @@ USAGE: rnnstep-generate [flags]
   rnnstep-generate --num_samples=3 --temperature=0.2,0.6,1.0   # a sweep, one run
   rnnstep-generate --repetition_penalty=1.3 --repetition_window=32 --no_repeat_ngram_size=4
   rnnstep-generate --num_beams=8 --num_return_sequences=3 --stop=.
+  rnnstep-generate --typical_p=0.9 --temperature=0.8
   rnnstep-generate --weights=char_rnn.pt --vocab=vocab.json   # PyTorch, converted on the fly
 
 --weights takes an rnnstep .npz model file or any weights file rnnstep-convert
@@ -30,9 +31,11 @@ A single sample prints just that; with several, each sample is preceded by a lin
    "text": "<the continuation>", "stopped": <true if it ended on a --stop string>,
    "logprob": <the model's log-likelihood of "text" after the prompt, in nats>}
 
---temperature takes one value, one per --prompt, or one per row (prompts x
---num_samples, in row order): --num_samples=3 --temperature=0.2,0.6,1.0 sweeps
-three temperatures in one batch.
+Every per-row sampling option (--temperature, --top_k, --top_p, --min_p,
+--typical_p, --repetition_penalty) takes one value, one per --prompt, or one
+per row (prompts x --num_samples, in row order): --num_samples=3
+--temperature=0.2,0.6,1.0 sweeps three temperatures in one batch. The flags are
+the library's decoding options, declared once in rnnstep/options.py.
 
 With --num_beams=K > 1 the continuation is a beam search of width K
 (deterministic: --temperature, --top_k, --top_p, --min_p and --seed do not
@@ -57,6 +60,8 @@ import time
 
 from absl import flags
 
+from rnnstep import errors
+from rnnstep import options as options_lib
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
 import rnnstep  # pylint: disable=g-bad-import-order
 
@@ -77,46 +82,36 @@ _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
     "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
     "the sample).", flag_values=FLAGS)
-_TEMPERATURE = flags.DEFINE_list(
-    "temperature", ["1.0"],
-    "Sampling temperature, >= 0: logits are divided by it; 0 is greedy "
-    "(argmax). One value, one per --prompt, or one per row (comma-separated).",
-    flag_values=FLAGS)
-_TOP_K = flags.DEFINE_integer(
-    "top_k", 0, "Sample among the k most likely characters only; 0 = off.",
-    flag_values=FLAGS)
-_TOP_P = flags.DEFINE_float(
-    "top_p", 1.0,
-    "Nucleus sampling: sample among the most likely characters holding this "
-    "much probability; in (0, 1], 1 = off.", flag_values=FLAGS)
-_MIN_P = flags.DEFINE_float(
-    "min_p", 0.0,
-    "Keep characters whose probability (after temperature) is at least this "
-    "times the largest; in [0, 1], 0 = off.", flag_values=FLAGS)
-_REPETITION_PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.0,
-    "Penalty > 0 on characters seen in the last --repetition_window "
-    "characters (prompt included): positive logits are divided by it, "
-    "negative ones multiplied; 1 = off, 1.1-1.5 discourages loops.",
-    flag_values=FLAGS)
-_REPETITION_WINDOW = flags.DEFINE_integer(
-    "repetition_window", 0,
-    "How many characters --repetition_penalty looks back over, >= 0 (0 = all).",
-    flag_values=FLAGS)
-_NO_REPEAT_NGRAM_SIZE = flags.DEFINE_integer(
-    "no_repeat_ngram_size", 0,
-    "Never repeat an n-gram of this many characters (prompt included), >= 0; "
-    "0 = off.", flag_values=FLAGS)
-_NUM_BEAMS = flags.DEFINE_integer(
-    "num_beams", 1, "Beam search width, >= 1; 1 = sample.", flag_values=FLAGS)
-_LENGTH_PENALTY = flags.DEFINE_float(
-    "length_penalty", 1.0,
-    "With --num_beams and --stop: finished hypotheses rank by "
-    "log-likelihood / length**length_penalty.", flag_values=FLAGS)
-_NUM_RETURN_SEQUENCES = flags.DEFINE_integer(
-    "num_return_sequences", 1,
-    "With --num_beams: how many of the best hypotheses to print per prompt, "
-    "in [1, --num_beams].", flag_values=FLAGS)
+# One flag per decoding option, from its declaration (`rnnstep.options`):
+# per-row options take one value, one per --prompt, or one per row
+# (comma-separated); per-request ones one value.
+def _define_option_flag(option):
+  parse = int if option.dtype.startswith("int") else float
+  meaning = option.doc.replace("`", "")
+  if option.per_row:
+    holder = flags.DEFINE_list(
+        option.name, [str(option.default)],
+        f"{meaning} One value, one per --prompt, or one per row "
+        "(comma-separated).", flag_values=FLAGS)
+
+    def valid(values):
+      try:
+        return bool(values) and all(option.valid.holds(parse(v))
+                                    for v in values)
+      except ValueError:
+        return False
+    must_be = f"{option.valid.words}, comma-separated"
+  else:
+    define = flags.DEFINE_integer if parse is int else flags.DEFINE_float
+    holder = define(option.name, option.default, meaning, flag_values=FLAGS)
+    valid, must_be = option.valid.holds, option.valid.words
+  flags.register_validator(option.name, valid, f"must be {must_be}",
+                           flag_values=FLAGS)
+  return holder
+
+
+_DECODING = {option.name: _define_option_flag(option)
+             for option in options_lib.OPTIONS}
 _SEED = flags.DEFINE_integer(
     "seed", None,
     "Random seed (64-bit): the same seed and flags give the same text; row R "
@@ -170,31 +165,6 @@ def _validate(name, predicate, message):
 
 _validate("num_steps", lambda n: 0 <= n <= MAX_INT32,
           f"must be an integer in [0, {MAX_INT32}]")
-def _temperatures_valid(values) -> bool:
-  try:
-    return bool(values) and all(math.isfinite(float(v)) and float(v) >= 0
-                                for v in values)
-  except ValueError:
-    return False
-
-
-_validate("temperature", _temperatures_valid,
-          "must be finite numbers >= 0 (0 = greedy), comma-separated")
-_validate("min_p", lambda p: 0 <= p <= 1, "must be in [0, 1] (0 = off)")
-_validate("repetition_penalty", lambda p: math.isfinite(p) and p > 0,
-          "must be a finite number > 0 (1 = off)")
-_validate("repetition_window", lambda n: 0 <= n <= MAX_INT32,
-          f"must be an integer in [0, {MAX_INT32}] (0 = all)")
-_validate("no_repeat_ngram_size", lambda n: 0 <= n <= MAX_INT32,
-          f"must be an integer in [0, {MAX_INT32}] (0 = off)")
-_validate("num_beams", lambda n: 1 <= n <= MAX_INT32,
-          f"must be an integer in [1, {MAX_INT32}]")
-_validate("length_penalty", math.isfinite, "must be a finite number")
-_validate("num_return_sequences", lambda n: 1 <= n <= MAX_INT32,
-          f"must be an integer in [1, {MAX_INT32}]")
-_validate("top_k", lambda k: 0 <= k <= MAX_INT32,
-          f"must be an integer in [0, {MAX_INT32}] (0 = off)")
-_validate("top_p", lambda p: 0 < p <= 1, "must be in (0, 1] (1 = off)")
 _validate("seed", lambda s: s is None or -2**63 <= s < 2**63,
           "must be a 64-bit integer")
 _validate("num_samples", lambda n: 1 <= n <= MAX_INT32,
@@ -210,26 +180,30 @@ def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
   _check_beam_flags()
   seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
-  per_prompt = (_NUM_RETURN_SEQUENCES.value if _NUM_BEAMS.value > 1
+  beams = _DECODING["num_beams"].value
+  per_prompt = (_DECODING["num_return_sequences"].value if beams > 1
                 else _NUM_SAMPLES.value)
   rows = [(p, s, prompt) for p, prompt in enumerate(_PROMPT.value)
           for s in range(per_prompt)]
-  temperature = _row_temperatures(len(_PROMPT.value), per_prompt)
+  decoding = {option.name: _option_value(option, len(_PROMPT.value),
+                                         per_prompt)
+              for option in options_lib.OPTIONS}
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
                               _VOCAB.value)
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
-    _generate(model, rows, seed, temperature, printer)
+    _generate(model, rows, seed, decoding, printer)
   return 0
 
 
 def _check_beam_flags():
   """Flag combinations that beam search cannot honour, as usage errors."""
-  beams = _NUM_BEAMS.value
-  if _NUM_RETURN_SEQUENCES.value > beams:
+  beams = _DECODING["num_beams"].value
+  returned = _DECODING["num_return_sequences"].value
+  if returned > beams:
     raise common.Failure(
-        f"--num_return_sequences={_NUM_RETURN_SEQUENCES.value} is more than "
+        f"--num_return_sequences={returned} is more than "
         f"--num_beams={beams}; give at most --num_beams", common.EXIT_USAGE)
   if beams > 1 and _NUM_SAMPLES.value > 1:
     raise common.Failure(
@@ -242,48 +216,51 @@ def _check_beam_flags():
         "hypothesis only at the end; drop --stream", common.EXIT_USAGE)
 
 
-def _row_temperatures(num_prompts, per_prompt):
-  """--temperature as one value, or one per row (from per-prompt values)."""
-  values = [float(v) for v in _TEMPERATURE.value]
+def _option_value(option, num_prompts, per_prompt):
+  """A decoding flag's value: one, or (per-row options) one per row."""
+  holder = _DECODING[option.name]
+  if not option.per_row:
+    return holder.value
+  parse = int if option.dtype.startswith("int") else float
+  values = [parse(v) for v in holder.value]
   if len(values) == 1:
     return values[0]
   if len(values) == num_prompts:
-    return [t for t in values for _ in range(per_prompt)]
+    return [v for v in values for _ in range(per_prompt)]
   if len(values) == num_prompts * per_prompt:
     return values
   raise common.Failure(
-      f"--temperature lists {len(values)} values for {num_prompts} prompts x "
-      f"{per_prompt} samples; give one value, one per --prompt, or one per row",
-      common.EXIT_USAGE)
+      f"--{option.name} lists {len(values)} values for {num_prompts} prompts "
+      f"x {per_prompt} samples; give one value, one per --prompt, or one per "
+      "row", common.EXIT_USAGE)
 
 
-def _generate(model, rows, seed, temperature, printer):
+def _generate(model, rows, seed, decoding, printer):
   """Calls the library (one batch) and prints through `printer`."""
   prompts = [prompt for _, _, prompt in rows]
   stops = _STOP.value or []
-  options = dict(temperature=temperature, top_k=_TOP_K.value,
-                 top_p=_TOP_P.value, min_p=_MIN_P.value,
-                 repetition_penalty=_REPETITION_PENALTY.value,
-                 repetition_window=_REPETITION_WINDOW.value,
-                 no_repeat_ngram_size=_NO_REPEAT_NGRAM_SIZE.value, seed=seed,
-                 stop=stops or None, return_scores=True,
-                 jit_compile=_JIT_COMPILE.value)
+  beams = decoding["num_beams"]
+  common_args = dict(seed=seed, stop=stops or None, return_scores=True,
+                     jit_compile=_JIT_COMPILE.value)
+  sampling = {name: value for name, value in decoding.items()
+              if options_lib.BY_NAME[name].streams}
   try:
     if _STREAM.value:
       for pieces, scores in rnnstep.stream(model, prompts, _NUM_STEPS.value,
                                            chunk_size=_CHUNK_SIZE.value,
-                                           **options):
+                                           **sampling, **common_args):
         printer.add(pieces, scores)
-    elif _NUM_BEAMS.value > 1:
+    elif beams > 1:
       # One beam search per prompt; its hypotheses are the prompt's rows.
       unique = list(_PROMPT.value)
-      returned = _NUM_RETURN_SEQUENCES.value
-      with Progress(f"beam search, {_NUM_BEAMS.value} beams x "
+      returned = decoding["num_return_sequences"]
+      # Per-row values belong to rows; beams run one row per prompt.
+      per_prompt = {name: (value[::returned] if isinstance(value, list)
+                           else value) for name, value in decoding.items()}
+      with Progress(f"beam search, {beams} beams x "
                     f"{len(unique)} prompts x {_NUM_STEPS.value} characters"):
-        texts, scores = rnnstep.generate(
-            model, unique, _NUM_STEPS.value, num_beams=_NUM_BEAMS.value,
-            length_penalty=_LENGTH_PENALTY.value,
-            num_return_sequences=returned, **options)
+        texts, scores = rnnstep.generate(model, unique, _NUM_STEPS.value,
+                                         **per_prompt, **common_args)
       if returned == 1:
         texts, scores = [[t] for t in texts], [[s] for s in scores]
       printer.add([t for per in texts for t in per],
@@ -291,7 +268,7 @@ def _generate(model, rows, seed, temperature, printer):
     else:
       with Progress(f"generating {len(rows)} x {_NUM_STEPS.value} characters"):
         texts, scores = rnnstep.generate(model, prompts, _NUM_STEPS.value,
-                                         **options)
+                                         **decoding, **common_args)
       printer.add(texts, scores)
     printer.finish()
   except ValueError as e:
@@ -306,9 +283,9 @@ def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
         model.encode(text)
       except ValueError as e:
         return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
-  # The library names the argument first ("num_beams must be ...").
-  argument = str(error).split(" ", 1)[0].split("[", 1)[0]
-  if argument != "num_steps" and argument in FLAGS:
+  # The library's argument errors name their argument; its flag has the name.
+  argument = getattr(error, "argument", None)
+  if isinstance(error, errors.ArgumentError) and argument in FLAGS:
     return common.Failure(f"--{argument}: {error}", common.EXIT_USAGE)
   return common.Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} "
                         f"rows (prompts x --num_samples): {error}")

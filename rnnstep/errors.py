@@ -1,0 +1,28 @@
+"""The one error type for a bad argument, carrying the argument's name.
+
+Every declared check (`options.py`) and every other argument check of the
+library raises `ArgumentError`: a `ValueError` whose message is one line in the
+caller's words ("top_p must be in (0, 1] (1 = off), got 2") and whose
+`argument` names the keyword it is about. Front ends map that name to their
+own spelling (the CLI to its `--flag`) without reading the message, as absl's
+`app.UsageError` lets a binary report its own usage.
+
+This module imports nothing heavy, so the command-line tools can use it before
+TensorFlow loads.
+"""
+
+
+class ArgumentError(ValueError):
+  """A bad value for one argument.
+
+  Args:
+    argument: the keyword argument's name ("top_p"; "prompts", "seed", ...).
+    message: one line saying what is wrong and what to give instead.
+
+  Attributes:
+    argument: as given.
+  """
+
+  def __init__(self, argument: str, message: str):
+    super().__init__(message)
+    self.argument = argument

@@ -1,0 +1,282 @@
+"""The host side of a generation: prompts in, a request built, ids out.
+
+`Generator` (`generator.py`) owns the compiled functions; this module owns
+what happens around one call on the host: encoding prompts and stop strings,
+building the `request.Request` from the checked options, refusing an output
+that cannot fit in memory before anything is allocated, calling the compiled
+function once (or once per chunk when streaming, or once per replica under
+`tf.distribute`), and slicing each row's ids out of the result.
+"""
+
+import os
+from typing import Iterator, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from rnnstep import errors
+from rnnstep import request as request_lib
+from rnnstep import stopping
+
+# Bytes kept per generated character and row, all copies included (the id
+# buffer on device and its stacked copy, int32 each; the host id array; the
+# decoded str), for refusing runs that cannot fit before anything is allocated.
+BYTES_PER_GENERATED_CHAR = 16
+
+
+def available_memory_bytes() -> Optional[int]:
+  """MemAvailable from /proc/meminfo (None where unknown)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def check_output_fits(batch_size: int, num_steps: int) -> None:
+  """Refuses a run whose output cannot fit in memory, before allocating it.
+
+  Raises:
+    ValueError: with the estimate and what is available.
+  """
+  need = batch_size * num_steps * BYTES_PER_GENERATED_CHAR
+  have = available_memory_bytes()
+  if have is not None and need > have:
+    raise ValueError(
+        f"{batch_size} rows x {num_steps} steps need about {need / 2**30:.1f} GiB "
+        f"for the output but only {have / 2**30:.1f} GiB is available; generate "
+        "fewer rows or steps, or stream the output in chunks")
+
+
+def stop_automaton(model, stop: Sequence[str]) -> stopping.Automaton:
+  """Compiles stop strings for this model's vocabulary.
+
+  Raises:
+    errors.ArgumentError: an empty stop string, or one the model can never
+      generate.
+  """
+  sequences = []
+  for text in stop:
+    if not text:
+      raise errors.ArgumentError(
+          "stop", "a stop string is empty; give at least one character")
+    try:
+      sequences.append(model.encode(text))
+    except ValueError as e:
+      raise errors.ArgumentError(
+          "stop", f"stop string {text!r} can never be generated: {e}") from None
+  return stopping.stop_automaton(sequences, model.vocab_size)
+
+
+def prompt_batch(model, prompts: Sequence[str]):
+  """Encodes prompts into right-padded ids `[B, T]` and lengths `[B]`.
+
+  Raises:
+    errors.ArgumentError: an empty prompt or one with a character outside the
+      vocabulary.
+  """
+  encoded = []
+  for i, prompt in enumerate(prompts):
+    if not isinstance(prompt, str):
+      raise errors.ArgumentError(
+          "prompts", f"prompt {i} is a {type(prompt).__name__}, not a str")
+    if not prompt:
+      raise errors.ArgumentError(
+          "prompts", f"prompt {i} is empty; give at least one character")
+    try:
+      encoded.append(model.encode(prompt))
+    except ValueError as e:
+      raise errors.ArgumentError("prompts", f"prompt {i}: {e}") from None
+  lengths = np.array([len(e) for e in encoded], np.int32)
+  ids = np.zeros([len(encoded), int(lengths.max())], np.int32)
+  for row, e in enumerate(encoded):
+    ids[row, :len(e)] = e
+  return ids, lengths
+
+
+def build_request(generator, prompts: Sequence[str], num_steps: int,
+                  options: request_lib.Options = request_lib.Options(), *,
+                  capacity_steps=None, total_steps=None) -> request_lib.Request:
+  """Builds the `Request` for Python values (see `request.build`).
+
+  Args:
+    generator: the `Generator` it is for (its model and path).
+    prompts: the prompts, as str.
+    num_steps: steps to generate (in this call).
+    options: the `request.Options`.
+    capacity_steps: the steps the output buffer must hold (streaming).
+    total_steps: the steps of the whole generation (streaming).
+
+  Returns:
+    The Request; under XLA its batch is padded to a bucket.
+
+  Raises:
+    ValueError: an unusable prompt, stop string or seed list.
+  """
+  prompt_ids, lengths = prompt_batch(generator.model, prompts)
+  seeds, index = seed_rows(options.seed, len(prompts))
+  return request_lib.build(
+      prompt_ids, lengths, num_steps, options.sampling, seeds, index,
+      stop_automaton(generator.model, options.stop),
+      bucket_shapes=generator.jit_compile,
+      capacity_steps=capacity_steps, total_steps=total_steps,
+      repetition_window=options.repetition_window,
+      no_repeat_ngram_size=options.no_repeat_ngram_size,
+      num_beams=options.num_beams, length_penalty=options.length_penalty,
+      want_scores=options.return_scores)
+
+
+def generate_ids(generator, prompts: Sequence[str], num_steps: int,
+                 options: request_lib.Options = request_lib.Options(), *,
+                 strategy=None) -> "Sequences":
+  """Generates continuations as ids, in one device call.
+
+  `generator` runs it; the other arguments are as for `rnnstep.generate`
+  (already validated there).
+
+  Returns:
+    The `Sequences`: per prompt, `num_return_sequences` id arrays (one when
+    sampling) and their scores; a row that met a stop string ends with it.
+  """
+  request = build_request(generator, prompts, num_steps, options)
+  batch, returned = len(prompts), options.num_return_sequences
+  if num_steps == 0:
+    return Sequences([[np.zeros([0], np.int32)] * returned] * batch,
+                     [[0.0] * returned] * batch)
+  check_output_fits(batch * options.num_beams, num_steps)
+  beams = options.num_beams > 1
+
+  def run(request, call=lambda name, *args: getattr(generator, name)(*args)):
+    if beams:
+      return tuple(call("beam_fn", request))
+    result = call("generate_fn", request)
+    return result.ids, result.lengths, result.scores
+
+  if strategy is not None:
+    ids, lengths, scores = run_distributed(run, strategy, request)
+  else:
+    ids, lengths, scores = (x.numpy() for x in run(request, generator.call))
+  if not beams:  # One sequence per prompt.
+    ids, lengths, scores = ids[:, None], lengths[:, None], scores[:, None]
+  return Sequences(
+      [[ids[p, j, :lengths[p, j]] for j in range(returned)]
+       for p in range(batch)],
+      [[float(scores[p, j]) for j in range(returned)] for p in range(batch)])
+
+
+def stream_ids(generator, prompts: Sequence[str], num_steps: int,
+               chunk_size: int,
+               options: request_lib.Options = request_lib.Options()
+               ) -> Iterator["Sequences"]:
+  """Like `generate_ids`, yielding each row's new ids every `chunk_size` steps.
+
+  The state (and the history the look-back rules read) stays on device
+  between chunks; joined, the chunks equal the one-shot result for the same
+  arguments. Sampling only (not beam search).
+
+  Yields:
+    `Sequences` holding each row's new ids (one array per row, not a list)
+    and its score so far.
+  """
+  batch = len(prompts)
+  request = build_request(generator, prompts, min(chunk_size, num_steps),
+                          options, capacity_steps=chunk_size,
+                          total_steps=num_steps)
+  check_output_fits(batch, min(chunk_size, max(num_steps, 1)))
+  carry, start = None, 0
+  while start < num_steps:
+    steps = min(chunk_size, num_steps - start)
+    request = request._replace(num_steps=np.int32(steps))
+    if carry is None:
+      result = generator.call("generate_fn", request)
+    else:
+      result = generator.call("continue_fn", request, carry)
+    ids, lengths = result.ids.numpy(), result.lengths.numpy()
+    scores = result.scores.numpy()
+    yield Sequences([ids[row, :lengths[row]] for row in range(batch)],
+                    [float(scores[row]) for row in range(batch)])
+    carry, start = result.carry, start + steps
+    if bool(tf.reduce_all(carry.done)):
+      return
+
+
+class Sequences(NamedTuple):
+  """Generated ids on the host.
+
+  Attributes:
+    ids: per prompt, a list of int32 arrays (the returned sequences, best
+      first for beam search; one when sampling).
+    scores: per prompt, each sequence's log-likelihood under the model (0.0
+      unless scores were asked for, for sampling).
+  """
+  ids: List[List[np.ndarray]]
+  scores: List[List[float]]
+
+
+def run_distributed(run, strategy, request: request_lib.Request):
+  """Runs a request with its rows split evenly over a strategy's replicas.
+
+  Every row keeps its own (seed, index) key, so the text equals the
+  single-device text. Rows are padded with copies of row 0 to fill the last
+  replica. Every worker of a multi-worker strategy gets all rows.
+
+  Args:
+    run: the compiled work, `run(request) -> tuple of tensors`, each with the
+      rows as its first dimension.
+    strategy: the `tf.distribute.Strategy`.
+    request: the whole `Request`.
+
+  Returns:
+    `run`'s tensors for all rows as numpy arrays, rows in order (padding rows
+    last).
+  """
+  replicas = strategy.num_replicas_in_sync
+  batch = int(request.prompts.lengths.shape[0])
+  per_replica = -(-batch // replicas)
+  request = request_lib.pad_rows(request, per_replica * replicas)
+  host = tf.nest.map_structure(np.asarray, request)
+
+  def replica_values(ctx):
+    first = ctx.replica_id_in_sync_group * per_replica
+    return host.map_rows(lambda x: x[first:first + per_replica])
+
+  # Each replica's own rows; the shared fields are the same on every replica.
+  per_replica_request = strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.nest.map_structure(tf.constant, replica_values(ctx)))
+
+  # A plain callable: the strategy then calls it once per replica with that
+  # replica's values (it would hand a tf.function the PerReplica wrappers).
+  results = strategy.run(run, args=(per_replica_request,))
+  # gather (not local results) so that every worker of a multi-worker
+  # strategy gets all rows.
+  return tuple(strategy.gather(x, axis=0).numpy() for x in results)
+
+
+def seed_rows(seed, batch_size: int):
+  """Maps the `seed` argument to per-row (seed, index) pairs.
+
+  - None: a fresh random seed, rows indexed 0..B-1;
+  - an int s: row i uses (s, i);
+  - a sequence of B ints: row i uses (seeds[i], 0), so a row can be reproduced
+    alone with its own seed.
+
+  Returns:
+    `(seeds int64 [B], index int32 [B])`.
+  """
+  if seed is None:
+    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+  if isinstance(seed, (int, np.integer)):
+    return (np.full([batch_size], seed, np.int64),
+            np.arange(batch_size, dtype=np.int32))
+  seeds = np.asarray(list(seed), np.int64)
+  if seeds.shape != (batch_size,):
+    raise errors.ArgumentError(
+        "seed", f"seed lists {seeds.size} seeds for {batch_size} prompts; "
+        "give one int, or one per prompt")
+  return seeds, np.zeros([batch_size], np.int32)
