@@ -133,7 +133,8 @@ class ModelFileTest(tf.test.TestCase, parameterized.TestCase):
           {"embedding_dim": D, "layers": [{"kind": "gru", "units": -5}]}))),
        "units must be a positive integer"),
       ("vocab_not_chars", lambda m: m.update(vocab=np.array(json.dumps(
-          ["\n", " ", "ab", "b", "c", "d"]))), "not a single character"),
+          ["\n", " ", "ab", "b", "c", "d"]))),
+       "a token of 2 characters; rnnstep.s vocabularies are characters"),
       ("vocab_duplicate", lambda m: m.update(vocab=np.array(json.dumps(
           ["\n", " ", "a", "a", "c", "d"]))), "repeats"),
       ("vocab_size_mismatch", lambda m: m.update(vocab=np.array(json.dumps(

@@ -225,9 +225,10 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   if is_model_file(input_path):
     raise ValueError(f"{input_path}: already an rnnstep model file; nothing to "
                      "convert")
-  chars, source = _characters(corpus, vocab)
-  return _contained(input_path, _convert, input_path, output_path, chars,
-                    source)
+  # The vocabulary is read after the model is mapped (`_read_mapped`): a model
+  # rnnstep cannot run is the real blocker, whatever the vocabulary.
+  return _contained(input_path, _convert, input_path, output_path, corpus,
+                    vocab)
 
 
 class VocabularyRequired(ValueError):
@@ -291,26 +292,26 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
         f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
         "give the training text (corpus) or a vocabulary file (vocab: a JSON "
         "list of characters in id order)")
-  chars, source = _characters(corpus, vocab)
-  return _contained(input_path, _read_any, input_path, chars, source)
+  return _contained(input_path, _read_any, input_path, corpus, vocab)
 
 
-def _read_mapped(input_path: str, chars: List[str], source: str):
-  """Opens a weights file, maps its model, resolves the vocabulary, reads the
-  tensors; returns `(mapped, vocab, tensors)`."""
+def _read_mapped(input_path: str, corpus, vocab):
+  """Opens a weights file, maps its model, then reads and resolves the
+  vocabulary (so that the model's errors come first), reads the tensors;
+  returns `(mapped, characters given, vocab, tensors)`."""
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
+    chars, source = _characters(corpus, vocab)
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
-    return mapped, full_vocab, mapped.read_tensors()
+    return mapped, chars, full_vocab, mapped.read_tensors()
   finally:
     contents.close()
 
 
-def _read_any(input_path: str, chars: List[str], source: str
-              ) -> model_file.ModelFile:
-  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
+def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
+  mapped, _, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
   return model_file.ModelFile(mapped.config, full_vocab, tensors)
 
@@ -349,9 +350,8 @@ def _characters(corpus, vocab) -> Tuple[List[str], str]:
   return model_file.validate_vocab(list(vocab), "vocab"), "the vocab list"
 
 
-def _convert(input_path: str, output_path: str, chars: List[str],
-             source: str) -> Summary:
-  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
+def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
+  mapped, chars, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
   model_file.write(output_path, mapped.config, full_vocab, tensors)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
