@@ -1,0 +1,203 @@
+"""Models from public recipes, built with real Keras 3 in-process (small).
+
+- The keras.io "Character-level text generation with LSTM" model:
+  `Sequential([Input((T, V)), LSTM(U), Dense(V, activation="softmax")])` over
+  one-hot vectors, saved as .keras, legacy .h5, .weights.h5 and a TF
+  checkpoint: rnnstep maps it to an identity Embedding, keeps the Dense's
+  pre-softmax logits, and records `window: T` (its Input fixes T and its LSTM
+  has return_sequences=False). Keras's own layers with the same weights (an
+  LSTM with return_sequences=True and a linear Dense) give the reference.
+- A textgenrnn-shaped graph (Embedding -> 2 LSTM -> concatenate ->
+  attention-weighted average -> Dense; its layer names), refused in one line
+  naming the attention layer, before its {token: index} vocabulary is read.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import rnnstep
+from rnnstep import convert
+
+keras = pytest.importorskip("keras")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXCERPT = os.path.join(REPO, "tests", "data",
+                       "tinyshakespeare_heldout_excerpt.txt")
+WINDOW = 12
+UNITS = 16
+TOLERANCE = 1e-5
+GREEDY_STEPS = 30
+
+
+def recipe_text():
+  """The recipe's text preparation: lower case, newlines as spaces."""
+  with open(EXCERPT, encoding="utf-8") as f:
+    return f.read()[:3000].lower().replace("\n", " ")
+
+
+@pytest.fixture(scope="module")
+def one_hot_files(tmp_path_factory):
+  out = tmp_path_factory.mktemp("one_hot")
+  chars = sorted(set(recipe_text()))
+  size = len(chars)
+  model = keras.Sequential([
+      keras.Input(shape=(WINDOW, size)), keras.layers.LSTM(UNITS),
+      keras.layers.Dense(size, activation="softmax")])
+  rng = np.random.default_rng(3)
+  model.set_weights([rng.uniform(-0.8, 0.8, w.shape).astype(np.float32)
+                     for w in model.get_weights()])
+  files = {"keras": str(out / "m.keras"), "legacy_h5": str(out / "m.h5"),
+           "weights_h5": str(out / "m.weights.h5"),
+           "tf_checkpoint": str(out / "ckpt" / "ckpt")}
+  model.save(files["keras"])
+  model.save(files["legacy_h5"])
+  model.save_weights(files["weights_h5"])
+  tf.train.Checkpoint(model=model).write(files["tf_checkpoint"])
+  # The reference: Keras's LSTM and Dense with the model's weights, the LSTM
+  # returning every step and the Dense linear (pre-softmax logits).
+  lstm, dense = model.layers
+  probe = keras.Sequential([
+      keras.Input(shape=(None, size)),
+      keras.layers.LSTM(UNITS, return_sequences=True),
+      keras.layers.Dense(size)])
+  probe.layers[0].set_weights(lstm.get_weights())
+  probe.layers[1].set_weights(dense.get_weights())
+  def forward(ids):
+    return np.asarray(probe(tf.one_hot(np.asarray(ids)[None], size)))[0]
+  text = recipe_text()
+  ids = [chars.index(c) for c in text[:40]]
+  prompt = text[40:52]
+  greedy = [chars.index(c) for c in prompt]
+  for _ in range(GREEDY_STEPS):
+    last = forward(greedy)[-1]
+    top2 = np.sort(last)[-2:]
+    assert top2[1] - top2[0] > 1e-4, "near tie on the greedy path; reseed"
+    greedy.append(int(np.argmax(last)))
+  vocab_path = out / "vocab.json"
+  vocab_path.write_text(json.dumps(chars))
+  return {"files": files, "chars": chars, "ids": ids, "logits": forward(ids),
+          "prompt": prompt, "greedy": "".join(chars[i] for i in
+                                              greedy[len(prompt):]),
+          "vocab": str(vocab_path), "dir": out}
+
+
+@pytest.mark.parametrize("fmt", ["keras", "legacy_h5", "weights_h5",
+                                 "tf_checkpoint"])
+def test_one_hot_model_matches_keras(one_hot_files, fmt):
+  case = one_hot_files
+  model = rnnstep.load(case["files"][fmt], vocab=case["vocab"])
+  logits = rnnstep.logits(model, case["ids"])[0]
+  assert float(np.abs(logits - case["logits"]).max()) <= TOLERANCE
+  text = rnnstep.generate(model, case["prompt"], GREEDY_STEPS, temperature=0)
+  assert text == case["greedy"]
+  # Only the files with a config know the model was built for windows.
+  has_config = fmt in ("keras", "legacy_h5")
+  assert model.config.window == (WINDOW if has_config else None)
+  summary = convert.inspect(case["files"][fmt])
+  assert summary.layers[0].name == "(one-hot input)"
+  assert any("identity Embedding" in note for note in summary.notes)
+  if has_config:
+    assert any("softmax dropped" in note for note in summary.notes)
+    assert any(f"window={WINDOW}" in note for note in summary.notes)
+
+
+def test_converted_one_hot_model_file_records_the_window(one_hot_files,
+                                                         tmp_path):
+  out = tmp_path / "m.npz"
+  convert.convert(one_hot_files["files"]["keras"], out,
+                  vocab=one_hot_files["vocab"])
+  model = rnnstep.load(out)
+  assert model.config.window == WINDOW
+  assert json.loads(str(np.load(out)["config"]))["window"] == WINDOW
+  np.testing.assert_array_equal(model.tensors()["embedding"],
+                                np.eye(len(one_hot_files["chars"])))
+
+
+# ------------------------------------------------------------- textgenrnn
+
+
+@keras.saving.register_keras_serializable(package="textgenrnn_like")
+class AttentionWeightedAverage(keras.layers.Layer):
+  """textgenrnn's pooling layer: a softmax-weighted average over time."""
+
+  def build(self, input_shape):
+    self.W = self.add_weight(shape=(input_shape[-1], 1), name="W")  # pylint: disable=invalid-name
+
+  def call(self, x):
+    weights = keras.ops.softmax(keras.ops.squeeze(x @ self.W, -1), axis=-1)
+    return keras.ops.sum(x * weights[..., None], axis=1)
+
+
+@pytest.fixture(scope="module")
+def textgenrnn_like(tmp_path_factory):
+  out = tmp_path_factory.mktemp("textgenrnn")
+  vocab_size, window = 12, 8
+  inputs = keras.Input(shape=(window,), name="input")
+  embedded = keras.layers.Embedding(vocab_size, 6, name="embedding")(inputs)
+  rnn_1 = keras.layers.LSTM(8, return_sequences=True, name="rnn_1")(embedded)
+  rnn_2 = keras.layers.LSTM(8, return_sequences=True, name="rnn_2")(rnn_1)
+  joined = keras.layers.concatenate([embedded, rnn_1, rnn_2],
+                                    name="rnn_concat")
+  pooled = AttentionWeightedAverage(name="attention")(joined)
+  outputs = keras.layers.Dense(vocab_size, activation="softmax",
+                               name="output")(pooled)
+  model = keras.Model(inputs, outputs)
+  path = out / "textgenrnn_like.keras"
+  model.save(path)
+  # textgenrnn's vocabulary file: {token: index}, with a '<s>' token.
+  tokens = {"<s>": vocab_size - 1, **{c: i + 1 for i, c in
+                                       enumerate("abcdefghij")}}
+  vocab_path = out / "textgenrnn_vocab.json"
+  vocab_path.write_text(json.dumps(tokens))
+  return {"model": str(path), "vocab": str(vocab_path)}
+
+
+def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
+    textgenrnn_like):
+  for call in (lambda: convert.inspect(textgenrnn_like["model"]),
+               lambda: rnnstep.load(textgenrnn_like["model"],
+                                    vocab=textgenrnn_like["vocab"])):
+    with pytest.raises(ValueError) as info:
+      call()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'attention' ('AttentionWeightedAverage')" in message, message
+    assert "not a step-wise stack" in message
+    assert "vocab" not in message
+
+
+def test_token_vocabularies_are_refused_as_not_characters(one_hot_files,
+                                                          textgenrnn_like):
+  with pytest.raises(ValueError, match=r"textgenrnn_vocab.json: vocab is a "
+                     r"JSON object \{token: index\} with multi-character "
+                     r"tokens such as '<s>', not a list; rnnstep's "
+                     "vocabularies are characters") as info:
+    rnnstep.load(one_hot_files["files"]["keras"],
+                 vocab=textgenrnn_like["vocab"])
+  assert "\n" not in str(info.value)
+  tokens = one_hot_files["dir"] / "tokens.json"
+  tokens.write_text(json.dumps(one_hot_files["chars"][:-1] + ["<s>"]))
+  with pytest.raises(ValueError, match=r"is '<s>', a token of 3 characters; "
+                     "rnnstep's vocabularies are characters"):
+    rnnstep.load(one_hot_files["files"]["keras"], vocab=tokens)
+
+
+def test_generate_cli_names_a_missing_vocab_file_once(one_hot_files, tmp_path):
+  missing = tmp_path / "missing.json"
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
+  proc = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate",
+       f"--weights={one_hot_files['files']['keras']}", f"--vocab={missing}",
+       "--num_steps=3"], cwd=REPO, capture_output=True, text=True, env=env,
+      timeout=600, stdin=subprocess.DEVNULL)
+  assert proc.returncode == 1
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].count(str(missing)) == 1, lines[0]
+  assert f"--vocab={missing}: No such file or directory" in lines[0]
