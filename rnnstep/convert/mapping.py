@@ -353,6 +353,11 @@ def _map_by_shapes(groups, label):
     if classes[emb.name] in ("embedding", "matrix") and (
         classes[dense.name] in ("dense", "matrix")):
       pairs.append((emb, dense))
+  if len(others) > 2:
+    raise safe_io.fail(label, "the model is not a step-wise stack: besides the "
+                       f"recurrent layers the file holds {_list_groups(others)}"
+                       "; rnnstep maps Embedding (or one-hot inputs) -> "
+                       "GRU/LSTM/SimpleRNN layer(s) -> Dense")
   if len(others) != 2 or not pairs:
     raise safe_io.fail(label, "expected one Embedding and one Dense around the "
                        f"recurrent layers, found: {_list_groups(others) or 'none'}"
