@@ -16,14 +16,19 @@ Inputs (see `shared/design/keras-formats.md`):
   - TF checkpoints: a directory (its latest checkpoint) or a prefix, from
     `ModelCheckpoint(save_weights_only=True)` of Keras 2 models and from
     `tf.train.Checkpoint(model=...)` of Keras 3 models;
-  - PyTorch state dicts: `torch.save` files (`.pt`, `.pth`, `.bin`; zip or
-    legacy format) and `.safetensors` (`pytorch`, `torch_files`).
+  - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
+    `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
+    `torch_files`).
 
-The model must be Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN
-layer(s) -> Dense (PyTorch: Embedding -> GRU / LSTM / RNN(tanh) -> Linear);
-anything else is refused with a message saying what was found. Files are read
-as data only: no Keras or torch import, no config deserialization, no pickled
-code run (a restricted unpickler rebuilds tensors and dicts only), guarded zip
+The model must be Embedding (or one-hot inputs: an identity Embedding) ->
+GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
+Embedding -> GRU / LSTM / RNN(tanh) -> Linear); anything else is refused with
+a message saying what was found, before any vocabulary is read. A model built
+for fixed windows (a fixed T in its Input, return_sequences=False on its last
+recurrent layer) records `window` in its config. Files are read as data only:
+no Keras or torch import, no config deserialization, no pickled code run (a
+restricted unpickler rebuilds tensors and dicts, and a pickled module's
+classes only as inert records; it calls nothing the file names), guarded zip
 and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 
 Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
@@ -430,7 +435,8 @@ def _open(input_path: PathLike) -> Contents:
   if head[:1] == b"\x80":
     raise ValueError(f"{path}: a Python pickle that is not a torch.save file; "
                      "rnnstep does not unpickle arbitrary files (save the "
-                     "weights with torch.save(model.state_dict(), PATH))")
+                     "model with torch.save(model, PATH) or "
+                     "torch.save(model.state_dict(), PATH))")
   raise ValueError(f"{path}: not a Keras weights file nor a PyTorch one (neither "
                    "a .keras zip archive, an HDF5 file, a TF checkpoint, a "
                    "torch.save file nor .safetensors)")
