@@ -265,3 +265,22 @@ def test_generate_cli_names_a_missing_vocab_file_once(one_hot_files, tmp_path):
   assert len(lines) == 1, proc.stderr
   assert lines[0].count(str(missing)) == 1, lines[0]
   assert f"--vocab={missing}: No such file or directory" in lines[0]
+
+
+@pytest.mark.parametrize("steps,return_sequences,window", [
+    (8, False, 8), (None, False, None), (8, True, None)])
+def test_window_needs_fixed_steps_and_a_last_output_only(
+    tmp_path, steps, return_sequences, window):
+  """With an Embedding too: the window is a fact of the Input and the last
+  recurrent layer, not of one-hot inputs."""
+  model = keras.Sequential([
+      keras.Input(shape=(steps,), dtype="int32"), keras.layers.Embedding(5, 3),
+      keras.layers.GRU(4, return_sequences=True),
+      keras.layers.GRU(4, return_sequences=return_sequences),
+      keras.layers.Dense(5)])
+  path = str(tmp_path / "m.keras")
+  model.save(path)
+  summary = convert.inspect(path)
+  assert summary.config.window == window
+  if steps is None:
+    assert any("fixes no window length" in note for note in summary.notes)
