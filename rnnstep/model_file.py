@@ -5,7 +5,11 @@ This module is the only place that knows the file's keys. A file holds:
   format_version   int64 scalar, currently 1
   config           str scalar: JSON `{"embedding_dim": D, "layers": [LAYER, ...]}`
                    where LAYER is `{"kind": "gru", "units": U, "reset_after": bool}`,
-                   `{"kind": "lstm", "units": U}` or `{"kind": "simple_rnn", "units": U}`
+                   `{"kind": "lstm", "units": U}` or `{"kind": "simple_rnn", "units": U}`;
+                   optionally `"window": T` (a positive int): the model was built
+                   for fixed windows of T characters from a zero state (a fixed T
+                   in its Input, return_sequences=False on its last recurrent
+                   layer); absent for models stepped statefully
   vocab            str scalar: JSON list of the characters in id order; id 0 may be
                    "[UNK]" (never sampled)
   embedding        float32 [V, D]
@@ -46,6 +50,7 @@ GATES = {name: kind.gates for name, kind in kinds.KINDS.items()}
 MAX_UNITS = 1 << 16
 MAX_VOCAB = 1 << 20
 MAX_LAYERS = 64
+MAX_WINDOW = 1 << 16
 MAX_MEMBER_BYTES = 8 << 30
 MAX_TEXT_BYTES = 64 << 20
 
@@ -69,13 +74,24 @@ class LayerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """The architecture: Embedding(V, D) -> recurrent layers -> Dense(V)."""
+  """The architecture: Embedding(V, D) -> recurrent layers -> Dense(V).
+
+  Attributes:
+    embedding_dim: D.
+    layers: the recurrent layers, in order.
+    window: T for a model built for fixed windows of T characters from a zero
+      state (see the module docstring), else None.
+  """
   embedding_dim: int
   layers: Tuple[LayerConfig, ...]
+  window: Optional[int] = None
 
   def to_json(self) -> str:
-    return json.dumps({"embedding_dim": self.embedding_dim,
-                       "layers": [layer.to_json() for layer in self.layers]})
+    out = {"embedding_dim": self.embedding_dim,
+           "layers": [layer.to_json() for layer in self.layers]}
+    if self.window is not None:
+      out["window"] = self.window
+    return json.dumps(out)
 
   def expected_shapes(self, vocab_size: int) -> Dict[str, Tuple[int, ...]]:
     """Returns the shape every tensor key must have for this config."""
@@ -143,7 +159,11 @@ def parse_config(data, path=None) -> ModelConfig:
     if not isinstance(reset_after, bool):
       raise _fail(path, f"config layer {i} reset_after must be true or false")
     layers.append(LayerConfig(kind, units, reset_after))
-  return ModelConfig(dim, tuple(layers))
+  window = data.get("window")
+  if window is not None and not _is_size(window, MAX_WINDOW):
+    raise _fail(path, f"config window must be a positive integer up to "
+                f"{MAX_WINDOW}, got {window!r}")
+  return ModelConfig(dim, tuple(layers), window)
 
 
 def _is_size(value, limit) -> bool:
@@ -157,6 +177,13 @@ def validate_vocab(vocab, path=None) -> List[str]:
   Raises:
     ValueError: naming the offending entry.
   """
+  if isinstance(vocab, dict):  # textgenrnn's vocab file: {token: index}.
+    tokens = [t for t in vocab if not isinstance(t, str) or len(t) != 1]
+    found = (f" with multi-character tokens such as {tokens[0]!r}" if tokens
+             else "")
+    raise _fail(path, f"vocab is a JSON object {{token: index}}{found}, not a "
+                "list; rnnstep's vocabularies are characters",
+                "give a JSON list of single characters in id order")
   if not isinstance(vocab, list) or not vocab:
     raise _fail(path, "vocab must be a non-empty list of characters")
   if len(vocab) > MAX_VOCAB:
@@ -167,7 +194,10 @@ def validate_vocab(vocab, path=None) -> List[str]:
     if token == UNK_TOKEN and i == 0:
       continue
     if len(token) != 1:
-      raise _fail(path, f"vocab entry {i} is {token!r}, not a single character",
+      what = (f"a token of {len(token)} characters" if token
+              else "an empty string")
+      raise _fail(path, f"vocab entry {i} is {token!r}, {what}; rnnstep's "
+                  "vocabularies are characters (one per id)",
                   f"only id 0 may be {UNK_TOKEN!r}")
   if len(set(vocab)) != len(vocab):
     dupes = sorted({t for t in vocab if vocab.count(t) > 1})

@@ -328,7 +328,7 @@ CASES = [
     ("latin1_corpus", "good_keras", "latin1_corpus", "not UTF-8"),
     ("bad_json_vocab", "good_keras", "bad_json_vocab", "not a vocab file"),
     ("multichar_vocab", "good_keras", "multichar_vocab",
-     "not a single character"),
+     "vocabularies are characters"),
 ]
 
 

@@ -4,8 +4,11 @@ The fixtures in tests/data/torch/ were written by real torch
 (tools/make_torch_fixtures.py, torch 2.13 CPU): random char models (nothing
 trained) saved with torch.save (zip and legacy), safetensors, as a training
 checkpoint dict with `module.` keys, with bfloat16 / float16 / float64
-tensors, tied weights and strided views of a shared storage; plus files that
-must be refused. `reference.npz` holds torch's logits for a fixed id sequence
+tensors, tied weights and strided views of a shared storage; whole pickled
+modules as spro/char-rnn.pytorch saves them (`torch.save(model)` of a
+`model.CharRNN`, zip and legacy), a module nesting nn.Sequential (pickle
+protocol 1); plus files that must be refused, among them module pickles that
+hide a call of os.system / eval. `reference.npz` holds torch's logits for a fixed id sequence
 and torch's greedy continuation of a prompt. Here rnnstep reads the files
 (torch is not needed) and must match: logits within 2e-5, greedy text char for
 char. Hostile pickles are built here with `pickle` (never unpickled by us) and
@@ -13,10 +16,13 @@ must be refused without running anything. One test rebuilds the fixtures with
 live torch when it is importable (skipped in CI, which has no torch).
 """
 
+import collections
+import copyreg
 import json
 import os
 import pathlib
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -43,16 +49,25 @@ CASES = [
     ("gru_nobias_checkpoint.bin", "gru_nobias"),
     ("stack_bf16.pt", "stack_bf16"), ("tied_views.pt", "tied_views"),
 ]
+# Whole pickled modules (vocabulary string.printable, ids `charrnn_ids`).
+MODULE_CASES = [
+    ("charrnn_gru.pt", "charrnn_gru"), ("charrnn_gru_legacy.pt", "charrnn_gru"),
+    ("charrnn_lstm.pt", "charrnn_lstm"), ("nested_protocol1.pt", "nested"),
+]
+HOSTILE = ["hostile_attribute.pt", "hostile_submodule.pt",
+           "hostile_parameter.pt", "hostile_parameter_legacy.pt"]
+HOSTILE_MARKER = "rnnstep_hostile_pickle_ran"  # As in make_torch_fixtures.
 
 
 def check_against_reference(directory, file_name, ref_name):
   """Loads a fixture directly and compares it with torch's stored outputs."""
   ref = np.load(os.path.join(directory, "reference.npz"))
-  chars = json.load(open(os.path.join(directory, "vocab.json"),
-                         encoding="utf-8"))
-  model = rnnstep.load(os.path.join(directory, file_name),
-                       vocab=os.path.join(directory, "vocab.json"))
-  logits = rnnstep.logits(model, ref["ids"])[0]
+  whole = ref_name.startswith(("charrnn", "nested"))
+  vocab_path = os.path.join(directory, "charrnn_vocab.json" if whole
+                            else "vocab.json")
+  chars = json.load(open(vocab_path, encoding="utf-8"))
+  model = rnnstep.load(os.path.join(directory, file_name), vocab=vocab_path)
+  logits = rnnstep.logits(model, ref["charrnn_ids" if whole else "ids"])[0]
   error = float(np.abs(logits - ref[f"{ref_name}_logits"]).max())
   assert error <= TOLERANCE, (file_name, error)
   prompt = str(ref["prompt"])
@@ -65,6 +80,48 @@ def check_against_reference(directory, file_name, ref_name):
 @pytest.mark.parametrize("file_name,ref_name", CASES)
 def test_logits_and_greedy_text_match_torch(file_name, ref_name):
   check_against_reference(DATA, file_name, ref_name)
+
+
+@pytest.mark.parametrize("file_name,ref_name", MODULE_CASES)
+def test_whole_pickled_modules_match_torch(file_name, ref_name):
+  check_against_reference(DATA, file_name, ref_name)
+
+
+def test_a_whole_module_converts_and_names_its_tensors_as_state_dict(
+    tmp_path):
+  out = tmp_path / "charrnn.npz"
+  summary = convert.convert(DATA / "charrnn_gru_legacy.pt", out,
+                            vocab=DATA / "charrnn_vocab.json")
+  assert summary.format == ("PyTorch whole module 'model.CharRNN' (legacy "
+                            "torch.save file, 11 tensors)")
+  assert [layer.name for layer in summary.layers] == [
+      "encoder", "rnn[l0]", "rnn[l1]", "decoder"]
+  assert any("neither imported nor run" in note for note in summary.notes)
+  assert rnnstep.load(out).vocab_size == 100
+  # nn.Sequential children are numbered as state_dict() numbers them.
+  text = str(convert.inspect(DATA / "nested_protocol1.pt"))
+  assert "'embed.0'" in text and "'head.1'" in text
+
+
+@pytest.mark.parametrize("file_name", HOSTILE)
+def test_hostile_module_pickles_are_refused_and_nothing_runs(
+    tmp_path, monkeypatch, file_name):
+  """Each fixture would create HOSTILE_MARKER in the working directory if its
+  os.system / eval call ran (in an attribute, a submodule's attribute, in
+  place of a parameter)."""
+  monkeypatch.chdir(tmp_path)
+  for call in (convert.inspect,
+               lambda p: rnnstep.load(p, vocab=DATA / "charrnn_vocab.json")):
+    with pytest.raises(ValueError) as info:
+      call(DATA / file_name)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(DATA / file_name))
+    assert re.search(r"asks to call '(posix|nt)\.system'|asks to call "
+                     r"'builtins\.eval'", message), message
+    assert message.endswith("never runs code from a file (refused)")
+  assert not (tmp_path / HOSTILE_MARKER).exists()
+  assert not os.listdir(tmp_path)
 
 
 def test_corpus_gives_the_same_vocabulary_and_convert_writes_it(tmp_path):
@@ -127,8 +184,6 @@ def test_read_weights_matches_the_keras_layout_from_safetensors():
 
 
 @pytest.mark.parametrize("file_name,message", [
-    ("whole_module.pt", r"a whole pickled model \(torch.save\(model\)\).*"
-     r"torch.save\(model.state_dict\(\), PATH\)"),
     ("bidirectional.pt", r"'gru.weight_ih_l0_reverse': a bidirectional RNN"),
     ("lstm_proj.pt", r"'lstm.weight_hr_l0': an LSTM with proj_size"),
 ])
@@ -196,6 +251,69 @@ def test_a_pickle_that_would_run_code_is_refused_without_running_it(
     assert "never runs code from a file (refused)" in message, message
     assert "system" in message or "eval" in message, message
     assert not marker.exists()
+
+
+class _Module:
+  """Pickles as an nn.Module does (protocol 2: GLOBAL, NEWOBJ, BUILD with
+  its attribute dict), without torch."""
+
+  def __init__(self, parameters=(), modules=(), **attributes):
+    self._parameters = collections.OrderedDict(parameters)
+    self._buffers = collections.OrderedDict()
+    self._modules = collections.OrderedDict(modules)
+    self.__dict__.update(attributes)
+
+
+class _CallsModuleClass:
+  """Pickles as a call of a module class with arguments (REDUCE)."""
+
+  def __reduce__(self):
+    return (_Module, ((("w", 1),),))
+
+
+class _Reconstructs:
+  """Pickles as copyreg._reconstructor(cls, dict, state): the real helper
+  would run dict.__init__(obj, state)."""
+
+  def __reduce__(self):
+    return (copyreg._reconstructor, (_Module, dict, {"a": 1}))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("layout", ["zip", "legacy"])
+@pytest.mark.parametrize("payload,message", [
+    (_Module(modules=[("rnn", _CallsModuleClass())]),
+     r"asks to call 'tests\.test_convert_torch\._Module'.*never runs code"),
+    (_Module(modules=[("rnn", _Reconstructs())]),
+     r"asks to call 'copyreg._reconstructor with a base class other than "
+     r"object'"),
+    (_Module(parameters=[("weight", os.getcwd)]),
+     r"parameter 'weight' of module '\(top level\)' \('tests\.test_convert_"
+     r"torch\._Module'\) is the class or function '(posix|nt)\.getcwd', not a "
+     "tensor"),
+    (_Module(modules=[("inner", _Module(parameters=[("bias", None)],
+                                        modules=[("x", dict)]))]),
+     r"module 'inner\.x' is the class or function 'builtins\.dict', not an "
+     r"nn\.Module"),
+    ({"model": _Module(modules=[("a", {"not": "a module"})])},
+     r"module 'a' is a dict, not an nn.Module"),
+])
+def test_handmade_module_pickles_are_read_as_records_or_refused(
+    tmp_path, layout, payload, message):
+  path = tmp_path / "module.pt"
+  (_torch_zip if layout == "zip" else _legacy)(
+      path, pickle.dumps(payload, protocol=2))
+  with pytest.raises(ValueError, match=message) as info:
+    convert.inspect(path)
+  assert "\n" not in str(info.value)
+
+
+def test_a_module_in_a_cycle_is_refused(tmp_path):
+  outer = _Module()
+  outer._modules["self"] = outer  # pylint: disable=protected-access
+  path = tmp_path / "cycle.pt"
+  _torch_zip(path, pickle.dumps(outer, protocol=2))
+  with pytest.raises(ValueError, match="nested too deeply or in a cycle"):
+    convert.inspect(path)
 
 
 def _str(text):
@@ -370,7 +488,7 @@ def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
   subprocess.run([sys.executable, str(REPO / "tools" / "make_torch_fixtures.py"),
                   f"--out={tmp_path}"], check=True, capture_output=True,
                  timeout=600)
-  for file_name, ref_name in CASES:
+  for file_name, ref_name in CASES + MODULE_CASES:
     check_against_reference(str(tmp_path), file_name, ref_name)
   for name in ("tied_views.pt", "stack_bf16.pt", "gru2_legacy.pt"):
     want = torch.load(tmp_path / name, weights_only=True)

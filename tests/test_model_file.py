@@ -58,6 +58,14 @@ class ModelFileTest(tf.test.TestCase, parameterized.TestCase):
       np.testing.assert_array_equal(loaded.tensors[key], value)
     self.assertEqual(os.listdir(self.dir), ["m.npz"])
 
+  def test_window_round_trip_and_absent_by_default(self):
+    windowed = model_file.ModelConfig(D, CONFIG.layers, window=40)
+    model_file.write(self.path, windowed, VOCAB, random_tensors())
+    self.assertEqual(model_file.read(self.path).config.window, 40)
+    self.assertEqual(json.loads(windowed.to_json())["window"], 40)
+    self.assertNotIn("window", json.loads(CONFIG.to_json()))
+    self.assertIsNone(CONFIG.window)
+
   def test_unk_vocab_and_unicode(self):
     vocab = ["[UNK]", "\n", " ", "é", "\u2014", "\x00"]
     model_file.write(self.path, CONFIG, vocab, random_tensors())
@@ -133,13 +141,24 @@ class ModelFileTest(tf.test.TestCase, parameterized.TestCase):
           {"embedding_dim": D, "layers": [{"kind": "gru", "units": -5}]}))),
        "units must be a positive integer"),
       ("vocab_not_chars", lambda m: m.update(vocab=np.array(json.dumps(
-          ["\n", " ", "ab", "b", "c", "d"]))), "not a single character"),
+          ["\n", " ", "ab", "b", "c", "d"]))),
+       "a token of 2 characters; rnnstep.s vocabularies are characters"),
       ("vocab_duplicate", lambda m: m.update(vocab=np.array(json.dumps(
           ["\n", " ", "a", "a", "c", "d"]))), "repeats"),
       ("vocab_size_mismatch", lambda m: m.update(vocab=np.array(json.dumps(
           VOCAB[:-1]))), "expected"),
       ("config_as_bytes", lambda m: m.update(config=np.frombuffer(b"{}", np.uint8)),
        "JSON text scalar"),
+      *[(f"window_{name}", lambda m, w=window: m.update(config=np.array(
+          json.dumps({**json.loads(CONFIG.to_json()), "window": w}))),
+         "config window must be a positive integer up to 65536, got")
+        for name, window in (("zero", 0), ("negative", -3), ("bool", True),
+                             ("text", "40"), ("float", 40.0),
+                             ("huge", 1 << 20))],
+      ("vocab_token_dict", lambda m: m.update(vocab=np.array(json.dumps(
+          {"<s>": 0, "a": 1}))), "vocab is a JSON object .token: index. with "
+       "multi-character tokens such as '<s>', not a list; rnnstep's "
+       "vocabularies are characters; give a JSON list"),
   )
   def test_invalid(self, mutate, pattern):
     members = valid_members()

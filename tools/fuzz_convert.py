@@ -13,8 +13,12 @@ its input under --findings.
 Without --seeds, seed files are made first by `tests/keras_models.py` (tf_keras
 in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
 and TF checkpoints (--nokeras skips them). The PyTorch fixtures in
-tests/data/torch (torch.save zip and legacy, .safetensors, a pickled module)
-are added unless --notorch.
+tests/data/torch (torch.save zip and legacy, .safetensors, whole pickled
+modules) are added unless --notorch. Pickles (a zip's data.pkl, a legacy file)
+are also mutated by renaming a GLOBAL to something that would run code
+(os.system, eval, getattr, ...): such a mutant must be refused, and the worker
+runs in an empty directory that must stay empty (a call that ran would leave a
+file there; anything left is a finding).
 
   python tools/fuzz_convert.py --nokeras --minutes=5     # PyTorch readers only
 """
@@ -23,6 +27,7 @@ import glob
 import io
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -113,6 +118,32 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
   return bytes(data)
 
 
+# Callables a hostile pickle might name (GLOBAL "module\nname\n"); the
+# arguments are whatever the renamed call had (a marker file is created only
+# if the call really ran, e.g. os.system('touch ...') from a string argument).
+HOSTILE_GLOBALS = [b"posix\nsystem\n", b"builtins\neval\n", b"builtins\nexec\n",
+                   b"builtins\ngetattr\n", b"subprocess\nPopen\n",
+                   b"builtins\nopen\n", b"copyreg\n_reconstructor\n",
+                   b"torch\nload\n", b"__builtin__\nset\n"]
+_GLOBAL = re.compile(rb"c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
+
+
+def mutate_globals(data: bytes, rng: random.Random) -> bytes:
+  """Renames one GLOBAL of a pickle to a hostile callable (or a byte mutant
+  when there is none)."""
+  found = list(_GLOBAL.finditer(data))
+  if not found:
+    return mutate(data, rng)
+  match = rng.choice(found)
+  return (data[:match.start() + 1] + rng.choice(HOSTILE_GLOBALS)
+          + data[match.end():])
+
+
+def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
+  return (mutate_globals(data, rng) if rng.random() < 0.3
+          else mutate(data, rng))
+
+
 def mutate_zip_member(data: bytes, rng: random.Random) -> bytes:
   """Mutates one member of a torch.save zip and rewrites the archive, so the
   mutant passes the zip CRC checks and reaches the unpickler and tensor
@@ -129,8 +160,10 @@ def mutate_zip_member(data: bytes, rng: random.Random) -> bytes:
   out = io.BytesIO()
   with zipfile.ZipFile(out, "w") as archive:
     for i, (info, content) in enumerate(members):
-      archive.writestr(info.filename,
-                       mutate(content, rng) if i == target else content)
+      if i == target:
+        content = (mutate_pickle(content, rng) if
+                   info.filename.endswith("data.pkl") else mutate(content, rng))
+      archive.writestr(info.filename, content)
   return out.getvalue()
 
 
@@ -168,6 +201,8 @@ def main(argv):
           elif path.endswith((".pt", ".pth", ".bin")) and data[:2] == b"PK" and (
               rng.random() < 0.5):
             f.write(mutate_zip_member(data, rng))
+          elif path.endswith((".pt", ".pth", ".bin")) and data[:1] == b"\x80":
+            f.write(mutate_pickle(data, rng))  # The legacy format.
           else:
             f.write(mutate(data, rng))
       main_file = os.path.join(case_dir, os.path.basename(files[0]))
@@ -175,7 +210,10 @@ def main(argv):
         main_file = main_file[:-len(".index")]
       batch.append(main_file)
     status = os.path.join(work, "status")
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, status], cwd=REPO,
+    sandbox = os.path.join(work, "sandbox")  # The worker's cwd: stays empty.
+    os.makedirs(sandbox, exist_ok=True)
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, status],
+                              cwd=sandbox, env=dict(os.environ, PYTHONPATH=REPO),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True)
     try:
@@ -184,6 +222,12 @@ def main(argv):
       worker.kill()
       out, _ = worker.communicate()
     verdicts = out.splitlines()
+    left = os.listdir(sandbox)
+    if left:  # Something a file asked for ran.
+      counts["findings"] += 1
+      print(f"FINDING: the worker left {left} in its directory (batch "
+            f"{batch[0]} ...)", flush=True)
+      shutil.rmtree(sandbox)
     for index, path in enumerate(batch):
       pair = verdicts[2 * index:2 * index + 2]
       if len(pair) < 2:  # The worker died or hung on this one.

@@ -7,16 +7,29 @@
 Builds small random char models (nothing is trained) -- nn.Embedding ->
 nn.GRU / nn.LSTM / nn.RNN(tanh) -> nn.Linear under various module names --
 saves their state dicts the ways people do (torch.save zip, the legacy
-non-zip format, safetensors), plus files rnnstep must refuse (a whole pickled
-module, a bidirectional GRU, an LSTM with proj_size), and stores torch's own
-logits for a fixed id sequence and its greedy continuation of a prompt in
-`reference.npz`, with the vocabulary as `vocab.json` and `corpus.txt`.
+non-zip format, safetensors), plus files rnnstep must refuse (a bidirectional
+GRU, an LSTM with proj_size), and stores torch's own logits for a fixed id
+sequence and its greedy continuation of a prompt in `reference.npz`, with the
+vocabulary as `vocab.json` and `corpus.txt`.
+
+Whole pickled modules, as spro/char-rnn.pytorch saves them
+(`torch.save(decoder, path)` of its `model.CharRNN`): a class shaped like the
+recipe's (encoder = nn.Embedding, rnn = sequence-first nn.GRU / nn.LSTM with
+n_layers, decoder = nn.Linear; over `string.printable`, `charrnn_vocab.json`)
+is defined in a module named `model`, as the recipe's is, and saved whole in
+the zip and the legacy format; a model nesting nn.Sequential is saved with
+pickle protocol 1 (the copyreg reconstruction). Hostile module pickles hide a
+call of os.system / builtins.eval in an attribute, in a submodule and in place
+of a parameter: each would create the file `HOSTILE_MARKER` in the current
+directory if anything ran it.
 """
 
 import argparse
 import json
 import os
+import string
 import sys
+import types
 
 import numpy as np
 import torch
@@ -29,6 +42,70 @@ CORPUS = "to be, or not to be: that is it!\nis this the mail? no; ablest hints.'
 assert sorted(set(CORPUS)) == CHARS
 GREEDY_STEPS = 40
 IDS_LENGTH = 32
+CHARRNN_CHARS = list(string.printable)  # The recipe's vocabulary: V = 100.
+HOSTILE_MARKER = "rnnstep_hostile_pickle_ran"
+
+# The recipe's module name: a whole-module pickle names `model.CharRNN`.
+recipe_module = types.ModuleType("model")
+sys.modules["model"] = recipe_module
+
+
+class CharRNN(nn.Module):
+  """Shaped like spro/char-rnn.pytorch's model.CharRNN (written afresh)."""
+
+  def __init__(self, input_size, hidden_size, output_size, model="gru",
+               n_layers=1):
+    super().__init__()
+    self.model = model.lower()
+    self.input_size = input_size
+    self.hidden_size = hidden_size
+    self.output_size = output_size
+    self.n_layers = n_layers
+    self.encoder = nn.Embedding(input_size, hidden_size)
+    cls = nn.GRU if self.model == "gru" else nn.LSTM
+    self.rnn = cls(hidden_size, hidden_size, n_layers)  # Sequence first.
+    self.decoder = nn.Linear(hidden_size, output_size)
+
+  def forward(self, ids, hidden=None):
+    """Logits for a 1-D id sequence (one batch row), and the state."""
+    encoded = self.encoder(ids).view(len(ids), 1, -1)
+    output, hidden = self.rnn(encoded, hidden)
+    return self.decoder(output.view(len(ids), -1)), hidden
+
+
+class NestedCharModel(nn.Module):
+  """Embedding and Linear inside nn.Sequential containers (state_dict names
+  `embed.0.weight`, `head.1.weight`)."""
+
+  def __init__(self, vocab, dim, units):
+    super().__init__()
+    self.embed = nn.Sequential(nn.Embedding(vocab, dim), nn.Dropout(0.1))
+    self.rnn = nn.GRU(dim, units)
+    self.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(units, vocab))
+
+  def forward(self, ids, hidden=None):
+    encoded = self.embed(ids).view(len(ids), 1, -1)
+    output, hidden = self.rnn(encoded, hidden)
+    return self.head(output.view(len(ids), -1)), hidden
+
+
+for _cls in (CharRNN, NestedCharModel):
+  _cls.__module__ = "model"
+  setattr(recipe_module, _cls.__name__, _cls)
+
+
+class RunsCode:
+  """Pickles as a call of os.system that would create HOSTILE_MARKER."""
+
+  def __reduce__(self):
+    return (os.system, (f"touch {HOSTILE_MARKER}",))
+
+
+class Evaluates:
+  """Pickles as a call of builtins.eval that would create HOSTILE_MARKER."""
+
+  def __reduce__(self):
+    return (eval, (f"open({HOSTILE_MARKER!r}, 'w').close()",))
 
 
 class CharModel(nn.Module):
@@ -91,6 +168,64 @@ def reference(m, ids, prompt_ids):
       out, state = m(torch.tensor([[nxt]]), state)
       last = out[0, -1]
   return logits[0].numpy().astype(np.float32), np.array(greedy, np.int32)
+
+
+def sequence_reference(m, ids, prompt_ids):
+  """torch's logits for `ids` and the greedy ids after `prompt_ids`, stepped
+  as the recipe's generate() steps (the state carried, one id at a time)."""
+  with torch.no_grad():
+    logits, _ = m(torch.tensor(ids))
+    out, hidden = m(torch.tensor(prompt_ids))
+    last = out[-1]
+    greedy = []
+    for _ in range(GREEDY_STEPS):
+      top2 = torch.topk(last, 2).values
+      assert top2[0] - top2[1] > 1e-3, "near tie on the greedy path; reseed"
+      greedy.append(int(torch.argmax(last)))
+      out, hidden = m(torch.tensor(greedy[-1:]), hidden)
+      last = out[-1]
+  return logits.numpy().astype(np.float32), np.array(greedy, np.int32)
+
+
+def build_whole_modules(out, refs, rng):
+  """The whole-module fixtures (see the module docstring)."""
+  vocab = len(CHARRNN_CHARS)
+  ids = rng.integers(0, vocab, IDS_LENGTH // 2).tolist()
+  prompt_ids = [CHARRNN_CHARS.index(c) for c in PROMPT]
+  refs["charrnn_ids"] = np.array(ids, np.int32)
+
+  def save(name, m, file_name, **kwargs):
+    torch.save(m, os.path.join(out, file_name), **kwargs)
+    if f"{name}_logits" not in refs:
+      refs[f"{name}_logits"], refs[f"{name}_greedy"] = sequence_reference(
+          m, ids, prompt_ids)
+
+  gru = randomize(CharRNN(vocab, 12, vocab, "gru", n_layers=2)).eval()
+  save("charrnn_gru", gru, "charrnn_gru.pt")
+  save("charrnn_gru", gru, "charrnn_gru_legacy.pt",
+       _use_new_zipfile_serialization=False)
+  lstm = randomize(CharRNN(vocab, 10, vocab, "lstm")).eval()
+  save("charrnn_lstm", lstm, "charrnn_lstm.pt")
+  nested = randomize(NestedCharModel(vocab, 8, 12)).eval()
+  save("nested", nested, "nested_protocol1.pt", pickle_protocol=1)
+  with open(os.path.join(out, "charrnn_vocab.json"), "w",
+            encoding="utf-8") as f:
+    json.dump(CHARRNN_CHARS, f)
+
+  def hostile(file_name, poison, **kwargs):
+    m = CharRNN(vocab, 4, vocab)
+    poison(m)
+    torch.save(m, os.path.join(out, file_name), **kwargs)
+
+  hostile("hostile_attribute.pt",
+          lambda m: setattr(m, "settings", {"seed": RunsCode()}))
+  hostile("hostile_submodule.pt",
+          lambda m: setattr(m.rnn, "flatten_hook", Evaluates()))
+  hostile("hostile_parameter.pt",
+          lambda m: m.decoder._parameters.__setitem__("bias", RunsCode()))  # pylint: disable=protected-access
+  hostile("hostile_parameter_legacy.pt",
+          lambda m: m.decoder._parameters.__setitem__("bias", Evaluates()),  # pylint: disable=protected-access
+          _use_new_zipfile_serialization=False)
 
 
 def build(out):
@@ -160,7 +295,6 @@ def build(out):
   save_ref("tied_views", tied)
 
   # Files to refuse.
-  torch.save(gru2, os.path.join(out, "whole_module.pt"))
   bidi = nn.GRU(12, 8, bidirectional=True, batch_first=True)
   torch.save({"embed.weight": gru2.embed.weight.detach(),
               **{f"gru.{k}": v for k, v in bidi.state_dict().items()},
@@ -172,6 +306,7 @@ def build(out):
               "fc.weight": torch.zeros(len(CHARS), 8)},
              os.path.join(out, "lstm_proj.pt"))
 
+  build_whole_modules(out, refs, rng)
   np.savez(os.path.join(out, "reference.npz"), **refs)
   with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
     json.dump(CHARS, f, ensure_ascii=False)

@@ -159,6 +159,25 @@ def reason(error: Exception) -> str:
   return str(error)
 
 
+def _is_about(error: Exception, path) -> bool:
+  """Whether an error is about the file `path` (its OSError filename, or a
+  message that starts with the path)."""
+  path = os.fspath(path)
+  if isinstance(error, OSError) and error.filename is not None:
+    return os.fspath(error.filename) == path
+  return str(error).startswith(f"{path}: ")
+
+
+def _without_path(error: Exception, path) -> str:
+  """`reason(error)` without the path a flag's message already names."""
+  if isinstance(error, OSError) and error.strerror and (
+      os.fspath(error.filename or "") == os.fspath(path)):
+    return error.strerror
+  text = reason(error)
+  prefix = f"{os.fspath(path)}: "
+  return text[len(prefix):] if text.startswith(prefix) else text
+
+
 def one_line(message: str) -> str:
   return "; ".join(line.strip() for line in str(message).splitlines()
                    if line.strip())
@@ -330,14 +349,6 @@ def load_model(weights, dtype: str, corpus=None, vocab=None):
   """
   import rnnstep  # pylint: disable=g-import-not-at-top
   from rnnstep import convert  # pylint: disable=g-import-not-at-top
-  # Read the vocabulary source first, so that its errors name its flag.
-  for flag, value, read in (("--corpus", corpus, convert.read_corpus_vocab),
-                            ("--vocab", vocab, convert.read_vocab_file)):
-    if value is not None:
-      try:
-        read(value)
-      except (OSError, ValueError) as e:
-        raise Failure(f"{flag}={value}: {reason(e)}") from None
   try:
     return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
   except convert.VocabularyRequired:
@@ -351,5 +362,11 @@ def load_model(weights, dtype: str, corpus=None, vocab=None):
     raise Failure(f"{flag}: --weights{which} is an rnnstep model file, which "
                   f"holds its own vocabulary; drop {flag}") from None
   except (OSError, ValueError) as e:
+    # rnnstep.load checks the model before it reads the vocabulary (a model
+    # it cannot run is the real blocker); a vocabulary source's own errors
+    # name its path first and are given under its flag, the path once.
+    for flag, value in (("--corpus", corpus), ("--vocab", vocab)):
+      if value is not None and _is_about(e, value):
+        raise Failure(f"{flag}={value}: {_without_path(e, value)}") from None
     which = "" if weights else " not given"
     raise Failure(f"--weights{which}: {reason(e)}") from None

@@ -3,7 +3,8 @@ model file.
 
 Reads the weights as data -- never imports Keras or torch, never runs code from
 the file (PyTorch pickles go through an unpickler that rebuilds only tensors
-and dicts).
+and dicts, and reads a pickled module's classes as inert records, calling
+nothing).
 
   rnnstep-convert --input=training_checkpoints --output=model.npz --corpus=shakespeare.txt
   rnnstep-convert --input=model.keras --output=model.npz --vocab=vocab.json
@@ -14,10 +15,12 @@ and dicts).
 (save_weights or full save), a TF checkpoint prefix (ckpt_5), a directory of TF
 checkpoints (its latest), or a PyTorch state dict: torch.save(
 model.state_dict(), PATH) (.pt/.pth/.bin, zip or legacy format) or
-.safetensors. The model must be Embedding -> GRU/LSTM/SimpleRNN layer(s) ->
-Dense (PyTorch: nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module
-names, unidirectional; an nn.RNN is assumed to use tanh, its default). A
-pickled whole model (torch.save(model)) is refused: save its state_dict.
+.safetensors, or a whole pickled module: torch.save(model, PATH). The model
+must be Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense (PyTorch:
+nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module names,
+unidirectional; an nn.RNN is assumed to use tanh, its default). A Keras model
+fed one-hot vectors (no Embedding) gets an identity embedding; one built for
+fixed windows records its window length in the model file.
 
 The vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
@@ -42,7 +45,8 @@ PROGRAM = "rnnstep-convert"
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("input", None, "The saved weights: .keras, .weights.h5, "
                     ".h5, a TF checkpoint prefix, a checkpoint directory, or a "
-                    "PyTorch state dict (.pt, .pth, .bin, .safetensors).",
+                    "PyTorch state dict or whole module (.pt, .pth, .bin, "
+                    ".safetensors).",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "The rnnstep model file to write (.npz). "
                     "Written atomically.", flag_values=FLAGS)

@@ -16,14 +16,19 @@ Inputs (see `shared/design/keras-formats.md`):
   - TF checkpoints: a directory (its latest checkpoint) or a prefix, from
     `ModelCheckpoint(save_weights_only=True)` of Keras 2 models and from
     `tf.train.Checkpoint(model=...)` of Keras 3 models;
-  - PyTorch state dicts: `torch.save` files (`.pt`, `.pth`, `.bin`; zip or
-    legacy format) and `.safetensors` (`pytorch`, `torch_files`).
+  - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
+    `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
+    `torch_files`).
 
-The model must be Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN
-layer(s) -> Dense (PyTorch: Embedding -> GRU / LSTM / RNN(tanh) -> Linear);
-anything else is refused with a message saying what was found. Files are read
-as data only: no Keras or torch import, no config deserialization, no pickled
-code run (a restricted unpickler rebuilds tensors and dicts only), guarded zip
+The model must be Embedding (or one-hot inputs: an identity Embedding) ->
+GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
+Embedding -> GRU / LSTM / RNN(tanh) -> Linear); anything else is refused with
+a message saying what was found, before any vocabulary is read. A model built
+for fixed windows (a fixed T in its Input, return_sequences=False on its last
+recurrent layer) records `window` in its config. Files are read as data only:
+no Keras or torch import, no config deserialization, no pickled code run (a
+restricted unpickler rebuilds tensors and dicts, and a pickled module's
+classes only as inert records; it calls nothing the file names), guarded zip
 and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 
 Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
@@ -225,9 +230,10 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   if is_model_file(input_path):
     raise ValueError(f"{input_path}: already an rnnstep model file; nothing to "
                      "convert")
-  chars, source = _characters(corpus, vocab)
-  return _contained(input_path, _convert, input_path, output_path, chars,
-                    source)
+  # The vocabulary is read after the model is mapped (`_read_mapped`): a model
+  # rnnstep cannot run is the real blocker, whatever the vocabulary.
+  return _contained(input_path, _convert, input_path, output_path, corpus,
+                    vocab)
 
 
 class VocabularyRequired(ValueError):
@@ -291,26 +297,26 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
         f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
         "give the training text (corpus) or a vocabulary file (vocab: a JSON "
         "list of characters in id order)")
-  chars, source = _characters(corpus, vocab)
-  return _contained(input_path, _read_any, input_path, chars, source)
+  return _contained(input_path, _read_any, input_path, corpus, vocab)
 
 
-def _read_mapped(input_path: str, chars: List[str], source: str):
-  """Opens a weights file, maps its model, resolves the vocabulary, reads the
-  tensors; returns `(mapped, vocab, tensors)`."""
+def _read_mapped(input_path: str, corpus, vocab):
+  """Opens a weights file, maps its model, then reads and resolves the
+  vocabulary (so that the model's errors come first), reads the tensors;
+  returns `(mapped, characters given, vocab, tensors)`."""
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
+    chars, source = _characters(corpus, vocab)
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
-    return mapped, full_vocab, mapped.read_tensors()
+    return mapped, chars, full_vocab, mapped.read_tensors()
   finally:
     contents.close()
 
 
-def _read_any(input_path: str, chars: List[str], source: str
-              ) -> model_file.ModelFile:
-  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
+def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
+  mapped, _, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
   return model_file.ModelFile(mapped.config, full_vocab, tensors)
 
@@ -349,9 +355,8 @@ def _characters(corpus, vocab) -> Tuple[List[str], str]:
   return model_file.validate_vocab(list(vocab), "vocab"), "the vocab list"
 
 
-def _convert(input_path: str, output_path: str, chars: List[str],
-             source: str) -> Summary:
-  mapped, full_vocab, tensors = _read_mapped(input_path, chars, source)
+def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
+  mapped, chars, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
   model_file.write(output_path, mapped.config, full_vocab, tensors)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
@@ -430,7 +435,8 @@ def _open(input_path: PathLike) -> Contents:
   if head[:1] == b"\x80":
     raise ValueError(f"{path}: a Python pickle that is not a torch.save file; "
                      "rnnstep does not unpickle arbitrary files (save the "
-                     "weights with torch.save(model.state_dict(), PATH))")
+                     "model with torch.save(model, PATH) or "
+                     "torch.save(model.state_dict(), PATH))")
   raise ValueError(f"{path}: not a Keras weights file nor a PyTorch one (neither "
                    "a .keras zip archive, an HDF5 file, a TF checkpoint, a "
                    "torch.save file nor .safetensors)")

@@ -22,6 +22,13 @@ from rnnstep.convert.safe_io import show
 KIND_NAMES = {**{name: kind.display for name, kind in kinds.KINDS.items()},
               "embedding": "Embedding", "dense": "Dense"}
 
+# How a one-hot model's implied identity Embedding is named and explained.
+ONE_HOT_NAME = "(one-hot input)"
+ONE_HOT_NOTE = ("no Embedding: the first recurrent layer is fed one-hot "
+                "vectors of {0}; written as an identity Embedding({0}, {0}) "
+                "(exact: x_onehot @ kernel == kernel[id])")
+
+
 # ---------------------------------------------------------------- file contents
 
 
@@ -86,6 +93,10 @@ class LayerSpec:
   input_dim: Optional[int] = None   # Embedding only
   use_bias: bool = True
   reset_after: Optional[bool] = None  # GRU only; None if the config omits it
+  # Embedding only: the model has none and feeds one-hot vectors [T, V] to its
+  # first recurrent layer; `x_onehot @ K == K[id]`, so it is exactly an
+  # identity Embedding(V, V) that no file stores.
+  one_hot: bool = False
 
 
 @dataclasses.dataclass
@@ -94,6 +105,9 @@ class ConfigChain:
   model_class: str
   specs: Optional[List[LayerSpec]]  # None: a subclassed model (no usable config)
   notes: List[str]
+  # The fixed timesteps T of a model built for windows (its Input fixes T and
+  # its last recurrent layer has return_sequences=False), else None.
+  window: Optional[int] = None
 
 
 @dataclasses.dataclass

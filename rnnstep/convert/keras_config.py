@@ -18,6 +18,8 @@ from rnnstep.convert import safe_io
 from rnnstep.convert.contents import ConfigChain
 from rnnstep.convert.contents import KIND_NAMES
 from rnnstep.convert.contents import LayerSpec
+from rnnstep.convert.contents import ONE_HOT_NAME
+from rnnstep.convert.contents import ONE_HOT_NOTE
 from rnnstep.convert.contents import snake_case
 from rnnstep.convert.safe_io import show
 
@@ -25,6 +27,7 @@ RECURRENT_CLASSES = kinds.BY_KERAS_CLASS
 # Layers that hold no weights and are the identity at inference.
 IDENTITY_CLASSES = ("Dropout",)
 MODEL_CLASSES = ("Sequential", "Functional", "Model")
+MAX_WINDOW = model_file.MAX_WINDOW
 
 
 def parse_json(text, label, what: str):
@@ -74,6 +77,7 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
     raise safe_io.fail(label, f"{what} lists {len(layers)} layers, too many")
   notes = []
   entries = [_layer_entry(entry, i, label) for i, entry in enumerate(layers)]
+  _refuse_layers_off_the_stack(entries, label, what)
   if class_name == "Sequential":
     ordered = [e for e in entries if e["class_name"] != "InputLayer"]
     if len(ordered) + 1 < len(entries):
@@ -81,6 +85,7 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
                          "InputLayer")
   else:
     ordered = _functional_chain(config, entries, label, what)
+  input_shape = _input_shape(data, entries, label)
   counters: Dict[str, int] = {}
   paths = {}
   for entry in entries:  # Keras 3 numbers paths per class, over all layers.
@@ -93,8 +98,97 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
     spec = _layer_spec(entry, paths[id(entry)], label, notes)
     if spec is not None:
       specs.append(spec)
+  if specs and specs[0].kind in RECURRENT_CLASSES.values():
+    specs.insert(0, _one_hot_input(specs[0], input_shape, label, notes))
   _check_chain(specs, label)
-  return ConfigChain(class_name, specs, notes)
+  return ConfigChain(class_name, specs, notes,
+                     window=_window(ordered, input_shape, label, notes))
+
+
+def _one_hot_input(first: LayerSpec, input_shape, label, notes) -> LayerSpec:
+  """The identity Embedding(V, V) standing for a one-hot input [T, V]."""
+  where = f"{KIND_NAMES[first.kind]} {show(first.name)}"
+  width = input_shape[-1] if input_shape and len(input_shape) == 3 else None
+  if not isinstance(width, int) or isinstance(width, bool) or not (
+      0 < width <= model_file.MAX_VOCAB):
+    raise safe_io.fail(label, f"the first layer, {where}, has no Embedding in "
+                       f"front of it and its input shape is "
+                       f"{show(input_shape)}, not one-hot vectors [batch, T, "
+                       "V]; rnnstep maps Embedding -> GRU/LSTM/SimpleRNN "
+                       "layer(s) -> Dense, or one-hot inputs to the first "
+                       "recurrent layer")
+  notes.append(ONE_HOT_NOTE.format(width))
+  return LayerSpec("embedding", ONE_HOT_NAME, ONE_HOT_NAME,
+                   units=width, input_dim=width, one_hot=True)
+
+
+def _input_shape(data, entries, label):
+  """The model's input batch shape, [batch, T, ...] (None where the config
+  does not say): the InputLayer's `batch_shape` (Keras 3) or
+  `batch_input_shape` (Keras 2), the first layer's `batch_input_shape`, or the
+  model's `build_config`."""
+  candidates = []
+  for entry in entries[:2]:
+    cfg = entry["config"]
+    candidates += [cfg.get("batch_shape"), cfg.get("batch_input_shape")]
+  build = data.get("build_config")
+  if isinstance(build, dict):
+    candidates.append(build.get("input_shape"))
+  for shape in candidates:
+    if isinstance(shape, list) and 1 <= len(shape) <= 8 and all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+        for d in shape):
+      return shape
+    if shape is not None:
+      raise safe_io.fail(label, f"the model's input shape {show(shape)} is "
+                         "unreadable")
+  return None
+
+
+def _window(ordered, input_shape, label, notes) -> Optional[int]:
+  """T for a model built for fixed windows: its input fixes T timesteps and
+  its last recurrent layer returns only its last output
+  (return_sequences=False), as it was trained and sampled (e.g. the keras.io
+  character-level LSTM example); else None."""
+  recurrent = [e for e in ordered if e["class_name"] in RECURRENT_CLASSES]
+  if not recurrent:
+    return None
+  last = recurrent[-1]
+  where = f"layer {show(last['name'])} ({last['class_name']})"
+  if _get(last["config"], "return_sequences", bool, False, label, where):
+    return None
+  steps = input_shape[1] if input_shape and len(input_shape) >= 2 else None
+  if not steps or steps > MAX_WINDOW:
+    notes.append(f"{where} has return_sequences=False but the input fixes no "
+                 "window length; rnnstep steps it statefully")
+    return None
+  notes.append(f"built for windows of {steps} characters (the input fixes "
+               f"{steps} timesteps; {where} has return_sequences=False): "
+               f"recorded as window={steps}")
+  return steps
+
+
+STACK_CLASSES = ("InputLayer", "Embedding", "Dense", *RECURRENT_CLASSES,
+                 *IDENTITY_CLASSES)
+# Classes `_layer_spec` refuses with a message of its own.
+_EXPLAINED_CLASSES = ("Lambda", "Bidirectional", "TimeDistributed", "RNN",
+                      "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D", "StackedRNNCells")
+
+
+def _refuse_layers_off_the_stack(entries, label, what):
+  """Names every layer that is not part of a step-wise stack, before the
+  graph's shape is checked: the real blocker (e.g. textgenrnn's
+  AttentionWeightedAverage over a Concatenate of its LSTMs) comes first."""
+  off = [e for e in entries if e["class_name"] not in STACK_CLASSES]
+  if not off or any(e["class_name"] in _EXPLAINED_CLASSES for e in off):
+    return
+  shown = ", ".join(f"{show(e['name'])} ({show(e['class_name'], 60)})"
+                    for e in off[:6]) + (" ..." if len(off) > 6 else "")
+  raise safe_io.fail(label, f"{what}: layer{'s' if len(off) > 1 else ''} "
+                     f"{shown} cannot be mapped: the model is not a step-wise "
+                     "stack; rnnstep maps Embedding (or one-hot inputs) -> "
+                     "GRU/LSTM/SimpleRNN layer(s) -> Dense, with Dropout "
+                     "ignored")
 
 
 def _check_builtin(entry, label, what):

@@ -26,6 +26,8 @@ from rnnstep.convert import safe_io
 from rnnstep.convert.contents import Contents
 from rnnstep.convert.contents import Group
 from rnnstep.convert.contents import KIND_NAMES
+from rnnstep.convert.contents import ONE_HOT_NAME
+from rnnstep.convert.contents import ONE_HOT_NOTE
 from rnnstep.convert.contents import Tensor
 from rnnstep.convert.safe_io import show
 
@@ -60,9 +62,11 @@ class MappedModel:
 
   @property
   def config(self) -> model_file.ModelConfig:
+    chain = self.contents.chain
     return model_file.ModelConfig(
         embedding_dim=int(self.embedding.tensors["embeddings"].shape[1]),
-        layers=tuple(layer.layer for layer in self.recurrent))
+        layers=tuple(layer.layer for layer in self.recurrent),
+        window=chain.window if chain is not None else None)
 
   @property
   def layers(self) -> List[MappedLayer]:
@@ -110,14 +114,28 @@ def map_model(contents: Contents) -> MappedModel:
   chain = contents.chain
   if chain is not None and chain.specs is not None:
     notes.extend(chain.notes)
+    if chain.specs[0].one_hot:
+      groups.insert(0, _identity_embedding(chain.specs[0].input_dim, getattr(
+          chain.specs[0], contents.key)))
     mapped = _map_with_config(groups, chain.specs, contents, label)
   else:
     if chain is not None:
       notes.extend(chain.notes)
     mapped = _map_by_shapes(groups, label)
+    if mapped[0].name == ONE_HOT_NAME:
+      notes.append(ONE_HOT_NOTE.format(mapped[0].tensors["embeddings"].shape[0])
+                   + "; the file has no config, so this was inferred from the "
+                   "shapes")
   embedding, recurrent, dense = mapped
   _check_widths(embedding, recurrent, dense, label)
   return MappedModel(contents, embedding, recurrent, dense, notes)
+
+
+def _identity_embedding(size: int, name: str) -> Group:
+  """The Group of the identity Embedding(V, V) a one-hot model implies."""
+  return Group(name=name, tensors=[Tensor(
+      path="identity (one-hot input)", shape=(size, size), role="embeddings",
+      reader=lambda: np.eye(size, dtype=np.float32))], hint="embedding")
 
 
 def _map_with_config(groups, specs, contents, label):
@@ -324,11 +342,22 @@ def _map_by_shapes(groups, label):
     raise safe_io.fail(label, f"{len(recurrent)} recurrent layers, more than "
                        f"{model_file.MAX_LAYERS}")
   others = [g for g in groups if classes[g.name] != "recurrent"]
+  if len(others) == 1 and classes[others[0].name] in ("dense", "matrix"):
+    # No Embedding stored: a one-hot model if the first recurrent layer's
+    # inputs are as wide as the Dense's outputs (checked by the chain below).
+    vocab = _assign_roles(others[0], "dense", label)["kernel"].shape[-1]
+    others.insert(0, _identity_embedding(vocab, ONE_HOT_NAME))
+    classes[ONE_HOT_NAME] = "embedding"
   pairs = []
   for emb, dense in itertools.permutations(others, 2):
     if classes[emb.name] in ("embedding", "matrix") and (
         classes[dense.name] in ("dense", "matrix")):
       pairs.append((emb, dense))
+  if len(others) > 2:
+    raise safe_io.fail(label, "the model is not a step-wise stack: besides the "
+                       f"recurrent layers the file holds {_list_groups(others)}"
+                       "; rnnstep maps Embedding (or one-hot inputs) -> "
+                       "GRU/LSTM/SimpleRNN layer(s) -> Dense")
   if len(others) != 2 or not pairs:
     raise safe_io.fail(label, "expected one Embedding and one Dense around the "
                        f"recurrent layers, found: {_list_groups(others) or 'none'}"

@@ -1,5 +1,9 @@
 """PyTorch char models: a state dict's tensors mapped to the Keras layouts.
 
+The tensors come from a state dict, or from a whole pickled module
+(`torch.save(model)`) read as inert records and named as its `state_dict()`
+would name them (`torch_files.module_tensors`); both are mapped alike.
+
 The model must be `nn.Embedding -> nn.GRU / nn.LSTM / nn.RNN (tanh) module(s)
 -> nn.Linear`, unidirectional, any `num_layers`, with or without bias, under
 any module names (`encoder.weight`, `rnn.weight_ih_l0`, `decoder.weight`;
@@ -77,11 +81,11 @@ def read(path, reader: str) -> contents_lib.Contents:
   except BaseException:
     close()
     raise
-  chain = contents_lib.ConfigChain("PyTorch state dict", specs,
+  chain = contents_lib.ConfigChain(f"PyTorch {state.source}", specs,
                                    state.notes + notes)
   return contents_lib.Contents(
-      label=label, format=f"PyTorch state dict ({fmt}, {len(state.tensors)} "
-      "tensors)", groups=groups, chain=chain, key="name", closers=[close])
+      label=label, format=f"PyTorch {state.source} ({fmt}, "
+      f"{len(state.tensors)} tensors)", groups=groups, chain=chain, key="name", closers=[close])
 
 
 class _Recurrent:

@@ -12,15 +12,28 @@ Formats:
     `{name: {"dtype", "shape", "data_offsets": [begin, end]}}`, raw data.
   The older tar format of torch < 1.6's predecessors (0.1.x) is refused.
 
-The pickle is read by `_RestrictedUnpickler`: its `find_class` knows only
-`collections.OrderedDict`, the storage classes (`torch.FloatStorage`, ...)
-and torch's tensor rebuild functions (`torch._utils._rebuild_tensor_v2`,
-`_rebuild_tensor`, `_rebuild_parameter`), each replaced by our own code that
-records what the tensor is (storage key, dtype, offset, size, stride) and
-checks it against the storage; `persistent_load` accepts only storage records.
-Anything else a pickle asks for -- a pickled module (`torch.save(model)`), any
-other class or function -- is refused in one line; nothing from the file is
-ever called. Storages are read later, by name, after their sizes are checked.
+The pickle is read by `_RestrictedUnpickler`. Its `find_class` knows
+`collections.OrderedDict`, `set` / `frozenset`, the storage classes
+(`torch.FloatStorage`, ...) and torch's tensor rebuild functions
+(`torch._utils._rebuild_tensor_v2`, `_rebuild_tensor`, `_rebuild_parameter`,
+`_rebuild_parameter_with_state`), each replaced by our own code that records
+what the tensor is (storage key, dtype, offset, size, stride) and checks it
+against the storage; `persistent_load` accepts only storage records (and, in
+the legacy format, the records that name a pickled module's class).
+
+Every other class or function a pickle names becomes an `InertRecord` class:
+never imported, never called. A whole pickled module (`torch.save(model)`:
+`GLOBAL model CharRNN`, `NEWOBJ`, `BUILD` with the module's `__dict__`) is
+thereby read as a tree of records: the one construction honoured is the one
+such a pickle uses, an object made without `__init__` (the NEWOBJ / OBJ
+opcodes, `copyreg._reconstructor(cls, object, None)`, `copyreg.__newobj__`),
+then given its attribute dict by BUILD, which the record only stores. Calling
+a record's class any other way (a REDUCE of `os.system`, `builtins.eval`,
+`torch.device`, ... wherever it sits: an attribute, a submodule, in place of a
+parameter) is refused before anything runs (`_Forbidden`). `module_tensors`
+then walks the records' `_parameters`, `_buffers` and `_modules` dicts and
+names the tensors as `state_dict()` would. Storages are read later, by name,
+after their sizes are checked.
 
 Every refusal is a `safe_io.Refusal` (a ValueError) naming the file.
 """
@@ -221,8 +234,59 @@ class _StorageType:
     raise pickle.UnpicklingError("a pickle tried to modify a storage type")
 
 
+MAX_CLASSES = 10_000  # Distinct classes and functions one pickle may name.
+
+
+class _InertType(type):
+  """The metaclass of the records: calling a record's class is refused.
+
+  A REDUCE, INST or OBJ with arguments calls the class; the constructions a
+  module pickle uses (NEWOBJ; OBJ / INST without arguments; the copyreg
+  helpers below) call `__new__` only, which makes an empty record.
+  """
+
+  def __call__(cls, *args, **kwargs):
+    raise _Forbidden(cls.qualified_name)
+
+
+class InertRecord(metaclass=_InertType):
+  """An object of a class the pickle names (an nn.Module, the user's own
+  class, anything else), made without importing or running that class.
+
+  Attributes:
+    qualified_name: the class the pickle names, e.g. 'model.CharRNN' (a class
+      attribute of the record's class).
+    state: what BUILD gave it (a module's attribute dict), or None.
+  """
+  __slots__ = ("state",)
+  qualified_name = "?"
+
+  def __new__(cls, *args):
+    del args  # NEWOBJ arguments (a module pickle has none); not kept.
+    record = object.__new__(cls)
+    record.state = None
+    return record
+
+  def __setstate__(self, state):  # BUILD stores the state, nothing else.
+    if self.state is not None:
+      raise pickle.UnpicklingError("a pickle set an object's state twice")
+    if state is None:
+      raise pickle.UnpicklingError("a pickle gave an object no state")
+    self.state = state
+
+  def __repr__(self):
+    return f"<inert {self.qualified_name}>"
+
+
+def _inert_class(qualified_name: str) -> type:
+  """A new record class standing for the class or function the pickle names."""
+  return _InertType("InertRecord", (InertRecord,), {
+      "__slots__": (), "qualified_name": qualified_name})
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
-  """Rebuilds dicts of tensors only; refuses every other global.
+  """Rebuilds dicts of tensors, and modules as inert records; calls nothing
+  that the file names.
 
   Args:
     file: the pickle stream.
@@ -235,11 +299,27 @@ class _RestrictedUnpickler(pickle.Unpickler):
     super().__init__(file)
     self._label = label
     self._storage = storage
+    self._classes: Dict[str, type] = {}
+
+  def _record_class(self, qualified_name: str) -> type:
+    known = self._classes.get(qualified_name)
+    if known is None:
+      if len(self._classes) >= MAX_CLASSES:
+        raise safe_io.fail(self._label, "the pickle names too many classes")
+      known = self._classes[qualified_name] = _inert_class(qualified_name)
+    return known
 
   def find_class(self, module, name):
     label = self._label
+    # Protocols 0-2 name Python 2's modules (a subclass sees them unmapped).
+    module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module,
+                                                                    module)
     if module == "collections" and name == "OrderedDict":
       return collections.OrderedDict
+    # Protocol 2 pickles a set (nn.Module's _non_persistent_buffers_set) as a
+    # call of set on a list: building a set from data runs nothing of the file.
+    if module == "builtins" and name in ("set", "frozenset"):
+      return set if name == "set" else frozenset
     if module == "torch" and name in _STORAGES:
       return _StorageType(name)
     if module == "torch._utils" and name == "_rebuild_tensor_v2":
@@ -252,14 +332,27 @@ class _RestrictedUnpickler(pickle.Unpickler):
       def rebuild(storage, offset, size, stride):
         return _check_view(storage, offset, size, stride, label)
       return rebuild
-    if module == "torch._utils" and name == "_rebuild_parameter":
-      def rebuild_parameter(data, requires_grad=False, backward_hooks=None):
-        del requires_grad, backward_hooks
+    if module == "torch._utils" and name in ("_rebuild_parameter",
+                                             "_rebuild_parameter_with_state"):
+      def rebuild_parameter(data, requires_grad=False, backward_hooks=None,
+                            state=None):
+        del requires_grad, backward_hooks, state  # A Parameter's extras.
         if not isinstance(data, StoredTensor):
           raise safe_io.fail(label, "a parameter in the pickle holds no tensor")
         return data
       return rebuild_parameter
-    raise _Forbidden(f"{module}.{name}")
+    if module == "copyreg" and name == "_reconstructor":
+      object_class = self._record_class("builtins.object")
+      def reconstructor(cls, base, state):
+        # copyreg's own would run base.__init__(obj, state) for a state.
+        if base is not object_class or state is not None:
+          raise _Forbidden("copyreg._reconstructor with a base class other "
+                           "than object")
+        return _new_record(cls)
+      return reconstructor
+    if module == "copyreg" and name == "__newobj__":
+      return lambda cls, *args: _new_record(cls)
+    return self._record_class(f"{module}.{name}")
 
   def persistent_load(self, pid):
     if not isinstance(pid, tuple) or not pid:
@@ -269,7 +362,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
     if isinstance(kind, bytes):
       kind = kind.decode("ascii", "replace")
     if kind == "module":
-      raise _Forbidden("module")
+      # The legacy format names each nn.Module class as ('module', class,
+      # source file, source): keep the class (a record class), not the source.
+      if len(pid) != 4 or not _is_record_class(pid[1]):
+        raise safe_io.fail(self._label, "the pickle holds an invalid module "
+                           "record")
+      return pid[1]
     if kind != "storage" or len(pid) not in (5, 6):
       raise safe_io.fail(self._label, f"the pickle holds an unknown persistent "
                          f"record {show(kind)}")
@@ -286,43 +384,32 @@ class _RestrictedUnpickler(pickle.Unpickler):
     return self._storage(key, storage_type.name, numel, view)
 
 
+def _is_record_class(value) -> bool:
+  return isinstance(value, type) and issubclass(value, InertRecord)
+
+
+def _new_record(cls):
+  """An empty record of a record class (a module made without __init__)."""
+  if not _is_record_class(cls):
+    raise _Forbidden("copyreg reconstruction of something that is not a class")
+  return cls.__new__(cls)
+
+
 def _unpickle(data: bytes, label, storage: Callable):
   """Unpickles `data` through the restricted unpickler; one-line errors."""
   try:
     return _RestrictedUnpickler(io.BytesIO(data), label, storage).load()
   except _Forbidden as e:
-    raise _refusal(data, e.what, label) from None
+    raise safe_io.fail(label, f"the pickle asks to call {show(e.what)}, which "
+                       "is not a tensor, a dict or a module's attributes; "
+                       "rnnstep never runs code from a file (refused)"
+                       ) from None
   except safe_io.Refusal:
     raise
   except _PICKLE_ERRORS as e:
     text = " ".join(str(e).split())[:200] or type(e).__name__
     raise safe_io.fail(label, f"the pickle is corrupt or not a state dict "
                        f"({type(e).__name__}: {text})") from None
-
-
-def _refusal(data: bytes, what: str, label) -> safe_io.Refusal:
-  """Says why a forbidden global was refused: a whole module, or other code."""
-  if what == "module" or what.startswith("torch.nn.modules") or (
-      _mentions_module(data)):
-    return safe_io.fail(label, "a whole pickled model (torch.save(model)), "
-                        "which only running its code could rebuild; save the "
-                        "weights with torch.save(model.state_dict(), PATH) and "
-                        "use that file")
-  return safe_io.fail(label, f"the pickle asks for {show(what)}, which is not a "
-                      "tensor or a dict; rnnstep rebuilds only tensors and "
-                      "dicts and never runs code from a file (refused)")
-
-
-def _mentions_module(data: bytes) -> bool:
-  """Whether a pickle's strings look like an nn.Module's (read, not run)."""
-  try:
-    for _, arg, _ in pickletools.genops(data):
-      if isinstance(arg, str) and (arg in ("_modules", "_parameters") or
-                                   arg.startswith("torch.nn.modules")):
-        return True
-  except Exception:  # pylint: disable=broad-except  (a corrupt pickle)
-    pass
-  return False
 
 
 def _storage_info(name, label):
@@ -596,32 +683,52 @@ STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net")
 
 @dataclasses.dataclass
 class StateDict:
-  """The tensors of a state dict, in file order, and where they were found."""
+  """The tensors of a state dict, in file order, and where they were found.
+
+  Attributes:
+    tensors: {name: tensor}, named as `state_dict()` names them.
+    notes: things worth knowing (where the state dict was found).
+    source: 'state dict', or "whole module 'model.CharRNN'".
+  """
   tensors: Dict[str, StoredTensor]
   notes: list
+  source: str = "state dict"
+
+
+MAX_MODULE_DEPTH = 64
 
 
 def find_state_dict(obj, label) -> StateDict:
-  """The state dict in what a file holds: the object itself, or a checkpoint
-  dict's 'state_dict' / 'model_state_dict' / 'model' entry.
+  """The state dict in what a file holds: the object itself, a pickled module
+  (read as records), or a checkpoint dict's 'state_dict' / 'model_state_dict'
+  / 'model' / ... entry holding either.
 
   Raises:
-    ValueError: no dict of tensors there.
+    ValueError: no dict of tensors or module there.
   """
   if isinstance(obj, StoredTensor):
     raise safe_io.fail(label, "holds a single tensor, not a state dict")
+  if isinstance(obj, InertRecord):
+    return module_tensors(obj, label)
   if not isinstance(obj, dict):
     raise safe_io.fail(label, f"holds a {type(obj).__name__}, not a state dict "
                        "(a dict of tensors)")
   notes = []
   if not any(isinstance(v, StoredTensor) for v in obj.values()):
-    found = [k for k in STATE_DICT_KEYS if isinstance(obj.get(k), dict) and any(
-        isinstance(v, StoredTensor) for v in obj[k].values())]
+    found = [k for k in STATE_DICT_KEYS if _is_module(obj.get(k)) or (
+        isinstance(obj.get(k), dict) and any(
+            isinstance(v, StoredTensor) for v in obj[k].values()))]
     if not found:
       keys = ", ".join(show(k, 30) for k in list(obj)[:8]) or "nothing"
       raise safe_io.fail(label, f"holds no tensors (a dict of {keys}); expected "
-                         "a state dict (torch.save(model.state_dict(), PATH))")
-    notes.append(f"read the state dict under the key {show(found[0])}")
+                         "a state dict (torch.save(model.state_dict(), PATH)) "
+                         "or a whole module (torch.save(model, PATH))")
+    note = f"read the {{}} under the key {show(found[0])}"
+    if _is_module(obj[found[0]]):
+      state = module_tensors(obj[found[0]], label)
+      state.notes.insert(0, note.format(state.source))
+      return state
+    notes.append(note.format("state dict"))
     obj = obj[found[0]]
   tensors = collections.OrderedDict()
   skipped = 0
@@ -636,3 +743,80 @@ def find_state_dict(obj, label) -> StateDict:
   if skipped:
     notes.append(f"ignored {skipped} entries that are not tensors")
   return StateDict(tensors, notes)
+
+
+def _is_module(value) -> bool:
+  """Whether a record looks like an nn.Module (its state has _modules and
+  _parameters dicts)."""
+  return (isinstance(value, InertRecord) and isinstance(value.state, dict)
+          and isinstance(value.state.get("_parameters"), dict)
+          and isinstance(value.state.get("_modules"), dict))
+
+
+def module_tensors(root: InertRecord, label) -> StateDict:
+  """The tensors of a pickled nn.Module tree, named as `state_dict()` names
+  them: each module's parameters, then its persistent buffers, then its
+  submodules' (depth first), under the `_modules` path joined by dots
+  (`encoder.weight`, `rnn.weight_ih_l0`, `layers.0.bias`).
+
+  Raises:
+    ValueError: the record is not a module, or a parameter, buffer or
+      submodule is something other than a tensor / module (or None).
+  """
+  if not _is_module(root):
+    raise safe_io.fail(label, f"holds a pickled {show(root.qualified_name)} "
+                       "that is not an nn.Module (no _parameters and _modules "
+                       "in its attributes)")
+  tensors = collections.OrderedDict()
+  visiting = set()
+
+  def walk(record, prefix, depth):
+    path = show(prefix[:-1] or "(top level)")
+    if not _is_module(record):
+      raise safe_io.fail(label, f"module {path} is {_describe(record)}, not an "
+                         "nn.Module (no _parameters and _modules in its "
+                         "attributes)")
+    where = f"module {path} ({show(record.qualified_name)})"
+    if depth > MAX_MODULE_DEPTH or id(record) in visiting:
+      raise safe_io.fail(label, f"{where}: modules nested too deeply or in a "
+                         "cycle")
+    visiting.add(id(record))
+    state = record.state
+    buffers = state.get("_buffers", {})
+    skip = state.get("_non_persistent_buffers_set", set())
+    if not isinstance(buffers, dict) or not isinstance(skip, (set, frozenset)):
+      raise safe_io.fail(label, f"{where} has unreadable _buffers")
+    for kind, entries in (("parameter", state["_parameters"]),
+                          ("buffer", buffers)):
+      for name, value in entries.items():
+        if not isinstance(name, str):
+          raise safe_io.fail(label, f"{where} has a {kind} named {show(name)}")
+        if value is None or (kind == "buffer" and name in skip):
+          continue
+        if not isinstance(value, StoredTensor):
+          raise safe_io.fail(label, f"{kind} {show(prefix + name)} of {where} "
+                             f"is {_describe(value)}, not a tensor")
+        if len(tensors) >= MAX_STORAGES:
+          raise safe_io.fail(label, "the module holds too many tensors")
+        tensors[prefix + name] = value
+    for name, child in state["_modules"].items():
+      if not isinstance(name, str):
+        raise safe_io.fail(label, f"{where} has a submodule named {show(name)}")
+      if child is not None:
+        walk(child, f"{prefix}{name}.", depth + 1)
+    visiting.discard(id(record))
+
+  walk(root, "", 0)
+  source = f"whole module {show(root.qualified_name)}"
+  return StateDict(tensors, [
+      f"read the pickled module {show(root.qualified_name)} as data: the "
+      "classes it names were neither imported nor run; its tensors are named "
+      "as state_dict() names them"], source)
+
+
+def _describe(value) -> str:
+  if isinstance(value, InertRecord):
+    return f"a {show(value.qualified_name)} object"
+  if _is_record_class(value):
+    return f"the class or function {show(value.qualified_name)}"
+  return f"a {type(value).__name__}"

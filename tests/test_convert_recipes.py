@@ -1,0 +1,286 @@
+"""Models from public recipes, built with real Keras (small, few).
+
+- The keras.io "Character-level text generation with LSTM" model:
+  `Sequential([Input((T, V)), LSTM(U), Dense(V, activation="softmax")])` over
+  one-hot vectors, saved by Keras 3 (in this process) and by tf_keras 2 (in a
+  subprocess, `python -m tests.test_convert_recipes OUT` with
+  TF_USE_LEGACY_KERAS=1) in every file kind each writes: rnnstep maps it to an
+  identity Embedding, keeps the Dense's pre-softmax logits, and records
+  `window: T` (its Input fixes T and its LSTM has return_sequences=False). The
+  reference is Keras's own LSTM (return_sequences=True) and linear Dense given
+  the saved model's weights: logits on fixed ids, greedy text after a prompt.
+- A textgenrnn-shaped graph (Embedding -> 2 LSTM -> concatenate ->
+  attention-weighted average -> Dense; its layer names), refused in one line
+  naming the attention layer, before its {token: index} vocabulary is read;
+  tf_keras writes it as textgenrnn's bundled file was written
+  (`save_weights` to HDF5).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXCERPT = os.path.join(REPO, "tests", "data",
+                       "tinyshakespeare_heldout_excerpt.txt")
+WINDOW = 12
+UNITS = 16
+TOLERANCE = 1e-5
+GREEDY_STEPS = 30
+
+
+def recipe_text():
+  """The recipe's text preparation: lower case, newlines as spaces."""
+  with open(EXCERPT, encoding="utf-8") as f:
+    return f.read()[:3000].lower().replace("\n", " ")
+
+
+def build_one_hot(keras, out, keras2: bool):
+  """Saves the recipe's model in every file kind this Keras writes, and the
+  reference; returns {"files": {kind: path}, "ref": path, "vocab": path}."""
+  chars = sorted(set(recipe_text()))
+  size = len(chars)
+  model = keras.Sequential([
+      keras.Input(shape=(WINDOW, size)), keras.layers.LSTM(UNITS),
+      keras.layers.Dense(size, activation="softmax")])
+  rng = np.random.default_rng(3)
+  model.set_weights([rng.uniform(-0.8, 0.8, w.shape).astype(np.float32)
+                     for w in model.get_weights()])
+  prefix = os.path.join(out, "k2" if keras2 else "k3")
+  files = {"keras": f"{prefix}.keras", "legacy_h5": f"{prefix}.h5"}
+  model.save(files["keras"])
+  model.save(files["legacy_h5"])
+  if keras2:
+    files["weights_h5"] = f"{prefix}_w.h5"
+    files["tf_checkpoint"] = f"{prefix}_ckpt/ckpt_1"
+    model.save_weights(files["tf_checkpoint"])  # The TF format (a prefix).
+  else:
+    files["weights_h5"] = f"{prefix}.weights.h5"
+    files["tf_checkpoint"] = f"{prefix}_ckpt/ckpt"
+    tf.train.Checkpoint(model=model).write(files["tf_checkpoint"])
+  model.save_weights(files["weights_h5"])
+  lstm, dense = model.layers
+  probe = keras.Sequential([
+      keras.Input(shape=(None, size)),
+      keras.layers.LSTM(UNITS, return_sequences=True),
+      keras.layers.Dense(size)])
+  probe.layers[0].set_weights(lstm.get_weights())
+  probe.layers[1].set_weights(dense.get_weights())
+
+  def forward(ids):
+    return np.asarray(probe(tf.one_hot(np.asarray(ids)[None], size)))[0]
+
+  text = recipe_text()
+  ids = [chars.index(c) for c in text[:40]]
+  prompt = text[40:52]
+  greedy = [chars.index(c) for c in prompt]
+  for _ in range(GREEDY_STEPS):
+    last = forward(greedy)[-1]
+    top2 = np.sort(last)[-2:]
+    assert top2[1] - top2[0] > 1e-4, "near tie on the greedy path; reseed"
+    greedy.append(int(np.argmax(last)))
+  ref = f"{prefix}.ref.npz"
+  np.savez(ref, ids=np.array(ids), logits=forward(ids), prompt=np.array(prompt),
+           greedy=np.array("".join(chars[i] for i in greedy[len(prompt):])))
+  vocab = os.path.join(out, "vocab.json")
+  with open(vocab, "w", encoding="utf-8") as f:
+    json.dump(chars, f)
+  return {"files": files, "ref": ref, "vocab": vocab, "chars": chars}
+
+
+def build_textgenrnn_like(keras, out, keras2: bool):
+  """textgenrnn's graph with its layer names, and its kind of vocab file."""
+
+  class AttentionWeightedAverage(keras.layers.Layer):
+    """textgenrnn's pooling layer: a softmax-weighted average over time."""
+
+    def build(self, input_shape):
+      self.W = self.add_weight(shape=(input_shape[-1], 1), name="W")  # pylint: disable=invalid-name
+
+    def call(self, x):
+      weights = tf.nn.softmax(tf.squeeze(tf.matmul(x, self.W), -1), axis=-1)
+      return tf.reduce_sum(x * weights[..., None], axis=1)
+
+  vocab_size, window = 12, 8
+  inputs = keras.Input(shape=(window,), name="input")
+  embedded = keras.layers.Embedding(vocab_size, 6, name="embedding")(inputs)
+  rnn_1 = keras.layers.LSTM(8, return_sequences=True, name="rnn_1")(embedded)
+  rnn_2 = keras.layers.LSTM(8, return_sequences=True, name="rnn_2")(rnn_1)
+  joined = keras.layers.concatenate([embedded, rnn_1, rnn_2],
+                                    name="rnn_concat")
+  pooled = AttentionWeightedAverage(name="attention")(joined)
+  outputs = keras.layers.Dense(vocab_size, activation="softmax",
+                               name="output")(pooled)
+  model = keras.Model(inputs, outputs)
+  prefix = os.path.join(out, "textgenrnn_k2" if keras2 else "textgenrnn_k3")
+  files = {"full_h5": f"{prefix}.h5"}
+  model.save(files["full_h5"])  # Its config names the custom class.
+  if keras2:  # textgenrnn's bundled weights: Keras 2 save_weights, HDF5.
+    files["weights_hdf5"] = f"{prefix}_weights.hdf5"
+  else:
+    files["weights_hdf5"] = f"{prefix}.weights.h5"
+  model.save_weights(files["weights_hdf5"])
+  # textgenrnn's vocabulary file: {token: index}, with a '<s>' token.
+  tokens = {"<s>": vocab_size - 1, **{c: i + 1 for i, c in
+                                       enumerate("abcdefghij")}}
+  vocab = os.path.join(out, "textgenrnn_vocab.json")
+  with open(vocab, "w", encoding="utf-8") as f:
+    json.dump(tokens, f)
+  return {"files": files, "vocab": vocab}
+
+
+def build_all(keras, out, keras2: bool):
+  cases = {"one_hot": build_one_hot(keras, out, keras2),
+           "textgenrnn": build_textgenrnn_like(keras, out, keras2)}
+  with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
+    json.dump(cases, f)
+  return cases
+
+
+if __name__ == "__main__":  # tf_keras, in a subprocess.
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  build_all(tf_keras, sys.argv[1], keras2=True)
+  sys.exit(0)
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import rnnstep  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rnnstep import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+keras = pytest.importorskip("keras")
+
+
+@pytest.fixture(scope="module", params=["keras3", "tf_keras"])
+def built(request, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp(request.param))
+  if request.param == "keras3":
+    return build_all(keras, out, keras2=False)
+  pytest.importorskip("tf_keras")
+  env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "PYTHONPATH": REPO}
+  subprocess.run([sys.executable, "-m", "tests.test_convert_recipes", out],
+                 cwd=REPO, env=env, check=True, timeout=600,
+                 stdin=subprocess.DEVNULL)
+  with open(os.path.join(out, "cases.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+@pytest.fixture
+def one_hot_files(built):
+  case = dict(built["one_hot"])
+  ref = np.load(case["ref"])
+  case.update(ids=ref["ids"], logits=ref["logits"], prompt=str(ref["prompt"]),
+              greedy=str(ref["greedy"]), dir=os.path.dirname(case["ref"]))
+  return case
+
+
+@pytest.mark.parametrize("fmt", ["keras", "legacy_h5", "weights_h5",
+                                 "tf_checkpoint"])
+def test_one_hot_model_matches_keras(one_hot_files, fmt):
+  case = one_hot_files
+  model = rnnstep.load(case["files"][fmt], vocab=case["vocab"])
+  logits = rnnstep.logits(model, case["ids"])[0]
+  assert float(np.abs(logits - case["logits"]).max()) <= TOLERANCE
+  text = rnnstep.generate(model, case["prompt"], GREEDY_STEPS, temperature=0)
+  assert text == case["greedy"]
+  # Only the files with a config know the model was built for windows.
+  has_config = fmt in ("keras", "legacy_h5")
+  assert model.config.window == (WINDOW if has_config else None)
+  summary = convert.inspect(case["files"][fmt])
+  assert summary.layers[0].name == "(one-hot input)"
+  assert any("identity Embedding" in note for note in summary.notes)
+  if has_config:
+    assert any("softmax dropped" in note for note in summary.notes)
+    assert any(f"window={WINDOW}" in note for note in summary.notes)
+
+
+def test_converted_one_hot_model_file_records_the_window(one_hot_files,
+                                                         tmp_path):
+  out = tmp_path / "m.npz"
+  convert.convert(one_hot_files["files"]["keras"], out,
+                  vocab=one_hot_files["vocab"])
+  model = rnnstep.load(out)
+  assert model.config.window == WINDOW
+  assert json.loads(str(np.load(out)["config"]))["window"] == WINDOW
+  np.testing.assert_array_equal(model.tensors()["embedding"],
+                                np.eye(len(one_hot_files["chars"])))
+
+
+# ------------------------------------------------------------- textgenrnn
+
+
+@pytest.fixture
+def textgenrnn_like(built):
+  return built["textgenrnn"]
+
+
+@pytest.mark.parametrize("kind", ["full_h5", "weights_hdf5"])
+def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
+    textgenrnn_like, kind):
+  path = textgenrnn_like["files"][kind]
+  for call in (lambda: convert.inspect(path),
+               lambda: rnnstep.load(path, vocab=textgenrnn_like["vocab"])):
+    with pytest.raises(ValueError) as info:
+      call()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(path)
+    assert re.search(r"'(layers/)?attention", message), message
+    assert "rnnstep maps Embedding" in message, message
+    assert "vocab" not in message, message
+
+
+def test_token_vocabularies_are_refused_as_not_characters(one_hot_files,
+                                                          textgenrnn_like):
+  with pytest.raises(ValueError, match=r"textgenrnn_vocab.json: vocab is a "
+                     r"JSON object \{token: index\} with multi-character "
+                     r"tokens such as '<s>', not a list; rnnstep's "
+                     "vocabularies are characters") as info:
+    rnnstep.load(one_hot_files["files"]["keras"],
+                 vocab=textgenrnn_like["vocab"])
+  assert "\n" not in str(info.value)
+  tokens = os.path.join(one_hot_files["dir"], "tokens.json")
+  with open(tokens, "w", encoding="utf-8") as f:
+    json.dump(one_hot_files["chars"][:-1] + ["<s>"], f)
+  with pytest.raises(ValueError, match=r"is '<s>', a token of 3 characters; "
+                     "rnnstep's vocabularies are characters"):
+    rnnstep.load(one_hot_files["files"]["keras"], vocab=tokens)
+
+
+def test_generate_cli_names_a_missing_vocab_file_once(one_hot_files, tmp_path):
+  missing = tmp_path / "missing.json"
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
+  proc = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate",
+       f"--weights={one_hot_files['files']['keras']}", f"--vocab={missing}",
+       "--num_steps=3"], cwd=REPO, capture_output=True, text=True, env=env,
+      timeout=600, stdin=subprocess.DEVNULL)
+  assert proc.returncode == 1
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].count(str(missing)) == 1, lines[0]
+  assert f"--vocab={missing}: No such file or directory" in lines[0]
+
+
+@pytest.mark.parametrize("steps,return_sequences,window", [
+    (8, False, 8), (None, False, None), (8, True, None)])
+def test_window_needs_fixed_steps_and_a_last_output_only(
+    tmp_path, steps, return_sequences, window):
+  """With an Embedding too: the window is a fact of the Input and the last
+  recurrent layer, not of one-hot inputs."""
+  model = keras.Sequential([
+      keras.Input(shape=(steps,), dtype="int32"), keras.layers.Embedding(5, 3),
+      keras.layers.GRU(4, return_sequences=True),
+      keras.layers.GRU(4, return_sequences=return_sequences),
+      keras.layers.Dense(5)])
+  path = str(tmp_path / "m.keras")
+  model.save(path)
+  summary = convert.inspect(path)
+  assert summary.config.window == window
+  if steps is None:
+    assert any("fixes no window length" in note for note in summary.notes)
