@@ -16,7 +16,10 @@ neuron even with scripts off.
 
 import html
 import json
+import math
 from typing import List, Optional, Tuple
+
+import numpy as np
 
 from rnnstep import kinds
 
@@ -51,14 +54,24 @@ PROBABILITY_PALETTE = [_cell(_PROBABLE, i / _STEPS) for i in range(_STEPS + 1)]
 
 
 def activation_colours(value: float) -> List[str]:
-  """`[background, text colour]` of an activation (clipped to [-1, 1])."""
+  """`[background, text colour]` of an activation (clipped to [-1, 1]).
+
+  The page's script computes the same (`Math.round` is floor(x + 0.5), not
+  Python's round-half-even), from the same values (`page_value`).
+  """
   value = min(1.0, max(-1.0, float(value)))
-  return ACTIVATION_PALETTE[round((value + 1) * _STEPS)]
+  return ACTIVATION_PALETTE[math.floor((value + 1) * _STEPS + 0.5)]
+
+
+def page_value(value) -> float:
+  """A number as the page holds it: 3 decimals."""
+  return round(float(value), 3)
 
 
 def probability_colours(p: float) -> List[str]:
   """`[background, text colour]` of a probability in [0, 1]."""
-  return PROBABILITY_PALETTE[round(min(1.0, max(0.0, float(p))) * _STEPS)]
+  p = min(1.0, max(0.0, float(p)))
+  return PROBABILITY_PALETTE[math.floor(p * _STEPS + 0.5)]
 
 
 def glyph(char: str) -> str:
@@ -210,10 +223,11 @@ def render(analysis, title: str, notice: Optional[str] = None) -> str:
   if not analysis.offered:
     raise ValueError("no neuron to show: give neurons or num_neurons >= 1")
   text = analysis.text
-  first = analysis.activation(analysis.offered[0].neuron)
+  values = [[page_value(v) for v in analysis.activation(o.neuron)]
+            for o in analysis.offered]
   parts = []
   for t, char in enumerate(text):
-    background, colour = activation_colours(first[t])
+    background, colour = activation_colours(values[0][t])
     newline = char == "\n"
     cells = [f'<span class="{"ch nl" if newline else "ch"}" data-i="{t}">'
              f'<span class="a" style="background-color:{background};'
@@ -226,21 +240,18 @@ def render(analysis, title: str, notice: Optional[str] = None) -> str:
                    f'color:{colour}">{html.escape(guess_glyph(guess))}</span>')
     parts.append("".join(cells) + "</span>" + ("<br>" if newline else ""))
 
-  def rounded(values):
-    return [round(float(v), 3) for v in values]
-
   data = {
       "steps": _STEPS,
       "palette": ACTIVATION_PALETTE,
       "text": text,
       "neurons": [{"label": option_label(o),
                    "why": explanation(o, analysis.layers),
-                   "values": rounded(analysis.activation(o.neuron))}
-                  for o in analysis.offered],
-      "guesses": [[[g, round(float(p), 3)] for g, p in
+                   "values": neuron_values}
+                  for o, neuron_values in zip(analysis.offered, values)],
+      "guesses": [[[g, page_value(p)] for g, p in
                    zip(analysis.top_chars(t), analysis.top_probs[t])]
                   for t in range(len(text))],
-      "next": [None if v != v else round(float(v), 3)
+      "next": [None if np.isnan(v) else page_value(v)
                for v in analysis.next_probs],
   }
   # Inside <script>, "</" could end the element: JSON may spell "<" as \\u003c.
