@@ -37,6 +37,7 @@ success, 1 failure (model file, text file, output file), 2 bad command line,
 RNNSTEP_DEBUG=1 to see them and tracebacks.
 """
 
+import contextlib
 import os
 import sys
 
@@ -100,11 +101,28 @@ def main(argv):
     notice = (f"Showing the first {_MAX_CHARS.value} of {len(text)} "
               f"characters of {source} (--max_chars).")
     text = text[:_MAX_CHARS.value]
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
-                            _VOCAB.value)
+  to_stdout = _OUTPUT.value == "-"
+  # Opened first, so that a bad --output fails before the model is read.
+  with (contextlib.nullcontext(sys.stdout) if to_stdout
+        else common.atomic_output(_OUTPUT.value)) as out:
+    model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
+                              _VOCAB.value)
+    analysis = _analyze(model, source, text)
+    title = (os.path.basename(_WEIGHTS.value) if _WEIGHTS.value
+             else "the bundled Shakespeare model")
+    # pylint: disable-next=g-import-not-at-top
+    from rnnstep import inspect_page
+    out.write(inspect_page.render(analysis, title, notice))
+  if not to_stdout:
+    print(f"{_OUTPUT.value}: {len(text)} characters, "
+          f"{len(analysis.offered)} neurons")
+  return 0
+
+
+def _analyze(model, source, text):
+  """`rnnstep.inspect.analyze` with the flags, its errors naming them."""
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import inspect as inspect_lib  # Imports TensorFlow.
-  from rnnstep import inspect_page  # pylint: disable=g-import-not-at-top
   neurons = []
   for spec in _NEURON.value or ():
     try:
@@ -115,18 +133,7 @@ def main(argv):
     model.encode(text)
   except ValueError as e:
     raise common.Failure(f"{source}: {e}") from None
-  analysis = inspect_lib.analyze(model, text, neurons, _NUM_NEURONS.value)
-  title = (os.path.basename(_WEIGHTS.value) if _WEIGHTS.value
-           else "the bundled Shakespeare model")
-  page = inspect_page.render(analysis, title, notice)
-  output = _OUTPUT.value
-  if output == "-":
-    sys.stdout.write(page)
-    return 0
-  with common.atomic_output(output) as out:
-    out.write(page)
-  print(f"{output}: {len(text)} characters, {len(analysis.offered)} neurons")
-  return 0
+  return inspect_lib.analyze(model, text, neurons, _NUM_NEURONS.value)
 
 
 def _read_text():
