@@ -1,11 +1,11 @@
-"""What the neurons of a model do over a text: the numbers behind rnnstep-inspect.
+"""What a model's neurons do over a text: the numbers behind rnnstep-inspect.
 
     from rnnstep import inspect
     analysis = inspect.analyze(model, "ROMEO:\\nBut, soft! what light...")
     best = analysis.offered[0]              # the most selective neuron
     analysis.activation(best.neuron)        # [T] values in [-1, 1]
-    analysis.top_chars(4)                   # the 5 likeliest characters after
-    analysis.top_probs[4]                   #   text[:5], and their probabilities
+    analysis.top_chars(4)                   # the 5 likeliest characters
+    analysis.top_probs[4]                   #   after text[:5], their odds
 
 A neuron is one unit of one layer's state: its h (the layer's output, in
 [-1, 1] for every kind), or for an LSTM its cell state c, read as tanh(c) so
@@ -224,7 +224,8 @@ def analyze(model: model_lib.Model, text: str,
   """
   if not isinstance(text, str) or not text:
     raise ValueError("text must be a non-empty str")
-  if not api._is_int(num_neurons) or num_neurons < 0:  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  if not api._is_int(num_neurons) or num_neurons < 0:
     raise ValueError(f"num_neurons must be a non-negative integer, got "
                      f"{num_neurons!r}")
   layers = model.config.layers
@@ -236,7 +237,8 @@ def analyze(model: model_lib.Model, text: str,
     except ValueError as e:
       raise ValueError(f"neurons[{i}]={spec!r}: {e}") from None
   ids = model.encode(text)[None]
-  state = api._check_initial_state(model, initial_state, 1)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  state = api._check_initial_state(model, initial_state, 1)
   sequences, logits = model_lib.sequence_function(model)(
       ids, np.ones(ids.shape, bool), state)
   states = [dict(zip(model_lib.STATE_NAMES, (s.numpy()[0] for s in layer)))

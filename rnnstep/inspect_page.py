@@ -1,4 +1,4 @@
-"""The rnnstep-inspect page: one self-contained HTML file drawn from an Analysis.
+"""The rnnstep-inspect page: one self-contained HTML file from an Analysis.
 
 As in Karpathy's "The Unreasonable Effectiveness of Recurrent Neural Networks"
 and Karpathy, Johnson and Fei-Fei (2015): the text, each character's
@@ -285,7 +285,8 @@ def render(analysis, title: str, notice: Optional[str] = None) -> str:
 <span class="legend">p 0<span class="bar pbar"></span>1</span>
 <label><input type="checkbox" id="guesses" checked> top-5 guesses</label>
 </div>
-<div id="why">{html.escape(explanation(analysis.offered[0], analysis.layers))}</div>
+<div id="why">{html.escape(explanation(analysis.offered[0],
+                                       analysis.layers))}</div>
 <div id="info">Hover a character for its numbers.</div>
 </header>
 <main id="text">{"".join(parts)}</main>

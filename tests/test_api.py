@@ -199,7 +199,8 @@ class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
     # A real Keras file (LSTM -> GRU reset_after=False -> SimpleRNN), read by
     # rnnstep.load as a user would; Keras' every return_sequences output.
     cls.keras_model = kr.lively(kr.build(STACK, seed=5), recurrent_scale=1.5)
-    path = os.path.join(tempfile.mkdtemp(prefix="hidden_states_"), "stack.keras")
+    path = os.path.join(tempfile.mkdtemp(prefix="hidden_states_"),
+                        "stack.keras")
     cls.keras_model.save(path)
     cls.model = rnnstep.load(path, vocab=kr.default_vocab(65))
     recurrent = [l for l in cls.keras_model.layers
@@ -314,9 +315,12 @@ class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
       ("too_few_layers", "drop_last", r"^initial_state has 2 entries for 3"),
       ("not_a_dict", "list_first", r"^initial_state\[0\] is of type list"),
       ("missing_c", "drop_c", r"^initial_state\[0\] has keys \['h'\]"),
-      ("float64", "float64", r"^initial_state\[1\]\['h'\] is float64 \[2, 10\]"),
-      ("wrong_batch", "one_row", r"^initial_state\[2\]\['h'\] is float32 \[1, 8\]"),
-      ("wrong_units", "transpose", r"^initial_state\[2\]\['h'\] is float32 \[8, 2\]"),
+      ("float64", "float64",
+       r"^initial_state\[1\]\['h'\] is float64 \[2, 10\]"),
+      ("wrong_batch", "one_row",
+       r"^initial_state\[2\]\['h'\] is float32 \[1, 8\]"),
+      ("wrong_units", "transpose",
+       r"^initial_state\[2\]\['h'\] is float32 \[8, 2\]"),
       ("ragged", "ragged", r"^initial_state\[2\]\['h'\] is a ragged"),
       ("nan", "nan", r"^initial_state\[0\]\['c'\] holds values that are not"),
   )
@@ -349,7 +353,8 @@ class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
       ("empty_text", ["AB", ""], r"^texts_or_ids\[1\] is empty"),
       ("unknown_char", ["AB", "A\u00e9"], r"^texts_or_ids\[1\]: character "
        r"'\u00e9' \(U\+00E9\) at position 1 is not in the model's vocabulary"),
-      ("mixed", ["AB", [1, 2]], r"^texts_or_ids\[1\] is a list; give a list of"),
+      ("mixed", ["AB", [1, 2]],
+       r"^texts_or_ids\[1\] is a list; give a list of"),
       ("floats", np.zeros((2, 3)), r"^texts_or_ids must be integers"),
       ("out_of_range", [[1, 2], [3, 65]], r"^texts_or_ids\[1\] must lie in "
        r"\[0, 65\)"),

@@ -17,7 +17,8 @@ from rnnstep import model_file
 LAYERS = [kr.layer("lstm", 12), kr.layer("gru", 10)]
 # 65 characters with a newline, so that texts have lines.
 VOCAB = ["\n"] + [chr(32 + i) for i in range(64)]
-TEXT = 'FIRST CITIZEN:\nBEFORE WE PROCEED, "HEAR" ME (SPEAK).\nALL:\nSPEAK, SPEAK.\n'
+TEXT = ('FIRST CITIZEN:\nBEFORE WE PROCEED, "HEAR" ME (SPEAK).\nALL:\n'
+        'SPEAK, SPEAK.\n')
 
 
 def small_model(unk=False):
@@ -48,8 +49,8 @@ class AnalyzeTest(tf.test.TestCase, parameterized.TestCase):
       out, state = self.reference.step(int(token), state)
       steps.append(state)
       logits.append(out)
-    states = [[np.stack([s[i][j] for s in steps]) for j in range(len(steps[0][i]))]
-              for i in range(len(LAYERS))]
+    states = [[np.stack([s[i][j] for s in steps])
+               for j in range(len(steps[0][i]))] for i in range(len(LAYERS))]
     return states, np.stack(logits)
 
   def test_numbers_match_float64(self):
@@ -100,7 +101,8 @@ class AnalyzeTest(tf.test.TestCase, parameterized.TestCase):
                         atol=1e-5)
 
   def test_offers_chosen_neurons_first_then_ranked(self):
-    analysis = inspect.analyze(self.model, TEXT, ["1:4", inspect.Neuron(0, 2, "c")],
+    analysis = inspect.analyze(self.model, TEXT,
+                               ["1:4", inspect.Neuron(0, 2, "c")],
                                num_neurons=6)
     offered = analysis.offered
     self.assertLen(offered, 8)
@@ -130,7 +132,8 @@ class AnalyzeTest(tf.test.TestCase, parameterized.TestCase):
       ("cell_of_gru", dict(neurons=["1:0:c"]), "only an LSTM layer has a cell "
        "state c; layer 1 is a GRU"),
       ("malformed", dict(neurons=["0-1"]), "expected LAYER:UNIT"),
-      ("num_neurons", dict(num_neurons=-1), "num_neurons must be a non-negative"),
+      ("num_neurons", dict(num_neurons=-1),
+       "num_neurons must be a non-negative"),
   )
   def test_bad_arguments(self, kwargs, pattern):
     kwargs = dict(dict(text="ABC"), **kwargs)
