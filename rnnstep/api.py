@@ -230,11 +230,13 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
     the model has read item t of the row (h is the layer's output there).
 
   Raises:
-    ValueError: an empty or unknown-character text, bad ids, or a bad
-      `initial_state` (each a one-line message naming the argument).
+    ValueError: an empty or unknown-character text, bad ids, a bad
+      `initial_state`, or states too large for memory (refused before
+      anything is allocated); each a one-line message naming the argument.
   """
   rows = _sequence_rows(model, texts_or_ids)
   lengths = np.array([len(row) for row in rows])
+  check_states_fit(model, len(rows), int(lengths.max()))
   ids = np.zeros([len(rows), lengths.max()], np.int32)
   mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
   ids[mask] = np.concatenate(rows)
@@ -242,6 +244,30 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
   sequences, _ = model_lib.sequence_function(model)(ids, mask, state)
   return [dict(zip(model_lib.STATE_NAMES, (s.numpy() for s in layer)))
           for layer in sequences]
+
+
+# How many copies of every state and logit a `sequence_function` call holds at
+# its peak: the loop's TensorArrays, their batch-major copies, the numpy result.
+_SEQUENCE_COPIES = 3
+
+
+def check_states_fit(model, batch_size: int, length: int) -> None:
+  """Refuses a `hidden_states` call whose results cannot fit in memory.
+
+  Raises:
+    ValueError: naming `texts_or_ids`, with the estimate and what is available.
+  """
+  # Every state tensor, and the logits, per position.
+  floats = model.vocab_size + sum(sum(cells_lib.state_sizes(layer))
+                                  for layer in model.config.layers)
+  need = batch_size * length * floats * 4 * _SEQUENCE_COPIES
+  have = generator_lib.available_memory_bytes()
+  if have is not None and need > have:
+    raise ValueError(
+        f"texts_or_ids: {batch_size} rows x {length} positions need about "
+        f"{need / 2**30:.1f} GiB for every layer's states but only "
+        f"{have / 2**30:.1f} GiB is available; pass fewer or shorter texts, or "
+        "carry the state on from one piece to the next with initial_state")
 
 
 def _sequence_rows(model, texts_or_ids):

@@ -3,6 +3,7 @@
 import os
 import pathlib
 import tempfile
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -289,6 +290,15 @@ class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(
         rnnstep.logits(self.model, self.ids, initial_state=zero),
         rnnstep.logits(self.model, self.ids), atol=1e-6, rtol=0)
+
+  def test_states_too_large_are_refused_before_allocating(self):
+    with mock.patch.object(generator_lib, "available_memory_bytes",
+                           return_value=2**20):
+      with self.assertRaisesRegex(ValueError, r"^texts_or_ids: 2 rows x 2000 "
+                                  r"positions need about 0\.0 GiB .* but only "
+                                  r"0\.0 GiB is available; pass fewer"):
+        rnnstep.hidden_states(self.model, ["A" * 2000, "B"])
+      rnnstep.hidden_states(self.model, "AB")  # Small enough.
 
   def test_compiled_equals_eager_and_never_retraces(self):
     network = self.model.network()
