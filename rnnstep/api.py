@@ -251,11 +251,13 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
 _SEQUENCE_COPIES = 3
 
 
-def check_states_fit(model, batch_size: int, length: int) -> None:
+def check_states_fit(model, batch_size: int, length: int,
+                     name: str = "texts_or_ids") -> None:
   """Refuses a `hidden_states` call whose results cannot fit in memory.
 
   Raises:
-    ValueError: naming `texts_or_ids`, with the estimate and what is available.
+    ValueError: naming the argument `name`, with the estimate and what is
+      available.
   """
   # Every state tensor, and the logits, per position.
   floats = model.vocab_size + sum(sum(cells_lib.state_sizes(layer))
@@ -264,7 +266,7 @@ def check_states_fit(model, batch_size: int, length: int) -> None:
   have = generator_lib.available_memory_bytes()
   if have is not None and need > have:
     raise ValueError(
-        f"texts_or_ids: {batch_size} rows x {length} positions need about "
+        f"{name}: {batch_size} rows x {length} positions need about "
         f"{need / 2**30:.1f} GiB for every layer's states but only "
         f"{have / 2**30:.1f} GiB is available; pass fewer or shorter texts, or "
         "carry the state on from one piece to the next with initial_state")

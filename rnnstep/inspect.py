@@ -237,7 +237,7 @@ def analyze(model: model_lib.Model, text: str,
     except ValueError as e:
       raise ValueError(f"neurons[{i}]={spec!r}: {e}") from None
   ids = model.encode(text)[None]
-  api.check_states_fit(model, 1, len(text))
+  api.check_states_fit(model, 1, len(text), "text")
   # pylint: disable-next=protected-access
   state = api._check_initial_state(model, initial_state, 1)
   sequences, logits = model_lib.sequence_function(model)(
