@@ -2,13 +2,16 @@
 
 Public API:
   load(path=None, dtype='float32') -> Model     read a model file (None: bundled)
-  logits(model, ids) -> np.ndarray [B, T, V]    teacher-forced scoring
+  logits(model, ids, initial_state=None)        teacher-forced scoring [B, T, V]
+  hidden_states(model, texts_or_ids)            every layer's state at every position
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
   tune(model, batch_sizes=...)                  measure the fastest path here, cache it
   export_litert(model, export_dir)              model.tflite + vocab.json (LiteRT)
   Model, Generator                              the lower-level objects
+  inspect.analyze(model, text)                  neuron activations and top-5 guesses
+                                                (rnnstep-inspect draws them as a page)
 
 Names are imported on first use (PEP 562), so `import rnnstep` does not import
 TensorFlow: the command-line tools answer --help and flag errors at once, and
@@ -26,12 +29,15 @@ _EXPORTS = {
     "export": "rnnstep.saved_model",
     "export_litert": "rnnstep.litert",
     "generate": "rnnstep.api",
+    "hidden_states": "rnnstep.api",
     "load": "rnnstep.api",
     "logits": "rnnstep.api",
     "stream": "rnnstep.api",
     "tune": "rnnstep.tuning",
 }
-__all__ = sorted(_EXPORTS)
+# Submodules that are part of the API, imported on first use as well.
+_SUBMODULES = ("inspect",)
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 
 def __getattr__(name):
@@ -39,6 +45,8 @@ def __getattr__(name):
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
+  if name in _SUBMODULES:
+    return importlib.import_module(f"rnnstep.{name}")  # Binds it here too.
   raise AttributeError(f"module 'rnnstep' has no attribute {name!r}")
 
 

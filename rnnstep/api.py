@@ -1,4 +1,4 @@
-"""The library API: load a model, score text, generate text.
+"""The library API: load a model, score text, read its states, generate text.
 
     import rnnstep
     model = rnnstep.load()                      # the bundled Shakespeare model
@@ -16,8 +16,10 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import cells as cells_lib
 from rnnstep import errors
 from rnnstep import generator as generator_lib
+from rnnstep import host
 from rnnstep import model as model_lib
 from rnnstep import options as options_lib
 from rnnstep import paths
@@ -154,34 +156,205 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       source=path)
 
 
-def logits(model: model_lib.Model, ids) -> np.ndarray:
-  """Teacher-forced logits from a zero state, for scoring and perplexity.
+def logits(model: model_lib.Model, ids, initial_state=None) -> np.ndarray:
+  """Teacher-forced logits, for scoring and perplexity.
 
   Args:
     model: the Model.
     ids: integer ids `[B, T]` (a 1-D sequence is taken as one row).
+    initial_state: None (the zero state, as Keras), or the state to start
+      each row from: one dict per recurrent layer of float32 `[B, U]` arrays,
+      `{"h": ...}` (plus `"c"` for an LSTM), the form
+      `[{k: v[:, -1] for k, v in layer.items()} for layer in
+      hidden_states(model, ...)]` gives.
 
   Returns:
     float32 `[B, T, V]`: position t holds the logits for the id after `ids[:, t]`.
 
   Raises:
-    ValueError: ids not 1- or 2-D, empty, or outside `[0, V)`.
+    ValueError: ids not 1- or 2-D, empty, or outside `[0, V)`; an
+      `initial_state` of the wrong structure, shape or dtype.
+  """
+  array = _check_ids(model, ids, "ids")
+  if initial_state is None:
+    return model.score(array).numpy()
+  state = _check_initial_state(model, initial_state, array.shape[0])
+  _, result = model_lib.sequence_function(model)(
+      array, np.ones(array.shape, bool), state)
+  return result.numpy()
+
+
+def _check_ids(model, ids, name: str) -> np.ndarray:
+  """Integer ids `[B, T]` (or `[T]`: one row) as int32 `[B, T]`.
+
+  Raises:
+    ValueError: naming `name`: not 1- or 2-D, empty, or outside `[0, V)`.
   """
   array = np.asarray(ids)
   if array.ndim == 1:
     array = array[None, :]
   if array.ndim != 2 or array.size == 0:
     raise errors.ArgumentError(
-        "ids", f"ids must be a non-empty [batch, time] array, got shape "
+        name, f"{name} must be a non-empty [batch, time] array, got shape "
         f"{array.shape}")
   if array.dtype.kind not in "iu":
     raise errors.ArgumentError(
-        "ids", f"ids must be integers, got dtype {array.dtype}")
+        name, f"{name} must be integers, got dtype {array.dtype}")
   if array.min() < 0 or array.max() >= model.vocab_size:
     raise errors.ArgumentError(
-        "ids", f"ids must lie in [0, {model.vocab_size}), got values from "
+        name, f"{name} must lie in [0, {model.vocab_size}), got values from "
         f"{array.min()} to {array.max()}")
-  return model.score(array.astype(np.int32)).numpy()
+  return array.astype(np.int32)
+
+
+def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
+  """Every recurrent layer's state after every position, in one compiled call.
+
+      states = rnnstep.hidden_states(model, ["ROMEO:", "To be"])
+      states[0]["h"][1, 4]      # layer 0's h after "To be" (row 1, position 4)
+      last = [{k: v[:, -1] for k, v in layer.items()} for layer in states]
+      # The logits of " a" after each prompt, carried on from its state:
+      rnnstep.logits(model, [model.encode(" a")] * 2, initial_state=last)
+
+  Rows of different lengths are right-padded to the longest: at a padding
+  position a row's state is held, bit for bit, from its last real position,
+  so `[:, -1]` is every row's final state and each row equals that text
+  alone. (Keras' masked layers hold the state the same way.)
+
+  Args:
+    model: the Model.
+    texts_or_ids: a str, a list of str (any lengths), integer ids `[B, T]` or
+      `[T]`, or a list of 1-D integer id sequences (any lengths).
+    initial_state: None (the zero state), or one dict per layer of float32
+      `[B, U]` arrays, as for `logits`.
+
+  Returns:
+    One dict per recurrent layer, in order: `{"h": [B, T, U]}`, plus `"c"` (the
+    cell state) for an LSTM; float32 numpy. Position t holds the state after
+    the model has read item t of the row (h is the layer's output there).
+
+  Raises:
+    ValueError: an empty or unknown-character text, bad ids, a bad
+      `initial_state`, or states too large for memory (refused before
+      anything is allocated); each a one-line message naming the argument.
+  """
+  rows = _sequence_rows(model, texts_or_ids)
+  lengths = np.array([len(row) for row in rows])
+  check_states_fit(model, len(rows), int(lengths.max()))
+  ids = np.zeros([len(rows), lengths.max()], np.int32)
+  mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+  ids[mask] = np.concatenate(rows)
+  state = _check_initial_state(model, initial_state, len(rows))
+  sequences, _ = model_lib.sequence_function(model)(ids, mask, state)
+  return [dict(zip(model_lib.STATE_NAMES, (s.numpy() for s in layer)))
+          for layer in sequences]
+
+
+# How many copies of every state and logit a `sequence_function` call holds at
+# its peak: the loop's TensorArrays, their batch-major copies, the numpy result.
+_SEQUENCE_COPIES = 3
+
+
+def check_states_fit(model, batch_size: int, length: int,
+                     name: str = "texts_or_ids") -> None:
+  """Refuses a `hidden_states` call whose results cannot fit in memory.
+
+  Raises:
+    ValueError: naming the argument `name`, with the estimate and what is
+      available.
+  """
+  # Every state tensor, and the logits, per position.
+  floats = model.vocab_size + sum(sum(cells_lib.state_sizes(layer))
+                                  for layer in model.config.layers)
+  need = batch_size * length * floats * 4 * _SEQUENCE_COPIES
+  have = host.available_memory_bytes()
+  if have is not None and need > have:
+    raise errors.ArgumentError(
+        name, f"{name}: {batch_size} rows x {length} positions need about "
+        f"{need / 2**30:.1f} GiB for every layer's states but only "
+        f"{have / 2**30:.1f} GiB is available; pass fewer or shorter texts, or "
+        "carry the state on from one piece to the next with initial_state")
+
+
+def _sequence_rows(model, texts_or_ids):
+  """`hidden_states`' input as a list of int32 id rows (each non-empty)."""
+  if isinstance(texts_or_ids, str):
+    texts_or_ids = [texts_or_ids]
+  is_list = isinstance(texts_or_ids, (list, tuple)) and len(texts_or_ids) > 0
+  if is_list and any(isinstance(item, str) for item in texts_or_ids):
+    rows = []
+    for i, text in enumerate(texts_or_ids):
+      if not isinstance(text, str):
+        raise errors.ArgumentError(
+            "texts_or_ids", f"texts_or_ids[{i}] is a {type(text).__name__}; "
+            "give a list of str, or of id sequences, not a mix")
+      if not text:
+        raise errors.ArgumentError(
+            "texts_or_ids", f"texts_or_ids[{i}] is empty; give at least one "
+            "character")
+      try:
+        rows.append(model.encode(text))
+      except ValueError as e:
+        raise errors.ArgumentError("texts_or_ids",
+                                   f"texts_or_ids[{i}]: {e}") from None
+    return rows
+  if is_list and all(np.ndim(item) == 1 for item in texts_or_ids):
+    return [_check_ids(model, row, f"texts_or_ids[{i}]")[0]
+            for i, row in enumerate(texts_or_ids)]
+  return list(_check_ids(model, texts_or_ids, "texts_or_ids"))
+
+
+def _check_initial_state(model, initial_state, batch_size: int):
+  """An `initial_state` argument as a `model.StackState` of numpy arrays.
+
+  None is the zero state. Anything else must be exactly one dict per layer
+  of float32 `[batch_size, U]` arrays named by `model.STATE_NAMES`.
+
+  Raises:
+    ValueError: one line naming `initial_state` (and the entry at fault), what
+      was given and the form expected.
+  """
+  layers = model.config.layers
+  sizes = [cells_lib.state_sizes(layer) for layer in layers]
+  if initial_state is None:
+    return tuple(tuple(np.zeros([batch_size, size], np.float32)
+                       for size in layer) for layer in sizes)
+  form = "[" + ", ".join(
+      "{" + ", ".join(f"'{name}': [{batch_size}, {size}]"
+                      for name, size in zip(model_lib.STATE_NAMES, layer))
+      + "}" for layer in sizes) + "] of float32 arrays"
+
+  def bad(where, got):
+    return errors.ArgumentError(
+        "initial_state", f"initial_state{where} {got}; initial_state must be "
+        f"{form}, one dict per recurrent layer and one row per sequence (as "
+        "hidden_states(...)'s [:, -1] gives)")
+
+  if not isinstance(initial_state, (list, tuple)):
+    raise bad("", f"is of type {type(initial_state).__name__}")
+  if len(initial_state) != len(layers):
+    raise bad("", f"has {len(initial_state)} entries for {len(layers)} layers")
+  state = []
+  for i, (layer, names) in enumerate(zip(initial_state, (
+      model_lib.STATE_NAMES[:len(s)] for s in sizes))):
+    if not isinstance(layer, dict):
+      raise bad(f"[{i}]", f"is of type {type(layer).__name__}")
+    if set(layer) != set(names):
+      raise bad(f"[{i}]", f"has keys {sorted(layer, key=repr)}")
+    tensors = []
+    for name, size in zip(names, sizes[i]):
+      where = f"[{i}][{name!r}]"
+      try:
+        value = np.asarray(layer[name])
+      except ValueError:  # Ragged nested lists.
+        raise bad(where, "is a ragged sequence") from None
+      if value.dtype != np.float32 or value.shape != (batch_size, size):
+        raise bad(where, f"is {value.dtype} {list(value.shape)}")
+      if not np.isfinite(value).all():
+        raise bad(where, "holds values that are not finite (nan or inf)")
+      tensors.append(value)
+    state.append(tuple(tensors))
+  return tuple(state)
 
 
 def _options_doc(streams: bool) -> str:

@@ -11,7 +11,9 @@ stack that everything else uses:
 
   - `step(ids, state)`: one timestep through every layer (generation);
   - `unroll(ids, state, mask)`: layer by layer over a whole sequence, each
-    layer's input projection batched over time (scoring and prompt priming).
+    layer's input projection batched over time (scoring and prompt priming);
+    `unroll_states` keeps every layer's state at every position
+    (`rnnstep.hidden_states`, compiled by `sequence_function`).
 
 Both run the same cell code from `cells.py`.
 """
@@ -267,21 +269,57 @@ class Network:
     Returns:
       `(top_outputs [B, T, U_last], final_state)`; outputs past `steps` are 0.
     """
+    sequences, final = self._unroll_layers(ids, state, mask, steps,
+                                           record_states=False)
+    return tf.transpose(sequences[-1][0], [1, 0, 2]), final
+
+  def unroll_states(self, ids: tf.Tensor, state: StackState,
+                    mask: Optional[tf.Tensor] = None):
+    """Like `unroll`, but keeps every layer's state after every position.
+
+    Args:
+      ids: int32 `[B, T]`.
+      state: the initial state.
+      mask: optional bool `[B, T]`; where False the row's state is held from
+        its previous position (so a right-padded row's padding columns repeat
+        the state after its last real position, and column T-1 is always each
+        row's final state).
+
+    Returns:
+      `(sequences, final_state)`: `sequences` has one tuple per layer, `(h,)`
+      or `(h, c)` (LSTM), each `[B, T, U]` float32; `sequences[-1][0]` is
+      `unroll`'s top outputs.
+    """
+    sequences, final = self._unroll_layers(ids, state, mask, None,
+                                           record_states=True)
+    return tuple(tuple(tf.transpose(s, [1, 0, 2]) for s in layer)
+                 for layer in sequences), final
+
+  def _unroll_layers(self, ids, state, mask, steps, record_states):
+    """`unroll`'s loop over layers; time-major sequences per layer.
+
+    Returns:
+      `(sequences, final_state)`: per layer, the `[T, B, U]` tensors
+      `_unroll_cell` recorded (`(h,)`, or the whole state with
+      `record_states`), and the final state.
+    """
     # Layer 0's rows are gathered step by step: a `[T, B, G*U]` gather of a
     # long prompt at a large batch costs a step's time and memory up front.
     x_proj = cells_lib.TableRows(self.input_table, tf.transpose(ids))
     mask_tm = None if mask is None else tf.transpose(mask)
-    final = []
+    sequences, final = [], []
     for i, (cell, layer_state) in enumerate(zip(self.cells, state)):
       if i:
         x_proj = cell.project_inputs(outputs)  # [T, B, G*U], one matmul.
-      outputs, layer_state = _unroll_cell(cell, x_proj, layer_state, mask_tm,
-                                          steps)
+      recorded, layer_state = _unroll_cell(cell, x_proj, layer_state, mask_tm,
+                                           steps, record_states)
+      outputs = recorded[0]
+      sequences.append(recorded)
       final.append(layer_state)
-    return tf.transpose(outputs, [1, 0, 2]), tuple(final)
+    return tuple(sequences), tuple(final)
 
 
-def _unroll_cell(cell, x_proj, state, mask, steps=None):
+def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
   """Time-major loop of one cell: x_proj `[T, B, G*U]` -> outputs `[T, B, U]`.
 
   Args:
@@ -291,9 +329,12 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None):
     state: the initial state.
     mask: optional time-major bool `[T, B]` (see `Network.unroll`).
     steps: run only the first `steps` columns (all T by default).
+    record_states: record every state tensor at every step, not only h.
 
   Returns:
-    `(outputs [T, B, U], final_state)`.
+    `(recorded, final_state)`: `recorded` is `(outputs [T, B, U],)`, or with
+    `record_states` the whole state per step, `(h, c)` for an LSTM (its h is
+    the output).
   """
   if isinstance(x_proj, cells_lib.TableRows):
     size = tf.shape(x_proj.ids)[0]
@@ -304,7 +345,9 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None):
   # At least one step: a TensorArray with nothing written cannot be stacked
   # in graph mode (the extra step of a 1-character prompt is masked out).
   steps = size if steps is None else tf.clip_by_value(steps, 1, size)
-  outputs = tf.TensorArray(tf.float32, size=size, element_shape=[None, cell.units])
+  outputs = tuple(
+      tf.TensorArray(tf.float32, size=size, element_shape=[None, cell.units])
+      for _ in (cell.state_size if record_states else (cell.units,)))
 
   def body(t, state, x_t, keep_t, outputs):
     # Step t+1's columns are sliced a step ahead into the loop state: sliced
@@ -319,13 +362,60 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None):
                         for new, old in zip(new_state, state))
       output = new_state[0]
       keep_t = mask[following]
-    return t + 1, new_state, column(following), keep_t, outputs.write(t, output)
+    # A cell's output is its new state's h: recording the state records it.
+    recorded = new_state if record_states else (output,)
+    outputs = tuple(array.write(t, value)
+                    for array, value in zip(outputs, recorded))
+    return t + 1, new_state, column(following), keep_t, outputs
 
   first_keep = tf.zeros([0], tf.bool) if mask is None else mask[0]
   _, state, _, _, outputs = tf.while_loop(
       lambda t, *_: t < steps, body,
       (tf.constant(0), state, column(0), first_keep, outputs))
-  return outputs.stack(), state
+  return tuple(array.stack() for array in outputs), state
+
+
+# The names of a layer's state tensors, in `StackState` order: (h,) or (h, c).
+STATE_NAMES = ("h", "c")
+
+_SEQUENCE_FUNCTIONS = weakref.WeakKeyDictionary()
+
+
+def sequence_function(model: Model):
+  """The model's compiled `(ids, mask, state) -> (sequences, logits)`.
+
+  One TF graph call (`Network.unroll_states` then the Dense layer) with a
+  fixed signature, built once per model: nothing retraces for a new batch
+  size, length or state. The cache holds models weakly (the function reads
+  the model through a weak reference while it is traced).
+
+  Args:
+    model: the Model.
+
+  Returns:
+    A `tf.function` of `ids` int32 `[B, T]`, `mask` bool `[B, T]` (False on
+    padding) and `state` (a `StackState` of float32 `[B, U]`) that returns
+    `(sequences, logits)`: `unroll_states`' sequences, and the logits `[B, T,
+    V]` after every position (at a padding position, those of the held state).
+  """
+  function = _SEQUENCE_FUNCTIONS.get(model)
+  if function is None:
+    model_ref = weakref.ref(model)
+
+    def sequences_and_logits(ids, mask, state):
+      network = model_ref().network()
+      sequences, _ = network.unroll_states(ids, state, mask)
+      return sequences, network.logits(sequences[-1][0])
+
+    state_spec = tuple(
+        tuple(tf.TensorSpec([None, size], tf.float32)
+              for size in cells_lib.state_sizes(layer))
+        for layer in model.config.layers)
+    function = _SEQUENCE_FUNCTIONS[model] = tf.function(
+        sequences_and_logits, autograph=False, input_signature=[
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None, None], tf.bool), state_spec])
+  return function
 
 
 _REPLICATED = weakref.WeakKeyDictionary()

@@ -2,6 +2,8 @@
 
 import os
 import pathlib
+import tempfile
+from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -14,6 +16,7 @@ import rnnstep
 from rnnstep import api
 from rnnstep import generator as generator_lib
 from rnnstep import host
+from rnnstep import model as model_lib
 from rnnstep import model_file
 from rnnstep import tuning
 
@@ -183,6 +186,195 @@ class LoadTest(tf.test.TestCase):
   def test_memory_estimate(self):
     have = host.available_memory_bytes()
     self.assertGreater(have, 0)
+
+
+STACK = [kr.layer("lstm", 12), kr.layer("gru", 10, reset_after=False),
+         kr.layer("simple_rnn", 8)]
+
+
+class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
+  """hidden_states and initial_state, against real Keras and float64 numpy."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # A real Keras file (LSTM -> GRU reset_after=False -> SimpleRNN), read by
+    # rnnstep.load as a user would; Keras' every return_sequences output.
+    cls.keras_model = kr.lively(kr.build(STACK, seed=5), recurrent_scale=1.5)
+    path = os.path.join(tempfile.mkdtemp(prefix="hidden_states_"),
+                        "stack.keras")
+    cls.keras_model.save(path)
+    cls.model = rnnstep.load(path, vocab=kr.default_vocab(65))
+    recurrent = [l for l in cls.keras_model.layers
+                 if isinstance(l, kr.keras.layers.RNN)]
+    cls.keras_sequences = kr.keras.Model(cls.keras_model.inputs,
+                                         [l.output for l in recurrent])
+    cls.reference = nr.Reference(kr.weights_of(cls.keras_model, STACK), STACK)
+    cls.ids = np.random.default_rng(3).integers(0, 65, (3, 25)).astype(np.int32)
+
+  def reference_states(self, ids):
+    """The float64 states after every position, per layer [h] or [h, c]."""
+    state = self.reference.zero_state()
+    per_step = []
+    for t in range(ids.shape[1]):
+      _, state = self.reference.step(ids[:, t], state)
+      per_step.append(state)
+    return [[np.stack([step[i][j] for step in per_step], 1)
+             for j in range(len(per_step[0][i]))] for i in range(len(STACK))]
+
+  def test_every_layer_matches_keras_and_float64(self):
+    states = rnnstep.hidden_states(self.model, self.ids)
+    self.assertEqual([sorted(layer) for layer in states],
+                     [["c", "h"], ["h"], ["h"]])
+    keras_outputs = self.keras_sequences(self.ids)
+    for layer, want, spec in zip(states, keras_outputs, STACK):
+      self.assertEqual(layer["h"].dtype, np.float32)
+      self.assertEqual(layer["h"].shape, (3, 25, spec.units))
+      self.assertAllClose(layer["h"], want, atol=1e-5, rtol=0)
+    for layer, want in zip(states, self.reference_states(self.ids)):
+      for name, values in zip(("h", "c"), want):  # The LSTM's c as well.
+        self.assertAllClose(layer[name], values, atol=1e-5, rtol=0)
+    # The state's pieces are lively enough to mean something.
+    self.assertGreater(np.abs(states[0]["c"]).max(), 1.0)
+
+  def test_padded_rows_equal_each_row_alone(self):
+    texts = ["ABCDEFGHIJ", "XY", "HELLO THERE WORLD"]
+    batch = rnnstep.hidden_states(self.model, texts)
+    for row, text in enumerate(texts):
+      alone = rnnstep.hidden_states(self.model, text)
+      for got, want in zip(batch, alone):
+        for name in want:
+          n = len(text)
+          # To float32 rounding: a matmul's rounding may depend on the batch.
+          self.assertAllClose(got[name][row, :n], want[name][0], atol=1e-5,
+                              rtol=0)
+          # Padding holds the last real position's state, bit for bit.
+          self.assertAllEqual(got[name][row, n:], np.broadcast_to(
+              got[name][row, n - 1], got[name][row, n:].shape))
+
+  def test_ids_forms_agree(self):
+    rows = [self.ids[0, :7], self.ids[1, :3]]
+    ragged = rnnstep.hidden_states(self.model, [list(r) for r in rows])
+    for i, row in enumerate(rows):
+      alone = rnnstep.hidden_states(self.model, row)  # 1-D: one row.
+      self.assertAllClose(ragged[1]["h"][i, :len(row)], alone[1]["h"][0],
+                          atol=1e-5, rtol=0)
+    text = self.model.decode(self.ids[0])
+    self.assertAllEqual(rnnstep.hidden_states(self.model, text)[2]["h"],
+                        rnnstep.hidden_states(self.model, self.ids[:1])[2]["h"])
+
+  def test_state_after_p1_carries_into_p2(self):
+    p1s, p2 = ["ROMEO", "A", "THE KING"], " SPEAKS"
+    after = [{k: v[:, -1] for k, v in layer.items()}
+             for layer in rnnstep.hidden_states(self.model, p1s)]
+    p2_ids = np.stack([self.model.encode(p2)] * len(p1s))
+    carried = rnnstep.logits(self.model, p2_ids, initial_state=after)
+    carried_states = rnnstep.hidden_states(self.model, [p2] * len(p1s),
+                                           initial_state=after)
+    for row, p1 in enumerate(p1s):
+      whole_ids = self.model.encode(p1 + p2)
+      whole = rnnstep.logits(self.model, whole_ids)[0, len(p1):]
+      self.assertAllClose(carried[row], whole, atol=1e-5, rtol=0)
+      # And against Keras' own logits of the whole text.
+      self.assertAllClose(carried[row],
+                          self.keras_model(whole_ids[None])[0, len(p1):],
+                          atol=1e-5, rtol=0)
+      whole_states = rnnstep.hidden_states(self.model, p1 + p2)
+      for got, want in zip(carried_states, whole_states):
+        for name in want:
+          self.assertAllClose(got[name][row], want[name][0, len(p1):],
+                              atol=1e-5, rtol=0)
+
+  def test_zero_initial_state_is_the_default(self):
+    zero = [{k: np.zeros_like(v[:, -1]) for k, v in layer.items()}
+            for layer in rnnstep.hidden_states(self.model, self.ids)]
+    self.assertAllClose(
+        rnnstep.logits(self.model, self.ids, initial_state=zero),
+        rnnstep.logits(self.model, self.ids), atol=1e-6, rtol=0)
+
+  def test_states_too_large_are_refused_before_allocating(self):
+    with mock.patch.object(generator_lib, "available_memory_bytes",
+                           return_value=2**20):
+      with self.assertRaisesRegex(ValueError, r"^texts_or_ids: 2 rows x 2000 "
+                                  r"positions need about 0\.0 GiB .* but only "
+                                  r"0\.0 GiB is available; pass fewer"):
+        rnnstep.hidden_states(self.model, ["A" * 2000, "B"])
+      rnnstep.hidden_states(self.model, "AB")  # Small enough.
+
+  def test_compiled_equals_eager_and_never_retraces(self):
+    network = self.model.network()
+    ids = tf.constant(self.ids)
+    mask = tf.sequence_mask([25, 4, 11], 25)
+    eager, _ = network.unroll_states(ids, network.zero_state(3), mask)
+    function = model_lib.sequence_function(self.model)
+    compiled, _ = function(ids, mask, network.zero_state(3))
+    tf.nest.map_structure(
+        lambda a, b: self.assertAllClose(a, b, atol=1e-6, rtol=0),
+        eager, compiled)
+    before = function.experimental_get_tracing_count()
+    rnnstep.hidden_states(self.model, ["AB", "CDEFG"])
+    rnnstep.hidden_states(self.model, "A")
+    rnnstep.logits(self.model, self.ids[:, :5], initial_state=[
+        {k: v[:, -1] for k, v in layer.items()}
+        for layer in rnnstep.hidden_states(self.model, self.ids)])
+    self.assertEqual(function.experimental_get_tracing_count(), before)
+
+  @parameterized.named_parameters(
+      ("not_a_list", 5, r"^initial_state is of type int; initial_state must "
+       r"be \[\{'h': \[2, 12\], 'c': \[2, 12\]\}, \{'h': \[2, 10\]\}, "
+       r"\{'h': \[2, 8\]\}\] of float32"),
+      ("too_few_layers", "drop_last", r"^initial_state has 2 entries for 3"),
+      ("not_a_dict", "list_first", r"^initial_state\[0\] is of type list"),
+      ("missing_c", "drop_c", r"^initial_state\[0\] has keys \['h'\]"),
+      ("float64", "float64",
+       r"^initial_state\[1\]\['h'\] is float64 \[2, 10\]"),
+      ("wrong_batch", "one_row",
+       r"^initial_state\[2\]\['h'\] is float32 \[1, 8\]"),
+      ("wrong_units", "transpose",
+       r"^initial_state\[2\]\['h'\] is float32 \[8, 2\]"),
+      ("ragged", "ragged", r"^initial_state\[2\]\['h'\] is a ragged"),
+      ("nan", "nan", r"^initial_state\[0\]\['c'\] holds values that are not"),
+  )
+  def test_bad_initial_state(self, change, pattern):
+    state = [{k: v[:, -1] for k, v in layer.items()}
+             for layer in rnnstep.hidden_states(self.model, self.ids[:2])]
+    edits = {
+        "drop_last": lambda: state[:2],
+        "list_first": lambda: [list(state[0].values())] + state[1:],
+        "drop_c": lambda: [{"h": state[0]["h"]}] + state[1:],
+        "float64": lambda: state[:1] + [{"h": state[1]["h"].astype(np.float64)}]
+                           + state[2:],
+        "one_row": lambda: state[:2] + [{"h": state[2]["h"][:1]}],
+        "transpose": lambda: state[:2] + [{"h": state[2]["h"].T.copy()}],
+        "ragged": lambda: state[:2] + [{"h": [[0.0] * 8, [0.0]]}],
+        "nan": lambda: [{"h": state[0]["h"],
+                         "c": np.full_like(state[0]["c"], np.nan)}] + state[1:],
+    }
+    bad = edits[change]() if isinstance(change, str) else change
+    for call in (lambda: rnnstep.logits(self.model, self.ids[:2],
+                                        initial_state=bad),
+                 lambda: rnnstep.hidden_states(self.model, self.ids[:2],
+                                               initial_state=bad)):
+      with self.assertRaisesRegex(ValueError, pattern) as ctx:
+        call()
+      self.assertNotIn("\n", str(ctx.exception))
+
+  @parameterized.named_parameters(
+      ("empty_list", [], r"^texts_or_ids must be a non-empty \[batch, time\]"),
+      ("empty_text", ["AB", ""], r"^texts_or_ids\[1\] is empty"),
+      ("unknown_char", ["AB", "A\u00e9"], r"^texts_or_ids\[1\]: character "
+       r"'\u00e9' \(U\+00E9\) at position 1 is not in the model's vocabulary"),
+      ("mixed", ["AB", [1, 2]],
+       r"^texts_or_ids\[1\] is a list; give a list of"),
+      ("floats", np.zeros((2, 3)), r"^texts_or_ids must be integers"),
+      ("out_of_range", [[1, 2], [3, 65]], r"^texts_or_ids\[1\] must lie in "
+       r"\[0, 65\)"),
+      ("scalar", 7, r"^texts_or_ids must be a non-empty \[batch, time\]"),
+  )
+  def test_bad_texts_or_ids(self, texts_or_ids, pattern):
+    with self.assertRaisesRegex(ValueError, pattern) as ctx:
+      rnnstep.hidden_states(self.model, texts_or_ids)
+    self.assertNotIn("\n", str(ctx.exception))
 
 
 if __name__ == "__main__":
