@@ -18,8 +18,8 @@ import unittest
 
 from tests import keras_reference as kr
 
-from rnnstep import api
-from rnnstep import tuning
+from rnnstep import paths
+from rnnstep import tuning_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
@@ -53,21 +53,21 @@ def quick_model(dtype):
 def plant_winner(cache_dir):
   """A tuning cache naming PLANTED's path for the quick model; returns its dir."""
   dtype, batch, path = PLANTED
-  key = tuning.cache_key(quick_model(dtype), batch)
+  key = tuning_cache.cache_key(quick_model(dtype), batch)
   os.makedirs(cache_dir, exist_ok=True)
-  with open(os.path.join(cache_dir, tuning.CACHE_FILE), "w") as f:
-    json.dump({"format": tuning.FORMAT, "version": tuning.VERSION,
+  with open(os.path.join(cache_dir, tuning_cache.CACHE_FILE), "w") as f:
+    json.dump({"format": tuning_cache.FORMAT, "version": tuning_cache.VERSION,
                "entries": {key: {"path": path}}}, f)
   return cache_dir
 
 
 def expected_default(dtype, batch):
   """The path the benchmark's default must take with the planted cache."""
-  if api._gpu_visible():  # pylint: disable=protected-access
+  if paths.gpu_visible():
     return "xla"
   if (dtype, batch) == PLANTED[:2]:
     return PLANTED[2]
-  return api.table_path(dtype, batch, tuning.has_amx())
+  return paths.table_path(dtype, batch)
 
 
 def number(cell):
