@@ -332,5 +332,54 @@ class LatencySectionTest(unittest.TestCase):
       self.assertGreater(r["time_to_first_text"], r["import_tf"])
 
 
+GPU_CHECK = os.path.join(ROOT, "tools", "bench", "gpu.py")
+
+
+class GpuCheckTest(unittest.TestCase):
+  """tools/bench/gpu.py on a tiny model, on whatever device this machine has
+  (the CPU here): every line it documents is printed, and the call counts
+  prove one function execution per generation on every path."""
+
+  def test_gpu_check_runs_on_a_tiny_model(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      json_path = os.path.join(tmp, "gpu.json")
+      proc = subprocess.run(
+          [sys.executable, GPU_CHECK, "--units=16", "--embedding_dim=8",
+           "--batch_sizes=1,2", "--num_steps=10", "--rounds=1", "--copy_mb=4",
+           "--keras_steps=3", f"--json_out={json_path}"],
+          capture_output=True, text=True, timeout=600, check=False, cwd=tmp,
+          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                   RNNSTEP_CACHE_DIR=os.path.join(tmp, "cache")))
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      with open(json_path) as f:
+        data = json.load(f)
+    lines = proc.stdout.splitlines()
+    words = [line.split(":", 1)[0].split()[0] for line in lines]
+    self.assertEqual(sorted(set(words)), ["bound", "calls", "device", "done",
+                                          "keras", "model", "path", "step"])
+    device = lines[0]
+    if "GPU:0" not in device:
+      for part in ("device: CPU", "AMX", "AVX512-BF16", "AVX-512", "AVX2",
+                   "cores", "TF "):
+        self.assertIn(part, device)
+    paths_seen = {(r["path"], r["batch"]) for r in data["paths"]}
+    self.assertEqual(paths_seen, {(p, b) for p in (*PATHS, "default")
+                                  for b in (1, 2)})
+    for row in data["paths"]:
+      self.assertGreater(row["chars_per_second"], 0)
+      self.assertIn(row["took"], PATHS)
+    self.assertEqual(set(data["calls"]), set(PATHS))
+    for path, counts in data["calls"].items():
+      for n, count in counts.items():
+        self.assertEqual(count["functions"], 1, (path, n))
+      self.assertIn(f"calls {path} B=1: 1 / 1 function executions",
+                    proc.stdout)
+    self.assertEqual(proc.stdout.count("one call, no per-step sync"), 3)
+    self.assertGreater(data["bandwidth_bytes_per_second"], 0)
+    self.assertEqual(data["weight_bytes_per_step"],
+                     4 * (16 * 48 + 16 * 65 + 65 + 48) + 4 * 48)
+    self.assertGreater(data["keras"]["onestep_chars_per_second"], 0)
+
+
 if __name__ == "__main__":
   unittest.main()
