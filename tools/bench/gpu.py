@@ -139,6 +139,13 @@ def timed(fn, rounds):
   return statistics.median(seconds)
 
 
+# Lines of a device plane that the profiler derives from the stream lines
+# (counting them would count each kernel twice or more).
+_DERIVED_LINES = ("XLA Ops", "XLA Modules", "TensorFlow Ops",
+                  "TensorFlow Name Scope", "Framework Name Scope", "Steps",
+                  "Source code", "Launch Stats", "XLA TraceMe")
+
+
 def trace_counts(tf, fn):
   """Runs fn() under the TF profiler; counts what one call did.
 
@@ -167,6 +174,8 @@ def trace_counts(tf, fn):
       on_gpu = plane.name.startswith("/device:GPU")
       counts["device_traced"] |= on_gpu
       for line in plane.lines:
+        if on_gpu and line.name in _DERIVED_LINES:
+          continue  # The same kernels again, grouped by op or module.
         for event in line.events:
           name = plane.event_metadata[event.metadata_id].name
           low = name.lower().replace(" ", "")
