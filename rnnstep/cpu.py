@@ -51,7 +51,7 @@ def info() -> Info:
 
 
 def usable_cores() -> int:
-  """The cores this process may run on (its affinity mask where there is one)."""
+  """The cores this process may use (its affinity mask, where it has one)."""
   try:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # Not Linux.

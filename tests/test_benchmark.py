@@ -345,8 +345,8 @@ class GpuCheckTest(unittest.TestCase):
       json_path = os.path.join(tmp, "gpu.json")
       proc = subprocess.run(
           [sys.executable, GPU_CHECK, "--units=16", "--embedding_dim=8",
-           "--batch_sizes=1", "--num_steps=10", "--rounds=1", "--copy_mb=4",
-           "--keras_steps=3", f"--json_out={json_path}"],
+           "--batch_sizes=1", "--num_steps=10", "--rounds=1",
+           "--bandwidth_mb=4", "--keras_steps=3", f"--json_out={json_path}"],
           capture_output=True, text=True, timeout=600, check=False, cwd=tmp,
           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                    RNNSTEP_CACHE_DIR=os.path.join(tmp, "cache")))

@@ -4,7 +4,7 @@ USAGE:
   python tools/bench/gpu.py                          # tutorial size, < 5 min
   python tools/bench/gpu.py --json_out=/tmp/gpu.json
   python tools/bench/gpu.py --units=32 --embedding_dim=16 --batch_sizes=1,4 \
-      --num_steps=20 --rounds=1 --copy_mb=8 --keras_steps=5   # a smoke run
+      --num_steps=20 --rounds=1 --bandwidth_mb=8 --keras_steps=5   # smoke run
 
 It runs on whatever TensorFlow places work on first: GPU:0 when one is
 visible (memory growth on, so it shares the card), else the CPU, and says
@@ -22,8 +22,8 @@ check" says what each means):
             device kernels; counts that do not grow with the step count
             prove that a generation is one device call with no per-step
             synchronisation (kernels do grow: the loop runs on the device);
-  bound:    the device's read bandwidth (a --copy_mb tensor read), the B=1
-            weight-read bound (weight bytes per step / that bandwidth), and
+  bound:    the device's read bandwidth (a --bandwidth_mb tensor read), the
+            B=1 weight-read bound (weight bytes per step / that bandwidth), and
             the per-iteration cost of an XLA while loop that does almost
             nothing;
   step:     rnnstep's B=1 step time on the XLA path (the marginal cost: two
@@ -64,7 +64,7 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32",
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "64", "1024"],
                                  "Batch sizes of the path lines.")
 _PATHS = flags.DEFINE_list("paths", ["xla", "graph", "elementwise", "default"],
-                           "rnnstep paths timed ('default' = jit_compile=None).")
+                           "Paths timed ('default': jit_compile=None).")
 _NUM_STEPS = flags.DEFINE_integer("num_steps", 500,
                                   "Characters generated per row per call.",
                                   lower_bound=2)
@@ -72,7 +72,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed calls per case (median).",
                                lower_bound=1)
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 10, "Prompt length.",
                                    lower_bound=1)
-_COPY_MB = flags.DEFINE_integer("copy_mb", 512,
+_BANDWIDTH_MB = flags.DEFINE_integer("bandwidth_mb", 512,
                                 "Megabytes copied to measure bandwidth.",
                                 lower_bound=1)
 _KERAS_STEPS = flags.DEFINE_integer(
@@ -198,12 +198,12 @@ def trace_counts(tf, fn):
 
 
 def read_bandwidth(tf, device):
-  """Bytes per second the device reads: a --copy_mb tensor summed under XLA.
+  """Bytes per second the device reads: a --bandwidth_mb tensor summed (XLA).
 
   The sum of x + 1 reads every byte once and writes one scalar (no copy back
   to the host but 4 bytes), which is what a step does to its weights.
   """
-  count = _COPY_MB.value * (1 << 20) // 4
+  count = _BANDWIDTH_MB.value * (1 << 20) // 4
   with tf.device(device):
     x = tf.zeros([count], tf.float32)
     read = tf.function(lambda x: tf.reduce_sum(x + 1.0), jit_compile=True)
@@ -315,8 +315,8 @@ def main(argv):
   results.update(bandwidth_bytes_per_second=bandwidth,
                  weight_read_bound_seconds=weight_bound,
                  while_iteration_seconds=loop_cost)
-  say(f"bound bandwidth: {bandwidth / 1e9:,.1f} GB/s (a {_COPY_MB.value} MB "
-      "device read)")
+  say(f"bound bandwidth: {bandwidth / 1e9:,.1f} GB/s (a "
+      f"{_BANDWIDTH_MB.value} MB device read)")
   say(f"bound weights: {step_bytes / 1e6:.2f} MB per step / "
       f"{bandwidth / 1e9:,.1f} GB/s = {weight_bound * 1e6:.2f} us per step")
   say(f"bound while: {loop_cost * 1e6:.2f} us per iteration (XLA while loop, "
