@@ -8,13 +8,11 @@ Every argument is checked here, with the caller's words, before anything is
 compiled or allocated; the compiled work lives in `generator.py`.
 """
 
-import functools
 import importlib.resources
 import os
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
-import tensorflow as tf
 
 from rnnstep import cells as cells_lib
 from rnnstep import errors
@@ -24,85 +22,8 @@ from rnnstep import model as model_lib
 from rnnstep import options as options_lib
 from rnnstep import paths
 from rnnstep import request as request_lib
-from rnnstep import tuning
 
 BUNDLED_MODEL = "shakespeare.npz"
-
-# The fastest path per compute dtype, as (largest batch size, path) bands, by
-# measurement: `python tools/benchmark.py --sections=paths` prints the tables
-# these come from (BUILD_NOTES.md has them). Two machine kinds so far:
-#   - with AMX (a 2-core Sapphire Rapids VM): XLA's CPU dot is slow for
-#     float32/float16 at 17-48 rows (up to 1.24x), and has no AMX path for
-#     bfloat16, where TF's oneDNN matmul is 2-3x faster;
-#   - without AMX (a 2-core AMD EPYC Zen 4, AVX512-BF16): XLA is the fastest
-#     float32 path at every batch it runs unpadded but 33-64 rows, where the
-#     elementwise path's oneDNN matmul wins by 3-5% (its one XLA call a step,
-#     2026-12); bfloat16 as with AMX.
-_XLA, _ELEMENTWISE = paths.XLA, paths.ELEMENTWISE
-_FASTEST_PATHS = {
-    "float32": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
-    "float16": ((16, _XLA), (48, _ELEMENTWISE), (None, _XLA)),
-    "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
-}
-_FASTEST_PATHS_WITHOUT_AMX = {
-    "float32": ((32, _XLA), (64, _ELEMENTWISE), (None, _XLA)),
-    "float16": ((None, _XLA),),
-    "bfloat16": ((8, _XLA), (None, _ELEMENTWISE)),
-}
-# XLA runs the batch padded to `request.batch_bucket`; above 16 rows (where
-# the step stops being bound by reading the weights) padding by more than this
-# makes a path that runs the exact batch win (measured without AMX at 48 rows
-# padded to 64: XLA 1.55x the floor, elementwise 1.31x).
-_MOST_XLA_PADDING = 1.15
-
-
-def default_path(model: model_lib.Model, batch_size: int) -> str:
-  """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
-
-  A winner measured on this machine by `rnnstep.tune` (see `tuning.py`) comes
-  first. Otherwise the fastest measured on a machine of this kind (with or
-  without AMX) for the model's compute dtype and the batch size (see
-  `_FASTEST_PATHS`), except that XLA gives way to the elementwise path where
-  it would pad the batch by more than 15%. Nothing is measured here
-  (RNNSTEP_TUNING=off: the tables only).
-
-  For a float32 model every path is Keras-exact; sampled text can differ
-  between paths only where rounding flips a draw (rare in float32; in
-  bfloat16, expect texts to part after some dozens of characters), so pass
-  `jit_compile` explicitly to reproduce a row across batch sizes that fall in
-  different bands.
-  """
-  if _gpu_visible():
-    # The bands are CPU measurements; on a GPU XLA's dots use the vendor
-    # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
-    return _XLA
-  measured = tuning.cached_path(model, batch_size)
-  if measured is not None:
-    return measured
-  return table_path(model.compute_dtype.name, batch_size, tuning.has_amx())
-
-
-def table_path(dtype: str, batch_size: int, amx: bool) -> str:
-  """The built-in tables' path for a compute dtype, batch size and CPU kind."""
-  table = _FASTEST_PATHS if amx else _FASTEST_PATHS_WITHOUT_AMX
-  for largest, path in table[dtype]:
-    if largest is None or batch_size <= largest:
-      break
-  if (path == _XLA and batch_size > 16 and request_lib.batch_bucket(batch_size)
-      > _MOST_XLA_PADDING * batch_size):
-    return _ELEMENTWISE
-  return path
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_visible() -> bool:
-  return bool(tf.config.list_physical_devices("GPU"))
-
-
-def default_jit_compile(model: model_lib.Model, batch_size: int = 1):
-  """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
-  return paths.jit_compile_of(default_path(model, batch_size))
-
 
 Prompts = Union[str, Sequence[str]]
 
@@ -392,7 +313,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       model (natural log; the sum of log-softmax of the raw logits at the
       chosen ids, whatever the sampling settings).
     jit_compile: None picks the fastest path measured for the model's dtype
-      and the batch size (`default_path`); True runs the whole generation as
+      and the batch size (`paths.default_path`); True runs the whole generation as
       one XLA program; False as a TF graph without XLA; "elementwise" as a TF
       graph whose gate math and sampling are XLA-compiled (for bfloat16 at
       large batches). Every path runs the whole generation in one call.
@@ -501,7 +422,8 @@ stream.__doc__ = stream.__doc__.format(options=_options_doc(True))
 def _path(model, jit_compile, batch_size) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)
-  return default_path(model, batch_size) if path == paths.AUTO else path
+  return (paths.default_path(model, batch_size) if path == paths.AUTO
+          else path)
 
 
 def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,

@@ -8,15 +8,26 @@
     further layer's gate math) compiled by XLA as small programs (oneDNN runs
     bfloat16 matmuls on AMX; XLA's CPU backend does not).
   - "auto": the library picks one of the three for the model's dtype and the
-    batch size (`rnnstep.api.default_path`).
+    batch size (`default_path`).
 
 Users name a path with the `jit_compile` argument (True, False, "elementwise"
 or None); inside the library only these names travel.
+
+This module owns the choice `jit_compile=None` makes: the winner `rnnstep.tune`
+measured on this machine (read through `tuning_cache`, which needs no
+TensorFlow), else a built-in table measured on a CPU of this kind
+(`cpu.kind`). It imports no measuring code: `tuning.py` sits above the API.
 """
 
+import functools
+
+from absl import logging
 import numpy as np
 
+from rnnstep import cpu
 from rnnstep import errors
+from rnnstep import request as request_lib
+from rnnstep import tuning_cache
 
 XLA = "xla"
 GRAPH = "graph"
@@ -25,6 +36,8 @@ AUTO = "auto"
 
 # The paths a Generator can run (AUTO is resolved before one is built).
 CONCRETE = (XLA, GRAPH, ELEMENTWISE)
+# Each concrete path's `jit_compile` value (rnnstep.generate's argument).
+JIT_COMPILE = {XLA: True, GRAPH: False, ELEMENTWISE: ELEMENTWISE}
 
 
 def from_jit_compile(jit_compile) -> str:
@@ -63,4 +76,146 @@ def check_concrete(path: str) -> str:
 
 def jit_compile_of(path: str):
   """The `jit_compile` value that names a concrete path (the inverse mapping)."""
-  return {XLA: True, GRAPH: False, ELEMENTWISE: ELEMENTWISE}[check_concrete(path)]
+  return JIT_COMPILE[check_concrete(path)]
+
+
+# -- the default path ----------------------------------------------------------
+
+# The fastest path per CPU kind (`cpu.kind`) and compute dtype, as (largest
+# batch size, path) bands, by measurement on 2-core VMs: `python
+# tools/benchmark.py --sections=paths,floors` prints the tables these come
+# from (BUILD_NOTES.md "Performance" has them).
+#   - "amx" (Sapphire Rapids): XLA's CPU dot is slow for float32/float16 at
+#     17-48 rows (up to 1.24x) and has no AMX path for bfloat16, where TF's
+#     oneDNN matmul is 2-3x faster;
+#   - "avx512_bf16" (AMD EPYC Zen 4): XLA is the fastest float32 path at
+#     every batch it runs unpadded but 33-64 rows, where the elementwise
+#     path's oneDNN matmul wins by 3-5%; bfloat16 as with AMX (AVX512-BF16);
+#   - "avx2" (AMD EPYC Zen 3, no AVX-512): oneDNN's float32 matmul wins by
+#     1.2-1.5x at 16-64 rows, but only at 17-32 rows does that outweigh the
+#     elementwise path's per-step XLA call; bfloat16 has no arithmetic here,
+#     so XLA (which computes it in float32 registers) is its fastest path.
+# The two kinds nobody measured take their nearest neighbour's bands: AVX-512
+# without bf16 (Skylake-SP to Ice Lake) Zen 4's float32 bands and Zen 3's
+# reduced-precision ones; "other" (no AVX2, another architecture) Zen 3's.
+_AMX = {
+    "float32": ((16, XLA), (48, ELEMENTWISE), (None, XLA)),
+    "float16": ((16, XLA), (48, ELEMENTWISE), (None, XLA)),
+    "bfloat16": ((8, XLA), (None, ELEMENTWISE)),
+}
+_AVX512_BF16 = {
+    "float32": ((32, XLA), (64, ELEMENTWISE), (None, XLA)),
+    "float16": ((None, XLA),),
+    "bfloat16": ((8, XLA), (None, ELEMENTWISE)),
+}
+_AVX2 = {
+    "float32": ((16, XLA), (32, ELEMENTWISE), (None, XLA)),
+    "float16": ((None, XLA),),
+    "bfloat16": ((None, XLA),),
+}
+FASTEST_PATHS = {
+    "amx": _AMX,
+    "avx512_bf16": _AVX512_BF16,
+    "avx512": dict(_AVX2, float32=_AVX512_BF16["float32"]),
+    "avx2": _AVX2,
+    "other": _AVX2,
+}
+# The kinds whose bands were measured, and the core count they were measured
+# at (a table is a fallback for other core counts too: `rnnstep-tune`
+# measures the machine at hand).
+MEASURED_KINDS = ("amx", "avx512_bf16", "avx2")
+MEASURED_CORES = 2
+# XLA runs the batch padded to `request.batch_bucket`; above 16 rows (where
+# the step stops being bound by reading the weights) padding by more than this
+# makes a path that runs the exact batch win (measured on Zen 4 at 48 rows
+# padded to 64: XLA 1.55x the floor, elementwise 1.31x).
+_MOST_XLA_PADDING = 1.15
+
+
+def default_path(model, batch_size: int) -> str:
+  """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
+
+  On a GPU, XLA. Otherwise a winner measured on this machine by
+  `rnnstep.tune` (the tuning cache, `tuning_cache.cached_path`) comes first;
+  then the fastest measured on a CPU of this kind (`table_path`). Nothing is
+  measured here (RNNSTEP_TUNING=off: the tables only). A reduced compute
+  dtype on a CPU without its arithmetic is said once per process (a warning:
+  it will not be faster than float32 here).
+
+  For a float32 model every path is Keras-exact; sampled text can differ
+  between paths only where rounding flips a draw (rare in float32; in
+  bfloat16, expect texts to part after some dozens of characters), so pass
+  `jit_compile` explicitly to reproduce a row across batch sizes that fall in
+  different bands.
+
+  Args:
+    model: the `rnnstep.Model` (its shape and compute dtype).
+    batch_size: the rows generated together (per device).
+
+  Returns:
+    One of CONCRETE.
+  """
+  if gpu_visible():
+    # The bands are CPU measurements; on a GPU XLA's dots use the vendor
+    # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
+    return XLA
+  dtype = model.compute_dtype.name
+  if not cpu.has_reduced_arithmetic(dtype):
+    _warn_no_faster_than_float32(dtype)
+  measured = tuning_cache.cached_path(model, batch_size)
+  if measured is not None:
+    return measured
+  return table_path(dtype, batch_size)
+
+
+def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
+  """The built-in tables' path for a compute dtype, batch size and CPU kind.
+
+  Args:
+    dtype: "float32", "bfloat16" or "float16".
+    batch_size: rows generated together.
+    kind: one of `cpu.KINDS`; None: this machine's (`cpu.kind()`).
+
+  Returns:
+    One of CONCRETE.
+  """
+  bands = FASTEST_PATHS[kind or cpu.kind()][dtype]
+  for largest, path in bands:
+    if largest is None or batch_size <= largest:
+      break
+  # Only where the elementwise path wins some band is it near enough to XLA
+  # for padding to tip the balance (bfloat16 without bf16 arithmetic: never).
+  if (path == XLA and batch_size > 16
+      and any(p == ELEMENTWISE for _, p in bands)
+      and request_lib.batch_bucket(batch_size)
+      > _MOST_XLA_PADDING * batch_size):
+    return ELEMENTWISE
+  return path
+
+
+def default_jit_compile(model, batch_size: int = 1):
+  """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
+  return jit_compile_of(default_path(model, batch_size))
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_visible() -> bool:
+  """Whether TensorFlow sees a GPU (asked once per process)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return bool(tf.config.list_physical_devices("GPU"))
+
+
+# The reduced dtypes already warned about in this process.
+_warned = set()
+
+
+def _warn_no_faster_than_float32(dtype: str):
+  """Says once per process that `dtype` will not beat float32 on this CPU."""
+  if dtype in _warned:
+    return
+  _warned.add(dtype)
+  needs = "AMX-BF16 or AVX512-BF16" if dtype == "bfloat16" else "AMX-FP16"
+  logging.warning(
+      "rnnstep: %s will not be faster than float32 on this CPU (%s: no %s); "
+      "it runs on its fastest path here, but float32 is as fast and exact",
+      dtype, cpu.info().name, needs)

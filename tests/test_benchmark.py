@@ -18,8 +18,8 @@ import unittest
 
 from tests import keras_reference as kr
 
-from rnnstep import api
-from rnnstep import tuning
+from rnnstep import paths
+from rnnstep import tuning_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
@@ -53,21 +53,21 @@ def quick_model(dtype):
 def plant_winner(cache_dir):
   """A tuning cache naming PLANTED's path for the quick model; returns its dir."""
   dtype, batch, path = PLANTED
-  key = tuning.cache_key(quick_model(dtype), batch)
+  key = tuning_cache.cache_key(quick_model(dtype), batch)
   os.makedirs(cache_dir, exist_ok=True)
-  with open(os.path.join(cache_dir, tuning.CACHE_FILE), "w") as f:
-    json.dump({"format": tuning.FORMAT, "version": tuning.VERSION,
+  with open(os.path.join(cache_dir, tuning_cache.CACHE_FILE), "w") as f:
+    json.dump({"format": tuning_cache.FORMAT, "version": tuning_cache.VERSION,
                "entries": {key: {"path": path}}}, f)
   return cache_dir
 
 
 def expected_default(dtype, batch):
   """The path the benchmark's default must take with the planted cache."""
-  if api._gpu_visible():  # pylint: disable=protected-access
+  if paths.gpu_visible():
     return "xla"
   if (dtype, batch) == PLANTED[:2]:
     return PLANTED[2]
-  return api.table_path(dtype, batch, tuning.has_amx())
+  return paths.table_path(dtype, batch)
 
 
 def number(cell):
@@ -330,6 +330,54 @@ class LatencySectionTest(unittest.TestCase):
     self.assertEqual(len(latency), 2)
     for r in latency:
       self.assertGreater(r["time_to_first_text"], r["import_tf"])
+
+
+GPU_CHECK = os.path.join(ROOT, "tools", "bench", "gpu.py")
+
+
+class GpuCheckTest(unittest.TestCase):
+  """tools/bench/gpu.py on a tiny model, on whatever device this machine has
+  (the CPU here): every line it documents is printed, and the call counts
+  prove one function execution per generation on every path."""
+
+  def test_gpu_check_runs_on_a_tiny_model(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      json_path = os.path.join(tmp, "gpu.json")
+      proc = subprocess.run(
+          [sys.executable, GPU_CHECK, "--units=16", "--embedding_dim=8",
+           "--batch_sizes=1", "--num_steps=10", "--rounds=1",
+           "--bandwidth_mb=4", "--keras_steps=3", f"--json_out={json_path}"],
+          capture_output=True, text=True, timeout=600, check=False, cwd=tmp,
+          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                   RNNSTEP_CACHE_DIR=os.path.join(tmp, "cache")))
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      with open(json_path) as f:
+        data = json.load(f)
+    lines = proc.stdout.splitlines()
+    words = [line.split(":", 1)[0].split()[0] for line in lines]
+    self.assertEqual(sorted(set(words)), ["bound", "calls", "device", "done",
+                                          "keras", "model", "path", "step"])
+    device = lines[0]
+    if "GPU:0" not in device:
+      for part in ("device: CPU", "AMX", "AVX512-BF16", "AVX-512", "AVX2",
+                   "cores", "TF "):
+        self.assertIn(part, device)
+    paths_seen = {(r["path"], r["batch"]) for r in data["paths"]}
+    self.assertEqual(paths_seen, {(p, 1) for p in (*PATHS, "default")})
+    for row in data["paths"]:
+      self.assertGreater(row["chars_per_second"], 0)
+      self.assertIn(row["took"], PATHS)
+    self.assertEqual(set(data["calls"]), set(PATHS))
+    for path, counts in data["calls"].items():
+      for n, count in counts.items():
+        self.assertEqual(count["functions"], 1, (path, n))
+      self.assertIn(f"calls {path} B=1: 1 / 1 function executions",
+                    proc.stdout)
+    self.assertEqual(proc.stdout.count("one call, no per-step sync"), 3)
+    self.assertGreater(data["bandwidth_bytes_per_second"], 0)
+    self.assertEqual(data["weight_bytes_per_step"],
+                     4 * (16 * 48 + 16 * 65 + 65 + 48) + 4 * 48)
+    self.assertGreater(data["keras"]["onestep_chars_per_second"], 0)
 
 
 if __name__ == "__main__":

@@ -209,11 +209,11 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
 
 
   def test_default_path_traces_each_path_once(self):
-    if api._gpu_visible():  # pylint: disable=protected-access
+    if paths.gpu_visible():
       self.skipTest("with a GPU the default is XLA at every batch")
     layers = [kr.layer("gru", 16)]
     model = kr.rnnstep_model(kr.build(layers, seed=1), layers)
-    # Batch sizes in every float32 band (api._FASTEST_PATHS): xla, elementwise.
+    # Batch sizes in every float32 band (paths.FASTEST_PATHS): xla, elementwise.
     for batch in (1, 3, 20, 40, 64, 2):
       rnnstep.generate(model, ["AB"] * batch, 4, seed=1)
     cache = generator_lib._CACHE[model]  # pylint: disable=protected-access

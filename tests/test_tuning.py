@@ -1,4 +1,4 @@
-"""rnnstep/tuning.py: the measured default path, its cache, and rnnstep-tune.
+"""rnnstep/tuning.py and tuning_cache.py: the measured default, its cache, rnnstep-tune.
 
 Timings are never asserted (machines are noisy): these tests pin the
 mechanism -- what is measured, what is written where under which key, what is
@@ -20,8 +20,10 @@ from tests.test_cli_common import ENV, TIMEOUT, Result, command, ok
 from tests.test_cli_common import one_error_line, write_model
 
 import rnnstep
-from rnnstep import api
+from rnnstep import cpu
+from rnnstep import paths
 from rnnstep import tuning
+from rnnstep import tuning_cache
 
 LAYERS = [kr.layer("gru", 16)]
 PATHS = ("xla", "graph", "elementwise")
@@ -34,7 +36,7 @@ def small_model(dtype="float32", layers=LAYERS, embedding_dim=16):
 
 def write_cache(directory, entries, **overrides):
   """A cache file as tuning.py documents it, written here by hand."""
-  data = {"format": "rnnstep-tuning", "version": 1, "entries": entries}
+  data = {"format": "rnnstep-tuning", "version": 2, "entries": entries}
   data.update(overrides)
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "tuning.json"), "w") as f:
@@ -51,68 +53,68 @@ class TuningTestCase(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    if api._gpu_visible():  # pylint: disable=protected-access
+    if paths.gpu_visible():
       self.skipTest("with a GPU the default is XLA whatever the cache says")
     self.cache_dir = os.path.join(self.create_tempdir().full_path, "cache")
     env = mock.patch.dict(os.environ, {"RNNSTEP_CACHE_DIR": self.cache_dir})
     env.start()
     self.addCleanup(env.stop)
     os.environ.pop("RNNSTEP_TUNING", None)
-    tuning.reload()
-    self.addCleanup(tuning.reload)
+    tuning_cache.reload()
+    self.addCleanup(tuning_cache.reload)
 
   def cache_entry(self, path, model=None, batch=1, machine=None):
-    key = tuning.cache_key(model or self.model, batch, machine)
+    key = tuning_cache.cache_key(model or self.model, batch, machine)
     return {key: {"path": path, "batch_size": batch}}
 
 
 class KeyTest(TuningTestCase):
 
-  def test_buckets(self):
+  def test_batch_ranges(self):
     expected = {1: "1", 2: "2-4", 4: "2-4", 5: "5-8", 8: "5-8", 9: "9-16",
                 16: "9-16", 17: "17-32", 32: "17-32", 33: "33-64", 64: "33-64",
                 65: "65-128", 128: "65-128", 129: "129-256", 256: "129-256",
                 257: ">256", 10**6: ">256"}
     for batch, bucket in expected.items():
-      self.assertEqual(tuning.batch_bucket(batch), bucket, batch)
+      self.assertEqual(tuning_cache.batch_range(batch), bucket, batch)
 
   def test_cache_dir_precedence(self):
     with mock.patch.dict(os.environ, {"RNNSTEP_CACHE_DIR": "/a/b",
                                       "XDG_CACHE_HOME": "/x"}):
-      self.assertEqual(tuning.cache_file(), "/a/b/tuning.json")
+      self.assertEqual(tuning_cache.cache_file(), "/a/b/tuning.json")
     with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": "/x"}):
       del os.environ["RNNSTEP_CACHE_DIR"]
-      self.assertEqual(tuning.cache_dir(), "/x/rnnstep")
+      self.assertEqual(tuning_cache.cache_dir(), "/x/rnnstep")
     with mock.patch.dict(os.environ, {"HOME": "/home/u"}):
       os.environ.pop("RNNSTEP_CACHE_DIR", None)
       os.environ.pop("XDG_CACHE_HOME", None)
-      self.assertEqual(tuning.cache_dir(), "/home/u/.cache/rnnstep")
+      self.assertEqual(tuning_cache.cache_dir(), "/home/u/.cache/rnnstep")
 
   def test_machine_and_model_key(self):
-    machine = tuning.machine_key()
+    machine = tuning_cache.machine_key()
     self.assertEqual(machine["tensorflow"], tf.__version__)
     self.assertGreaterEqual(machine["cores"], 1)
-    self.assertTrue(set(machine["cpu_flags"]) <= set(tuning.CPU_FLAGS))
+    self.assertTrue(set(machine["cpu_flags"]) <= set(cpu.FEATURES))
     self.assertTrue(machine["cpu"])
     self.assertEqual(machine["device"], "cpu")
-    self.assertEqual(tuning.model_key(self.model),
+    self.assertEqual(tuning_cache.model_key(self.model),
                      {"vocab_size": 65, "embedding_dim": 16,
                       "layers": [["gru", 16, True]], "dtype": "float32"})
 
   def test_every_key_part_separates_entries(self):
     write_cache(self.cache_dir, self.cache_entry("graph"))
-    self.assertEqual(tuning.cached_path(self.model, 1), "graph")
-    machine = tuning.machine_key()
+    self.assertEqual(tuning_cache.cached_path(self.model, 1), "graph")
+    machine = tuning_cache.machine_key()
     other_machines = [dict(machine, cpu=machine["cpu"] + " v2"),
                       dict(machine, cpu_flags=["amx_bf16", "amx_tile"]),
                       dict(machine, cores=machine["cores"] + 1),
                       dict(machine, tensorflow="2.0.0")]
     for other in other_machines:
-      tuning.reload()
+      tuning_cache.reload()
       write_cache(self.cache_dir, self.cache_entry("graph", machine=other))
-      self.assertIsNone(tuning.cached_path(self.model, 1), other)
-      self.assertEqual(api.default_path(self.model, 1), "xla")
-    tuning.reload()
+      self.assertIsNone(tuning_cache.cached_path(self.model, 1), other)
+      self.assertEqual(paths.default_path(self.model, 1), "xla")
+    tuning_cache.reload()
     write_cache(self.cache_dir, self.cache_entry("graph"))
     other_models = [small_model(layers=[kr.layer("gru", 24)]),
                     small_model(layers=[kr.layer("gru", 16, False)]),
@@ -120,8 +122,8 @@ class KeyTest(TuningTestCase):
                     small_model(embedding_dim=8),
                     small_model(dtype="bfloat16")]
     for other in other_models:
-      self.assertIsNone(tuning.cached_path(other, 1), tuning.model_key(other))
-    self.assertIsNone(tuning.cached_path(self.model, 2))  # Another bucket.
+      self.assertIsNone(tuning_cache.cached_path(other, 1), tuning_cache.model_key(other))
+    self.assertIsNone(tuning_cache.cached_path(self.model, 2))  # Another bucket.
 
 
 class CacheReadTest(TuningTestCase):
@@ -130,11 +132,11 @@ class CacheReadTest(TuningTestCase):
     entries = self.cache_entry("graph", batch=1)
     entries.update(self.cache_entry("elementwise", batch=16))
     write_cache(self.cache_dir, entries)
-    self.assertEqual(api.default_path(self.model, 1), "graph")
-    self.assertIs(api.default_jit_compile(self.model, 1), False)
+    self.assertEqual(paths.default_path(self.model, 1), "graph")
+    self.assertIs(paths.default_jit_compile(self.model, 1), False)
     # 12 is in 16's bucket; 3 was not measured, so the table answers.
-    self.assertEqual(api.default_path(self.model, 12), "elementwise")
-    self.assertEqual(api.default_path(self.model, 3), "xla")
+    self.assertEqual(paths.default_path(self.model, 12), "elementwise")
+    self.assertEqual(paths.default_path(self.model, 3), "xla")
     # jit_compile=None runs the winner: the graph path's text.
     self.assertEqual(rnnstep.generate(self.model, "AB", 8, seed=3),
                      rnnstep.generate(self.model, "AB", 8, seed=3,
@@ -142,19 +144,19 @@ class CacheReadTest(TuningTestCase):
 
   def test_read_once_per_process(self):
     write_cache(self.cache_dir, self.cache_entry("graph"))
-    self.assertEqual(api.default_path(self.model, 1), "graph")
+    self.assertEqual(paths.default_path(self.model, 1), "graph")
     write_cache(self.cache_dir, self.cache_entry("elementwise"))
-    self.assertEqual(api.default_path(self.model, 1), "graph")  # Memo.
-    tuning.reload()
-    self.assertEqual(api.default_path(self.model, 1), "elementwise")
+    self.assertEqual(paths.default_path(self.model, 1), "graph")  # Memo.
+    tuning_cache.reload()
+    self.assertEqual(paths.default_path(self.model, 1), "elementwise")
 
   def test_tuning_off(self):
     write_cache(self.cache_dir, self.cache_entry("graph"))
     for value in ("off", "OFF", "0", "false", "no"):
       with mock.patch.dict(os.environ, {"RNNSTEP_TUNING": value}):
-        self.assertEqual(api.default_path(self.model, 1), "xla", value)
+        self.assertEqual(paths.default_path(self.model, 1), "xla", value)
     with mock.patch.dict(os.environ, {"RNNSTEP_TUNING": "on"}):
-      self.assertEqual(api.default_path(self.model, 1), "graph")
+      self.assertEqual(paths.default_path(self.model, 1), "graph")
 
   def test_unusable_caches_are_ignored(self):
     good_key = next(iter(self.cache_entry("graph")))
@@ -164,41 +166,45 @@ class CacheReadTest(TuningTestCase):
         "binary": b"\x80\x04\x95 pickle-ish \xff\x00",
         "empty": b"",
         "a_list": b"[1, 2]",
-        "wrong_format": json.dumps({"format": "other", "version": 1,
+        "wrong_format": json.dumps({"format": "other", "version": 2,
                                     "entries": {good_key: {"path": "graph"}}}
                                    ).encode(),
+        # Version 1 keyed fewer CPU features: its winners may be another CPU's.
+        "version_1": json.dumps({"format": "rnnstep-tuning", "version": 1,
+                                 "entries": {good_key: {"path": "graph"}}}
+                                ).encode(),
         "future_version": json.dumps({"format": "rnnstep-tuning", "version": 99,
                                       "entries": {good_key: {"path": "graph"}}}
                                      ).encode(),
-        "bad_path": json.dumps({"format": "rnnstep-tuning", "version": 1,
+        "bad_path": json.dumps({"format": "rnnstep-tuning", "version": 2,
                                 "entries": {good_key: {"path": "gpu!"}}}
                                ).encode(),
-        "entry_not_dict": json.dumps({"format": "rnnstep-tuning", "version": 1,
+        "entry_not_dict": json.dumps({"format": "rnnstep-tuning", "version": 2,
                                       "entries": {good_key: "graph"}}).encode(),
-        "too_big": b" " * (tuning.MAX_CACHE_BYTES + 1),
+        "too_big": b" " * (tuning_cache.MAX_CACHE_BYTES + 1),
     }
     os.makedirs(self.cache_dir)
     for name, content in bad_files.items():
-      tuning.reload()
+      tuning_cache.reload()
       with open(path, "wb") as f:
         f.write(content)
-      self.assertIsNone(tuning.cached_path(self.model, 1), name)
-      self.assertEqual(api.default_path(self.model, 1), "xla", name)
+      self.assertIsNone(tuning_cache.cached_path(self.model, 1), name)
+      self.assertEqual(paths.default_path(self.model, 1), "xla", name)
     # A directory where the file should be, and an unreadable file.
     os.remove(path)
     os.mkdir(path)
-    tuning.reload()
-    self.assertEqual(api.default_path(self.model, 1), "xla")
+    tuning_cache.reload()
+    self.assertEqual(paths.default_path(self.model, 1), "xla")
     os.rmdir(path)
     write_cache(self.cache_dir, self.cache_entry("graph"))
     os.chmod(path, 0)
     self.addCleanup(os.chmod, path, stat.S_IRUSR | stat.S_IWUSR)
     if not os.access(path, os.R_OK):  # Root reads it anyway.
-      tuning.reload()
-      self.assertEqual(api.default_path(self.model, 1), "xla")
+      tuning_cache.reload()
+      self.assertEqual(paths.default_path(self.model, 1), "xla")
 
   def test_missing_cache_dir_is_not_created_by_reading(self):
-    self.assertEqual(api.default_path(self.model, 1), "xla")
+    self.assertEqual(paths.default_path(self.model, 1), "xla")
     rnnstep.generate(self.model, "AB", 4, seed=1)
     self.assertFalse(os.path.exists(self.cache_dir))
 
@@ -223,19 +229,19 @@ class TuneTest(TuningTestCase):
       self.assertEqual(row["previous_default"], "xla")  # The table's answer.
       self.assertEqual((row["num_steps"], row["rounds"]), (8, 2))
     self.assertIn("batch 3: round 2, 8 steps", lines)
-    # The file holds one entry per bucket, keyed as `cache_key`, JSON only.
+    # The file holds one entry per range, keyed as `cache_key`, JSON only.
     with open(report["cache_file"]) as f:
       data = json.load(f)
-    self.assertEqual((data["format"], data["version"]), ("rnnstep-tuning", 1))
+    self.assertEqual((data["format"], data["version"]), ("rnnstep-tuning", 2))
     for row in report["results"]:
-      entry = data["entries"][tuning.cache_key(self.model, row["batch_size"])]
+      entry = data["entries"][tuning_cache.cache_key(self.model, row["batch_size"])]
       self.assertEqual(entry["path"], row["fastest"])
     self.assertEqual(os.listdir(self.cache_dir), ["tuning.json"])  # No temps.
     # This process and a fresh read both use the winners.
-    self.assertEqual(api.default_path(self.model, 4),
+    self.assertEqual(paths.default_path(self.model, 4),
                      report["results"][1]["fastest"])
-    tuning.reload()
-    self.assertEqual(api.default_path(self.model, 1),
+    tuning_cache.reload()
+    self.assertEqual(paths.default_path(self.model, 1),
                      report["results"][0]["fastest"])
 
   def test_tune_keeps_other_entries_and_can_skip_saving(self):
@@ -244,7 +250,7 @@ class TuneTest(TuningTestCase):
     tuning.tune(self.model, batch_sizes=[1], num_steps=8, rounds=1)
     with open(os.path.join(self.cache_dir, "tuning.json")) as f:
       entries = json.load(f)["entries"]
-    self.assertEqual(set(entries), set(other) | {tuning.cache_key(self.model, 1)})
+    self.assertEqual(set(entries), set(other) | {tuning_cache.cache_key(self.model, 1)})
     with open(os.path.join(self.cache_dir, "tuning.json"), "rb") as f:
       before = f.read()
     report = tuning.tune(self.model, batch_sizes=[1], num_steps=8, rounds=1,
@@ -266,7 +272,7 @@ class TuneTest(TuningTestCase):
       self.assertIn("cannot write the tuning cache", report["cache_error"])
       self.assertIn("RNNSTEP_CACHE_DIR", report["cache_error"])
       # This process still uses what it measured.
-      self.assertEqual(api.default_path(self.model, 1),
+      self.assertEqual(paths.default_path(self.model, 1),
                        report["results"][0]["fastest"])
 
   def test_bad_arguments(self):

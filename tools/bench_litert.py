@@ -41,7 +41,7 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  from rnnstep import paths  # pylint: disable=g-import-not-at-top
 
   model = rnnstep.load(_WEIGHTS.value)
   steps, batch = _NUM_CHARS.value, _BATCH.value
@@ -69,7 +69,7 @@ def main(argv):
 
   greedy_equal = litert(0.0) == library(0.0)  # Also the warm-up.
   variants = {f"litert ({_THREADS.value} threads)": litert,
-              f"rnnstep [{api.default_path(model, batch)}]": library}
+              f"rnnstep [{paths.default_path(model, batch)}]": library}
   times = {name: [] for name in variants}
   for round_ in range(_ROUNDS.value):
     order = list(variants)

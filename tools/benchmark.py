@@ -68,7 +68,7 @@ Other sections:
            (temperature 0) agreement over --num_chars generated characters.
   paths    every execution path (xla, graph, elementwise) for float32 and each
            `--dtype` at each of `--path_batch_sizes`: the fastest, and the one
-           `jit_compile=None` picks (the evidence for `api.default_path`).
+           `jit_compile=None` picks (the evidence for `paths.default_path`).
   floors   for each --floor_cases dtype:batch (float32 at 1, 16, 32, 64, 256
            and bfloat16 at 256): the floor (min of the XLA and graph matmul
            loops), each explicit path, the fastest, the default

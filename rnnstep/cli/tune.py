@@ -9,11 +9,11 @@ For each batch size, every path rnnstep can run a generation on (xla: one XLA
 program; graph: a TensorFlow graph; elementwise: a graph with XLA-compiled gate
 math) is compiled once, then timed in interleaved rounds (a few seconds per
 batch size); the fastest median wins. The winners are written to the tuning
-cache, keyed by this machine (CPU model and flags, cores, TensorFlow version),
-the model's shape and dtype, and the batch size's bucket (1, 2-4, 5-8, 9-16,
-17-32, 33-64, 65-128, 129-256, >256). From then on `jit_compile=None` (the
-default of rnnstep.generate and rnnstep-generate) takes the winner for that
-bucket; nothing else measures. The cache is tuning.json in $RNNSTEP_CACHE_DIR,
+cache, keyed by this machine (CPU model and features, cores, TensorFlow
+version), the model's shape and dtype, and the batch size's range (1, 2-4,
+5-8, 9-16, 17-32, 33-64, 65-128, 129-256, >256). From then on
+`jit_compile=None` (the default of rnnstep.generate and rnnstep-generate)
+takes the winner for that range; nothing else measures. The cache is tuning.json in $RNNSTEP_CACHE_DIR,
 else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep; RNNSTEP_TUNING=off makes
 rnnstep ignore it (this command then measures and prints, saving nothing).
 
@@ -36,7 +36,7 @@ FLAGS = flags.FlagValues()
 _WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", ["1", "16", "32", "64", "256"],
-    "Batch sizes to measure (comma-separated); each stands for its bucket, so "
+    "Batch sizes to measure (comma-separated); each stands for its range, so "
     "give the batch sizes you generate with.", flag_values=FLAGS)
 _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 0,
@@ -99,19 +99,19 @@ def format_report(report) -> str:
   paths = list(report["results"][0]["ms_per_1000_steps"])
   lines = [
       f"machine: {machine['cpu']} | {machine['cores']} cores | flags: "
-      f"{' '.join(machine['cpu_flags']) or 'none of amx/avx512'} | TF "
+      f"{' '.join(machine['cpu_flags']) or 'none of amx/avx512/avx2'} | TF "
       f"{machine['tensorflow']} | {machine['device']}",
       f"model: vocab {model['vocab_size']}, embedding {model['embedding_dim']}, "
       f"{layers}, {model['dtype']}",
       "ms per 1000 steps of the whole batch (median of rounds)",
   ]
-  header = (f"{'batch':>5} {'bucket':>7} {'steps':>5} {'rounds':>6} "
+  header = (f"{'batch':>5} {'range':>7} {'steps':>5} {'rounds':>6} "
             + " ".join(f"{p:>11}" for p in paths)
             + f" {'fastest':>11} {'was':>11}")
   lines += [header, "-" * len(header)]
   for row in report["results"]:
     ms = row["ms_per_1000_steps"]
-    lines.append(f"{row['batch_size']:>5} {row['bucket']:>7} "
+    lines.append(f"{row['batch_size']:>5} {row['batch_range']:>7} "
                  f"{row['num_steps']:>5} {row['rounds']:>6} "
                  + " ".join(f"{ms[p]:>11.1f}" for p in paths)
                  + f" {row['fastest']:>11} {row['previous_default']:>11}")

@@ -28,8 +28,8 @@ FLOORS = {"floor_xla": True, "floor_graph": False}
 
 def run(ctx, results_out):
   """Times the floors, every path and the default for every case."""
-  from rnnstep import api  # pylint: disable=g-import-not-at-top
-  from rnnstep import tuning  # pylint: disable=g-import-not-at-top
+  from rnnstep import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep import tuning_cache  # pylint: disable=g-import-not-at-top
   settings, weights = ctx.settings, ctx.weights
   jobs = []
   chars = {}
@@ -67,8 +67,8 @@ def run(ctx, results_out):
     floor = min(ms[name] for name in FLOORS)
     fastest = min(cfg.PATHS, key=ms.get)
     model = weights.rnnstep_model(dtype)
-    took = api.default_path(model, batch)
-    source = "tuned" if tuning.cached_path(model, batch) else "table"
+    took = paths.default_path(model, batch)
+    source = "tuned" if tuning_cache.cached_path(model, batch) else "table"
     rounds = {name: samples[(dtype, batch, name)] for name in ms}
     floor_rounds = [min(pair) for pair in zip(*(rounds[f] for f in FLOORS))]
     ratios = {"default_over_fastest": paired(rounds["default"], rounds[fastest]),
@@ -107,8 +107,8 @@ def tune(ctx, results_out):
   settings, weights = ctx.settings, ctx.weights
   dtypes = sorted({dtype for dtype, _ in settings.floor_cases})
   print("## tuning (rnnstep.tune): ms per 1000 steps per path, the winner "
-        "saved for the batch's bucket")
-  header = (f"{'dtype':<9} {'batch':>5} {'bucket':>7} {'steps':>5} "
+        "saved for the batch's range")
+  header = (f"{'dtype':<9} {'batch':>5} {'range':>7} {'steps':>5} "
             f"{'rounds':>6} " + " ".join(f"{p:>11}" for p in cfg.PATHS)
             + f" {'fastest':>11} {'was':>11}")
   print(header)
@@ -119,7 +119,7 @@ def tune(ctx, results_out):
                          progress=lambda line: timing.log(f"[tune] {line}"))
     for row in report["results"]:
       ms = row["ms_per_1000_steps"]
-      print(f"{dtype:<9} {row['batch_size']:>5} {row['bucket']:>7} "
+      print(f"{dtype:<9} {row['batch_size']:>5} {row['batch_range']:>7} "
             f"{row['num_steps']:>5} {row['rounds']:>6} "
             + " ".join(f"{ms[p]:>11.1f}" for p in cfg.PATHS)
             + f" {row['fastest']:>11} {row['previous_default']:>11}")

@@ -4,33 +4,15 @@ import os
 import platform
 
 
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
-
-
 def cpu_flags() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("flags"):
-          have = set(line.split(":", 1)[1].split())
-          wanted = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile",
-                    "avx512_fp16"]
-          return " ".join(w for w in wanted if w in have)
-  except OSError:
-    pass
-  return "?"
+  """The CPU features that decide the fastest path (rnnstep.cpu), as a line."""
+  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  return " ".join(cpu.info().features) or "none of " + " ".join(cpu.FEATURES)
 
 
 def has_flag(flag: str) -> bool:
-  return flag in cpu_flags().split()
+  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  return flag in cpu.info().features
 
 
 def l3_cache() -> str:
@@ -49,10 +31,8 @@ def l3_cache() -> str:
 
 
 def usable_cores() -> int:
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:
-    return os.cpu_count() or 1
+  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  return cpu.usable_cores()
 
 
 def machine_facts(tf, torch) -> dict:
@@ -67,8 +47,10 @@ def machine_facts(tf, torch) -> dict:
     onednn = bool(_pywrap_util_port.IsMklEnabled())
   except (ImportError, AttributeError):
     onednn = None
+  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
   facts = {
-      "cpu": cpu_model(),
+      "cpu": cpu.info().name,
+      "cpu_kind": cpu.kind(),
       "cpu_flags": cpu_flags(),
       "amx": has_flag("amx_bf16") and has_flag("amx_tile"),
       "avx512_bf16": has_flag("avx512_bf16"),
@@ -96,7 +78,8 @@ def print_header(facts, settings, tensors_desc):
   print(f"machine: {facts['cpu']} | {facts['cores']} cores "
         f"({facts['usable_cores']} usable) | L3 {facts['l3']} | AMX "
         f"{'yes' if facts['amx'] else 'no'} | AVX512-BF16 "
-        f"{'yes' if facts['avx512_bf16'] else 'no'} | TF {facts['tensorflow']}")
+        f"{'yes' if facts['avx512_bf16'] else 'no'} | kind {facts['cpu_kind']} | "
+        f"TF {facts['tensorflow']}")
   print(f"cpu flags: {facts['cpu_flags']}")
   print(f"software: python {facts['python']}, numpy {facts['numpy']}, "
         f"tensorflow {facts['tensorflow']}, keras {facts['keras']}, "

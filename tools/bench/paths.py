@@ -11,12 +11,12 @@ from bench import weights as weights_lib
 def run(ctx, results_out):
   """Times every execution path for float32 and each --dtype over batch sizes.
 
-  This is the evidence behind `rnnstep.api.default_jit_compile`, which picks a
+  This is the evidence behind `rnnstep.paths.default_path`, which picks a
   path per (dtype, batch size): the table shows the fastest path and the
   default's time relative to it.
   """
   import copy  # pylint: disable=g-import-not-at-top
-  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  from rnnstep import paths  # pylint: disable=g-import-not-at-top
   settings, weights = ctx.settings, ctx.weights
   short = copy.copy(settings)
   short.num_chars = settings.path_chars
@@ -42,7 +42,7 @@ def run(ctx, results_out):
       per_1000 = {p: statistics.median(samples[(d, batch, p)]) * 1000.0
                   / short.num_chars for p in cfg.PATHS}
       fastest = min(per_1000, key=per_1000.get)
-      default = api.default_path(model, batch)
+      default = paths.default_path(model, batch)
       print(f"{d:<9} {batch:>5} "
             + " ".join(f"{timing.fmt_ms(per_1000[p]):>11}" for p in cfg.PATHS)
             + f" {fastest:>11} {default:>11} "

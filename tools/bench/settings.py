@@ -7,7 +7,7 @@ section modules defines them once; the sections read a `Settings`.
 from absl import app
 from absl import flags
 
-from rnnstep import tuning
+from rnnstep import paths
 
 ALL_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                 "rnnstep_xla", "rnnstep_elementwise", "floor", "floor_graph",
@@ -18,7 +18,7 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
 SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
-PATHS = tuning.PATHS
+PATHS = paths.JIT_COMPILE
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
                     "rnnstep_elementwise")
 

@@ -1,0 +1,127 @@
+"""The import graph of rnnstep/: no circle anywhere, and the readers that need no TF.
+
+Read from the source by AST (every `import` and `from ... import`, at module
+level or inside a function: a deferred import that breaks a circle at import
+time still ties the two modules into one), so the check needs no imports of
+its own and names the circle it finds.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "rnnstep"
+
+
+def module_files():
+  """{dotted module name: file path} for every .py file under rnnstep/."""
+  found = {}
+  for directory, _, files in os.walk(os.path.join(ROOT, PACKAGE)):
+    for name in files:
+      if not name.endswith(".py"):
+        continue
+      path = os.path.join(directory, name)
+      parts = os.path.relpath(path, ROOT)[:-len(".py")].split(os.sep)
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+      found[".".join(parts)] = path
+  return found
+
+
+def imports_of(path, name, modules):
+  """The rnnstep modules `path` (module `name`) imports, anywhere in it."""
+  package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(base + ([node.module] if node.module else []))
+      else:
+        base = node.module or ""
+      # `from a import b` imports a.b when that is a module, else a.
+      targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules
+                 else base for alias in node.names]
+    else:
+      continue
+    for target in targets:
+      while target and target not in modules:  # `import a.b.c` -> a.b.c, ...
+        target = target.rpartition(".")[0]
+      if target and target != name:
+        out.add(target)
+  return out
+
+
+def import_graph():
+  modules = module_files()
+  return {name: imports_of(path, name, modules)
+          for name, path in modules.items()}
+
+
+def find_cycle(graph):
+  """One import circle as a list of modules (first == last), or None."""
+  state = {}  # name -> "open" while on the DFS stack, "done" after.
+  stack = []
+
+  def visit(name):
+    state[name] = "open"
+    stack.append(name)
+    for nxt in sorted(graph.get(name, ())):
+      if state.get(nxt) == "open":
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state:
+        cycle = visit(nxt)
+        if cycle:
+          return cycle
+    stack.pop()
+    state[name] = "done"
+    return None
+
+  for name in sorted(graph):
+    if name not in state:
+      cycle = visit(name)
+      if cycle:
+        return cycle
+  return None
+
+
+class ImportGraphTest(unittest.TestCase):
+
+  def test_no_import_circle_in_rnnstep(self):
+    cycle = find_cycle(import_graph())
+    self.assertIsNone(cycle, " -> ".join(cycle or ()))
+
+  def test_the_checker_sees_edges_and_circles(self):
+    graph = import_graph()
+    # Edges the layering promises (paths.py owns the choice, tune() above it).
+    self.assertIn("rnnstep.paths", graph["rnnstep.api"])
+    self.assertIn("rnnstep.tuning_cache", graph["rnnstep.paths"])
+    self.assertIn("rnnstep.api", graph["rnnstep.tuning"])
+    self.assertIn("rnnstep.cli.common", graph["rnnstep.cli.tune"])
+    self.assertNotIn("rnnstep.tuning", graph["rnnstep.paths"])
+    self.assertNotIn("rnnstep.api", graph["rnnstep.paths"])
+    self.assertEqual(find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}),
+                     ["a", "b", "c", "a"])
+    self.assertIsNone(find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}))
+
+  def test_tuning_cache_and_cpu_read_without_tensorflow(self):
+    probe = ("import sys; from rnnstep import cpu, tuning_cache; "
+             "cpu.info(); tuning_cache.machine_key(); "
+             "tuning_cache.entries(tuning_cache.cache_file()); "
+             "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
+             "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          check=True)
+    self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
+
+
+if __name__ == "__main__":
+  unittest.main()

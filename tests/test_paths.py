@@ -1,0 +1,230 @@
+"""rnnstep/paths.py: path names, and the path `jit_compile=None` takes.
+
+The tables' contents are measurements (BUILD_NOTES.md); these tests pin how
+they are read: per CPU kind and dtype, the padding rule, the cache first, a
+GPU last word, and the one-line note for reduced precision without its
+arithmetic.
+"""
+
+import os
+import pathlib
+from unittest import mock
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from tests import keras_reference as kr
+from tests import numpy_reference as nr
+
+import rnnstep
+from rnnstep import cpu
+from rnnstep import model_file
+from rnnstep import paths
+from rnnstep import tuning_cache
+
+LAYERS = [kr.layer("gru", 16)]
+EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"
+           / "tinyshakespeare_heldout_excerpt.txt")
+
+# CPUs as /proc/cpuinfo would describe them, one per kind.
+ZEN3 = cpu.Info("AMD EPYC 7B13", ("avx2", "fma"), 2)
+ZEN4 = cpu.Info("AMD EPYC 9B14", ("avx512_bf16", "avx512f", "avx2", "fma"), 2)
+SAPPHIRE_RAPIDS = cpu.Info(
+    "Intel(R) Xeon(R) Platinum 8481C",
+    ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "avx2",
+     "fma"), 2)
+SKYLAKE = cpu.Info("Intel(R) Xeon(R) CPU @ 2.00GHz", ("avx512f", "avx2", "fma"),
+                   2)
+ARM = cpu.Info("aarch64", (), 4)
+
+
+def small_models():
+  config = model_file.ModelConfig(16, tuple(LAYERS))
+  tensors = kr.weights_of(kr.build(LAYERS, seed=2), LAYERS)
+  vocab = kr.default_vocab(65)
+  return (rnnstep.Model(config, vocab, tensors),
+          rnnstep.Model(config, vocab, tensors, dtype="bfloat16"))
+
+
+class JitCompileTest(tf.test.TestCase):
+
+  def test_names_and_values(self):
+    for path, value in paths.JIT_COMPILE.items():
+      self.assertEqual(paths.from_jit_compile(value), path)
+      self.assertEqual(paths.jit_compile_of(path), value)
+    self.assertEqual(paths.from_jit_compile(None), paths.AUTO)
+    self.assertEqual(paths.from_jit_compile(np.bool_(True)), paths.XLA)
+    for bad in ("xla", 1, "auto"):
+      with self.assertRaisesRegex(ValueError, "jit_compile must be"):
+        paths.from_jit_compile(bad)
+    with self.assertRaisesRegex(ValueError, "path must be one of"):
+      paths.jit_compile_of(paths.AUTO)
+
+
+class CpuKindTest(tf.test.TestCase):
+
+  def test_kinds(self):
+    self.assertEqual(cpu.kind(SAPPHIRE_RAPIDS), "amx")
+    self.assertEqual(cpu.kind(ZEN4), "avx512_bf16")
+    self.assertEqual(cpu.kind(SKYLAKE), "avx512")
+    self.assertEqual(cpu.kind(ZEN3), "avx2")
+    self.assertEqual(cpu.kind(ARM), "other")
+    self.assertIn(cpu.kind(), cpu.KINDS)
+    self.assertEqual(set(paths.FASTEST_PATHS), set(cpu.KINDS))
+
+  def test_reduced_arithmetic(self):
+    self.assertTrue(cpu.has_reduced_arithmetic("bfloat16", SAPPHIRE_RAPIDS))
+    self.assertTrue(cpu.has_reduced_arithmetic("bfloat16", ZEN4))
+    for other in (ZEN3, SKYLAKE, ARM):
+      self.assertFalse(cpu.has_reduced_arithmetic("bfloat16", other))
+    for any_cpu in (ZEN3, ZEN4, SAPPHIRE_RAPIDS):
+      self.assertTrue(cpu.has_reduced_arithmetic("float32", any_cpu))
+      self.assertFalse(cpu.has_reduced_arithmetic("float16", any_cpu))
+
+  def test_this_machine(self):
+    this = cpu.info()
+    self.assertTrue(this.name)
+    self.assertGreaterEqual(this.cores, 1)
+    self.assertTrue(set(this.features) <= set(cpu.FEATURES))
+    if os.path.exists("/proc/cpuinfo"):
+      with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+      self.assertEqual(set(this.features), set(cpu.FEATURES) & set(flags))
+
+
+class TablePathTest(tf.test.TestCase):
+
+  def test_every_kind_and_dtype_has_bands_without_gaps(self):
+    for kind in cpu.KINDS:
+      for dtype in ("float32", "float16", "bfloat16"):
+        for batch in range(1, 600):
+          self.assertIn(paths.table_path(dtype, batch, kind), paths.CONCRETE)
+
+  def test_measured_bands(self):
+    for kind in cpu.KINDS:
+      self.assertEqual(paths.table_path("float32", 1, kind), "xla")
+      self.assertEqual(paths.table_path("float32", 256, kind), "xla")
+      self.assertEqual(paths.table_path("bfloat16", 1, kind), "xla")
+    # Sapphire Rapids: XLA's dot is slow at 17-48 rows.
+    self.assertEqual(paths.table_path("float32", 32, "amx"), "elementwise")
+    self.assertEqual(paths.table_path("float32", 64, "amx"), "xla")
+    # Zen 4: oneDNN wins at 33-64 rows.
+    self.assertEqual(paths.table_path("float32", 32, "avx512_bf16"), "xla")
+    self.assertEqual(paths.table_path("float32", 64, "avx512_bf16"),
+                     "elementwise")
+    self.assertEqual(paths.table_path("float32", 128, "avx512_bf16"), "xla")
+    # Zen 3: oneDNN wins at 17-32 rows; XLA again at 64.
+    self.assertEqual(paths.table_path("float32", 16, "avx2"), "xla")
+    self.assertEqual(paths.table_path("float32", 32, "avx2"), "elementwise")
+    self.assertEqual(paths.table_path("float32", 64, "avx2"), "xla")
+    # bfloat16: oneDNN's bf16 kernels where there is bf16 arithmetic, XLA
+    # where there is none.
+    for kind in ("amx", "avx512_bf16"):
+      self.assertEqual(paths.table_path("bfloat16", 64, kind), "elementwise")
+      self.assertEqual(paths.table_path("bfloat16", 256, kind), "elementwise")
+    for kind in ("avx512", "avx2", "other"):
+      self.assertEqual(paths.table_path("bfloat16", 256, kind), "xla")
+    # AVX-512 without bf16: Zen 4's float32 bands.
+    for batch in (1, 32, 64, 128):
+      self.assertEqual(paths.table_path("float32", batch, "avx512"),
+                       paths.table_path("float32", batch, "avx512_bf16"))
+
+  def test_padding_rule(self):
+    # XLA would pad 48 rows to 64 and 65 to 80: the exact batch wins there...
+    for kind in ("avx512_bf16", "avx2"):
+      self.assertEqual(paths.table_path("float32", 65, kind), "elementwise")
+    self.assertEqual(paths.table_path("float32", 48, "avx2"), "elementwise")
+    self.assertEqual(paths.table_path("float32", 63, "avx2"), "xla")
+    # ... but not where the elementwise path never wins (no bf16 arithmetic).
+    for batch in (24, 48, 65):
+      self.assertEqual(paths.table_path("bfloat16", batch, "avx2"), "xla")
+
+  def test_table_follows_this_cpu(self):
+    for batch in (1, 32, 64, 256):
+      self.assertEqual(paths.table_path("float32", batch),
+                       paths.table_path("float32", batch, cpu.kind()))
+
+
+class DefaultPathTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    if paths.gpu_visible():
+      self.skipTest("with a GPU the default is XLA at every batch")
+    env = mock.patch.dict(os.environ, {
+        "RNNSTEP_CACHE_DIR": os.path.join(self.create_tempdir().full_path,
+                                          "cache")})
+    env.start()
+    self.addCleanup(env.stop)
+    tuning_cache.reload()
+    self.addCleanup(tuning_cache.reload)
+
+  def test_default_is_the_table_without_a_cache(self):
+    full, half = small_models()
+    for batch in (1, 3, 16, 20, 32, 48, 64, 65, 256, 2**20):
+      self.assertEqual(paths.default_path(full, batch),
+                       paths.table_path("float32", batch), batch)
+      self.assertEqual(paths.default_path(half, batch),
+                       paths.table_path("bfloat16", batch), batch)
+    self.assertEqual(paths.default_jit_compile(half, 1), True)
+
+  def test_cached_winner_comes_first(self):
+    full, _ = small_models()
+    key = tuning_cache.cache_key(full, 1)
+    tuning_cache.write(tuning_cache.cache_file(), {key: {"path": "graph"}})
+    tuning_cache.reload()
+    self.assertEqual(paths.default_path(full, 1), "graph")
+    self.assertIs(paths.default_jit_compile(full, 1), False)
+
+  def test_gpu_takes_xla(self):
+    full, _ = small_models()
+    key = tuning_cache.cache_key(full, 1)
+    tuning_cache.write(tuning_cache.cache_file(), {key: {"path": "graph"}})
+    with mock.patch.object(paths, "gpu_visible", return_value=True):
+      self.assertEqual(paths.default_path(full, 1), "xla")
+
+  def test_reduced_precision_without_arithmetic_is_said_once(self):
+    full, half = small_models()
+    self.enter_context(mock.patch.object(paths, "_warned", set()))
+    for this, says in ((ZEN3, True), (ZEN4, False)):
+      with mock.patch.object(cpu, "info", return_value=this):
+        paths._warned.clear()  # pylint: disable=protected-access
+        with self.assertLogs(level="WARNING") as logs:
+          logging.warning("marker")  # assertLogs needs one record.
+          for batch in (1, 64, 256):
+            paths.default_path(half, batch)
+          paths.default_path(full, 1)
+        said = [r.getMessage() for r in logs.records
+                if r.getMessage() != "marker"]
+        if says:
+          self.assertLen(said, 1)
+          self.assertEqual(said[0].count("\n"), 0)
+          self.assertIn("bfloat16 will not be faster than float32", said[0])
+          self.assertIn(this.name, said[0])
+          self.assertIn("AVX512-BF16", said[0])
+        else:
+          self.assertEqual(said, [])
+
+  def test_default_bfloat16_batch_agrees_with_float64(self):
+    """The default path at batch 256 in bfloat16, on the bundled model from
+    256 real held-out prompts, against an independent float64 forward:
+    rounding may flip near-ties, so the agreement of each step's choice
+    (given the same history) is measured and bounded."""
+    model = rnnstep.load(dtype="bfloat16")
+    text = EXCERPT.read_text()
+    prompts = [text[i:i + 16] for i in range(0, 256 * 61, 61)]
+    texts = rnnstep.generate(model, prompts, 24, temperature=0)
+    data = model_file.read(rnnstep.bundled_model_path())
+    reference = nr.Reference(*nr.tensors_of_file(data))
+    agreement, gap, _ = reference.greedy_agreement(
+        np.stack([model.encode(p) for p in prompts]),
+        np.stack([model.encode(t) for t in texts]))
+    # Measured over these 6144 choices: agreement 0.992, the worst a near-tie
+    # whose float64 logits differ by 0.060 (float16: 0.999 and 0.0024).
+    self.assertGreaterEqual(agreement, 0.98)
+    self.assertLessEqual(gap, 0.15)
+
+
+if __name__ == "__main__":
+  tf.test.main()
