@@ -292,7 +292,7 @@ def _options_doc(streams: bool) -> str:
 
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
              seed=None, stop: Union[None, str, Sequence[str]] = None,
-             return_scores: bool = False,
+             return_scores: bool = False, initial_state=None,
              jit_compile: Union[None, bool, str] = None, strategy=None,
              **decoding):
   """Generates continuations of one prompt or a batch, in one device call.
@@ -312,6 +312,12 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     return_scores: also return each continuation's log-likelihood under the
       model (natural log; the sum of log-softmax of the raw logits at the
       chosen ids, whatever the sampling settings).
+    initial_state: None (the zero state), or the state each row's prompt is
+      primed from: one dict per recurrent layer of float32 `[B, U]` arrays,
+      `{"h": ...}` (plus `"c"` for an LSTM), the form
+      `[{k: v[:, -1] for k, v in layer.items()} for layer in
+      hidden_states(model, texts)]` gives. From the state after p1, prompt
+      p2 continues as prompt p1 + p2 does.
     jit_compile: None picks the fastest path measured for the model's dtype
       and the batch size (`paths.default_path`); True runs the whole generation as
       one XLA program; False as a TF graph without XLA; "elementwise" as a TF
@@ -342,8 +348,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   """
   single = isinstance(prompts, str)
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
-                                          stop, return_scores, decoding,
-                                          streams=False)
+                                          stop, return_scores, initial_state,
+                                          decoding, streams=False)
   rows_per_device = len(prompt_list)
   if strategy is not None:
     model = model_lib.replicated(model, strategy)
@@ -362,13 +368,13 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   return (texts, shaped(out.scores)) if return_scores else texts
 
 
-generate.__doc__ = generate.__doc__.format(options=_options_doc(False))
+generate.__doc__ = generate.__doc__.replace("{options}", _options_doc(False))
 
 
 def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
            chunk_size: int = 64, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
-           return_scores: bool = False,
+           return_scores: bool = False, initial_state=None,
            jit_compile: Union[None, bool, str] = None,
            **decoding) -> Iterator:
   """Like `generate`, but yields text as it comes, every `chunk_size` steps.
@@ -405,7 +411,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
         "best hypothesis is known only at the end); use rnnstep.generate, or "
         "num_beams=1")
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
-                                          stop, return_scores,
+                                          stop, return_scores, initial_state,
                                           dict(decoding, num_beams=beams),
                                           streams=True)
   generator = generator_lib.cached(
@@ -416,7 +422,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     yield (texts, scores) if return_scores else texts
 
 
-stream.__doc__ = stream.__doc__.format(options=_options_doc(True))
+stream.__doc__ = stream.__doc__.replace("{options}", _options_doc(True))
 
 
 def _path(model, jit_compile, batch_size) -> str:
@@ -427,12 +433,12 @@ def _path(model, jit_compile, batch_size) -> str:
 
 
 def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
-                     decoding, *, streams):
+                     initial_state, decoding, *, streams):
   """Validates the arguments of `generate` or `stream`.
 
   Args:
     model: the Model.
-    prompts, num_steps, seed, stop, return_scores: as given.
+    prompts, num_steps, seed, stop, return_scores, initial_state: as given.
     decoding: the decoding options given, by name (`options.OPTIONS`).
     streams: for `stream` (which takes no beam options).
 
@@ -490,9 +496,12 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
   params = options_lib.Params(**{o.name: values[o.name]
                                  for o in options_lib.PER_ROW})
   shared = {o.name: values[o.name] for o in options_lib.SHARED}
+  if initial_state is not None:
+    initial_state = _check_initial_state(model, initial_state,
+                                         len(prompt_list))
   return prompt_list, request_lib.Options(
       sampling=params, seed=seed, stop=stops, return_scores=return_scores,
-      **shared)
+      initial_state=initial_state, **shared)
 
 
 def _check_beams(model, beams, returned):

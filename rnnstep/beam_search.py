@@ -88,7 +88,8 @@ def search(network, request: request_lib.Request) -> BeamResult:
   stop_table, stop_accept = request.stops
 
   # Prime each prompt once, then give each of its k beams a copy.
-  state = loop.prime(network, request.prompts, unconsumed=1)
+  state = loop.prime(network, request.prompts, unconsumed=1,
+                     initial_state=request.initial_state)
   history = processors.start(prompt_ids, prompt_lengths, vocab_size, lookback,
                              looks_back)
   beam_of_row = tf.repeat(tf.range(prompts), k)

@@ -274,12 +274,22 @@ def state_sizes(layer_config) -> Tuple[int, ...]:
   return (layer_config.units,) * kinds.get(layer_config.kind).state_tensors
 
 
-def make_cell(layer_config, kernel, recurrent_kernel, bias,
-              compute_dtype=tf.float32, compile_elementwise=False) -> Cell:
-  """Builds the cell for a `model_file.LayerConfig` from its three tensors."""
+def make_cell(layer_config, tensors, compute_dtype=tf.float32,
+              compile_elementwise=False) -> Cell:
+  """Builds the cell for a `model_file.LayerConfig` from its tensors.
+
+  Args:
+    layer_config: the layer's `model_file.LayerConfig`.
+    tensors: {name: tensor} for each of the names its kind declares
+      (`kinds.Kind.tensor_names`; the kernel may be None where it is folded
+      into an input table).
+    compute_dtype: the matmuls' dtype.
+    compile_elementwise: compile the gate math with XLA.
+  """
   kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
   variant = ({"reset_after": layer_config.reset_after}
              if kind.has_reset_after else {})
   return globals()[kind.cell_class](  # The class the kind table names.
-      kernel, recurrent_kernel, bias, compute_dtype=compute_dtype,
-      compile_elementwise=compile_elementwise, **variant)
+      **{name: tensors[name] for name in kind.tensor_names},
+      compute_dtype=compute_dtype, compile_elementwise=compile_elementwise,
+      **variant)

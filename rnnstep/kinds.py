@@ -34,6 +34,11 @@ class Kind:
       'rows' stacks them as [2, G*U] (GRU reset_after: the recurrent bias of
       the candidate sits inside r * (...)); 'sum' adds them (they are plain
       additions in these equations).
+    tensor_names: the layer's tensors (`tensor_shapes` gives their shapes):
+      the model file's keys `layer{i}_{name}` and the cell's constructor
+      arguments. `model_file`, `Model` and `cells.make_cell` read them; a kind
+      with other tensors declares them here (and its readers in `convert/`
+      map them).
   """
   name: str
   display: str
@@ -46,6 +51,23 @@ class Kind:
   torch_module: Optional[str]
   torch_gate_order: Tuple[str, ...]
   torch_bias: str
+
+  # The layer's tensors, in the model file's order (`layer{i}_{name}`), and
+  # the keyword names of its cell class's constructor.
+  tensor_names: Tuple[str, ...] = ("kernel", "recurrent_kernel", "bias")
+
+  def tensor_shapes(self, inputs: int, units: int,
+                    reset_after: bool = True) -> Dict[str, Tuple[int, ...]]:
+    """Each of the layer's tensors' shape, by name (`tensor_names` order).
+
+    Args:
+      inputs: D, the width of the layer's input.
+      units: U.
+      reset_after: the GRU variant flag.
+    """
+    width = self.gates * units
+    return {"kernel": (inputs, width), "recurrent_kernel": (units, width),
+            "bias": self.bias_shape(units, reset_after)}
 
   def bias_shape(self, units: int, reset_after: bool = True) -> Tuple[int, ...]:
     """The Keras bias shape: [2, G*U] for GRU reset_after, else [G*U]."""

@@ -59,12 +59,13 @@ def prime_mask(prompts: request_lib.Prompts, unconsumed: int) -> tf.Tensor:
 
 
 def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
-          stepwise: bool = False):
+          initial_state=None, stepwise: bool = False):
   """The state after each row's prompt but its last `unconsumed` characters.
 
   Args:
     network: the model's `Network`.
     prompts: the `Prompts` (right-padded ids, lengths >= 1).
+    initial_state: the state each row starts from (None: zeros).
     unconsumed: 1 where the first decode step consumes the last character,
       else 0.
     stepwise: one while loop over the columns through every layer, with no
@@ -78,9 +79,10 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   # Stops at the longest prompt, not the bucketed width; masked steps are
   # free of effect on a row's state.
   steps = tf.reduce_max(prompts.lengths) - unconsumed
+  if initial_state is None:
+    initial_state = network.zero_state(batch)
   if not stepwise:
-    _, state = network.unroll(prompts.ids, network.zero_state(batch), mask,
-                              steps=steps)
+    _, state = network.unroll(prompts.ids, initial_state, mask, steps=steps)
     return state
 
   def column(t, state):
@@ -91,7 +93,7 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
         for new_layer, layer in zip(new_state, state))
 
   _, state = tf.while_loop(lambda t, state: t < steps, column,
-                           (tf.constant(0), network.zero_state(batch)))
+                           (tf.constant(0), initial_state))
   return state
 
 
@@ -100,7 +102,8 @@ def start_carry(network, request: request_lib.Request,
   """The `Carry` of a fresh generation: primed state, history, zero scores."""
   prompts = request.prompts
   batch = tf.shape(prompts.ids)[0]
-  state = prime(network, prompts, unconsumed)
+  state = prime(network, prompts, unconsumed,
+                initial_state=request.initial_state)
   parts = pipeline.active(request.sampling, request.lookback,
                           network.vocab_size)
   history = processors.start(prompts.ids, prompts.lengths, network.vocab_size,

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from rnnstep import cells as cells_lib
+from rnnstep import kinds
 from rnnstep import model_file
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
@@ -77,15 +78,16 @@ class Model(tf.Module):
       return tf.Variable(tensors[key], trainable=False, name=key)
 
     self.embedding = var("embedding")
+    # One dict per layer of the tensors its kind declares (`kinds.py`).
     self.layer_weights = [
-        tuple(var(f"layer{i}_{part}")
-              for part in ("kernel", "recurrent_kernel", "bias"))
-        for i in range(len(config.layers))]
+        {name: var(f"layer{i}_{name}")
+         for name in kinds.get(layer.kind).tensor_names}
+        for i, layer in enumerate(config.layers)]
     self.dense_kernel = var("dense_kernel")
     self.dense_bias = var("dense_bias")
     # The first layer's input projection for every id, computed in float32
     # whatever the compute dtype (it is only gathered, never multiplied again).
-    first = cells_lib.make_cell(config.layers[0], *self.layer_weights[0])
+    first = cells_lib.make_cell(config.layers[0], self.layer_weights[0])
     self.input_table = tf.Variable(first.project_inputs(self.embedding),
                                    trainable=False, name="input_table")
 
@@ -97,7 +99,7 @@ class Model(tf.Module):
   def num_parameters(self) -> int:
     return sum(int(np.prod(v.shape)) for v in
                [self.embedding, self.dense_kernel, self.dense_bias,
-                *[w for layer in self.layer_weights for w in layer]])
+                *[w for layer in self.layer_weights for w in layer.values()]])
 
   def encode(self, text: str) -> np.ndarray:
     """Maps a string to int32 ids.
@@ -124,8 +126,8 @@ class Model(tf.Module):
                "dense_kernel": self.dense_kernel.numpy(),
                "dense_bias": self.dense_bias.numpy()}
     for i, weights in enumerate(self.layer_weights):
-      for part, weight in zip(("kernel", "recurrent_kernel", "bias"), weights):
-        tensors[f"layer{i}_{part}"] = weight.numpy()
+      for name, weight in weights.items():
+        tensors[f"layer{i}_{name}"] = weight.numpy()
     return tensors
 
   def network(self, compile_elementwise: bool = False) -> "Network":
@@ -139,11 +141,10 @@ class Model(tf.Module):
     cells = []
     for i, (layer, weights) in enumerate(zip(self.config.layers,
                                              self.layer_weights)):
-      kernel, recurrent_kernel, bias = weights
-      if i == 0:
-        kernel = None  # Folded into input_table; never multiplied again.
-      cells.append(cells_lib.make_cell(layer, kernel, recurrent_kernel, bias,
-                                       dtype, compile_elementwise))
+      if i == 0:  # Folded into input_table; never multiplied again.
+        weights = dict(weights, kernel=None)
+      cells.append(cells_lib.make_cell(layer, weights, dtype,
+                                       compile_elementwise))
     return Network(cells, tf.convert_to_tensor(self.input_table),
                    tf.cast(self.dense_kernel, dtype),
                    tf.convert_to_tensor(self.dense_bias), self.has_unk)

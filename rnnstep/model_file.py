@@ -71,6 +71,11 @@ class LayerConfig:
   def bias_shape(self) -> Tuple[int, ...]:
     return kinds.get(self.kind).bias_shape(self.units, self.reset_after)
 
+  def tensor_shapes(self, inputs: int) -> Dict[str, Tuple[int, ...]]:
+    """The layer's tensors and their shapes, as its kind declares them."""
+    return kinds.get(self.kind).tensor_shapes(inputs, self.units,
+                                              self.reset_after)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -98,10 +103,8 @@ class ModelConfig:
     shapes = {"embedding": (vocab_size, self.embedding_dim)}
     inputs = self.embedding_dim
     for i, layer in enumerate(self.layers):
-      width = GATES[layer.kind] * layer.units
-      shapes[f"layer{i}_kernel"] = (inputs, width)
-      shapes[f"layer{i}_recurrent_kernel"] = (layer.units, width)
-      shapes[f"layer{i}_bias"] = layer.bias_shape()
+      for name, shape in layer.tensor_shapes(inputs).items():
+        shapes[f"layer{i}_{name}"] = shape
       inputs = layer.units
     shapes["dense_kernel"] = (inputs, vocab_size)
     shapes["dense_bias"] = (vocab_size,)

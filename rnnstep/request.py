@@ -50,6 +50,9 @@ class Options:
     length_penalty: see `Beams`.
     num_return_sequences: hypotheses returned per prompt (<= num_beams).
     return_scores: also return each sequence's log-likelihood.
+    initial_state: None (the zero state), or the state each row's prompt is
+      primed from: one tuple of float32 `[B, U]` arrays per layer (checked by
+      `api._check_initial_state`).
   """
   sampling: sampling_lib.Params = sampling_lib.DEFAULTS
   seed: Any = None
@@ -60,6 +63,7 @@ class Options:
   length_penalty: float = 1.0
   num_return_sequences: int = 1
   return_scores: bool = False
+  initial_state: Any = None
 
 
 class Prompts(NamedTuple):
@@ -96,6 +100,8 @@ class Request(NamedTuple):
 
   Attributes:
     prompts: the `Prompts` (per row).
+    initial_state: the state each row's priming starts from (per row): one
+      tuple of float32 `[B, U]` per layer (zeros unless the caller gave one).
     sampling: `sampling_lib.Params`, each `[B]` (per row).
     seeds: the `Seeds` (per row).
     stops: `stopping.Automaton` (shared by all rows).
@@ -106,6 +112,7 @@ class Request(NamedTuple):
     capacity: int32 `[]`, the output buffer's length.
   """
   prompts: Prompts
+  initial_state: tuple
   sampling: sampling_lib.Params
   seeds: Seeds
   stops: stopping.Automaton
@@ -119,6 +126,7 @@ class Request(NamedTuple):
     """Applies `fn` to every per-row tensor (batch first); the rest is kept."""
     return self._replace(
         prompts=tf.nest.map_structure(fn, self.prompts),
+        initial_state=tf.nest.map_structure(fn, self.initial_state),
         sampling=tf.nest.map_structure(fn, self.sampling),
         seeds=tf.nest.map_structure(fn, self.seeds))
 
@@ -165,12 +173,23 @@ class Result(NamedTuple):
   carry: Carry
 
 
-def spec(vocab_size: int) -> Request:
-  """The `Request` of `TensorSpec`s: the compiled functions' signature."""
+def _state_spec(state_sizes):
+  return tuple(tuple(tf.TensorSpec([None, units], tf.float32)
+                     for units in sizes) for sizes in state_sizes)
+
+
+def spec(vocab_size: int, state_sizes) -> Request:
+  """The `Request` of `TensorSpec`s: the compiled functions' signature.
+
+  Args:
+    vocab_size: V.
+    state_sizes: per layer, the widths of its state tensors (`cells.state_sizes`).
+  """
   rows = [None]
   return Request(
       prompts=Prompts(tf.TensorSpec([None, None], tf.int32, "prompt_ids"),
                       tf.TensorSpec(rows, tf.int32, "prompt_lengths")),
+      initial_state=_state_spec(state_sizes),
       sampling=sampling_lib.Params(*[tf.TensorSpec(rows, dtype, name) for name, dtype
                                  in sampling_lib.DTYPES._asdict().items()]),
       seeds=Seeds(tf.TensorSpec(rows, tf.int64, "seeds"),
@@ -193,8 +212,7 @@ def carry_spec(state_sizes, vocab_size: int) -> Carry:
   """The `Carry` of `TensorSpec`s for per-layer state widths `state_sizes`."""
   rows = [None]
   return Carry(
-      state=tuple(tuple(tf.TensorSpec([None, units], tf.float32)
-                        for units in sizes) for sizes in state_sizes),
+      state=_state_spec(state_sizes),
       last_ids=tf.TensorSpec(rows, tf.int32),
       stop_state=tf.TensorSpec(rows, tf.int32),
       done=tf.TensorSpec(rows, tf.bool),
@@ -258,6 +276,7 @@ class _ArrayOps(NamedTuple):
   pad_columns: Callable  # (ids [B, T], width) -> [B, width]
   take_rows: Callable   # (array, index [R]) -> array[index]
   padded_row_index: Callable  # (B, R) -> [0, 1, .., B-1, 0, .., 0] (R long)
+  zeros: Callable       # (rows, width) -> float32 zeros [rows, width]
 
 
 _HOST = _ArrayOps(
@@ -274,7 +293,8 @@ _HOST = _ArrayOps(
         ids, [[0, 0], [0, width - ids.shape[1]]]),
     take_rows=lambda x, index: np.take(x, index, axis=0),
     padded_row_index=lambda batch, rows: np.concatenate(
-        [np.arange(batch), np.zeros([rows - batch], np.int64)]))
+        [np.arange(batch), np.zeros([rows - batch], np.int64)]),
+    zeros=lambda rows, width: np.zeros([rows, width], np.float32))
 
 _GRAPH = _ArrayOps(
     array=tf.convert_to_tensor,
@@ -290,14 +310,16 @@ _GRAPH = _ArrayOps(
         ids, [[0, 0], [0, width - tf.shape(ids)[1]]]),
     take_rows=tf.gather,
     padded_row_index=lambda batch, rows: tf.concat(
-        [tf.range(batch), tf.zeros([rows - batch], tf.int32)], 0))
+        [tf.range(batch), tf.zeros([rows - batch], tf.int32)], 0),
+    zeros=lambda rows, width: tf.zeros([rows, width], tf.float32))
 
 
 def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
           seeds, seed_index, stops: stopping.Automaton, *,
-          bucket_shapes: bool, capacity_steps=None, total_steps=None,
-          repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
-          length_penalty=1.0, want_scores=False) -> Request:
+          bucket_shapes: bool, state_sizes, initial_state=None,
+          capacity_steps=None, total_steps=None, repetition_window=0,
+          no_repeat_ngram_size=0, num_beams=1, length_penalty=1.0,
+          want_scores=False) -> Request:
   """Builds the `Request` that the compiled generation functions take.
 
   Runs on host values (numpy arrays, Python numbers; the request is then
@@ -314,6 +336,8 @@ def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
     seed_index: int32 `[B]`.
     stops: the `stopping.Automaton`.
     bucket_shapes: pad the prompt width and the batch to buckets (XLA).
+    state_sizes: per layer, the widths of its state tensors.
+    initial_state: None (zeros), or one tuple of float32 `[B, U]` per layer.
     capacity_steps: the steps the output buffer must hold (default:
       num_steps); streaming sizes it for a whole chunk.
     total_steps: the steps of the whole generation (default: num_steps);
@@ -345,8 +369,15 @@ def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
                                                           tf.int32)
   history_length = ops.where(
       looks_back, ops.bucket(ops.columns(ids) + steps, 16), 1)
+  if initial_state is None:
+    initial_state = tuple(tuple(ops.zeros(batch, units) for units in sizes)
+                          for sizes in state_sizes)
+  else:
+    initial_state = tf.nest.map_structure(
+        lambda x: ops.array(x, tf.float32), tuple(map(tuple, initial_state)))
   request = Request(
-      prompts=Prompts(ids, lengths), sampling=params,
+      prompts=Prompts(ids, lengths), initial_state=initial_state,
+      sampling=params,
       seeds=Seeds(ops.array(seeds, tf.int64), ops.array(seed_index, tf.int32)),
       stops=stopping.Automaton(ops.array(stops.table, tf.int32),
                                ops.array(stops.accept, tf.bool)),

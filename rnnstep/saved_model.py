@@ -126,6 +126,7 @@ class ServingModule(tf.Module):
     request = request_lib.build(
         prompt_ids, lengths, num_steps, settings, tf.fill([batch], seed),
         tf.range(batch), self._no_stop, bucket_shapes=generator.jit_compile,
+        state_sizes=generator.state_sizes(),
         repetition_window=values["repetition_window"],
         no_repeat_ngram_size=values["no_repeat_ngram_size"],
         num_beams=num_beams, length_penalty=values["length_penalty"],

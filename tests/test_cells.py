@@ -8,6 +8,7 @@ from tests import keras_reference  # pylint: disable=unused-import (sets backend
 import keras
 
 from rnnstep import cells
+from rnnstep import kinds
 from rnnstep import model_file
 
 CASES = [
@@ -41,7 +42,8 @@ class CellTest(tf.test.TestCase, parameterized.TestCase):
     layer.set_weights(weights)
     expected = [t.numpy() for t in layer(x)]
     cell = cells.make_cell(model_file.LayerConfig(kind, units, reset_after),
-                           *weights, compile_elementwise=compile_elementwise)
+                           dict(zip(kinds.get(kind).tensor_names, weights)),
+                           compile_elementwise=compile_elementwise)
 
     def unroll(x):
       x_proj = cell.project_inputs(x)

@@ -64,6 +64,16 @@ SCRIPT = textwrap.dedent("""
                          for a, b in zip(one_scores, two_scores)), (
                              one_scores, two_scores)
             assert one == two, (jit, kwargs, one, two)
+          # One state per row, split over the replicas with its row.
+          state = [{k: v[:, -1] for k, v in layer.items()} for layer in
+                   rnnstep.hidden_states(outside, ["AB", "C", "DEF", "G", "HI"])]
+          for kwargs in (dict(seed=3), dict(num_beams=3)):
+            one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
+                                   initial_state=state, **kwargs)
+            two = rnnstep.generate(model, prompts, 20, jit_compile=jit,
+                                   strategy=strategy, initial_state=state,
+                                   **kwargs)
+            assert one == two, ("initial_state", jit, kwargs, one, two)
     print("replicas", strategy.num_replicas_in_sync, "ok")
 """)
 

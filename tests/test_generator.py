@@ -137,6 +137,69 @@ class BatchTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(elementwise, xla)
 
 
+class InitialStateTest(tf.test.TestCase, parameterized.TestCase):
+  """Generation from a given state: from the state after p1, prompt p2 gives
+  what prompt p1 + p2 gives (text, stream, beams, logits), on every path."""
+
+  P1 = ["ROMEO: ", "AB", "THE QUICK"]
+  P2 = ["HEL", "Q", " BROWN"]
+
+  def states_after_p1(self, model):
+    states = rnnstep.hidden_states(model, self.P1)
+    return [{k: v[:, -1] for k, v in layer.items()} for layer in states]
+
+  @parameterized.parameters(*PATHS)
+  def test_continuing_from_a_state_equals_the_joined_prompt(self, jit):
+    _, model = models("lstm_then_gru")
+    state = self.states_after_p1(model)
+    joined = [a + b for a, b in zip(self.P1, self.P2)]
+    settings = dict(temperature=[0.0, 1.0, 0.7], seed=[3, 4, 5],
+                    jit_compile=jit)
+    want = rnnstep.generate(model, joined, 30, **settings)
+    self.assertEqual(rnnstep.generate(model, self.P2, 30, initial_state=state,
+                                      **settings), want)
+    chunks = list(rnnstep.stream(model, self.P2, 30, chunk_size=7,
+                                 initial_state=state, **settings))
+    self.assertEqual(["".join(c[i] for c in chunks) for i in range(3)], want)
+    self.assertEqual(
+        rnnstep.generate(model, self.P2, 12, num_beams=3, initial_state=state,
+                         jit_compile=jit),
+        rnnstep.generate(model, joined, 12, num_beams=3, jit_compile=jit))
+
+  def test_one_state_per_row_equals_each_row_alone(self):
+    keras_model, model = models("lstm_then_gru")
+    layers = STACKS["lstm_then_gru"]
+    reference = nr.Reference(kr.weights_of(keras_model, layers), layers)
+    state = self.states_after_p1(model)
+    batch = rnnstep.generate(model, self.P2, 30, temperature=0.0,
+                             initial_state=state)
+    for row, (p1, p2) in enumerate(zip(self.P1, self.P2)):
+      alone = rnnstep.generate(
+          model, [p2], 30, temperature=0.0,
+          initial_state=[{k: v[row:row + 1] for k, v in layer.items()}
+                         for layer in state])[0]
+      self.assertEqual(alone, batch[row])
+      # And the float64 reference from the joined prompt (up to near-ties).
+      want = model.decode(reference.greedy(model.encode(p1 + p2), 30))
+      row_contract.assert_same_or_near_tie(
+          reference, model.encode(p1 + p2), model.encode(batch[row]),
+          model.encode(want))
+
+  def test_a_bad_state_is_one_line_naming_it(self):
+    _, model = models("lstm_then_gru")
+    state = self.states_after_p1(model)
+    bad = [dict(layer) for layer in state]
+    bad[0]["c"] = bad[0]["c"][:, :5]
+    for call in (rnnstep.generate, rnnstep.stream):
+      with self.assertRaisesRegex(ValueError, r"^initial_state\[0\]\['c'\] "
+                                  r"is float32 \[3, 5\]") as ctx:
+        out = call(model, self.P2, 5, initial_state=bad)
+        if call is rnnstep.stream:
+          next(out)
+      self.assertNotIn("\n", str(ctx.exception))
+      self.assertEqual(ctx.exception.argument, "initial_state")
+
+
 class SeedTest(tf.test.TestCase):
 
   def test_same_seed_same_text_other_seed_other_text(self):

@@ -21,7 +21,7 @@ def _build(batch, width, num_steps, bucket_shapes, **settings):
   return request_lib.build(
       ids, lengths, num_steps, params, np.arange(batch, dtype=np.int64),
       np.zeros([batch], np.int32), stopping.stop_automaton([[1, 2]], 7),
-      bucket_shapes=bucket_shapes)
+      bucket_shapes=bucket_shapes, state_sizes=[(8,), (4, 4)])
 
 
 class BucketTest(tf.test.TestCase):
@@ -76,7 +76,8 @@ class BuildTest(tf.test.TestCase):
       return request_lib.build(
           ids, lengths, num_steps, sampling.DEFAULTS._replace(top_k=3),
           tf.range(5, dtype=tf.int64), tf.zeros([5], tf.int32),
-          stopping.stop_automaton([[1, 2]], 7), bucket_shapes=True)
+          stopping.stop_automaton([[1, 2]], 7), bucket_shapes=True,
+          state_sizes=[(8,), (4, 4)])
 
     graph = traced(eager.prompts.ids[:5, :3], eager.prompts.lengths[:5],
                    tf.constant(40))
