@@ -160,7 +160,7 @@ def default_path(model, batch_size: int) -> str:
     # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
     return XLA
   dtype = model.compute_dtype.name
-  if not cpu.has_reduced_arithmetic(dtype):
+  if slower_dtype_note(dtype):
     _warn_no_faster_than_float32(dtype)
   measured = tuning_cache.cached_path(model, batch_size)
   if measured is not None:
@@ -209,13 +209,24 @@ def gpu_visible() -> bool:
 _warned = set()
 
 
+def slower_dtype_note(dtype: str):
+  """One line saying `dtype` will not beat float32 on this CPU, or None.
+
+  None for float32, on a GPU, and on a CPU with the dtype's arithmetic. The
+  command-line tools print it (their logging is quiet); the library logs it
+  once per process (`default_path`).
+  """
+  if dtype == "float32" or gpu_visible() or cpu.has_reduced_arithmetic(dtype):
+    return None
+  needs = "AMX-BF16 or AVX512-BF16" if dtype == "bfloat16" else "AMX-FP16"
+  return (f"{dtype} will not be faster than float32 on this CPU "
+          f"({cpu.info().name}: no {needs}); it runs on its fastest path "
+          "here, but float32 is as fast and exact")
+
+
 def _warn_no_faster_than_float32(dtype: str):
   """Says once per process that `dtype` will not beat float32 on this CPU."""
   if dtype in _warned:
     return
   _warned.add(dtype)
-  needs = "AMX-BF16 or AVX512-BF16" if dtype == "bfloat16" else "AMX-FP16"
-  logging.warning(
-      "rnnstep: %s will not be faster than float32 on this CPU (%s: no %s); "
-      "it runs on its fastest path here, but float32 is as fast and exact",
-      dtype, cpu.info().name, needs)
+  logging.warning("rnnstep: %s", slower_dtype_note(dtype))

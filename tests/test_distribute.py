@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import tensorflow as tf
 
 from tests.test_cli_common import write_model
@@ -127,6 +128,7 @@ def free_ports(count):
       s.close()
 
 
+@pytest.mark.exhaustive
 class DistributeTest(tf.test.TestCase):
 
   def test_two_replicas_equal_one_device_on_every_path_and_scope(self):

@@ -29,6 +29,7 @@ import tempfile
 import textwrap
 
 from absl.testing import parameterized
+import pytest
 
 from tests import keras_reference as kr
 from tests import numpy_reference as nr
@@ -283,6 +284,7 @@ def results():
     return dict(zip(map(cell_name, MATRIX), pool.map(safe, MATRIX)))
 
 
+@pytest.mark.exhaustive
 class MatrixTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(cell_name(c), c) for c in MATRIX])

@@ -191,6 +191,11 @@ def main(argv):
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
                               _VOCAB.value)
+    from rnnstep import paths  # pylint: disable=g-import-not-at-top
+    note = paths.slower_dtype_note(_DTYPE.value)
+    if note:  # The library logs it, but a tool's logging is quiet.
+      print(f"{PROGRAM}: note: --dtype={_DTYPE.value}: {note}",
+            file=common.stderr())
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
     _generate(model, rows, seed, decoding, printer)
