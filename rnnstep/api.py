@@ -25,6 +25,7 @@ from rnnstep import options as options_lib
 from rnnstep import paths
 from rnnstep import request as request_lib
 from rnnstep import tuning
+from rnnstep import window as window_lib
 
 BUNDLED_MODEL = "shakespeare.npz"
 
@@ -156,7 +157,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       source=path)
 
 
-def logits(model: model_lib.Model, ids, initial_state=None) -> np.ndarray:
+def logits(model: model_lib.Model, ids, initial_state=None, *,
+           window=None) -> np.ndarray:
   """Teacher-forced logits, for scoring and perplexity.
 
   Args:
@@ -167,6 +169,9 @@ def logits(model: model_lib.Model, ids, initial_state=None) -> np.ndarray:
       `{"h": ...}` (plus `"c"` for an LSTM), the form
       `[{k: v[:, -1] for k, v in layer.items()} for layer in
       hidden_states(model, ...)]` gives.
+    window: as for `generate`: k > 0 gives at position t the logits after
+      the last k ids up to t (fewer before k-1) from a zero state; 0 runs
+      over the whole row; None (default) the model's recorded window, else 0.
 
   Returns:
     float32 `[B, T, V]`: position t holds the logits for the id after `ids[:, t]`.
@@ -176,6 +181,13 @@ def logits(model: model_lib.Model, ids, initial_state=None) -> np.ndarray:
       `initial_state` of the wrong structure, shape or dtype.
   """
   array = _check_ids(model, ids, "ids")
+  window = window_lib.resolve(model, options_lib.check("window", window))
+  if window:
+    if initial_state is not None:
+      raise errors.ArgumentError(
+          "initial_state", f"initial_state with window={window}: every window "
+          "starts from the zero state; pass window=0 to start from a state")
+    return window_lib.score_function(model)(array, np.int32(window)).numpy()
   if initial_state is None:
     return model.score(array).numpy()
   state = _check_initial_state(model, initial_state, array.shape[0])
@@ -551,6 +563,9 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                                       len(prompt_list))
             for option in options_lib.OPTIONS}
   _check_beams(model, values["num_beams"], values["num_return_sequences"])
+  values["window"] = window_lib.resolve(model, values["window"])
+  window_lib.check_beams(values["window"], values["num_beams"],
+                         model.config.window)
   _check_seed(seed, len(prompt_list))
   if stop is None:
     stops = ()

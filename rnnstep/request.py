@@ -50,6 +50,8 @@ class Options:
     length_penalty: see `Beams`.
     num_return_sequences: hypotheses returned per prompt (<= num_beams).
     return_scores: also return each sequence's log-likelihood.
+    window: 0 steps the model statefully; k > 0 reads it in windows of the
+      last k characters (`window.py`; the API resolves the model's default).
   """
   sampling: sampling_lib.Params = sampling_lib.DEFAULTS
   seed: Any = None
@@ -60,6 +62,7 @@ class Options:
   length_penalty: float = 1.0
   num_return_sequences: int = 1
   return_scores: bool = False
+  window: int = 0
 
 
 class Prompts(NamedTuple):
