@@ -30,6 +30,7 @@ from rnnstep import host
 from rnnstep import loop
 from rnnstep import paths
 from rnnstep import request as request_lib
+from rnnstep import window as window_lib
 
 
 class Generator(tf.Module):
@@ -40,6 +41,10 @@ class Generator(tf.Module):
     generate_fn(request) -> Result            prime the prompts, then decode
     continue_fn(request, carry) -> Result     decode on from a Result's carry
                                               (the request's prompts unused)
+    window_fn(request, window) -> Result      the same over windows of the
+    window_continue_fn(request, carry, window)  last `window` characters
+                                              (`window.py`; the continuation
+                                              reads the prompts' lengths)
 
   Research code can also drive the model directly: `zero_state(batch)` and the
   compiled `step(ids, state) -> (logits, state)` run one timestep over explicit
@@ -75,6 +80,14 @@ class Generator(tf.Module):
                                    input_signature=[request_spec, carry_spec])
     self.beam_fn = tf.function(self._beam_impl, **compiled,
                                input_signature=[request_spec])
+    # Windowed generation (`window.py`): k slots per row; k is a tensor
+    # (under XLA a compile-time constant, one program per distinct k).
+    window_spec = tf.TensorSpec([], tf.int32, name="window")
+    self.window_fn = tf.function(self._window_impl, **compiled,
+                                 input_signature=[request_spec, window_spec])
+    self.window_continue_fn = tf.function(
+        self._window_continue_impl, **compiled,
+        input_signature=[request_spec, carry_spec, window_spec])
     self._concrete_functions = {}
     self.step = tf.function(self._step_impl, **compiled, input_signature=[
         tf.TensorSpec([None], tf.int32, name="ids"), carry_spec.state])
@@ -132,6 +145,14 @@ class Generator(tf.Module):
 
   def _continue_impl(self, request, carry):
     return loop.decode(self._network(), request, carry, self._chooses_first)
+
+  # Every path runs windows in `consume_then_choose`'s order; the elementwise
+  # path's network still compiles each cell's gate math.
+  def _window_impl(self, request, window):
+    return window_lib.generate(self._network(), request, window)
+
+  def _window_continue_impl(self, request, carry, window):
+    return window_lib.decode(self._network(), request, carry, window)
 
   # -- host side (host.py) ---------------------------------------------------
 

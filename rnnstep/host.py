@@ -157,7 +157,10 @@ def generate_ids(generator, prompts: Sequence[str], num_steps: int,
   def run(request, call=lambda name, *args: getattr(generator, name)(*args)):
     if beams:
       return tuple(call("beam_fn", request))
-    result = call("generate_fn", request)
+    if options.window:
+      result = call("window_fn", request, np.int32(options.window))
+    else:
+      result = call("generate_fn", request)
     return result.ids, result.lengths, result.scores
 
   if strategy is not None:
@@ -195,7 +198,12 @@ def stream_ids(generator, prompts: Sequence[str], num_steps: int,
   while start < num_steps:
     steps = min(chunk_size, num_steps - start)
     request = request._replace(num_steps=np.int32(steps))
-    if carry is None:
+    if options.window:  # The windows' slots are the carried state.
+      window = np.int32(options.window)
+      result = (generator.call("window_fn", request, window) if carry is None
+                else generator.call("window_continue_fn", request, carry,
+                                    window))
+    elif carry is None:
       result = generator.call("generate_fn", request)
     else:
       result = generator.call("continue_fn", request, carry)

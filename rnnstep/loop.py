@@ -97,13 +97,17 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   return state
 
 
-def start_carry(network, request: request_lib.Request,
-                unconsumed: int) -> request_lib.Carry:
-  """The `Carry` of a fresh generation: primed state, history, zero scores."""
+def start_carry(network, request: request_lib.Request, unconsumed: int,
+                state=None) -> request_lib.Carry:
+  """The `Carry` of a fresh generation: primed state, history, zero scores.
+
+  `state`, where given, is the primed state already (`window.prime`).
+  """
   prompts = request.prompts
   batch = tf.shape(prompts.ids)[0]
-  state = prime(network, prompts, unconsumed,
-                initial_state=request.initial_state)
+  if state is None:
+    state = prime(network, prompts, unconsumed,
+                  initial_state=request.initial_state)
   parts = pipeline.active(request.sampling, request.lookback,
                           network.vocab_size)
   history = processors.start(prompts.ids, prompts.lengths, network.vocab_size,
@@ -119,7 +123,7 @@ def start_carry(network, request: request_lib.Request,
 
 
 def decode(network, request: request_lib.Request, carry: request_lib.Carry,
-           chooses_first: bool) -> request_lib.Result:
+           chooses_first: bool, steps_loop=None) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
 
   Args:
@@ -127,6 +131,8 @@ def decode(network, request: request_lib.Request, carry: request_lib.Carry,
     request: the `Request`.
     carry: where to start (`start_carry`, or a previous `Result.carry`).
     chooses_first: the elementwise path's loop (`choose_then_consume`).
+    steps_loop: another loop of the same signature in place of either
+      (`window.windows_loop`).
 
   Returns:
     The `Result`.
@@ -134,7 +140,8 @@ def decode(network, request: request_lib.Request, carry: request_lib.Carry,
   start = carry.step
   num_steps = tf.minimum(request.num_steps, request.capacity)
   inv = pipeline.invariants(network, request, start)
-  loop = choose_then_consume if chooses_first else consume_then_choose
+  loop = steps_loop or (choose_then_consume if chooses_first
+                        else consume_then_choose)
   progress = pipeline.Progress(
       carry.stop_state, carry.done,
       tf.zeros(tf.shape(carry.last_ids), tf.int32), carry.history,

@@ -27,9 +27,9 @@ this module must stay TensorFlow-free, since the command-line tools build their
 flags from it before TensorFlow loads.
 
 Per-request options (`per_row=False`) that are not logit transforms
-(`repetition_window`, the beam settings) are declared for their checks, flags
-and serving inputs; the code that owns them (`processors.py`,
-`beam_search.py`) reads them from the request.
+(`repetition_window`, the beam settings, `window`) are declared for their
+checks, flags and serving inputs; the code that owns them (`processors.py`,
+`beam_search.py`, `window.py`) reads them from the request.
 """
 
 import dataclasses
@@ -48,6 +48,7 @@ TEMPERATURE = "temperature"  # divides the logits (0: greedy)
 FILTER = "filter"            # sets ids outside a kept set to -inf
 BEAM = "beam"                # read by beam search only
 LOOK_BACK = "look_back"      # configures the HISTORY stage's buffer
+WINDOW = "window"            # how the model reads the text (window.py)
 
 
 def is_int(value) -> bool:
@@ -117,12 +118,13 @@ class Option:
   Attributes:
     name: the keyword of `generate`, the CLI flag, the serving input.
     dtype: its tensor dtype name ('float32', 'int32').
-    default: the value `generate` takes when none is given.
+    default: the value `generate` takes when none is given (None: the model
+      decides, and None is accepted).
     off: the value at which it changes nothing (its `active` is False).
     per_row: one value, or one per prompt (else one per request).
     valid: the values it accepts.
     stage: where it acts (`HISTORY`, `TEMPERATURE`, `FILTER`, `BEAM`,
-      `LOOK_BACK`).
+      `LOOK_BACK`, `WINDOW`).
     doc: what it does, one sentence (docstrings, `--help`).
     active: for per-row options of the HISTORY and FILTER stages,
       `active(values [B], vocab_size) -> bool [B]`: the rows it acts on; for
@@ -163,6 +165,8 @@ class Option:
     Raises:
       ArgumentError: naming this option.
     """
+    if value is None and self.default is None:  # "Decided by the model."
+      return None
     if self.per_row and isinstance(value, (list, tuple)) or (
         self.per_row and type(value).__name__ == "ndarray"):
       values = list(value)
@@ -252,6 +256,14 @@ OPTIONS = (
            _int(1, words="an integer from 1 to num_beams"), BEAM,
            "With beams, return the r <= k best per prompt.", served=False,
            streams=False),
+    Option("window", "int32", None, 0, False,
+           _int(0, words="a non-negative integer (0 = step statefully)"),
+           WINDOW,
+           "k > 0 predicts each next character from the last k characters "
+           "from a zero state (a sliding window); 0 steps the model "
+           "statefully over the whole text; default: the window the model "
+           "file records (models built for fixed windows), else 0.",
+           served=False),
 )
 
 BY_NAME = {option.name: option for option in OPTIONS}

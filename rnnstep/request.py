@@ -53,6 +53,8 @@ class Options:
     initial_state: None (the zero state), or the state each row's prompt is
       primed from: one tuple of float32 `[B, U]` arrays per layer (checked by
       `api._check_initial_state`).
+    window: 0 steps the model statefully; k > 0 reads it in windows of the
+      last k characters (`window.py`; the API resolves the model's default).
   """
   sampling: sampling_lib.Params = sampling_lib.DEFAULTS
   seed: Any = None
@@ -64,6 +66,7 @@ class Options:
   num_return_sequences: int = 1
   return_scores: bool = False
   initial_state: Any = None
+  window: int = 0
 
 
 class Prompts(NamedTuple):

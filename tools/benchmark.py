@@ -16,7 +16,7 @@ taken this way hold up on a busy machine far better than absolute numbers do.
 
 Layout: this file is the entry (flags are parsed here, sections run in
 order); each section is a module of tools/bench/ (speed.py, dtype.py,
-paths.py, floors.py, latency.py, cli.py) with `run(ctx, results)`; shared
+paths.py, floors.py, latency.py, cli.py, window.py) with `run(ctx, results)`; shared
 parts are bench/settings.py (every flag), machine.py (the header),
 weights.py, runners.py (rnnstep on a path, the matmul floor), keras_loops.py,
 torch_loops.py and timing.py. The Keras models come from the tests' builders
@@ -83,6 +83,10 @@ Other sections:
            load the model file, trace/compile, generate), graph and XLA.
   cli      `rnnstep-generate` end-to-end wall time for --num_chars chars
            (the bundled model when installed, else the benchmark's model file).
+  window   the keras.io char-LSTM recipe's model (window 40, LSTM 128):
+           window generation (its default) vs stateful (window=0) vs the
+           recipe's own model.predict loop, at --window_batch_sizes
+           (tools/bench/window.py).
 """
 
 import collections
@@ -113,11 +117,12 @@ from bench import settings as cfg
 from bench import speed
 from bench import torch_loops
 from bench import weights as weights_lib
+from bench import window
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 SECTION_MODULES = {"speed": speed, "dtype": dtype, "paths": paths,
                    "floors": floors, "decoding": decoding, "latency": latency,
-                   "cli": cli}
+                   "cli": cli, "window": window}
 assert tuple(SECTION_MODULES) == cfg.SECTIONS
 
 # What every section's `run(ctx, results)` gets.

@@ -104,7 +104,11 @@ def _define_option_flag(option):
   else:
     define = flags.DEFINE_integer if parse is int else flags.DEFINE_float
     holder = define(option.name, option.default, meaning, flag_values=FLAGS)
-    valid, must_be = option.valid.holds, option.valid.words
+    must_be = option.valid.words
+
+    def valid(value):  # A default of None: the model decides (`window`).
+      return (value is None and option.default is None
+              or option.valid.holds(value))
   flags.register_validator(option.name, valid, f"must be {must_be}",
                            flag_values=FLAGS)
   return holder

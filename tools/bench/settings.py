@@ -16,7 +16,8 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "rnnstep_xla", "floor", "floor_graph", "torch_gru",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
-SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli")
+SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli",
+            "window")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
 PATHS = paths.JIT_COMPILE
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
@@ -113,6 +114,17 @@ FLOOR_CHARS = flags.DEFINE_list(
     "batch:chars: characters per row in the floors section for batches from "
     "that size up to the next one listed (fewer at large batches keeps the "
     "run short; the per-step time is what is compared).")
+WINDOW_BATCH_SIZES = flags.DEFINE_list(
+    "window_batch_sizes", ["1", "64"],
+    "Batch sizes of the window section (window vs stateful vs the recipe's "
+    "predict loop).")
+WINDOW_CHARS = flags.DEFINE_integer(
+    "window_chars", 200, "Characters per row in the window section.",
+    lower_bound=1)
+WINDOW_PREDICT_STEPS = flags.DEFINE_integer(
+    "window_predict_steps", 10,
+    "Characters the recipe's model.predict loop runs (scaled to "
+    "--window_chars).", lower_bound=1)
 
 # -- settings ------------------------------------------------------------------
 
@@ -152,6 +164,10 @@ class Settings:
     self.decoding_path = DECODING_PATH.value
     self.decoding_chars = self.num_chars if quick else DECODING_CHARS.value
     self.tune = TUNE.value
+    self.window_batch_sizes = ([1, 4] if quick else
+                               [int(b) for b in WINDOW_BATCH_SIZES.value])
+    self.window_chars = 20 if quick else WINDOW_CHARS.value
+    self.window_predict_steps = 2 if quick else WINDOW_PREDICT_STEPS.value
     self.weights_path = WEIGHTS.value
     self.dtype_modes = [m for m in DTYPE_MODES.value if m]
     self.cli_runs = CLI_RUNS.value
