@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from rnnstep import cells as cells_lib
+from rnnstep import constraints
 from rnnstep import errors
 from rnnstep import generator as generator_lib
 from rnnstep import host
@@ -371,6 +372,7 @@ def _options_doc(streams: bool) -> str:
 
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
              seed=None, stop: Union[None, str, Sequence[str]] = None,
+             regex: Union[None, str, Sequence[Optional[str]]] = None,
              return_scores: bool = False,
              jit_compile: Union[None, bool, str] = None, strategy=None,
              **decoding):
@@ -388,6 +390,12 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
+    regex: a regular expression (Python syntax), or one per prompt (None:
+      none): each continuation (not the prompt) stays inside it. Each step
+      masks the ids that would leave it, before the temperature and the
+      filters; a row ends once it matches and cannot go on. A row cut off by
+      `num_steps` or a stop string is a prefix of a match (README
+      "Constrained generation").
     return_scores: also return each continuation's log-likelihood under the
       model (natural log; the sum of log-softmax of the raw logits at the
       chosen ids, whatever the sampling settings).
@@ -422,7 +430,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   single = isinstance(prompts, str)
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
                                           stop, return_scores, decoding,
-                                          streams=False)
+                                          streams=False, regex=regex)
   rows_per_device = len(prompt_list)
   if strategy is not None:
     model = model_lib.replicated(model, strategy)
@@ -447,6 +455,7 @@ generate.__doc__ = generate.__doc__.format(options=_options_doc(False))
 def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
            chunk_size: int = 64, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
+           regex: Union[None, str, Sequence[Optional[str]]] = None,
            return_scores: bool = False,
            jit_compile: Union[None, bool, str] = None,
            **decoding) -> Iterator:
@@ -486,7 +495,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
                                           stop, return_scores,
                                           dict(decoding, num_beams=beams),
-                                          streams=True)
+                                          streams=True, regex=regex)
   generator = generator_lib.cached(
       model, _path(model, jit_compile, len(prompt_list)))
   for out in generator.stream_ids(prompt_list, num_steps, chunk_size, options):
@@ -505,7 +514,7 @@ def _path(model, jit_compile, batch_size) -> str:
 
 
 def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
-                     decoding, *, streams):
+                     decoding, *, streams, regex=None):
   """Validates the arguments of `generate` or `stream`.
 
   Args:
@@ -513,6 +522,7 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     prompts, num_steps, seed, stop, return_scores: as given.
     decoding: the decoding options given, by name (`options.OPTIONS`).
     streams: for `stream` (which takes no beam options).
+    regex: as given (compiled here, so a bad pattern fails before any call).
 
   Returns:
     `(prompt list, request.Options)`.
@@ -565,12 +575,15 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     raise errors.ArgumentError(
         "return_scores", f"return_scores must be True or False, got "
         f"{return_scores!r}")
+  patterns = constraints.check(regex, len(prompt_list))
+  if patterns:
+    constraints.combine(model, patterns)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]
                                  for o in options_lib.PER_ROW})
   shared = {o.name: values[o.name] for o in options_lib.SHARED}
   return prompt_list, request_lib.Options(
       sampling=params, seed=seed, stop=stops, return_scores=return_scores,
-      **shared)
+      regex=patterns, **shared)
 
 
 def _check_beams(model, beams, returned):
