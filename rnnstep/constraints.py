@@ -27,6 +27,11 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
+try:
+  from re import _parser as _re_parser  # Python >= 3.11.
+except ImportError:  # pragma: no cover
+  import sre_parse as _re_parser  # pylint: disable=deprecated-module
+
 from rnnstep import errors
 
 FREE = 0
@@ -81,9 +86,16 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     return errors.ArgumentError("regex", f"regex {pattern!r} {why}")
 
   try:
-    re.compile(pattern)
+    parsed = _re_parser.parse(pattern)
   except re.error as e:
     raise refuse(f"does not compile: {' '.join(str(e).split())}") from None
+  # interegular reads these its own way, not as `re` does: refused rather
+  # than constrain to another language than the user's.
+  if parsed.state.flags & ~re.UNICODE:
+    raise refuse("sets inline flags such as (?i) or (?s), which are not "
+                 "supported; spell the characters out, e.g. [Aa]")
+  if {"ASSERT", "ASSERT_NOT"} & set(_opcodes(parsed)):
+    raise refuse("uses look-around, which is not supported")
   import interegular  # pylint: disable=g-import-not-at-top
   try:
     fsm = interegular.parse_pattern(pattern).to_fsm().reduce()
@@ -136,6 +148,19 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     raise refuse("matches only the empty string; give a pattern for at least "
                  "one character")
   return _Pattern(table.astype(np.int32), ends)
+
+
+def _opcodes(subpattern):
+  """The names of every opcode in a parsed `re` pattern, nested ones too."""
+  for op, argument in subpattern:
+    yield str(op)
+    stack = [argument]
+    while stack:
+      item = stack.pop()
+      if isinstance(item, _re_parser.SubPattern):
+        yield from _opcodes(item)
+      elif isinstance(item, (list, tuple)):
+        stack.extend(item)
 
 
 def combine(model, regex: Sequence[Optional[str]]) -> Dfa:

@@ -100,7 +100,8 @@ class CompileTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       ("(a", "does not compile"), (r"(a)\1", "not supported"),
       ("z+", "matches no string"), ("", "only the empty string"),
-      ("a{5000}", "4096"), (["a", 3], "must be a str"),
+      ("a{5000}", "4096"), ("a(?!b)c", "look-around"), ("(?i)a", "flags"),
+      ("^a", "not supported"), (["a", 3], "must be a str"),
       (["a"] * 2, "lists 2 patterns for 1 prompts"))
   def test_bad_patterns_are_refused_in_one_line(self, regex, words):
     model, _ = small()
