@@ -169,13 +169,16 @@ def constrain(logits: tf.Tensor, before_history: tf.Tensor, next_states,
 
   Args:
     logits: float32 `[B, V]`, after the ban and the HISTORY options.
-    before_history: float32 `[B, V]`, after the ban only.
+    before_history: float32 `[B, V]`, after the ban only (None where no row
+      looks back: nothing to fall back from).
     next_states: int32 `[B, V]`, each row's DFA state after each id.
     done: bool `[B]`: finished rows (no allowed id; left unmasked, their ids
       are not returned).
   """
   allowed = (next_states != constraints.DEAD) | done[:, None]
   masked = tf.where(allowed, logits, -float("inf"))
+  if before_history is None:  # No row looks back.
+    return masked
   stuck = ~tf.reduce_any(masked > -float("inf"), axis=1, keepdims=True)
   return tf.where(stuck, tf.where(allowed, before_history, -float("inf")),
                   masked)
@@ -303,11 +306,15 @@ def tails(inv: Invariants):
         lambda: look_back(logits, inv.params, inv.parts, progress.history,
                           inv.settings),
         lambda: logits)
+    def constrained(looked_back):
+      return constrain(logits, banned if looked_back else None,
+                       tf.gather(inv.constraint.table, progress.dfa_state),
+                       progress.done)
+
     logits = tf.cond(
         inv.constrained,
-        lambda: constrain(logits, banned, tf.gather(inv.constraint.table,
-                                                    progress.dfa_state),
-                          progress.done),
+        lambda: tf.cond(inv.looks_back, lambda: constrained(True),
+                        lambda: constrained(False)),
         lambda: logits)
     chosen = choose(logits, inv.params, inv.parts, inv.keys, inv.start + t)
     history = tf.cond(

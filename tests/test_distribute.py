@@ -53,7 +53,9 @@ SCRIPT = textwrap.dedent("""
           for kwargs in (dict(num_beams=3, num_return_sequences=2),
                          dict(seed=3, min_p=0.05, repetition_penalty=1.3,
                               repetition_window=8, no_repeat_ngram_size=3,
-                              return_scores=True)):
+                              return_scores=True),
+                         dict(seed=3, regex=["[A-Z]+", None, "([A-Z]+ )+[.]",
+                                             "[A-H]+[.]", "[A-Z]+"])):
             one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
                                    **kwargs)
             two = rnnstep.generate(model, prompts, 20, jit_compile=jit,
