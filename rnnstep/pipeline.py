@@ -306,6 +306,7 @@ def tails(inv: Invariants):
         lambda: look_back(logits, inv.params, inv.parts, progress.history,
                           inv.settings),
         lambda: logits)
+
     def constrained(looked_back):
       return constrain(logits, banned if looked_back else None,
                        tf.gather(inv.constraint.table, progress.dfa_state),

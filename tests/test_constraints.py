@@ -133,6 +133,14 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       if not kwargs:
         self.assertTrue(any(len(t) < 24 for t in texts), texts)
 
+  def test_the_pattern_wins_where_the_ngram_ban_leaves_nothing(self):
+    model, _ = small()
+    # After "aa" the 2-gram ban forbids the only character "a+" allows.
+    for jit in PATHS:
+      texts = rnnstep.generate(model, ["b", "c"], 12, seed=1, jit_compile=jit,
+                               regex="a+", no_repeat_ngram_size=2)
+      self.assertEqual(texts, ["a" * 12] * 2)
+
   def test_first_characters_follow_the_renormalized_model(self):
     model, reference = small()
     prompt = "abc d"
