@@ -15,6 +15,7 @@ from typing import Iterator, Optional, Sequence, Union
 import numpy as np
 
 from rnnstep import cells as cells_lib
+from rnnstep import constraints
 from rnnstep import errors
 from rnnstep import generator as generator_lib
 from rnnstep import host
@@ -304,6 +305,7 @@ def _options_doc(streams: bool) -> str:
 
 def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
              seed=None, stop: Union[None, str, Sequence[str]] = None,
+             regex: Union[None, str, Sequence[Optional[str]]] = None,
              return_scores: bool = False, initial_state=None,
              jit_compile: Union[None, bool, str] = None, strategy=None,
              **decoding):
@@ -321,6 +323,12 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
       its continuation (which then ends with it); the loop ends when all have.
+    regex: a regular expression (Python syntax), or one per prompt (None:
+      none): each continuation (not the prompt) stays inside it. Each step
+      masks the ids that would leave it, before the temperature and the
+      filters; a row ends once it matches and cannot go on. A row cut off by
+      `num_steps` or a stop string is a prefix of a match (README
+      "Constrained generation").
     return_scores: also return each continuation's log-likelihood under the
       model (natural log; the sum of log-softmax of the raw logits at the
       chosen ids, whatever the sampling settings).
@@ -361,7 +369,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   single = isinstance(prompts, str)
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
                                           stop, return_scores, initial_state,
-                                          decoding, streams=False)
+                                          decoding, streams=False, regex=regex)
   rows_per_device = len(prompt_list)
   if strategy is not None:
     model = model_lib.replicated(model, strategy)
@@ -386,6 +394,7 @@ generate.__doc__ = generate.__doc__.replace("{options}", _options_doc(False))
 def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
            chunk_size: int = 64, seed=None,
            stop: Union[None, str, Sequence[str]] = None,
+           regex: Union[None, str, Sequence[Optional[str]]] = None,
            return_scores: bool = False, initial_state=None,
            jit_compile: Union[None, bool, str] = None,
            **decoding) -> Iterator:
@@ -425,7 +434,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
                                           stop, return_scores, initial_state,
                                           dict(decoding, num_beams=beams),
-                                          streams=True)
+                                          streams=True, regex=regex)
   generator = generator_lib.cached(
       model, _path(model, jit_compile, len(prompt_list), options.window))
   for out in generator.stream_ids(prompt_list, num_steps, chunk_size, options):
@@ -450,7 +459,7 @@ def _path(model, jit_compile, batch_size, window: int = 0) -> str:
 
 
 def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
-                     initial_state, decoding, *, streams):
+                     initial_state, decoding, *, streams, regex=None):
   """Validates the arguments of `generate` or `stream`.
 
   Args:
@@ -458,6 +467,7 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     prompts, num_steps, seed, stop, return_scores, initial_state: as given.
     decoding: the decoding options given, by name (`options.OPTIONS`).
     streams: for `stream` (which takes no beam options).
+    regex: as given (compiled here, so a bad pattern fails before any call).
 
   Returns:
     `(prompt list, request.Options)`.
@@ -513,6 +523,9 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     raise errors.ArgumentError(
         "return_scores", f"return_scores must be True or False, got "
         f"{return_scores!r}")
+  patterns = constraints.check(regex, len(prompt_list))
+  if patterns:
+    constraints.combine(model, patterns)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]
                                  for o in options_lib.PER_ROW})
   shared = {o.name: values[o.name] for o in options_lib.SHARED}
@@ -526,7 +539,7 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                                          len(prompt_list))
   return prompt_list, request_lib.Options(
       sampling=params, seed=seed, stop=stops, return_scores=return_scores,
-      initial_state=initial_state, **shared)
+      initial_state=initial_state, regex=patterns, **shared)
 
 
 def _check_beams(model, beams, returned):

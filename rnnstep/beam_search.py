@@ -10,7 +10,8 @@ Per step, for every prompt:
   1. every live beam is extended by every id: candidate score = beam score +
      log p(id), over `[k * V]` candidates (at the first step only beam 0 is
      live, so k distinct ids come out of it);
-  2. a candidate that completes a stop string is a finished hypothesis; it is
+  2. a candidate that completes a stop string, or a `regex=` match that
+     cannot go on, is a finished hypothesis; it is
      kept if it ranks among the k best candidates, in a pool of the k best
      finished hypotheses by `score / length**length_penalty` (length: the
      generated characters, the stop string included);
@@ -24,6 +25,11 @@ the pool, and the pool is sorted best first. Without stop strings every
 hypothesis is `num_steps` long and the best has the highest summed
 log-probability.
 
+With `regex=`, each beam carries its own DFA state (`constraints.py`):
+candidates the pattern does not allow are -inf (after the look-back options,
+before the log-softmax, as in sampling), and the state is reordered and
+advanced with the beam.
+
 Each hypothesis also carries its score under the raw logits (no ban,
 penalties or processors): the model's own log-likelihood, which is what
 `return_scores` reports.
@@ -33,6 +39,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from rnnstep import constraints
 from rnnstep import loop
 from rnnstep import pipeline
 from rnnstep import processors
@@ -86,6 +93,7 @@ def search(network, request: request_lib.Request) -> BeamResult:
   parts = pipeline.active(request.sampling, lookback, vocab_size)
   looks_back = pipeline.looks_back(parts)
   stop_table, stop_accept = request.stops
+  dfa_table, dfa_ends = request.constraint.table, request.constraint.ends
 
   # Prime each prompt once, then give each of its k beams a copy.
   state = loop.prime(network, request.prompts, unconsumed=1,
@@ -106,6 +114,7 @@ def search(network, request: request_lib.Request) -> BeamResult:
                          tf.fill([prompts, k], _NEG_INF))
   raw_scores = tf.zeros([rows])
   stop_state = tf.zeros([rows], tf.int32)
+  dfa_state = expand(request.constraint.start)
   out = tf.zeros([rows, capacity], tf.int32)
   pool = BeamResult(tf.zeros([prompts, k, capacity], tf.int32),
                     tf.zeros([prompts, k], tf.int32), tf.zeros([prompts, k]))
@@ -114,7 +123,7 @@ def search(network, request: request_lib.Request) -> BeamResult:
   first_row = (tf.range(prompts) * k)[:, None]
 
   def body(t, state, last_ids, history, beam_scores, raw_scores, stop_state,
-           out, pool, pool_rank, done):
+           dfa_state, out, pool, pool_rank, done):
     logits, state = network.step(last_ids, state)
     raw_log_p = _log_softmax(logits)
     logits = pipeline.ban(logits, network.banned)
@@ -122,11 +131,15 @@ def search(network, request: request_lib.Request) -> BeamResult:
         looks_back,
         lambda: pipeline.look_back(logits, params, parts, history, lookback),
         lambda: logits)
+    next_dfa = tf.gather(dfa_table, dfa_state)              # [rows, V]
+    # A dead beam (-inf score) has no allowed id; its candidates stay -inf.
+    logits = tf.where(next_dfa == constraints.DEAD, _NEG_INF, logits)
     candidates = tf.reshape(
         tf.reshape(beam_scores, [rows, 1]) + _log_softmax(logits),
         [prompts, k * vocab_size])
     next_stop = tf.gather(stop_table, stop_state)          # [rows, V]
-    finishing = tf.reshape(tf.gather(stop_accept, next_stop),
+    finishing = tf.reshape(tf.gather(stop_accept, next_stop)
+                           | tf.gather(dfa_ends, next_dfa),
                            [prompts, k * vocab_size])
     length = t + 1
 
@@ -169,6 +182,7 @@ def search(network, request: request_lib.Request) -> BeamResult:
     raw_scores = (tf.gather(raw_scores, parent)
                   + tf.gather_nd(raw_log_p, tf.stack([parent, chosen], -1)))
     stop_state = tf.gather_nd(next_stop, tf.stack([parent, chosen], -1))
+    dfa_state = tf.gather_nd(next_dfa, tf.stack([parent, chosen], -1))
     out = tf.where(column, chosen[:, None], tf.gather(out, parent))
 
     # A prompt is done once no live beam can beat its worst finished one.
@@ -176,15 +190,15 @@ def search(network, request: request_lib.Request) -> BeamResult:
     done = done | ((pool_rank[:, -1] > _NEG_INF)
                    & (best_live <= pool_rank[:, -1]))
     return (t + 1, state, chosen, history, beam_scores, raw_scores, stop_state,
-            out, pool, pool_rank, done)
+            dfa_state, out, pool, pool_rank, done)
 
   def cond(t, *loop_vars):
     return (t < num_steps) & ~tf.reduce_all(loop_vars[-1])
 
-  (steps, _, _, _, beam_scores, raw_scores, _, out, pool, pool_rank,
+  (steps, _, _, _, beam_scores, raw_scores, _, _, out, pool, pool_rank,
    done) = tf.while_loop(cond, body, (
        tf.constant(0), state, last_ids, history, beam_scores, raw_scores,
-       stop_state, out, pool, pool_rank, done))
+       stop_state, dfa_state, out, pool, pool_rank, done))
 
   # The live beams of prompts not done join the pool at their full length.
   live_rank = tf.where(done[:, None], _NEG_INF,

@@ -14,6 +14,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import constraints
 from rnnstep import errors
 from rnnstep import request as request_lib
 from rnnstep import stopping
@@ -117,7 +118,7 @@ def build_request(generator, prompts: Sequence[str], num_steps: int,
     The Request; under XLA its batch is padded to a bucket.
 
   Raises:
-    ValueError: an unusable prompt, stop string or seed list.
+    ValueError: an unusable prompt, stop string, seed list or pattern.
   """
   prompt_ids, lengths = prompt_batch(generator.model, prompts)
   seeds, index = seed_rows(options.seed, len(prompts))
@@ -131,7 +132,9 @@ def build_request(generator, prompts: Sequence[str], num_steps: int,
       repetition_window=options.repetition_window,
       no_repeat_ngram_size=options.no_repeat_ngram_size,
       num_beams=options.num_beams, length_penalty=options.length_penalty,
-      want_scores=options.return_scores)
+      want_scores=options.return_scores,
+      constraint=(constraints.combine(generator.model, options.regex)
+                  if options.regex else None))
 
 
 def generate_ids(generator, prompts: Sequence[str], num_steps: int,

@@ -119,7 +119,8 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
       done=tf.zeros([batch], tf.bool),
       step=tf.constant(0),
       history=history,
-      scores=tf.zeros([batch], tf.float32))
+      scores=tf.zeros([batch], tf.float32),
+      dfa_state=request.constraint.start)
 
 
 def decode(network, request: request_lib.Request, carry: request_lib.Carry,
@@ -145,7 +146,7 @@ def decode(network, request: request_lib.Request, carry: request_lib.Carry,
   progress = pipeline.Progress(
       carry.stop_state, carry.done,
       tf.zeros(tf.shape(carry.last_ids), tf.int32), carry.history,
-      carry.scores)
+      carry.scores, carry.dfa_state)
 
   def run(tail):
     # A fixed-size buffer on every path: under XLA `capacity` is a
@@ -164,7 +165,7 @@ def decode(network, request: request_lib.Request, carry: request_lib.Carry,
       ids=end.ids, lengths=done.lengths, scores=done.scores,
       carry=request_lib.Carry(end.state, end.last_ids, done.stop_state,
                               done.done, start + end.step, done.history,
-                              done.scores))
+                              done.scores, done.dfa_state))
 
 
 def consume_then_choose(network, tail, num_steps, carry, progress, ids):

@@ -7,24 +7,31 @@ the logits to a tail made here, which applies the declared options
   1. the `[UNK]` ban (`ban`: -inf at id 0 where the vocabulary has one);
   2. the HISTORY options (repetition penalty, n-gram ban), under one
      `tf.cond` on whether any row looks back (`look_back`);
+  2b. the `regex=` constraint (`constrain`, under a `tf.cond` on whether any
+     row has a pattern): -inf at the ids leading to a dead DFA state. After
+     the look-back options and before the temperature and filters, where HF
+     applies `prefix_allowed_tokens_fn`, so a row's distribution is the
+     model's (as penalized) renormalized over the ids its pattern allows;
   3. the choice (`choose`): greedy rows take their first maximum; sampled rows
      divide by their temperature, pass the FILTER options (top-k, top-p,
      min-p, typical-p), each under a `tf.cond` on whether any row uses it,
      and draw once by the Gumbel-max trick;
-  4. the history, the scores (the raw logits' log-likelihood) and the stop
-     automaton advance (`Progress`).
+  4. the history, the scores (the raw logits' log-likelihood), the stop
+     automaton and the constraint DFA advance (`Progress`); a row whose DFA
+     state accepts with no live continuation is done, as at a stop string.
 
 What a request needs is loop-invariant, so it is computed once per call
 (`invariants`): which rows each option acts on, whether any does, and whether
 the request can take the `plain` tail — the conditional-free step XLA fuses
 whole — because no row needs an option that tail does not run (only the
-temperature, `Option.plain`) and no one wants scores.
+temperature, `Option.plain`), no row has a pattern, and no one wants scores.
 """
 
 from typing import Any, Dict, NamedTuple
 
 import tensorflow as tf
 
+from rnnstep import constraints
 from rnnstep import options
 from rnnstep import processors
 from rnnstep import sampling
@@ -41,12 +48,14 @@ class Progress(NamedTuple):
     history: the `processors.History` (ids so far, penalty counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
+    dfa_state: int32 `[B]`, the row's `constraints.Dfa` state.
   """
   stop_state: tf.Tensor
   done: tf.Tensor
   lengths: tf.Tensor
   history: processors.History
   scores: tf.Tensor
+  dfa_state: tf.Tensor
 
 
 class Active(NamedTuple):
@@ -110,6 +119,8 @@ class Invariants(NamedTuple):
     plain: bool `[]`, the `plain` tail gives this request's text.
     table: `[V, G*U_0]`, layer 0's input projection per id.
     banned: float32 `[V]` (-inf on `[UNK]`), or None.
+    constraint: the `constraints.Dfa` tensors.
+    constrained: bool `[]`, some row has a pattern.
   """
   params: options.Params
   parts: Active
@@ -122,6 +133,8 @@ class Invariants(NamedTuple):
   plain: tf.Tensor
   table: tf.Tensor
   banned: Any
+  constraint: constraints.Dfa
+  constrained: tf.Tensor
 
 
 def invariants(network, request, start) -> Invariants:
@@ -131,13 +144,44 @@ def invariants(network, request, start) -> Invariants:
   # Options the plain tail does not run: any row using one takes the general.
   general = [o for o in options.HISTORY_OPTIONS + options.FILTERS
              if not o.plain]
-  plain = ~(_any_of(parts, general) | request.want_scores)
+  constrained = is_constrained(request.constraint)
+  plain = ~(_any_of(parts, general) | request.want_scores | constrained)
   return Invariants(
       params=request.sampling, parts=parts,
       keys=sampling.row_keys(request.seeds.seeds, request.seeds.index),
       start=start, stops=request.stops, settings=request.lookback,
       looks_back=back, want_scores=request.want_scores, plain=plain,
-      table=network.input_table, banned=network.banned)
+      table=network.input_table, banned=network.banned,
+      constraint=request.constraint, constrained=constrained)
+
+
+def is_constrained(dfa: constraints.Dfa) -> tf.Tensor:
+  """Whether some row has a pattern (bool scalar): not every row is FREE."""
+  return tf.reduce_any(dfa.start != constraints.FREE)
+
+
+def constrain(logits: tf.Tensor, before_history: tf.Tensor, next_states,
+              done: tf.Tensor) -> tf.Tensor:
+  """-inf at the ids a row's pattern does not allow (see the module doc).
+
+  Where the look-back options leave a row no allowed id (the n-gram ban can),
+  the pattern wins: the row falls back to its logits before them.
+
+  Args:
+    logits: float32 `[B, V]`, after the ban and the HISTORY options.
+    before_history: float32 `[B, V]`, after the ban only (None where no row
+      looks back: nothing to fall back from).
+    next_states: int32 `[B, V]`, each row's DFA state after each id.
+    done: bool `[B]`: finished rows (no allowed id; left unmasked, their ids
+      are not returned).
+  """
+  allowed = (next_states != constraints.DEAD) | done[:, None]
+  masked = tf.where(allowed, logits, -float("inf"))
+  if before_history is None:  # No row looks back.
+    return masked
+  stuck = ~tf.reduce_any(masked > -float("inf"), axis=1, keepdims=True)
+  return tf.where(stuck, tf.where(allowed, before_history, -float("inf")),
+                  masked)
 
 
 def ban(logits: tf.Tensor, banned) -> tf.Tensor:
@@ -256,11 +300,22 @@ def tails(inv: Invariants):
 
   def general(logits, t, progress):
     raw = logits
-    logits = ban(logits, inv.banned)
+    banned = logits = ban(logits, inv.banned)
     logits = tf.cond(
         inv.looks_back,
         lambda: look_back(logits, inv.params, inv.parts, progress.history,
                           inv.settings),
+        lambda: logits)
+
+    def constrained(looked_back):
+      return constrain(logits, banned if looked_back else None,
+                       tf.gather(inv.constraint.table, progress.dfa_state),
+                       progress.done)
+
+    logits = tf.cond(
+        inv.constrained,
+        lambda: tf.cond(inv.looks_back, lambda: constrained(True),
+                        lambda: constrained(False)),
         lambda: logits)
     chosen = choose(logits, inv.params, inv.parts, inv.keys, inv.start + t)
     history = tf.cond(
@@ -272,8 +327,14 @@ def tails(inv: Invariants):
         lambda: progress.scores + tf.where(progress.done, 0.0,
                                            log_probability(raw, chosen)),
         lambda: progress.scores)
-    progress = progress._replace(history=history, scores=scores)
-    return (chosen, tf.gather(inv.table, chosen),
-            _advance_stops(chosen, t, progress, inv.stops))
+    dfa_state = tf.gather_nd(inv.constraint.table,
+                             tf.stack([progress.dfa_state, chosen], 1))
+    progress = _advance_stops(chosen, t, progress._replace(
+        history=history, scores=scores, dfa_state=dfa_state), inv.stops)
+    # A row whose continuation can only end here is done (its `lengths`
+    # already counts this id: `_advance_stops` reads the old `done`).
+    progress = progress._replace(
+        done=progress.done | tf.gather(inv.constraint.ends, dfa_state))
+    return chosen, tf.gather(inv.table, chosen), progress
 
   return plain, general

@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
+from rnnstep import constraints
 from rnnstep import processors
 from rnnstep import sampling as sampling_lib
 from rnnstep import stopping
@@ -55,6 +56,8 @@ class Options:
       `api._check_initial_state`).
     window: 0 steps the model statefully; k > 0 reads it in windows of the
       last k characters (`window.py`; the API resolves the model's default).
+    regex: one pattern (None: none) per prompt, or () for none
+      (`constraints.check`).
   """
   sampling: sampling_lib.Params = sampling_lib.DEFAULTS
   seed: Any = None
@@ -67,6 +70,7 @@ class Options:
   return_scores: bool = False
   initial_state: Any = None
   window: int = 0
+  regex: Sequence[Any] = ()
 
 
 class Prompts(NamedTuple):
@@ -113,6 +117,8 @@ class Request(NamedTuple):
     want_scores: bool `[]`, accumulate each row's log-likelihood.
     num_steps: int32 `[]`, the steps to run (<= capacity).
     capacity: int32 `[]`, the output buffer's length.
+    constraint: the `constraints.Dfa` (its `start` per row, the rest
+      shared).
   """
   prompts: Prompts
   initial_state: tuple
@@ -124,6 +130,7 @@ class Request(NamedTuple):
   want_scores: tf.Tensor
   num_steps: tf.Tensor
   capacity: tf.Tensor
+  constraint: constraints.Dfa
 
   def map_rows(self, fn: Callable[[tf.Tensor], tf.Tensor]) -> "Request":
     """Applies `fn` to every per-row tensor (batch first); the rest is kept."""
@@ -131,7 +138,8 @@ class Request(NamedTuple):
         prompts=tf.nest.map_structure(fn, self.prompts),
         initial_state=tf.nest.map_structure(fn, self.initial_state),
         sampling=tf.nest.map_structure(fn, self.sampling),
-        seeds=tf.nest.map_structure(fn, self.seeds))
+        seeds=tf.nest.map_structure(fn, self.seeds),
+        constraint=self.constraint._replace(start=fn(self.constraint.start)))
 
 
 class Carry(NamedTuple):
@@ -149,6 +157,7 @@ class Carry(NamedTuple):
     history: the `processors.History` (ids so far and penalty counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
+    dfa_state: int32 `[B]`, each row's `constraints.Dfa` state.
   """
   state: tuple
   last_ids: tf.Tensor
@@ -157,6 +166,7 @@ class Carry(NamedTuple):
   step: tf.Tensor
   history: processors.History
   scores: tf.Tensor
+  dfa_state: tf.Tensor
 
 
 class Result(NamedTuple):
@@ -208,7 +218,11 @@ def spec(vocab_size: int, state_sizes) -> Request:
                   tf.TensorSpec([], tf.float32, "length_penalty")),
       want_scores=tf.TensorSpec([], tf.bool, "want_scores"),
       num_steps=tf.TensorSpec([], tf.int32, "num_steps"),
-      capacity=tf.TensorSpec([], tf.int32, "capacity"))
+      capacity=tf.TensorSpec([], tf.int32, "capacity"),
+      constraint=constraints.Dfa(
+          tf.TensorSpec([None, vocab_size], tf.int32, "regex_table"),
+          tf.TensorSpec([None], tf.bool, "regex_ends"),
+          tf.TensorSpec(rows, tf.int32, "regex_start")))
 
 
 def carry_spec(state_sizes, vocab_size: int) -> Carry:
@@ -224,7 +238,8 @@ def carry_spec(state_sizes, vocab_size: int) -> Carry:
           tf.TensorSpec([None, None], tf.int32),
           tf.TensorSpec(rows, tf.int32),
           tf.TensorSpec([None, vocab_size], tf.int32)),
-      scores=tf.TensorSpec(rows, tf.float32))
+      scores=tf.TensorSpec(rows, tf.float32),
+      dfa_state=tf.TensorSpec(rows, tf.int32))
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -322,7 +337,7 @@ def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
           bucket_shapes: bool, state_sizes, initial_state=None,
           capacity_steps=None, total_steps=None, repetition_window=0,
           no_repeat_ngram_size=0, num_beams=1, length_penalty=1.0,
-          want_scores=False) -> Request:
+          want_scores=False, constraint=None) -> Request:
   """Builds the `Request` that the compiled generation functions take.
 
   Runs on host values (numpy arrays, Python numbers; the request is then
@@ -350,6 +365,9 @@ def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
     num_beams: see `Beams`.
     length_penalty: see `Beams`.
     want_scores: accumulate each row's log-likelihood.
+    constraint: the rows' `constraints.Dfa` (host arrays; default: none).
+      Under `bucket_shapes` its states are padded to a bucket (unreachable
+      `DEAD` rows), so a new pattern compiles nothing new.
 
   Returns:
     The `Request`; its batch may be larger than `B` (padding rows at the end).
@@ -389,10 +407,30 @@ def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
       beams=Beams(ops.array(num_beams, tf.int32),
                   ops.array(length_penalty, tf.float32)),
       want_scores=ops.array(want_scores, tf.bool),
-      num_steps=num_steps, capacity=capacity)
+      num_steps=num_steps, capacity=capacity,
+      constraint=_constraint(ops, constraint, batch,
+                             int(stops.table.shape[1]), bucket_shapes))
   if bucket_shapes:
     request = pad_rows(request, ops.batch_bucket(batch))
   return request
+
+
+def _constraint(ops, dfa, batch, vocab_size: int,
+                bucket_shapes) -> constraints.Dfa:
+  """The request's `constraints.Dfa`: given (host) or none, states bucketed."""
+  if dfa is None:  # Every row FREE (also a graph caller: the SavedModel).
+    free = constraints.unconstrained(1, vocab_size)
+    return constraints.Dfa(ops.array(free.table, tf.int32),
+                           ops.array(free.ends, tf.bool),
+                           ops.broadcast(constraints.FREE, tf.int32, batch))
+  table, ends = dfa.table, dfa.ends
+  if bucket_shapes:  # A host Dfa; its state count is an XLA shape.
+    padding = bucket(len(ends), 16) - len(ends)
+    table = np.concatenate([table, np.full([padding, table.shape[1]],
+                                           constraints.DEAD, np.int32)])
+    ends = np.concatenate([ends, np.zeros([padding], bool)])
+  return constraints.Dfa(ops.array(table, tf.int32), ops.array(ends, tf.bool),
+                         ops.array(dfa.start, tf.int32))
 
 
 def pad_rows(request: Request, rows) -> Request:

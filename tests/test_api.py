@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import keras_reference as kr
+from tests import numpy_reference as nr
 
 import rnnstep
 from rnnstep import api

@@ -55,7 +55,9 @@ SCRIPT = textwrap.dedent("""
                          dict(seed=3, min_p=0.05, repetition_penalty=1.3,
                               repetition_window=8, no_repeat_ngram_size=3,
                               return_scores=True),
-                         dict(seed=3, top_k=8, window=4)):
+                         dict(seed=3, top_k=8, window=4),
+                         dict(seed=3, regex=["[A-Z]+", None, "([A-Z]+ )+[.]",
+                                             "[A-H]+[.]", "[A-Z]+"])):
             one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
                                    **kwargs)
             two = rnnstep.generate(model, prompts, 20, jit_compile=jit,

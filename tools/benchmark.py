@@ -77,7 +77,8 @@ Other sections:
            large batches (1000 at 1, 500 at 16, 300 at 32-64, 200 at 256).
   decoding beam search (8 beams, 1 prompt) vs sampling 8 rows; repetition
            penalty (window 32) + 4-gram ban at batch 1 vs plain sampling;
-           return_scores vs plain; plain sampling vs the floor, on
+           regex= sampling vs plain at batch 1 and 64; return_scores vs
+           plain; plain sampling vs the floor, on
            --decoding_path (XLA), --decoding_chars chars.
   latency  time to first text in a FRESH subprocess (python start, import,
            load the model file, trace/compile, generate), graph and XLA.

@@ -10,6 +10,7 @@ USAGE: rnnstep-generate [flags]
   rnnstep-generate --repetition_penalty=1.3 --repetition_window=32 --no_repeat_ngram_size=4
   rnnstep-generate --num_beams=8 --num_return_sequences=3 --stop=.
   rnnstep-generate --typical_p=0.9 --temperature=0.8
+  rnnstep-generate --prompt='ROMEO:' --regex=' [A-Z][a-z]+(, [a-z]+)*\.' --num_steps=60
   rnnstep-generate --weights=char_rnn.pt --vocab=vocab.json   # PyTorch, converted on the fly
 
 --weights takes an rnnstep .npz model file or any weights file rnnstep-convert
@@ -131,6 +132,12 @@ _STOP = flags.DEFINE_multi_string(
     "contains one (ending with it); generation ends when every sample has "
     "ended.",
     flag_values=FLAGS)
+_REGEX = flags.DEFINE_multi_string(
+    "regex", None,
+    "A regular expression (Python syntax) each continuation stays inside: one "
+    "for every row, one per --prompt, or one per row (repeat the flag); a row "
+    "ends once it matches and cannot go on, and a row cut off by --num_steps "
+    "or a --stop string is a prefix of a match.", flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", None,
     "Run the whole generation as one XLA program (--jit_compile) or as a "
@@ -244,13 +251,30 @@ def _option_value(option, num_prompts, per_prompt):
       "row", common.EXIT_USAGE)
 
 
+def _regex_rows(num_prompts, per_prompt):
+  """--regex as the library's `regex`: None, one pattern, or one per row."""
+  patterns = _REGEX.value or []
+  if len(patterns) <= 1:
+    return patterns[0] if patterns else None
+  if len(patterns) == num_prompts:
+    return [p for p in patterns for _ in range(per_prompt)]
+  if len(patterns) == num_prompts * per_prompt:
+    return list(patterns)
+  raise common.Failure(
+      f"--regex is given {len(patterns)} times for {num_prompts} prompts x "
+      f"{per_prompt} samples; give one, one per --prompt, or one per row",
+      common.EXIT_USAGE)
+
+
 def _generate(model, rows, seed, decoding, printer):
   """Calls the library (one batch) and prints through `printer`."""
   prompts = [prompt for _, _, prompt in rows]
   stops = _STOP.value or []
   beams = decoding["num_beams"]
   common_args = dict(seed=seed, stop=stops or None, return_scores=True,
-                     jit_compile=_JIT_COMPILE.value)
+                     jit_compile=_JIT_COMPILE.value,
+                     regex=_regex_rows(len(_PROMPT.value), len(rows)
+                                       // len(_PROMPT.value)))
   sampling = {name: value for name, value in decoding.items()
               if options_lib.BY_NAME[name].streams}
   try:
@@ -266,6 +290,8 @@ def _generate(model, rows, seed, decoding, printer):
       # Per-row values belong to rows; beams run one row per prompt.
       per_prompt = {name: (value[::returned] if isinstance(value, list)
                            else value) for name, value in decoding.items()}
+      if isinstance(common_args["regex"], list):
+        common_args["regex"] = common_args["regex"][::returned]
       with Progress(f"beam search, {beams} beams x "
                     f"{len(unique)} prompts x {_NUM_STEPS.value} characters"):
         texts, scores = rnnstep.generate(model, unique, _NUM_STEPS.value,

@@ -1,11 +1,16 @@
-"""Section `decoding`: beam search, look-back rules and scores against sampling.
+"""Section `decoding`: beam search, look-back rules, regex and scores against
+sampling.
 
-Three comparisons, each timed side by side in one process (interleaved rounds,
+Four comparisons, each timed side by side in one process (interleaved rounds,
 medians) on `--decoding_path` (XLA by default), tutorial-size model:
 
   - beam search with 8 beams from 1 prompt vs sampling 8 rows;
   - sampling at batch 1 with a repetition penalty (window 32) and a 4-gram
     ban vs plain sampling at batch 1;
+  - sampling at batch 1 and 64 inside a regular expression (`REGEX`, which
+    never ends a row early, so both sides run every step) vs plain sampling:
+    the constraint's per-step mask and DFA gather, and the general tail it
+    takes instead of the plain one;
   - plain sampling with return_scores vs without, and plain sampling vs the
     matmul floor (what a row with default settings pays for the machinery).
 """
@@ -33,6 +38,10 @@ class _Generate:
                          **self.options)
 
 
+# Every character of the tutorial corpus but '-', '&', '$' and '3':
+# an accepting state that always continues.
+REGEX = r"[A-Za-z ,.;:!?'\n]+"
+
 # (name, batch, options); ratios below pair them up.
 CASES = (
     ("sample_8", 8, {}),
@@ -41,8 +50,12 @@ CASES = (
     ("penalty_ngram_1", 1, dict(repetition_penalty=1.3, repetition_window=32,
                                 no_repeat_ngram_size=4)),
     ("scores_1", 1, dict(return_scores=True)),
+    ("regex_1", 1, dict(regex=REGEX)),
+    ("sample_64", 64, {}),
+    ("regex_64", 64, dict(regex=REGEX)),
 )
 RATIOS = (("beam_8", "sample_8", 1.5), ("penalty_ngram_1", "sample_1", 1.15),
+          ("regex_1", "sample_1", 1.15), ("regex_64", "sample_64", 1.15),
           ("scores_1", "sample_1", None), ("sample_1", "floor_1", None))
 
 

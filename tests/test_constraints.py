@@ -1,0 +1,259 @@
+"""`regex=`: every row stays inside its pattern, by an independent matcher
+(Python's `re`), with the model's probabilities renormalized over the allowed
+ids (float64 reference), on every path, per row, streamed, in beams, and from
+the CLI; bad patterns refused in one line."""
+
+import functools
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from tests import decoding_reference as dr
+from tests import test_cli_common
+from tests import test_sampling
+
+import rnnstep
+from rnnstep import constraints
+from rnnstep import errors
+from rnnstep import model_file
+from rnnstep import request as request_lib
+
+PATHS = (False, True, "elementwise")
+# Vocabulary of `test_sampling.small()`: "[UNK]" + "abcdefghij ,.;:!?-'\n".
+WORDS = r"[a-e]+(, [a-e]+)*\."
+CLAUSE = r"([a-e]+ )+[f-j]+\."
+# Characters from which every prefix of WORDS / CLAUSE completes within
+# three more (", a." / " f." at most).
+COMPLETIONS = ("a", "f", ",", " ", ".")
+
+
+def small():
+  return test_sampling.small()
+
+
+@functools.lru_cache(maxsize=None)
+def is_prefix(pattern: str, text: str) -> bool:
+  """Whether `text` extends to a full match (brute force over COMPLETIONS)."""
+  return any(re.fullmatch(pattern, text + "".join(tail))
+             for n in range(4)
+             for tail in itertools.product(COMPLETIONS, repeat=n))
+
+
+def assert_valid(test, pattern, texts, num_steps, stops=()):
+  """Rows that ended early match fully; rows cut at num_steps or by a stop
+  string are prefixes."""
+  for text in texts:
+    if len(text) < num_steps and not text.endswith(tuple(stops)):
+      test.assertIsNotNone(re.fullmatch(pattern, text), (pattern, text))
+    else:
+      test.assertTrue(is_prefix(pattern, text), (pattern, text))
+
+
+class CompileTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(WORDS, CLAUSE, r"(ab|c)*d?[hij]{2,3}", r"a\.|b+")
+  def test_table_accepts_what_re_fullmatch_accepts(self, pattern):
+    model, _ = small()
+    dfa = constraints.combine(model, [pattern])
+    rng = np.random.default_rng(0)
+    chars = list("abcdefhij ,.")
+    for _ in range(400):
+      text = "".join(rng.choice(chars, size=rng.integers(1, 8)))
+      state, alive = dfa.start[0], True
+      for i in model.encode(text):
+        state = dfa.table[state, i]
+      alive = state != constraints.DEAD
+      matched = re.fullmatch(pattern, text) is not None
+      # A matching text is alive; a text that is alive is a prefix.
+      if matched:
+        self.assertTrue(alive, text)
+      if dfa.ends[state]:
+        self.assertTrue(matched, text)
+
+  def test_rows_share_a_pattern_and_free_rows_start_free(self):
+    model, _ = small()
+    dfa = constraints.combine(model, [WORDS, None, CLAUSE, WORDS])
+    self.assertEqual(dfa.start[0], dfa.start[3])
+    self.assertEqual(dfa.start[1], constraints.FREE)
+    self.assertTrue((dfa.table[constraints.FREE] == constraints.FREE).all())
+    self.assertTrue((dfa.table[constraints.DEAD] == constraints.DEAD).all())
+    # "[UNK]" (id 0) is never allowed.
+    self.assertTrue((dfa.table[2:, 0] == constraints.DEAD).all())
+
+  def test_xla_requests_bucket_the_states(self):
+    model, _ = small()
+    generator = rnnstep.Generator(model, "xla")
+    sizes = set()
+    for pattern in (WORDS, CLAUSE, "a"):
+      request = generator.request(["ab"], 4, request_lib.Options(
+          regex=(pattern,)))
+      sizes.add(request.constraint.table.shape)
+    self.assertEqual(sizes, {(16, model.vocab_size)})
+
+  @parameterized.parameters(
+      ("(a", "does not compile"), (r"(a)\1", "not supported"),
+      ("z+", "matches no string"), ("", "only the empty string"),
+      ("a{5000}", "4096"), ("a(?!b)c", "look-around"), ("(?i)a", "flags"),
+      ("^a", "not supported"), (["a", 3], "must be a str"),
+      (["a"] * 2, "lists 2 patterns for 1 prompts"))
+  def test_bad_patterns_are_refused_in_one_line(self, regex, words):
+    model, _ = small()
+    for call in (lambda: rnnstep.generate(model, "ab", 3, regex=regex),
+                 lambda: next(rnnstep.stream(model, "ab", 3, regex=regex))):
+      with self.assertRaises(errors.ArgumentError) as caught:
+        call()
+      message = str(caught.exception)
+      self.assertEqual(caught.exception.argument, "regex")
+      self.assertIn(words, message)
+      self.assertNotIn("\n", message)
+      if isinstance(regex, str):
+        self.assertIn(repr(regex), message)
+
+
+class GenerateTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(*PATHS)
+  def test_every_row_matches_its_pattern(self, jit):
+    model, _ = small()
+    for pattern, kwargs in ((WORDS, {}), (CLAUSE, dict(top_k=4, top_p=0.9)),
+                            (WORDS, dict(repetition_penalty=1.5,
+                                         no_repeat_ngram_size=2,
+                                         stop=[";", "a, b"]))):
+      texts = rnnstep.generate(model, ["abc d"] * 64, 24, seed=5,
+                               jit_compile=jit, regex=pattern, **kwargs)
+      assert_valid(self, pattern, texts, 24, kwargs.get("stop", ()))
+      # Some rows end on their own by matching, some run to num_steps.
+      if not kwargs:
+        self.assertTrue(any(len(t) < 24 for t in texts), texts)
+
+  def test_the_pattern_wins_where_the_ngram_ban_leaves_nothing(self):
+    model, _ = small()
+    # After "aa" the 2-gram ban forbids the only character "a+" allows.
+    for jit in PATHS:
+      texts = rnnstep.generate(model, ["b", "c"], 12, seed=1, jit_compile=jit,
+                               regex="a+", no_repeat_ngram_size=2)
+      self.assertEqual(texts, ["a" * 12] * 2)
+
+  def test_first_characters_follow_the_renormalized_model(self):
+    model, reference = small()
+    prompt = "abc d"
+    logits = dr.process(reference.logits(model.encode(prompt))[-1], [],
+                        banned=[0])
+    for pattern, filters in ((r"[a-f,.]+", {}), (r"[b-h ]x?",
+                                                 dict(temperature=0.7,
+                                                      top_k=3))):
+      allowed = [i for i, c in enumerate(model.vocab)
+                 if i > 0 and is_prefix(pattern, c)]
+      temperature = filters.get("temperature", 1.0)
+      keep = sorted(dr.support(np.where(np.isin(np.arange(len(logits)),
+                                                allowed), logits, -np.inf),
+                               **filters))
+      self.assertLessEqual(set(keep), set(allowed))
+      probs = np.exp(dr.log_softmax(logits[keep] / temperature))
+      rows = 4000
+      drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=9,
+                               regex=pattern, **filters)
+      counts = np.array([sum(t == model.vocab[i] for t in drawn)
+                         for i in keep])
+      self.assertEqual(counts.sum(), rows)
+      expected = probs * rows
+      chi2 = float(((counts - expected) ** 2 / expected).sum())
+      self.assertLess(chi2, test_sampling._CHI2_999[len(keep) - 1],  # pylint: disable=protected-access
+                      (pattern, counts, expected))
+
+  @parameterized.parameters(*PATHS)
+  def test_greedy_is_the_argmax_among_the_allowed_characters(self, jit):
+    model, reference = small()
+    prompt = "cab"
+    text = rnnstep.generate(model, prompt, 20, temperature=0.0,
+                            jit_compile=jit, regex=CLAUSE)
+    ids = list(model.encode(prompt + text))
+    logits = reference.logits(np.array(ids))  # Teacher forced, float64.
+    for t in range(len(text)):
+      allowed = [i for i, c in enumerate(model.vocab)
+                 if i > 0 and is_prefix(CLAUSE, text[:t] + c)]
+      row = logits[len(prompt) - 1 + t]
+      want = max(allowed, key=lambda i: row[i])
+      self.assertEqual(model.vocab[want], text[t], (t, text))
+
+  def test_a_pattern_per_row_and_free_rows_as_alone(self):
+    model, _ = small()
+    patterns = [WORDS, None, CLAUSE, r"[hij]+!"]
+    for jit in PATHS:
+      texts = rnnstep.generate(model, ["abc d"] * 4, 20, seed=[1, 2, 3, 4],
+                               jit_compile=jit, regex=patterns)
+      for pattern, text, seed in zip(patterns, texts, [1, 2, 3, 4]):
+        if pattern is None:  # The same text as without any pattern.
+          self.assertEqual(text, rnnstep.generate(
+              model, "abc d", 20, seed=seed, jit_compile=jit))
+        else:
+          assert_valid(self, pattern, [text], 20)
+          self.assertEqual(text, rnnstep.generate(
+              model, "abc d", 20, seed=seed, jit_compile=jit, regex=pattern))
+
+  @parameterized.parameters(*PATHS)
+  def test_stream_equals_generate(self, jit):
+    model, _ = small()
+    kwargs = dict(seed=3, regex=[WORDS, CLAUSE, None], jit_compile=jit,
+                  top_k=6)
+    want = rnnstep.generate(model, ["ab", "c", "dd"], 30, **kwargs)
+    pieces = list(rnnstep.stream(model, ["ab", "c", "dd"], 30, chunk_size=7,
+                                 **kwargs))
+    self.assertEqual(["".join(p[r] for p in pieces) for r in range(3)], want)
+
+  def test_scores_are_the_models_log_likelihood(self):
+    model, reference = small()
+    texts, scores = rnnstep.generate(model, ["abc d"] * 3, 12, seed=2,
+                                     regex=WORDS, return_scores=True)
+    for text, score in zip(texts, scores):
+      want = dr.continuation_log_likelihood(reference, model.encode("abc d"),
+                                            model.encode(text))
+      self.assertAllClose(score, want, rtol=1e-4, atol=1e-4)
+
+  @parameterized.parameters(*PATHS)
+  def test_every_returned_beam_matches(self, jit):
+    model, _ = small()
+    for pattern in (WORDS, CLAUSE):
+      beams = rnnstep.generate(model, ["abc d", "e"], 16, num_beams=4,
+                               num_return_sequences=4, jit_compile=jit,
+                               regex=pattern, stop=[";"])
+      for texts in beams:
+        assert_valid(self, pattern, texts, 16, [";"])
+
+  def test_the_cli_flag(self):
+    model, _ = small()
+    path = self.create_tempdir().full_path + "/small.npz"
+    model_file.write(path, model.config, model.vocab, model.tensors())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={path}",
+         "--prompt=abc d", "--prompt=e", "--num_samples=2", "--num_steps=20",
+         f"--regex={WORDS}", f"--regex={CLAUSE}", "--seed=4",
+         "--format=jsonl"], capture_output=True, text=True, timeout=300,
+        cwd=root, env=test_cli_common.ENV)
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    texts = [json.loads(line)["text"] for line in result.stdout.splitlines()]
+    self.assertEqual(texts, rnnstep.generate(
+        model, ["abc d", "abc d", "e", "e"], 20, seed=4,
+        regex=[WORDS, WORDS, CLAUSE, CLAUSE]))
+    bad = subprocess.run(
+        [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={path}",
+         "--prompt=ab", "--regex=(a"], capture_output=True, text=True, timeout=300,
+        cwd=root, env=test_cli_common.ENV)
+    self.assertEqual(bad.returncode, 2)
+    lines = [line for line in bad.stderr.splitlines()
+             if not test_cli_common.TF_NOISE.fullmatch(line)]
+    self.assertLen(lines, 1)
+    self.assertIn("--regex", lines[0])
+    self.assertIn("'(a'", lines[0])
+
+
+if __name__ == "__main__":
+  tf.test.main()
