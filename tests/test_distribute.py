@@ -39,7 +39,8 @@ SCRIPT = textwrap.dedent("""
                     for p in prompts]
     for name, model in (("outside", outside), ("inside", inside)):
       for jit in (False, True, "elementwise", None):
-        for kwargs in (dict(temperature=0.0), dict(seed=3, top_k=8),
+        for kwargs in (dict(temperature=0.0),
+                       dict(seed=3, top_k=8, typical_p=0.9),
                        dict(seed=3, stop=["E", "A"])):
           one = rnnstep.generate(outside, prompts, 40, jit_compile=jit, **kwargs)
           two = rnnstep.generate(model, prompts, 40, jit_compile=jit,

@@ -258,29 +258,36 @@ def _assign_roles(group: Group, kind: str, label) -> Dict[str, Tensor]:
 
 
 def _recurrent_shapes(group, tensors, label):
-  """(kind, units, reset_after or None) from a recurrent layer's shapes."""
+  """(kind, units, reset_after or None) from a recurrent layer's shapes.
+
+  The kind is the one whose declared tensor shapes (`kinds.Kind.
+  tensor_shapes`) these are: first by the kernels, then the variant by the
+  bias (None where the file has no bias or the kind has no variants).
+  """
   kernel = tuple(tensors["kernel"].shape)
-  recurrent = tuple(tensors["recurrent_kernel"].shape)
-  units, width = recurrent
-  gates = width // units if width % units == 0 else 0
-  if gates not in KIND_BY_GATES or kernel[1] != width:
+  units = tuple(tensors["recurrent_kernel"].shape)[0]
+  kernels = ("kernel", "recurrent_kernel")
+  matching = [kind for kind in kinds.KINDS.values()
+              if all(tuple(tensors[name].shape)
+                     == kind.tensor_shapes(kernel[0], units)[name]
+                     for name in kernels)]
+  if not matching:
     raise safe_io.fail(label, f"{group.describe()} does not have the shapes of "
                        "a GRU, LSTM or SimpleRNN (kernel [D, G*U], recurrent "
                        "kernel [U, G*U] with G = 3, 4 or 1)")
-  kind = KIND_BY_GATES[gates]
+  (kind,) = matching  # The gate count tells the kinds apart.
   bias = tensors.get("bias")
-  reset_after = None
-  if bias is not None:
-    shape = tuple(bias.shape)
-    variants = kinds.KINDS[kind].has_reset_after
-    if variants and shape == (2, width):
-      reset_after = True
-    elif variants and shape == (width,):
-      reset_after = False
-    elif shape != (width,):
-      raise safe_io.fail(label, f"{group.describe()}: a {KIND_NAMES[kind]} "
-                         f"with {units} units cannot have bias shape {shape}")
-  return kind, units, reset_after
+  if bias is None:
+    return kind.name, units, None
+  variants = (True, False) if kind.has_reset_after else (True,)
+  for reset_after in variants:
+    if tuple(bias.shape) == kind.tensor_shapes(kernel[0], units,
+                                               reset_after)["bias"]:
+      return (kind.name, units,
+              reset_after if kind.has_reset_after else None)
+  raise safe_io.fail(label, f"{group.describe()}: a {KIND_NAMES[kind.name]} "
+                     f"with {units} units cannot have bias shape "
+                     f"{tuple(bias.shape)}")
 
 
 # --------------------------------------------------- mapping by names and shapes
