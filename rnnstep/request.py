@@ -39,7 +39,7 @@ from rnnstep import stopping
 class Options:
   """A generation's settings as the API checked them (Python values).
 
-  `Generator.request` turns them, with the prompts, into a `Request`.
+  `host.build_request` (`Generator.request`) turns them, with the prompts, into a `Request`.
 
   Attributes:
     sampling: `sampling_lib.Params` of scalars, or of one value per prompt.
@@ -148,7 +148,7 @@ class Carry(NamedTuple):
   Attributes:
     state: the recurrent state, one tuple of `[B, U]` tensors per layer.
       On the xla and graph paths it has not yet consumed `last_ids`; on the
-      elementwise path it has (`Generator._choose_then_consume`): a carry
+      elementwise path it has (`loop.choose_then_consume`): a carry
       continues only on the path that made it.
     last_ids: int32 `[B]`, each row's last id.
     stop_state: int32 `[B]`, each row's stop-automaton state.
