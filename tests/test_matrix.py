@@ -11,11 +11,14 @@ pairwise covering design (`covering`): every pair of axis values appears in at
 least one cell, in about two dozen cells. BUILD_NOTES.md ("Test matrix") lists
 them.
 
-Callers are functions `caller(model, prompts, num_steps, path) -> texts`, keyed
-by name in `CALLERS` (generate, stream, strategy, CLI, SavedModel served
-without rnnstep, LiteRT in the ai_edge_litert interpreter). Callers that start a process get `model.source` (a model file) and
-`model.compute_dtype`; all cells run through a small thread pool so the
-subprocesses overlap.
+Callers are functions `caller(models, prompts, num_steps, paths) -> texts per
+cell`, keyed by name in `CALLERS` (generate, stream, strategy, CLI, SavedModel
+served without rnnstep, LiteRT in the ai_edge_litert interpreter). Each takes
+a list of cells, so that the strategy and SavedModel callers start one fresh
+interpreter for all their cells (`ONE_PROCESS`: each start pays TensorFlow's
+import); the CLI starts one per cell, as a user would. Callers that start a
+process get `model.source` (a model file) and `model.compute_dtype`; the
+jobs run through a small thread pool so that the subprocesses overlap.
 """
 
 import concurrent.futures
@@ -65,15 +68,36 @@ MAX_GAP = {"bfloat16": 0.15, "float16": 0.02}
 # -- callers --------------------------------------------------------------------
 
 
+def each_cell(call):
+  """A caller over all its cells from `call(model, prompts, num_steps, path)`."""
+
+  def caller(models, prompts, num_steps, paths):
+    return [call(model, prompts, num_steps, path)
+            for model, path in zip(models, paths)]
+
+  return caller
+
+
+@each_cell
 def call_generate(model, prompts, num_steps, path):
   return rnnstep.generate(model, prompts, num_steps, temperature=0,
                           jit_compile=PATHS[path])
 
 
+@each_cell
 def call_stream(model, prompts, num_steps, path):
   chunks = list(rnnstep.stream(model, prompts, num_steps, chunk_size=10,
                                temperature=0, jit_compile=PATHS[path]))
   return ["".join(chunk[i] for chunk in chunks) for i in range(len(prompts))]
+
+
+def run_script(script, args):
+  """Runs `script` in a fresh interpreter; its last stdout line, as JSON."""
+  result = subprocess.run(
+      [sys.executable, "-c", script, json.dumps(args)],
+      capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=ENV)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 STRATEGY_SCRIPT = textwrap.dedent("""
@@ -83,30 +107,30 @@ STRATEGY_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import rnnstep
-    path, dtype, prompts, num_steps, jit = json.loads(sys.argv[1])
+    prompts, num_steps, cells = json.loads(sys.argv[1])
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-      model = rnnstep.load(path, dtype=dtype)
-    print(json.dumps(rnnstep.generate(model, prompts, num_steps, temperature=0,
-                                      jit_compile=jit, strategy=strategy)))
+    texts = []
+    for path, dtype, jit in cells:
+      with strategy.scope():
+        model = rnnstep.load(path, dtype=dtype)
+      texts.append(rnnstep.generate(model, prompts, num_steps, temperature=0,
+                                    jit_compile=jit, strategy=strategy))
+    print(json.dumps(texts))
 """)
 
 
-def call_strategy(model, prompts, num_steps, path):
-  """MirroredStrategy over two logical CPUs, in a fresh interpreter."""
-  args = [model.source, model.compute_dtype.name, prompts, num_steps,
-          PATHS[path]]
-  result = subprocess.run(
-      [sys.executable, "-c", STRATEGY_SCRIPT, json.dumps(args)],
-      capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=ENV)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+def call_strategy(models, prompts, num_steps, paths):
+  """MirroredStrategy over two logical CPUs, in one fresh interpreter."""
+  return run_script(STRATEGY_SCRIPT, [prompts, num_steps, [
+      [model.source, model.compute_dtype.name, PATHS[path]]
+      for model, path in zip(models, paths)]])
 
 
 CLI_JIT_FLAGS = {"graph": ["--nojit_compile"], "xla": ["--jit_compile"],
                  "default": []}  # The CLI has no elementwise flag.
 
 
+@each_cell
 def call_cli(model, prompts, num_steps, path):
   """rnnstep-generate, jsonl out."""
   result = subprocess.run(
@@ -125,26 +149,30 @@ SERVE_SCRIPT = textwrap.dedent("""
     for name in ("rnnstep", "keras", "tf_keras"):
       sys.modules[name] = None
     import tensorflow as tf
-    export_dir, prompts, num_steps = json.loads(sys.argv[1])
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    text = serve(prompts=tf.constant(prompts), num_steps=tf.constant(num_steps),
-                 temperature=tf.constant(0.0), seed=tf.constant(0, tf.int64))
-    print(json.dumps([t.decode() for t in text["text"].numpy()]))
+    prompts, num_steps, export_dirs = json.loads(sys.argv[1])
+    texts = []
+    for export_dir in export_dirs:
+      serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+      text = serve(prompts=tf.constant(prompts),
+                   num_steps=tf.constant(num_steps),
+                   temperature=tf.constant(0.0), seed=tf.constant(0, tf.int64))
+      texts.append([t.decode() for t in text["text"].numpy()])
+    print(json.dumps(texts))
 """)
 
 
-def call_saved_model(model, prompts, num_steps, path):
-  """rnnstep.export on the path, served where rnnstep cannot be imported."""
-  export_dir = tempfile.mkdtemp(prefix="served_", dir=workdir())
-  rnnstep.export(model, os.path.join(export_dir, "1"), jit_compile=PATHS[path])
-  result = subprocess.run(
-      [sys.executable, "-c", SERVE_SCRIPT,
-       json.dumps([os.path.join(export_dir, "1"), prompts, num_steps])],
-      capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+def call_saved_model(models, prompts, num_steps, paths):
+  """rnnstep.export on each path, served where rnnstep cannot be imported."""
+  export_dirs = []
+  for model, path in zip(models, paths):
+    export_dir = os.path.join(
+        tempfile.mkdtemp(prefix="served_", dir=workdir()), "1")
+    rnnstep.export(model, export_dir, jit_compile=PATHS[path])
+    export_dirs.append(export_dir)
+  return run_script(SERVE_SCRIPT, [prompts, num_steps, export_dirs])
 
 
+@each_cell
 def call_litert(model, prompts, num_steps, path):
   """rnnstep's LiteRT export, run in the ai_edge_litert interpreter (no TF)."""
   del path  # LiteRT has its own loop (builtin ops); float32 only.
@@ -160,6 +188,11 @@ CALLERS = {
     "saved_model": call_saved_model,
     "litert": call_litert,
 }
+
+
+# The callers that run all their cells in one fresh interpreter (the others
+# run a cell at a time, concurrently).
+ONE_PROCESS = ("strategy", "saved_model")
 
 
 def allowed(cell):
@@ -263,25 +296,31 @@ def reference(kind):
   return nr.Reference(kr.weights_of(keras_model(kind), CELLS[kind]), CELLS[kind])
 
 
-def run_cell(cell):
-  model = rnnstep.load(model_path(cell["cell"]), dtype=cell["dtype"])
-  return CALLERS[cell["caller"]](model, PROMPTS, STEPS, cell["path"])
+def run_caller(caller, cells):
+  """Each cell's texts, or for all of them the exception the caller raised."""
+  try:
+    models = [rnnstep.load(model_path(c["cell"]), dtype=c["dtype"])
+              for c in cells]
+    texts = CALLERS[caller](models, PROMPTS, STEPS, [c["path"] for c in cells])
+    assert len(texts) == len(cells), (caller, len(texts))
+    return texts
+  except Exception as e:  # pylint: disable=broad-except
+    return [e] * len(cells)
 
 
 @functools.lru_cache(maxsize=None)
 def results():
-  """Every cell's texts (or its exception), computed once, 3 at a time."""
+  """Every cell's texts (or its exception), computed once, 3 jobs at a time."""
   for kind in CELLS:
     model_path(kind)  # Written before the threads start.
-
-  def safe(cell):
-    try:
-      return run_cell(cell)
-    except Exception as e:  # pylint: disable=broad-except
-      return e
-
+  groups = [[c for c in MATRIX if c["caller"] == caller]
+            for caller in ONE_PROCESS] + [
+                [c] for c in MATRIX if c["caller"] not in ONE_PROCESS]
   with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-    return dict(zip(map(cell_name, MATRIX), pool.map(safe, MATRIX)))
+    done = [(cells, pool.submit(run_caller, cells[0]["caller"], cells))
+            for cells in groups if cells]
+    return {cell_name(cell): texts for cells, future in done
+            for cell, texts in zip(cells, future.result())}
 
 
 @pytest.mark.exhaustive

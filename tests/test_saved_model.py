@@ -91,6 +91,21 @@ SCRIPT = textwrap.dedent("""
     print(json.dumps(results))
 """)
 
+# Serves one export's sampled text for each batch of prompts given, in one
+# process: prints one JSON list, a list of texts per batch.
+SAMPLED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    for name in ("rnnstep", "keras", "tf_keras"):
+      sys.modules[name] = None
+    import tensorflow as tf
+    export_dir, batches, steps = json.loads(sys.argv[1])
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    print(json.dumps([[t.decode() for t in serve(
+        prompts=tf.constant(prompts), num_steps=tf.constant(steps),
+        temperature=tf.constant(0.8),
+        seed=tf.constant(5, tf.int64))["text"].numpy()] for prompts in batches]))
+""")
+
 # Every export path, as `jit_compile` values; None exports the portable graph.
 EXPORT_PATHS = (False, True, "elementwise", None)
 
@@ -157,9 +172,16 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     # rows are the real ones, each as the library generates it.
     export_dir = os.path.join(self.create_tempdir().full_path, "served")
     rnnstep.export(self.model, export_dir, jit_compile=True)
-    for prompts in (["Q"], PROMPTS, PROMPTS + ["XY", "Z"]):
-      out = serve([export_dir], prompts, 20)[export_dir]
-      self.assertEqual(out["sampled"], rnnstep.generate(
+    batches = (["Q"], PROMPTS, PROMPTS + ["XY", "Z"])
+    result = subprocess.run(
+        [sys.executable, "-c", SAMPLED_SCRIPT,
+         json.dumps([export_dir, batches, 20])],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    for prompts, texts in zip(batches, served, strict=True):
+      self.assertEqual(texts, rnnstep.generate(
           self.model, prompts, 20, temperature=0.8, seed=5, jit_compile=True))
 
   def test_elementwise_bfloat16_export_matches_library(self):
