@@ -23,6 +23,7 @@ from rnnstep import tuning_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
+MID_BATCH_LOOPS = os.path.join(ROOT, "tools", "mid_batch_loops.py")
 
 DEFAULT_VARIANTS = ["eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "rnnstep_xla", "floor", "floor_graph", "torch_gru",
@@ -336,6 +337,23 @@ class LatencySectionTest(unittest.TestCase):
 
 
 GPU_CHECK = os.path.join(ROOT, "tools", "bench", "gpu.py")
+
+
+class MidBatchLoopsTest(unittest.TestCase):
+  """tools/mid_batch_loops.py on a tiny shape: every loop runs and is printed."""
+
+  def test_every_loop_is_timed(self):
+    proc = subprocess.run(
+        [sys.executable, MID_BATCH_LOOPS, "--units=8", "--vocab_size=5",
+         "--steps=3", "--rounds=1", "--batch_sizes=2"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+    rows = table_rows(proc.stdout, "## mid-batch loops")
+    self.assertEqual([row[0] for row in rows], ["2"])
+    self.assertEqual(len(rows[0]), 1 + 2 * 5)  # µs and (ratio) per loop.
+    self.assertEqual(rows[0][2], "(1.00x)")  # floor_graph against itself.
+    self.assertTrue(proc.stdout.startswith("machine: "))
 
 
 class GpuCheckTest(unittest.TestCase):
