@@ -25,6 +25,13 @@ PROMPT = "ROMEO:"
 GREEDY_STEPS = 100
 
 
+def same_tensors(a, b) -> bool:
+  """Whether two {name: array} dicts hold the same names and, bit for bit,
+  the same arrays (a format converted to what a checked one gave is exact
+  as that one is: tests/test_convert.py, tests/test_convert_recipes.py)."""
+  return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def vocab(unk: bool):
   return (["[UNK]"] if unk else []) + list(CHARS)
 

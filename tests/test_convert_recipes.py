@@ -151,6 +151,7 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import rnnstep  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rnnstep import convert  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import keras_models as km  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 keras = pytest.importorskip("keras")
 
@@ -193,8 +194,7 @@ def test_one_hot_model_matches_keras(one_hot_files, fmt):
   # A format read into exactly the tensors of one checked already is exact
   # as that one is (the checks below trace a fresh model: seconds each).
   checked = CHECKED_TENSORS.get(case["ref"])
-  if checked is None or checked.keys() != tensors.keys() or not all(
-      np.array_equal(checked[k], tensors[k]) for k in tensors):
+  if checked is None or not km.same_tensors(checked, tensors):
     # The reference steps the LSTM statefully (windows: tests/test_window.py).
     logits = rnnstep.logits(model, case["ids"], window=0)[0]
     assert float(np.abs(logits - case["logits"]).max()) <= TOLERANCE

@@ -110,15 +110,20 @@ SAMPLED_SCRIPT = textwrap.dedent("""
 EXPORT_PATHS = (False, True, "elementwise", None)
 
 
-def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
-  """Runs SCRIPT on the exports; returns {export_dir: outputs}."""
+def run_script(script, *args):
+  """Runs `script` in a fresh interpreter; its last stdout line, as JSON."""
   result = subprocess.run(
-      [sys.executable, "-c", SCRIPT, json.dumps(prompts), str(steps),
-       json.dumps(DECODING_CASES), json.dumps(DECODING_DTYPES), *export_dirs],
-      capture_output=True, text=True, timeout=600,
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+      [sys.executable, "-c", script, *args], capture_output=True, text=True,
+      timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
+  """Runs SCRIPT on the exports; returns {export_dir: outputs}."""
+  return run_script(SCRIPT, json.dumps(prompts), str(steps),
+                    json.dumps(DECODING_CASES), json.dumps(DECODING_DTYPES),
+                    *export_dirs)
 
 
 class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
@@ -173,13 +178,7 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     export_dir = os.path.join(self.create_tempdir().full_path, "served")
     rnnstep.export(self.model, export_dir, jit_compile=True)
     batches = (["Q"], PROMPTS, PROMPTS + ["XY", "Z"])
-    result = subprocess.run(
-        [sys.executable, "-c", SAMPLED_SCRIPT,
-         json.dumps([export_dir, batches, 20])],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    served = json.loads(result.stdout.strip().splitlines()[-1])
+    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches, 20]))
     for prompts, texts in zip(batches, served, strict=True):
       self.assertEqual(texts, rnnstep.generate(
           self.model, prompts, 20, temperature=0.8, seed=5, jit_compile=True))

@@ -46,7 +46,8 @@ LOOPS = ("floor_graph", "floor_xla", "tanh_call", "gru_graph", "gru_call")
 
 def make_loops(tf, units, vocab_size, steps):
   """{name: tf.function(h [B, U]) -> h} for every loop of LOOPS."""
-  rng = __import__("numpy").random.default_rng(0)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
 
   def constant(*shape, scale):
     return tf.constant(rng.normal(size=shape).astype("float32") * scale)
