@@ -147,12 +147,19 @@ def convert(model) -> bytes:
   """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only).
 
   Raises:
-    ValueError: the model is not float32.
+    ValueError: the model is not float32, or its file records a window (the
+      LiteRT loop steps a model statefully, which would not give its text).
   """
   if model.compute_dtype != tf.float32:
     raise ValueError(
         f"the LiteRT export is float32 only, but the model was loaded as "
         f"{model.compute_dtype.name}; load it with dtype='float32'")
+  if model.config.window:
+    raise ValueError(
+        f"{model.source or 'the model'} records window={model.config.window} "
+        "(built for fixed windows), but the LiteRT export steps a model "
+        "statefully and would not give its text; export a SavedModel "
+        "(--format=saved_model), which serves its windows")
   module = GenerateModule(model)
   # Through a SavedModel: the only converter route that names the signature
   # (from_concrete_functions calls a single function "serving_default").
@@ -178,8 +185,8 @@ def export_litert(model, export_dir) -> str:
     The export directory.
 
   Raises:
-    ValueError: export_dir exists and is not empty, or the model is not
-      float32.
+    ValueError: export_dir exists and is not empty, or the model cannot be
+      exported (see `convert`).
   """
   export_dir = os.fspath(export_dir)
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir)

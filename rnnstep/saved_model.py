@@ -22,6 +22,11 @@ raw logits), as `rnnstep.generate(..., return_scores=True)` gives.
 Row i of a call uses the noise key (seed, i), as `rnnstep.generate(...,
 seed=seed)` does, so both give the same text. A prompt character outside the
 vocabulary, or an empty prompt, fails the call with InvalidArgumentError.
+
+A model whose file records a window (`"window": k`, built for fixed windows
+of k characters) is served over its windows, as `rnnstep.generate` runs it by
+default; beam search, which steps a model statefully, then fails the call
+with InvalidArgumentError naming num_beams.
 """
 
 import os
@@ -34,6 +39,7 @@ from rnnstep import paths
 from rnnstep import request as request_lib
 from rnnstep import sampling
 from rnnstep import stopping
+from rnnstep import window as window_lib
 
 
 # The signature with every decoding setting and the log-likelihood output.
@@ -119,6 +125,13 @@ class ServingModule(tf.Module):
     for option in options.OPTIONS:  # The declared bounds, as graph checks.
       if isinstance(values[option.name], tf.Tensor):
         checks += option.valid.graph_checks(values[option.name], option.name)
+    # The model's own window, as `rnnstep.generate` resolves it.
+    window = window_lib.resolve(self.model, None)
+    if window and not isinstance(num_beams, int):
+      checks.append(tf.debugging.assert_less_equal(
+          num_beams, 1, message=f"num_beams > 1: this model reads windows of "
+          f"{window} characters, and beam search steps a model statefully; "
+          "pass num_beams=1"))
     with tf.control_dependencies(checks):
       prompt_ids = ids.to_tensor()
     batch = tf.shape(prompt_ids)[0]
@@ -133,7 +146,8 @@ class ServingModule(tf.Module):
         want_scores=not isinstance(num_beams, int))
 
     def sample():
-      result = generator.generate_fn(request)
+      result = (generator.window_fn(request, tf.constant(window)) if window
+                else generator.generate_fn(request))
       return result.ids, result.lengths, result.scores
 
     def beam_search():

@@ -27,6 +27,7 @@ from rnnstep import errors
 from rnnstep import generator as generator_lib
 from rnnstep import model as model_lib
 from rnnstep import model_file
+from rnnstep import options
 from tests import numpy_reference
 from tests.test_convert_recipes import recipe_text
 
@@ -174,12 +175,69 @@ def test_any_model_with_window_k_matches_float64():
                                atol=TOLERANCE, rtol=0)
   prompts = ["abcdefg", "hi"]  # Longer and shorter than the window.
   texts = rnnstep.generate(model, prompts, STEPS, temperature=0, window=5)
-  for prompt, text in zip(prompts, texts):
+  assert texts == greedy_over_windows(model, reference, prompts, 5)
+
+
+def greedy_over_windows(model, reference, prompts, window):
+  """The float64 reference's greedy text, each step over the last `window`."""
+  texts = []
+  for prompt in prompts:
     history = list(model.encode(prompt))
     for _ in range(STEPS):
       history.append(int(np.argmax(window_logits(
-          reference, np.array(history), 5)[-1])))
-    assert text == model.decode(history[len(prompt):])
+          reference, np.array(history), window)[-1])))
+    texts.append(model.decode(history[len(prompt):]))
+  return texts
+
+
+def served_inputs(prompts, **values):
+  """`generate_decoding`'s inputs: every served option at its default but
+  those in `values`."""
+  inputs = dict(prompts=tf.constant(prompts), num_steps=tf.constant(STEPS),
+                seed=tf.constant(values.pop("seed", 0), tf.int64))
+  for option in options.OPTIONS:
+    if option.served:
+      inputs[option.name] = tf.constant(values.pop(option.name, option.default),
+                                        tf.as_dtype(option.dtype))
+  assert not values, values
+  return inputs
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_saved_model_serves_the_windows_the_model_records(tmp_path, path):
+  """Exported on each path, a model recording window=5 is served over its
+  windows, as rnnstep.generate runs it: greedy text is the float64 window
+  reference's (stepping statefully gives other text), sampled text the
+  library's, and beam search fails the call naming num_beams."""
+  model, reference = small_model(window=5)
+  prompts = ["abcdefg", "hi"]
+  serve = tf.saved_model.load(rnnstep.export(
+      model, str(tmp_path / "served"), jit_compile=path)).signatures[
+          "generate_decoding"]
+
+  def texts(**values):
+    return [t.decode() for t in
+            serve(**served_inputs(prompts, **values))["text"].numpy()]
+
+  greedy = texts(temperature=0.0)
+  assert greedy == greedy_over_windows(model, reference, prompts, 5)
+  assert greedy != rnnstep.generate(model, prompts, STEPS, temperature=0,
+                                    window=0)
+  assert texts(seed=3, top_k=6) == rnnstep.generate(model, prompts, STEPS,
+                                                    seed=3, top_k=6)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="num_beams > 1: this model reads windows of 5"):
+    texts(num_beams=2)
+
+
+def test_litert_export_of_a_window_model_is_refused_in_one_line(tmp_path):
+  model, _ = small_model(window=5)
+  with pytest.raises(ValueError, match=re.escape(
+      "records window=5 (built for fixed windows), but the LiteRT export "
+      "steps a model statefully")) as info:
+    rnnstep.export_litert(model, str(tmp_path / "lite"))
+  assert "\n" not in str(info.value)
+  assert not os.path.exists(tmp_path / "lite")
 
 
 def test_sampling_options_stop_strings_and_scores_over_windows():
