@@ -2,10 +2,12 @@
 
 The helpers (`run_concurrently`, `write_model`, `ok`, `one_error_line`) serve
 tests/test_cli_generate.py and tests/test_cli_export.py, which run the
-installed console scripts as subprocesses.
+installed console scripts as subprocesses; `run_script` runs a Python script
+in a fresh interpreter (the matrix's and the SavedModel tests' serving runs).
 """
 
 import concurrent.futures
+import json
 import os
 import pathlib
 import pty
@@ -25,6 +27,7 @@ from rnnstep import model_file
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 TIMEOUT = 600
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # The Shakespeare character set (65 characters, as in the TF tutorial).
 VOCAB = list("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -80,6 +83,16 @@ def run_binary(cmd, args, tty_stderr=False):
   proc.stdout.close()
   proc.wait(TIMEOUT)
   return Result(proc.returncode, stdout, b"".join(chunks).decode())
+
+
+def run_script(script: str, *args: str):
+  """Runs Python source `script` in a fresh interpreter from the repository
+  root, `args` as its argv; returns its last stdout line, read as JSON."""
+  result = subprocess.run(
+      [sys.executable, "-c", script, *args], capture_output=True, text=True,
+      timeout=TIMEOUT, cwd=REPO, env=ENV, stdin=subprocess.DEVNULL)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def run_concurrently(cmd, runs, workers=4):

@@ -27,7 +27,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -36,13 +35,12 @@ import pytest
 
 from tests import keras_reference as kr
 from tests import numpy_reference as nr
-from tests.test_cli_common import ENV, TIMEOUT, command
+from tests.test_cli_common import ENV, TIMEOUT, command, run_script
 
 import rnnstep
 from rnnstep import litert
 from rnnstep import model_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["ROMEO: ", "HELLO", "A"]  # Odd: the strategy pads its last replica.
 STEPS = 32
 
@@ -91,15 +89,6 @@ def call_stream(model, prompts, num_steps, path):
   return ["".join(chunk[i] for chunk in chunks) for i in range(len(prompts))]
 
 
-def run_script(script, args):
-  """Runs `script` in a fresh interpreter; its last stdout line, as JSON."""
-  result = subprocess.run(
-      [sys.executable, "-c", script, json.dumps(args)],
-      capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=ENV)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 STRATEGY_SCRIPT = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
@@ -121,9 +110,9 @@ STRATEGY_SCRIPT = textwrap.dedent("""
 
 def call_strategy(models, prompts, num_steps, paths):
   """MirroredStrategy over two logical CPUs, in one fresh interpreter."""
-  return run_script(STRATEGY_SCRIPT, [prompts, num_steps, [
+  return run_script(STRATEGY_SCRIPT, json.dumps([prompts, num_steps, [
       [model.source, model.compute_dtype.name, PATHS[path]]
-      for model, path in zip(models, paths)]])
+      for model, path in zip(models, paths)]]))
 
 
 CLI_JIT_FLAGS = {"graph": ["--nojit_compile"], "xla": ["--jit_compile"],
@@ -169,7 +158,8 @@ def call_saved_model(models, prompts, num_steps, paths):
         tempfile.mkdtemp(prefix="served_", dir=workdir()), "1")
     rnnstep.export(model, export_dir, jit_compile=PATHS[path])
     export_dirs.append(export_dir)
-  return run_script(SERVE_SCRIPT, [prompts, num_steps, export_dirs])
+  return run_script(SERVE_SCRIPT, json.dumps([prompts, num_steps,
+                                                export_dirs]))
 
 
 @each_cell

@@ -8,14 +8,13 @@ the same path.
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 from absl.testing import parameterized
 import tensorflow as tf
 
 from tests import keras_reference as kr
+from tests.test_cli_common import run_script
 
 import rnnstep
 from rnnstep import model_file
@@ -108,15 +107,6 @@ SAMPLED_SCRIPT = textwrap.dedent("""
 
 # Every export path, as `jit_compile` values; None exports the portable graph.
 EXPORT_PATHS = (False, True, "elementwise", None)
-
-
-def run_script(script, *args):
-  """Runs `script` in a fresh interpreter; its last stdout line, as JSON."""
-  result = subprocess.run(
-      [sys.executable, "-c", script, *args], capture_output=True, text=True,
-      timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
