@@ -130,7 +130,7 @@ class ServingModule(tf.Module):
     if window and not isinstance(num_beams, int):
       checks.append(tf.debugging.assert_less_equal(
           num_beams, 1, message=f"num_beams > 1: this model reads windows of "
-          f"{window} characters, and beam search steps a model statefully; "
+          f"{window} characters, and {window_lib.BEAMS_STEP_STATEFULLY}; "
           "pass num_beams=1"))
     with tf.control_dependencies(checks):
       prompt_ids = ids.to_tensor()

@@ -60,6 +60,10 @@ def resolve(model, window) -> int:
   return int(window)
 
 
+# Why beam search takes no window (here and in the served graph's check).
+BEAMS_STEP_STATEFULLY = "beam search steps the model statefully"
+
+
 def check_beams(window: int, num_beams: int, model_window) -> None:
   """Refuses beam search over windows (it steps the model statefully).
 
@@ -71,8 +75,8 @@ def check_beams(window: int, num_beams: int, model_window) -> None:
              else "")
     raise errors.ArgumentError(
         "num_beams", f"num_beams={num_beams} with window={window}{whose}: "
-        "beam search steps the model statefully; pass window=0 for beam "
-        "search, or num_beams=1")
+        f"{BEAMS_STEP_STATEFULLY}; pass window=0 for beam search, or "
+        "num_beams=1")
 
 
 def zero_slots(network, batch, window):
