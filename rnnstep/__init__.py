@@ -23,11 +23,11 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Generator": "rnnstep.generator",
-    "Model": "rnnstep.model",
+    "Generator": "rnnstep.engine.generator",
+    "Model": "rnnstep.model.network",
     "bundled_model_path": "rnnstep.api",
-    "export": "rnnstep.saved_model",
-    "export_litert": "rnnstep.litert",
+    "export": "rnnstep.exporters.saved_model",
+    "export_litert": "rnnstep.exporters.litert",
     "generate": "rnnstep.api",
     "hidden_states": "rnnstep.api",
     "load": "rnnstep.api",

@@ -14,16 +14,16 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from rnnstep import cells as cells_lib
-from rnnstep import constraints
+from rnnstep.decoding import constraints
+from rnnstep.decoding import options as options_lib
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import host
+from rnnstep.engine import paths
+from rnnstep.engine import request as request_lib
+from rnnstep.engine import window as window_lib
 from rnnstep import errors
-from rnnstep import generator as generator_lib
-from rnnstep import host
-from rnnstep import model as model_lib
-from rnnstep import options as options_lib
-from rnnstep import paths
-from rnnstep import request as request_lib
-from rnnstep import window as window_lib
+from rnnstep.model import cells as cells_lib
+from rnnstep.model import network as model_lib
 
 BUNDLED_MODEL = "shakespeare.npz"
 

@@ -29,8 +29,8 @@ import time
 from typing import Callable, Iterable, Optional
 
 from rnnstep import api
-from rnnstep import paths
-from rnnstep import tuning_cache
+from rnnstep.engine import paths
+from rnnstep.engine import tuning_cache
 
 # Measuring defaults: seconds of timed rounds per batch size, and rounds.
 DEFAULT_BUDGET_SECONDS = 3.0

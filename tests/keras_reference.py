@@ -15,8 +15,8 @@ import keras  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import model as model_lib
-from rnnstep import model_file
+from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 
 GRU = model_file.LayerConfig("gru", 0, True)
 

@@ -14,10 +14,10 @@ from tests import numpy_reference as nr
 
 import rnnstep
 from rnnstep import api
-from rnnstep import generator as generator_lib
-from rnnstep import host
-from rnnstep import model as model_lib
-from rnnstep import model_file
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import host
+from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 
 LAYERS = [kr.layer("gru", 16)]
 

@@ -16,7 +16,7 @@ from tests import keras_reference as kr
 from tests import numpy_reference as nr
 
 import rnnstep
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 PATHS = (False, True, "elementwise")
 

@@ -18,8 +18,8 @@ import unittest
 
 from tests import keras_reference as kr
 
-from rnnstep import paths
-from rnnstep import tuning_cache
+from rnnstep.engine import paths
+from rnnstep.engine import tuning_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")

@@ -7,9 +7,9 @@ import tensorflow as tf
 from tests import keras_reference  # pylint: disable=unused-import (sets backend)
 import keras
 
-from rnnstep import cells
-from rnnstep import kinds
-from rnnstep import model_file
+from rnnstep.model import cells
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 CASES = [
     ("gru_reset_after", "gru", True),

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from rnnstep.cli import common
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 TIMEOUT = 600
@@ -290,5 +290,5 @@ def test_staged_directory_replaces_nothing_or_an_empty_directory(tmp_path):
 
 
 def test_dtypes_are_the_library_s():
-  from rnnstep import model as model_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import network as model_lib  # pylint: disable=g-import-not-at-top
   assert common.DTYPES == tuple(model_lib.DTYPES)

@@ -15,9 +15,9 @@ import pytest
 from tests import keras_reference as kr
 
 import rnnstep
-from rnnstep import model as model_lib
-from rnnstep import model_file
-from rnnstep import paths
+from rnnstep.engine import paths
+from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 from tests.test_cli_common import command, ok, one_error_line
 from tests.test_cli_common import run_concurrently, write_model
 

@@ -14,9 +14,9 @@ import pathlib
 import pytest
 
 import rnnstep
-from rnnstep import inspect
-from rnnstep import inspect_page
 from rnnstep.cli import inspect as cli_inspect
+from rnnstep.inspect import analysis as inspect
+from rnnstep.inspect import page as inspect_page
 from tests.test_cli_common import command, ok, one_error_line
 from tests.test_cli_common import run_concurrently, write_model
 

@@ -20,10 +20,10 @@ from tests import test_cli_common
 from tests import test_sampling
 
 import rnnstep
-from rnnstep import constraints
+from rnnstep.decoding import constraints
+from rnnstep.engine import request as request_lib
 from rnnstep import errors
-from rnnstep import model_file
-from rnnstep import request as request_lib
+from rnnstep.model import model_file
 
 PATHS = (False, True, "elementwise")
 # Vocabulary of `test_sampling.small()`: "[UNK]" + "abcdefghij ,.;:!?-'\n".

@@ -24,7 +24,7 @@ import pytest
 
 import rnnstep
 from rnnstep import convert
-from rnnstep import model_file
+from rnnstep.model import model_file
 from tests import keras_models as km
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from rnnstep import convert
 from rnnstep.cli import convert as cli
+from rnnstep import convert
 from tests import keras_models as km
 
 V = km.V

@@ -32,8 +32,8 @@ import numpy as np
 import pytest
 
 import rnnstep
-from rnnstep import convert
 from rnnstep.cli import common
+from rnnstep import convert
 from rnnstep.convert import torch_files
 from tests.test_cli_common import Result
 

@@ -13,10 +13,10 @@ from tests import row_contract
 
 import rnnstep
 from rnnstep import api
-from rnnstep import generator as generator_lib
-from rnnstep import model_file
-from rnnstep import paths
-from rnnstep import stopping
+from rnnstep.decoding import stopping
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import paths
+from rnnstep.model import model_file
 
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")

@@ -65,6 +65,46 @@ def import_graph():
           for name, path in modules.items()}
 
 
+# The pipeline's layers, lowest first: a module imports only from its own part
+# (its subpackage, or itself) and from parts in lower layers. Two parts in one
+# layer know nothing of each other (the model and decoding; the engine and the
+# converters). `rnnstep` itself (the lazy front door) sits below the CLIs.
+LAYERS = (
+    ("rnnstep.errors", "rnnstep.staging"),
+    ("rnnstep.model", "rnnstep.decoding"),
+    ("rnnstep.engine", "rnnstep.convert"),
+    ("rnnstep.api",),
+    ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
+    ("rnnstep",),
+    ("rnnstep.cli",),
+)
+
+
+def part_of(module):
+  """The layer part a module belongs to: `rnnstep.engine.loop` -> engine."""
+  return ".".join(module.split(".")[:2])
+
+
+def layer_of(part):
+  for index, parts in enumerate(LAYERS):
+    if part in parts:
+      return index
+  raise KeyError(f"{part} has no layer in tests/test_imports.py LAYERS")
+
+
+def layer_violations(graph):
+  """['a imports b (layer i part p >= layer j)'] for each edge going up."""
+  found = []
+  for name, targets in sorted(graph.items()):
+    here = part_of(name)
+    for target in sorted(targets):
+      there = part_of(target)
+      if there != here and layer_of(there) >= layer_of(here):
+        found.append(f"{name} (layer {layer_of(here)}) imports {target} "
+                     f"(layer {layer_of(there)})")
+  return found
+
+
 def find_cycle(graph):
   """One import circle as a list of modules (first == last), or None."""
   state = {}  # name -> "open" while on the DFS stack, "done" after.
@@ -98,21 +138,38 @@ class ImportGraphTest(unittest.TestCase):
     cycle = find_cycle(import_graph())
     self.assertIsNone(cycle, " -> ".join(cycle or ()))
 
+  def test_no_module_imports_a_layer_above_or_beside_its_own(self):
+    self.assertEqual(layer_violations(import_graph()), [])
+
+  def test_every_part_has_a_layer(self):
+    for name in import_graph():
+      layer_of(part_of(name))  # KeyError names a new part without a layer.
+
+  def test_the_layer_checker_sees_an_upward_import(self):
+    self.assertEqual(
+        layer_violations({"rnnstep.decoding.sampling": {"rnnstep.engine.loop"},
+                          "rnnstep.model.cells": {"rnnstep.decoding.options"},
+                          "rnnstep.engine.loop": {"rnnstep.model.cells"}}),
+        ["rnnstep.decoding.sampling (layer 1) imports rnnstep.engine.loop "
+         "(layer 2)",
+         "rnnstep.model.cells (layer 1) imports rnnstep.decoding.options "
+         "(layer 1)"])
+
   def test_the_checker_sees_edges_and_circles(self):
     graph = import_graph()
     # Edges the layering promises (paths.py owns the choice, tune() above it).
-    self.assertIn("rnnstep.paths", graph["rnnstep.api"])
-    self.assertIn("rnnstep.tuning_cache", graph["rnnstep.paths"])
+    self.assertIn("rnnstep.engine.paths", graph["rnnstep.api"])
+    self.assertIn("rnnstep.engine.tuning_cache", graph["rnnstep.engine.paths"])
     self.assertIn("rnnstep.api", graph["rnnstep.tuning"])
     self.assertIn("rnnstep.cli.common", graph["rnnstep.cli.tune"])
-    self.assertNotIn("rnnstep.tuning", graph["rnnstep.paths"])
-    self.assertNotIn("rnnstep.api", graph["rnnstep.paths"])
+    self.assertNotIn("rnnstep.tuning", graph["rnnstep.engine.paths"])
+    self.assertNotIn("rnnstep.api", graph["rnnstep.engine.paths"])
     self.assertEqual(find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}),
                      ["a", "b", "c", "a"])
     self.assertIsNone(find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}))
 
   def test_tuning_cache_and_cpu_read_without_tensorflow(self):
-    probe = ("import sys; from rnnstep import cpu, tuning_cache; "
+    probe = ("import sys; from rnnstep.engine import cpu, tuning_cache; "
              "cpu.info(); tuning_cache.machine_key(); "
              "tuning_cache.entries(tuning_cache.cache_file()); "
              "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "

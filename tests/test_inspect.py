@@ -1,4 +1,4 @@
-"""rnnstep.inspect: the analysis numbers against a float64 numpy forward pass,
+"""rnnstep.inspect.analysis: the analysis numbers against a float64 numpy forward pass,
 the text properties on hand-checked strings, and the ranking on states built
 to have known answers."""
 
@@ -10,9 +10,9 @@ from tests import keras_reference as kr
 from tests import numpy_reference as nr
 
 import rnnstep
-from rnnstep import inspect
-from rnnstep import model as model_lib
-from rnnstep import model_file
+from rnnstep.inspect import analysis as inspect
+from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 
 LAYERS = [kr.layer("lstm", 12), kr.layer("gru", 10)]
 # 65 characters with a newline, so that texts have lines.

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from tests import keras_reference as kr
 
-from rnnstep import inspect
-from rnnstep import inspect_page
+from rnnstep.inspect import analysis as inspect
+from rnnstep.inspect import page as inspect_page
 
 LAYERS = [kr.layer("gru", 16)]
 VOCAB = ["\n"] + [chr(32 + i) for i in range(64)]  # Has <, >, &, " and '.

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tests import keras_reference as kr
 
 import rnnstep
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "rnnstep"
 # The converter reads their files as data; the package never imports them.

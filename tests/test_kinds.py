@@ -2,9 +2,9 @@
 
 import pytest
 
-from rnnstep import cells
-from rnnstep import kinds
-from rnnstep import model_file
+from rnnstep.model import cells
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 
 def test_pytorch_gate_permutations_are_the_documented_ones():

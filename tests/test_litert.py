@@ -17,9 +17,9 @@ import tensorflow as tf
 from tests import keras_reference as kr
 
 import rnnstep
-from rnnstep import litert
-from rnnstep import model_file
-from rnnstep import sampling
+from rnnstep.decoding import sampling
+from rnnstep.exporters import litert
+from rnnstep.model import model_file
 
 interpreter_lib = pytest.importorskip(
     "ai_edge_litert.interpreter",

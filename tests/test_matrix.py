@@ -38,8 +38,8 @@ from tests import numpy_reference as nr
 from tests.test_cli_common import ENV, TIMEOUT, command, run_script
 
 import rnnstep
-from rnnstep import litert
-from rnnstep import model_file
+from rnnstep.exporters import litert
+from rnnstep.model import model_file
 
 PROMPTS = ["ROMEO: ", "HELLO", "A"]  # Odd: the strategy pads its last replica.
 STEPS = 32

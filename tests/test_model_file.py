@@ -9,7 +9,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 V, D = 6, 4
 VOCAB = ["\n", " ", "a", "b", "c", "d"]

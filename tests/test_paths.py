@@ -18,10 +18,10 @@ from tests import keras_reference as kr
 from tests import numpy_reference as nr
 
 import rnnstep
-from rnnstep import cpu
-from rnnstep import model_file
-from rnnstep import paths
-from rnnstep import tuning_cache
+from rnnstep.engine import cpu
+from rnnstep.engine import paths
+from rnnstep.engine import tuning_cache
+from rnnstep.model import model_file
 
 LAYERS = [kr.layer("gru", 16)]
 EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"

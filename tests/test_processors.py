@@ -14,9 +14,9 @@ from tests import keras_reference as kr
 from tests import numpy_reference as nr
 
 import rnnstep
-from rnnstep import pipeline
-from rnnstep import processors
-from rnnstep import sampling
+from rnnstep.decoding import pipeline
+from rnnstep.decoding import processors
+from rnnstep.decoding import sampling
 
 V = 7
 

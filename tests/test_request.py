@@ -9,9 +9,9 @@ import textwrap
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import request as request_lib
-from rnnstep import sampling
-from rnnstep import stopping
+from rnnstep.decoding import sampling
+from rnnstep.decoding import stopping
+from rnnstep.engine import request as request_lib
 
 
 def _build(batch, width, num_steps, bucket_shapes, **settings):

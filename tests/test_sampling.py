@@ -14,8 +14,8 @@ from tests import numpy_reference as nr
 from tests import row_contract
 
 import rnnstep
-from rnnstep import model_file
-from rnnstep import sampling
+from rnnstep.decoding import sampling
+from rnnstep.model import model_file
 
 PATHS = (False, True, "elementwise")
 LAYERS = [kr.layer("gru", 24)]

@@ -17,7 +17,7 @@ from tests import keras_reference as kr
 from tests.test_cli_common import run_script
 
 import rnnstep
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 LAYERS = [kr.layer("lstm", 24), kr.layer("gru", 16)]
 PROMPTS = ["HELLO", "A", "THE KING'S SPEECH"]

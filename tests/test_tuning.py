@@ -20,10 +20,10 @@ from tests.test_cli_common import ENV, TIMEOUT, Result, command, ok
 from tests.test_cli_common import one_error_line, write_model
 
 import rnnstep
-from rnnstep import cpu
-from rnnstep import paths
+from rnnstep.engine import cpu
+from rnnstep.engine import paths
+from rnnstep.engine import tuning_cache
 from rnnstep import tuning
-from rnnstep import tuning_cache
 
 LAYERS = [kr.layer("gru", 16)]
 PATHS = ("xla", "graph", "elementwise")

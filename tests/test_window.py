@@ -23,11 +23,11 @@ import tensorflow as tf
 
 import rnnstep
 from rnnstep import convert
+from rnnstep.decoding import options
+from rnnstep.engine import generator as generator_lib
 from rnnstep import errors
-from rnnstep import generator as generator_lib
-from rnnstep import model as model_lib
-from rnnstep import model_file
-from rnnstep import options
+from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 from tests import numpy_reference
 from tests.test_convert_recipes import recipe_text
 

@@ -26,7 +26,7 @@ from tests import decoding_reference as dr
 from tests import numpy_reference as nr
 from tests import row_contract
 import rnnstep
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 _BATCH = flags.DEFINE_integer("batch", 64, "Rows in the batch.")
 _STEPS = flags.DEFINE_integer("num_steps", 300, "Characters per row.")

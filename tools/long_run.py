@@ -28,7 +28,8 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 import rnnstep
-from rnnstep import model, model_file
+from rnnstep.model import model_file
+from rnnstep.model import network as model
 batch, steps, units, chunk, jit = (int(a) for a in sys.argv[1:6])
 rng = np.random.default_rng(0)
 config = model_file.ModelConfig(256, (model_file.LayerConfig("gru", units, True),))

@@ -62,7 +62,7 @@ def main(argv):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from rnnstep import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
 
   model = rnnstep.load(_WEIGHTS.value, dtype=_DTYPE.value)
   jit = None if _PATH.value == "auto" else paths.jit_compile_of(_PATH.value)

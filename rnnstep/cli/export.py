@@ -95,7 +95,7 @@ def main(argv):
         rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
   weights = _WEIGHTS.value or "the bundled model"
   if litert:
-    from rnnstep import litert as lib  # pylint: disable=g-import-not-at-top
+    from rnnstep.exporters import litert as lib  # pylint: disable=g-import-not-at-top
     print(f"wrote a LiteRT model of {weights} (float32) to {output}: "
           f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")

@@ -61,9 +61,9 @@ import time
 
 from absl import flags
 
-from rnnstep import errors
-from rnnstep import options as options_lib
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
+from rnnstep.decoding import options as options_lib
+from rnnstep import errors
 import rnnstep  # pylint: disable=g-bad-import-order
 
 PROGRAM = "rnnstep-generate"
@@ -202,7 +202,7 @@ def main(argv):
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
                               _VOCAB.value)
-    from rnnstep import paths  # pylint: disable=g-import-not-at-top
+    from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
     note = paths.slower_dtype_note(_DTYPE.value)
     if note:  # The library logs it, but a tool's logging is quiet.
       print(f"{PROGRAM}: note: --dtype={_DTYPE.value}: {note}",

@@ -111,7 +111,7 @@ def main(argv):
     title = (os.path.basename(_WEIGHTS.value) if _WEIGHTS.value
              else "the bundled Shakespeare model")
     # pylint: disable-next=g-import-not-at-top
-    from rnnstep import inspect_page
+    from rnnstep.inspect import page as inspect_page
     out.write(inspect_page.render(analysis, title, notice))
   if not to_stdout:
     print(f"{_OUTPUT.value}: {len(text)} characters, "
@@ -122,7 +122,7 @@ def main(argv):
 def _analyze(model, source, text):
   """`rnnstep.inspect.analyze` with the flags, its errors naming them."""
   # pylint: disable-next=g-import-not-at-top
-  from rnnstep import inspect as inspect_lib  # Imports TensorFlow.
+  from rnnstep.inspect import analysis as inspect_lib  # Imports TensorFlow.
   neurons = []
   for spec in _NEURON.value or ():
     try:

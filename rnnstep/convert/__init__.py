@@ -46,8 +46,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from rnnstep import kinds
-from rnnstep import model_file
+from rnnstep.convert.contents import Contents
+from rnnstep.convert.contents import KIND_NAMES
 from rnnstep.convert import isolation
 from rnnstep.convert import keras_v2_h5
 from rnnstep.convert import keras_v3
@@ -56,12 +56,12 @@ from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_files
-from rnnstep.convert.contents import Contents
-from rnnstep.convert.contents import KIND_NAMES
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
 from rnnstep.convert.vocabulary import vocab_from_corpus
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "inspect", "is_model_file",

@@ -14,9 +14,9 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from rnnstep import kinds
 from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
+from rnnstep.model import kinds
 
 # How messages name each layer kind.
 KIND_NAMES = {**{name: kind.display for name, kind in kinds.KINDS.items()},

@@ -12,16 +12,16 @@ found.
 import json
 from typing import Dict, List, Optional, Tuple
 
-from rnnstep import kinds
-from rnnstep import model_file
-from rnnstep.convert import safe_io
 from rnnstep.convert.contents import ConfigChain
 from rnnstep.convert.contents import KIND_NAMES
 from rnnstep.convert.contents import LayerSpec
 from rnnstep.convert.contents import ONE_HOT_NAME
 from rnnstep.convert.contents import ONE_HOT_NOTE
 from rnnstep.convert.contents import snake_case
+from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 RECURRENT_CLASSES = kinds.BY_KERAS_CLASS
 # Layers that hold no weights and are the identity at inference.

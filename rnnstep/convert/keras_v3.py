@@ -27,9 +27,9 @@ from typing import List, Optional
 
 import h5py
 
-from rnnstep.convert import safe_io
 from rnnstep.convert import contents
 from rnnstep.convert import keras_config
+from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
 
 CONFIG_MEMBER = "config.json"

@@ -20,16 +20,16 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from rnnstep import kinds
-from rnnstep import model_file
-from rnnstep.convert import safe_io
 from rnnstep.convert.contents import Contents
 from rnnstep.convert.contents import Group
 from rnnstep.convert.contents import KIND_NAMES
 from rnnstep.convert.contents import ONE_HOT_NAME
 from rnnstep.convert.contents import ONE_HOT_NOTE
 from rnnstep.convert.contents import Tensor
+from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 KIND_BY_GATES = kinds.BY_GATES
 MAX_ORDER_SEARCH = 200_000

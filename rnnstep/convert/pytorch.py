@@ -39,12 +39,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from rnnstep import kinds
-from rnnstep import model_file
 from rnnstep.convert import contents as contents_lib
 from rnnstep.convert import safe_io
-from rnnstep.convert import torch_files
 from rnnstep.convert.safe_io import show
+from rnnstep.convert import torch_files
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 _RNN_KEY = re.compile(r"^(?:(.*)\.)?(weight_ih|weight_hh|bias_ih|bias_hh|"
                       r"weight_hr)_l(\d+)(_reverse)?$")

@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from rnnstep.convert import safe_io
 from rnnstep.convert import contents
+from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
 
 GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"

@@ -13,7 +13,7 @@ import json
 import os
 from typing import List, Sequence
 
-from rnnstep import model_file
+from rnnstep.model import model_file
 
 UNK_TOKEN = model_file.UNK_TOKEN
 MAX_VOCAB_FILE_BYTES = 64 << 20

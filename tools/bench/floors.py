@@ -28,8 +28,8 @@ FLOORS = {"floor_xla": True, "floor_graph": False}
 
 def run(ctx, results_out):
   """Times the floors, every path and the default for every case."""
-  from rnnstep import paths  # pylint: disable=g-import-not-at-top
-  from rnnstep import tuning_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import tuning_cache  # pylint: disable=g-import-not-at-top
   settings, weights = ctx.settings, ctx.weights
   jobs = []
   chars = {}

@@ -105,7 +105,7 @@ def describe_device(tf, gpu):
     gpus = len(tf.config.list_physical_devices("GPU"))
     return (f"device: GPU:0 {details.get('device_name', gpu.name)} (compute "
             f"capability {capability}; {gpus} visible) | TF {tf.__version__}")
-  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   this = cpu.info()
   have = set(this.features)
   marks = " ".join(f"{name} {'yes' if flag in have else 'no'}" for name, flag
@@ -235,7 +235,7 @@ def main(argv):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   device, gpu = setup_device(tf)
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from rnnstep import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
   from bench import weights as weights_lib  # pylint: disable=g-import-not-at-top
   results = {"device": describe_device(tf, gpu)}
   say(results["device"])

@@ -6,12 +6,12 @@ import platform
 
 def cpu_flags() -> str:
   """The CPU features that decide the fastest path (rnnstep.cpu), as a line."""
-  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   return " ".join(cpu.info().features) or "none of " + " ".join(cpu.FEATURES)
 
 
 def has_flag(flag: str) -> bool:
-  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   return flag in cpu.info().features
 
 
@@ -31,7 +31,7 @@ def l3_cache() -> str:
 
 
 def usable_cores() -> int:
-  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   return cpu.usable_cores()
 
 
@@ -47,7 +47,7 @@ def machine_facts(tf, torch) -> dict:
     onednn = bool(_pywrap_util_port.IsMklEnabled())
   except (ImportError, AttributeError):
     onednn = None
-  from rnnstep import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   facts = {
       "cpu": cpu.info().name,
       "cpu_kind": cpu.kind(),

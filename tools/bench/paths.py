@@ -16,7 +16,7 @@ def run(ctx, results_out):
   default's time relative to it.
   """
   import copy  # pylint: disable=g-import-not-at-top
-  from rnnstep import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
   settings, weights = ctx.settings, ctx.weights
   short = copy.copy(settings)
   short.num_chars = settings.path_chars

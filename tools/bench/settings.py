@@ -7,7 +7,7 @@ section modules defines them once; the sections read a `Settings`.
 from absl import app
 from absl import flags
 
-from rnnstep import paths
+from rnnstep.engine import paths
 
 ALL_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                 "rnnstep_xla", "rnnstep_elementwise", "floor", "floor_graph",

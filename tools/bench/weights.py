@@ -42,7 +42,7 @@ class Weights:
   """The model's tensors, vocab and config, shared by every variant."""
 
   def __init__(self, settings):
-    from rnnstep import model_file  # pylint: disable=g-import-not-at-top
+    from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
     if settings.weights_path:
       data = model_file.read(settings.weights_path)
       layers = data.config.layers
@@ -77,13 +77,13 @@ class Weights:
     """The rnnstep Model in `dtype`, one per dtype shared by every section
     (each path compiles once per model and shape, not once per section)."""
     if dtype not in self._models:
-      from rnnstep import model as model_lib  # pylint: disable=g-import-not-at-top
+      from rnnstep.model import network as model_lib  # pylint: disable=g-import-not-at-top
       self._models[dtype] = model_lib.Model(self.config, self.vocab,
                                             self.tensors, dtype=dtype)
     return self._models[dtype]
 
   def write(self, path):
-    from rnnstep import model_file  # pylint: disable=g-import-not-at-top
+    from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
     model_file.write(path, self.config, self.vocab, self.tensors)
 
 

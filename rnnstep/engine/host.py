@@ -14,10 +14,10 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import constraints
+from rnnstep.decoding import constraints
+from rnnstep.decoding import stopping
+from rnnstep.engine import request as request_lib
 from rnnstep import errors
-from rnnstep import request as request_lib
-from rnnstep import stopping
 
 # Bytes kept per generated character and row, all copies included (the id
 # buffer on device and its stacked copy, int32 each; the host id array; the

@@ -33,13 +33,13 @@ import os
 
 import tensorflow as tf
 
-from rnnstep import generator as generator_lib
-from rnnstep import options
-from rnnstep import paths
-from rnnstep import request as request_lib
-from rnnstep import sampling
-from rnnstep import stopping
-from rnnstep import window as window_lib
+from rnnstep.decoding import options
+from rnnstep.decoding import sampling
+from rnnstep.decoding import stopping
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import paths
+from rnnstep.engine import request as request_lib
+from rnnstep.engine import window as window_lib
 
 
 # The signature with every decoding setting and the log-likelihood output.

@@ -29,10 +29,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import constraints
-from rnnstep import processors
-from rnnstep import sampling as sampling_lib
-from rnnstep import stopping
+from rnnstep.decoding import constraints
+from rnnstep.decoding import processors
+from rnnstep.decoding import sampling as sampling_lib
+from rnnstep.decoding import stopping
 
 
 @dataclasses.dataclass(frozen=True)

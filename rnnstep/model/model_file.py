@@ -36,7 +36,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rnnstep import kinds
+from rnnstep.model import kinds
 from rnnstep import staging
 
 FORMAT_VERSION = 1

@@ -31,7 +31,7 @@ from typing import NamedTuple, Tuple
 
 import tensorflow as tf
 
-from rnnstep import kinds
+from rnnstep.model import kinds
 
 State = Tuple[tf.Tensor, ...]
 

@@ -39,11 +39,11 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from rnnstep import constraints
-from rnnstep import loop
-from rnnstep import pipeline
-from rnnstep import processors
-from rnnstep import request as request_lib
+from rnnstep.decoding import constraints
+from rnnstep.decoding import pipeline
+from rnnstep.decoding import processors
+from rnnstep.engine import loop
+from rnnstep.engine import request as request_lib
 
 _NEG_INF = -float("inf")
 

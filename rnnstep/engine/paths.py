@@ -24,10 +24,10 @@ import functools
 from absl import logging
 import numpy as np
 
-from rnnstep import cpu
+from rnnstep.engine import cpu
+from rnnstep.engine import request as request_lib
+from rnnstep.engine import tuning_cache
 from rnnstep import errors
-from rnnstep import request as request_lib
-from rnnstep import tuning_cache
 
 XLA = "xla"
 GRAPH = "graph"

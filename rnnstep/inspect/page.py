@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from rnnstep import kinds
+from rnnstep.model import kinds
 
 # ColorBrewer RdBu's ends: negative activations blue, positive red.
 _NEGATIVE = (33, 102, 172)

@@ -1,7 +1,7 @@
 """What a model's neurons do over a text: the numbers behind rnnstep-inspect.
 
-    from rnnstep import inspect
-    analysis = inspect.analyze(model, "ROMEO:\\nBut, soft! what light...")
+    import rnnstep
+    analysis = rnnstep.inspect.analyze(model, "ROMEO:\\nBut, soft! what light...")
     best = analysis.offered[0]              # the most selective neuron
     analysis.activation(best.neuron)        # [T] values in [-1, 1]
     analysis.top_chars(4)                   # the 5 likeliest characters
@@ -33,9 +33,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from rnnstep import api
-from rnnstep import kinds
-from rnnstep import model as model_lib
-from rnnstep import options
+from rnnstep.decoding import options
+from rnnstep.model import kinds
+from rnnstep.model import network as model_lib
 
 TOP_K = 5
 DEFAULT_NUM_NEURONS = 12

@@ -45,10 +45,10 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
-from rnnstep import loop
-from rnnstep import pipeline
-from rnnstep import request as request_lib
-from rnnstep import sampling
+from rnnstep.decoding import pipeline
+from rnnstep.decoding import sampling
+from rnnstep.engine import loop
+from rnnstep.engine import request as request_lib
 from rnnstep import staging
 
 SIGNATURE = "generate"

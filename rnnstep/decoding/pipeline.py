@@ -31,11 +31,11 @@ from typing import Any, Dict, NamedTuple
 
 import tensorflow as tf
 
-from rnnstep import constraints
-from rnnstep import options
-from rnnstep import processors
-from rnnstep import sampling
-from rnnstep import stopping
+from rnnstep.decoding import constraints
+from rnnstep.decoding import options
+from rnnstep.decoding import processors
+from rnnstep.decoding import sampling
+from rnnstep.decoding import stopping
 
 
 class Progress(NamedTuple):

@@ -24,7 +24,7 @@ index)`: for `seed=s`, row i uses `(s, i)`.
 
 import tensorflow as tf
 
-from rnnstep import options
+from rnnstep.decoding import options
 
 # Logits are clipped here before sampling so that a tiny temperature cannot
 # produce inf - inf = NaN in a filter's softmax.

@@ -25,9 +25,9 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from rnnstep import cells as cells_lib
-from rnnstep import kinds
-from rnnstep import model_file
+from rnnstep.model import cells as cells_lib
+from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
 StackState = Tuple[Tuple[tf.Tensor, ...], ...]

@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from rnnstep import pipeline
-from rnnstep import processors
-from rnnstep import request as request_lib
+from rnnstep.decoding import pipeline
+from rnnstep.decoding import processors
+from rnnstep.engine import request as request_lib
 
 
 class LoopState(NamedTuple):

@@ -203,13 +203,13 @@ OPTIONS = (
            "of prompt + continuation, a positive logit is divided by θ, a "
            "negative one multiplied (the CTRL/HF rule; 1 = off).",
            active=lambda values, vocab_size: values != 1.0,
-           apply="rnnstep.processors:penalize"),
+           apply="rnnstep.decoding.processors:penalize"),
     Option("no_repeat_ngram_size", "int32", 0, 0, False,
            _int(0, words="a non-negative integer (0 = off)"), HISTORY,
            "n > 0 bans any id that would complete an n-gram already in prompt "
            "+ continuation (0 = off).",
            active=lambda value: value > 0,
-           apply="rnnstep.processors:ban_ngrams"),
+           apply="rnnstep.decoding.processors:ban_ngrams"),
     Option("repetition_window", "int32", 0, 0, False,
            _int(0, words="a non-negative integer (0 = off)"), LOOK_BACK,
            "How many ids the repetition penalty looks back over (0 = all)."),
@@ -223,26 +223,26 @@ OPTIONS = (
            "Keep the k most likely ids (ties at the k-th kept; 0 = off).",
            active=lambda values, vocab_size: (values > 0) & (values
                                                              < vocab_size),
-           apply="rnnstep.sampling:top_k_filter"),
+           apply="rnnstep.decoding.sampling:top_k_filter"),
     Option("top_p", "float32", 1.0, 1.0, True,
            _real(0, 1, low_open=True, words="in (0, 1] (1 = off)"), FILTER,
            "Nucleus sampling: keep the smallest set of most likely ids whose "
            "probability reaches p (1 = off).",
            active=lambda values, vocab_size: values < 1.0,
-           apply="rnnstep.sampling:top_p_filter"),
+           apply="rnnstep.decoding.sampling:top_p_filter"),
     Option("min_p", "float32", 0.0, 0.0, True,
            _real(0, 1, words="in [0, 1] (0 = off)"), FILTER,
            "Keep ids whose probability (after temperature) is at least min_p "
            "times the largest (0 = off).",
            active=lambda values, vocab_size: values > 0.0,
-           apply="rnnstep.sampling:min_p_filter"),
+           apply="rnnstep.decoding.sampling:min_p_filter"),
     Option("typical_p", "float32", 1.0, 1.0, True,
            _real(0, 1, low_open=True, words="in (0, 1] (1 = off)"), FILTER,
            "Typical decoding (Meister et al. 2022): keep the smallest set of "
            "ids, by |-log p - H| (H the entropy), whose probability reaches "
            "typical_p (1 = off).",
            active=lambda values, vocab_size: values < 1.0,
-           apply="rnnstep.sampling:typical_filter"),
+           apply="rnnstep.decoding.sampling:typical_filter"),
     Option("num_beams", "int32", 1, 1, False,
            _int(1, words="an integer from 1 (no beam search) to the model's usable "
                 "vocabulary"), BEAM,

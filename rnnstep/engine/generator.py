@@ -24,13 +24,13 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
-from rnnstep import beam_search
-from rnnstep import cells
-from rnnstep import host
-from rnnstep import loop
-from rnnstep import paths
-from rnnstep import request as request_lib
-from rnnstep import window as window_lib
+from rnnstep.engine import beams as beam_search
+from rnnstep.engine import host
+from rnnstep.engine import loop
+from rnnstep.engine import paths
+from rnnstep.engine import request as request_lib
+from rnnstep.engine import window as window_lib
+from rnnstep.model import cells
 
 
 class Generator(tf.Module):

@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Dict, Optional
 
-from rnnstep import cpu
+from rnnstep.engine import cpu
 from rnnstep import staging
 
 CACHE_FILE = "tuning.json"

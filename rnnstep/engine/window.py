@@ -39,10 +39,10 @@ import weakref
 
 import tensorflow as tf
 
+from rnnstep.engine import loop
+from rnnstep.engine import request as request_lib
 from rnnstep import errors
-from rnnstep import loop
-from rnnstep import model_file
-from rnnstep import request as request_lib
+from rnnstep.model import model_file
 
 
 def resolve(model, window) -> int:

@@ -1,0 +1,5 @@
+"""Exports: the whole generation loop as a file another runtime serves.
+
+  saved_model   `rnnstep.export`: a strings-in, strings-out SavedModel
+  litert        `rnnstep.export_litert`: model.tflite (builtin ops) + vocab.json
+"""

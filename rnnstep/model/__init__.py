@@ -1,0 +1,12 @@
+"""The model: a model file's tensors, the recurrent cells, the network.
+
+The first layer of the pipeline (weights file -> model -> cell step ->
+generation loop -> decoding -> front ends). It imports no decoding and no
+engine; `model_file` and `kinds` import no TensorFlow, so that the converters
+and the command lines can read a file before TensorFlow loads.
+
+  kinds        the cell kinds' tables: gate layouts, tensor names and shapes
+  cells        one step of each kind (the gate math, as Keras computes it)
+  network      `Model`: the raw tensors and the step of the whole stack
+  model_file   the .npz model file: its format, reader and writer
+"""
