@@ -9,8 +9,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
 
 import rnnstep
 from rnnstep import api

@@ -11,9 +11,9 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import decoding_reference as dr
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
+from tests.support import decoding_reference as dr
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
 
 import rnnstep
 from rnnstep.model import model_file

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import unittest
 
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 
 from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache

@@ -17,8 +17,8 @@ import pytest
 
 import rnnstep
 from rnnstep.cli import export
-from tests.test_cli_common import ENV, TIMEOUT, command, ok, one_error_line
-from tests.test_cli_common import Result, run_concurrently, write_model
+from tests.support.cli import ENV, TIMEOUT, command, ok, one_error_line
+from tests.support.cli import Result, run_concurrently, write_model
 
 COMMAND = command("rnnstep-export", "rnnstep.cli.export")
 PROMPTS = ["ROMEO:", "To be, or not", "J"]

@@ -12,14 +12,14 @@ import re
 
 import pytest
 
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 
 import rnnstep
 from rnnstep.engine import paths
 from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
-from tests.test_cli_common import command, ok, one_error_line
-from tests.test_cli_common import run_concurrently, write_model
+from tests.support.cli import command, ok, one_error_line
+from tests.support.cli import run_concurrently, write_model
 
 COMMAND = command("rnnstep-generate", "rnnstep.cli.generate")
 PROMPTS = ["ROMEO:", "To be"]

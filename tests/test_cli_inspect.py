@@ -17,8 +17,8 @@ import rnnstep
 from rnnstep.cli import inspect as cli_inspect
 from rnnstep.inspect import analysis as inspect
 from rnnstep.inspect import page as inspect_page
-from tests.test_cli_common import command, ok, one_error_line
-from tests.test_cli_common import run_concurrently, write_model
+from tests.support.cli import command, ok, one_error_line
+from tests.support.cli import run_concurrently, write_model
 
 COMMAND = command("rnnstep-inspect", "rnnstep.cli.inspect")
 ROOT = pathlib.Path(__file__).resolve().parent.parent

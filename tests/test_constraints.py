@@ -15,9 +15,9 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import decoding_reference as dr
-from tests import test_cli_common
-from tests import test_sampling
+from tests.support import decoding_reference as dr
+from tests.support import cli
+from tests.support import reference_models
 
 import rnnstep
 from rnnstep.decoding import constraints
@@ -26,7 +26,7 @@ from rnnstep import errors
 from rnnstep.model import model_file
 
 PATHS = (False, True, "elementwise")
-# Vocabulary of `test_sampling.small()`: "[UNK]" + "abcdefghij ,.;:!?-'\n".
+# Vocabulary of `reference_models.sampling_model()`: "[UNK]" + "abcdefghij ,.;:!?-'\n".
 WORDS = r"[a-e]+(, [a-e]+)*\."
 CLAUSE = r"([a-e]+ )+[f-j]+\."
 # Characters from which every prefix of WORDS / CLAUSE completes within
@@ -34,8 +34,7 @@ CLAUSE = r"([a-e]+ )+[f-j]+\."
 COMPLETIONS = ("a", "f", ",", " ", ".")
 
 
-def small():
-  return test_sampling.small()
+small = reference_models.sampling_model
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +164,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(counts.sum(), rows)
       expected = probs * rows
       chi2 = float(((counts - expected) ** 2 / expected).sum())
-      self.assertLess(chi2, test_sampling._CHI2_999[len(keep) - 1],  # pylint: disable=protected-access
+      self.assertLess(chi2, dr.CHI2_999[len(keep) - 1],
                       (pattern, counts, expected))
 
   @parameterized.parameters(*PATHS)
@@ -237,7 +236,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
          "--prompt=abc d", "--prompt=e", "--num_samples=2", "--num_steps=20",
          f"--regex={WORDS}", f"--regex={CLAUSE}", "--seed=4",
          "--format=jsonl"], capture_output=True, text=True, timeout=300,
-        cwd=root, env=test_cli_common.ENV)
+        cwd=root, env=cli.ENV)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
     texts = [json.loads(line)["text"] for line in result.stdout.splitlines()]
     self.assertEqual(texts, rnnstep.generate(
@@ -246,10 +245,10 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
     bad = subprocess.run(
         [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={path}",
          "--prompt=ab", "--regex=(a"], capture_output=True, text=True, timeout=300,
-        cwd=root, env=test_cli_common.ENV)
+        cwd=root, env=cli.ENV)
     self.assertEqual(bad.returncode, 2)
     lines = [line for line in bad.stderr.splitlines()
-             if not test_cli_common.TF_NOISE.fullmatch(line)]
+             if not cli.TF_NOISE.fullmatch(line)]
     self.assertLen(lines, 1)
     self.assertIn("--regex", lines[0])
     self.assertIn("'(a'", lines[0])

@@ -25,7 +25,7 @@ import pytest
 import rnnstep
 from rnnstep import convert
 from rnnstep.model import model_file
-from tests import keras_models as km
+from tests.support import keras_models as km
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
@@ -83,7 +83,7 @@ def keras3_cases(tmp_path_factory):
 def tf_keras_cases(tmp_path_factory):
   out = tmp_path_factory.mktemp("tf_keras")
   result = subprocess.run(
-      [sys.executable, "-m", "tests.keras_models", "tf_keras", str(out)],
+      [sys.executable, "-m", "tests.support.keras_models", "tf_keras", str(out)],
       cwd=REPO, capture_output=True, text=True, timeout=900,
       env=subprocess_env(TF_USE_LEGACY_KERAS="1"))
   assert result.returncode == 0, result.stderr[-4000:]

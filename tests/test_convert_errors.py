@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from rnnstep.cli import convert as cli
 from rnnstep import convert
-from tests import keras_models as km
+from tests.support import keras_models as km
 
 V = km.V
 

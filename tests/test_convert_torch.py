@@ -35,7 +35,7 @@ import rnnstep
 from rnnstep.cli import common
 from rnnstep import convert
 from rnnstep.convert import torch_files
-from tests.test_cli_common import Result
+from tests.support.cli import Result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "torch"

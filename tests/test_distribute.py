@@ -19,7 +19,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.test_cli_common import write_model
+from tests.support.cli import write_model
 
 SCRIPT = textwrap.dedent("""
     import tensorflow as tf
@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import rnnstep
-    from tests import keras_reference as kr
+    from tests.support import keras_reference as kr
     layers = [kr.layer("gru", 24), kr.layer("lstm", 16)]
     keras_model = kr.build(layers, seed=1)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

@@ -6,10 +6,11 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import decoding_reference as dr
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
-from tests import row_contract
+from tests.support import decoding_reference as dr
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
+from tests.support import reference_models
+from tests.support import row_contract
 
 import rnnstep
 from rnnstep import api
@@ -21,22 +22,8 @@ from rnnstep.model import model_file
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")
 
-STACKS = {
-    "gru_reset_after": [kr.layer("gru", 48, True)],
-    "gru_reset_before": [kr.layer("gru", 48, False)],
-    "lstm": [kr.layer("lstm", 40)],
-    "simple_rnn": [kr.layer("simple_rnn", 40)],
-    "gru_x2": [kr.layer("gru", 32), kr.layer("gru", 24)],
-    "lstm_then_gru": [kr.layer("lstm", 32), kr.layer("gru", 24, False)],
-}
-
-
-@functools.lru_cache(maxsize=None)
-def models(name):
-  layers = STACKS[name]
-  keras_model = kr.build(layers, vocab_size=65, embedding_dim=16, seed=7,
-                         bias_scale=1.0)
-  return keras_model, kr.rnnstep_model(keras_model, layers)
+STACKS = reference_models.STACKS
+models = reference_models.stack_models
 
 
 def unk_tensors():
@@ -88,7 +75,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class BatchTest(tf.test.TestCase, parameterized.TestCase):
-  """The batch contract (README "Reproducibility", tests/row_contract.py)."""
+  """The batch contract (README "Reproducibility", tests/support/row_contract.py)."""
 
   PROMPTS = ["A", "THE QUICK BROWN FOX", "HELLO, ", "Z" * 40, "KING RICHARD"]
   SEEDS = [11, 22, 33, 44, 55]

@@ -19,7 +19,7 @@ import tempfile
 import pytest
 import tensorflow as tf
 
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 
 from rnnstep.inspect import analysis as inspect
 from rnnstep.inspect import page as inspect_page

@@ -22,7 +22,7 @@ import textwrap
 import numpy as np
 import tensorflow as tf
 
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 
 import rnnstep
 from rnnstep.model import model_file

@@ -2,7 +2,7 @@
 
 Every cell generates greedy text for a few prompts and checks it against an
 independent reference: for float32 a Keras greedy loop (char for char); for
-bfloat16/float16 the float64 numpy forward (tests/numpy_reference.py), with the
+bfloat16/float16 the float64 numpy forward (tests/support/numpy_reference.py), with the
 per-step agreement (teacher-forced along the generated text) and the logit gap
 of any disagreement measured and bounded, since rounding may flip near-ties.
 
@@ -33,9 +33,9 @@ import textwrap
 from absl.testing import parameterized
 import pytest
 
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
-from tests.test_cli_common import ENV, TIMEOUT, command, run_script
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
+from tests.support.cli import ENV, TIMEOUT, command, run_script
 
 import rnnstep
 from rnnstep.exporters import litert
@@ -166,8 +166,8 @@ def call_saved_model(models, prompts, num_steps, paths):
 def call_litert(model, prompts, num_steps, path):
   """rnnstep's LiteRT export, run in the ai_edge_litert interpreter (no TF)."""
   del path  # LiteRT has its own loop (builtin ops); float32 only.
-  from tests import test_litert  # pylint: disable=g-import-not-at-top
-  return test_litert.run(litert.convert(model), model, prompts, num_steps)
+  from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
+  return litert_interpreter.run(litert.convert(model), model, prompts, num_steps)
 
 
 CALLERS = {

@@ -4,7 +4,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 
 import rnnstep
 

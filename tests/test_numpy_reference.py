@@ -1,4 +1,4 @@
-"""The float64 numpy reference (tests/numpy_reference.py) agrees with real Keras.
+"""The float64 numpy reference (tests/support/numpy_reference.py) agrees with real Keras.
 
 It is the yardstick of the reduced-precision tests, so it is pinned here to
 Keras' own float32 outputs on every stack kind, before anything trusts it.
@@ -7,9 +7,10 @@ Keras' own float32 outputs on every stack kind, before anything trusts it.
 from absl.testing import parameterized
 import numpy as np
 
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
-from tests.test_generator import STACKS, models
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
+from tests.support.reference_models import STACKS
+from tests.support.reference_models import stack_models as models
 
 
 class NumpyReferenceTest(parameterized.TestCase):

@@ -14,8 +14,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
 
 import rnnstep
 from rnnstep.engine import cpu

@@ -95,7 +95,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
     import glob, json, os, sys
     dump = sys.argv[1]
     import rnnstep
-    from tests import keras_reference as kr
+    from tests.support import keras_reference as kr
     layers = [kr.layer("gru", 16)]
     model = kr.rnnstep_model(kr.build(layers, seed=1), layers)
 

@@ -1,35 +1,22 @@
 """Sampling: supports of min-p / top-k / top-p by drawing many rows, scores
 against a float64 log-likelihood, and per-row settings (each row as alone)."""
 
-import functools
-
 from absl.testing import parameterized
 from hypothesis import given, settings, strategies as st
 import numpy as np
 import tensorflow as tf
 
-from tests import decoding_reference as dr
-from tests import keras_reference as kr
-from tests import numpy_reference as nr
-from tests import row_contract
+from tests.support import decoding_reference as dr
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
+from tests.support import reference_models
+from tests.support import row_contract
 
 import rnnstep
 from rnnstep.decoding import sampling
-from rnnstep.model import model_file
 
 PATHS = (False, True, "elementwise")
-LAYERS = [kr.layer("gru", 24)]
-
-
-@functools.lru_cache(maxsize=None)
-def small():
-  keras_model = kr.build(LAYERS, vocab_size=21, embedding_dim=8, seed=2,
-                         bias_scale=1.5)
-  vocab = ["[UNK]"] + list("abcdefghij ,.;:!?-'\n")
-  model = rnnstep.Model(model_file.ModelConfig(8, tuple(LAYERS)), vocab,
-                        kr.weights_of(keras_model, LAYERS))
-  return model, nr.Reference(kr.weights_of(keras_model, LAYERS), LAYERS,
-                             banned=[0])
+small = reference_models.sampling_model
 
 
 class SupportTest(tf.test.TestCase, parameterized.TestCase):
@@ -75,14 +62,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
     expected = probs * rows
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     # The 99.9% quantile of chi-square with len(keep) - 1 degrees of freedom.
-    self.assertLess(chi2, _CHI2_999[len(keep) - 1], (counts, expected))
-
-
-# The 99.9% quantiles of chi-square by degrees of freedom (scipy.stats.chi2).
-_CHI2_999 = {0: 0.0, 1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52,
-             6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26,
-             12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79,
-             18: 42.31, 19: 43.82}
+    self.assertLess(chi2, dr.CHI2_999[len(keep) - 1], (counts, expected))
 
 
 class ScoreTest(tf.test.TestCase, parameterized.TestCase):
@@ -220,7 +200,7 @@ class NoiseTest(tf.test.TestCase):
 
   def test_the_noise_follows_its_spec(self):
     # decoding_reference.gumbel_noise is written from sampling.py's docstring;
-    # the batch-contract checks (tests/row_contract.py) rely on it.
+    # the batch-contract checks (tests/support/row_contract.py) rely on it.
     seeds = [0, 1, -1, 2**40 + 3, -2**63, 2**63 - 1]
     for seed in seeds:
       for index in (0, 5):

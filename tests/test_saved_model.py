@@ -13,8 +13,8 @@ import textwrap
 from absl.testing import parameterized
 import tensorflow as tf
 
-from tests import keras_reference as kr
-from tests.test_cli_common import run_script
+from tests.support import keras_reference as kr
+from tests.support.cli import run_script
 
 import rnnstep
 from rnnstep.model import model_file

@@ -15,9 +15,9 @@ from unittest import mock
 
 import tensorflow as tf
 
-from tests import keras_reference as kr
-from tests.test_cli_common import ENV, TIMEOUT, Result, command, ok
-from tests.test_cli_common import one_error_line, write_model
+from tests.support import keras_reference as kr
+from tests.support.cli import ENV, TIMEOUT, Result, command, ok
+from tests.support.cli import one_error_line, write_model
 
 import rnnstep
 from rnnstep.engine import cpu

@@ -7,7 +7,7 @@
   character; that loop (argmax for greedy) is the reference text, and the same
   LSTM and Dense with a linear output are the reference logits.
 - Any model run with `window=k`, against the float64 numpy forward
-  (`tests/numpy_reference.py`) over each window from a zero state: logits,
+  (`tests/support/numpy_reference.py`) over each window from a zero state: logits,
   greedy text, and the scores of sampled text with the options on.
 """
 
@@ -28,8 +28,8 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep import errors
 from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
-from tests import numpy_reference
-from tests.test_convert_recipes import recipe_text
+from tests.support import numpy_reference
+from tests.support.recipes import recipe_text
 
 keras = pytest.importorskip("keras")
 

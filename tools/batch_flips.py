@@ -9,7 +9,7 @@ greedy and sampled at temperature 1) as one batch and then each row alone
 (batch 1, its own seed), and counts the rows whose texts differ. Where one
 does, it prints the step where the two part and the gap between the two
 candidates' scores there under the independent float64 forward
-(tests/numpy_reference.py) and the noise's spec: a gap of float32-rounding
+(tests/support/numpy_reference.py) and the noise's spec: a gap of float32-rounding
 size is the contract's near-tie (README "Reproducibility").
 """
 
@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from tests import decoding_reference as dr
-from tests import numpy_reference as nr
-from tests import row_contract
+from tests.support import decoding_reference as dr
+from tests.support import numpy_reference as nr
+from tests.support import row_contract
 import rnnstep
 from rnnstep.model import model_file
 

@@ -20,7 +20,7 @@ paths.py, floors.py, latency.py, cli.py, window.py) with `run(ctx, results)`; sh
 parts are bench/settings.py (every flag), machine.py (the header),
 weights.py, runners.py (rnnstep on a path, the matmul floor), keras_loops.py,
 torch_loops.py and timing.py. The Keras models come from the tests' builders
-(tests/keras_reference.py, tests/keras_models.py).
+(tests/support/keras_reference.py, tests/support/keras_models.py).
 
 The model is the TensorFlow text-generation tutorial's size (vocab 65,
 embedding 256, GRU 1024 with reset_after=True, Dense 65) with seeded random
@@ -28,7 +28,7 @@ weights (Keras' initializer families: uniform embedding, Glorot-uniform
 kernels, orthogonal recurrent kernel, small random biases), or any model file
 with `--weights`. The Keras and PyTorch variants get the same weights. The
 random weights are those of a real Keras 3 model made by
-tests/keras_reference.build (its initializers; random biases; the output
+tests/support/keras_reference.build (its initializers; random biases; the output
 kernel scaled 4x for a realistic logit spread).
 
 Variants (sections=speed), each generating `--num_chars` characters after a

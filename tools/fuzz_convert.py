@@ -10,7 +10,7 @@ its input under --findings.
   python tools/fuzz_convert.py --minutes=10
   python tools/fuzz_convert.py --seeds=DIR --iterations=5000
 
-Without --seeds, seed files are made first by `tests/keras_models.py` (tf_keras
+Without --seeds, seed files are made first by `tests/support/keras_models.py` (tf_keras
 in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
 and TF checkpoints (--nokeras skips them). The PyTorch fixtures in
 tests/data/torch (torch.save zip and legacy, .safetensors, whole pickled
@@ -39,7 +39,7 @@ from absl import app
 from absl import flags
 
 _SEEDS = flags.DEFINE_string("seeds", None, "Directory of seed files (default: "
-                             "build them with tests/keras_models.py).")
+                             "build them with tests/support/keras_models.py).")
 _FINDINGS = flags.DEFINE_string("findings", "/tmp/rnnstep_fuzz_findings",
                                 "Where failing inputs are saved.")
 _MINUTES = flags.DEFINE_float("minutes", 5.0, "Time budget.")
@@ -80,7 +80,7 @@ for line in sys.stdin:
 
 def make_seeds(directory):
   env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
-  subprocess.run([sys.executable, "-m", "tests.keras_models", "tf_keras",
+  subprocess.run([sys.executable, "-m", "tests.support.keras_models", "tf_keras",
                   directory], cwd=REPO, env=env, check=True)
 
 

@@ -22,7 +22,7 @@ from absl import flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from tests import keras_reference as kr
+from tests.support import keras_reference as kr
 import rnnstep
 
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the JSON.",

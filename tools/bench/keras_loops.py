@@ -9,12 +9,12 @@ def build_keras_model(weights):
   """The tutorial's model class (Keras 3), holding `weights`.
 
   The class is the tests' copy of the tutorial's MyModel
-  (tests/keras_models.py), at the benchmark's size.
+  (tests/support/keras_models.py), at the benchmark's size.
   """
   os.environ.setdefault("KERAS_BACKEND", "tensorflow")
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tests import keras_models  # pylint: disable=g-import-not-at-top
+  from tests.support import keras_models  # pylint: disable=g-import-not-at-top
   model = keras_models.tutorial_model(
       keras, keras3=True, vocab_size=weights.vocab_size,
       embedding_dim=weights.embedding_dim, rnn_units=weights.units)

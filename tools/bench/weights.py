@@ -6,11 +6,11 @@ from absl import app
 def random_tensors(vocab_size, embedding_dim, units, seed):
   """Seeded weights from Keras' own initializers (GRU reset_after=True).
 
-  The model is built by the tests' reference builder (tests/keras_reference.py:
+  The model is built by the tests' reference builder (tests/support/keras_reference.py:
   Keras 3 Embedding -> GRU -> Dense, biases random), so the benchmark's weights
   are real Keras initializations, not a re-implementation of them.
   """
-  from tests import keras_reference  # pylint: disable=g-import-not-at-top
+  from tests.support import keras_reference  # pylint: disable=g-import-not-at-top
   layers = [keras_reference.layer("gru", units, True)]
   model = keras_reference.build(layers, vocab_size=vocab_size,
                                 embedding_dim=embedding_dim, seed=seed,

@@ -105,7 +105,7 @@ def weights_of(keras_model, layers):
 def from_weights(tensors, layers):
   """A Keras model made by `build`, holding a model-file tensor dict's weights.
 
-  For model files written without Keras (e.g. tests/test_cli_common.py's
+  For model files written without Keras (e.g. tests/support/cli.py's
   `write_model`): the same weights in a real Keras model, as the reference.
   """
   vocab_size, embedding_dim = tensors["embedding"].shape

@@ -2,7 +2,7 @@
 
 Each builder takes the Keras module to use: Keras 3 (`import keras`, in the test
 process) or tf_keras 2.x (in a subprocess with TF_USE_LEGACY_KERAS=1, run as
-`python -m tests.keras_models tf_keras OUT_DIR`). Every case saves its model in
+`python -m tests.support.keras_models tf_keras OUT_DIR`). Every case saves its model in
 one or more formats, plus a reference computed by the model that was saved:
 Keras logits on fixed ids and Keras greedy text after PROMPT.
 

@@ -19,7 +19,7 @@ step whose two candidates score within `tolerance` of each other.
 
 import numpy as np
 
-from tests import decoding_reference as dr
+from tests.support import decoding_reference as dr
 
 # Far above the float32 rounding a few dozen steps of recurrence pile up
 # (measured batch-vs-alone logit gaps are ~1e-7..1e-5), far below a real

@@ -198,3 +198,10 @@ def gumbel_noise(key, step, vocab_size):
   bits = _fmix32(step_key ^ salt)
   uniform = ((bits >> 8).astype(np.float64) + 0.5) / (1 << 24)
   return -np.log(-np.log(uniform))
+
+
+# The 99.9% quantiles of chi-square by degrees of freedom (scipy.stats.chi2).
+CHI2_999 = {0: 0.0, 1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52,
+             6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26,
+             12: 32.91, 13: 34.53, 14: 36.12, 15: 37.70, 16: 39.25, 17: 40.79,
+             18: 42.31, 19: 43.82}

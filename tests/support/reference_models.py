@@ -1,0 +1,52 @@
+"""Small real Keras models, and their rnnstep twins, shared by test files.
+
+- `STACKS` / `stack_models(name)`: one model of every stack (GRU reset_after
+  true/false, LSTM, SimpleRNN, GRU x2, LSTM -> GRU) over 65 characters
+  (tests/test_generator.py, tests/test_numpy_reference.py).
+- `sampling_model()`: a 21-id GRU with "[UNK]" as id 0 and a float64 numpy
+  reference that bans it (tests/test_sampling.py, tests/test_constraints.py).
+
+Each is made once per process (lru_cache), so test files on one worker
+share its traces and compiles.
+"""
+
+import functools
+
+from tests.support import keras_reference as kr
+from tests.support import numpy_reference as nr
+
+import rnnstep
+from rnnstep.model import model_file
+
+STACKS = {
+    "gru_reset_after": [kr.layer("gru", 48, True)],
+    "gru_reset_before": [kr.layer("gru", 48, False)],
+    "lstm": [kr.layer("lstm", 40)],
+    "simple_rnn": [kr.layer("simple_rnn", 40)],
+    "gru_x2": [kr.layer("gru", 32), kr.layer("gru", 24)],
+    "lstm_then_gru": [kr.layer("lstm", 32), kr.layer("gru", 24, False)],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def stack_models(name):
+  """(Keras model, rnnstep model) of STACKS[name]."""
+  layers = STACKS[name]
+  keras_model = kr.build(layers, vocab_size=65, embedding_dim=16, seed=7,
+                         bias_scale=1.0)
+  return keras_model, kr.rnnstep_model(keras_model, layers)
+
+
+SAMPLING_LAYERS = [kr.layer("gru", 24)]
+
+
+@functools.lru_cache(maxsize=None)
+def sampling_model():
+  """(rnnstep model, numpy reference) over "[UNK]" + "abcdefghij ,.;:!?-'\\n"."""
+  keras_model = kr.build(SAMPLING_LAYERS, vocab_size=21, embedding_dim=8,
+                         seed=2, bias_scale=1.5)
+  vocab = ["[UNK]"] + list("abcdefghij ,.;:!?-'\n")
+  model = rnnstep.Model(model_file.ModelConfig(8, tuple(SAMPLING_LAYERS)),
+                        vocab, kr.weights_of(keras_model, SAMPLING_LAYERS))
+  return model, nr.Reference(kr.weights_of(keras_model, SAMPLING_LAYERS),
+                             SAMPLING_LAYERS, banned=[0])
