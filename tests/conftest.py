@@ -5,6 +5,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import flags  # pylint: disable=g-import-not-at-top
+import pytest  # pylint: disable=g-import-not-at-top
 
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
 if not flags.FLAGS.is_parsed():
@@ -20,8 +21,11 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
 atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
 
+# First: `-m` selects on the markers added here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  """Drops `tf.test.TestCase.test_session`, a deprecated stub that every
+  """Marks every `exhaustive` test `slow`, and drops
+  `tf.test.TestCase.test_session`, a deprecated stub that every
   tf.test.TestCase subclass inherits and that only ever skips: it added one
   meaningless skip per class (19) to the count, hiding the skips that matter.
   It is not a test of ours, so it is dropped silently (not "deselected")."""
@@ -33,3 +37,7 @@ def pytest_collection_modifyitems(config, items):
             and method.__qualname__ == "TensorFlowTestCase.test_session")
 
   items[:] = [item for item in items if not is_stub(item)]
+  # An exhaustive sweep is slow: `-m "not slow"` (the quick tier) leaves it out.
+  for item in items:
+    if item.get_closest_marker("exhaustive"):
+      item.add_marker(pytest.mark.slow)

@@ -7,6 +7,7 @@ from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
@@ -82,6 +83,7 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(rnnstep.generate(self.model, "AB", 3, seed=np.int64(4)), 3)
 
 
+@pytest.mark.slow  # a SavedModel export
 class ExportDefaultPathTest(tf.test.TestCase):
 
   # None exports the library's portable default, the plain graph.

@@ -16,10 +16,16 @@ import sys
 import tempfile
 import unittest
 
+import pytest
+
 from tests.support import keras_reference as kr
 
 from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
+
+# Quick tier (-m "not slow") leaves this file out: tools/benchmark.py runs in
+# subprocesses.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")

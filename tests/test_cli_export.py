@@ -20,6 +20,10 @@ from rnnstep.cli import export
 from tests.support.cli import ENV, TIMEOUT, command, ok, one_error_line
 from tests.support.cli import Result, run_concurrently, write_model
 
+# Quick tier (-m "not slow") leaves this file out: every test runs
+# rnnstep-export and serves the export in fresh interpreters.
+pytestmark = pytest.mark.slow
+
 COMMAND = command("rnnstep-export", "rnnstep.cli.export")
 PROMPTS = ["ROMEO:", "To be, or not", "J"]
 STEPS = 40

@@ -21,6 +21,10 @@ from rnnstep.model import network as model_lib
 from tests.support.cli import command, ok, one_error_line
 from tests.support.cli import run_concurrently, write_model
 
+# Quick tier (-m "not slow") leaves this file out: rnnstep-generate
+# subprocesses.
+pytestmark = pytest.mark.slow
+
 COMMAND = command("rnnstep-generate", "rnnstep.cli.generate")
 PROMPTS = ["ROMEO:", "To be"]
 SAMPLES = 2

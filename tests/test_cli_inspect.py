@@ -20,6 +20,10 @@ from rnnstep.inspect import page as inspect_page
 from tests.support.cli import command, ok, one_error_line
 from tests.support.cli import run_concurrently, write_model
 
+# Quick tier (-m "not slow") leaves this file out: rnnstep-inspect
+# subprocesses.
+pytestmark = pytest.mark.slow
+
 COMMAND = command("rnnstep-inspect", "rnnstep.cli.inspect")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXCERPT = ROOT / "tests" / "data" / "tinyshakespeare_heldout_excerpt.txt"

@@ -13,6 +13,7 @@ import sys
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import decoding_reference as dr
@@ -226,6 +227,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       for texts in beams:
         assert_valid(self, pattern, texts, 16, [";"])
 
+  @pytest.mark.slow  # rnnstep-generate subprocesses
   def test_the_cli_flag(self):
     model, _ = small()
     path = self.create_tempdir().full_path + "/small.npz"

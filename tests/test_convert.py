@@ -27,6 +27,10 @@ from rnnstep import convert
 from rnnstep.model import model_file
 from tests.support import keras_models as km
 
+# Quick tier (-m "not slow") leaves this file out: real Keras files written in
+# this process and by tf_keras in a subprocess.
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
 

@@ -32,6 +32,10 @@ from tests.support.recipes import build_all
 import rnnstep
 from rnnstep import convert
 
+# Quick tier (-m "not slow") leaves this file out: the recipes' models built
+# with Keras 3 and tf_keras (a subprocess).
+pytestmark = pytest.mark.slow
+
 keras = pytest.importorskip("keras")
 
 

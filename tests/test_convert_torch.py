@@ -440,6 +440,7 @@ def test_load_needs_a_vocabulary_for_weights_but_not_for_model_files(tmp_path):
     convert.convert(out, tmp_path / "again.npz", vocab=DATA / "vocab.json")
 
 
+@pytest.mark.slow  # subprocesses
 def test_cli_errors_name_the_flag(tmp_path):
   with pytest.raises(common.Failure, match=r"^--weights=.*gru2.pt: Keras and "
                      r"PyTorch weights hold no vocabulary; give --corpus"):
@@ -460,6 +461,7 @@ def _run(module, *args):
   return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+@pytest.mark.slow  # a subprocess
 def test_generate_cli_reads_pytorch_weights():
   ref = np.load(DATA / "reference.npz")
   chars = json.load(open(DATA / "vocab.json"))
@@ -480,6 +482,7 @@ def test_generate_cli_reads_pytorch_weights():
 # --------------------------------------------------------------- live torch
 
 
+@pytest.mark.slow  # trains torch models in a subprocess
 def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
   """Regenerates the fixtures with the installed torch and compares again;
   checks the direct tensor reading against torch.load too."""

@@ -21,6 +21,10 @@ import tensorflow as tf
 
 from tests.support.cli import write_model
 
+# Quick tier (-m "not slow") leaves this file out: two-replica strategies and
+# worker processes.
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]

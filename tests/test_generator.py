@@ -4,6 +4,7 @@ import functools
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import decoding_reference as dr
@@ -438,6 +439,7 @@ if __name__ == "__main__":
   tf.test.main()
 
 
+@pytest.mark.slow  # a fresh interpreter
 class CrossProcessTest(tf.test.TestCase):
 
   def test_same_seed_same_text_in_another_process(self):

@@ -24,6 +24,10 @@ from tests.support import keras_reference as kr
 from rnnstep.inspect import analysis as inspect
 from rnnstep.inspect import page as inspect_page
 
+# Quick tier (-m "not slow") leaves this file out: the page in headless
+# Chromium.
+pytestmark = pytest.mark.slow
+
 LAYERS = [kr.layer("gru", 16)]
 VOCAB = ["\n"] + [chr(32 + i) for i in range(64)]  # Has <, >, &, " and '.
 TEXT = ('FIRST CITIZEN:\nBEFORE WE PROCEED ANY FURTHER, HEAR ME SPEAK.\n\n'

@@ -20,6 +20,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
@@ -55,6 +56,7 @@ SCRIPT = textwrap.dedent("""
 
 class KerasFreeTest(tf.test.TestCase):
 
+  @pytest.mark.slow  # a fresh interpreter
   def test_runtime_runs_with_keras_unimportable(self):
     layers = [kr.layer("gru", 16), kr.layer("lstm", 8)]
     path = os.path.join(self.create_tempdir().full_path, "m.npz")

@@ -22,6 +22,10 @@ from rnnstep.decoding import sampling
 from rnnstep.exporters import litert
 from rnnstep.model import model_file
 
+# Quick tier (-m "not slow") leaves this file out: LiteRT exports of every
+# stack.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip(
     "ai_edge_litert.interpreter",
     reason="ai_edge_litert is not installed (pip install ai-edge-litert)")

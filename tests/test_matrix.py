@@ -41,6 +41,10 @@ import rnnstep
 from rnnstep.exporters import litert
 from rnnstep.model import model_file
 
+# Quick tier (-m "not slow") leaves this file out: the 30-cell matrix
+# (subprocesses, exports).
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["ROMEO: ", "HELLO", "A"]  # Odd: the strategy pads its last replica.
 STEPS = 32
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from rnnstep.decoding import sampling
@@ -111,6 +112,7 @@ COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter
 class CompileCountTest(tf.test.TestCase):
 
   def test_xla_batch_sweep_compiles_at_most_seven_programs(self):

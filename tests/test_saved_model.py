@@ -11,6 +11,7 @@ import os
 import textwrap
 
 from absl.testing import parameterized
+import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
@@ -18,6 +19,10 @@ from tests.support.cli import run_script
 
 import rnnstep
 from rnnstep.model import model_file
+
+# Quick tier (-m "not slow") leaves this file out: SavedModel exports served in
+# fresh interpreters.
+pytestmark = pytest.mark.slow
 
 LAYERS = [kr.layer("lstm", 24), kr.layer("gru", 16)]
 PROMPTS = ["HELLO", "A", "THE KING'S SPEECH"]

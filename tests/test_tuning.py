@@ -13,6 +13,7 @@ import subprocess
 import sys
 from unittest import mock
 
+import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
@@ -293,6 +294,7 @@ class TuneTest(TuningTestCase):
     self.assertIn("tune", rnnstep.__all__)
 
 
+@pytest.mark.slow  # rnnstep-tune and rnnstep-generate subprocesses
 class CommandLineTest(TuningTestCase):
   """rnnstep-tune, and that a plain rnnstep-generate never measures."""
 

@@ -125,6 +125,7 @@ def test_window_zero_steps_statefully(recipe):
   assert stateful != recipe["greedy"]  # The two reads differ on this model.
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_window_flag(recipe):
   out = os.path.join(recipe["out"], "recipe.npz")
   convert.convert(recipe["path"], out, vocab=recipe["vocab"])
@@ -203,6 +204,7 @@ def served_inputs(prompts, **values):
   return inputs
 
 
+@pytest.mark.slow  # SavedModel exports
 @pytest.mark.parametrize("path", PATHS)
 def test_saved_model_serves_the_windows_the_model_records(tmp_path, path):
   """Exported on each path, a model recording window=5 is served over its
