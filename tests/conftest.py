@@ -7,6 +7,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import flags  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
+from tests.support import tiers  # pylint: disable=g-import-not-at-top
+
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
@@ -24,9 +26,9 @@ atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
 # First: `-m` selects on the markers added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-  """Marks every `exhaustive` test `slow`, and drops
-  `tf.test.TestCase.test_session`, a deprecated stub that every
-  tf.test.TestCase subclass inherits and that only ever skips: it added one
+  """Marks slow every `exhaustive` test and every case that `quick_cases`
+  leaves out, and drops `tf.test.TestCase.test_session`, a deprecated stub
+  that every tf.test.TestCase subclass inherits and that only ever skips: it added one
   meaningless skip per class (19) to the count, hiding the skips that matter.
   It is not a test of ours, so it is dropped silently (not "deselected")."""
   del config
@@ -37,7 +39,8 @@ def pytest_collection_modifyitems(config, items):
             and method.__qualname__ == "TensorFlowTestCase.test_session")
 
   items[:] = [item for item in items if not is_stub(item)]
-  # An exhaustive sweep is slow: `-m "not slow"` (the quick tier) leaves it out.
+  # An exhaustive sweep is slow, and so are the cases of a sweep that
+  # `tiers.quick_cases` leaves out: `-m "not slow"` (the quick tier) skips them.
   for item in items:
-    if item.get_closest_marker("exhaustive"):
+    if item.get_closest_marker("exhaustive") or tiers.is_slow_case(item):
       item.add_marker(pytest.mark.slow)

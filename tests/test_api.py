@@ -397,6 +397,7 @@ def _valid_calls(draw):
 
 @settings(max_examples=20, deadline=None)
 @given(call=_valid_calls())
+@pytest.mark.slow  # Every path, for each drawn call.
 def test_valid_arguments_give_checked_content_on_every_path(call):
   prompts, num_steps, kwargs = call
   outcomes = {jit: rnnstep.generate(_model(), prompts, num_steps,

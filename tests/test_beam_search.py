@@ -9,11 +9,13 @@ import functools
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import decoding_reference as dr
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
+from tests.support.tiers import quick_cases
 
 import rnnstep
 from rnnstep.model import model_file
@@ -67,23 +69,27 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             reference, model.encode(prompt), ids), 1e-3)
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_bundled_model_without_stops(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["ROMEO:", "First Citizen:\nWe"], 12, 4, jit)
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_bundled_model_with_stops_and_length_penalty(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["KING RICHARD", "O, "], 20, 3, jit,
                stop=[" ", "\n"], length_penalty=0.5)
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_small_model_with_penalties(self, jit):
     model, reference = small()
     self.check(model, reference, ["HELLO", "A", "XYZZY"], 15, 5, jit,
                banned=[0], repetition_penalty=1.5, repetition_window=6,
                no_repeat_ngram_size=2, stop=["E", "QQ"], length_penalty=1.5)
 
+  @pytest.mark.slow  # A program per batch.
   def test_each_prompt_equals_itself_alone(self):
     model, _ = small()
     prompts = ["HELLO", "A", "XYZZY", "Q"]

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tests.support import decoding_reference as dr
 from tests.support import cli
 from tests.support import reference_models
+from tests.support.tiers import quick_cases
 
 import rnnstep
 from rnnstep.decoding import constraints
@@ -120,6 +121,7 @@ class CompileTest(tf.test.TestCase, parameterized.TestCase):
 class GenerateTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_every_row_matches_its_pattern(self, jit):
     model, _ = small()
     for pattern, kwargs in ((WORDS, {}), (CLAUSE, dict(top_k=4, top_p=0.9)),
@@ -133,6 +135,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       if not kwargs:
         self.assertTrue(any(len(t) < 24 for t in texts), texts)
 
+  @pytest.mark.slow  # Every path.
   def test_the_pattern_wins_where_the_ngram_ban_leaves_nothing(self):
     model, _ = small()
     # After "aa" the 2-gram ban forbids the only character "a+" allows.
@@ -169,6 +172,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
                       (pattern, counts, expected))
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_greedy_is_the_argmax_among_the_allowed_characters(self, jit):
     model, reference = small()
     prompt = "cab"
@@ -183,6 +187,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       want = max(allowed, key=lambda i: row[i])
       self.assertEqual(model.vocab[want], text[t], (t, text))
 
+  @pytest.mark.slow  # Every path.
   def test_a_pattern_per_row_and_free_rows_as_alone(self):
     model, _ = small()
     patterns = [WORDS, None, CLAUSE, r"[hij]+!"]
@@ -199,6 +204,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
               model, "abc d", 20, seed=seed, jit_compile=jit, regex=pattern))
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_stream_equals_generate(self, jit):
     model, _ = small()
     kwargs = dict(seed=3, regex=[WORDS, CLAUSE, None], jit_compile=jit,
@@ -218,6 +224,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(score, want, rtol=1e-4, atol=1e-4)
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_every_returned_beam_matches(self, jit):
     model, _ = small()
     for pattern in (WORDS, CLAUSE):

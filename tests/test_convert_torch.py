@@ -36,6 +36,7 @@ from rnnstep.cli import common
 from rnnstep import convert
 from rnnstep.convert import torch_files
 from tests.support.cli import Result
+from tests.support.tiers import quick_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "torch"
@@ -77,12 +78,16 @@ def check_against_reference(directory, file_name, ref_name):
   return error
 
 
-@pytest.mark.parametrize("file_name,ref_name", CASES)
+@pytest.mark.parametrize("file_name,ref_name",
+                         quick_params(CASES, ("gru2.pt", "gru2"),
+                                      ("lstm.pth", "lstm")))
 def test_logits_and_greedy_text_match_torch(file_name, ref_name):
   check_against_reference(DATA, file_name, ref_name)
 
 
-@pytest.mark.parametrize("file_name,ref_name", MODULE_CASES)
+@pytest.mark.parametrize("file_name,ref_name",
+                         quick_params(MODULE_CASES,
+                                      ("charrnn_gru.pt", "charrnn_gru")))
 def test_whole_pickled_modules_match_torch(file_name, ref_name):
   check_against_reference(DATA, file_name, ref_name)
 

@@ -12,6 +12,7 @@ from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
 from tests.support import reference_models
 from tests.support import row_contract
+from tests.support.tiers import quick_cases
 
 import rnnstep
 from rnnstep import api
@@ -46,6 +47,7 @@ def unk_model(dtype="float32"):
 class GreedyTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*[(n, n) for n in STACKS])
+  @quick_cases("gru_reset_after")
   def test_greedy_matches_keras_loop(self, name):
     keras_model, model = models(name)
     prompt = "ROMEO: "
@@ -57,6 +59,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(("graph", False), ("xla", True),
                                   ("elementwise", "elementwise"),
                                   ("default", None))
+  @quick_cases("graph")
   def test_unk_is_never_generated(self, jit):
     model = unk_model()  # Its bias makes [UNK] the argmax at every step.
     reference = nr.Reference(unk_tensors(), STACKS["gru_reset_after"],
@@ -83,6 +86,7 @@ class BatchTest(tf.test.TestCase, parameterized.TestCase):
   TEMPERATURES = [0.0, 1.0, 0.0, 1.0, 0.8]  # Greedy and sampled rows.
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_the_same_request_gives_the_same_bits(self, jit):
     _, model = models("lstm_then_gru")
     runs = [rnnstep.generate(model, self.PROMPTS, 40, seed=9,
@@ -92,6 +96,7 @@ class BatchTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(runs[0], runs[1])  # Texts, and scores as exact floats.
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_each_row_alone_gives_its_text_but_at_a_near_tie(self, jit):
     keras_model, model = models("lstm_then_gru")
     layers = STACKS["lstm_then_gru"]
@@ -115,6 +120,7 @@ class BatchTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(batch[row], rnnstep.logits(model, ids[row])[0],
                           atol=1e-5, rtol=0)
 
+  @pytest.mark.slow  # Every path.
   def test_paths_agree_when_sampling(self):
     _, model = models("gru_reset_after")
     prompts = ["ABC", "HELLO"]
@@ -137,6 +143,7 @@ class InitialStateTest(tf.test.TestCase, parameterized.TestCase):
     return [{k: v[:, -1] for k, v in layer.items()} for layer in states]
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_continuing_from_a_state_equals_the_joined_prompt(self, jit):
     _, model = models("lstm_then_gru")
     state = self.states_after_p1(model)
@@ -154,6 +161,7 @@ class InitialStateTest(tf.test.TestCase, parameterized.TestCase):
                          jit_compile=jit),
         rnnstep.generate(model, joined, 12, num_beams=3, jit_compile=jit))
 
+  @pytest.mark.slow  # A program per batch.
   def test_one_state_per_row_equals_each_row_alone(self):
     keras_model, model = models("lstm_then_gru")
     layers = STACKS["lstm_then_gru"]
@@ -241,6 +249,7 @@ class SamplingLawTest(tf.test.TestCase):
 class TraceTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_no_retrace(self, jit):
     keras_model = kr.build([kr.layer("gru", 16)], seed=1)
     model = kr.rnnstep_model(keras_model, [kr.layer("gru", 16)])
@@ -259,6 +268,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
 
 
+  @pytest.mark.slow  # XLA and elementwise programs.
   def test_default_path_traces_each_path_once(self):
     if paths.gpu_visible():
       self.skipTest("with a GPU the default is XLA at every batch")
@@ -276,6 +286,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
 class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_stream_chunks_join_to_one_shot(self, jit):
     _, model = models("lstm_then_gru")
     prompts = ["ABC", "HELLO THERE"]
@@ -289,6 +300,7 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual("".join(pieces), whole[0])
 
   @parameterized.named_parameters(*[(n, n) for n in STACKS])
+  @pytest.mark.slow  # Every stack, two paths.
   def test_elementwise_chunks_join_to_the_xla_text(self, name):
     # The elementwise loop chooses before it consumes (its carry's state has
     # consumed the last id): with a first layer it fuses (GRU reset_after,
@@ -309,6 +321,7 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(["".join(c[i] for c in chunks) for i in range(3)], want)
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_stop_strings(self, jit):
     _, model = models("gru_reset_after")
     free = rnnstep.generate(model, ["AB", "XY"], 300, seed=8, jit_compile=jit)
@@ -348,6 +361,7 @@ class StepTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*[(f"{n}_{mode}", n, jit) for n in STACKS
                                      for mode, jit in zip(
                                          ("graph", "xla", "elementwise"), PATHS)])
+  @quick_cases("gru_reset_after_graph")
   def test_step_logits_match_keras_over_a_sequence(self, name, jit):
     keras_model, model = models(name)
     ids = np.random.default_rng(1).integers(0, 65, [3, 30]).astype(np.int32)
@@ -383,6 +397,7 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*[(f"{n}_{d}", n, d) for n in STACKS
                                      for d in ("bfloat16", "float16")])
+  @pytest.mark.slow  # Every stack and dtype on every path.
   def test_step_logits_within_bounds_of_float64(self, name, dtype):
     keras_model, _ = models(name)
     layers = STACKS[name]
@@ -411,6 +426,7 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
   GAP_BOUNDS = {"bfloat16": 0.15, "float16": 0.02}
 
   @parameterized.parameters(*GAP_BOUNDS)
+  @pytest.mark.slow  # Every path.
   def test_greedy_text_agrees_with_float64_on_every_path(self, dtype):
     model = rnnstep.load(dtype=dtype)
     reference = bundled_reference()
@@ -427,6 +443,7 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
       self.assertLessEqual(gap, self.GAP_BOUNDS[dtype], (how, first))
       self.assertGreaterEqual(first, 50, how)
 
+  @pytest.mark.slow  # Reduced precision, as the rest of its class.
   def test_bfloat16_really_rounds(self):
     """The reduced dtype is used: bfloat16 greedy parts from float32's."""
     full = rnnstep.generate(rnnstep.load(), "ROMEO:", 150, temperature=0)

@@ -12,6 +12,7 @@ from unittest import mock
 
 from absl import logging
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
@@ -206,6 +207,7 @@ class DefaultPathTest(tf.test.TestCase):
         else:
           self.assertEqual(said, [])
 
+  @pytest.mark.slow  # The bundled model at batch 256.
   def test_default_bfloat16_batch_agrees_with_float64(self):
     """The default path at batch 256 in bfloat16, on the bundled model from
     256 real held-out prompts, against an independent float64 forward:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tests.support import decoding_reference as dr
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
+from tests.support.tiers import quick_cases
 
 import rnnstep
 from rnnstep.decoding import pipeline
@@ -50,6 +51,7 @@ def _apply(logits, ids, lengths, theta, window, ngram, mode):
 class RulesTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters("eager", "graph", "xla")
+  @quick_cases(0, 1)  # Eager and graph.
   def test_random_histories_match_the_reference(self, mode):
     rng = np.random.default_rng(0)
     for trial in range(20):
@@ -94,6 +96,7 @@ def _model():
 class GenerationTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(False, True, "elementwise")
+  @quick_cases(0)  # The graph path.
   def test_each_greedy_step_is_the_reference_argmax(self, jit):
     model, reference = _model()
     prompts = ["ab ab ab", "c", "jihgf"]
@@ -133,6 +136,7 @@ class GenerationTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotEqual(plain, banned)
 
   @parameterized.parameters(False, True, "elementwise")
+  @quick_cases(0)  # The graph path.
   def test_stream_carries_the_history(self, jit):
     model, _ = _model()
     kwargs = dict(seed=3, repetition_penalty=1.6, repetition_window=5,

@@ -4,6 +4,7 @@ against a float64 log-likelihood, and per-row settings (each row as alone)."""
 from absl.testing import parameterized
 from hypothesis import given, settings, strategies as st
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import decoding_reference as dr
@@ -11,6 +12,7 @@ from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
 from tests.support import reference_models
 from tests.support import row_contract
+from tests.support.tiers import quick_cases
 
 import rnnstep
 from rnnstep.decoding import sampling
@@ -27,6 +29,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
       dict(temperature=2.0, top_p=0.9), dict(typical_p=0.5),
       dict(typical_p=0.9, temperature=0.7), dict(typical_p=0.2),
       dict(typical_p=0.8, min_p=0.02, top_k=12))
+  @quick_cases(0)  # One filter set, on every path.
   def test_draws_cover_exactly_the_reference_support(self, **filters):
     model, reference = small()
     prompt = "abc d"
@@ -47,6 +50,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(dict(top_k=6, min_p=0.05), dict(typical_p=0.6),
                             dict(typical_p=0.9, temperature=1.5))
+  @quick_cases(0)
   def test_frequencies_follow_the_renormalized_support(self, **filters):
     model, reference = small()
     prompt = "abc d"
@@ -68,6 +72,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
 class ScoreTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
   def test_scores_are_the_float64_log_likelihood(self, jit):
     model, reference = small()
     prompts = ["abc", "j", "ha ha, ha"]
@@ -114,6 +119,7 @@ class PerRowTest(tf.test.TestCase):
                        min_size=1, max_size=5),
          path=st.sampled_from(PATHS), window=st.sampled_from([0, 4]),
          ngram=st.sampled_from([0, 3]))
+  @pytest.mark.slow  # Drawn paths and batches.
   def test_each_row_equals_itself_alone(self, rows, path, window, ngram):
     model, reference = small()
     prompts = [prompt for prompt, _, _ in rows]
@@ -151,6 +157,7 @@ class MixedRowsTest(tf.test.TestCase, parameterized.TestCase):
   """
 
   @parameterized.product(path=PATHS, caller=("generate", "stream"))
+  @quick_cases(0, 1)  # The graph path, both callers.
   def test_greedy_rows_follow_the_float64_reference(self, path, caller):
     model, reference = small()
     prompts = ["abc", "j", "de ,a"]
@@ -179,6 +186,7 @@ class FirstMaxIndexTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(("eager", None), ("graph", False),
                                   ("xla", True))
+  @quick_cases("eager", "graph")
   def test_is_numpys_argmax_ties_and_infinities_included(self, jit):
     rng = np.random.default_rng(5)
     scores = rng.normal(size=[64, 65]).astype(np.float32)

@@ -212,6 +212,7 @@ class CacheReadTest(TuningTestCase):
 
 class TuneTest(TuningTestCase):
 
+  @pytest.mark.slow  # Measures every path.
   def test_tune_measures_every_path_and_writes_the_cache(self):
     lines = []
     report = tuning.tune(self.model, batch_sizes=(1, 3), num_steps=8,
@@ -245,6 +246,7 @@ class TuneTest(TuningTestCase):
     self.assertEqual(paths.default_path(self.model, 1),
                      report["results"][0]["fastest"])
 
+  @pytest.mark.slow  # Measures every path.
   def test_tune_keeps_other_entries_and_can_skip_saving(self):
     other = self.cache_entry("graph", batch=64)
     write_cache(self.cache_dir, other)
@@ -263,6 +265,7 @@ class TuneTest(TuningTestCase):
     with open(os.path.join(self.cache_dir, "tuning.json"), "rb") as f:
       self.assertEqual(f.read(), before)
 
+  @pytest.mark.slow  # Measures every path.
   def test_unwritable_cache_is_reported_not_raised(self):
     blocker = os.path.join(self.create_tempdir().full_path, "file")
     with open(blocker, "w") as f:

@@ -30,6 +30,7 @@ from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
 from tests.support import numpy_reference
 from tests.support.recipes import recipe_text
+from tests.support.tiers import quick_params
 
 keras = pytest.importorskip("keras")
 
@@ -104,7 +105,7 @@ def test_window_logits_match_keras(recipe):
       != got[WINDOW:].tolist()
 
 
-@pytest.mark.parametrize("jit_compile", PATHS)
+@pytest.mark.parametrize("jit_compile", quick_params(PATHS, False))
 def test_greedy_text_is_the_recipes_loop_on_every_path(recipe, jit_compile):
   model = recipe["model"]
   text = rnnstep.generate(model, recipe["seed"], STEPS, temperature=0,
@@ -242,6 +243,7 @@ def test_litert_export_of_a_window_model_is_refused_in_one_line(tmp_path):
   assert not os.path.exists(tmp_path / "lite")
 
 
+@pytest.mark.slow  # Every path.
 def test_sampling_options_stop_strings_and_scores_over_windows():
   """Every option runs in the same tails: the text is the same on every path
   and streamed, and the scores are the float64 window log-likelihoods."""
