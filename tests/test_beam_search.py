@@ -69,13 +69,13 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             reference, model.encode(prompt), ids), 1e-3)
 
   @parameterized.parameters(*PATHS)
-  @quick_cases(0)  # The graph path.
+  @pytest.mark.slow  # The bundled model.
   def test_bundled_model_without_stops(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["ROMEO:", "First Citizen:\nWe"], 12, 4, jit)
 
   @parameterized.parameters(*PATHS)
-  @quick_cases(0)  # The graph path.
+  @pytest.mark.slow  # The bundled model.
   def test_bundled_model_with_stops_and_length_penalty(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["KING RICHARD", "O, "], 20, 3, jit,

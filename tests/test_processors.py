@@ -7,6 +7,7 @@ be the argmax of the reference's processed logits for its prefix.
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.support import decoding_reference as dr
@@ -123,6 +124,7 @@ class GenerationTest(tf.test.TestCase, parameterized.TestCase):
                            f"{ordered[-1] - ordered[-2] if len(ordered) > 1 else 0}")
           history.append(int(token))
 
+  @pytest.mark.slow  # The default path's programs.
   def test_ngram_ban_removes_repeats_that_greedy_makes(self):
     model, _ = _model()
     plain = rnnstep.generate(model, "ab ab ab", 60, temperature=0.0)

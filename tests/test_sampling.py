@@ -91,6 +91,7 @@ class ScoreTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsInstance(single_text, str)
     self.assertIsInstance(single_score, float)
 
+  @pytest.mark.slow  # The default path's programs, generated and streamed.
   def test_stream_reports_scores_so_far(self):
     model, _ = small()
     texts, scores = rnnstep.generate(model, ["abc", "j"], 30, seed=8,
