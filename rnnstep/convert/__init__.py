@@ -9,7 +9,7 @@ without Keras or torch.
     config, tensors = convert.read_weights("w.h5")   # ModelConfig + arrays
     model_file = convert.read_any("rnn.pt", vocab="vocab.json")  # no file written
 
-Inputs (see `shared/design/keras-formats.md`):
+Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
   - Keras 3 `.keras` archives (Sequential, Functional, subclassed), unzipped
     `.keras` directories, `.weights.h5`, and legacy `.h5` from `model.save`;
   - tf.keras / tf_keras HDF5: `save_weights('w.h5')` and `save('m.h5')`;

@@ -20,7 +20,7 @@ prefix). The chain is found from key patterns and shapes:
     "encoder" / "fc", "decoder", ...) and then the state dict's order decide
     the embedding and Linear; an ambiguous recurrent order is refused.
 
-The mapping (exact, see shared/design/keras-formats.md section 5): weights are
+The mapping (exact; docs/dev/cell-kinds.md, gate orders): weights are
 transposed; each kind's gate blocks are reordered from PyTorch's order to
 Keras's (`kinds.Kind.torch_permutation`: GRU r,z,n -> z,r,h; LSTM i,f,g,o is
 Keras i,f,c,o); the biases become Keras's (`kinds.Kind.torch_bias`): a GRU is

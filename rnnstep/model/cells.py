@@ -11,7 +11,7 @@ Cells are plain objects over tensors, built from a model's weights inside each
 compiled function, so the weights are read once per call and the loop body only
 captures them. The equations and gate orders are those of Keras 2 and 3 with
 `activation='tanh'`, `recurrent_activation='sigmoid'` (see
-`../shared/design/keras-formats.md`); results agree with Keras to float32
+docs/dev/cell-kinds.md); results agree with Keras to float32
 rounding (bias additions are regrouped, which moves the last bit at most).
 
 Reduced precision: with `compute_dtype` bfloat16 or float16 the matmul operands
