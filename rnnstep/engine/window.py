@@ -35,7 +35,6 @@ output capacity: one program per distinct k, and the model's own k is the
 usual one).
 """
 
-import weakref
 
 import tensorflow as tf
 
@@ -43,6 +42,7 @@ from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep import errors
 from rnnstep.model import model_file
+from rnnstep.model import network as network_lib
 
 
 def resolve(model, window) -> int:
@@ -208,21 +208,21 @@ def score(network, ids, window):
   return tf.transpose(logits.stack(), [1, 0, 2])
 
 
-_SCORE_FUNCTIONS = weakref.WeakKeyDictionary()
-
-
 def score_function(model):
   """The model's compiled `(ids [B, T], window []) -> logits [B, T, V]`.
 
-  One TF graph call with a fixed signature, built once per model (held
-  weakly, as `model.sequence_function`).
+  One TF graph call with a fixed signature, built once per architecture (the
+  model's weights are passed at each call, as `network.sequence_function`).
   """
-  function = _SCORE_FUNCTIONS.get(model)
-  if function is None:
-    model_ref = weakref.ref(model)
-    function = _SCORE_FUNCTIONS[model] = tf.function(
-        lambda ids, window: score(model_ref().network(), ids, window),
-        autograph=False, input_signature=[
-            tf.TensorSpec([None, None], tf.int32),
-            tf.TensorSpec([], tf.int32)])
-  return function
+  architecture = model.architecture
+
+  def build():
+    def window_score(weights, ids, window):
+      return score(network_lib.network_of(architecture, weights), ids, window)
+    return tf.function(window_score, autograph=False, input_signature=[
+        model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([], tf.int32)])
+
+  return network_lib.BoundFunction(
+      network_lib.shared_function(architecture, "window_score", build),
+      model.network_weights)
