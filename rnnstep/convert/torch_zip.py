@@ -19,10 +19,15 @@ from rnnstep.convert import torch_pickle
 from rnnstep.convert.safe_io import show
 
 
+def _is_data_pickle(name: str) -> bool:
+  """Whether a member is `<root>/data.pkl`, one folder deep."""
+  return name.endswith("/data.pkl") and name.count("/") == 1
+
+
 def is_torch_zip(names) -> bool:
   """Whether a zip archive's member names are those of a `torch.save` file
   (a `<root>/data.pkl` one folder deep)."""
-  return any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names)
+  return any(_is_data_pickle(n) for n in names)
 
 
 def read_zip(path) -> Tuple[object, str, Callable[[], None]]:
@@ -44,7 +49,7 @@ def read_zip(path) -> Tuple[object, str, Callable[[], None]]:
   archive = safe_io.open_zip(path)
   try:
     names = safe_io.member_names(archive)
-    pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    pickles = [n for n in names if _is_data_pickle(n)]
     if len(pickles) != 1:
       raise safe_io.fail(label, f"a torch.save archive must hold one data.pkl, "
                          f"found {len(pickles)}")
