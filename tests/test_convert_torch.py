@@ -34,7 +34,8 @@ import pytest
 import rnnstep
 from rnnstep.cli import common
 from rnnstep import convert
-from rnnstep.convert import torch_files
+from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_zip
 from tests.test_cli_common import Result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -223,8 +224,8 @@ def _torch_zip(path, pickle_bytes, members=()):
 
 def _legacy(path, pickle_bytes):
   with open(path, "wb") as f:
-    f.write(pickle.dumps(torch_files.LEGACY_MAGIC, protocol=2))
-    f.write(pickle.dumps(torch_files.LEGACY_PROTOCOL, protocol=2))
+    f.write(pickle.dumps(torch_legacy.LEGACY_MAGIC, protocol=2))
+    f.write(pickle.dumps(torch_legacy.LEGACY_PROTOCOL, protocol=2))
     f.write(pickle.dumps({"protocol_version": 1001, "little_endian": True,
                           "type_sizes": {"short": 2, "int": 4, "long": 4}},
                          protocol=2))
@@ -347,7 +348,7 @@ def test_handmade_tensor_pickle_reads_views(tmp_path):
   values = np.arange(24, dtype="<f4")
   _torch_zip(path, tensor_pickle(24, (3, 4), (1, 6), offset=2),
              [("0", values.tobytes())])
-  obj, _, close = torch_files.read_zip(path)
+  obj, _, close = torch_zip.read_zip(path)
   got = obj["w"].read(str(path), "w")
   close()
   want = np.lib.stride_tricks.as_strided(values[2:], (3, 4), (4, 24))
@@ -360,7 +361,7 @@ def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
   _torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
              [("0", bytes(96))])
   with pytest.raises(ValueError, match="tried to modify a tensor"):
-    torch_files.read_zip(path)
+    torch_zip.read_zip(path)
 
 
 @pytest.mark.parametrize("numel,size,stride,offset,data_bytes,message", [
@@ -376,7 +377,7 @@ def test_bad_tensor_records_are_refused(tmp_path, numel, size, stride, offset,
   _torch_zip(path, tensor_pickle(numel, size, stride, offset),
              [("0", bytes(data_bytes))])
   with pytest.raises(ValueError, match=message) as info:
-    torch_files.read_zip(path)
+    torch_zip.read_zip(path)
   assert "\n" not in str(info.value)
 
 
@@ -492,8 +493,8 @@ def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
     check_against_reference(str(tmp_path), file_name, ref_name)
   for name in ("tied_views.pt", "stack_bf16.pt", "gru2_legacy.pt"):
     want = torch.load(tmp_path / name, weights_only=True)
-    opener = (torch_files.read_legacy if "legacy" in name
-              else torch_files.read_zip)
+    opener = (torch_legacy.read_legacy if "legacy" in name
+              else torch_zip.read_zip)
     got, _, close = opener(tmp_path / name)
     for key, value in want.items():
       np.testing.assert_array_equal(got[key].read(name, key),

@@ -18,7 +18,7 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
     `tf.train.Checkpoint(model=...)` of Keras 3 models;
   - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
     `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
-    `torch_files`).
+    `torch_zip`, `torch_legacy`, `safetensors_file`).
 
 The model must be Embedding (or one-hot inputs: an identity Embedding) ->
 GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
@@ -55,7 +55,8 @@ from rnnstep.convert import mapping
 from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
-from rnnstep.convert import torch_files
+from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_zip
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
@@ -338,7 +339,7 @@ def _looks_like_weights(path: str) -> bool:
         names = safe_io.member_names(archive)
     except ValueError:
       return False
-    return torch_files.is_torch_zip(names) or keras_v3.CONFIG_MEMBER in names
+    return torch_zip.is_torch_zip(names) or keras_v3.CONFIG_MEMBER in names
   if kind == "hdf5":
     return True
   with open(path, "rb") as f:
@@ -403,7 +404,7 @@ def _open(input_path: PathLike) -> Contents:
   if kind == "zip":
     with safe_io.open_zip(path) as archive:
       names = safe_io.member_names(archive)
-    if torch_files.is_torch_zip(names) and keras_v3.CONFIG_MEMBER not in names:
+    if torch_zip.is_torch_zip(names) and keras_v3.CONFIG_MEMBER not in names:
       return pytorch.read(path, "zip")
     if "format_version.npy" in names:
       raise ValueError(f"{path}: an rnnstep model file, not weights to convert "
@@ -428,7 +429,7 @@ def _open(input_path: PathLike) -> Contents:
   torch_kind = pytorch.reader_kind(path, head, size)
   if torch_kind is not None:
     return pytorch.read(path, torch_kind)
-  if torch_files.is_tar(path):
+  if torch_legacy.is_tar(path):
     raise ValueError(f"{path}: a torch.save file in the old tar format (torch "
                      "0.1), which rnnstep does not read; re-save its state "
                      "dict with a current torch")
