@@ -36,6 +36,7 @@ from rnnstep.cli import common
 from rnnstep import convert
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
+from rnnstep.convert import unpickler
 from tests.test_cli_common import Result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -500,3 +501,35 @@ def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
       np.testing.assert_array_equal(got[key].read(name, key),
                                     value.float().numpy())
     close()
+
+
+# A 10-byte pickle whose LONG_BINPUT names memo entry 2**31 - 1:
+# Python's unpickler would size its memo for it (~16 GiB) before any object
+# exists.
+HUGE_MEMO_PICKLE = b"\x80\x02]r\xff\xff\xff\x7f."
+
+
+def test_a_huge_memo_index_is_refused_before_unpickling(tmp_path):
+  with pytest.raises(ValueError, match=r"memo entry 2147483647 after 2 "
+                     r"opcodes; the file is corrupt") as info:
+    unpickler.check_memo_indices(HUGE_MEMO_PICKLE, "x.pt")
+  assert "\n" not in str(info.value)
+  # The same pickle as a torch.save zip's data.pkl: refused in one line.
+  path = tmp_path / "memo.pt"
+  with zipfile.ZipFile(DATA / "gru2.pt") as source, \
+      zipfile.ZipFile(path, "w") as target:
+    for item in source.infolist():
+      data = source.read(item)
+      if item.filename.endswith("/data.pkl"):
+        data = HUGE_MEMO_PICKLE
+      target.writestr(item, data)
+  with pytest.raises(ValueError, match="memo entry 2147483647") as info:
+    convert.inspect(path)
+  assert "\n" not in str(info.value)
+  assert str(info.value).startswith(str(path))
+  # Real pickles number their memo entries from 0: each fixture passes.
+  with zipfile.ZipFile(DATA / "gru2.pt") as source:
+    name = next(n for n in source.namelist() if n.endswith("/data.pkl"))
+    unpickler.check_memo_indices(source.read(name), "gru2.pt")
+  unpickler.check_memo_indices(pickle.dumps([[1, 2]] * 3 + [{"a": (4,)}],
+                                            protocol=2), "plain")

@@ -27,6 +27,7 @@ pickle, is a `safe_io.Refusal` (a ValueError) naming the file.
 import collections
 import io
 import pickle
+import pickletools
 import struct
 from typing import Callable, Dict, Mapping, Tuple
 
@@ -190,6 +191,39 @@ class RestrictedUnpickler(pickle.Unpickler):
     return self._persistent_load(pid)
 
 
+# The opcodes that store into the memo at an index the pickle names.
+_MEMO_PUTS = frozenset(("PUT", "BINPUT", "LONG_BINPUT"))
+
+
+def check_memo_indices(data: bytes, label) -> None:
+  """Refuses a pickle whose memo index is past its own opcode count.
+
+  Python's unpickler sizes its memo table for the largest index a PUT names,
+  so a 10-byte pickle naming index 2**31 makes it allocate ~16 GiB before any
+  object exists. A pickler numbers memo entries 0, 1, 2, ... (one opcode
+  each), so a real pickle never names an index as large as its count of
+  opcodes; the scan reads opcodes only, and runs nothing.
+
+  Args:
+    data: one pickle.
+    label: the file, for messages.
+
+  Raises:
+    ValueError: a memo index out of that range, in one line.
+  """
+  try:
+    for count, (opcode, argument, _) in enumerate(
+        pickletools.genops(io.BytesIO(data))):
+      if opcode.name in _MEMO_PUTS and int(argument) > count:
+        raise safe_io.fail(label, f"the pickle names memo entry {argument} "
+                           f"after {count} opcodes; the file is corrupt "
+                           "(refused before unpickling)")
+  except safe_io.Refusal:
+    raise
+  except _PICKLE_ERRORS:
+    return  # Corrupt past this point: the unpickler says so in its words.
+
+
 def unpickle(data: bytes, label, allowed: AllowList,
              persistent_load: Callable[[object], object]):
   """Unpickles `data` through the restricted unpickler; one-line errors.
@@ -207,6 +241,7 @@ def unpickle(data: bytes, label, allowed: AllowList,
       or is corrupt; or what the allow-list's functions or `persistent_load`
       refuse.
   """
+  check_memo_indices(data, label)
   try:
     return RestrictedUnpickler(io.BytesIO(data), label, allowed,
                                persistent_load).load()
