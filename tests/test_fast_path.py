@@ -37,11 +37,12 @@ TIMEOUT = 600
 FILL_TIMEOUT = 300
 
 
-def write_model(path):
+def write_model(path, window=None):
   """A small random GRU model (V=65, D=16, U=32)."""
   rng = np.random.default_rng(3)
   v, d, u = len(VOCAB), 16, 32
-  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),))
+  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),),
+                                  window=window)
   tensors = {
       "embedding": rng.normal(size=(v, d)),
       "layer0_kernel": rng.normal(size=(d, 3 * u)) * 0.3,
@@ -338,6 +339,41 @@ def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(env, warm,
   assert len(flatbuffer) == manifest["tflite_bytes"]
   result = cli(warm, [f"--weights={env['weights']}", *BASE])
   assert result.stdout == env["text"] and "fast path" in verbose_line(result)
+
+
+def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
+    tmp_path, monkeypatch):
+  """The child's work, in this process: a windowed model gets a manifest
+  that says why, a miss that asks for no rebuild, and no flatbuffer."""
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
+  weights = str(tmp_path / "windowed.npz")
+  write_model(weights, window=8)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  base = compiled_cache.entry_base(the_key)
+  assert compiled_cache.fill(weights, the_key) == "no cache directory"
+  os.makedirs(os.path.dirname(base))
+  assert compiled_cache.fill(weights, the_key) == "unsupported"
+  with pytest.raises(compiled_cache.Miss, match="window=8") as miss:
+    compiled_cache.lookup(the_key)
+  assert not miss.value.rebuild
+  assert not os.path.exists(base + ".tflite")
+
+
+def test_a_second_filler_leaves_while_the_first_holds_the_lock(
+    tmp_path, monkeypatch):
+  import fcntl  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
+  weights = str(tmp_path / "model.npz")
+  write_model(weights)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  base = compiled_cache.entry_base(the_key)
+  os.makedirs(os.path.dirname(base))
+  with open(base + ".lock", "a+b") as lock:
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    assert compiled_cache.fill(weights, the_key) == (
+        "another process is building this entry")
+  assert sorted(os.listdir(os.path.dirname(base))) == [
+      os.path.basename(base) + ".lock"]
 
 
 def test_the_bundled_model_path_is_the_library_s():

@@ -76,7 +76,16 @@ _CHUNK = 1 << 20
 
 
 class Miss(Exception):
-  """No usable entry; the message says why (for --verbose)."""
+  """No usable entry; the message says why (for --verbose).
+
+  Attributes:
+    rebuild: whether building the entry would help (False when the export
+      refuses this model, as its manifest records).
+  """
+
+  def __init__(self, reason: str, rebuild: bool = True):
+    super().__init__(reason)
+    self.rebuild = rebuild
 
 
 def file_sha256(path) -> str:
@@ -150,7 +159,7 @@ def read_manifest(base: str, the_key: dict) -> dict:
     raise Miss("cache entry was made for another key (version, CPU or model)")
   if "unsupported" in manifest:
     raise Miss(f"the compiled artifact cannot serve this model: "
-               f"{manifest['unsupported']}")
+               f"{manifest['unsupported']}", rebuild=False)
   vocab = manifest.get("vocab")
   if (not isinstance(manifest.get("tflite_sha256"), str)
       or not isinstance(manifest.get("tflite_bytes"), int)
@@ -243,8 +252,6 @@ def fill(model_path: str, the_key: dict) -> str:
       return "already valid"
     except Miss:
       pass
-    with contextlib.suppress(AttributeError, OSError):
-      os.nice(10)
     if file_sha256(model_path) != the_key["model_sha256"]:
       return "model file changed"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -271,6 +278,8 @@ def fill(model_path: str, the_key: dict) -> str:
 
 def _main(argv) -> int:
   """`python -m rnnstep.cli.compiled_cache MODEL_PATH KEY_JSON` (the child)."""
+  with contextlib.suppress(AttributeError, OSError):
+    os.nice(10)  # Background work: the user's next command comes first.
   try:
     model_path, the_key = argv[1], json.loads(argv[2])
     print(fill(model_path, the_key))

@@ -368,8 +368,7 @@ def _generate_fast(rows, seed, decoding) -> bool:
   try:
     flatbuffer, manifest = compiled_cache.lookup(key)
   except compiled_cache.Miss as e:
-    raise _NotServed(str(e), fill_key=None if "cannot serve" in str(e)
-                     else key) from None
+    raise _NotServed(str(e), fill_key=key if e.rebuild else None) from None
   vocab = manifest["vocab"]
   known = set(vocab)
   prompts = [prompt for _, _, prompt in rows]
