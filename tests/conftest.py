@@ -19,6 +19,10 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
 atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
+# Nor does a CLI run start a background export for the compiled-artifact
+# cache (rnnstep/cli/compiled_cache.py): tests/test_fast_path.py turns it on
+# for its own runs.
+os.environ["RNNSTEP_COMPILED_CACHE"] = "off"
 
 def pytest_collection_modifyitems(config, items):
   """Drops `tf.test.TestCase.test_session`, a deprecated stub that every

@@ -55,7 +55,7 @@ def write_model(path, window=None):
                    {k: x.astype(np.float32) for k, x in tensors.items()})
 
 
-def cli(cache_dir, args, importtime=False):
+def cli(cache_dir, args, importtime=False, switch="on"):
   """Runs rnnstep-generate (a fresh interpreter); returns the CompletedProcess.
 
   With `importtime`, `python -X importtime` lists every import on stderr,
@@ -63,7 +63,7 @@ def cli(cache_dir, args, importtime=False):
   pointed at /dev/null, which would hide the imports made in `main`).
   """
   env = dict(os.environ, RNNSTEP_CACHE_DIR=str(cache_dir),
-             TF_CPP_MIN_LOG_LEVEL="3")
+             RNNSTEP_COMPILED_CACHE=switch, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("RNNSTEP_DEBUG", None)
   if importtime:
     env["RNNSTEP_DEBUG"] = "1"
@@ -126,9 +126,12 @@ def env(tmp_path_factory):
       "nocache": (tmp / "nocache", BASE + ["--nocache"]),
       # An option the artifact lacks, on an otherwise served request.
       "min_p": (tmp / "min_p", BASE + ["--min_p=0.05"]),
+      # The environment's switch (what tests/conftest.py sets for the suite).
+      "switch_off": (tmp / "switch_off", BASE),
   }
   with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
-    futures = {name: pool.submit(cli, cache, [f"--weights={weights}", *args])
+    futures = {name: pool.submit(cli, cache, [f"--weights={weights}", *args],
+                                 switch="off" if name == "switch_off" else "on")
                for name, (cache, args) in runs.items()}
     results = {name: f.result() for name, f in futures.items()}
   return dict(tmp=tmp, weights=weights, model=model, rows=rows, key=the_key,
@@ -256,7 +259,9 @@ def refusal(*args):
      "--seed=2147483648: the compiled artifact's seed is int32"),
     ([f"--seed={-2**31 - 1}"], "--seed=-2147483649"),
 ])
-def test_requests_the_artifact_does_not_serve_name_the_reason(args, reason):
+def test_requests_the_artifact_does_not_serve_name_the_reason(
+    args, reason, monkeypatch):
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")  # conftest turns it off.
   got = refusal("--prompt=A", "--prompt=B", "--num_samples=2", *args)
   if reason is None:
     assert got is None
@@ -265,6 +270,7 @@ def test_requests_the_artifact_does_not_serve_name_the_reason(args, reason):
 
 
 def test_without_the_interpreter_the_reason_says_so(monkeypatch):
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
   real = generate.importlib.util.find_spec
   monkeypatch.setattr(generate.importlib.util, "find_spec",
                       lambda name, *a: None if name == "ai_edge_litert"
@@ -278,6 +284,15 @@ def test_nocache_reads_and_writes_nothing(env):
   assert result.stdout == env["text"]
   assert verbose_line(result) == "rnnstep-generate: TensorFlow path: --nocache"
   assert not os.path.exists(env["tmp"] / "nocache" / compiled_cache.SUBDIR)
+
+
+def test_the_environment_switch_off_reads_and_writes_nothing(env):
+  result = env["results"]["switch_off"]
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == env["text"]
+  assert verbose_line(result) == ("rnnstep-generate: TensorFlow path: "
+                                  "RNNSTEP_COMPILED_CACHE is off")
+  assert not os.path.exists(env["tmp"] / "switch_off" / compiled_cache.SUBDIR)
 
 
 def test_an_entry_for_another_key_is_not_used(env, warm, monkeypatch):

@@ -169,6 +169,16 @@ def read_manifest(base: str, the_key: dict) -> dict:
   return manifest
 
 
+def enabled() -> bool:
+  """False when RNNSTEP_COMPILED_CACHE is off/0/false/no (as --nocache).
+
+  The environment's switch serves whole test suites and scripts that run the
+  tool many times and want no background exports (tests/conftest.py).
+  """
+  return (os.environ.get("RNNSTEP_COMPILED_CACHE", "").strip().lower()
+          not in tuning_cache.OFF_VALUES)
+
+
 def lookup(the_key: dict) -> Tuple[bytes, dict]:
   """(flatbuffer bytes, manifest) of a valid entry; raises Miss."""
   base = entry_base(the_key)

@@ -308,6 +308,8 @@ def _request_refusal(rows, seed, decoding):
   """
   if not _CACHE.value:
     return "--nocache"
+  if not compiled_cache.enabled():
+    return "RNNSTEP_COMPILED_CACHE is off"
   if _CORPUS.value is not None or _VOCAB.value is not None:
     return "--corpus/--vocab: weights converted in memory are not cached"
   if _DTYPE.value != "float32":
