@@ -55,7 +55,7 @@ class Options:
     return_scores: also return each sequence's log-likelihood.
     initial_state: None (the zero state), or the state each row's prompt is
       primed from: one tuple of float32 `[B, U]` arrays per layer (checked by
-      `api._check_initial_state`).
+      `api.check_initial_state`).
     window: 0 steps the model statefully; k > 0 reads it in windows of the
       last k characters (`window.py`; the API resolves the model's default).
     regex: one pattern (None: none) per prompt, or () for none
