@@ -205,8 +205,9 @@ def spec(vocab_size: int, state_sizes) -> Request:
       prompts=Prompts(tf.TensorSpec([None, None], tf.int32, "prompt_ids"),
                       tf.TensorSpec(rows, tf.int32, "prompt_lengths")),
       initial_state=_state_spec(state_sizes),
-      sampling=sampling_lib.Params(*[tf.TensorSpec(rows, dtype, name) for name, dtype
-                                 in sampling_lib.DTYPES._asdict().items()]),
+      sampling=sampling_lib.Params(*[
+          tf.TensorSpec(rows, dtype, name) for name, dtype
+          in sampling_lib.PARAM_DTYPES._asdict().items()]),
       seeds=Seeds(tf.TensorSpec(rows, tf.int64, "seeds"),
                   tf.TensorSpec(rows, tf.int32, "seed_index")),
       stops=stopping.Automaton(
@@ -376,7 +377,7 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
   batch = ops.rows(ids)
   params = sampling_lib.Params(*[
       ops.broadcast(value, dtype, batch)
-      for value, dtype in zip(options.sampling, sampling_lib.DTYPES)])
+      for value, dtype in zip(options.sampling, sampling_lib.PARAM_DTYPES)])
   num_steps = ops.array(num_steps, tf.int32)
   capacity = ops.bucket(num_steps if capacity_steps is None
                         else capacity_steps, 16)

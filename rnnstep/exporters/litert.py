@@ -91,8 +91,8 @@ class GenerateModule(tf.Module):
     settings = sampling.DEFAULTS._replace(temperature=temperature, top_k=top_k,
                                           top_p=top_p)
     params = sampling.Params(*[tf.fill([batch], tf.cast(value, dtype))
-                               for value, dtype in zip(settings,
-                                                       sampling.DTYPES)])
+                               for value, dtype in zip(
+                                   settings, sampling.PARAM_DTYPES)])
     parts = pipeline.active(params, None, network.vocab_size)
     keys = row_keys(tf.fill([batch], seed), tf.range(batch))
     steps = tf.maximum(num_steps, 0)
