@@ -138,13 +138,14 @@ class Generator(tf.Module):
     # except where the loop chooses before it consumes.
     carry = loop.start_carry(network, request,
                              unconsumed=0 if self._chooses_first else 1)
-    return loop.decode(network, request, carry, self._chooses_first)
+    return loop.run_decode(network, request, carry, self._chooses_first)
 
   def _beam_impl(self, request: request_lib.Request) -> beam_search.BeamResult:
     return beam_search.search(self._network(), request)
 
   def _continue_impl(self, request, carry):
-    return loop.decode(self._network(), request, carry, self._chooses_first)
+    return loop.run_decode(self._network(), request, carry,
+                           self._chooses_first)
 
   # Every path runs windows in `consume_then_choose`'s order; the elementwise
   # path's network still compiles each cell's gate math.
@@ -152,7 +153,7 @@ class Generator(tf.Module):
     return window_lib.generate(self._network(), request, window)
 
   def _window_continue_impl(self, request, carry, window):
-    return window_lib.decode(self._network(), request, carry, window)
+    return window_lib.run_decode(self._network(), request, carry, window)
 
   # -- host side (host.py) ---------------------------------------------------
 

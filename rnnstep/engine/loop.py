@@ -6,7 +6,7 @@ One generation call does, on device:
      last character, which the first decode step then consumes), masked so
      that padding never touches a row's state. Generation, beam search and
      the LiteRT loop all prime here;
-  2. `decode`: a `tf.while_loop` over steps whose state is a `LoopState`;
+  2. `run_decode`: a `tf.while_loop` over steps whose state is a `LoopState`;
      each step runs the cells and the projection, and hands the logits to a
      tail of the option pipeline (`pipeline.tails`), which chooses the next
      ids and advances each row's `pipeline.RowProgress`. The loop ends after
@@ -123,9 +123,12 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
       dfa_state=request.constraint.start)
 
 
-def decode(network, request: request_lib.Request, carry: request_lib.Carry,
-           chooses_first: bool, steps_loop=None) -> request_lib.Result:
+def run_decode(network, request: request_lib.Request,
+               carry: request_lib.Carry, chooses_first: bool,
+               steps_loop=None) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
+
+  (Not `decode`: `Model.decode` turns ids into text.)
 
   Args:
     network: the model's `Network`.
