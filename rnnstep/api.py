@@ -19,10 +19,10 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
-from rnnstep.engine import request as request_lib
+from rnnstep.engine import request
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
-from rnnstep.model import cells as cells_lib
+from rnnstep.model import cells
 from rnnstep.model import network as model_lib
 
 BUNDLED_MODEL = "shakespeare.npz"
@@ -198,7 +198,7 @@ def check_states_fit(model, batch_size: int, length: int,
       available.
   """
   # Every state tensor, and the logits, per position.
-  floats = model.vocab_size + sum(sum(cells_lib.state_sizes(layer))
+  floats = model.vocab_size + sum(sum(cells.state_sizes(layer))
                                   for layer in model.config.layers)
   need = batch_size * length * floats * 4 * _SEQUENCE_COPIES
   have = host.available_memory_bytes()
@@ -259,7 +259,7 @@ def check_initial_state(model, initial_state, batch_size: int):
       was given and the form expected.
   """
   layers = model.config.layers
-  sizes = [cells_lib.state_sizes(layer) for layer in layers]
+  sizes = [cells.state_sizes(layer) for layer in layers]
   if initial_state is None:
     return tuple(tuple(np.zeros([batch_size, size], np.float32)
                        for size in layer) for layer in sizes)
@@ -547,7 +547,7 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
           "from a state")
     initial_state = check_initial_state(model, initial_state,
                                         len(prompt_list))
-  return prompt_list, request_lib.Options(
+  return prompt_list, request.Options(
       sampling=params, seed=seed, stop=stops, return_scores=return_scores,
       initial_state=initial_state, regex=patterns, **shared)
 

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
-from rnnstep.engine import beams as beam_search
+from rnnstep.engine import beams
 from rnnstep.engine import host
 from rnnstep.engine import loop
 from rnnstep.engine import paths
@@ -140,8 +140,8 @@ class Generator(tf.Module):
                              unconsumed=0 if self._chooses_first else 1)
     return loop.run_decode(network, request, carry, self._chooses_first)
 
-  def _beam_impl(self, request: request_lib.Request) -> beam_search.BeamResult:
-    return beam_search.search(self._network(), request)
+  def _beam_impl(self, request: request_lib.Request) -> beams.BeamResult:
+    return beams.search(self._network(), request)
 
   def _continue_impl(self, request, carry):
     return loop.run_decode(self._network(), request, carry,
