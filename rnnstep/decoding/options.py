@@ -29,7 +29,7 @@ flags from it before TensorFlow loads.
 Per-request options (`per_row=False`) that are not logit transforms
 (`repetition_window`, the beam settings, `window`) are declared for their
 checks, flags and serving inputs; the code that owns them (`processors.py`,
-`beam_search.py`, `window.py`) reads them from the request.
+`beams.py`, `window.py`) reads them from the request.
 """
 
 import dataclasses

@@ -92,7 +92,7 @@ class Seeds(NamedTuple):
 
 
 class Beams(NamedTuple):
-  """Beam search settings (`beam_search.py`), shared by all rows.
+  """Beam search settings (`beams.py`), shared by all rows.
 
   Attributes:
     num_beams: int32 `[]`, k (1 = sampling; the beam function needs k > 1).
