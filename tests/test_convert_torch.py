@@ -101,7 +101,7 @@ def test_a_whole_module_converts_and_names_its_tensors_as_state_dict(
   assert any("neither imported nor run" in note for note in summary.notes)
   assert rnnstep.load(out).vocab_size == 100
   # nn.Sequential children are numbered as state_dict() numbers them.
-  text = str(convert.inspect(DATA / "nested_protocol1.pt"))
+  text = str(convert.describe(DATA / "nested_protocol1.pt"))
   assert "'embed.0'" in text and "'head.1'" in text
 
 
@@ -112,7 +112,7 @@ def test_hostile_module_pickles_are_refused_and_nothing_runs(
   os.system / eval call ran (in an attribute, a submodule's attribute, in
   place of a parameter)."""
   monkeypatch.chdir(tmp_path)
-  for call in (convert.inspect,
+  for call in (convert.describe,
                lambda p: rnnstep.load(p, vocab=DATA / "charrnn_vocab.json")):
     with pytest.raises(ValueError) as info:
       call(DATA / file_name)
@@ -140,15 +140,17 @@ def test_corpus_gives_the_same_vocabulary_and_convert_writes_it(tmp_path):
   assert list(converted.vocab) == json.load(open(DATA / "vocab.json"))
 
 
-def test_inspect_reports_the_mapping():
-  text = str(convert.inspect(DATA / "rnn_nobias.safetensors"))
+def test_describe_reports_the_mapping():
+  # `inspect`, its former name, stays an alias.
+  assert convert.inspect is convert.describe
+  text = str(convert.describe(DATA / "rnn_nobias.safetensors"))
   assert "safetensors" in text and "SimpleRNN  'recurrence[l1]'" in text
   assert "assumed nonlinearity='tanh'" in text
   assert "use_bias=False (zero bias written)" in text
-  text = str(convert.inspect(DATA / "gru_nobias_checkpoint.bin"))
+  text = str(convert.describe(DATA / "gru_nobias_checkpoint.bin"))
   assert "under the key 'state_dict'" in text
   assert "'module.embedding'" in text and "'module.linear'" in text
-  text = str(convert.inspect(DATA / "stack_bf16.pt"))
+  text = str(convert.describe(DATA / "stack_bf16.pt"))
   assert "LSTM       'model.lstm[l0]'" in text
   assert "GRU        'model.gru[l0]'" in text
 
@@ -190,7 +192,7 @@ def test_read_weights_matches_the_keras_layout_from_safetensors():
     ("lstm_proj.pt", r"'lstm.weight_hr_l0': an LSTM with proj_size"),
 ])
 def test_refusals_are_one_line(file_name, message):
-  for call in (lambda p: convert.inspect(p),
+  for call in (lambda p: convert.describe(p),
                lambda p: rnnstep.load(p, vocab=DATA / "vocab.json")):
     with pytest.raises(ValueError, match=message) as info:
       call(DATA / file_name)
@@ -305,7 +307,7 @@ def test_handmade_module_pickles_are_read_as_records_or_refused(
   (_torch_zip if layout == "zip" else _legacy)(
       path, pickle.dumps(payload, protocol=2))
   with pytest.raises(ValueError, match=message) as info:
-    convert.inspect(path)
+    convert.describe(path)
   assert "\n" not in str(info.value)
 
 
@@ -315,7 +317,7 @@ def test_a_module_in_a_cycle_is_refused(tmp_path):
   path = tmp_path / "cycle.pt"
   _torch_zip(path, pickle.dumps(outer, protocol=2))
   with pytest.raises(ValueError, match="nested too deeply or in a cycle"):
-    convert.inspect(path)
+    convert.describe(path)
 
 
 def _str(text):
@@ -401,7 +403,7 @@ def test_bad_safetensors_are_refused(tmp_path, header, data, message):
   path = tmp_path / "bad.safetensors"
   _safetensors(path, header, data)
   with pytest.raises(ValueError, match=message) as info:
-    convert.inspect(path)
+    convert.describe(path)
   assert "\n" not in str(info.value)
 
 
@@ -422,7 +424,7 @@ def test_truncated_and_corrupt_files_are_refused(tmp_path):
   plain.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
   with pytest.raises(ValueError, match="a Python pickle that is not a "
                      "torch.save file"):
-    convert.inspect(plain)
+    convert.describe(plain)
 
 
 # ------------------------------------------------------------- direct loading

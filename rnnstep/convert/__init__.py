@@ -5,7 +5,7 @@ without Keras or torch.
     summary = convert.convert("training_checkpoints", "model.npz",
                               corpus="shakespeare.txt")
     print(summary)
-    print(convert.inspect("model.keras"))            # what is there; writes nothing
+    print(convert.describe("model.keras"))           # what is there; writes nothing
     config, tensors = convert.read_weights("w.h5")   # ModelConfig + arrays
     model_file = convert.read_any("rnn.pt", vocab="vocab.json")  # no file written
 
@@ -65,8 +65,8 @@ from rnnstep.model import kinds
 from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
-           "VocabularyRequired", "convert", "inspect", "is_model_file",
-           "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
+           "VocabularyRequired", "convert", "describe", "inspect",
+           "is_model_file", "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
@@ -95,7 +95,7 @@ class LayerSummary:
 
 @dataclasses.dataclass
 class Summary:
-  """What `inspect` found, or what `convert` wrote.
+  """What `describe` found, or what `convert` wrote.
 
   Attributes:
     input_path: the file or directory given.
@@ -106,8 +106,8 @@ class Summary:
     embedding_dim: the embedding width.
     num_parameters: the model's parameter count.
     notes: things worth knowing (ignored layers, assumptions, [UNK]).
-    vocab: the vocabulary written (None for `inspect`).
-    output_path: the model file written (None for `inspect`).
+    vocab: the vocabulary written (None for `describe`).
+    output_path: the model file written (None for `describe`).
   """
   input_path: str
   format: str
@@ -150,18 +150,29 @@ class Summary:
 # ------------------------------------------------------------------ public API
 
 
-def inspect(input_path: PathLike) -> Summary:
+def describe(input_path: PathLike) -> Summary:
   """Reports what a weights file holds and how it maps; reads no tensor data.
+
+  Args:
+    input_path: the weights file, directory or checkpoint prefix.
+
+  Returns:
+    The `Summary` (no `vocab`, no `output_path`).
 
   Raises:
     FileNotFoundError: no such file, directory or checkpoint prefix.
     ValueError: the file cannot be read or the model cannot be mapped; the
       message says what was found.
   """
-  return _contained(input_path, _inspect, input_path)
+  return _contained(input_path, _describe, input_path)
 
 
-def _inspect(input_path: PathLike) -> Summary:
+# The former name of `describe`, kept so that existing callers still work.
+# (Renamed: `rnnstep.inspect` is the package of neuron activations.)
+inspect = describe
+
+
+def _describe(input_path: PathLike) -> Summary:
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
-from rnnstep.engine import beams as beam_search
+from rnnstep.engine import beams
 from rnnstep.engine import host
 from rnnstep.engine import loop
 from rnnstep.engine import paths
@@ -117,14 +117,14 @@ class Programs(tf.Module):
     # except where the loop chooses before it consumes.
     carry = loop.start_carry(network, request,
                              unconsumed=0 if self._chooses_first else 1)
-    return loop.decode(network, request, carry, self._chooses_first)
+    return loop.run_decode(network, request, carry, self._chooses_first)
 
   def _beam_impl(self, weights, request: request_lib.Request
-                 ) -> beam_search.BeamResult:
-    return beam_search.search(self._network(weights), request)
+                 ) -> beams.BeamResult:
+    return beams.search(self._network(weights), request)
 
   def _continue_impl(self, weights, request, carry):
-    return loop.decode(self._network(weights), request, carry,
+    return loop.run_decode(self._network(weights), request, carry,
                        self._chooses_first)
 
   # Every path runs windows in `consume_then_choose`'s order; the elementwise
@@ -133,7 +133,7 @@ class Programs(tf.Module):
     return window_lib.generate(self._network(weights), request, window)
 
   def _window_continue_impl(self, weights, request, carry, window):
-    return window_lib.decode(self._network(weights), request, carry, window)
+    return window_lib.run_decode(self._network(weights), request, carry, window)
 
 
 def programs_for(model, path: str) -> Programs:

@@ -27,7 +27,7 @@ recipe's own loop would compute on a seed shorter than its window (Keras
 masks nothing there, so the recipe itself needs a seed of at least T
 characters; with one the two agree exactly).
 
-The decode loop is `loop.decode`'s, with this step in place of the stateful
+The decode loop is `loop.run_decode`'s, with this step in place of the stateful
 one (`windows_loop`), and the option pipeline's tails unchanged: every option,
 stop strings and scores work as they do statefully. It is one
 `tf.while_loop`; `k` is a tensor (under XLA a compile-time constant, like the
@@ -147,7 +147,7 @@ def windows_loop(network, tail, num_steps, carry, progress, ids, *,
 
   A step consumes each row's last id at its position (prompt length - 1 +
   the global step) in every slot, then chooses the next id from the full
-  window's logits. Signature as `loop.decode`'s loops, plus `window` and the
+  window's logits. Signature as `loop.run_decode`'s loops, plus `window` and the
   rows' `prompt_lengths` (which fix each row's positions).
   """
   first_position = prompt_lengths - 1 + carry.step
@@ -173,18 +173,18 @@ def generate(network, request: request_lib.Request, window):
   """A whole windowed generation (`Generator.window_fn`'s body)."""
   state = prime(network, request.prompts, window)
   carry = loop.start_carry(network, request, unconsumed=1, state=state)
-  return decode(network, request, carry, window)
+  return run_decode(network, request, carry, window)
 
 
-def decode(network, request: request_lib.Request, carry, window):
-  """`loop.decode` over windows, on from a windowed `carry`."""
+def run_decode(network, request: request_lib.Request, carry, window):
+  """`loop.run_decode` over windows, on from a windowed `carry`."""
 
   def steps_loop(*args):
     return windows_loop(*args, window=window,
                         prompt_lengths=request.prompts.lengths)
 
-  return loop.decode(network, request, carry, chooses_first=False,
-                     steps_loop=steps_loop)
+  return loop.run_decode(network, request, carry, chooses_first=False,
+                         steps_loop=steps_loop)
 
 
 def score(network, ids, window):

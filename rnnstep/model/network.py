@@ -294,8 +294,8 @@ class Network:
 
   def output_product(self, outputs: tf.Tensor) -> tf.Tensor:
     """`outputs @ dense_kernel` in the compute dtype: the logits before bias."""
-    return cells_lib._matmul(outputs, self.dense_kernel,  # pylint: disable=protected-access
-                             self.dense_kernel.dtype, float32_result=False)
+    return cells_lib.matmul(outputs, self.dense_kernel,
+                            self.dense_kernel.dtype, float32_result=False)
 
   def logits_of_product(self, product: tf.Tensor) -> tf.Tensor:
     """Logits from `output_product`'s result (widened, plus the bias)."""
