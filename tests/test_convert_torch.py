@@ -526,7 +526,7 @@ def test_a_huge_memo_index_is_refused_before_unpickling(tmp_path):
         data = HUGE_MEMO_PICKLE
       target.writestr(item, data)
   with pytest.raises(ValueError, match="memo entry 2147483647") as info:
-    convert.inspect(path)
+    convert.describe(path)
   assert "\n" not in str(info.value)
   assert str(info.value).startswith(str(path))
   # Real pickles number their memo entries from 0: each fixture passes.
