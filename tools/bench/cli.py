@@ -1,10 +1,14 @@
 """Section `cli`: `rnnstep-generate` end-to-end wall time and peak RSS.
 
-Rows: the TensorFlow paths (--nojit_compile, --jit_compile, and the library's
-default with --nocache), then the compiled-artifact cache
-(rnnstep/cli/compiled_cache.py) in a fresh cache directory: "cold" is the
-first run (TensorFlow, then a detached export), "warm" the runs after the
-export is in place (LiteRT, no TensorFlow import).
+Rows: the TensorFlow paths (--nojit_compile, --jit_compile), then paired
+rounds (A B C D, A B C D, ...) of four whole processes on the same weights:
+the TF tutorial's own generation script (tools/bench/tutorial_script.py:
+Keras 3, OneStep), rnnstep-generate on TensorFlow (--nocache), and the
+compiled-artifact cache (rnnstep/cli/compiled_cache.py) in a fresh cache
+directory each round: "cold" is its first run (TensorFlow, then a detached
+export, which is waited for before the next timed run), "warm" the run after
+the export is in place (LiteRT, no TensorFlow import). Each row's ratio to
+the tutorial's script is the median of the per-round ratios.
 """
 
 import json
@@ -12,11 +16,15 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 from bench import timing
 from bench import weights as weights_lib
+
+TUTORIAL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               "tutorial_script.py")
 
 
 def run(ctx, results_out):
@@ -38,23 +46,57 @@ def run(ctx, results_out):
     what = "the benchmark's model (no bundled model is installed)"
     if not set("ROMEO:") <= set(weights.vocab):
       model_args.append(f"--prompt={weights_lib.probe_prompt(weights.vocab, 6)}")
-  cache_dir = tempfile.mkdtemp(prefix="bench_cli_cache_", dir=tmpdir)
-  env = dict(os.environ, RNNSTEP_CACHE_DIR=cache_dir)
+  model_path = bundled if not model_args else model_args[0].split("=", 1)[1]
+  prompts = [a.split("=", 1)[1] for a in model_args if a.startswith("--prompt")]
+  env = dict(os.environ,
+             RNNSTEP_CACHE_DIR=tempfile.mkdtemp(prefix="bench_cli_", dir=tmpdir))
   print(f"## CLI end-to-end: rnnstep-generate --num_steps={settings.num_chars}, "
         f"{what} (median of {settings.cli_runs}: wall seconds, peak RSS MB)")
   base = [exe, f"--num_steps={settings.num_chars}", "--seed=1", *model_args]
-  rows = [("--nojit_compile", ["--nojit_compile"]),
-          ("--jit_compile", ["--jit_compile"]),
-          ("--nocache (default)", ["--nocache"])]
-  for label, extra in rows:
+  for label, extra in (("--nojit_compile", ["--nojit_compile"]),
+                       ("--jit_compile", ["--jit_compile"])):
     _row(label, base + extra, env, settings.cli_runs, what, results_out)
-  # The cache: one cold run, the wait for its background export, warm runs.
-  _row("cache cold", base, env, 1, what, results_out)
-  if _wait_for_entry(cache_dir):
-    _row("cache warm", base + ["--verbose"], env, settings.cli_runs, what,
-         results_out, expect="fast path")
-  else:
-    print("  cache warm: skipped (no compiled artifact appeared in 600 s)")
+  tutorial = [sys.executable, TUTORIAL_SCRIPT, model_path,
+              str(settings.num_chars), *prompts[:1]]
+  labels = ("tutorial OneStep script", "--nocache (TF path)", "cache cold",
+            "cache warm")
+  runs = {label: [] for label in labels}
+  for _ in range(settings.cli_runs):
+    cache_env = dict(env, RNNSTEP_CACHE_DIR=tempfile.mkdtemp(
+        prefix="bench_cli_cache_", dir=tmpdir))
+    for label, cmd, run_env, expect in (
+        (labels[0], tutorial, env, None),
+        (labels[1], base + ["--nocache"], env, None),
+        (labels[2], base, cache_env, None),
+        (labels[3], base + ["--verbose"], cache_env, "fast path")):
+      if label == labels[3] and not _wait_for_entry(
+          cache_env["RNNSTEP_CACHE_DIR"]):
+        print("  cache warm: skipped (no compiled artifact appeared in 600 s)")
+        continue
+      timing.log(f"[cli] {label}")
+      seconds, peak, returncode, stderr = _run(cmd, run_env)
+      if returncode != 0 or (expect and expect not in stderr):
+        print(f"  {label}: failed: {stderr.strip()[-500:]}")
+        continue
+      runs[label].append((seconds, peak))
+    # The cold run's export must not overlap the next round's timings.
+    _wait_for_entry(cache_env["RNNSTEP_CACHE_DIR"])
+  script = [seconds for seconds, _ in runs[labels[0]]]
+  for label in labels:
+    if not runs[label]:
+      continue
+    times = [seconds for seconds, _ in runs[label]]
+    peaks = [peak for _, peak in runs[label]]
+    peak = statistics.median(peaks) if None not in peaks else None
+    ratio = (statistics.median(t / s for t, s in zip(times, script))
+             if len(script) == len(times) else None)
+    print(f"  {label:<24} {statistics.median(times):6.2f} s "
+          + (f"{peak:7.0f} MB" if peak is not None else "      ? MB")
+          + (f"   {ratio:5.2f}x the tutorial's script" if ratio else ""))
+    results_out.append({"section": "cli", "mode": label,
+                        "wall_seconds": statistics.median(times),
+                        "peak_rss_mb": peak, "ratio_to_tutorial": ratio,
+                        "runs": times, "model": what})
   print()
 
 
