@@ -19,10 +19,10 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
-from rnnstep.engine import request as request_lib
+from rnnstep.engine import request
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
-from rnnstep.model import cells as cells_lib
+from rnnstep.model import cells
 from rnnstep.model import network as model_lib
 
 BUNDLED_MODEL = "shakespeare.npz"
@@ -112,7 +112,7 @@ def logits(model: model_lib.Model, ids, initial_state=None, *,
     return window_lib.score_function(model)(array, np.int32(window)).numpy()
   if initial_state is None:
     return model.score(array).numpy()
-  state = _check_initial_state(model, initial_state, array.shape[0])
+  state = check_initial_state(model, initial_state, array.shape[0])
   _, result = model_lib.sequence_function(model)(
       array, np.ones(array.shape, bool), state)
   return result.numpy()
@@ -178,7 +178,7 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
   ids = np.zeros([len(rows), lengths.max()], np.int32)
   mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
   ids[mask] = np.concatenate(rows)
-  state = _check_initial_state(model, initial_state, len(rows))
+  state = check_initial_state(model, initial_state, len(rows))
   sequences, _ = model_lib.sequence_function(model)(ids, mask, state)
   return [dict(zip(model_lib.STATE_NAMES, (s.numpy() for s in layer)))
           for layer in sequences]
@@ -198,7 +198,7 @@ def check_states_fit(model, batch_size: int, length: int,
       available.
   """
   # Every state tensor, and the logits, per position.
-  floats = model.vocab_size + sum(sum(cells_lib.state_sizes(layer))
+  floats = model.vocab_size + sum(sum(cells.state_sizes(layer))
                                   for layer in model.config.layers)
   need = batch_size * length * floats * 4 * _SEQUENCE_COPIES
   have = host.available_memory_bytes()
@@ -238,18 +238,28 @@ def _sequence_rows(model, texts_or_ids):
   return list(_check_ids(model, texts_or_ids, "texts_or_ids"))
 
 
-def _check_initial_state(model, initial_state, batch_size: int):
+def check_initial_state(model, initial_state, batch_size: int):
   """An `initial_state` argument as a `model.StackState` of numpy arrays.
 
   None is the zero state. Anything else must be exactly one dict per layer
-  of float32 `[batch_size, U]` arrays named by `model.STATE_NAMES`.
+  of float32 `[batch_size, U]` arrays named by `model.STATE_NAMES`. Public
+  for the callers above the API that take the same argument
+  (`inspect.analyze`).
+
+  Args:
+    model: the `Model` the state is for.
+    initial_state: the argument as given.
+    batch_size: the rows it must hold.
+
+  Returns:
+    One tuple of float32 `[batch_size, U]` arrays per layer.
 
   Raises:
     ValueError: one line naming `initial_state` (and the entry at fault), what
       was given and the form expected.
   """
   layers = model.config.layers
-  sizes = [cells_lib.state_sizes(layer) for layer in layers]
+  sizes = [cells.state_sizes(layer) for layer in layers]
   if initial_state is None:
     return tuple(tuple(np.zeros([batch_size, size], np.float32)
                        for size in layer) for layer in sizes)
@@ -535,9 +545,9 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
           "initial_state", f"initial_state with window={values['window']}: "
           "every window starts from the zero state; pass window=0 to start "
           "from a state")
-    initial_state = _check_initial_state(model, initial_state,
-                                         len(prompt_list))
-  return prompt_list, request_lib.Options(
+    initial_state = check_initial_state(model, initial_state,
+                                        len(prompt_list))
+  return prompt_list, request.Options(
       sampling=params, seed=seed, stop=stops, return_scores=return_scores,
       initial_state=initial_state, regex=patterns, **shared)
 

@@ -162,7 +162,7 @@ def test_stack_under_xla(keras3_cases, corpus, tmp_path):
 
 def test_inspect_reports_format_layers_and_vocab_size(keras3_cases,
                                                       tf_keras_cases):
-  summary = convert.inspect(keras3_cases["k3_fun_lstm_gru"]["files"]["keras"])
+  summary = convert.describe(keras3_cases["k3_fun_lstm_gru"]["files"]["keras"])
   assert "Functional" in summary.format and ".keras" in summary.format
   assert [layer.kind for layer in summary.layers] == [
       "embedding", "lstm", "gru", "dense"]
@@ -174,13 +174,13 @@ def test_inspect_reports_format_layers_and_vocab_size(keras3_cases,
   text = str(summary)
   assert "LSTM" in text and "zero bias written" in text and "65" in text
 
-  summary = convert.inspect(tf_keras_cases["k2_tutorial"]["files"][
+  summary = convert.describe(tf_keras_cases["k2_tutorial"]["files"][
       "tf_checkpoint_dir"])
   assert "latest checkpoint" in summary.format and "ckpt_2" in summary.format
   assert summary.vocab_size == km.V_UNK
   assert [layer.name for layer in summary.layers] == ["embedding", "gru", "dense"]
 
-  summary = convert.inspect(tf_keras_cases["k2_stateful"]["files"][
+  summary = convert.describe(tf_keras_cases["k2_stateful"]["files"][
       "tf_checkpoint_dir"])
   assert [layer.name for layer in summary.layers] == [
       "layer_with_weights-0", "layer_with_weights-1", "layer_with_weights-2"]

@@ -448,7 +448,7 @@ def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path):
   shutil.copy(os.path.join(fuzz, "ckpt_read_less.index"),
               tmp_path / "ckpt_1.index")
   (tmp_path / "ckpt_1.data-00000-of-00001").write_bytes(b"")
-  for read in (convert.inspect, convert.read_weights):
+  for read in (convert.describe, convert.read_weights):
     with pytest.raises(ValueError, match="not a readable TF checkpoint") as info:
       read(tmp_path / "ckpt_1")
     assert "\n" not in str(info.value)

@@ -88,7 +88,7 @@ def test_one_hot_model_matches_keras(one_hot_files, fmt):
   # Only the files with a config know the model was built for windows.
   has_config = fmt in ("keras", "legacy_h5")
   assert model.config.window == (WINDOW if has_config else None)
-  summary = convert.inspect(case["files"][fmt])
+  summary = convert.describe(case["files"][fmt])
   assert summary.layers[0].name == "(one-hot input)"
   assert any("identity Embedding" in note for note in summary.notes)
   if has_config:
@@ -120,7 +120,7 @@ def textgenrnn_like(built):
 def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
     textgenrnn_like, kind):
   path = textgenrnn_like["files"][kind]
-  for call in (lambda: convert.inspect(path),
+  for call in (lambda: convert.describe(path),
                lambda: rnnstep.load(path, vocab=textgenrnn_like["vocab"])):
     with pytest.raises(ValueError) as info:
       call()
@@ -177,7 +177,7 @@ def test_window_needs_fixed_steps_and_a_last_output_only(
       keras.layers.Dense(5)])
   path = str(tmp_path / "m.keras")
   model.save(path)
-  summary = convert.inspect(path)
+  summary = convert.describe(path)
   assert summary.config.window == window
   if steps is None:
     assert any("fixes no window length" in note for note in summary.notes)

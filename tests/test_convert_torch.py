@@ -34,7 +34,9 @@ import pytest
 import rnnstep
 from rnnstep.cli import common
 from rnnstep import convert
-from rnnstep.convert import torch_files
+from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_zip
+from rnnstep.convert import unpickler
 from tests.support.cli import Result
 from tests.support.tiers import quick_params
 
@@ -103,7 +105,7 @@ def test_a_whole_module_converts_and_names_its_tensors_as_state_dict(
   assert any("neither imported nor run" in note for note in summary.notes)
   assert rnnstep.load(out).vocab_size == 100
   # nn.Sequential children are numbered as state_dict() numbers them.
-  text = str(convert.inspect(DATA / "nested_protocol1.pt"))
+  text = str(convert.describe(DATA / "nested_protocol1.pt"))
   assert "'embed.0'" in text and "'head.1'" in text
 
 
@@ -114,7 +116,7 @@ def test_hostile_module_pickles_are_refused_and_nothing_runs(
   os.system / eval call ran (in an attribute, a submodule's attribute, in
   place of a parameter)."""
   monkeypatch.chdir(tmp_path)
-  for call in (convert.inspect,
+  for call in (convert.describe,
                lambda p: rnnstep.load(p, vocab=DATA / "charrnn_vocab.json")):
     with pytest.raises(ValueError) as info:
       call(DATA / file_name)
@@ -142,15 +144,17 @@ def test_corpus_gives_the_same_vocabulary_and_convert_writes_it(tmp_path):
   assert list(converted.vocab) == json.load(open(DATA / "vocab.json"))
 
 
-def test_inspect_reports_the_mapping():
-  text = str(convert.inspect(DATA / "rnn_nobias.safetensors"))
+def test_describe_reports_the_mapping():
+  # `inspect`, its former name, stays an alias.
+  assert convert.inspect is convert.describe
+  text = str(convert.describe(DATA / "rnn_nobias.safetensors"))
   assert "safetensors" in text and "SimpleRNN  'recurrence[l1]'" in text
   assert "assumed nonlinearity='tanh'" in text
   assert "use_bias=False (zero bias written)" in text
-  text = str(convert.inspect(DATA / "gru_nobias_checkpoint.bin"))
+  text = str(convert.describe(DATA / "gru_nobias_checkpoint.bin"))
   assert "under the key 'state_dict'" in text
   assert "'module.embedding'" in text and "'module.linear'" in text
-  text = str(convert.inspect(DATA / "stack_bf16.pt"))
+  text = str(convert.describe(DATA / "stack_bf16.pt"))
   assert "LSTM       'model.lstm[l0]'" in text
   assert "GRU        'model.gru[l0]'" in text
 
@@ -192,7 +196,7 @@ def test_read_weights_matches_the_keras_layout_from_safetensors():
     ("lstm_proj.pt", r"'lstm.weight_hr_l0': an LSTM with proj_size"),
 ])
 def test_refusals_are_one_line(file_name, message):
-  for call in (lambda p: convert.inspect(p),
+  for call in (lambda p: convert.describe(p),
                lambda p: rnnstep.load(p, vocab=DATA / "vocab.json")):
     with pytest.raises(ValueError, match=message) as info:
       call(DATA / file_name)
@@ -227,8 +231,8 @@ def _torch_zip(path, pickle_bytes, members=()):
 
 def _legacy(path, pickle_bytes):
   with open(path, "wb") as f:
-    f.write(pickle.dumps(torch_files.LEGACY_MAGIC, protocol=2))
-    f.write(pickle.dumps(torch_files.LEGACY_PROTOCOL, protocol=2))
+    f.write(pickle.dumps(torch_legacy.LEGACY_MAGIC, protocol=2))
+    f.write(pickle.dumps(torch_legacy.LEGACY_PROTOCOL, protocol=2))
     f.write(pickle.dumps({"protocol_version": 1001, "little_endian": True,
                           "type_sizes": {"short": 2, "int": 4, "long": 4}},
                          protocol=2))
@@ -307,7 +311,7 @@ def test_handmade_module_pickles_are_read_as_records_or_refused(
   (_torch_zip if layout == "zip" else _legacy)(
       path, pickle.dumps(payload, protocol=2))
   with pytest.raises(ValueError, match=message) as info:
-    convert.inspect(path)
+    convert.describe(path)
   assert "\n" not in str(info.value)
 
 
@@ -317,7 +321,7 @@ def test_a_module_in_a_cycle_is_refused(tmp_path):
   path = tmp_path / "cycle.pt"
   _torch_zip(path, pickle.dumps(outer, protocol=2))
   with pytest.raises(ValueError, match="nested too deeply or in a cycle"):
-    convert.inspect(path)
+    convert.describe(path)
 
 
 def _str(text):
@@ -351,7 +355,7 @@ def test_handmade_tensor_pickle_reads_views(tmp_path):
   values = np.arange(24, dtype="<f4")
   _torch_zip(path, tensor_pickle(24, (3, 4), (1, 6), offset=2),
              [("0", values.tobytes())])
-  obj, _, close = torch_files.read_zip(path)
+  obj, _, close = torch_zip.read_zip(path)
   got = obj["w"].read(str(path), "w")
   close()
   want = np.lib.stride_tricks.as_strided(values[2:], (3, 4), (4, 24))
@@ -364,7 +368,7 @@ def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
   _torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
              [("0", bytes(96))])
   with pytest.raises(ValueError, match="tried to modify a tensor"):
-    torch_files.read_zip(path)
+    torch_zip.read_zip(path)
 
 
 @pytest.mark.parametrize("numel,size,stride,offset,data_bytes,message", [
@@ -380,7 +384,7 @@ def test_bad_tensor_records_are_refused(tmp_path, numel, size, stride, offset,
   _torch_zip(path, tensor_pickle(numel, size, stride, offset),
              [("0", bytes(data_bytes))])
   with pytest.raises(ValueError, match=message) as info:
-    torch_files.read_zip(path)
+    torch_zip.read_zip(path)
   assert "\n" not in str(info.value)
 
 
@@ -403,7 +407,7 @@ def test_bad_safetensors_are_refused(tmp_path, header, data, message):
   path = tmp_path / "bad.safetensors"
   _safetensors(path, header, data)
   with pytest.raises(ValueError, match=message) as info:
-    convert.inspect(path)
+    convert.describe(path)
   assert "\n" not in str(info.value)
 
 
@@ -424,7 +428,7 @@ def test_truncated_and_corrupt_files_are_refused(tmp_path):
   plain.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
   with pytest.raises(ValueError, match="a Python pickle that is not a "
                      "torch.save file"):
-    convert.inspect(plain)
+    convert.describe(plain)
 
 
 # ------------------------------------------------------------- direct loading
@@ -499,10 +503,42 @@ def test_fixtures_rebuilt_with_live_torch_match(tmp_path):
     check_against_reference(str(tmp_path), file_name, ref_name)
   for name in ("tied_views.pt", "stack_bf16.pt", "gru2_legacy.pt"):
     want = torch.load(tmp_path / name, weights_only=True)
-    opener = (torch_files.read_legacy if "legacy" in name
-              else torch_files.read_zip)
+    opener = (torch_legacy.read_legacy if "legacy" in name
+              else torch_zip.read_zip)
     got, _, close = opener(tmp_path / name)
     for key, value in want.items():
       np.testing.assert_array_equal(got[key].read(name, key),
                                     value.float().numpy())
     close()
+
+
+# A 10-byte pickle whose LONG_BINPUT names memo entry 2**31 - 1:
+# Python's unpickler would size its memo for it (~16 GiB) before any object
+# exists.
+HUGE_MEMO_PICKLE = b"\x80\x02]r\xff\xff\xff\x7f."
+
+
+def test_a_huge_memo_index_is_refused_before_unpickling(tmp_path):
+  with pytest.raises(ValueError, match=r"memo entry 2147483647 after 2 "
+                     r"opcodes; the file is corrupt") as info:
+    unpickler.check_memo_indices(HUGE_MEMO_PICKLE, "x.pt")
+  assert "\n" not in str(info.value)
+  # The same pickle as a torch.save zip's data.pkl: refused in one line.
+  path = tmp_path / "memo.pt"
+  with zipfile.ZipFile(DATA / "gru2.pt") as source, \
+      zipfile.ZipFile(path, "w") as target:
+    for item in source.infolist():
+      data = source.read(item)
+      if item.filename.endswith("/data.pkl"):
+        data = HUGE_MEMO_PICKLE
+      target.writestr(item, data)
+  with pytest.raises(ValueError, match="memo entry 2147483647") as info:
+    convert.describe(path)
+  assert "\n" not in str(info.value)
+  assert str(info.value).startswith(str(path))
+  # Real pickles number their memo entries from 0: each fixture passes.
+  with zipfile.ZipFile(DATA / "gru2.pt") as source:
+    name = next(n for n in source.namelist() if n.endswith("/data.pkl"))
+    unpickler.check_memo_indices(source.read(name), "gru2.pt")
+  unpickler.check_memo_indices(pickle.dumps([[1, 2]] * 3 + [{"a": (4,)}],
+                                            protocol=2), "plain")

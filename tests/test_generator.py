@@ -20,6 +20,7 @@ from rnnstep.decoding import stopping
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import paths
 from rnnstep.model import model_file
+from rnnstep.model import network as model_lib
 
 # Every execution path (`jit_compile` values; see generator.py).
 PATHS = (False, True, "elementwise")
@@ -267,6 +268,39 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
     self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
 
+
+  @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
+  def test_models_of_one_architecture_share_their_programs(self, jit):
+    # A reloaded or retrained model of the same shape (other weights) runs
+    # the first one's compiled programs with its own weights: no new trace,
+    # and each model's greedy text is its own Keras model's.
+    layers = [kr.layer("gru", 24), kr.layer("lstm", 16)]
+    keras_models = [kr.build(layers, seed=seed) for seed in (11, 12)]
+    models = [kr.rnnstep_model(k, layers) for k in keras_models]
+    path = paths.from_jit_compile(jit)
+    prompt = "ROMEO"
+    texts, counts = [], []
+    for model in models:
+      texts.append(rnnstep.generate(model, prompt, 40, temperature=0.0,
+                                    jit_compile=jit))
+      generator = generator_lib.cached(model, path)
+      counts.append(generator.generate_fn.experimental_get_tracing_count())
+      self.assertIs(generator.programs,
+                    generator_lib.cached(models[0], path).programs)
+    self.assertEqual(counts, [1, 1])
+    for keras_model, model, text in zip(keras_models, models, texts):
+      want = model.decode(kr.greedy(keras_model, model.encode(prompt), 40))
+      self.assertEqual(text, want)
+    self.assertNotEqual(texts[0], texts[1])
+    # Scoring and hidden states share theirs too.
+    for model in models:
+      rnnstep.logits(model, [model.encode(prompt)])
+      rnnstep.hidden_states(model, prompt)
+    score = model_lib.score_function(models[1])
+    sequences = model_lib.sequence_function(models[1])
+    self.assertEqual(score.experimental_get_tracing_count(), 1)
+    self.assertEqual(sequences.experimental_get_tracing_count(), 1)
 
   @pytest.mark.slow  # XLA and elementwise programs.
   def test_default_path_traces_each_path_once(self):

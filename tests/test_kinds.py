@@ -8,7 +8,7 @@ from rnnstep.model import model_file
 
 
 def test_pytorch_gate_permutations_are_the_documented_ones():
-  # shared/design/keras-formats.md section 5: GRU [r|z|n] -> [z|r|h].
+  # docs/dev/cell-kinds.md, gate orders: GRU [r|z|n] -> [z|r|h].
   assert kinds.KINDS["gru"].torch_permutation() == (1, 0, 2)
   assert kinds.KINDS["lstm"].torch_permutation() == (0, 1, 2, 3)
   assert kinds.KINDS["simple_rnn"].torch_permutation() == (0,)

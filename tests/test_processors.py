@@ -39,7 +39,7 @@ def _apply(logits, ids, lengths, theta, window, ngram, mode):
     history = processors.start(ids, lengths, V, settings, tf.constant(True))
     params = sampling.DEFAULTS._replace(repetition_penalty=theta)
     params = sampling.Params(*[tf.broadcast_to(tf.cast(v, d), tf.shape(theta))
-                               for v, d in zip(params, sampling.DTYPES)])
+                               for v, d in zip(params, sampling.PARAM_DTYPES)])
     parts = pipeline.active(params, settings, V)
     return pipeline.look_back(logits, params, parts, history, settings)
 

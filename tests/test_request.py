@@ -18,10 +18,13 @@ from rnnstep.engine import request as request_lib
 def _build(batch, width, num_steps, bucket_shapes, **settings):
   ids = np.arange(batch * width, dtype=np.int32).reshape(batch, width) % 7
   lengths = np.full([batch], width, np.int32)
-  params = sampling.DEFAULTS._replace(**settings)
+  options = request_lib.Options(
+      sampling=sampling.DEFAULTS._replace(**settings))
   return request_lib.build(
-      ids, lengths, num_steps, params, np.arange(batch, dtype=np.int64),
-      np.zeros([batch], np.int32), stopping.stop_automaton([[1, 2]], 7),
+      request_lib.Prompts(ids, lengths), num_steps, options,
+      seeds=request_lib.Seeds(np.arange(batch, dtype=np.int64),
+                              np.zeros([batch], np.int32)),
+      stops=stopping.stop_automaton([[1, 2]], 7),
       bucket_shapes=bucket_shapes, state_sizes=[(8,), (4, 4)])
 
 
@@ -75,9 +78,11 @@ class BuildTest(tf.test.TestCase):
     @tf.function(autograph=False)
     def traced(ids, lengths, num_steps):
       return request_lib.build(
-          ids, lengths, num_steps, sampling.DEFAULTS._replace(top_k=3),
-          tf.range(5, dtype=tf.int64), tf.zeros([5], tf.int32),
-          stopping.stop_automaton([[1, 2]], 7), bucket_shapes=True,
+          request_lib.Prompts(ids, lengths), num_steps, request_lib.Options(
+              sampling=sampling.DEFAULTS._replace(top_k=3)),
+          seeds=request_lib.Seeds(tf.range(5, dtype=tf.int64),
+                                  tf.zeros([5], tf.int32)),
+          stops=stopping.stop_automaton([[1, 2]], 7), bucket_shapes=True,
           state_sizes=[(8,), (4, 4)])
 
     graph = traced(eager.prompts.ids[:5, :3], eager.prompts.lengths[:5],

@@ -314,8 +314,11 @@ class CommandLineTest(TuningTestCase):
         "tune": (tune_cmd + [f"--weights={weights}", "--batch_sizes=1,2",
                              "--num_steps=6", "--rounds=2"], tune_dir),
         "bad_batch": (tune_cmd + ["--batch_sizes=1,x"], tune_dir + "_bad"),
+        # --nocache: the compiled-artifact cache (its own directory entry,
+        # written by a detached child) is tests/test_fast_path.py's.
         "generate": (generate_cmd + [f"--weights={weights}", "--num_steps=20",
-                                     "--seed=1", "--prompt=AB"], generate_dir),
+                                     "--seed=1", "--prompt=AB", "--nocache"],
+                     generate_dir),
     }
 
     def run(args, cache):

@@ -2,7 +2,7 @@
 
 Takes real Keras and PyTorch files as seeds, mutates them (byte flips and overwrites,
 truncation, spliced or repeated chunks) and feeds each mutant to
-`rnnstep.convert.inspect` and `read_weights`. A clean refusal is a ValueError
+`rnnstep.convert.describe` and `read_weights`. A clean refusal is a ValueError
 or OSError with a one-line message; anything else (another exception, a
 multi-line message, a crash or a hang of the worker) is a finding, saved with
 its input under --findings.
@@ -66,7 +66,7 @@ for line in sys.stdin:
   path = line.strip()
   with open(status_path, "w") as f:
     f.write(path)
-  for fn in (convert.inspect, convert.read_weights):
+  for fn in (convert.describe, convert.read_weights):
     try:
       fn(path)
       verdict = "ok"

@@ -87,7 +87,7 @@ def main(argv):
   common.reject_arguments(argv)
   from rnnstep import convert as convert_lib  # pylint: disable=g-import-not-at-top
   if FLAGS.inspect:
-    summary = convert_lib.inspect(FLAGS.input)
+    summary = convert_lib.describe(FLAGS.input)
     print(summary)
     chars = None
     if FLAGS.corpus is not None:

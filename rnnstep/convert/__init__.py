@@ -5,11 +5,11 @@ without Keras or torch.
     summary = convert.convert("training_checkpoints", "model.npz",
                               corpus="shakespeare.txt")
     print(summary)
-    print(convert.inspect("model.keras"))            # what is there; writes nothing
+    print(convert.describe("model.keras"))           # what is there; writes nothing
     config, tensors = convert.read_weights("w.h5")   # ModelConfig + arrays
     model_file = convert.read_any("rnn.pt", vocab="vocab.json")  # no file written
 
-Inputs (see `shared/design/keras-formats.md`):
+Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
   - Keras 3 `.keras` archives (Sequential, Functional, subclassed), unzipped
     `.keras` directories, `.weights.h5`, and legacy `.h5` from `model.save`;
   - tf.keras / tf_keras HDF5: `save_weights('w.h5')` and `save('m.h5')`;
@@ -18,7 +18,7 @@ Inputs (see `shared/design/keras-formats.md`):
     `tf.train.Checkpoint(model=...)` of Keras 3 models;
   - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
     `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
-    `torch_files`).
+    `torch_zip`, `torch_legacy`, `safetensors_file`).
 
 The model must be Embedding (or one-hot inputs: an identity Embedding) ->
 GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
@@ -55,7 +55,8 @@ from rnnstep.convert import mapping
 from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
-from rnnstep.convert import torch_files
+from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_zip
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
@@ -64,8 +65,8 @@ from rnnstep.model import kinds
 from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
-           "VocabularyRequired", "convert", "inspect", "is_model_file",
-           "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
+           "VocabularyRequired", "convert", "describe", "inspect",
+           "is_model_file", "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
@@ -94,7 +95,7 @@ class LayerSummary:
 
 @dataclasses.dataclass
 class Summary:
-  """What `inspect` found, or what `convert` wrote.
+  """What `describe` found, or what `convert` wrote.
 
   Attributes:
     input_path: the file or directory given.
@@ -105,8 +106,8 @@ class Summary:
     embedding_dim: the embedding width.
     num_parameters: the model's parameter count.
     notes: things worth knowing (ignored layers, assumptions, [UNK]).
-    vocab: the vocabulary written (None for `inspect`).
-    output_path: the model file written (None for `inspect`).
+    vocab: the vocabulary written (None for `describe`).
+    output_path: the model file written (None for `describe`).
   """
   input_path: str
   format: str
@@ -149,18 +150,29 @@ class Summary:
 # ------------------------------------------------------------------ public API
 
 
-def inspect(input_path: PathLike) -> Summary:
+def describe(input_path: PathLike) -> Summary:
   """Reports what a weights file holds and how it maps; reads no tensor data.
+
+  Args:
+    input_path: the weights file, directory or checkpoint prefix.
+
+  Returns:
+    The `Summary` (no `vocab`, no `output_path`).
 
   Raises:
     FileNotFoundError: no such file, directory or checkpoint prefix.
     ValueError: the file cannot be read or the model cannot be mapped; the
       message says what was found.
   """
-  return _contained(input_path, _inspect, input_path)
+  return _contained(input_path, _describe, input_path)
 
 
-def _inspect(input_path: PathLike) -> Summary:
+# The former name of `describe`, kept so that existing callers still work.
+# (Renamed: `rnnstep.inspect` is the package of neuron activations.)
+inspect = describe
+
+
+def _describe(input_path: PathLike) -> Summary:
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
@@ -338,7 +350,7 @@ def _looks_like_weights(path: str) -> bool:
         names = safe_io.member_names(archive)
     except ValueError:
       return False
-    return torch_files.is_torch_zip(names) or keras_v3.CONFIG_MEMBER in names
+    return torch_zip.is_torch_zip(names) or keras_v3.CONFIG_MEMBER in names
   if kind == "hdf5":
     return True
   with open(path, "rb") as f:
@@ -403,7 +415,7 @@ def _open(input_path: PathLike) -> Contents:
   if kind == "zip":
     with safe_io.open_zip(path) as archive:
       names = safe_io.member_names(archive)
-    if torch_files.is_torch_zip(names) and keras_v3.CONFIG_MEMBER not in names:
+    if torch_zip.is_torch_zip(names) and keras_v3.CONFIG_MEMBER not in names:
       return pytorch.read(path, "zip")
     if "format_version.npy" in names:
       raise ValueError(f"{path}: an rnnstep model file, not weights to convert "
@@ -428,7 +440,7 @@ def _open(input_path: PathLike) -> Contents:
   torch_kind = pytorch.reader_kind(path, head, size)
   if torch_kind is not None:
     return pytorch.read(path, torch_kind)
-  if torch_files.is_tar(path):
+  if torch_legacy.is_tar(path):
     raise ValueError(f"{path}: a torch.save file in the old tar format (torch "
                      "0.1), which rnnstep does not read; re-save its state "
                      "dict with a current torch")

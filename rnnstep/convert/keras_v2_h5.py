@@ -1,7 +1,7 @@
 """Keras-2-layout HDF5 files: tf.keras / tf_keras `save_weights('w.h5')` and
 `save('m.h5')`, and the legacy `.h5` that Keras 3's `model.save('x.h5')` writes.
 
-Layout (see shared/design/keras-formats.md, sections 1c and 2a): the group that
+Layout (docs/dev/file-formats.md, Keras 2 HDF5): the group that
 holds the weights is the root (weights-only files) or `model_weights` (full
 models). Its attribute `layer_names` lists the layer groups in model order; each
 layer group's attribute `weight_names` lists its datasets in creation order,

@@ -1,6 +1,6 @@
 """Keras 3 files: `.keras` archives and `.weights.h5` (also as written by tf_keras).
 
-A `.keras` file is a zip archive (shared/design/keras-formats.md, 1a-1b). Only
+A `.keras` file is a zip archive (docs/dev/file-formats.md, Keras 3). Only
 the fixed members `config.json`, `metadata.json` and `model.weights.h5` are
 read, each after checking its declared size; nothing is extracted. The config
 is JSON read as data through an allow-list (`keras_config.parse_model_config`),

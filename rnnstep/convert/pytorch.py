@@ -2,7 +2,7 @@
 
 The tensors come from a state dict, or from a whole pickled module
 (`torch.save(model)`) read as inert records and named as its `state_dict()`
-would name them (`torch_files.module_tensors`); both are mapped alike.
+would name them (`torch_state_dict.module_tensors`); both are mapped alike.
 
 The model must be `nn.Embedding -> nn.GRU / nn.LSTM / nn.RNN (tanh) module(s)
 -> nn.Linear`, unidirectional, any `num_layers`, with or without bias, under
@@ -20,7 +20,7 @@ prefix). The chain is found from key patterns and shapes:
     "encoder" / "fc", "decoder", ...) and then the state dict's order decide
     the embedding and Linear; an ambiguous recurrent order is refused.
 
-The mapping (exact, see shared/design/keras-formats.md section 5): weights are
+The mapping (exact; docs/dev/cell-kinds.md, gate orders): weights are
 transposed; each kind's gate blocks are reordered from PyTorch's order to
 Keras's (`kinds.Kind.torch_permutation`: GRU r,z,n -> z,r,h; LSTM i,f,g,o is
 Keras i,f,c,o); the biases become Keras's (`kinds.Kind.torch_bias`): a GRU is
@@ -42,7 +42,11 @@ import numpy as np
 from rnnstep.convert import contents as contents_lib
 from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
-from rnnstep.convert import torch_files
+from rnnstep.convert import safetensors_file
+from rnnstep.convert import stored_tensors
+from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_state_dict
+from rnnstep.convert import torch_zip
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 
@@ -65,14 +69,14 @@ def read(path, reader: str) -> contents_lib.Contents:
   """
   label = str(path)
   if reader == "safetensors":
-    tensors, fmt, close = torch_files.read_safetensors(path)
-    state = torch_files.StateDict(tensors, [])
+    tensors, fmt, close = safetensors_file.read_safetensors(path)
+    state = torch_state_dict.StateDict(tensors, [])
   else:
-    read_fn = (torch_files.read_zip if reader == "zip"
-               else torch_files.read_legacy)
+    read_fn = (torch_zip.read_zip if reader == "zip"
+               else torch_legacy.read_legacy)
     obj, fmt, close = read_fn(path)
     try:
-      state = torch_files.find_state_dict(obj, label)
+      state = torch_state_dict.find_state_dict(obj, label)
     except BaseException:
       close()
       raise
@@ -104,7 +108,7 @@ class _Recurrent:
     return self.layers[0]["weight_ih"][1].shape[1]
 
 
-def _map_state_dict(tensors: Dict[str, torch_files.StoredTensor], label):
+def _map_state_dict(tensors: Dict[str, stored_tensors.StoredTensor], label):
   """Returns (groups, layer specs, notes) for the chain the keys describe."""
   if not tensors:
     raise safe_io.fail(label, "the state dict holds no tensors")
@@ -145,7 +149,7 @@ def _map_state_dict(tensors: Dict[str, torch_files.StoredTensor], label):
                        f"part of Embedding -> GRU/LSTM/RNN -> Linear: {shown}"
                        f"{' ...' if len(unknown) > 6 else ''}")
   for key, tensor in tensors.items():
-    if tensor.dtype not in torch_files.FLOAT_DTYPES:
+    if tensor.dtype not in stored_tensors.FLOAT_DTYPES:
       raise safe_io.fail(label, f"tensor {show(key)} has dtype {tensor.dtype}; "
                          "a module with integer state (e.g. BatchNorm) is not "
                          "part of Embedding -> GRU/LSTM/RNN -> Linear")
@@ -400,8 +404,8 @@ def _list_keys(tensors) -> str:
 
 def reader_kind(path, head: bytes, size: int) -> Optional[str]:
   """'legacy' or 'safetensors' if a non-zip file is one, else None."""
-  if torch_files.is_legacy(head):
+  if torch_legacy.is_legacy(head):
     return "legacy"
-  if torch_files.is_safetensors(head, size):
+  if safetensors_file.is_safetensors(head, size):
     return "safetensors"
   return None

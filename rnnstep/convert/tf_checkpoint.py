@@ -5,7 +5,7 @@ Accepted inputs: a checkpoint prefix (`.../ckpt_5`, or its `.index` /
 `.data-*` file), or a directory, which means its latest checkpoint as
 `tf.train.latest_checkpoint` reads it from the `checkpoint` file.
 
-Variable names (shared/design/keras-formats.md, 1d and 2b):
+Variable names (docs/dev/file-formats.md, TensorFlow checkpoints):
 
   - tf.keras `ModelCheckpoint(save_weights_only=True)`, current tutorial
     (subclassed): `embedding/embeddings`, `gru/cell/kernel`, `dense/kernel`, ...

@@ -7,7 +7,7 @@ which rows it acts on (`active`) and how it changes the logits (`apply`, in
 the pipeline's one order). From `OPTIONS` derive:
 
   - `Params`, the per-row values of a request (`request.Request.sampling`),
-    their dtypes and defaults (`sampling.DTYPES`, `DEFAULTS`);
+    their dtypes and defaults (`sampling.PARAM_DTYPES`, `DEFAULTS`);
   - the checks of `generate` / `stream` (`check`) and the CLI's flags and
     their validation (`cli/generate.py` iterates `OPTIONS`);
   - the SavedModel `generate_decoding` signature's inputs and their graph
@@ -29,7 +29,7 @@ flags from it before TensorFlow loads.
 Per-request options (`per_row=False`) that are not logit transforms
 (`repetition_window`, the beam settings, `window`) are declared for their
 checks, flags and serving inputs; the code that owns them (`processors.py`,
-`beam_search.py`, `window.py`) reads them from the request.
+`beams.py`, `window.py`) reads them from the request.
 """
 
 import dataclasses

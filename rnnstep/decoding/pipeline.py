@@ -17,7 +17,7 @@ the logits to a tail made here, which applies the declared options
      min-p, typical-p), each under a `tf.cond` on whether any row uses it,
      and draw once by the Gumbel-max trick;
   4. the history, the scores (the raw logits' log-likelihood), the stop
-     automaton and the constraint DFA advance (`Progress`); a row whose DFA
+     automaton and the constraint DFA advance (`RowProgress`); a row whose DFA
      state accepts with no live continuation is done, as at a stop string.
 
 What a request needs is loop-invariant, so it is computed once per call
@@ -38,8 +38,8 @@ from rnnstep.decoding import sampling
 from rnnstep.decoding import stopping
 
 
-class Progress(NamedTuple):
-  """What every step advances, per row.
+class RowProgress(NamedTuple):
+  """Each row's progress through a decode: what every step advances.
 
   Attributes:
     stop_state: int32 `[B]`, the row's stop-automaton state.
@@ -275,7 +275,7 @@ def log_probability(logits: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
           - tf.reduce_logsumexp(logits, axis=-1))
 
 
-def _advance_stops(chosen, t, progress: Progress, stops) -> Progress:
+def _advance_stops(chosen, t, progress: RowProgress, stops) -> RowProgress:
   stop_state = tf.gather_nd(stops.table,
                             tf.stack([progress.stop_state, chosen], 1))
   return progress._replace(
@@ -289,7 +289,7 @@ def tails(inv: Invariants):
 
   Each is `tail(logits, t, progress) -> (chosen, x_proj, progress)`: it
   chooses the next ids, gathers their layer-0 input projections for the next
-  step and advances the `Progress`. The loop runs `plain` when
+  step and advances the `RowProgress`. The loop runs `plain` when
   `inv.plain`, else `general` (which also looks back and scores). On the
   elementwise path each is compiled with layer 0's gate math.
 

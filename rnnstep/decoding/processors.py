@@ -12,7 +12,7 @@ The counts move with the window: the id entering and the id leaving it (read
 from `ids`), so the penalty costs O(B·V) per step and no sort.
 
 Rules (as HF `RepetitionPenaltyLogitsProcessor` and
-`NoRepeatNGramLogitsProcessor`; see ../shared/design/decoding.md):
+`NoRepeatNGramLogitsProcessor`; see docs/dev/decoding-options.md):
 
   - repetition penalty θ: for every distinct id in the window,
     `logit / θ if logit > 0 else logit * θ` (θ > 1 discourages repeats);

@@ -31,8 +31,10 @@ from rnnstep.decoding import options
 _LOGIT_LIMIT = 1e30
 
 # The per-row values of a request (`options.Params`), their dtypes and defaults.
+# (PARAM_DTYPES, not DTYPES: `network.DTYPES` is the models' compute dtypes.)
 Params = options.Params
-DTYPES = Params(*(tf.as_dtype(option.dtype) for option in options.PER_ROW))
+PARAM_DTYPES = Params(*(tf.as_dtype(option.dtype)
+                        for option in options.PER_ROW))
 DEFAULTS = options.DEFAULTS
 
 

@@ -24,19 +24,129 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
-from rnnstep.engine import beams as beam_search
+from rnnstep.engine import beams
 from rnnstep.engine import host
 from rnnstep.engine import loop
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
 from rnnstep.model import cells
+from rnnstep.model import network as network_lib
+
+
+class Programs(tf.Module):
+  """The compiled functions of one architecture on one path.
+
+  Every function takes the model's weights (`Model.network_weights()`) as its
+  first argument instead of capturing a model's variables, so all models of
+  one `network.Architecture` share one `Programs` (`programs_for`): a second
+  model of the same shape pays no trace and no compile.
+
+  Args:
+    model: the first model of the architecture (its shapes make the specs).
+    path: "xla", "graph" or "elementwise" (see `paths.py`).
+  """
+
+  def __init__(self, model, path: str):
+    super().__init__(name=f"programs_{path}")
+    self.architecture = model.architecture
+    self.path = path
+    self.jit_compile = path == paths.XLA
+    state_sizes = [cells.state_sizes(layer) for layer in model.config.layers]
+    weights_spec = model.weights_spec()
+    request_spec = request_lib.spec(model.vocab_size, state_sizes)
+    carry_spec = request_lib.carry_spec(state_sizes, model.vocab_size)
+    # autograph=False: the bodies use tf.while_loop/tf.cond explicitly, and
+    # skipping autograph's source conversion cuts the first trace from ~1.6 s
+    # to ~0.2 s (measured).
+    compiled = dict(jit_compile=self.jit_compile, autograph=False)
+    self.generate_fn = tf.function(
+        self._generate_impl, **compiled,
+        input_signature=[weights_spec, request_spec])
+    self.continue_fn = tf.function(
+        self._continue_impl, **compiled,
+        input_signature=[weights_spec, request_spec, carry_spec])
+    self.beam_fn = tf.function(self._beam_impl, **compiled,
+                               input_signature=[weights_spec, request_spec])
+    # Windowed generation (`window.py`): k slots per row; k is a tensor
+    # (under XLA a compile-time constant, one program per distinct k).
+    window_spec = tf.TensorSpec([], tf.int32, name="window")
+    self.window_fn = tf.function(
+        self._window_impl, **compiled,
+        input_signature=[weights_spec, request_spec, window_spec])
+    self.window_continue_fn = tf.function(
+        self._window_continue_impl, **compiled,
+        input_signature=[weights_spec, request_spec, carry_spec, window_spec])
+    self.step = tf.function(self._step_impl, **compiled, input_signature=[
+        weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
+        carry_spec.state])
+    self._concrete_functions = {}
+
+  def concrete(self, name: str):
+    """The one concrete function of the compiled function `name`.
+
+    Host callers use it: binding a nested request to the polymorphic
+    `tf.function`'s signature costs ~1 ms a call, which streaming in small
+    chunks would pay every chunk.
+    """
+    concrete = self._concrete_functions.get(name)
+    if concrete is None:
+      concrete = getattr(self, name).get_concrete_function()
+      self._concrete_functions[name] = concrete
+    return concrete
+
+  # -- compiled bodies -------------------------------------------------------
+
+  def _network(self, weights):
+    return network_lib.network_of(
+        self.architecture, weights,
+        compile_elementwise=self.path == paths.ELEMENTWISE)
+
+  def _step_impl(self, weights, ids, state):
+    return self._network(weights).step(ids, state)
+
+  @property
+  def _chooses_first(self) -> bool:
+    """Whether the decode loop chooses an id, then consumes it (elementwise)."""
+    return self.path == paths.ELEMENTWISE
+
+  def _generate_impl(self, weights, request: request_lib.Request
+                     ) -> request_lib.Result:
+    network = self._network(weights)
+    # Priming leaves each row's last character to the first decode step,
+    # except where the loop chooses before it consumes.
+    carry = loop.start_carry(network, request,
+                             unconsumed=0 if self._chooses_first else 1)
+    return loop.run_decode(network, request, carry, self._chooses_first)
+
+  def _beam_impl(self, weights, request: request_lib.Request
+                 ) -> beams.BeamResult:
+    return beams.search(self._network(weights), request)
+
+  def _continue_impl(self, weights, request, carry):
+    return loop.run_decode(self._network(weights), request, carry,
+                       self._chooses_first)
+
+  # Every path runs windows in `consume_then_choose`'s order; the elementwise
+  # path's network still compiles each cell's gate math.
+  def _window_impl(self, weights, request, window):
+    return window_lib.generate(self._network(weights), request, window)
+
+  def _window_continue_impl(self, weights, request, carry, window):
+    return window_lib.run_decode(self._network(weights), request, carry, window)
+
+
+def programs_for(model, path: str) -> Programs:
+  """The shared `Programs` of the model's architecture on a concrete path."""
+  return network_lib.shared_function(
+      model.architecture, f"programs/{path}", lambda: Programs(model, path))
 
 
 class Generator(tf.Module):
   """Compiled generation over a `Model`, on one execution path.
 
-  The compiled functions (usable inside other graphs: export, tf.distribute):
+  The compiled functions (usable inside other graphs: export, tf.distribute),
+  each reading the model's weights at the call:
 
     generate_fn(request) -> Result            prime the prompts, then decode
     continue_fn(request, carry) -> Result     decode on from a Result's carry
@@ -50,6 +160,10 @@ class Generator(tf.Module):
   compiled `step(ids, state) -> (logits, state)` run one timestep over explicit
   state, the same cell code the loop uses.
 
+  The programs behind them are shared by every model of the same architecture
+  and path (`Programs`, `programs_for`): a reloaded model generates without a
+  new trace or compile.
+
   Args:
     model: an `rnnstep.Model`.
     path: "xla", "graph" or "elementwise" (see `paths.py`).
@@ -59,6 +173,7 @@ class Generator(tf.Module):
     model: the Model.
     path: the execution path.
     jit_compile: whether each function is one XLA program (path "xla").
+    programs: the shared `Programs`.
   """
 
   def __init__(self, model, path: str = paths.XLA, *, hold_model: bool = True):
@@ -68,46 +183,22 @@ class Generator(tf.Module):
     self._model_ref = weakref.ref(model)
     self.path = paths.check_concrete(path)
     self.jit_compile = self.path == paths.XLA
-    request_spec = request_lib.spec(model.vocab_size, self.state_sizes())
-    carry_spec = request_lib.carry_spec(self.state_sizes(), model.vocab_size)
-    # autograph=False: the bodies use tf.while_loop/tf.cond explicitly, and
-    # skipping autograph's source conversion cuts the first trace from ~1.6 s
-    # to ~0.2 s (measured).
-    compiled = dict(jit_compile=self.jit_compile, autograph=False)
-    self.generate_fn = tf.function(self._generate_impl, **compiled,
-                                   input_signature=[request_spec])
-    self.continue_fn = tf.function(self._continue_impl, **compiled,
-                                   input_signature=[request_spec, carry_spec])
-    self.beam_fn = tf.function(self._beam_impl, **compiled,
-                               input_signature=[request_spec])
-    # Windowed generation (`window.py`): k slots per row; k is a tensor
-    # (under XLA a compile-time constant, one program per distinct k).
-    window_spec = tf.TensorSpec([], tf.int32, name="window")
-    self.window_fn = tf.function(self._window_impl, **compiled,
-                                 input_signature=[request_spec, window_spec])
-    self.window_continue_fn = tf.function(
-        self._window_continue_impl, **compiled,
-        input_signature=[request_spec, carry_spec, window_spec])
-    self._concrete_functions = {}
-    self.step = tf.function(self._step_impl, **compiled, input_signature=[
-        tf.TensorSpec([None], tf.int32, name="ids"), carry_spec.state])
+    self.programs = programs_for(model, self.path)
+    for name in ("generate_fn", "continue_fn", "beam_fn", "window_fn",
+                 "window_continue_fn", "step"):
+      setattr(self, name, network_lib.BoundFunction(
+          getattr(self.programs, name), self._network_weights))
 
   @property
   def model(self):
     return self._model_ref()
 
-  def call(self, name: str, *args):
-    """Calls the compiled function `name` through its one concrete function.
+  def _network_weights(self):
+    return self.model.network_weights()
 
-    Host callers use this: binding a nested request to the polymorphic
-    `tf.function`'s signature costs ~1 ms a call, which streaming in small
-    chunks would pay every chunk.
-    """
-    concrete = self._concrete_functions.get(name)
-    if concrete is None:
-      concrete = getattr(self, name).get_concrete_function()
-      self._concrete_functions[name] = concrete
-    return concrete(*args)
+  def call(self, name: str, *args):
+    """Calls the compiled function `name` through its one concrete function."""
+    return self.programs.concrete(name)(self._network_weights(), *args)
 
   def state_sizes(self):
     """Per layer, the widths of its state tensors."""
@@ -117,42 +208,6 @@ class Generator(tf.Module):
     """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer."""
     return tuple(tuple(tf.zeros([batch_size, u]) for u in sizes)
                  for sizes in self.state_sizes())
-
-  # -- compiled bodies -------------------------------------------------------
-
-  def _network(self):
-    return self.model.network(
-        compile_elementwise=self.path == paths.ELEMENTWISE)
-
-  def _step_impl(self, ids, state):
-    return self._network().step(ids, state)
-
-  @property
-  def _chooses_first(self) -> bool:
-    """Whether the decode loop chooses an id, then consumes it (elementwise)."""
-    return self.path == paths.ELEMENTWISE
-
-  def _generate_impl(self, request: request_lib.Request) -> request_lib.Result:
-    network = self._network()
-    # Priming leaves each row's last character to the first decode step,
-    # except where the loop chooses before it consumes.
-    carry = loop.start_carry(network, request,
-                             unconsumed=0 if self._chooses_first else 1)
-    return loop.decode(network, request, carry, self._chooses_first)
-
-  def _beam_impl(self, request: request_lib.Request) -> beam_search.BeamResult:
-    return beam_search.search(self._network(), request)
-
-  def _continue_impl(self, request, carry):
-    return loop.decode(self._network(), request, carry, self._chooses_first)
-
-  # Every path runs windows in `consume_then_choose`'s order; the elementwise
-  # path's network still compiles each cell's gate math.
-  def _window_impl(self, request, window):
-    return window_lib.generate(self._network(), request, window)
-
-  def _window_continue_impl(self, request, carry, window):
-    return window_lib.decode(self._network(), request, carry, window)
 
   # -- host side (host.py) ---------------------------------------------------
 

@@ -123,18 +123,14 @@ def build_request(generator, prompts: Sequence[str], num_steps: int,
   prompt_ids, lengths = prompt_batch(generator.model, prompts)
   seeds, index = seed_rows(options.seed, len(prompts))
   return request_lib.build(
-      prompt_ids, lengths, num_steps, options.sampling, seeds, index,
-      stop_automaton(generator.model, options.stop),
+      request_lib.Prompts(prompt_ids, lengths), num_steps, options,
+      seeds=request_lib.Seeds(seeds, index),
+      stops=stop_automaton(generator.model, options.stop),
       bucket_shapes=generator.jit_compile,
       state_sizes=generator.state_sizes(),
-      initial_state=options.initial_state,
-      capacity_steps=capacity_steps, total_steps=total_steps,
-      repetition_window=options.repetition_window,
-      no_repeat_ngram_size=options.no_repeat_ngram_size,
-      num_beams=options.num_beams, length_penalty=options.length_penalty,
-      want_scores=options.return_scores,
       constraint=(constraints.combine(generator.model, options.regex)
-                  if options.regex else None))
+                  if options.regex else None),
+      capacity_steps=capacity_steps, total_steps=total_steps)
 
 
 def generate_ids(generator, prompts: Sequence[str], num_steps: int,

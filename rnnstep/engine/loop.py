@@ -6,10 +6,10 @@ One generation call does, on device:
      last character, which the first decode step then consumes), masked so
      that padding never touches a row's state. Generation, beam search and
      the LiteRT loop all prime here;
-  2. `decode`: a `tf.while_loop` over steps whose state is a `LoopState`;
+  2. `run_decode`: a `tf.while_loop` over steps whose state is a `LoopState`;
      each step runs the cells and the projection, and hands the logits to a
      tail of the option pipeline (`pipeline.tails`), which chooses the next
-     ids and advances each row's `pipeline.Progress`. The loop ends after
+     ids and advances each row's `pipeline.RowProgress`. The loop ends after
      `num_steps` or when every row has met a stop string.
 
 Two orders of the same step (`consume_then_choose` for the xla and graph
@@ -37,7 +37,7 @@ class LoopState(NamedTuple):
     ahead: what the next step needs precomputed: layer 0's input projection
       of `last_ids` (`consume_then_choose`), or layer 0's h cast for the
       matmuls in reduced precision, else `()` (`choose_then_consume`).
-    progress: the `pipeline.Progress`.
+    progress: the `pipeline.RowProgress`.
     running: bool `[]`, some row has not met a stop string
       (`choose_then_consume` computes it in its compiled call; `()` in the
       other loop, whose condition computes it).
@@ -47,7 +47,7 @@ class LoopState(NamedTuple):
   state: tuple
   last_ids: tf.Tensor
   ahead: Any
-  progress: pipeline.Progress
+  progress: pipeline.RowProgress
   running: Any
   ids: tf.TensorArray
 
@@ -123,9 +123,12 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
       dfa_state=request.constraint.start)
 
 
-def decode(network, request: request_lib.Request, carry: request_lib.Carry,
-           chooses_first: bool, steps_loop=None) -> request_lib.Result:
+def run_decode(network, request: request_lib.Request,
+               carry: request_lib.Carry, chooses_first: bool,
+               steps_loop=None) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
+
+  (Not `decode`: `Model.decode` turns ids into text.)
 
   Args:
     network: the model's `Network`.
@@ -143,7 +146,7 @@ def decode(network, request: request_lib.Request, carry: request_lib.Carry,
   inv = pipeline.invariants(network, request, start)
   loop = steps_loop or (choose_then_consume if chooses_first
                         else consume_then_choose)
-  progress = pipeline.Progress(
+  progress = pipeline.RowProgress(
       carry.stop_state, carry.done,
       tf.zeros(tf.shape(carry.last_ids), tf.int32), carry.history,
       carry.scores, carry.dfa_state)

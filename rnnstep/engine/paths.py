@@ -25,7 +25,7 @@ from absl import logging
 import numpy as np
 
 from rnnstep.engine import cpu
-from rnnstep.engine import request as request_lib
+from rnnstep.engine import request
 from rnnstep.engine import tuning_cache
 from rnnstep import errors
 
@@ -187,7 +187,7 @@ def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
   # for padding to tip the balance (bfloat16 without bf16 arithmetic: never).
   if (path == XLA and batch_size > 16
       and any(p == ELEMENTWISE for _, p in bands)
-      and request_lib.batch_bucket(batch_size)
+      and request.batch_bucket(batch_size)
       > _MOST_XLA_PADDING * batch_size):
     return ELEMENTWISE
   return path

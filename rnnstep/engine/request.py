@@ -39,11 +39,13 @@ from rnnstep.decoding import stopping
 class Options:
   """A generation's settings as the API checked them (Python values).
 
-  `host.build_request` (`Generator.request`) turns them, with the prompts, into a `Request`.
+  `host.build_request` (`Generator.request`) turns them, with the prompts, into a `Request`
+  (through `build`). The SavedModel's serving graph fills the fields it serves
+  with scalar tensors instead, checked there in the graph.
 
   Attributes:
     sampling: `sampling_lib.Params` of scalars, or of one value per prompt.
-    seed: None, an int, or one int per prompt (see `generator.seed_rows`).
+    seed: None, an int, or one int per prompt (see `host.seed_rows`).
     stop: stop strings.
     repetition_window: see `processors.Settings`.
     no_repeat_ngram_size: see `processors.Settings`.
@@ -53,7 +55,7 @@ class Options:
     return_scores: also return each sequence's log-likelihood.
     initial_state: None (the zero state), or the state each row's prompt is
       primed from: one tuple of float32 `[B, U]` arrays per layer (checked by
-      `api._check_initial_state`).
+      `api.check_initial_state`).
     window: 0 steps the model statefully; k > 0 reads it in windows of the
       last k characters (`window.py`; the API resolves the model's default).
     regex: one pattern (None: none) per prompt, or () for none
@@ -90,7 +92,7 @@ class Seeds(NamedTuple):
 
 
 class Beams(NamedTuple):
-  """Beam search settings (`beam_search.py`), shared by all rows.
+  """Beam search settings (`beams.py`), shared by all rows.
 
   Attributes:
     num_beams: int32 `[]`, k (1 = sampling; the beam function needs k > 1).
@@ -203,8 +205,9 @@ def spec(vocab_size: int, state_sizes) -> Request:
       prompts=Prompts(tf.TensorSpec([None, None], tf.int32, "prompt_ids"),
                       tf.TensorSpec(rows, tf.int32, "prompt_lengths")),
       initial_state=_state_spec(state_sizes),
-      sampling=sampling_lib.Params(*[tf.TensorSpec(rows, dtype, name) for name, dtype
-                                 in sampling_lib.DTYPES._asdict().items()]),
+      sampling=sampling_lib.Params(*[
+          tf.TensorSpec(rows, dtype, name) for name, dtype
+          in sampling_lib.PARAM_DTYPES._asdict().items()]),
       seeds=Seeds(tf.TensorSpec(rows, tf.int64, "seeds"),
                   tf.TensorSpec(rows, tf.int32, "seed_index")),
       stops=stopping.Automaton(
@@ -332,81 +335,80 @@ _GRAPH = _ArrayOps(
     zeros=lambda rows, width: tf.zeros([rows, width], tf.float32))
 
 
-def build(prompt_ids, prompt_lengths, num_steps, settings: sampling_lib.Params,
-          seeds, seed_index, stops: stopping.Automaton, *,
-          bucket_shapes: bool, state_sizes, initial_state=None,
-          capacity_steps=None, total_steps=None, repetition_window=0,
-          no_repeat_ngram_size=0, num_beams=1, length_penalty=1.0,
-          want_scores=False, constraint=None) -> Request:
+def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
+          stops: stopping.Automaton, bucket_shapes: bool, state_sizes,
+          constraint=None, capacity_steps=None, total_steps=None) -> Request:
   """Builds the `Request` that the compiled generation functions take.
 
   Runs on host values (numpy arrays, Python numbers; the request is then
   numpy arrays, converted when the compiled function is called) or, inside a
   `tf.function`, traces into the graph (the SavedModel export), with the
-  same result.
+  same result. It checks nothing: its callers pass checked values (the API's
+  `Options`, or the serving graph's own checks).
 
   Args:
-    prompt_ids: int `[B, T]`, right-padded prompt ids.
-    prompt_lengths: int `[B]`, each >= 1.
+    prompts: the `Prompts` (int `[B, T]` right-padded ids, int `[B]` lengths,
+      each >= 1), as host values or tensors.
     num_steps: int scalar, steps to generate.
-    settings: `sampling_lib.Params` of scalars (every row alike) or `[B]` values.
-    seeds: int64 `[B]` (see `Seeds`).
-    seed_index: int32 `[B]`.
+    options: the `Options` whose fields a request holds: `sampling` (scalars,
+      every row alike, or `[B]` values), `initial_state`,
+      `repetition_window`, `no_repeat_ngram_size`, `num_beams`,
+      `length_penalty` and `return_scores`. Its `seed`, `stop` and `regex`
+      reach it as `seeds`, `stops` and `constraint`, which need the model to
+      make; `window` and `num_return_sequences` are the caller's.
+    seeds: the rows' `Seeds` (int64 `[B]` seeds, int32 `[B]` index).
     stops: the `stopping.Automaton`.
     bucket_shapes: pad the prompt width and the batch to buckets (XLA).
     state_sizes: per layer, the widths of its state tensors.
-    initial_state: None (zeros), or one tuple of float32 `[B, U]` per layer.
+    constraint: the rows' `constraints.Dfa` (host arrays; default: none).
+      Under `bucket_shapes` its states are padded to a bucket (unreachable
+      `DEAD` rows), so a new pattern compiles nothing new.
     capacity_steps: the steps the output buffer must hold (default:
       num_steps); streaming sizes it for a whole chunk.
     total_steps: the steps of the whole generation (default: num_steps);
       streaming sizes the history for all its chunks.
-    repetition_window: see `processors.Settings`.
-    no_repeat_ngram_size: see `processors.Settings`.
-    num_beams: see `Beams`.
-    length_penalty: see `Beams`.
-    want_scores: accumulate each row's log-likelihood.
-    constraint: the rows' `constraints.Dfa` (host arrays; default: none).
-      Under `bucket_shapes` its states are padded to a bucket (unreachable
-      `DEAD` rows), so a new pattern compiles nothing new.
 
   Returns:
     The `Request`; its batch may be larger than `B` (padding rows at the end).
   """
   ops = _HOST if tf.executing_eagerly() else _GRAPH
-  ids = ops.array(prompt_ids, tf.int32)
-  lengths = ops.array(prompt_lengths, tf.int32)
+  ids = ops.array(prompts.ids, tf.int32)
+  lengths = ops.array(prompts.lengths, tf.int32)
   batch = ops.rows(ids)
   params = sampling_lib.Params(*[
       ops.broadcast(value, dtype, batch)
-      for value, dtype in zip(settings, sampling_lib.DTYPES)])
+      for value, dtype in zip(options.sampling, sampling_lib.PARAM_DTYPES)])
   num_steps = ops.array(num_steps, tf.int32)
   capacity = ops.bucket(num_steps if capacity_steps is None
                         else capacity_steps, 16)
   if bucket_shapes:
     ids = ops.pad_columns(ids, ops.bucket(ops.columns(ids), 8))
-  ngram = ops.array(no_repeat_ngram_size, tf.int32)
+  ngram = ops.array(options.no_repeat_ngram_size, tf.int32)
   looks_back = ops.any(params.repetition_penalty != 1.0) | (ngram > 0)
   steps = num_steps if total_steps is None else ops.array(total_steps,
                                                           tf.int32)
   history_length = ops.where(
       looks_back, ops.bucket(ops.columns(ids) + steps, 16), 1)
-  if initial_state is None:
+  if options.initial_state is None:
     initial_state = tuple(tuple(ops.zeros(batch, units) for units in sizes)
                           for sizes in state_sizes)
   else:
     initial_state = tf.nest.map_structure(
-        lambda x: ops.array(x, tf.float32), tuple(map(tuple, initial_state)))
+        lambda x: ops.array(x, tf.float32),
+        tuple(map(tuple, options.initial_state)))
   request = Request(
       prompts=Prompts(ids, lengths), initial_state=initial_state,
       sampling=params,
-      seeds=Seeds(ops.array(seeds, tf.int64), ops.array(seed_index, tf.int32)),
+      seeds=Seeds(ops.array(seeds.seeds, tf.int64),
+                  ops.array(seeds.index, tf.int32)),
       stops=stopping.Automaton(ops.array(stops.table, tf.int32),
                                ops.array(stops.accept, tf.bool)),
-      lookback=processors.Settings(ops.array(repetition_window, tf.int32),
-                                   ngram, history_length),
-      beams=Beams(ops.array(num_beams, tf.int32),
-                  ops.array(length_penalty, tf.float32)),
-      want_scores=ops.array(want_scores, tf.bool),
+      lookback=processors.Settings(
+          ops.array(options.repetition_window, tf.int32), ngram,
+          history_length),
+      beams=Beams(ops.array(options.num_beams, tf.int32),
+                  ops.array(options.length_penalty, tf.float32)),
+      want_scores=ops.array(options.return_scores, tf.bool),
       num_steps=num_steps, capacity=capacity,
       constraint=_constraint(ops, constraint, batch,
                              int(stops.table.shape[1]), bucket_shapes))

@@ -44,7 +44,7 @@ KNOWN_PATHS = ("xla", "graph", "elementwise")
 MAX_CACHE_BYTES = 1 << 20
 # Entries kept (newest first) when the cache is rewritten.
 MAX_ENTRIES = 512
-_OFF = ("off", "0", "false", "no")
+OFF_VALUES = ("off", "0", "false", "no")  # An environment switch's "off".
 
 # Cache file path -> its entries, read once per process (see `entries`).
 _memo: Dict[str, Dict[str, dict]] = {}
@@ -52,7 +52,7 @@ _memo: Dict[str, Dict[str, dict]] = {}
 
 def enabled() -> bool:
   """False when RNNSTEP_TUNING is off/0/false/no: the table alone decides."""
-  return os.environ.get("RNNSTEP_TUNING", "").strip().lower() not in _OFF
+  return os.environ.get("RNNSTEP_TUNING", "").strip().lower() not in OFF_VALUES
 
 
 def cache_dir() -> str:

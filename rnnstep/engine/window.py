@@ -27,7 +27,7 @@ recipe's own loop would compute on a seed shorter than its window (Keras
 masks nothing there, so the recipe itself needs a seed of at least T
 characters; with one the two agree exactly).
 
-The decode loop is `loop.decode`'s, with this step in place of the stateful
+The decode loop is `loop.run_decode`'s, with this step in place of the stateful
 one (`windows_loop`), and the option pipeline's tails unchanged: every option,
 stop strings and scores work as they do statefully. It is one
 `tf.while_loop`; `k` is a tensor (under XLA a compile-time constant, like the
@@ -35,7 +35,6 @@ output capacity: one program per distinct k, and the model's own k is the
 usual one).
 """
 
-import weakref
 
 import tensorflow as tf
 
@@ -43,6 +42,7 @@ from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep import errors
 from rnnstep.model import model_file
+from rnnstep.model import network as network_lib
 
 
 def resolve(model, window) -> int:
@@ -147,7 +147,7 @@ def windows_loop(network, tail, num_steps, carry, progress, ids, *,
 
   A step consumes each row's last id at its position (prompt length - 1 +
   the global step) in every slot, then chooses the next id from the full
-  window's logits. Signature as `loop.decode`'s loops, plus `window` and the
+  window's logits. Signature as `loop.run_decode`'s loops, plus `window` and the
   rows' `prompt_lengths` (which fix each row's positions).
   """
   first_position = prompt_lengths - 1 + carry.step
@@ -173,18 +173,18 @@ def generate(network, request: request_lib.Request, window):
   """A whole windowed generation (`Generator.window_fn`'s body)."""
   state = prime(network, request.prompts, window)
   carry = loop.start_carry(network, request, unconsumed=1, state=state)
-  return decode(network, request, carry, window)
+  return run_decode(network, request, carry, window)
 
 
-def decode(network, request: request_lib.Request, carry, window):
-  """`loop.decode` over windows, on from a windowed `carry`."""
+def run_decode(network, request: request_lib.Request, carry, window):
+  """`loop.run_decode` over windows, on from a windowed `carry`."""
 
   def steps_loop(*args):
     return windows_loop(*args, window=window,
                         prompt_lengths=request.prompts.lengths)
 
-  return loop.decode(network, request, carry, chooses_first=False,
-                     steps_loop=steps_loop)
+  return loop.run_decode(network, request, carry, chooses_first=False,
+                         steps_loop=steps_loop)
 
 
 def score(network, ids, window):
@@ -208,21 +208,21 @@ def score(network, ids, window):
   return tf.transpose(logits.stack(), [1, 0, 2])
 
 
-_SCORE_FUNCTIONS = weakref.WeakKeyDictionary()
-
-
 def score_function(model):
   """The model's compiled `(ids [B, T], window []) -> logits [B, T, V]`.
 
-  One TF graph call with a fixed signature, built once per model (held
-  weakly, as `model.sequence_function`).
+  One TF graph call with a fixed signature, built once per architecture (the
+  model's weights are passed at each call, as `network.sequence_function`).
   """
-  function = _SCORE_FUNCTIONS.get(model)
-  if function is None:
-    model_ref = weakref.ref(model)
-    function = _SCORE_FUNCTIONS[model] = tf.function(
-        lambda ids, window: score(model_ref().network(), ids, window),
-        autograph=False, input_signature=[
-            tf.TensorSpec([None, None], tf.int32),
-            tf.TensorSpec([], tf.int32)])
-  return function
+  architecture = model.architecture
+
+  def build():
+    def window_score(weights, ids, window):
+      return score(network_lib.network_of(architecture, weights), ids, window)
+    return tf.function(window_score, autograph=False, input_signature=[
+        model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
+        tf.TensorSpec([], tf.int32)])
+
+  return network_lib.BoundFunction(
+      network_lib.shared_function(architecture, "window_score", build),
+      model.network_weights)

@@ -48,7 +48,7 @@ from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-te
 from rnnstep.decoding import pipeline
 from rnnstep.decoding import sampling
 from rnnstep.engine import loop
-from rnnstep.engine import request as request_lib
+from rnnstep.engine import request
 from rnnstep import staging
 
 SIGNATURE = "generate"
@@ -84,15 +84,15 @@ class GenerateModule(tf.Module):
     # Out-of-range lengths are clamped (the interpreter has no assertions): an
     # empty row primes nothing and starts from its first column.
     lengths = tf.clip_by_value(prompt_lengths, 1, width)
-    prompts = request_lib.Prompts(prompt_ids, lengths)
+    prompts = request.Prompts(prompt_ids, lengths)
     state = loop.prime(network, prompts, unconsumed=1, stepwise=True)
     last_ids = tf.gather(prompt_ids, lengths - 1, batch_dims=1)
 
     settings = sampling.DEFAULTS._replace(temperature=temperature, top_k=top_k,
                                           top_p=top_p)
     params = sampling.Params(*[tf.fill([batch], tf.cast(value, dtype))
-                               for value, dtype in zip(settings,
-                                                       sampling.DTYPES)])
+                               for value, dtype in zip(
+                                   settings, sampling.PARAM_DTYPES)])
     parts = pipeline.active(params, None, network.vocab_size)
     keys = row_keys(tf.fill([batch], seed), tf.range(batch))
     steps = tf.maximum(num_steps, 0)

@@ -136,14 +136,17 @@ class ServingModule(tf.Module):
       prompt_ids = ids.to_tensor()
     batch = tf.shape(prompt_ids)[0]
     generator = self._generator
-    request = request_lib.build(
-        prompt_ids, lengths, num_steps, settings, tf.fill([batch], seed),
-        tf.range(batch), self._no_stop, bucket_shapes=generator.jit_compile,
-        state_sizes=generator.state_sizes(),
-        repetition_window=values["repetition_window"],
+    served = request_lib.Options(
+        sampling=settings, repetition_window=values["repetition_window"],
         no_repeat_ngram_size=values["no_repeat_ngram_size"],
         num_beams=num_beams, length_penalty=values["length_penalty"],
-        want_scores=not isinstance(num_beams, int))
+        # Only generate_decoding (num_beams an input) returns "logprob".
+        return_scores=not isinstance(num_beams, int))
+    request = request_lib.build(
+        request_lib.Prompts(prompt_ids, lengths), num_steps, served,
+        seeds=request_lib.Seeds(tf.fill([batch], seed), tf.range(batch)),
+        stops=self._no_stop, bucket_shapes=generator.jit_compile,
+        state_sizes=generator.state_sizes())
 
     def sample():
       result = (generator.window_fn(request, tf.constant(window)) if window

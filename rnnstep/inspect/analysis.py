@@ -225,7 +225,6 @@ def analyze(model: model_lib.Model, text: str,
   """
   if not isinstance(text, str) or not text:
     raise ValueError("text must be a non-empty str")
-  # pylint: disable-next=protected-access
   if not options.is_int(num_neurons) or num_neurons < 0:
     raise ValueError(f"num_neurons must be a non-negative integer, got "
                      f"{num_neurons!r}")
@@ -239,8 +238,7 @@ def analyze(model: model_lib.Model, text: str,
       raise ValueError(f"neurons[{i}]={spec!r}: {e}") from None
   ids = model.encode(text)[None]
   api.check_states_fit(model, 1, len(text), "text")
-  # pylint: disable-next=protected-access
-  state = api._check_initial_state(model, initial_state, 1)
+  state = api.check_initial_state(model, initial_state, 1)
   sequences, logits = model_lib.sequence_function(model)(
       ids, np.ones(ids.shape, bool), state)
   states = [dict(zip(model_lib.STATE_NAMES, (s.numpy()[0] for s in layer)))

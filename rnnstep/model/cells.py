@@ -11,7 +11,7 @@ Cells are plain objects over tensors, built from a model's weights inside each
 compiled function, so the weights are read once per call and the loop body only
 captures them. The equations and gate orders are those of Keras 2 and 3 with
 `activation='tanh'`, `recurrent_activation='sigmoid'` (see
-`../shared/design/keras-formats.md`); results agree with Keras to float32
+docs/dev/cell-kinds.md); results agree with Keras to float32
 rounding (bias additions are regrouped, which moves the last bit at most).
 
 Reduced precision: with `compute_dtype` bfloat16 or float16 the matmul operands
@@ -85,11 +85,11 @@ class Cell:
 
   def project_inputs(self, inputs: tf.Tensor) -> tf.Tensor:
     """Returns `inputs @ kernel + input_bias` for inputs of shape `[..., D]`."""
-    return _matmul(inputs, self.kernel, self.compute_dtype) + self.input_bias
+    return matmul(inputs, self.kernel, self.compute_dtype) + self.input_bias
 
   def _product(self, a, w):
     """`a @ w` in the compute dtype; the elementwise functions widen it."""
-    return _matmul(a, w, self.compute_dtype, float32_result=False)
+    return matmul(a, w, self.compute_dtype, float32_result=False)
 
   def _elementwise(self, fn):
     """`fn` itself, or `fn` compiled by XLA when the cell compiles its gate math."""
@@ -125,8 +125,8 @@ class Cell:
     raise NotImplementedError
 
 
-def _matmul(a, w, compute_dtype, float32_result=True):
-  """`a @ w` with `a` cast to the weights' dtype.
+def matmul(a, w, compute_dtype, float32_result=True):
+  """`a @ w` with `a` cast to the weights' dtype (the cells' and the Dense's).
 
   The result is float32, or with `float32_result=False` left in the compute
   dtype for an elementwise function to widen (`_float32`): then the cast runs
@@ -135,6 +135,15 @@ def _matmul(a, w, compute_dtype, float32_result=True):
 
   Kept free of a fused bias add: XLA's CPU backend runs a matvec with an addend
   on a single thread (see BUILD_NOTES.md), a plain one on all of them.
+
+  Args:
+    a: `[..., D]` inputs (float32, or the compute dtype already).
+    w: `[D, N]` weights in the compute dtype.
+    compute_dtype: the dtype the product runs in.
+    float32_result: widen the product to float32 here.
+
+  Returns:
+    `[..., N]`, float32 or (`float32_result=False`) the compute dtype.
   """
   if compute_dtype != tf.float32:
     a = tf.cast(a, compute_dtype)

@@ -18,9 +18,11 @@ stack that everything else uses:
 Both run the same cell code from `cells.py`.
 """
 
+import collections
+import dataclasses
 import os
 import weakref
-from typing import Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,6 +35,89 @@ from rnnstep.model import model_file
 StackState = Tuple[Tuple[tf.Tensor, ...], ...]
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+class Architecture(NamedTuple):
+  """All a compiled program depends on besides the weights' values.
+
+  Two models with equal architectures share their compiled programs
+  (`shared_function`): the weights are the programs' arguments, never
+  captured, so a reloaded or retrained model of one shape reuses what the
+  first one traced and compiled (a notebook that loads a file again, the
+  tests' many small models, a server holding two models of one shape).
+
+  Attributes:
+    config: the `model_file.ModelConfig`, without its recorded window (the
+      window is a request's value, not part of any program).
+    vocab_size: V.
+    has_unk: whether id 0 is "[UNK]" (never chosen: see `Network.banned`).
+    compute_dtype: the matmuls' dtype, by name.
+  """
+  config: model_file.ModelConfig
+  vocab_size: int
+  has_unk: bool
+  compute_dtype: str
+
+
+class BoundFunction:
+  """A shared compiled function with one model's weights as its first argument.
+
+  Calling it calls `function(weights(), *args)`, reading the weights at each
+  call (so a model whose variables are assigned new values runs with them).
+  It offers what callers of a `tf.function` use: `get_concrete_function()`
+  and `experimental_get_tracing_count()`.
+
+  Args:
+    function: a `tf.function` whose first argument is a model's weights
+      (`Model.network_weights()`'s structure).
+    weights: a callable returning the weights to pass.
+  """
+
+  def __init__(self, function, weights: Callable[[], dict]):
+    self.function = function
+    self._weights = weights
+
+  def __call__(self, *args):
+    return self.function(self._weights(), *args)
+
+  def call_concrete(self, concrete, *args):
+    """Calls `concrete` (from `get_concrete_function`) with the weights."""
+    return concrete(self._weights(), *args)
+
+  def get_concrete_function(self):
+    return self.function.get_concrete_function()
+
+  def experimental_get_tracing_count(self) -> int:
+    return self.function.experimental_get_tracing_count()
+
+
+# (architecture, name) -> tf.function, most recently used last. Bounded, so a
+# process that loads many architectures keeps only the latest programs.
+_SHARED_FUNCTIONS = collections.OrderedDict()
+MAX_SHARED_FUNCTIONS = 64
+
+
+def shared_function(architecture: Architecture, name: str,
+                    build: Callable[[], Callable]):
+  """The compiled function `name` of an architecture, built once by `build()`.
+
+  Args:
+    architecture: the models' `Architecture`.
+    name: which function (with its path, where it has one).
+    build: makes the `tf.function` on first use.
+
+  Returns:
+    The `tf.function`, shared by every model of the architecture.
+  """
+  key = (architecture, name)
+  function = _SHARED_FUNCTIONS.get(key)
+  if function is None:
+    function = _SHARED_FUNCTIONS[key] = build()
+    while len(_SHARED_FUNCTIONS) > MAX_SHARED_FUNCTIONS:
+      _SHARED_FUNCTIONS.popitem(last=False)
+  else:
+    _SHARED_FUNCTIONS.move_to_end(key)
+  return function
 
 
 class Model(tf.Module):
@@ -130,6 +215,31 @@ class Model(tf.Module):
         tensors[f"layer{i}_{name}"] = weight.numpy()
     return tensors
 
+  @property
+  def architecture(self) -> Architecture:
+    """What this model's compiled programs depend on (shared by equal ones)."""
+    return Architecture(dataclasses.replace(self.config, window=None),
+                        self.vocab_size, self.has_unk, self.compute_dtype.name)
+
+  def network_weights(self) -> dict:
+    """The variables a `Network` reads, as one structure (see `network_of`).
+
+    Layer 0's kernel is left out: it is folded into `input_table`.
+    """
+    return {"input_table": self.input_table,
+            "dense_kernel": self.dense_kernel,
+            "dense_bias": self.dense_bias,
+            "layers": tuple({name: weight for name, weight in weights.items()
+                             if not (i == 0 and name == "kernel")}
+                            for i, weights in enumerate(self.layer_weights))}
+
+  def weights_spec(self) -> dict:
+    """`tf.TensorSpec`s of `network_weights()`, equal for equal architectures."""
+    return tf.nest.map_structure(
+        lambda weight: tf.TensorSpec(weight.shape, weight.dtype,
+                                     name=weight.name.split(":")[0]),
+        self.network_weights())
+
   def network(self, compile_elementwise: bool = False) -> "Network":
     """Returns the forward pass over the current weights (read once, here).
 
@@ -137,25 +247,15 @@ class Model(tf.Module):
       compile_elementwise: compile each cell's gate math with XLA, leaving the
         matmuls to TensorFlow (see `cells.py`).
     """
-    dtype = self.compute_dtype
-    cells = []
-    for i, (layer, weights) in enumerate(zip(self.config.layers,
-                                             self.layer_weights)):
-      if i == 0:  # Folded into input_table; never multiplied again.
-        weights = dict(weights, kernel=None)
-      cells.append(cells_lib.make_cell(layer, weights, dtype,
-                                       compile_elementwise))
-    return Network(cells, tf.convert_to_tensor(self.input_table),
-                   tf.cast(self.dense_kernel, dtype),
-                   tf.convert_to_tensor(self.dense_bias), self.has_unk)
+    return network_of(self.architecture, self.network_weights(),
+                      compile_elementwise)
 
-  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)],
-               autograph=False)
   def score(self, ids):
-    """Teacher-forced logits `[B, T, V]` from a zero state, for ids `[B, T]`."""
-    network = self.network()
-    outputs, _ = network.unroll(ids, network.zero_state(tf.shape(ids)[0]))
-    return network.logits(outputs)
+    """Teacher-forced logits `[B, T, V]` from a zero state, for ids `[B, T]`.
+
+    One compiled call, shared by every model of this architecture.
+    """
+    return score_function(self)(ids)
 
 
 class Network:
@@ -194,8 +294,8 @@ class Network:
 
   def output_product(self, outputs: tf.Tensor) -> tf.Tensor:
     """`outputs @ dense_kernel` in the compute dtype: the logits before bias."""
-    return cells_lib._matmul(outputs, self.dense_kernel,  # pylint: disable=protected-access
-                             self.dense_kernel.dtype, float32_result=False)
+    return cells_lib.matmul(outputs, self.dense_kernel,
+                            self.dense_kernel.dtype, float32_result=False)
 
   def logits_of_product(self, product: tf.Tensor) -> tf.Tensor:
     """Logits from `output_product`'s result (widened, plus the bias)."""
@@ -377,34 +477,77 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
 
 
 # The names of a layer's state tensors, in `StackState` order: (h,) or (h, c).
+def network_of(architecture: Architecture, weights: dict,
+               compile_elementwise: bool = False) -> Network:
+  """The forward pass of an architecture over weight tensors.
+
+  Args:
+    architecture: the models' `Architecture`.
+    weights: tensors (or variables) structured as `Model.network_weights()`.
+    compile_elementwise: compile each cell's gate math with XLA, leaving the
+      matmuls to TensorFlow (see `cells.py`).
+
+  Returns:
+    The `Network`.
+  """
+  dtype = tf.as_dtype(architecture.compute_dtype)
+  cells = []
+  for i, (layer, layer_weights) in enumerate(zip(architecture.config.layers,
+                                                 weights["layers"])):
+    if i == 0:  # Folded into input_table; never multiplied again.
+      layer_weights = dict(layer_weights, kernel=None)
+    cells.append(cells_lib.make_cell(layer, layer_weights, dtype,
+                                     compile_elementwise))
+  return Network(cells, tf.convert_to_tensor(weights["input_table"]),
+                 tf.cast(weights["dense_kernel"], dtype),
+                 tf.convert_to_tensor(weights["dense_bias"]),
+                 architecture.has_unk)
+
+
+def score_function(model: Model) -> BoundFunction:
+  """The compiled `ids [B, T] -> logits [B, T, V]` (`Model.score`) for a model.
+
+  Built once per architecture; the model's weights are passed at each call.
+  """
+  architecture = model.architecture
+
+  def build():
+    def score(weights, ids):
+      network = network_of(architecture, weights)
+      outputs, _ = network.unroll(ids, network.zero_state(tf.shape(ids)[0]))
+      return network.logits(outputs)
+    return tf.function(score, autograph=False, input_signature=[
+        model.weights_spec(), tf.TensorSpec([None, None], tf.int32)])
+
+  return BoundFunction(shared_function(architecture, "score", build),
+                       model.network_weights)
+
+
 STATE_NAMES = ("h", "c")
 
-_SEQUENCE_FUNCTIONS = weakref.WeakKeyDictionary()
 
-
-def sequence_function(model: Model):
+def sequence_function(model: Model) -> BoundFunction:
   """The model's compiled `(ids, mask, state) -> (sequences, logits)`.
 
   One TF graph call (`Network.unroll_states` then the Dense layer) with a
-  fixed signature, built once per model: nothing retraces for a new batch
-  size, length or state. The cache holds models weakly (the function reads
-  the model through a weak reference while it is traced).
+  fixed signature, built once per architecture (the model's weights are
+  passed at each call): nothing retraces for a new batch size, length, state
+  or model of the same shape.
 
   Args:
     model: the Model.
 
   Returns:
-    A `tf.function` of `ids` int32 `[B, T]`, `mask` bool `[B, T]` (False on
-    padding) and `state` (a `StackState` of float32 `[B, U]`) that returns
+    A `BoundFunction` of `ids` int32 `[B, T]`, `mask` bool `[B, T]` (False
+    on padding) and `state` (a `StackState` of float32 `[B, U]`) that returns
     `(sequences, logits)`: `unroll_states`' sequences, and the logits `[B, T,
     V]` after every position (at a padding position, those of the held state).
   """
-  function = _SEQUENCE_FUNCTIONS.get(model)
-  if function is None:
-    model_ref = weakref.ref(model)
+  architecture = model.architecture
 
-    def sequences_and_logits(ids, mask, state):
-      network = model_ref().network()
+  def build():
+    def sequences_and_logits(weights, ids, mask, state):
+      network = network_of(architecture, weights)
       sequences, _ = network.unroll_states(ids, state, mask)
       return sequences, network.logits(sequences[-1][0])
 
@@ -412,11 +555,13 @@ def sequence_function(model: Model):
         tuple(tf.TensorSpec([None, size], tf.float32)
               for size in cells_lib.state_sizes(layer))
         for layer in model.config.layers)
-    function = _SEQUENCE_FUNCTIONS[model] = tf.function(
+    return tf.function(
         sequences_and_logits, autograph=False, input_signature=[
-            tf.TensorSpec([None, None], tf.int32),
+            model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
             tf.TensorSpec([None, None], tf.bool), state_spec])
-  return function
+
+  return BoundFunction(shared_function(architecture, "sequences", build),
+                       model.network_weights)
 
 
 _REPLICATED = weakref.WeakKeyDictionary()

@@ -1,6 +1,6 @@
 """Independent numpy references for the decoding rules (tests only).
 
-Written from the rules as stated (HF `generate`; ../shared/design/decoding.md),
+Written from the rules as stated (HF `generate`; docs/dev/decoding-options.md),
 plainly and slowly, sharing no code with rnnstep: the repetition penalty, the
 n-gram ban, min-p / top-k / top-p supports, log-likelihood scores and a
 brute-force beam search over a float64 forward (`numpy_reference.Reference`).

@@ -1,6 +1,6 @@
 """An independent float64 numpy forward of a recurrent char model (tests only).
 
-Written from the Keras equations (see ../shared/design/keras-formats.md), over
+Written from the Keras equations (see docs/dev/cell-kinds.md), over
 the model-file tensor dict (`keras_reference.weights_of`, `model_file.read`):
 Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN stack -> Dense.
 It shares no code with rnnstep and computes in float64, so it is the reference

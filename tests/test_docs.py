@@ -1,0 +1,188 @@
+"""The documentation cites only what exists.
+
+Scans README.md, BUILD_NOTES.md and docs/**/*.md (not CHANGELOG.md or
+benchmarks/results/, which record history and may name what is gone) for:
+
+- dotted names starting with `rnnstep.` in backticks or code blocks
+  (`rnnstep.engine.request.Request`, `rnnstep.generate`): the longest
+  importable module prefix is imported and the rest looked up by getattr;
+- repository paths in backticks (`rnnstep/engine/loop.py`, `tools/benchmark.py`,
+  `tests/data/torch/`): they must exist;
+- relative markdown links (`[text](docs/guide/generation.md#stop-strings)`):
+  the file must exist and, for a markdown target, the anchor must be a heading.
+
+And nothing in the code or the docs points outside the repository at the old
+design notes. Each test lists every broken citation as file:line.
+"""
+
+import functools
+import glob
+import importlib
+import os
+import re
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Where the docs live; history (the changelog, measurement logs) is exempt.
+DOC_GLOBS = ("README.md", "BUILD_NOTES.md", "docs/**/*.md")
+
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+FENCE = re.compile(r"^\s*(```|~~~)")
+DOTTED = re.compile(r"(?<![\w./-])rnnstep(?:\.[A-Za-z_]\w*)+")
+PATH = re.compile(
+    r"(?<![\w./~-])((?:rnnstep|tests|tools|docs|benchmarks|\.ci)/[\w./{},-]*)")
+TOP_FILES = re.compile(
+    r"(?<![\w./-])(README\.md|BUILD_NOTES\.md|CHANGELOG\.md|setup\.cfg|"
+    r"setup\.py)(?![\w/])")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def doc_files():
+  found = set()
+  for pattern in DOC_GLOBS:
+    found.update(glob.glob(os.path.join(ROOT, pattern), recursive=True))
+  return sorted(found)
+
+
+def lines_of(path):
+  """(line number, text, inside a fenced code block) for each line."""
+  fenced = False
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if FENCE.match(line):
+        fenced = not fenced
+        continue
+      yield number, line, fenced
+
+
+def where(path, number):
+  return f"{os.path.relpath(path, ROOT)}:{number}"
+
+
+def expand_braces(path):
+  """`a/{b,c}.py` -> [`a/b.py`, `a/c.py`] (one level is all the docs use)."""
+  match = re.search(r"\{([^{}]*)\}", path)
+  if not match:
+    return [path]
+  return [out for part in match.group(1).split(",")
+          for out in expand_braces(
+              path[:match.start()] + part + path[match.end():])]
+
+
+@functools.lru_cache(maxsize=None)
+def resolves(name):
+  """Whether `rnnstep.a.b.c` is a module, or an attribute chain under one."""
+  parts = name.split(".")
+  for cut in range(len(parts), 0, -1):
+    try:
+      target = importlib.import_module(".".join(parts[:cut]))
+    except ImportError:
+      continue
+    try:
+      for attribute in parts[cut:]:
+        target = getattr(target, attribute)
+    except AttributeError:
+      return False
+    return True
+  return False
+
+
+def slug(heading):
+  """GitHub's anchor for a heading: lower case, punctuation dropped."""
+  text = re.sub(r"`", "", heading.strip().lower())
+  text = re.sub(r"[^\w\- ]", "", text)
+  return text.replace(" ", "-")
+
+
+@functools.lru_cache(maxsize=None)
+def anchors(path):
+  out = set()
+  for _, line, fenced in lines_of(path):
+    if not fenced and line.startswith("#"):
+      out.add(slug(line.lstrip("#")))
+  return out
+
+
+class DocsTest(unittest.TestCase):
+
+  def test_there_are_docs_to_check(self):
+    files = [os.path.relpath(p, ROOT) for p in doc_files()]
+    self.assertIn("README.md", files)
+    self.assertIn(os.path.join("docs", "README.md"), files)
+
+  def test_every_cited_rnnstep_name_exists(self):
+    broken = []
+    for path in doc_files():
+      for number, line, fenced in lines_of(path):
+        spans = [line] if fenced else INLINE_CODE.findall(line)
+        for span in spans:
+          for name in DOTTED.findall(span):
+            if not resolves(name):
+              broken.append(f"{where(path, number)}: `{name}`")
+    self.assertEqual(broken, [], "names the docs cite that do not exist:\n" +
+                     "\n".join(broken))
+
+  def test_every_cited_path_exists(self):
+    broken = []
+    for path in doc_files():
+      for number, line, fenced in lines_of(path):
+        if fenced:
+          continue
+        for span in INLINE_CODE.findall(line):
+          cited = [m.group(1) for m in PATH.finditer(span)
+                   if not span.startswith("<", m.end())]  # tests/test_<x>.py
+          for one in cited + TOP_FILES.findall(span):
+            for expanded in expand_braces(one.rstrip(".,:;")):
+              if not os.path.exists(os.path.join(ROOT, expanded)):
+                broken.append(f"{where(path, number)}: `{expanded}`")
+    self.assertEqual(broken, [], "paths the docs cite that do not exist:\n" +
+                     "\n".join(broken))
+
+  def test_every_relative_link_resolves(self):
+    broken = []
+    for path in doc_files():
+      # Fenced lines blanked (line numbers kept); a link may wrap lines.
+      text = "\n".join("" if fenced else INLINE_CODE.sub("", line.rstrip("\n"))
+                       for _, line, fenced in lines_of(path))
+      for match in LINK.finditer(text):
+        target = match.group(1)
+        number = text.count("\n", 0, match.start(1)) + 1
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+          continue
+        file_part, _, anchor = target.partition("#")
+        linked = (os.path.normpath(os.path.join(os.path.dirname(path),
+                                                file_part))
+                  if file_part else path)
+        if not os.path.exists(linked):
+          broken.append(f"{where(path, number)}: ({target}): no such file")
+        elif anchor and linked.endswith(".md") and (
+            anchor not in anchors(linked)):
+          broken.append(f"{where(path, number)}: ({target}): no heading "
+                        f"#{anchor} in {os.path.relpath(linked, ROOT)}")
+    self.assertEqual(broken, [], "links that do not resolve:\n" +
+                     "\n".join(broken))
+
+  def test_nothing_points_at_the_old_design_notes(self):
+    needle = "shared" + "/design"  # Spelled apart so this file passes.
+    places = [os.path.join(ROOT, name) for name in ("README.md",
+                                                    "BUILD_NOTES.md")]
+    for top in ("rnnstep", "tests", "tools", "docs"):
+      for directory, _, files in os.walk(os.path.join(ROOT, top)):
+        places.extend(os.path.join(directory, name) for name in files
+                      if name.endswith((".py", ".md", ".txt", ".cfg")))
+    broken = []
+    for place in places:
+      if not os.path.exists(place):
+        continue
+      with open(place, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+          if needle in line:
+            broken.append(f"{where(place, number)}: {line.strip()}")
+    self.assertEqual(broken, [], "references outside the repository (write "
+                     "what they need into docs/ instead):\n" +
+                     "\n".join(broken))
+
+
+if __name__ == "__main__":
+  unittest.main()

@@ -1,0 +1,397 @@
+"""rnnstep-generate's compiled-artifact cache (rnnstep/cli/compiled_cache.py).
+
+A cold run generates on TensorFlow and leaves a detached child that exports
+the model to the cache; a warm run of a request the artifact serves prints the
+same bytes without importing TensorFlow. Every text is checked against
+`rnnstep.generate` in this process, on one small model file. The subprocesses
+that import TensorFlow (cold, --nocache, a fallback, a corrupt entry) are the
+slow part: the first three run together, once.
+"""
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import rnnstep
+from rnnstep.cli import compiled_cache
+from rnnstep.cli import generate
+from rnnstep.model import model_file
+
+pytest.importorskip("ai_edge_litert.interpreter",
+                    reason="ai_edge_litert is not installed")
+pytestmark = pytest.mark.slow
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = list("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+PROMPTS = ["ROMEO:", "To be"]
+BASE = ["--prompt=ROMEO:", "--prompt=To be", "--num_samples=2",
+        "--num_steps=40", "--seed=7", "--temperature=0.8", "--top_k=20",
+        "--verbose"]
+TIMEOUT = 600
+FILL_TIMEOUT = 300
+
+
+def write_model(path, window=None):
+  """A small random GRU model (V=65, D=16, U=32)."""
+  rng = np.random.default_rng(3)
+  v, d, u = len(VOCAB), 16, 32
+  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),),
+                                  window=window)
+  tensors = {
+      "embedding": rng.normal(size=(v, d)),
+      "layer0_kernel": rng.normal(size=(d, 3 * u)) * 0.3,
+      "layer0_recurrent_kernel": rng.normal(size=(u, 3 * u)) * 0.3,
+      "layer0_bias": rng.normal(size=(2, 3 * u)) * 0.1,
+      "dense_kernel": rng.normal(size=(u, v)),
+      "dense_bias": rng.normal(size=(v,)) * 0.1,
+  }
+  model_file.write(path, config, VOCAB,
+                   {k: x.astype(np.float32) for k, x in tensors.items()})
+
+
+def cli(cache_dir, args, importtime=False, switch="on"):
+  """Runs rnnstep-generate (a fresh interpreter); returns the CompletedProcess.
+
+  With `importtime`, `python -X importtime` lists every import on stderr,
+  and RNNSTEP_DEBUG=1 keeps fd 2 open while the tool runs (it is otherwise
+  pointed at /dev/null, which would hide the imports made in `main`).
+  """
+  env = dict(os.environ, RNNSTEP_CACHE_DIR=str(cache_dir),
+             RNNSTEP_COMPILED_CACHE=switch, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("RNNSTEP_DEBUG", None)
+  if importtime:
+    env["RNNSTEP_DEBUG"] = "1"
+  env["PYTHONPATH"] = os.pathsep.join(
+      [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
+  prefix = [sys.executable] + (["-X", "importtime"] if importtime else [])
+  return subprocess.run(prefix + ["-m", "rnnstep.cli.generate", *args],
+                        capture_output=True, text=True, timeout=TIMEOUT,
+                        env=env, stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def verbose_line(result):
+  lines = [l for l in result.stderr.splitlines()
+           if l.startswith("rnnstep-generate: ")]
+  assert len(lines) == 1, result.stderr[-3000:]
+  return lines[0]
+
+
+def render(texts, seed, prompts=PROMPTS, samples=2):
+  """The documented text format for several samples."""
+  out = []
+  for p, prompt in enumerate(prompts):
+    for s in range(samples):
+      row = p * samples + s
+      out.append(f"----- row {row}: prompt {p}, sample {s}, seed {seed} -----\n"
+                 f"{prompt}{texts[row]}\n")
+  return "".join(out)
+
+
+def entry_files(cache_dir):
+  directory = os.path.join(cache_dir, compiled_cache.SUBDIR)
+  return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+
+
+def wait_for_valid_entry(cache_dir, the_key, monkeypatch):
+  """Polls until the detached child has written a valid entry."""
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache_dir))
+  deadline = time.monotonic() + FILL_TIMEOUT
+  while True:
+    try:
+      return compiled_cache.lookup(the_key)
+    except compiled_cache.Miss as e:
+      if time.monotonic() > deadline:
+        raise AssertionError(f"no cache entry after {FILL_TIMEOUT} s: {e}")
+      time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """The model, the library's texts, and the cold runs (concurrently)."""
+  tmp = tmp_path_factory.mktemp("fast_path")
+  weights = str(tmp / "model.npz")
+  write_model(weights)
+  model = rnnstep.load(weights)
+  rows = [p for p in PROMPTS for _ in range(2)]
+  want = rnnstep.generate(model, rows, 40, seed=7, temperature=0.8, top_k=20)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  runs = {
+      "cold": (tmp / "cache", BASE),
+      "nocache": (tmp / "nocache", BASE + ["--nocache"]),
+      # An option the artifact lacks, on an otherwise served request.
+      "min_p": (tmp / "min_p", BASE + ["--min_p=0.05"]),
+      # The environment's switch (what tests/conftest.py sets for the suite).
+      "switch_off": (tmp / "switch_off", BASE),
+  }
+  with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+    futures = {name: pool.submit(cli, cache, [f"--weights={weights}", *args],
+                                 switch="off" if name == "switch_off" else "on")
+               for name, (cache, args) in runs.items()}
+    results = {name: f.result() for name, f in futures.items()}
+  return dict(tmp=tmp, weights=weights, model=model, rows=rows, key=the_key,
+              text=render(want, 7), results=results)
+
+
+@pytest.fixture(scope="module")
+def warm(env):
+  """The cache directory once the cold run's child has filled it."""
+  cache = env["tmp"] / "cache"
+  with pytest.MonkeyPatch.context() as monkeypatch:
+    wait_for_valid_entry(cache, env["key"], monkeypatch)
+  return cache
+
+
+def test_cold_run_is_the_library_s_text_and_schedules_the_artifact(env, warm):
+  cold = env["results"]["cold"]
+  assert cold.returncode == 0, cold.stderr[-3000:]
+  assert cold.stdout == env["text"]
+  line = verbose_line(cold)
+  assert "TensorFlow path: no compiled artifact" in line
+  assert "building the compiled artifact in the background" in line
+  name = compiled_cache.entry_name(env["key"])
+  assert [f for f in entry_files(warm) if not f.startswith(".")] == [
+      f"{name}.json", f"{name}.lock", f"{name}.tflite"]
+
+
+def test_warm_run_is_byte_identical_and_imports_no_tensorflow(env, warm):
+  result = cli(warm, [f"--weights={env['weights']}", *BASE], importtime=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == env["text"]
+  assert "fast path: compiled artifact" in verbose_line(result)
+  imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert "ai_edge_litert.interpreter" in imported
+  assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "keras")]
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    (["--temperature=0", "--seed=7"], dict(temperature=0.0, seed=7)),
+    (["--temperature=1.0", "--top_k=5", "--seed=-3"],
+     dict(temperature=1.0, top_k=5, seed=-3)),
+    (["--temperature=1.3", "--top_p=0.9", f"--seed={2**31 - 1}"],
+     dict(temperature=1.3, top_p=0.9, seed=2**31 - 1)),
+    # One value per row, all equal: one value for the batch.
+    (["--temperature=0.7,0.7,0.7,0.7", "--top_k=8", "--top_p=0.8",
+      "--seed=123456"], dict(temperature=0.7, top_k=8, top_p=0.8, seed=123456)),
+])
+def test_warm_text_equals_the_library_for_options_and_seeds(env, warm, args,
+                                                             kwargs):
+  result = cli(warm, [f"--weights={env['weights']}", "--prompt=ROMEO:",
+                      "--prompt=To be", "--num_samples=2", "--num_steps=50",
+                      "--verbose", *args])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "fast path" in verbose_line(result)
+  want = rnnstep.generate(env["model"], env["rows"], 50, **kwargs)
+  assert result.stdout == render(want, kwargs["seed"])
+
+
+def test_warm_single_sample_to_an_output_file(env, warm, tmp_path):
+  target = tmp_path / "out.txt"
+  result = cli(warm, [f"--weights={env['weights']}", "--prompt=KING",
+                      "--num_steps=30", "--seed=5", f"--output={target}",
+                      "--verbose"])
+  assert result.returncode == 0 and result.stdout == "", result.stderr[-3000:]
+  assert "fast path" in verbose_line(result)
+  want = rnnstep.generate(env["model"], "KING", 30, seed=5)
+  assert target.read_text(encoding="utf-8") == f"KING{want}\n"
+  assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_an_option_the_artifact_lacks_falls_back_with_the_reason(env):
+  result = env["results"]["min_p"]
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert verbose_line(result) == (
+      "rnnstep-generate: TensorFlow path: --min_p: the compiled artifact has "
+      "no min_p")
+  want = rnnstep.generate(env["model"], env["rows"], 40, seed=7,
+                          temperature=0.8, top_k=20, min_p=0.05)
+  assert result.stdout == render(want, 7)
+  # Nothing to build for a request the artifact would not serve.
+  assert entry_files(env["tmp"] / "min_p") == []
+
+
+def refusal(*args):
+  """`generate._request_refusal` for a command line, in this process (the
+  refusal is decided from the flags alone, before TensorFlow would load)."""
+  flag_values = generate.FLAGS
+  flag_values.unparse_flags()
+  flag_values(["rnnstep-generate", *args])
+  try:
+    prompts = generate._PROMPT.value
+    samples = generate._NUM_SAMPLES.value
+    rows = [(p, s, prompt) for p, prompt in enumerate(prompts)
+            for s in range(samples)]
+    decoding = {option.name: generate._option_value(option, len(prompts),
+                                                    samples)
+                for option in generate.options_lib.OPTIONS}
+    seed = 7 if generate._SEED.value is None else generate._SEED.value
+    return generate._request_refusal(rows, seed, decoding)
+  finally:
+    flag_values.unparse_flags()
+
+
+@pytest.mark.parametrize("args, reason", [
+    ([], None),
+    (["--temperature=0.3,0.3", "--top_p=0.5", "--top_k=3"], None),
+    (["--num_steps=10000"], None),  # 4 rows: 40,000 char-rows.
+    (["--format=jsonl"], "--format=jsonl"),
+    (["--stream"], "--stream"),
+    (["--stop=e"], "--stop"),
+    (["--regex=[a-z]+"], "--regex"),
+    (["--dtype=bfloat16"], "--dtype=bfloat16"),
+    (["--nojit_compile"], "--jit_compile"),
+    (["--vocab=v.json"], "--corpus/--vocab"),
+    (["--nocache"], "--nocache"),
+    (["--num_beams=2"], "--num_beams: the compiled artifact has no num_beams"),
+    (["--repetition_penalty=1.2"], "--repetition_penalty"),
+    (["--typical_p=0.9"], "--typical_p"),
+    (["--window=0"], "--window"),
+    (["--temperature=0.5,1.0"], "--temperature differs between rows"),
+    (["--num_steps=10001"], "10001 characters x 4 rows is past the "
+     "compiled artifact's crossover"),
+    ([f"--seed={2**31}"],
+     "--seed=2147483648: the compiled artifact's seed is int32"),
+    ([f"--seed={-2**31 - 1}"], "--seed=-2147483649"),
+])
+def test_requests_the_artifact_does_not_serve_name_the_reason(
+    args, reason, monkeypatch):
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")  # conftest turns it off.
+  got = refusal("--prompt=A", "--prompt=B", "--num_samples=2", *args)
+  if reason is None:
+    assert got is None
+  else:
+    assert got is not None and got.startswith(reason), got
+
+
+def test_without_the_interpreter_the_reason_says_so(monkeypatch):
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
+  real = generate.importlib.util.find_spec
+  monkeypatch.setattr(generate.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "ai_edge_litert"
+                      else real(name, *a))
+  assert refusal().startswith("ai_edge_litert is not installed")
+
+
+def test_nocache_reads_and_writes_nothing(env):
+  result = env["results"]["nocache"]
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == env["text"]
+  assert verbose_line(result) == "rnnstep-generate: TensorFlow path: --nocache"
+  assert not os.path.exists(env["tmp"] / "nocache" / compiled_cache.SUBDIR)
+
+
+def test_the_environment_switch_off_reads_and_writes_nothing(env):
+  result = env["results"]["switch_off"]
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == env["text"]
+  assert verbose_line(result) == ("rnnstep-generate: TensorFlow path: "
+                                  "RNNSTEP_COMPILED_CACHE is off")
+  assert not os.path.exists(env["tmp"] / "switch_off" / compiled_cache.SUBDIR)
+
+
+def test_an_entry_for_another_key_is_not_used(env, warm, monkeypatch):
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(warm))
+  the_key = env["key"]
+  for field, other in (("rnnstep", "0.0.0"), ("cpu", "Another CPU"),
+                       ("runtime", "ai-edge-litert 0.0"),
+                       ("model_sha256", "0" * 64)):
+    changed = dict(the_key, **{field: other})
+    assert compiled_cache.entry_name(changed) != compiled_cache.entry_name(
+        the_key)
+    with pytest.raises(compiled_cache.Miss, match="no compiled artifact"):
+      compiled_cache.lookup(changed)
+    # Even under this key's name, a manifest written for another key misses.
+    base = compiled_cache.entry_base(changed)
+    flatbuffer, manifest = compiled_cache.lookup(the_key)
+    with open(base + ".tflite", "wb") as f:
+      f.write(flatbuffer)
+    with open(base + ".json", "w", encoding="utf-8") as f:
+      json.dump(manifest, f)
+    with pytest.raises(compiled_cache.Miss, match="another key"):
+      compiled_cache.lookup(changed)
+    os.unlink(base + ".tflite")
+    os.unlink(base + ".json")
+
+
+def test_the_key_follows_the_model_file_and_versions(env, tmp_path,
+                                                     monkeypatch):
+  runtime = compiled_cache.runtime_version()
+  copy = tmp_path / "copy.npz"
+  copy.write_bytes(open(env["weights"], "rb").read())
+  assert compiled_cache.key(str(copy), runtime) == env["key"]
+  write_model(copy)  # The same bytes again: still the same key.
+  assert compiled_cache.key(str(copy), runtime) == env["key"]
+  assert compiled_cache.key(str(copy), "0.0") != env["key"]
+  monkeypatch.setattr(rnnstep, "__version__", "9.9.9")
+  assert compiled_cache.key(str(copy), runtime) != env["key"]
+
+
+def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(env, warm,
+                                                                monkeypatch):
+  """Runs last in the file: it rebuilds the shared entry."""
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(warm))
+  base = compiled_cache.entry_base(env["key"])
+  _, manifest = compiled_cache.lookup(env["key"])
+  with open(base + ".tflite", "r+b") as f:
+    f.truncate(manifest["tflite_bytes"] // 2)
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.lookup(env["key"])
+  result = cli(warm, [f"--weights={env['weights']}", *BASE])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == env["text"]
+  line = verbose_line(result)
+  assert "TensorFlow path: compiled artifact does not match" in line
+  assert "building the compiled artifact in the background" in line
+  flatbuffer, rebuilt = wait_for_valid_entry(warm, env["key"], monkeypatch)
+  # The export is reproducible: the rebuilt artifact is the same file.
+  assert rebuilt["tflite_sha256"] == manifest["tflite_sha256"]
+  assert len(flatbuffer) == manifest["tflite_bytes"]
+  result = cli(warm, [f"--weights={env['weights']}", *BASE])
+  assert result.stdout == env["text"] and "fast path" in verbose_line(result)
+
+
+def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
+    tmp_path, monkeypatch):
+  """The child's work, in this process: a windowed model gets a manifest
+  that says why, a miss that asks for no rebuild, and no flatbuffer."""
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
+  weights = str(tmp_path / "windowed.npz")
+  write_model(weights, window=8)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  base = compiled_cache.entry_base(the_key)
+  assert compiled_cache.fill(weights, the_key) == "no cache directory"
+  os.makedirs(os.path.dirname(base))
+  assert compiled_cache.fill(weights, the_key) == "unsupported"
+  with pytest.raises(compiled_cache.Miss, match="window=8") as miss:
+    compiled_cache.lookup(the_key)
+  assert not miss.value.rebuild
+  assert not os.path.exists(base + ".tflite")
+
+
+def test_a_second_filler_leaves_while_the_first_holds_the_lock(
+    tmp_path, monkeypatch):
+  import fcntl  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
+  weights = str(tmp_path / "model.npz")
+  write_model(weights)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  base = compiled_cache.entry_base(the_key)
+  os.makedirs(os.path.dirname(base))
+  with open(base + ".lock", "a+b") as lock:
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    assert compiled_cache.fill(weights, the_key) == (
+        "another process is building this entry")
+  assert sorted(os.listdir(os.path.dirname(base))) == [
+      os.path.basename(base) + ".lock"]
+
+
+def test_the_bundled_model_path_is_the_library_s():
+  root = os.path.dirname(os.path.abspath(rnnstep.__file__))
+  assert os.path.join(root, generate.BUNDLED_MODEL) == os.path.abspath(
+      rnnstep.bundled_model_path())
