@@ -15,20 +15,19 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
+from tests.support import cli as cli_support
 import rnnstep
 from rnnstep.cli import compiled_cache
 from rnnstep.cli import generate
-from rnnstep.model import model_file
 
 pytest.importorskip("ai_edge_litert.interpreter",
                     reason="ai_edge_litert is not installed")
 pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOCAB = list("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+VOCAB = cli_support.VOCAB
 PROMPTS = ["ROMEO:", "To be"]
 BASE = ["--prompt=ROMEO:", "--prompt=To be", "--num_samples=2",
         "--num_steps=40", "--seed=7", "--temperature=0.8", "--top_k=20",
@@ -38,21 +37,8 @@ FILL_TIMEOUT = 300
 
 
 def write_model(path, window=None):
-  """A small random GRU model (V=65, D=16, U=32)."""
-  rng = np.random.default_rng(3)
-  v, d, u = len(VOCAB), 16, 32
-  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),),
-                                  window=window)
-  tensors = {
-      "embedding": rng.normal(size=(v, d)),
-      "layer0_kernel": rng.normal(size=(d, 3 * u)) * 0.3,
-      "layer0_recurrent_kernel": rng.normal(size=(u, 3 * u)) * 0.3,
-      "layer0_bias": rng.normal(size=(2, 3 * u)) * 0.1,
-      "dense_kernel": rng.normal(size=(u, v)),
-      "dense_bias": rng.normal(size=(v,)) * 0.1,
-  }
-  model_file.write(path, config, VOCAB,
-                   {k: x.astype(np.float32) for k, x in tensors.items()})
+  """The small GRU model file of tests/support/cli.py, weights seeded 3."""
+  cli_support.write_model(path, seed=3, window=window)
 
 
 def cli(cache_dir, args, importtime=False, switch="on"):

@@ -100,11 +100,18 @@ def run_concurrently(cmd, runs, workers=4):
     return {name: future.result() for name, future in futures.items()}
 
 
-def write_model(path):
-  """A small random GRU model (V=65, D=16, U=32) over VOCAB."""
-  rng = np.random.default_rng(0)
+def write_model(path, seed=0, window=None):
+  """A small random GRU model (V=65, D=16, U=32) over VOCAB.
+
+  Args:
+    path: where to write the model file.
+    seed: the weights' random seed.
+    window: the window the file records, if any.
+  """
+  rng = np.random.default_rng(seed)
   v, d, u = len(VOCAB), 16, 32
-  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),))
+  config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),),
+                                  window=window)
   tensors = {
       "embedding": rng.normal(size=(v, d)),
       "layer0_kernel": rng.normal(size=(d, 3 * u)) * 0.3,
