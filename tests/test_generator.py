@@ -261,12 +261,21 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
         dict(prompts=["QQ", "WWW"], num_steps=2, top_p=0.5, seed=[1, 2]),
         dict(prompts=["LONGER PROMPT " * 4], num_steps=70, stop=["A", "BC"]),
     ]
-    for kwargs in calls:
-      rnnstep.generate(model, jit_compile=jit, **kwargs)
-    list(rnnstep.stream(model, ["AB", "C"], 20, chunk_size=6, jit_compile=jit))
     generator = generator_lib.cached(model, paths.from_jit_compile(jit))
-    self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
-    self.assertEqual(generator.continue_fn.experimental_get_tracing_count(), 1)
+    rnnstep.generate(model, jit_compile=jit, **calls[0])
+    list(rnnstep.stream(model, ["AB", "C"], 20, chunk_size=6, jit_compile=jit))
+    # Programs are shared per architecture (another test may have traced
+    # them): no call after the first of each function traces again.
+    first = (generator.generate_fn.experimental_get_tracing_count(),
+             generator.continue_fn.experimental_get_tracing_count())
+    self.assertGreaterEqual(min(first), 1)
+    for kwargs in calls[1:]:
+      rnnstep.generate(model, jit_compile=jit, **kwargs)
+    list(rnnstep.stream(model, ["ABC", "D", "E"], 25, chunk_size=4,
+                        jit_compile=jit))
+    self.assertEqual(
+        (generator.generate_fn.experimental_get_tracing_count(),
+         generator.continue_fn.experimental_get_tracing_count()), first)
 
 
   @parameterized.parameters(*PATHS)

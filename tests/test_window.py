@@ -276,10 +276,15 @@ def test_sampling_options_stop_strings_and_scores_over_windows():
 def test_new_windows_and_batches_do_not_retrace_the_graph_path():
   model, _ = small_model()
   generator = generator_lib.cached(model, "graph")
+  counts = []
   for window, prompts in ((3, ["ab"]), (7, ["abc", "d", "ef"]), (2, ["g"])):
     rnnstep.generate(model, prompts, 5, window=window, jit_compile=False,
                      seed=1)
-  assert generator.window_fn.experimental_get_tracing_count() == 1
+    counts.append(generator.window_fn.experimental_get_tracing_count())
+  # The programs are shared by every model of this architecture, so a test
+  # before this one may have traced them already (an export traces them once
+  # more, inside its own graph): what matters is no new trace after the first.
+  assert counts[1:] == counts[:1] * 2, counts
 
 
 def test_bad_window_arguments_are_one_line_naming_them():
