@@ -283,7 +283,7 @@ def run_cli(*args):
 
 def stderr_lines(result):
   """stderr without the lines TensorFlow prints while `import rnnstep` loads it
-  (see BUILD_NOTES.md, Converter); what remains is the CLI's own output."""
+  (see docs/guide/converting.md); what remains is the CLI's own output."""
   lines = result.stderr.splitlines()
   return [line for line in lines if not (
       line.startswith("WARNING: All log messages before absl::InitializeLog")

@@ -1,6 +1,6 @@
 """rnnstep/paths.py: path names, and the path `jit_compile=None` takes.
 
-The tables' contents are measurements (BUILD_NOTES.md); these tests pin how
+The tables' contents are measurements (benchmarks/results/); these tests pin how
 they are read: per CPU kind and dtype, the padding rule, the cache first, a
 GPU last word, and the one-line note for reduced precision without its
 arithmetic.

@@ -83,7 +83,7 @@ def has_reduced_arithmetic(dtype: str, cpu: Info = None) -> bool:
   """Whether this CPU computes in `dtype` natively (so it can beat float32).
 
   bfloat16: AMX-BF16 or AVX512-BF16. float16: AMX-FP16 only (AVX512-FP16
-  machines measured no float16 matmul faster than float32: BUILD_NOTES.md).
+  machines measured no float16 matmul faster than float32: docs/guide/performance.md).
   float32: always True.
   """
   have = set((cpu or info()).features)

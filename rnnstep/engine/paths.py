@@ -84,7 +84,7 @@ def jit_compile_of(path: str):
 # The fastest path per CPU kind (`cpu.kind`) and compute dtype, as (largest
 # batch size, path) bands, by measurement on 2-core VMs: `python
 # tools/benchmark.py --sections=paths,floors` prints the tables these come
-# from (BUILD_NOTES.md "Performance" has them).
+# from (benchmarks/results/ has them; docs/guide/performance.md sums them up).
 #   - "amx" (Sapphire Rapids): XLA's CPU dot is slow for float32/float16 at
 #     17-48 rows (up to 1.24x) and has no AMX path for bfloat16, where TF's
 #     oneDNN matmul is 2-3x faster;

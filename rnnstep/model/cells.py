@@ -134,7 +134,7 @@ def matmul(a, w, compute_dtype, float32_result=True):
   the product was rounded to the compute dtype by the matmul.)
 
   Kept free of a fused bias add: XLA's CPU backend runs a matvec with an addend
-  on a single thread (see BUILD_NOTES.md), a plain one on all of them.
+  on a single thread (see docs/guide/performance.md), a plain one on all of them.
 
   Args:
     a: `[..., D]` inputs (float32, or the compute dtype already).
