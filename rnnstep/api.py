@@ -43,8 +43,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   """Loads a model file, or converts Keras / PyTorch weights on the fly.
 
   Args:
-    path: a `.npz` model file (see docs/guide/model-file.md for the format), or any
-      weights file `rnnstep-convert` reads (Keras `.keras` / `.h5` / TF
+    path: a `.npz` model file (its format: docs/guide/model-file.md), or
+      any weights file `rnnstep-convert` reads (Keras `.keras` / `.h5` / TF
       checkpoint, PyTorch `.pt` / `.pth` / `.bin` / `.safetensors` state
       dict), read as data with the same checks; None loads the bundled model.
     dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
