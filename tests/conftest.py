@@ -4,6 +4,24 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+# XLA's persistent compilation cache, one directory for the whole run: the
+# first process (pytest's controller) makes it, and the xdist workers and
+# every subprocess a test starts inherit it through the environment, so a
+# program one process compiled is loaded, not compiled again, by the others.
+# Set before anything imports TensorFlow, which reads TF_XLA_FLAGS once. Only
+# the process that made the directory removes it. (A fresh directory per run:
+# TF 2.21 fails the call on a corrupted entry, so none is kept between runs.)
+_XLA_CACHE_ENV = "RNNSTEP_TEST_XLA_CACHE"
+if _XLA_CACHE_ENV not in os.environ:
+  import atexit as _atexit  # pylint: disable=g-import-not-at-top
+  import shutil as _shutil  # pylint: disable=g-import-not-at-top
+  import tempfile as _tempfile  # pylint: disable=g-import-not-at-top
+  os.environ[_XLA_CACHE_ENV] = _tempfile.mkdtemp(prefix="rnnstep_test_xla_")
+  _atexit.register(_shutil.rmtree, os.environ[_XLA_CACHE_ENV], True)
+  os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, (
+      os.environ.get("TF_XLA_FLAGS"),
+      "--tf_xla_persistent_cache_directory=" + os.environ[_XLA_CACHE_ENV])))
+
 from absl import flags  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 

@@ -178,6 +178,20 @@ class DefaultPathTest(tf.test.TestCase):
     self.assertEqual(paths.default_path(full, 1), "graph")
     self.assertIs(paths.default_jit_compile(full, 1), False)
 
+  def test_one_shot_runs_take_the_graph_path_where_xla_would_compile(self):
+    full, half = small_models()
+    limit = paths.ONE_SHOT_GRAPH_MAX_STEPS
+    for batch in (1, 3, 16, 20, 32, 48, 64, 65, 256):
+      default = paths.default_path(full, batch)
+      short = paths.one_shot_path(full, batch, limit)
+      self.assertEqual(short, "graph" if default == "xla" else default, batch)
+      # Past the limit, and in a reduced dtype, the default stands.
+      self.assertEqual(paths.one_shot_path(full, batch, limit + 1), default)
+      self.assertEqual(paths.one_shot_path(half, batch, 10),
+                       paths.default_path(half, batch))
+    with mock.patch.object(paths, "gpu_visible", return_value=True):
+      self.assertEqual(paths.one_shot_path(full, 1, 10), "xla")
+
   def test_gpu_takes_xla(self):
     full, _ = small_models()
     key = tuning_cache.cache_key(full, 1)

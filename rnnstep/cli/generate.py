@@ -157,7 +157,9 @@ _JIT_COMPILE = flags.DEFINE_boolean(
     "Run the whole generation as one XLA program (--jit_compile) or as a "
     "TensorFlow graph without XLA (--nojit_compile). Default: the library's "
     "choice, the fastest path measured for the dtype and batch size (on this "
-    "machine once rnnstep-tune has measured it; nothing is measured here).",
+    "machine once rnnstep-tune has measured it; nothing is measured here), "
+    "except that a float32 run of at most 2000 steps takes the graph path: "
+    "XLA's compile would cost this one run more than it saves.",
     flag_values=FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
@@ -241,14 +243,15 @@ def main(argv):
                                          per_prompt)
               for option in options_lib.OPTIONS}
   fill_key = None  # The cache entry to build after this run, if any.
+  why_tensorflow = "TensorFlow path"
   try:
     if _generate_fast(rows, seed, decoding):
       return 0
   except _NotServed as e:
     fill_key = e.fill_key
-    _say(f"TensorFlow path: {e}" + (
+    why_tensorflow = f"TensorFlow path: {e}" + (
         "; building the compiled artifact in the background for the next run"
-        if fill_key else ""))
+        if fill_key else "")
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
                               _VOCAB.value)
@@ -259,7 +262,7 @@ def main(argv):
             file=common.stderr())
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
-    _generate(model, rows, seed, decoding, printer)
+    _generate(model, rows, seed, decoding, printer, why_tensorflow)
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
     compiled_cache.spawn_fill(_model_path(), fill_key)
@@ -446,13 +449,19 @@ def _regex_rows(num_prompts, per_prompt):
       common.EXIT_USAGE)
 
 
-def _generate(model, rows, seed, decoding, printer):
-  """Calls the library (one batch) and prints through `printer`."""
+def _generate(model, rows, seed, decoding, printer, why_tensorflow):
+  """Calls the library (one batch) and prints through `printer`.
+
+  `why_tensorflow` (why the fast path did not serve) is said with --verbose,
+  with the TensorFlow path chosen, in one line.
+  """
   prompts = [prompt for _, _, prompt in rows]
   stops = _STOP.value or []
   beams = decoding["num_beams"]
+  jit_compile, which = _jit_compile(model, len(rows), beams)
+  _say(f"{why_tensorflow} ({which})")
   common_args = dict(seed=seed, stop=stops or None, return_scores=True,
-                     jit_compile=_JIT_COMPILE.value,
+                     jit_compile=jit_compile,
                      regex=_regex_rows(len(_PROMPT.value), len(rows)
                                        // len(_PROMPT.value)))
   sampling = {name: value for name, value in decoding.items()
@@ -488,6 +497,28 @@ def _generate(model, rows, seed, decoding, printer):
     printer.finish()
   except ValueError as e:
     raise _blame(model, prompts, stops, e, len(rows)) from None
+
+
+def _jit_compile(model, num_rows: int, beams: int):
+  """The `jit_compile` to run, and a phrase saying which path and why.
+
+  --jit_compile/--nojit_compile when given, else the path for a process that
+  generates once (`paths.one_shot_path`).
+  """
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  if _JIT_COMPILE.value is not None:
+    return _JIT_COMPILE.value, (
+        f"{paths.from_jit_compile(_JIT_COMPILE.value)} path, as "
+        f"--{'' if _JIT_COMPILE.value else 'no'}jit_compile says")
+  # Beam search runs num_beams rows per prompt.
+  batch = num_rows if beams == 1 else len(_PROMPT.value) * beams
+  path = paths.one_shot_path(model, batch, _NUM_STEPS.value)
+  if path == paths.GRAPH and paths.default_path(model, batch) != path:
+    which = (f"graph path: {_NUM_STEPS.value} steps in float32, where "
+             "compiling XLA would cost this one run more than it saves")
+  else:
+    which = f"{path} path"
+  return paths.jit_compile_of(path), which
 
 
 def _blame(model, prompts, stops, error, num_rows) -> common.Failure:

@@ -193,6 +193,43 @@ def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
   return path
 
 
+# A process that runs a single generation (`rnnstep-generate`) pays XLA's
+# compile for that one call: 1.2-1.5 s more than tracing a plain graph (the
+# bundled GRU 1024, 2-vCPU EPYC Zen 3 and Zen 4), against a per-step gain of
+# about 0.5 ms at batch 1. Measured as whole processes on Zen 4: the graph
+# path wins up to ~4,000 steps at batch 1 (1000 steps at 16 rows: 8.5 s graph
+# against 11.1 s XLA); Zen 3's figures put batch 1's crossover near 2,400.
+# Up to this many steps such a process runs the graph path where the table
+# says XLA (benchmarks/results/epyc-zen4-2026-12.md; `tools/benchmark.py
+# --sections=cli` measures it).
+ONE_SHOT_GRAPH_MAX_STEPS = 2000
+
+
+def one_shot_path(model, batch_size: int, num_steps: int) -> str:
+  """The path for a process that runs one generation and exits.
+
+  `default_path` is the fastest path once its program is compiled, which is
+  what a notebook, a server or a loop of calls pays off. A process that
+  generates once (the command line) also pays the compile: for a float32
+  model on a CPU, XLA's costs more than it saves up to
+  `ONE_SHOT_GRAPH_MAX_STEPS` steps, so such a run takes the graph path. In
+  float32 the paths give the same text (README "Reproducibility").
+
+  Args:
+    model: the `rnnstep.Model`.
+    batch_size: the rows generated together.
+    num_steps: the steps the one call runs.
+
+  Returns:
+    One of CONCRETE.
+  """
+  path = default_path(model, batch_size)
+  if (path == XLA and num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
+      and model.compute_dtype.name == "float32" and not gpu_visible()):
+    return GRAPH
+  return path
+
+
 def default_jit_compile(model, batch_size: int = 1):
   """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
   return jit_compile_of(default_path(model, batch_size))
