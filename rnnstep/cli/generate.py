@@ -1,4 +1,4 @@
-"""rnnstep-generate: text from a recurrent char model, in one on-device loop.
+r"""rnnstep-generate: text from a recurrent char model, in one on-device loop.
 
 USAGE: rnnstep-generate [flags]
 
