@@ -1,4 +1,10 @@
-"""Section `latency`: time to first text in a fresh process."""
+"""Section `latency`: time to first text in a fresh process, phase by phase.
+
+Three ways a fresh process generates: the library's graph and XLA paths
+(TensorFlow imported, the loop traced, and compiled for XLA), and the fast
+path a warm `rnnstep-generate` takes (`litert_child.py`: the cached LiteRT
+artifact, no TensorFlow).
+"""
 
 import json
 import os
@@ -11,9 +17,13 @@ from bench import settings as cfg
 from bench import timing
 from bench import weights as weights_lib
 
-# The child runs the entry script itself (`--latency_child`).
+# The TensorFlow children run the entry script itself (`--latency_child`); the
+# fast path's child is a script that imports no TensorFlow.
 BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "benchmark.py")
+LITERT_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "litert_child.py")
+MODES = ("graph", "xla", "litert")
 
 
 def latency_child():
@@ -32,7 +42,7 @@ def latency_child():
   t_first = time.time()
   rnnstep.generate(model, prompt, num_chars, seed=2, jit_compile=jit)
   t_second = time.time()
-  print(json.dumps({"t0": t0, "import_tf": t_tf - t0,
+  print(json.dumps({"t0": t0, "import_runtime": t_tf - t0,
                     "import_rnnstep": t_import - t_tf, "load": t_load - t_import,
                     "first_call": t_first - t_load, "second_call": t_second - t_first,
                     "t_first_text": t_first}))
@@ -46,11 +56,19 @@ def run(ctx, results_out):
     weights.write(path)
   env = dict(os.environ)
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  modes = list(MODES)
+  refusal = _fill_artifact(path, env, os.path.join(tmpdir, "latency_cache"))
+  if refusal:
+    print(f"## first-call latency: the fast path is left out: {refusal}")
+    modes.remove("litert")
   runs = {}
   for _ in range(settings.latency_runs):
-    for mode in ("graph", "xla"):
-      cmd = [sys.executable, BENCHMARK, f"--latency_child={mode}",
-             f"--model_file={path}", f"--num_chars={settings.num_chars}"]
+    for mode in modes:
+      if mode == "litert":
+        cmd = [sys.executable, LITERT_CHILD, path, str(settings.num_chars)]
+      else:
+        cmd = [sys.executable, BENCHMARK, f"--latency_child={mode}",
+               f"--model_file={path}", f"--num_chars={settings.num_chars}"]
       timing.log(f"[latency] fresh process, {mode} ...")
       start = time.time()
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -66,10 +84,10 @@ def run(ctx, results_out):
       runs.setdefault(mode, []).append(data)
   print(f"## first-call latency: fresh process, batch 1, {settings.num_chars} chars "
         f"(seconds; median of {settings.latency_runs})")
-  keys = ["python_start", "import_tf", "import_rnnstep", "load", "first_call",
+  keys = ["python_start", "import_runtime", "import_rnnstep", "load", "first_call",
           "second_call", "time_to_first_text", "process_wall"]
   header = f"{'mode':<6} " + " ".join(f"{k:>12}" for k in
-                                      ["py start", "import tf", "import rnnstep",
+                                      ["py start", "import rt", "import rnnstep",
                                        "load", "1st call", "2nd call",
                                        "first text", "process"])
   print(header)
@@ -79,7 +97,33 @@ def run(ctx, results_out):
     print(f"{mode:<6} " + " ".join(f"{med[k]:>12.2f}" for k in keys))
     results_out.append({"section": "latency", "mode": mode, **med})
   print()
-  print("1st call - 2nd call ~ trace (graph) or trace + XLA compile cost; "
-        "first text: from process spawn to the first call's return")
+  print("import rt: TensorFlow (graph, xla) or numpy + ai_edge_litert "
+        "(litert, no TensorFlow); load: the model file (litert: hash it, find "
+        "and verify the cached artifact); 1st call - 2nd call ~ trace (graph), "
+        "trace + XLA compile (xla), interpreter set-up (litert); first text: "
+        "from process spawn to the first call's return")
   print()
+
+
+def _fill_artifact(model_path, env, cache_dir):
+  """Builds rnnstep-generate's cached artifact for the fast path's child.
+
+  Sets RNNSTEP_CACHE_DIR in `env` to `cache_dir`. Returns None, or why the
+  fast path cannot be timed (no ai_edge_litert, a model it cannot export).
+  """
+  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  runtime = compiled_cache.runtime_version()
+  if runtime is None:
+    return "ai_edge_litert is not installed"
+  env["RNNSTEP_CACHE_DIR"] = cache_dir
+  env["RNNSTEP_COMPILED_CACHE"] = "on"
+  os.makedirs(os.path.join(cache_dir, compiled_cache.SUBDIR), exist_ok=True)
+  timing.log("[latency] building the compiled artifact ...")
+  key = json.dumps(compiled_cache.key(model_path, runtime), sort_keys=True)
+  proc = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.compiled_cache", model_path, key],
+      capture_output=True, text=True, env=env, check=False)
+  if proc.stdout.strip() != "built":
+    return f"building it said {(proc.stdout + proc.stderr).strip()[-300:]!r}"
+  return None
 
