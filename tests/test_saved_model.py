@@ -110,8 +110,11 @@ SAMPLED_SCRIPT = textwrap.dedent("""
         seed=tf.constant(5, tf.int64))["text"].numpy()] for prompts in batches]))
 """)
 
-# Every export path, as `jit_compile` values; None exports the portable graph.
-EXPORT_PATHS = (False, True, "elementwise", None)
+# Every export path, as `jit_compile` values. None exports the same module as
+# False (ServingModule maps AUTO to the graph path), so it is not exported a
+# second time here: tests/test_api.py's ExportDefaultPathTest checks that
+# None serves the graph text.
+EXPORT_PATHS = (False, True, "elementwise")
 
 
 def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
