@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -70,7 +71,8 @@ class Update(NamedTuple):
     text: the characters generated since the last update (the library's text:
       a row that met a stop string ends with it).
     finish_reason: None while running; "stop" (a stop string or the regex's
-      end), "length" (`max_tokens`), or "cancelled".
+      end), "length" (`max_tokens`), "cancelled" (the engine closed first)
+      or "error" (its chunk failed).
     score: the row's log-likelihood so far (0.0 unless it wants scores).
   """
   index: int
@@ -290,6 +292,7 @@ class Engine:
       rows = [self._active[i] for i in kept] + fresh_rows
       if not rows:
         self._active, self._carry = [], None
+        self.stats.running = 0
         continue
       carry = None
       if self._carry is not None and kept:
@@ -302,8 +305,17 @@ class Engine:
         steps = min([steps] + [row.completion.max_tokens - row.produced
                                for row in rows if row.completion.want_scores])
       started = time.monotonic()
-      result, self._carry = self._call(rows, fresh=fresh, carry=carry,
-                                       steps=steps)
+      try:
+        result, self._carry = self._call(rows, fresh=fresh, carry=carry,
+                                         steps=steps)
+      except Exception as e:  # pylint: disable=broad-except
+        # Not expected (requests are checked before they queue); the rows
+        # fail, the server goes on serving.
+        logging.exception("a chunk failed: %s", e)
+        for row in rows:
+          row.completion.sink(Update(row.index, "", "error", 0.0))
+        self._active, self._carry = [], None
+        continue
       self._active = self._hand_out(rows, result)
       self.stats.chunks += 1
       self.stats.running = len(self._active)

@@ -1,0 +1,90 @@
+"""A real `rnnstep-serve` process on a free port, as vLLM's `RemoteOpenAIServer`.
+
+    with RemoteServer(["--model", path, "--max_batch=8"]) as server:
+      client = server.openai_client()
+      httpx.get(server.url("/health"))
+"""
+
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+
+from tests.support import cli
+
+
+def free_port() -> int:
+  """A port nothing listens on now (the OS's choice)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class RemoteServer:
+  """Starts `rnnstep-serve` with `args` and waits until /health says 200.
+
+  Args:
+    args: its flags (--host and --port are added).
+    startup_timeout: seconds to wait for /health.
+  """
+
+  def __init__(self, args, startup_timeout: float = 120.0):
+    self.port = free_port()
+    self.process = subprocess.Popen(
+        cli.command("rnnstep-serve", "rnnstep.serve.main")
+        + list(args) + ["--host=127.0.0.1", f"--port={self.port}"],
+        cwd=cli.REPO, env=cli.ENV, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + startup_timeout
+    while True:
+      if self.process.poll() is not None:
+        raise RuntimeError(f"rnnstep-serve exited {self.process.returncode}: "
+                           f"{self.process.stderr.read()}")
+      try:
+        if httpx.get(self.url("/health"), timeout=2).status_code == 200:
+          return
+      except httpx.HTTPError:
+        pass
+      if time.monotonic() > deadline:
+        self.close()
+        raise TimeoutError("rnnstep-serve did not become healthy")
+      time.sleep(0.2)
+
+  def url(self, path: str = "") -> str:
+    return f"http://127.0.0.1:{self.port}{path}"
+
+  def openai_client(self, **kwargs):
+    import openai  # pylint: disable=g-import-not-at-top
+    return openai.OpenAI(base_url=self.url("/v1"), api_key="unused",
+                         max_retries=0, **kwargs)
+
+  def terminate(self, timeout: float = 60.0) -> int:
+    """SIGTERM; returns the exit status."""
+    if self.process.poll() is None:
+      self.process.send_signal(signal.SIGTERM)
+    return self.process.wait(timeout)
+
+  def close(self) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait()
+    for stream in (self.process.stdout, self.process.stderr):
+      stream.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def stack_installed() -> bool:
+  """Whether the serving stack and its test clients are installed."""
+  try:
+    # pylint: disable-next=g-import-not-at-top,multiple-imports,unused-import
+    import openai, prometheus_client, sse_starlette, starlette, uvicorn
+  except ImportError:
+    return False
+  return True
