@@ -116,6 +116,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
                              max_queue=64, max_tokens_limit=64,
                              max_prompt_chars=64)
   engine.warm_up()
+  traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   engine.start()
   cases = [  # (prompts, max_tokens, seed, key, want_scores, options)
       (["ROMEO:"] * 3, 33, 1, engine_lib.BatchKey(), False,
@@ -163,6 +164,9 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
     assert texts == reference
   assert engine.close(timeout=10)
   assert engine.stats.running == 0 and engine.stats.waiting == 0
+  # New prompts, lengths, options, batch sizes: nothing traced after warm_up.
+  assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
+  ) == traces
 
 
 def test_trim_stop_and_hold_back():

@@ -91,7 +91,6 @@ class Row:
     prompt_ids: int32 ids of its prompt (>= 1).
     params: its per-row decoding values, one scalar per `options.PER_ROW`.
     produced: characters handed out so far.
-    admitted_at: its chunk count at admission (for the metrics).
   """
   completion: "Completion"
   index: int
@@ -279,7 +278,7 @@ class Engine:
           self._condition.wait()
         if self._stopping:
           for row in list(self._waiting) + self._active:
-            row.completion.sink(Update(row.index, "", "cancelled", 0.0))
+            self._send(row, Update(row.index, "", "cancelled", 0.0))
           self._waiting.clear()
           self._active, self._carry = [], None
           return
@@ -287,7 +286,7 @@ class Engine:
                 if not row.completion.cancelled]
         for i, row in enumerate(self._active):
           if row.completion.cancelled:
-            row.completion.sink(Update(row.index, "", "cancelled", 0.0))
+            self._send(row, Update(row.index, "", "cancelled", 0.0))
         fresh_rows = self._admit(len(kept))
       rows = [self._active[i] for i in kept] + fresh_rows
       if not rows:
@@ -313,7 +312,7 @@ class Engine:
         # fail, the server goes on serving.
         logging.exception("a chunk failed: %s", e)
         for row in rows:
-          row.completion.sink(Update(row.index, "", "error", 0.0))
+          self._send(row, Update(row.index, "", "error", 0.0))
         self._active, self._carry = [], None
         continue
       self._active = self._hand_out(rows, result)
@@ -326,10 +325,20 @@ class Engine:
         self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                             self._carry)
 
+  @staticmethod
+  def _send(row: Row, update: Update) -> None:
+    """Hands an update to its sink; a failing sink (a closed event loop)
+    cancels its completion rather than stopping the scheduler."""
+    try:
+      row.completion.sink(update)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("dropping an update: %s", e)
+      row.completion.cancel()
+
   def _live_waiting(self) -> bool:
     while self._waiting and self._waiting[0].completion.cancelled:
       row = self._waiting.popleft()
-      row.completion.sink(Update(row.index, "", "cancelled", 0.0))
+      self._send(row, Update(row.index, "", "cancelled", 0.0))
     self.stats.waiting = len(self._waiting)
     return bool(self._waiting)
 
@@ -365,7 +374,7 @@ class Engine:
         reason = "length"
       else:
         reason = None
-      completion.sink(Update(row.index, self.model.decode(new), reason,
+      self._send(row, Update(row.index, self.model.decode(new), reason,
                              float(scores[r])))
       if reason is None:
         running.append(row)
@@ -381,10 +390,23 @@ class Engine:
                                                          8)
 
   def _stops(self, stop):
+    """The stop automaton of a key; under XLA its states padded to a bucket.
+
+    The state count is a shape under XLA: padded (with unreachable states
+    that never accept), a new set of stop strings compiles nothing new.
+    """
     automaton = self._stops_cache.get(stop)
     if automaton is None:
-      automaton = self._stops_cache[stop] = host.stop_automaton(self.model,
-                                                                stop)
+      automaton = host.stop_automaton(self.model, stop)
+      if self.generator.jit_compile:
+        states = len(automaton.accept)
+        padding = request_lib.bucket(states, 16) - states
+        automaton = automaton._replace(
+            table=np.concatenate([automaton.table, np.zeros(
+                [padding, automaton.table.shape[1]], np.int32)]),
+            accept=np.concatenate([automaton.accept,
+                                   np.zeros([padding], bool)]))
+      self._stops_cache[stop] = automaton
     return automaton
 
   def _call(self, rows: List[Row], *, fresh: np.ndarray, carry, steps: int):

@@ -36,8 +36,11 @@ _MAX_BATCH = flags.DEFINE_integer(
     "max_batch", 64, "Slots: rows (choices) decoded together at most.",
     lower_bound=1, upper_bound=4096, flag_values=FLAGS)
 _CHUNK_STEPS = flags.DEFINE_integer(
-    "chunk_steps", 16, "Steps per device call; rows join and leave between "
-    "calls.", lower_bound=1, upper_bound=4096, flag_values=FLAGS)
+    "chunk_steps", 64, "Steps per device call; rows join and leave between "
+    "calls. Each call costs a fixed few ms besides its steps (measured 7-15 "
+    "ms, tutorial GRU on a 2-core Zen 4), so smaller chunks stream sooner "
+    "and finer at some cost in throughput.", lower_bound=1, upper_bound=4096,
+    flag_values=FLAGS)
 _MAX_QUEUE = flags.DEFINE_integer(
     "max_queue", 256, "Rows waiting for a slot at most; more get 429.",
     lower_bound=0, flag_values=FLAGS)

@@ -51,7 +51,7 @@ _NUM_REQUESTS = flags.DEFINE_integer("num_requests", 40, "Requests per rate.")
 _MIN_TOKENS = flags.DEFINE_integer("min_tokens", 20, "Shortest max_tokens.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 2000, "Longest max_tokens.")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Slots / batch size.")
-_CHUNK_STEPS = flags.DEFINE_integer("chunk_steps", 16, "rnnstep-serve chunk.")
+_CHUNK_STEPS = flags.DEFINE_integer("chunk_steps", 64, "rnnstep-serve chunk.")
 _BATCH_TIMEOUT_MS = flags.DEFINE_float("batch_timeout_ms", 50.0,
                                        "(b)'s batch_timeout_micros / 1000.")
 _JIT_COMPILE = flags.DEFINE_enum(
