@@ -161,7 +161,8 @@ class Engine:
     path: the concrete execution path ("xla", "graph", "elementwise").
     max_batch: slots (rows decoded together at most).
     chunk_steps: steps per device call.
-    max_queue: rows waiting at most; more is `QueueFull`.
+    max_queue: rows waiting at most beyond the free slots; more is
+      `QueueFull`.
     max_tokens_limit: the largest `max_tokens` a request may ask.
     max_prompt_chars: the longest prompt (the history buffer holds a prompt
       and its whole continuation).
@@ -208,7 +209,9 @@ class Engine:
     with self._condition:
       if not self._admitting:
         raise ShuttingDown()
-      if len(self._waiting) + len(completion.rows) > self.max_queue:
+      # Free slots take rows at the next chunk boundary: they count as room.
+      free = max(self.max_batch - len(self._active), 0)
+      if len(self._waiting) + len(completion.rows) > self.max_queue + free:
         raise QueueFull()
       self._waiting.extend(completion.rows)
       self.stats.waiting = len(self._waiting)

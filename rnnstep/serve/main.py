@@ -42,7 +42,8 @@ _CHUNK_STEPS = flags.DEFINE_integer(
     "and finer at some cost in throughput.", lower_bound=1, upper_bound=4096,
     flag_values=FLAGS)
 _MAX_QUEUE = flags.DEFINE_integer(
-    "max_queue", 256, "Rows waiting for a slot at most; more get 429.",
+    "max_queue", 256, "Rows waiting for a slot at most (beyond the free "
+    "slots); more get 429.",
     lower_bound=0, flag_values=FLAGS)
 _MAX_TOKENS_LIMIT = flags.DEFINE_integer(
     "max_tokens_limit", 2048, "The largest max_tokens a request may ask.",

@@ -5,6 +5,7 @@
       httpx.get(server.url("/health"))
 """
 
+import importlib.util
 import signal
 import socket
 import subprocess
@@ -82,9 +83,5 @@ class RemoteServer:
 
 def stack_installed() -> bool:
   """Whether the serving stack and its test clients are installed."""
-  try:
-    # pylint: disable-next=g-import-not-at-top,multiple-imports,unused-import
-    import openai, prometheus_client, sse_starlette, starlette, uvicorn
-  except ImportError:
-    return False
-  return True
+  return all(importlib.util.find_spec(name) is not None for name in (
+      "openai", "prometheus_client", "sse_starlette", "starlette", "uvicorn"))

@@ -32,7 +32,6 @@ import logging
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import threading
