@@ -57,26 +57,6 @@ def server(model_path):
     yield running
 
 
-def expected(model, body, seed):
-  """(texts, finish reasons) of a request, from `rnnstep.generate`."""
-  prompts = body["prompt"] if isinstance(body["prompt"], list) else [
-      body["prompt"]]
-  n = body.get("n", 1)
-  rows = [p for p in prompts for _ in range(n)]
-  decoding = {name: body[name] for name in body
-              if name in options_lib.BY_NAME}
-  texts = rnnstep.generate(model, rows, body["max_tokens"], seed=seed,
-                           stop=body.get("stop"), regex=body.get("regex"),
-                           jit_compile=False, **decoding)
-  stops = protocol.stop_strings(body.get("stop"))
-  reasons = ["stop" if stops and protocol.trim_stop(t, stops) != t
-             else "length" for t in texts]
-  if not body.get("include_stop_str_in_output"):
-    texts = [protocol.trim_stop(t, stops) if r == "stop" else t
-             for t, r in zip(texts, reasons)]
-  return texts, reasons
-
-
 def post(server, body, **kwargs):
   return httpx.post(server.url("/v1/completions"), json=body, timeout=60,
                     **kwargs)
@@ -188,8 +168,9 @@ def test_models_health_and_one_completion_with_openai_client(server, model):
   response = client.completions.create(
       model=listed["data"][0]["id"], prompt="ROMEO:", max_tokens=40, seed=7,
       temperature=0.7, extra_body={"top_k": 10})
-  want, reasons = expected(model, dict(prompt="ROMEO:", max_tokens=40,
-                                       temperature=0.7, top_k=10), 7)
+  want, reasons = serve_process.expected(
+      model, dict(prompt="ROMEO:", max_tokens=40, temperature=0.7, top_k=10),
+      7)
   assert [c.text for c in response.choices] == want
   assert [c.finish_reason for c in response.choices] == reasons
   assert response.object == "text_completion"
@@ -216,7 +197,7 @@ def test_streamed_chunks_join_into_the_whole_text(server, model):
         c["text"] for c in whole["choices"]]
     assert [reasons[k] for k in range(count)] == [
         c["finish_reason"] for c in whole["choices"]]
-    want, want_reasons = expected(model, body, body["seed"])
+    want, want_reasons = serve_process.expected(model, body, body["seed"])
     assert [c["text"] for c in whole["choices"]] == want, body
     assert [c["finish_reason"] for c in whole["choices"]] == want_reasons
 
@@ -224,24 +205,7 @@ def test_streamed_chunks_join_into_the_whole_text(server, model):
 @pytest.mark.slow
 def test_concurrent_random_requests_each_equal_generate(server, model):
   rng = random.Random(0)
-  bodies = []
-  for _ in range(32):
-    body = dict(prompt=rng.choice(PROMPTS), max_tokens=rng.randint(1, 120),
-                seed=rng.randrange(2**40))
-    if rng.random() < 0.3:
-      body["prompt"] = rng.sample(PROMPTS, rng.randint(1, 2))
-      body["n"] = rng.randint(1, 3)
-    for name, draw in [("temperature", lambda: rng.choice([0.0, 0.5, 1.3])),
-                       ("top_k", lambda: rng.randint(0, 20)),
-                       ("top_p", lambda: rng.choice([0.5, 0.9])),
-                       ("min_p", lambda: 0.05),
-                       ("typical_p", lambda: 0.8),
-                       ("repetition_penalty", lambda: 1.2),
-                       ("stop", lambda: rng.choice(["e", ["\n", "th"]])),
-                       ("no_repeat_ngram_size", lambda: 3)]:
-      if rng.random() < 0.25:
-        body[name] = draw()
-    bodies.append(body)
+  bodies = [serve_process.random_body(rng, PROMPTS, 120) for _ in range(32)]
   # One request without a seed: the response names the one it drew.
   bodies.append(dict(prompt="ROMEO:", max_tokens=50, temperature=1.0))
 
@@ -268,7 +232,7 @@ def test_concurrent_random_requests_each_equal_generate(server, model):
         body.get("n", 1) == 1 and rng.random() < 0.5 for body in bodies]))
   for body, seed, texts, reasons in results:
     seed = body.get("seed", seed)
-    want, want_reasons = expected(model, body, seed)
+    want, want_reasons = serve_process.expected(model, body, seed)
     assert [texts[k] for k in range(len(want))] == want, body
     assert [reasons[k] for k in range(len(want))] == want_reasons, body
 
@@ -389,5 +353,5 @@ def test_sigterm_drains_in_flight_then_exits_0(server, model):
         break
       if line.startswith("data: "):
         text += json.loads(line[6:])["choices"][0]["text"]
-  assert text == expected(model, body, 5)[0][0]
+  assert text == serve_process.expected(model, body, 5)[0][0]
   assert server.process.wait(60) == 0

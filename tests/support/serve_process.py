@@ -13,6 +13,9 @@ import time
 
 import httpx
 
+import rnnstep
+from rnnstep.decoding import options as options_lib
+from rnnstep.serve import protocol
 from tests.support import cli
 
 
@@ -85,3 +88,50 @@ def stack_installed() -> bool:
   """Whether the serving stack and its test clients are installed."""
   return all(importlib.util.find_spec(name) is not None for name in (
       "openai", "prometheus_client", "sse_starlette", "starlette", "uvicorn"))
+
+
+def expected(model, body, seed, jit_compile=False):
+  """(texts, finish reasons) of a request, from `rnnstep.generate`.
+
+  Args:
+    model: the served model.
+    body: the request's JSON body (a dict).
+    seed: the seed it ran with (the response's `seed`).
+    jit_compile: the server's path, as `generate`'s argument.
+  """
+  prompts = body["prompt"] if isinstance(body["prompt"], list) else [
+      body["prompt"]]
+  n = body.get("n", 1)
+  rows = [p for p in prompts for _ in range(n)]
+  decoding = {name: body[name] for name in body
+              if name in options_lib.BY_NAME}
+  texts = rnnstep.generate(model, rows, body["max_tokens"], seed=seed,
+                           stop=body.get("stop"), regex=body.get("regex"),
+                           jit_compile=jit_compile, **decoding)
+  stops = protocol.stop_strings(body.get("stop"))
+  reasons = ["stop" if stops and protocol.trim_stop(t, stops) != t
+             else "length" for t in texts]
+  if not body.get("include_stop_str_in_output"):
+    texts = [protocol.trim_stop(t, stops) if r == "stop" else t
+             for t, r in zip(texts, reasons)]
+  return texts, reasons
+
+
+def random_body(rng, prompts, max_tokens: int):
+  """A random completions request: prompt(s), n, options, stop strings."""
+  body = dict(prompt=rng.choice(prompts), max_tokens=rng.randint(1, max_tokens),
+              seed=rng.randrange(2**40))
+  if rng.random() < 0.3:
+    body["prompt"] = rng.sample(prompts, rng.randint(1, 2))
+    body["n"] = rng.randint(1, 3)
+  for name, draw in [("temperature", lambda: rng.choice([0.0, 0.5, 1.3])),
+                     ("top_k", lambda: rng.randint(0, 20)),
+                     ("top_p", lambda: rng.choice([0.5, 0.9])),
+                     ("min_p", lambda: 0.05),
+                     ("typical_p", lambda: 0.8),
+                     ("repetition_penalty", lambda: 1.2),
+                     ("stop", lambda: rng.choice(["e", ["\n", "th"]])),
+                     ("no_repeat_ngram_size", lambda: 3)]:
+    if rng.random() < 0.25:
+      body[name] = draw()
+  return body
