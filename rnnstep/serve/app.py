@@ -295,6 +295,9 @@ class Server:
             completion.cancel()
             return error_response(499, "the client went away")
           continue
+        except asyncio.CancelledError:  # uvicorn's drain timed out.
+          completion.cancel()
+          raise
         self._observe(update, timing, arrived)
         texts[update.index] += update.text
         generated += len(update.text)
