@@ -166,14 +166,11 @@ class Engine:
     max_tokens_limit: the largest `max_tokens` a request may ask.
     max_prompt_chars: the longest prompt (the history buffer holds a prompt
       and its whole continuation).
-    on_chunk: called after each chunk with (active rows, seconds), for the
-      metrics (scheduler thread).
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
                max_queue: int, max_tokens_limit: int,
-               max_prompt_chars: int = 1024,
-               on_chunk: Optional[Callable[[int, float], None]] = None):
+               max_prompt_chars: int = 1024):
     self.model = model
     self.generator = generator_lib.cached(model, path)
     self.max_batch = int(max_batch)
@@ -181,7 +178,6 @@ class Engine:
     self.max_queue = int(max_queue)
     self.max_tokens_limit = int(max_tokens_limit)
     self.max_prompt_chars = int(max_prompt_chars)
-    self.on_chunk = on_chunk
     self.stats = Stats()
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
@@ -255,7 +251,7 @@ class Engine:
     """Traces (and under XLA compiles) every program a request can need.
 
     One call per batch bucket up to `max_batch` and per prompt width
-    (`_prompt_width`'s two), each with a fresh row and a carried one.
+    (`_prompt_width`'s two); a call over carried rows has the same shapes.
     """
     batches = sorted({request_lib.batch_bucket(n) if self.generator.jit_compile
                       else 1 for n in range(1, self.max_batch + 1)})
@@ -306,7 +302,6 @@ class Engine:
         # the first of their limits.
         steps = min([steps] + [row.completion.max_tokens - row.produced
                                for row in rows if row.completion.want_scores])
-      started = time.monotonic()
       try:
         result, self._carry = self._call(rows, fresh=fresh, carry=carry,
                                          steps=steps)
@@ -321,8 +316,6 @@ class Engine:
       self._active = self._hand_out(rows, result)
       self.stats.chunks += 1
       self.stats.running = len(self._active)
-      if self.on_chunk is not None:
-        self.on_chunk(len(rows), time.monotonic() - started)
       if self._carry is not None and len(self._active) < len(rows):
         survivors = [i for i, row in enumerate(rows) if row in self._active]
         self._carry = tf.nest.map_structure(lambda x: x[survivors],
