@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import httpx
 import rnnstep
+from rnnstep import api
 from tests.support import cli
 from tests.support import serve_process
 
@@ -93,7 +94,7 @@ def main(argv):
     path = os.path.join(tempfile.mkdtemp(), "tiny.npz")
     cli.write_model(path)
   elif path == "bundled":
-    path = rnnstep.api.bundled_model_path()
+    path = api.bundled_model_path()
   model = rnnstep.load(path)
   jit = {"true": True, "false": False,
          "elementwise": "elementwise"}[_JIT_COMPILE.value]
