@@ -57,8 +57,8 @@ def server(model_path):
     yield running
 
 
-def post(server, body, **kwargs):
-  return httpx.post(server.url("/v1/completions"), json=body, timeout=60,
+def post(server, body, timeout=60, **kwargs):
+  return httpx.post(server.url("/v1/completions"), json=body, timeout=timeout,
                     **kwargs)
 
 
@@ -303,6 +303,18 @@ def test_disconnect_mid_stream_cancels_the_row(server):
     time.sleep(0.05)
   generated = metric(server, "rnnstep_generated_characters_total") - before
   assert generated < MAX_TOKENS_LIMIT
+  # A non-streamed client that gives up is noticed too.
+  before = metric(server, "rnnstep_generated_characters_total")
+  with pytest.raises(httpx.ReadTimeout):
+    post(server, dict(prompt="ROMEO:", max_tokens=MAX_TOKENS_LIMIT, seed=2,
+                      repetition_penalty=1.1, no_repeat_ngram_size=2),
+         timeout=0.5)
+  deadline = time.monotonic() + 10
+  while metric(server, "rnnstep_requests_running") > 0:
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  generated = metric(server, "rnnstep_generated_characters_total") - before
+  assert generated < MAX_TOKENS_LIMIT
   # The slot is free: the next request gets it.
   assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
 
@@ -322,10 +334,18 @@ def test_full_queue_answers_429_with_retry_after(server):
 
 @pytest.mark.slow
 def test_metrics_count_what_was_served(server):
-  assert metric(server, "rnnstep_requests_total", '{status="200"}') >= 5
-  assert metric(server, "rnnstep_requests_total", '{status="400"}') >= 10
-  assert metric(server, "rnnstep_generated_characters_total") > 100
-  assert metric(server, "rnnstep_time_to_first_character_seconds_count") > 5
+  names = ['rnnstep_requests_total{status="200"}',
+           'rnnstep_requests_total{status="400"}',
+           "rnnstep_generated_characters_total",
+           "rnnstep_time_to_first_character_seconds_count",
+           "rnnstep_e2e_request_latency_seconds_count"]
+  before = [metric(server, name) for name in names]
+  for seed in range(3):
+    assert post(server, dict(prompt="a", max_tokens=20, n=2,
+                             seed=seed)).status_code == 200
+  assert post(server, dict(prompt="a", max_tokens=-1)).status_code == 400
+  after = [metric(server, name) for name in names]
+  assert [b - a for a, b in zip(before, after)] == [3, 1, 120, 3, 3]
   assert metric(server, "rnnstep_requests_waiting") == 0
 
 

@@ -39,8 +39,6 @@ from rnnstep.engine import host
 from rnnstep.serve import engine as engine_lib
 from rnnstep.serve import protocol
 
-# Seconds between checks that a non-streaming client is still there.
-_DISCONNECT_POLL_S = 0.2
 
 
 class Metrics:
@@ -56,6 +54,14 @@ class Metrics:
         "rnnstep_requests_waiting", "Rows (choices) waiting for a slot.",
         registry=self.registry)
     waiting.set_function(lambda: engine.stats.waiting)
+    for name, field, doc in [
+        ("rnnstep_chunks", "chunks", "Device calls (chunks) run."),
+        ("rnnstep_scheduler_busy_seconds", "busy_seconds",
+         "Scheduler time spent on chunks, admission to hand-out."),
+        ("rnnstep_device_call_seconds", "device_seconds",
+         "Of which inside the compiled call.")]:
+      gauge = prometheus_client.Gauge(name, doc, registry=self.registry)
+      gauge.set_function(lambda field=field: getattr(engine.stats, field))
     self.requests = prometheus_client.Counter(
         "rnnstep_requests", "Completion requests answered, by HTTP status.",
         ["status"], registry=self.registry)
@@ -73,6 +79,18 @@ class Metrics:
         "rnnstep_e2e_request_latency_seconds",
         "From a request's arrival to its last character.",
         registry=self.registry)
+
+
+async def _cancel_on_disconnect(request: Request,
+                                completion: engine_lib.Completion) -> None:
+  """Cancels `completion` when its client disconnects (a task per request).
+
+  The body has been read, so the next ASGI message is the disconnect: this
+  waits for it instead of polling.
+  """
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+  completion.cancel()
 
 
 def error_response(status: int, message: str, *, param: Optional[str] = None,
@@ -286,25 +304,25 @@ class Server:
     texts, reasons, scores = [""] * count, ["length"] * count, [0.0] * count
     generated = 0
     if completion is not None:
+      watcher = asyncio.create_task(_cancel_on_disconnect(request, completion))
       finished, timing = 0, [None, None]
-      while finished < count:
-        try:
-          update = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-          if await request.is_disconnected():
-            completion.cancel()
+      try:
+        while finished < count:
+          update = await queue.get()
+          if watcher.done():  # The client went away; its rows are retired.
             return error_response(499, "the client went away")
-          continue
-        except asyncio.CancelledError:  # uvicorn's drain timed out.
-          completion.cancel()
-          raise
-        self._observe(update, timing, arrived)
-        texts[update.index] += update.text
-        generated += len(update.text)
-        scores[update.index] = update.score
-        if update.finish_reason is not None:
-          finished += 1
-          reasons[update.index] = update.finish_reason
+          self._observe(update, timing, arrived)
+          texts[update.index] += update.text
+          generated += len(update.text)
+          scores[update.index] = update.score
+          if update.finish_reason is not None:
+            finished += 1
+            reasons[update.index] = update.finish_reason
+      except asyncio.CancelledError:  # uvicorn's drain timed out.
+        completion.cancel()
+        raise
+      finally:
+        watcher.cancel()
       self.metrics.latency.observe(time.monotonic() - arrived)
       if "error" in reasons:
         return error_response(500, "generation failed", kind="server_error")

@@ -147,6 +147,8 @@ class Stats:
   characters: int = 0
   running: int = 0
   waiting: int = 0
+  busy_seconds: float = 0.0   # scheduler time from admission to hand-out
+  device_seconds: float = 0.0  # of which inside the compiled call
 
 
 def _power_of_two_at_least(n: int, minimum: int) -> int:
@@ -302,6 +304,7 @@ class Engine:
         # the first of their limits.
         steps = min([steps] + [row.completion.max_tokens - row.produced
                                for row in rows if row.completion.want_scores])
+      started = time.monotonic()
       try:
         result, self._carry = self._call(rows, fresh=fresh, carry=carry,
                                          steps=steps)
@@ -314,6 +317,7 @@ class Engine:
         self._active, self._carry = [], None
         continue
       self._active = self._hand_out(rows, result)
+      self.stats.busy_seconds += time.monotonic() - started
       self.stats.chunks += 1
       self.stats.running = len(self._active)
       if self._carry is not None and len(self._active) < len(rows):
@@ -459,7 +463,9 @@ class Engine:
           lambda x, y: np.concatenate([x, y]), carry, fillers)
     carry = tf.nest.map_structure(lambda x: x[index], fillers)
     carry = carry._replace(step=np.asarray(carry.step, np.int32))
+    called = time.monotonic()
     result = self.generator.call("serve_fn", request, carry, fresh[index])
+    self.stats.device_seconds += time.monotonic() - called
     out_carry = tf.nest.map_structure(lambda x: x.numpy()[:batch],
                                       result.carry)
     return ((result.ids.numpy()[:batch], result.lengths.numpy()[:batch],
