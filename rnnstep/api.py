@@ -456,6 +456,29 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 stream.__doc__ = stream.__doc__.replace("{options}", _options_doc(True))
 
 
+def check_request(model: model_lib.Model, prompts: Prompts, num_steps: int,
+                  *, seed=None, stop=None, regex=None,
+                  return_scores: bool = False, **decoding):
+  """`stream`'s checks, for front ends that run the generation themselves.
+
+  The server (`rnnstep.serve`) checks each request with the library's own
+  checks and words, so that its text is `generate`'s for the same arguments.
+
+  Args:
+    model, prompts, num_steps, seed, stop, regex, return_scores, **decoding:
+      as for `stream`.
+
+  Returns:
+    `(prompt list, request.Options)`.
+
+  Raises:
+    errors.ArgumentError: naming the argument.
+    TypeError: an unknown decoding option.
+  """
+  return _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
+                          None, decoding, streams=True, regex=regex)
+
+
 def _path(model, jit_compile, batch_size, window: int = 0) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)

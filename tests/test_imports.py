@@ -77,6 +77,7 @@ LAYERS = (
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
     ("rnnstep.cli",),
+    ("rnnstep.serve",),  # A front end: imports cli.common for its flags.
 )
 
 

@@ -77,6 +77,15 @@ class Programs(tf.Module):
     self.window_continue_fn = tf.function(
         self._window_continue_impl, **compiled,
         input_signature=[weights_spec, request_spec, carry_spec, window_spec])
+    # The serving engine's one call per chunk (`rnnstep/serve/engine.py`):
+    # rows admitted now are primed and join rows carried from earlier chunks,
+    # each row at its own position (`carry_spec(per_row_step=True)`).
+    self.serve_fn = tf.function(
+        self._serve_impl, **compiled, input_signature=[
+            weights_spec, request_spec,
+            request_lib.carry_spec(state_sizes, model.vocab_size,
+                                   per_row_step=True),
+            tf.TensorSpec([None], tf.bool, name="fresh")])
     self.step = tf.function(self._step_impl, **compiled, input_signature=[
         weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
         carry_spec.state])
@@ -126,6 +135,41 @@ class Programs(tf.Module):
   def _continue_impl(self, weights, request, carry):
     return loop.run_decode(self._network(weights), request, carry,
                        self._chooses_first)
+
+  def _serve_impl(self, weights, request, carry, fresh):
+    """Primes the `fresh` rows' prompts, then decodes every row on.
+
+    The other rows' prompts are one (ignored) character each, so priming
+    costs the longest fresh prompt; their carried values are kept as they
+    are. The result equals, row by row, `_generate_impl` for a fresh row and
+    `_continue_impl` for a carried one: the same `start_carry` and
+    `run_decode`, with each row's noise keyed by its own step.
+
+    Args:
+      weights: the model's weights.
+      request: the `Request` of every row (its `lookback.history_length` the
+        width of `carry.history.ids`).
+      carry: the `Carry` (`step` per row); a fresh row's values are unused.
+      fresh: bool `[B]`, the rows whose prompt starts here.
+    """
+    network = self._network(weights)
+    started = loop.start_carry(network, request,
+                               unconsumed=0 if self._chooses_first else 1)
+
+    def pick(new, old):
+      mask = tf.reshape(fresh, [-1] + [1] * (len(old.shape) - 1))
+      return tf.where(mask, new, old)
+
+    merged = request_lib.Carry(
+        state=tf.nest.map_structure(pick, started.state, carry.state),
+        last_ids=pick(started.last_ids, carry.last_ids),
+        stop_state=pick(started.stop_state, carry.stop_state),
+        done=pick(started.done, carry.done),
+        step=tf.where(fresh, tf.zeros_like(carry.step), carry.step),
+        history=tf.nest.map_structure(pick, started.history, carry.history),
+        scores=pick(started.scores, carry.scores),
+        dfa_state=pick(started.dfa_state, carry.dfa_state))
+    return loop.run_decode(network, request, merged, self._chooses_first)
 
   # Every path runs windows in `consume_then_choose`'s order; the elementwise
   # path's network still compiles each cell's gate math.
@@ -185,7 +229,7 @@ class Generator(tf.Module):
     self.jit_compile = self.path == paths.XLA
     self.programs = programs_for(model, self.path)
     for name in ("generate_fn", "continue_fn", "beam_fn", "window_fn",
-                 "window_continue_fn", "step"):
+                 "window_continue_fn", "serve_fn", "step"):
       setattr(self, name, network_lib.BoundFunction(
           getattr(self.programs, name), self._network_weights))
 

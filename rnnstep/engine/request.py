@@ -155,7 +155,9 @@ class Carry(NamedTuple):
     last_ids: int32 `[B]`, each row's last id.
     stop_state: int32 `[B]`, each row's stop-automaton state.
     done: bool `[B]`, rows that have met a stop string.
-    step: int32 `[]`, the global step the continuation starts at.
+    step: int32 `[]`, the global step the continuation starts at (`[B]`,
+      one per row, for the serving engine's `Programs.serve_fn`: the noise
+      of step t of a row is keyed by its own position, `sampling.py`).
     history: the `processors.History` (ids so far and penalty counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
@@ -228,15 +230,23 @@ def spec(vocab_size: int, state_sizes) -> Request:
           tf.TensorSpec(rows, tf.int32, "regex_start")))
 
 
-def carry_spec(state_sizes, vocab_size: int) -> Carry:
-  """The `Carry` of `TensorSpec`s for per-layer state widths `state_sizes`."""
+def carry_spec(state_sizes, vocab_size: int, *,
+               per_row_step: bool = False) -> Carry:
+  """The `Carry` of `TensorSpec`s for per-layer state widths `state_sizes`.
+
+  Args:
+    state_sizes: per layer, the widths of its state tensors.
+    vocab_size: V.
+    per_row_step: `step` is int32 `[B]`, each row's own position (the
+      serving engine's rows start at different moments), not one `[]`.
+  """
   rows = [None]
   return Carry(
       state=_state_spec(state_sizes),
       last_ids=tf.TensorSpec(rows, tf.int32),
       stop_state=tf.TensorSpec(rows, tf.int32),
       done=tf.TensorSpec(rows, tf.bool),
-      step=tf.TensorSpec([], tf.int32),
+      step=tf.TensorSpec(rows if per_row_step else [], tf.int32),
       history=processors.History(
           tf.TensorSpec([None, None], tf.int32),
           tf.TensorSpec(rows, tf.int32),

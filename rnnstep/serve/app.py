@@ -1,0 +1,383 @@
+"""The HTTP front end: OpenAI's completions API on Starlette, over the `Engine`.
+
+Routes: `POST /v1/completions` (JSON, or server-sent events with
+`stream: true`, ending with `data: [DONE]`), `GET /v1/models`, `GET /health`
+(503 until the model's programs are warm, and while draining), `GET /metrics`
+(Prometheus).
+
+The device belongs to the engine's thread; a handler only checks the request
+(the library's checks, `protocol.parse` and `api.check_request`), submits a
+`engine.Completion` and awaits its updates on an asyncio queue that the
+scheduler thread feeds through `call_soon_threadsafe`. A client that goes
+away cancels its completion, whose rows the engine retires at the next chunk
+boundary.
+
+Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`:
+400 for a bad request (naming the field), 413 for a body over the limit
+(refused from its Content-Length, or as it arrives, before any parsing), 429
+with Retry-After when the queue is full, 503 while loading or draining.
+"""
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Optional
+
+import numpy as np
+import prometheus_client
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rnnstep import api
+from rnnstep import errors
+from rnnstep.decoding import options as options_lib
+from rnnstep.engine import host
+from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import protocol
+
+
+
+class Metrics:
+  """The server's Prometheus metrics, in a registry of its own."""
+
+  def __init__(self, engine: engine_lib.Engine):
+    self.registry = prometheus_client.CollectorRegistry()
+    running = prometheus_client.Gauge(
+        "rnnstep_requests_running", "Rows (choices) in the running batch.",
+        registry=self.registry)
+    running.set_function(lambda: engine.stats.running)
+    waiting = prometheus_client.Gauge(
+        "rnnstep_requests_waiting", "Rows (choices) waiting for a slot.",
+        registry=self.registry)
+    waiting.set_function(lambda: engine.stats.waiting)
+    for name, field, doc in [
+        ("rnnstep_chunks", "chunks", "Device calls (chunks) run."),
+        ("rnnstep_scheduler_busy_seconds", "busy_seconds",
+         "Scheduler time spent on chunks, admission to hand-out."),
+        ("rnnstep_device_call_seconds", "device_seconds",
+         "Of which inside the compiled call.")]:
+      gauge = prometheus_client.Gauge(name, doc, registry=self.registry)
+      gauge.set_function(lambda field=field: getattr(engine.stats, field))
+    self.requests = prometheus_client.Counter(
+        "rnnstep_requests", "Completion requests answered, by HTTP status.",
+        ["status"], registry=self.registry)
+    self.characters = prometheus_client.Counter(
+        "rnnstep_generated_characters", "Characters generated.",
+        registry=self.registry)
+    self.first_character = prometheus_client.Histogram(
+        "rnnstep_time_to_first_character_seconds",
+        "From a request's arrival to its first generated characters.",
+        registry=self.registry)
+    self.inter_chunk = prometheus_client.Histogram(
+        "rnnstep_inter_chunk_seconds",
+        "Between successive updates of one request.", registry=self.registry)
+    self.latency = prometheus_client.Histogram(
+        "rnnstep_e2e_request_latency_seconds",
+        "From a request's arrival to its last character.",
+        registry=self.registry)
+
+
+async def _cancel_on_disconnect(request: Request,
+                                completion: engine_lib.Completion) -> None:
+  """Cancels `completion` when its client disconnects (a task per request).
+
+  The body has been read, so the next ASGI message is the disconnect: this
+  waits for it instead of polling.
+  """
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
+  completion.cancel()
+
+
+def error_response(status: int, message: str, *, param: Optional[str] = None,
+                   kind: str = "invalid_request_error",
+                   code: Optional[str] = None, headers=None) -> JSONResponse:
+  """An OpenAI error body with its HTTP status."""
+  return JSONResponse({"error": {"message": message, "type": kind,
+                                 "param": param, "code": code}},
+                      status_code=status, headers=headers)
+
+
+class Server:
+  """The Starlette app and the state its handlers share.
+
+  Args:
+    model: the `rnnstep.Model` the engine runs.
+    engine: the `engine_lib.Engine` (started by the caller).
+    model_id: the name `/v1/models` lists and responses carry.
+    max_body_bytes: the largest request body read.
+  """
+
+  def __init__(self, model, engine: engine_lib.Engine, *, model_id: str,
+               max_body_bytes: int = 1 << 20):
+    self.model = model
+    self.engine = engine
+    self.model_id = model_id
+    self.max_body_bytes = max_body_bytes
+    self.ready = False
+    self.draining = False
+    self.created = int(time.time())
+    self.metrics = Metrics(engine)
+    self.app = Starlette(routes=[
+        Route("/v1/completions", self.completions, methods=["POST"]),
+        Route("/v1/models", self.models, methods=["GET"]),
+        Route("/health", self.health, methods=["GET"]),
+        Route("/metrics", self.metrics_page, methods=["GET"]),
+    ])
+
+  # -- small routes ----------------------------------------------------------
+
+  async def health(self, request: Request) -> Response:
+    del request
+    if self.draining:
+      return error_response(503, "the server is shutting down",
+                            kind="service_unavailable")
+    if not self.ready:
+      return error_response(503, "loading the model and compiling its "
+                            "programs", kind="service_unavailable")
+    return JSONResponse({"status": "ok"})
+
+  async def models(self, request: Request) -> Response:
+    del request
+    return JSONResponse({"object": "list", "data": [{
+        "id": self.model_id, "object": "model", "created": self.created,
+        "owned_by": "rnnstep"}]})
+
+  async def metrics_page(self, request: Request) -> Response:
+    del request
+    return Response(prometheus_client.generate_latest(self.metrics.registry),
+                    media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+  # -- completions -----------------------------------------------------------
+
+  def _answer(self, response: Response) -> Response:
+    self.metrics.requests.labels(str(response.status_code)).inc()
+    return response
+
+  async def _read_body(self, request: Request):
+    """The body, or an error response when it is over the limit."""
+    declared = request.headers.get("content-length")
+    too_big = error_response(
+        413, f"the request body is over {self.max_body_bytes} bytes",
+        code="request_too_large")
+    if declared is not None and declared.isdigit() and (
+        int(declared) > self.max_body_bytes):
+      return None, too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+      size += len(chunk)
+      if size > self.max_body_bytes:
+        return None, too_big
+      chunks.append(chunk)
+    return b"".join(chunks), None
+
+  async def completions(self, request: Request) -> Response:
+    """`POST /v1/completions`."""
+    if self.draining or not self.ready:
+      return self._answer(error_response(
+          503, "the server is shutting down" if self.draining else
+          "the model is still loading", kind="service_unavailable"))
+    arrived = time.monotonic()
+    raw, refused = await self._read_body(request)
+    if refused is not None:
+      return self._answer(refused)
+    try:
+      body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+      return self._answer(error_response(
+          400, f"the body is not valid JSON: {e}", param="body"))
+    try:
+      parsed, completion, queue = self._completion(body)
+    except errors.ArgumentError as e:
+      return self._answer(error_response(
+          400, str(e), param=protocol.param_of(e.argument)))
+    if completion is not None:
+      try:
+        self.engine.submit(completion)
+      except engine_lib.QueueFull:
+        return self._answer(error_response(
+            429, "the server's queue is full; retry shortly",
+            kind="rate_limit_error", code="queue_full",
+            headers={"Retry-After": "1"}))
+      except engine_lib.ShuttingDown:
+        return self._answer(error_response(
+            503, "the server is shutting down", kind="service_unavailable"))
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    if parsed.stream:
+      self.metrics.requests.labels("200").inc()
+      return EventSourceResponse(
+          self._events(request_id, parsed, completion, queue, arrived),
+          ping=600)
+    return self._answer(await self._whole(request, request_id, parsed,
+                                          completion, queue, arrived))
+
+  def _completion(self, body):
+    """Checks a request and makes its `Completion` (None for max_tokens 0).
+
+    Raises:
+      errors.ArgumentError: naming the field at fault.
+    """
+    engine = self.engine
+    parsed = protocol.parse(
+        body, max_tokens_limit=engine.max_tokens_limit,
+        max_batch=engine.max_batch, max_prompt_chars=engine.max_prompt_chars)
+    if parsed.seed is None:  # A fresh seed, reported so it can be replayed.
+      parsed.seed = int(np.random.SeedSequence().generate_state(
+          1, np.uint64)[0] >> 1)
+    rows = [p for p in parsed.prompts for _ in range(parsed.n)]
+    try:
+      _, options = api.check_request(
+          self.model, rows, parsed.max_tokens, seed=parsed.seed,
+          stop=parsed.stop, regex=parsed.regex,
+          return_scores=parsed.logprobs, **parsed.decoding)
+    except TypeError as e:  # Not reached: `parse` admits declared names only.
+      raise protocol.BadRequest("body", str(e)) from None
+    # The library's encoding check, in its words ("prompt 0: character ...").
+    prompt_ids, prompt_lengths = host.prompt_batch(self.model, rows)
+    parsed.stop = protocol.stop_strings(parsed.stop)
+    host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
+    if parsed.max_tokens == 0:
+      return parsed, None, None
+    loop = asyncio.get_running_loop()
+    queue = asyncio.Queue()
+    params = options_lib.Params(*[
+        np.broadcast_to(np.asarray(value), [len(rows)])
+        for value in options.sampling])
+    completion = engine_lib.Completion(
+        [ids[:length] for ids, length in zip(prompt_ids, prompt_lengths)],
+        [options_lib.Params(*[field[k].item() for field in params])
+         for k in range(len(rows))],
+        seed=parsed.seed, max_tokens=parsed.max_tokens,
+        key=engine_lib.BatchKey(
+            stop=parsed.stop, repetition_window=int(options.repetition_window),
+            no_repeat_ngram_size=int(options.no_repeat_ngram_size),
+            regex=parsed.regex),
+        want_scores=parsed.logprobs,
+        sink=lambda update: loop.call_soon_threadsafe(queue.put_nowait,
+                                                      update))
+    return parsed, completion, queue
+
+  def _choice(self, parsed, index: int, text: str, reason, score):
+    return {"index": index, "text": text,
+            "logprobs": ({"text_log_likelihood": score} if parsed.logprobs
+                         and reason is not None else None),
+            "finish_reason": reason}
+
+  def _final_text(self, parsed, text: str, reason) -> str:
+    if reason == "stop" and not parsed.include_stop_str_in_output:
+      return protocol.trim_stop(text, parsed.stop)
+    return text
+
+  def _usage(self, parsed, generated: int):
+    prompt = sum(len(p) for p in parsed.prompts)
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated}
+
+  def _envelope(self, request_id: str, parsed, choices, usage=None):
+    out = {"id": request_id, "object": "text_completion",
+           "created": int(time.time()), "model": self.model_id,
+           "seed": parsed.seed, "choices": choices}
+    if usage is not None:
+      out["usage"] = usage
+    return out
+
+  def _observe(self, update, state, arrived: float):
+    """Updates the metrics for one update; `state` is [first seen, last]."""
+    now = time.monotonic()
+    if update.text:
+      self.metrics.characters.inc(len(update.text))
+      if state[0] is None:
+        state[0] = now
+        self.metrics.first_character.observe(now - arrived)
+      elif state[1] is not None:
+        self.metrics.inter_chunk.observe(now - state[1])
+      state[1] = now
+
+  async def _whole(self, request: Request, request_id: str, parsed,
+                   completion, queue, arrived: float) -> Response:
+    """The non-streamed answer, once every choice has finished."""
+    count = len(parsed.prompts) * parsed.n
+    texts, reasons, scores = [""] * count, ["length"] * count, [0.0] * count
+    generated = 0
+    if completion is not None:
+      watcher = asyncio.create_task(_cancel_on_disconnect(request, completion))
+      finished, timing = 0, [None, None]
+      try:
+        while finished < count:
+          update = await queue.get()
+          if watcher.done():  # The client went away; its rows are retired.
+            return error_response(499, "the client went away")
+          self._observe(update, timing, arrived)
+          texts[update.index] += update.text
+          generated += len(update.text)
+          scores[update.index] = update.score
+          if update.finish_reason is not None:
+            finished += 1
+            reasons[update.index] = update.finish_reason
+      except asyncio.CancelledError:  # uvicorn's drain timed out.
+        completion.cancel()
+        raise
+      finally:
+        watcher.cancel()
+      self.metrics.latency.observe(time.monotonic() - arrived)
+      if "error" in reasons:
+        return error_response(500, "generation failed", kind="server_error")
+      if "cancelled" in reasons:
+        return error_response(503, "the server shut down before this "
+                              "request finished", kind="service_unavailable")
+    choices = [self._choice(parsed, k, self._final_text(parsed, texts[k],
+                                                        reasons[k]),
+                            reasons[k], scores[k]) for k in range(count)]
+    return JSONResponse(self._envelope(request_id, parsed, choices,
+                                       self._usage(parsed, generated)))
+
+  async def _events(self, request_id: str, parsed, completion, queue,
+                    arrived: float):
+    """The server-sent events of a streamed answer (sse-starlette frames them)."""
+    count = len(parsed.prompts) * parsed.n
+    hold = 0 if parsed.include_stop_str_in_output else protocol.held_back(
+        parsed.stop)
+    pending = [""] * count  # Per choice: text held back from the stream.
+    generated = 0
+    try:
+      if completion is None:  # max_tokens 0: one empty finished chunk each.
+        for k in range(count):
+          yield json.dumps(self._envelope(request_id, parsed, [
+              self._choice(parsed, k, "", "length", 0.0)]))
+      else:
+        finished, timing = 0, [None, None]
+        while finished < count:
+          update = await queue.get()
+          self._observe(update, timing, arrived)
+          generated += len(update.text)
+          if update.finish_reason in ("cancelled", "error"):
+            yield json.dumps({"error": {
+                "message": "the server shut down before this request "
+                "finished" if update.finish_reason == "cancelled" else
+                "generation failed", "type": "server_error", "param": None,
+                "code": None}})
+            break
+          text = pending[update.index] + update.text
+          if update.finish_reason is None:
+            cut = max(len(text) - hold, 0)
+            text, pending[update.index] = text[:cut], text[cut:]
+            if not text:
+              continue
+          else:
+            finished += 1
+            text = self._final_text(parsed, text, update.finish_reason)
+          yield json.dumps(self._envelope(request_id, parsed, [
+              self._choice(parsed, update.index, text, update.finish_reason,
+                           update.score)]))
+        self.metrics.latency.observe(time.monotonic() - arrived)
+      if parsed.include_usage:
+        yield json.dumps(self._envelope(request_id, parsed, [],
+                                        self._usage(parsed, generated)))
+      yield "[DONE]"
+    finally:  # Also when the client went away (the generator is cancelled).
+      if completion is not None:
+        completion.cancel()

@@ -1,0 +1,488 @@
+"""Continuous batching: a fixed set of slots, one scheduler thread, one call a chunk.
+
+The server's requests arrive one at a time and want different lengths. The
+engine keeps up to `max_batch` rows ("slots") on the device and runs the
+library's compiled `Programs.serve_fn` for `chunk_steps` steps at a time over
+the rows that are active. Between chunks, on its own thread (the only one that
+touches the device), it
+
+  - retires rows that finished (a stop string, a regex end, `max_tokens`) or
+    whose client went away (`Completion.cancel`);
+  - admits waiting rows into the free slots: their prompts are primed inside
+    the same call that decodes the other rows (`serve_fn`'s `fresh` rows);
+  - hands each row's new characters to its `Completion`'s sink.
+
+A row's text equals `rnnstep.generate`'s for its prompt, seed and options
+(README "Reproducibility": to float32 rounding of the logits, which the batch
+size can change): its noise is keyed by its own (seed, index) and its own
+position (`Carry.step` per row), never by its slot or the batch's step count.
+Every per-row setting (`options.PER_ROW`, the seed) travels per row. The
+settings a `Request` shares by all its rows (the stop strings, the look-back
+settings, the regex table) form a row's `BatchKey`: rows run together only
+with rows of the same key, so a waiting row of another key waits until the
+running rows have drained (first come, first served: nothing overtakes it).
+
+The batch follows the load through the library's buckets: the carry lives on
+the host between chunks (numpy; on a CPU that is the device's own memory),
+where retiring and admitting rows is a gather, and the call's batch is the
+active row count padded as `request.build` pads it (XLA), so no value of a
+request compiles anything new after `warm_up`. Nothing runs while no row is
+active: the thread waits on a condition.
+"""
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from rnnstep.decoding import constraints
+from rnnstep.decoding import options as options_lib
+from rnnstep.decoding import processors
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import host
+from rnnstep.engine import request as request_lib
+
+
+class BatchKey(NamedTuple):
+  """The settings a compiled call shares by all its rows.
+
+  Attributes:
+    stop: the stop strings (one automaton for the batch).
+    repetition_window: the repetition penalty's window.
+    no_repeat_ngram_size: the n-gram ban's n.
+    regex: the pattern (one table for the batch), or None.
+  """
+  stop: Tuple[str, ...] = ()
+  repetition_window: int = 0
+  no_repeat_ngram_size: int = 0
+  regex: Optional[str] = None
+
+
+class Update(NamedTuple):
+  """New output of one row, handed to its `Completion`'s sink.
+
+  Attributes:
+    index: the choice index (prompt index x n + i).
+    text: the characters generated since the last update (the library's text:
+      a row that met a stop string ends with it).
+    finish_reason: None while running; "stop" (a stop string or the regex's
+      end), "length" (`max_tokens`), "cancelled" (the engine closed first)
+      or "error" (its chunk failed).
+    score: the row's log-likelihood so far (0.0 unless it wants scores).
+  """
+  index: int
+  text: str
+  finish_reason: Optional[str]
+  score: float
+
+
+@dataclasses.dataclass(eq=False)
+class Row:
+  """One choice of a completion: one slot's worth of work.
+
+  Attributes:
+    completion: the `Completion` it belongs to.
+    index: its choice index; also its noise index under the seed.
+    prompt_ids: int32 ids of its prompt (>= 1).
+    params: its per-row decoding values, one scalar per `options.PER_ROW`.
+    produced: characters handed out so far.
+  """
+  completion: "Completion"
+  index: int
+  prompt_ids: np.ndarray
+  params: options_lib.Params
+  produced: int = 0
+
+
+class Completion:
+  """A request's rows, and where their output goes.
+
+  Args:
+    rows_prompt_ids: per choice, the prompt's ids.
+    params: per choice, its `options.Params` of scalars.
+    seed: the request's seed (choice k uses (seed, k), as `generate`'s row k).
+    max_tokens: characters to generate per choice (>= 1).
+    key: the `BatchKey`.
+    want_scores: accumulate each choice's log-likelihood.
+    sink: called with each `Update`, on the scheduler thread (make it quick
+      and thread-safe: the HTTP side posts it to its event loop).
+  """
+
+  def __init__(self, rows_prompt_ids: Sequence[np.ndarray],
+               params: Sequence[options_lib.Params], *, seed: int,
+               max_tokens: int, key: BatchKey, want_scores: bool,
+               sink: Callable[[Update], None]):
+    self.seed = int(seed)
+    self.max_tokens = int(max_tokens)
+    self.key = key
+    self.want_scores = bool(want_scores)
+    self.sink = sink
+    self.cancelled = False
+    self.submitted_at = time.monotonic()
+    self.rows = [Row(self, k, np.asarray(ids, np.int32), p)
+                 for k, (ids, p) in enumerate(zip(rows_prompt_ids, params))]
+
+  def cancel(self) -> None:
+    """Retires its rows at the next chunk boundary (any thread)."""
+    self.cancelled = True
+
+
+class QueueFull(Exception):
+  """The waiting queue cannot take the request's rows (answer 429)."""
+
+
+class ShuttingDown(Exception):
+  """The engine admits nothing more (answer 503)."""
+
+
+@dataclasses.dataclass
+class Stats:
+  """Counters the metrics read (updated on the scheduler thread)."""
+  chunks: int = 0
+  characters: int = 0
+  running: int = 0
+  waiting: int = 0
+  busy_seconds: float = 0.0   # scheduler time from admission to hand-out
+  device_seconds: float = 0.0  # of which inside the compiled call
+
+
+def _power_of_two_at_least(n: int, minimum: int) -> int:
+  return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+class Engine:
+  """The slots, the waiting queue and the scheduler thread.
+
+  Args:
+    model: the `rnnstep.Model`.
+    path: the concrete execution path ("xla", "graph", "elementwise").
+    max_batch: slots (rows decoded together at most).
+    chunk_steps: steps per device call.
+    max_queue: rows waiting at most beyond the free slots; more is
+      `QueueFull`.
+    max_tokens_limit: the largest `max_tokens` a request may ask.
+    max_prompt_chars: the longest prompt (the history buffer holds a prompt
+      and its whole continuation).
+  """
+
+  def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
+               max_queue: int, max_tokens_limit: int,
+               max_prompt_chars: int = 1024):
+    self.model = model
+    self.generator = generator_lib.cached(model, path)
+    self.max_batch = int(max_batch)
+    self.chunk_steps = int(chunk_steps)
+    self.max_queue = int(max_queue)
+    self.max_tokens_limit = int(max_tokens_limit)
+    self.max_prompt_chars = int(max_prompt_chars)
+    self.stats = Stats()
+    # History width: a prompt and every step a row may take (it may run up
+    # to a chunk past its max_tokens before it is retired).
+    self._history_length = int(request_lib.bucket(
+        self.max_prompt_chars + self.max_tokens_limit + self.chunk_steps, 16))
+    self._waiting = collections.deque()
+    self._active: List[Row] = []
+    self._carry = None  # numpy Carry of `_active`'s rows, in order.
+    self._condition = threading.Condition()
+    self._admitting = True
+    self._stopping = False
+    self._thread = None
+    self._stops_cache = {}
+    self._template = self._zero_carry()
+
+  # -- any thread ------------------------------------------------------------
+
+  def submit(self, completion: Completion) -> None:
+    """Queues a completion's rows.
+
+    Raises:
+      QueueFull: the waiting queue has no room for all its rows.
+      ShuttingDown: `close` has begun.
+    """
+    with self._condition:
+      if not self._admitting:
+        raise ShuttingDown()
+      # Free slots take rows at the next chunk boundary: they count as room.
+      free = max(self.max_batch - len(self._active), 0)
+      if len(self._waiting) + len(completion.rows) > self.max_queue + free:
+        raise QueueFull()
+      self._waiting.extend(completion.rows)
+      self.stats.waiting = len(self._waiting)
+      self._condition.notify()
+
+  def start(self) -> None:
+    """Starts the scheduler thread."""
+    self._thread = threading.Thread(target=self._run, name="rnnstep-scheduler",
+                                    daemon=True)
+    self._thread.start()
+
+  def close(self, timeout: Optional[float] = None) -> bool:
+    """Stops admitting; waits up to `timeout` s for the rows already taken.
+
+    Rows still running after it are cancelled. Returns whether all drained.
+    """
+    with self._condition:
+      self._admitting = False
+      self._condition.notify()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    drained = True
+    while self._thread is not None and self._thread.is_alive():
+      with self._condition:
+        if not self._waiting and not self._active:
+          break
+      if deadline is not None and time.monotonic() > deadline:
+        drained = False
+        with self._condition:
+          for row in list(self._waiting) + list(self._active):
+            row.completion.cancel()
+        break
+      time.sleep(0.01)
+    with self._condition:
+      self._stopping = True
+      self._condition.notify()
+    if self._thread is not None:
+      self._thread.join(timeout=30)
+    return drained
+
+  def warm_up(self) -> None:
+    """Traces (and under XLA compiles) every program a request can need.
+
+    One call per batch bucket up to `max_batch` and per prompt width
+    (`_prompt_width`'s two); a call over carried rows has the same shapes.
+    """
+    batches = sorted({request_lib.batch_bucket(n) if self.generator.jit_compile
+                      else 1 for n in range(1, self.max_batch + 1)})
+    widths = [1] + ([self.max_prompt_chars] if self.generator.jit_compile
+                    else [])
+    params = options_lib.DEFAULTS
+    for batch in batches:
+      for width in widths:
+        dummy = Completion([np.zeros([width], np.int32)] * batch,
+                           [params] * batch, seed=0, max_tokens=1,
+                           key=BatchKey(), want_scores=False,
+                           sink=lambda update: None)
+        self._call(dummy.rows, fresh=np.ones([batch], bool), carry=None,
+                   steps=1)
+
+  # -- the scheduler thread --------------------------------------------------
+
+  def _run(self) -> None:
+    while True:
+      with self._condition:
+        while (not self._stopping and not self._active
+               and not self._live_waiting()):
+          self._condition.wait()
+        if self._stopping:
+          for row in list(self._waiting) + self._active:
+            self._send(row, Update(row.index, "", "cancelled", 0.0))
+          self._waiting.clear()
+          self._active, self._carry = [], None
+          return
+        kept = [i for i, row in enumerate(self._active)
+                if not row.completion.cancelled]
+        for i, row in enumerate(self._active):
+          if row.completion.cancelled:
+            self._send(row, Update(row.index, "", "cancelled", 0.0))
+        fresh_rows = self._admit(len(kept))
+      rows = [self._active[i] for i in kept] + fresh_rows
+      if not rows:
+        self._active, self._carry = [], None
+        self.stats.running = 0
+        continue
+      carry = None
+      if self._carry is not None and kept:
+        carry = tf.nest.map_structure(lambda x: x[kept], self._carry)
+      fresh = np.array([False] * len(kept) + [True] * len(fresh_rows))
+      steps = self.chunk_steps
+      if any(row.completion.want_scores for row in rows):
+        # A row's score counts only its own characters: such a chunk ends at
+        # the first of their limits.
+        steps = min([steps] + [row.completion.max_tokens - row.produced
+                               for row in rows if row.completion.want_scores])
+      started = time.monotonic()
+      try:
+        result, self._carry = self._call(rows, fresh=fresh, carry=carry,
+                                         steps=steps)
+      except Exception as e:  # pylint: disable=broad-except
+        # Not expected (requests are checked before they queue); the rows
+        # fail, the server goes on serving.
+        logging.exception("a chunk failed: %s", e)
+        for row in rows:
+          self._send(row, Update(row.index, "", "error", 0.0))
+        self._active, self._carry = [], None
+        continue
+      self._active = self._hand_out(rows, result)
+      self.stats.busy_seconds += time.monotonic() - started
+      self.stats.chunks += 1
+      self.stats.running = len(self._active)
+      if self._carry is not None and len(self._active) < len(rows):
+        survivors = [i for i, row in enumerate(rows) if row in self._active]
+        self._carry = tf.nest.map_structure(lambda x: x[survivors],
+                                            self._carry)
+
+  @staticmethod
+  def _send(row: Row, update: Update) -> None:
+    """Hands an update to its sink; a failing sink (a closed event loop)
+    cancels its completion rather than stopping the scheduler."""
+    try:
+      row.completion.sink(update)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("dropping an update: %s", e)
+      row.completion.cancel()
+
+  def _live_waiting(self) -> bool:
+    while self._waiting and self._waiting[0].completion.cancelled:
+      row = self._waiting.popleft()
+      self._send(row, Update(row.index, "", "cancelled", 0.0))
+    self.stats.waiting = len(self._waiting)
+    return bool(self._waiting)
+
+  def _admit(self, running: int) -> List[Row]:
+    """Pops the waiting rows that fit now (same key as the running rows)."""
+    if not self._admitting and not running and not self._waiting:
+      return []
+    key = self._active[0].completion.key if running else None
+    admitted = []
+    while self._live_waiting() and running + len(admitted) < self.max_batch:
+      row = self._waiting[0]
+      if key is None:
+        key = row.completion.key
+      if row.completion.key != key:
+        break  # It waits for the running rows to drain; nothing overtakes.
+      admitted.append(self._waiting.popleft())
+    self.stats.waiting = len(self._waiting)
+    return admitted
+
+  def _hand_out(self, rows: List[Row], result) -> List[Row]:
+    """Sends each row its new characters; returns the rows still running."""
+    ids, lengths, scores, done = result
+    running = []
+    for r, row in enumerate(rows):
+      completion = row.completion
+      room = completion.max_tokens - row.produced
+      new = ids[r, :min(int(lengths[r]), room)]
+      row.produced += len(new)
+      self.stats.characters += len(new)
+      if done[r] and int(lengths[r]) <= room:
+        reason = "stop"
+      elif row.produced >= completion.max_tokens:
+        reason = "length"
+      else:
+        reason = None
+      self._send(row, Update(row.index, self.model.decode(new), reason,
+                             float(scores[r])))
+      if reason is None:
+        running.append(row)
+    return running
+
+  # -- one device call -------------------------------------------------------
+
+  def _prompt_width(self, longest: int) -> int:
+    """The prompt ids' width: under XLA one of two, so widths compile twice."""
+    if not self.generator.jit_compile:
+      return longest
+    return 8 if longest <= 8 else _power_of_two_at_least(self.max_prompt_chars,
+                                                         8)
+
+  def _stops(self, stop):
+    """The stop automaton of a key; under XLA its states padded to a bucket.
+
+    The state count is a shape under XLA: padded (with unreachable states
+    that never accept), a new set of stop strings compiles nothing new.
+    """
+    automaton = self._stops_cache.get(stop)
+    if automaton is None:
+      automaton = host.stop_automaton(self.model, stop)
+      if self.generator.jit_compile:
+        states = len(automaton.accept)
+        padding = request_lib.bucket(states, 16) - states
+        automaton = automaton._replace(
+            table=np.concatenate([automaton.table, np.zeros(
+                [padding, automaton.table.shape[1]], np.int32)]),
+            accept=np.concatenate([automaton.accept,
+                                   np.zeros([padding], bool)]))
+      self._stops_cache[stop] = automaton
+    return automaton
+
+  def _call(self, rows: List[Row], *, fresh: np.ndarray, carry, steps: int):
+    """Runs `serve_fn` once over `rows`.
+
+    Args:
+      rows: the rows, carried ones first.
+      fresh: bool per row: its prompt starts here.
+      carry: the numpy `Carry` of the carried rows (None: none).
+      steps: steps to run (<= chunk_steps).
+
+    Returns:
+      `((ids, lengths, scores, done) of the rows, their numpy Carry)`.
+    """
+    batch = len(rows)
+    key = rows[0].completion.key
+    longest = max([len(row.prompt_ids) for row, f in zip(rows, fresh) if f]
+                  + [1])
+    ids = np.zeros([batch, self._prompt_width(longest)], np.int32)
+    lengths = np.ones([batch], np.int32)
+    for r, (row, is_fresh) in enumerate(zip(rows, fresh)):
+      if is_fresh:
+        ids[r, :len(row.prompt_ids)] = row.prompt_ids
+        lengths[r] = len(row.prompt_ids)
+    sampling = options_lib.Params(*[
+        np.array([row.params[i] for row in rows])
+        for i in range(len(options_lib.PER_ROW))])
+    options = request_lib.Options(
+        sampling=sampling, repetition_window=key.repetition_window,
+        no_repeat_ngram_size=key.no_repeat_ngram_size,
+        return_scores=any(row.completion.want_scores for row in rows))
+    request = request_lib.build(
+        request_lib.Prompts(ids, lengths), np.int32(steps), options,
+        seeds=request_lib.Seeds(
+            np.array([row.completion.seed for row in rows], np.int64),
+            np.array([row.index for row in rows], np.int32)),
+        stops=self._stops(key.stop),
+        bucket_shapes=self.generator.jit_compile,
+        state_sizes=self.generator.state_sizes(),
+        constraint=(constraints.combine(self.model, [key.regex] * batch)
+                    if key.regex is not None else None),
+        capacity_steps=self.chunk_steps)
+    # One history width for every call: carried rows keep their buffers.
+    request = request._replace(lookback=request.lookback._replace(
+        history_length=np.int32(self._history_length)))
+    padded = int(request.prompts.lengths.shape[0])  # build's batch bucket
+    index = np.concatenate([np.arange(batch), np.zeros([padded - batch],
+                                                        np.int64)])
+    carried = 0 if carry is None else len(carry.last_ids)
+    fillers = tf.nest.map_structure(
+        lambda x: np.repeat(x, batch - carried, axis=0), self._template)
+    if carry is not None:  # Carried rows first, then the fresh rows' fillers.
+      fillers = tf.nest.map_structure(
+          lambda x, y: np.concatenate([x, y]), carry, fillers)
+    carry = tf.nest.map_structure(lambda x: x[index], fillers)
+    carry = carry._replace(step=np.asarray(carry.step, np.int32))
+    called = time.monotonic()
+    result = self.generator.call("serve_fn", request, carry, fresh[index])
+    self.stats.device_seconds += time.monotonic() - called
+    out_carry = tf.nest.map_structure(lambda x: x.numpy()[:batch],
+                                      result.carry)
+    return ((result.ids.numpy()[:batch], result.lengths.numpy()[:batch],
+             result.scores.numpy()[:batch], out_carry.done), out_carry)
+
+  def _zero_carry(self):
+    """A one-row numpy `Carry` of this engine's shapes (a fresh row's filler)."""
+    vocab_size = self.model.vocab_size
+    return request_lib.Carry(
+        state=tuple(tuple(np.zeros([1, units], np.float32) for units in sizes)
+                    for sizes in self.generator.state_sizes()),
+        last_ids=np.zeros([1], np.int32),
+        stop_state=np.zeros([1], np.int32),
+        done=np.zeros([1], bool),
+        step=np.zeros([1], np.int32),
+        history=processors.History(
+            np.zeros([1, self._history_length], np.int32),
+            np.zeros([1], np.int32), np.zeros([1, vocab_size], np.int32)),
+        scores=np.zeros([1], np.float32),
+        dfa_state=np.zeros([1], np.int32))

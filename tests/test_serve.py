@@ -1,0 +1,377 @@
+"""rnnstep-serve: every response is `rnnstep.generate`'s text, under any load.
+
+The engine test runs in-process (quick); the rest drive one real server
+process (`tests/support/serve_process.py`) with the official `openai` client
+and raw httpx, sharing it across the file; the last test drains it with
+SIGTERM. The model is the tiny GRU of `cli.write_model`, on the graph path
+(`--jit_compile=false`: nothing to compile per batch size), so the whole
+file runs in well under a minute on two cores.
+"""
+
+import concurrent.futures
+import json
+import random
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+import rnnstep
+from rnnstep.decoding import options as options_lib
+from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import protocol
+from tests.support import cli
+from tests.support import serve_process
+
+pytestmark = pytest.mark.skipif(not serve_process.stack_installed(),
+                                reason="the serving stack is not installed")
+
+MAX_BATCH = 8
+MAX_TOKENS_LIMIT = 2000
+MAX_QUEUE = 24
+PROMPTS = ["ROMEO:", "To be", "a", "First Citizen:\nBefore we proceed",
+           "KING RICHARD III:\nNow is the winter"]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("serve") / "tiny.npz")
+  cli.write_model(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+  return rnnstep.load(model_path)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+  with serve_process.RemoteServer([
+      f"--model={model_path}", f"--max_batch={MAX_BATCH}", "--chunk_steps=8",
+      f"--max_queue={MAX_QUEUE}", f"--max_tokens_limit={MAX_TOKENS_LIMIT}",
+      "--max_prompt_chars=256", "--jit_compile=false", "--drain_timeout=20"
+  ]) as running:
+    yield running
+
+
+def post(server, body, timeout=60, **kwargs):
+  return httpx.post(server.url("/v1/completions"), json=body, timeout=timeout,
+                    **kwargs)
+
+
+def stream_text(server, body):
+  """Each choice's streamed text joined, its finish reasons, the frames and
+  the seed the server reports (None after a 429)."""
+  texts, reasons, frames, seed = {}, {}, [], None
+  with httpx.stream("POST", server.url("/v1/completions"),
+                    json=dict(body, stream=True), timeout=60) as response:
+    if response.status_code == 429:
+      return None
+    assert response.status_code == 200, response.read()
+    for line in response.iter_lines():
+      if not line.startswith("data: "):
+        continue
+      frames.append(line[len("data: "):])
+      if frames[-1] == "[DONE]":
+        break
+      seed = json.loads(frames[-1])["seed"]
+      for choice in json.loads(frames[-1])["choices"]:
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice[
+            "text"]
+        if choice["finish_reason"] is not None:
+          assert choice["index"] not in reasons  # Once per choice.
+          reasons[choice["index"]] = choice["finish_reason"]
+  return texts, reasons, frames, seed
+
+
+# -- the engine, in-process ---------------------------------------------------
+
+
+def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
+  """Rows admitted at different chunks, in any slot, with per-row options."""
+  engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
+                             max_queue=64, max_tokens_limit=64,
+                             max_prompt_chars=64)
+  engine.warm_up()
+  traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
+  engine.start()
+  cases = [  # (prompts, max_tokens, seed, key, want_scores, options)
+      (["ROMEO:"] * 3, 33, 1, engine_lib.BatchKey(), False,
+       dict(temperature=0.8)),
+      (["Hi", "there you"], 23, 2, engine_lib.BatchKey(), False,
+       dict(top_k=5)),
+      (["x"], 50, 3, engine_lib.BatchKey(stop=("e",)), False,
+       dict(repetition_penalty=1.3)),
+      (["ab", "b"], 17, 4, engine_lib.BatchKey(), True, dict(top_p=0.9)),
+      (["q"], 30, 5, engine_lib.BatchKey(no_repeat_ngram_size=2), False, {}),
+      (["a"], 30, 6, engine_lib.BatchKey(regex="[a-z ]+\\."), False,
+       dict(temperature=0.0)),
+  ]
+  outputs = []
+  for prompts, max_tokens, seed, key, want, options in cases:
+    out, done = {}, threading.Event()
+
+    def sink(update, out=out, done=done, count=len(prompts)):
+      text, _, _ = out.get(update.index, ("", None, 0.0))
+      out[update.index] = (text + update.text, update.finish_reason,
+                           update.score)
+      if len(out) == count and all(v[1] for v in out.values()):
+        done.set()
+
+    params = options_lib.Params(**{o.name: options.get(o.name, o.default)
+                                   for o in options_lib.PER_ROW})
+    engine.submit(engine_lib.Completion(
+        [model.encode(p) for p in prompts], [params] * len(prompts),
+        seed=seed, max_tokens=max_tokens, key=key, want_scores=want,
+        sink=sink))
+    outputs.append((out, done))
+    time.sleep(0.005)  # Arrivals between chunks.
+  for (prompts, max_tokens, seed, key, want, options), (out, done) in zip(
+      cases, outputs):
+    assert done.wait(60)
+    reference = rnnstep.generate(
+        model, prompts, max_tokens, seed=seed, stop=list(key.stop) or None,
+        regex=key.regex, no_repeat_ngram_size=key.no_repeat_ngram_size,
+        return_scores=want, jit_compile=False, **options)
+    texts = [out[i][0] for i in range(len(prompts))]
+    if want:
+      reference, scores = reference
+      assert [out[i][2] for i in range(len(prompts))] == pytest.approx(
+          scores, rel=1e-5)
+    assert texts == reference
+  assert engine.close(timeout=10)
+  assert engine.stats.running == 0 and engine.stats.waiting == 0
+  # New prompts, lengths, options, batch sizes: nothing traced after warm_up.
+  assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
+  ) == traces
+
+
+def test_trim_stop_and_hold_back():
+  assert protocol.trim_stop("abc\n\n", ["\n", "\n\n"]) == "abc"
+  assert protocol.trim_stop("abc", ["x"]) == "abc"
+  assert protocol.held_back(["ab", "abcd"]) == 3
+  assert protocol.held_back([]) == 0
+
+
+# -- the server process -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_models_health_and_one_completion_with_openai_client(server, model):
+  assert httpx.get(server.url("/health")).status_code == 200
+  listed = httpx.get(server.url("/v1/models")).json()
+  assert listed["object"] == "list" and len(listed["data"]) == 1
+  client = server.openai_client()
+  response = client.completions.create(
+      model=listed["data"][0]["id"], prompt="ROMEO:", max_tokens=40, seed=7,
+      temperature=0.7, extra_body={"top_k": 10})
+  want, reasons = serve_process.expected(
+      model, dict(prompt="ROMEO:", max_tokens=40, temperature=0.7, top_k=10),
+      7)
+  assert [c.text for c in response.choices] == want
+  assert [c.finish_reason for c in response.choices] == reasons
+  assert response.object == "text_completion"
+  assert response.usage.completion_tokens == 40
+  assert response.usage.prompt_tokens == 6
+
+
+@pytest.mark.slow
+def test_streamed_chunks_join_into_the_whole_text(server, model):
+  for body in [
+      dict(prompt=["ROMEO:", "a"], n=2, max_tokens=60, seed=3,
+           temperature=0.9),
+      dict(prompt="To be", max_tokens=80, seed=4, stop=["e ", "th"]),
+      dict(prompt="To be", max_tokens=80, seed=4, stop=["e ", "th"],
+           include_stop_str_in_output=True),
+      dict(prompt="a", max_tokens=0, seed=1),
+  ]:
+    whole = post(server, body).json()
+    assert whole["seed"] == body["seed"]
+    texts, reasons, frames, _ = stream_text(server, body)
+    assert frames[-1] == "[DONE]"
+    count = len(whole["choices"])
+    assert [texts.get(k, "") for k in range(count)] == [
+        c["text"] for c in whole["choices"]]
+    assert [reasons[k] for k in range(count)] == [
+        c["finish_reason"] for c in whole["choices"]]
+    want, want_reasons = serve_process.expected(model, body, body["seed"])
+    assert [c["text"] for c in whole["choices"]] == want, body
+    assert [c["finish_reason"] for c in whole["choices"]] == want_reasons
+
+
+@pytest.mark.slow
+def test_concurrent_random_requests_each_equal_generate(server, model):
+  rng = random.Random(0)
+  bodies = [serve_process.random_body(rng, PROMPTS, 120) for _ in range(32)]
+  # One request without a seed: the response names the one it drew.
+  bodies.append(dict(prompt="ROMEO:", max_tokens=50, temperature=1.0))
+
+  def send(body, streamed):
+    time.sleep(rng.random() * 0.5)  # Random arrivals.
+    while True:  # A client retries after a 429, as its Retry-After says.
+      if streamed:
+        got = stream_text(server, body)
+        if got is not None:
+          return body, got[3], got[0], got[1]
+      else:
+        reply = post(server, body)
+        if reply.status_code != 429:
+          break
+      time.sleep(0.2)
+    assert reply.status_code == 200, reply.text
+    reply = reply.json()
+    return body, reply["seed"], {c["index"]: c["text"] for c in reply[
+        "choices"]}, {c["index"]: c["finish_reason"] for c in reply[
+            "choices"]}
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    results = list(pool.map(send, bodies, [
+        body.get("n", 1) == 1 and rng.random() < 0.5 for body in bodies]))
+  for body, seed, texts, reasons in results:
+    seed = body.get("seed", seed)
+    want, want_reasons = serve_process.expected(model, body, seed)
+    assert [texts[k] for k in range(len(want))] == want, body
+    assert [reasons[k] for k in range(len(want))] == want_reasons, body
+
+
+@pytest.mark.slow
+def test_bad_input_answers_400_naming_the_field_then_serves(server):
+  cases = [
+      (b"{not json", "body"),
+      (dict(prompt="a", max_tokens=5, colour="red"), "colour"),
+      (dict(prompt="a", max_tokens=5, temperature="hot"), "temperature"),
+      (dict(prompt="a", max_tokens=5, top_p=2), "top_p"),
+      (dict(prompt="a", max_tokens=5, top_k=-1), "top_k"),
+      (dict(prompt="ab\u20ac", max_tokens=5), "prompt"),
+      (dict(prompt="", max_tokens=5), "prompt"),
+      (dict(prompt=[1, 2], max_tokens=5), "prompt"),
+      (dict(prompt="a", max_tokens=MAX_TOKENS_LIMIT + 1), "max_tokens"),
+      (dict(prompt="a", max_tokens=-1), "max_tokens"),
+      (dict(prompt=["a", "b", "c"], n=3, max_tokens=5), "n"),
+      (dict(prompt="a", max_tokens=5, regex="("), "regex"),
+      (dict(prompt="a", max_tokens=5, stop=""), "stop"),
+      (dict(prompt="a", max_tokens=5, stop=["\u20ac"]), "stop"),
+      (dict(prompt="a", max_tokens=5, seed="x"), "seed"),
+      (dict(prompt="a", max_tokens=5, stream="yes"), "stream"),
+      (dict(prompt="a", max_tokens=5, logprobs=9), "logprobs"),
+  ]
+  for body, param in cases:
+    if isinstance(body, bytes):
+      reply = httpx.post(server.url("/v1/completions"), content=body,
+                         headers={"content-type": "application/json"})
+    else:
+      reply = post(server, body)
+    assert reply.status_code == 400, (body, reply.text)
+    error = reply.json()["error"]
+    assert error["param"] == param, (body, error)
+    assert error["type"] == "invalid_request_error"
+    assert error["message"] and "\n" not in error["message"]
+  import openai  # pylint: disable=g-import-not-at-top
+  with pytest.raises(openai.BadRequestError, match="top_p"):
+    server.openai_client().completions.create(model="m", prompt="a",
+                                              max_tokens=3, top_p=7)
+  # An oversized body is refused from its length, before it is parsed.
+  reply = httpx.post(server.url("/v1/completions"),
+                     content=b"x" * (8 << 20),
+                     headers={"content-type": "application/json"})
+  assert reply.status_code == 413
+  assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
+
+
+def metric(server, name, labels=""):
+  page = httpx.get(server.url("/metrics")).text
+  found = re.search(rf"^{re.escape(name + labels)} (\S+)$", page, re.M)
+  return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.slow
+def test_disconnect_mid_stream_cancels_the_row(server):
+  before = metric(server, "rnnstep_generated_characters_total")
+  with httpx.stream("POST", server.url("/v1/completions"), json=dict(
+      prompt="ROMEO:", max_tokens=MAX_TOKENS_LIMIT, seed=1, stream=True,
+      repetition_penalty=1.1, no_repeat_ngram_size=2),
+                    timeout=60) as response:
+    for line in response.iter_lines():
+      if line.startswith("data: "):
+        break  # The first chunk; then the client goes away.
+  deadline = time.monotonic() + 10
+  while metric(server, "rnnstep_requests_running") > 0:
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  generated = metric(server, "rnnstep_generated_characters_total") - before
+  assert generated < MAX_TOKENS_LIMIT
+  # A non-streamed client that gives up is noticed too.
+  before = metric(server, "rnnstep_generated_characters_total")
+  with pytest.raises(httpx.ReadTimeout):
+    post(server, dict(prompt="ROMEO:", max_tokens=MAX_TOKENS_LIMIT, seed=2,
+                      repetition_penalty=1.1, no_repeat_ngram_size=2),
+         timeout=0.5)
+  deadline = time.monotonic() + 10
+  while metric(server, "rnnstep_requests_running") > 0:
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  generated = metric(server, "rnnstep_generated_characters_total") - before
+  assert generated < MAX_TOKENS_LIMIT
+  # The slot is free: the next request gets it.
+  assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
+
+
+@pytest.mark.slow
+def test_full_queue_answers_429_with_retry_after(server):
+  body = dict(prompt="ROMEO:", n=MAX_BATCH, max_tokens=200, seed=1)
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    replies = list(pool.map(lambda _: post(server, body), range(8)))
+  statuses = sorted(r.status_code for r in replies)
+  assert 429 in statuses and 200 in statuses, statuses
+  assert set(statuses) == {200, 429}
+  refused = next(r for r in replies if r.status_code == 429)
+  assert refused.headers["retry-after"]
+  assert refused.json()["error"]["code"] == "queue_full"
+
+
+@pytest.mark.slow
+def test_metrics_count_what_was_served(server):
+  names = ['rnnstep_requests_total{status="200"}',
+           'rnnstep_requests_total{status="400"}',
+           "rnnstep_generated_characters_total",
+           "rnnstep_time_to_first_character_seconds_count",
+           "rnnstep_e2e_request_latency_seconds_count"]
+  before = [metric(server, name) for name in names]
+  for seed in range(3):
+    assert post(server, dict(prompt="a", max_tokens=20, n=2,
+                             seed=seed)).status_code == 200
+  assert post(server, dict(prompt="a", max_tokens=-1)).status_code == 400
+  after = [metric(server, name) for name in names]
+  assert [b - a for a, b in zip(before, after)] == [3, 1, 120, 3, 3]
+  assert metric(server, "rnnstep_requests_waiting") == 0
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_then_exits_0(server, model):
+  """Last: it stops the shared server."""
+  body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
+  with httpx.stream("POST", server.url("/v1/completions"),
+                    json=dict(body, stream=True), timeout=60) as response:
+    lines = response.iter_lines()
+    text = ""
+    for line in lines:
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+        break
+    server.process.send_signal(15)
+    time.sleep(0.3)
+    try:  # New work is refused while it drains (or the socket is closed).
+      status = post(server, dict(prompt="a", max_tokens=3)).status_code
+    except httpx.TransportError:
+      status = 503
+    assert status == 503
+    for line in lines:
+      if line == "data: [DONE]":
+        break
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+  assert text == serve_process.expected(model, body, 5)[0][0]
+  assert server.process.wait(60) == 0

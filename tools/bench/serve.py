@@ -1,0 +1,306 @@
+"""Serving benchmark, in the style of vLLM's benchmark_serving: three servers, one run.
+
+    python tools/bench/serve.py --rates=1,4,16 --num_requests=60
+
+For each request rate (Poisson arrivals), it sends the same requests (prompts
+cut from the corpus, max_tokens drawn from [--min_tokens, --max_tokens]) to
+three servers on the same model, started here one after the other on free
+ports:
+
+  (a) `lock`: one request at a time behind a lock (llama-cpp-python's model):
+      each request is `rnnstep.generate` at batch 1;
+  (b) `batch`: whole-request batching as TF Serving's `BatchingSession` does
+      it: requests collected for at most --batch_timeout_ms (or --max_batch
+      of them), then one `generate` over them all, run to the longest
+      `max_tokens` (each row truncated to its own);
+  (c) `rnnstep-serve`: continuous batching (streamed, so time to first
+      character is measured where it happens).
+
+It reports, per server and rate: time to first character (TTFC), inter-chunk
+latency (ITL, streamed responses only), end-to-end latency (p50, p99),
+requests per second and characters per second; and, once, the library's own
+`generate` at --max_batch rows (the bound at saturation). With --check,
+every (c) response is compared with `rnnstep.generate` for its request.
+
+The baselines (a) and (b) run in this file (`--serve_baseline=lock|batch`,
+a child process), on the same ASGI stack as (c).
+"""
+
+import asyncio
+import json
+import logging
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+sys.path.insert(0, REPO)
+
+_MODEL = flags.DEFINE_string("model", None, "Model file (default: bundled).")
+_RATES = flags.DEFINE_list("rates", ["1", "4"], "Requests per second.")
+_NUM_REQUESTS = flags.DEFINE_integer("num_requests", 40, "Requests per rate.")
+_MIN_TOKENS = flags.DEFINE_integer("min_tokens", 20, "Shortest max_tokens.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 2000, "Longest max_tokens.")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Slots / batch size.")
+_CHUNK_STEPS = flags.DEFINE_integer("chunk_steps", 64, "rnnstep-serve chunk.")
+_BATCH_TIMEOUT_MS = flags.DEFINE_float("batch_timeout_ms", 50.0,
+                                       "(b)'s batch_timeout_micros / 1000.")
+_JIT_COMPILE = flags.DEFINE_enum(
+    "jit_compile", "false", ["auto", "true", "false", "elementwise"],
+    "Path, for all three and the bound. Default: the graph path, which "
+    "compiles nothing per shape; under XLA the baselines compile once per "
+    "length bucket (and batch) as requests arrive, which they would pay in "
+    "the measurement.")
+_SERVERS = flags.DEFINE_list("servers", ["lock", "batch", "serve"],
+                             "Which servers to run.")
+_CHECK = flags.DEFINE_bool("check", False,
+                           "Compare every (c) response with generate.")
+_SEED = flags.DEFINE_integer("seed", 0, "The request mix's seed.")
+_SERVE_BASELINE = flags.DEFINE_enum("serve_baseline", None, ["lock", "batch"],
+                                    "(internal) run baseline server (a)/(b).")
+_PORT = flags.DEFINE_integer("port", 0, "(internal) the baseline's port.")
+
+CORPUS = os.path.join(REPO, "tests", "data",
+                      "tinyshakespeare_heldout_excerpt.txt")
+
+
+def _jit(value: str):
+  return {"auto": None, "true": True, "false": False,
+          "elementwise": "elementwise"}[value]
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+# -- the baselines, (a) and (b) -----------------------------------------------
+
+
+def serve_baseline(kind: str, port: int) -> None:
+  """Runs server (a) or (b): `POST /v1/completions`, non-streamed."""
+  # pylint: disable=g-import-not-at-top
+  import uvicorn
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+  import rnnstep
+  # pylint: enable=g-import-not-at-top
+  model = rnnstep.load(_MODEL.value)
+  jit = _jit(_JIT_COMPILE.value)
+  lock = threading.Lock()
+  pending = []  # (prompt, max_tokens, seed, future, loop)
+  arrived = threading.Condition()
+
+  def run_one(prompt, max_tokens, seed):
+    with lock:
+      return rnnstep.generate(model, prompt, max_tokens, seed=seed,
+                              jit_compile=jit)
+
+  def batcher():
+    while True:
+      with arrived:
+        while not pending:
+          arrived.wait()
+        deadline = time.monotonic() + _BATCH_TIMEOUT_MS.value / 1000
+        while len(pending) < _MAX_BATCH.value:
+          left = deadline - time.monotonic()
+          if left <= 0:
+            break
+          arrived.wait(left)
+        batch = pending[:_MAX_BATCH.value]
+        del pending[:len(batch)]
+      texts = rnnstep.generate(
+          model, [b[0] for b in batch], max(b[1] for b in batch),
+          seed=[b[2] for b in batch], jit_compile=jit)
+      for (_, max_tokens, _, future, loop), text in zip(batch, texts):
+        loop.call_soon_threadsafe(future.set_result, text[:max_tokens])
+
+  async def completions(request):
+    body = await request.json()
+    prompt, max_tokens, seed = body["prompt"], body["max_tokens"], body["seed"]
+    if kind == "lock":
+      text = await asyncio.to_thread(run_one, prompt, max_tokens, seed)
+    else:
+      loop = asyncio.get_running_loop()
+      future = loop.create_future()
+      with arrived:
+        pending.append((prompt, max_tokens, seed, future, loop))
+        arrived.notify()
+      text = await future
+    return JSONResponse({"choices": [{"index": 0, "text": text,
+                                      "finish_reason": "length"}]})
+
+  async def health(request):
+    del request
+    return JSONResponse({"status": "ok"})
+
+  rnnstep.generate(model, "a", 2, jit_compile=jit)  # Warm.
+  if kind == "batch":
+    threading.Thread(target=batcher, daemon=True).start()
+  uvicorn.run(Starlette(routes=[
+      Route("/v1/completions", completions, methods=["POST"]),
+      Route("/health", health)]), host="127.0.0.1", port=port,
+              log_level="warning")
+
+
+# -- the client ---------------------------------------------------------------
+
+
+def start(kind: str):
+  """Starts server `kind`; returns (process, base url) once healthy."""
+  import httpx  # pylint: disable=g-import-not-at-top
+  port = free_port()
+  model = [f"--model={_MODEL.value}"] if _MODEL.value else []
+  if kind == "serve":
+    cmd = [sys.executable, "-m", "rnnstep.serve.main", *model,
+           f"--port={port}", f"--max_batch={_MAX_BATCH.value}",
+           f"--chunk_steps={_CHUNK_STEPS.value}",
+           f"--max_tokens_limit={_MAX_TOKENS.value}",
+           f"--max_queue={10 * _NUM_REQUESTS.value}",
+           f"--jit_compile={_JIT_COMPILE.value}"]
+  else:
+    cmd = [sys.executable, os.path.abspath(__file__), *model,
+           f"--serve_baseline={kind}", f"--port={port}",
+           f"--max_batch={_MAX_BATCH.value}",
+           f"--batch_timeout_ms={_BATCH_TIMEOUT_MS.value}",
+           f"--jit_compile={_JIT_COMPILE.value}"]
+  process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  url = f"http://127.0.0.1:{port}"
+  while True:
+    if process.poll() is not None:
+      raise RuntimeError(f"{kind} server exited {process.returncode}")
+    try:
+      if httpx.get(url + "/health", timeout=2).status_code == 200:
+        return process, url
+    except httpx.HTTPError:
+      pass
+    time.sleep(0.3)
+
+
+def workload(rate: float):
+  """[(send time, prompt, max_tokens, seed)]: Poisson arrivals at `rate`."""
+  rng = random.Random(_SEED.value)
+  text = open(CORPUS, encoding="utf-8").read()
+  at, requests = 0.0, []
+  for _ in range(_NUM_REQUESTS.value):
+    at += rng.expovariate(rate)
+    begin = rng.randrange(len(text) - 200)
+    requests.append((at, text[begin:begin + rng.randint(8, 64)],
+                     rng.randint(_MIN_TOKENS.value, _MAX_TOKENS.value),
+                     rng.randrange(2**31)))
+  return requests
+
+
+async def one(client, url, kind, send_at, t0, prompt, max_tokens, seed):
+  await asyncio.sleep(max(0.0, t0 + send_at - time.monotonic()))
+  sent = time.monotonic()
+  body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed}
+  if kind != "serve":
+    reply = await client.post(url + "/v1/completions", json=body)
+    end = time.monotonic()
+    text = reply.json()["choices"][0]["text"]
+    return dict(ttfc=end - sent, e2e=end - sent, gaps=[], text=text)
+  times, text = [], ""
+  async with client.stream("POST", url + "/v1/completions",
+                           json=dict(body, stream=True)) as reply:
+    async for line in reply.aiter_lines():
+      if line.startswith("data: ") and line != "data: [DONE]":
+        piece = json.loads(line[6:])["choices"][0]["text"]
+        if piece:
+          times.append(time.monotonic())
+          text += piece
+  end = time.monotonic()
+  return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
+              gaps=[b - a for a, b in zip(times, times[1:])], text=text)
+
+
+async def drive(url, kind, requests):
+  import httpx  # pylint: disable=g-import-not-at-top
+  limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+  async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+    t0 = time.monotonic()
+    results = await asyncio.gather(*[
+        one(client, url, kind, at, t0, p, m, s) for at, p, m, s in requests])
+    return results, time.monotonic() - t0
+
+
+def percentile(values, q):
+  if not values:
+    return float("nan")
+  values = sorted(values)
+  return values[min(len(values) - 1, int(q / 100 * len(values)))]
+
+
+def report(kind, rate, results, seconds):
+  chars = sum(len(r["text"]) for r in results)
+  gaps = [g for r in results for g in r["gaps"]]
+  ttfc = [r["ttfc"] for r in results]
+  e2e = [r["e2e"] for r in results]
+  line = (f"{kind:6s} rate={rate:<5g} req/s={len(results) / seconds:6.2f} "
+          f"chars/s={chars / seconds:8.0f} "
+          f"TTFC p50={percentile(ttfc, 50):6.2f}s p99={percentile(ttfc, 99):6.2f}s "
+          f"ITL p50={percentile(gaps, 50) * 1000:6.1f}ms "
+          f"p99={percentile(gaps, 99) * 1000:6.1f}ms "
+          f"E2E p50={percentile(e2e, 50):6.2f}s p99={percentile(e2e, 99):6.2f}s")
+  print(line, flush=True)
+
+
+def bound(model, jit):
+  """The library's own chars/s at --max_batch rows (one generate call)."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  steps = min(_MAX_TOKENS.value, 500)
+  prompts = ["ROMEO:"] * _MAX_BATCH.value
+  rnnstep.generate(model, prompts, steps, seed=1, jit_compile=jit)
+  started = time.monotonic()
+  rnnstep.generate(model, prompts, steps, seed=2, jit_compile=jit)
+  return _MAX_BATCH.value * steps / (time.monotonic() - started)
+
+
+def main(argv):
+  del argv
+  logging.getLogger("httpx").setLevel(logging.WARNING)
+  if _SERVE_BASELINE.value:
+    serve_baseline(_SERVE_BASELINE.value, _PORT.value)
+    return
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(_MODEL.value)
+  jit = _jit(_JIT_COMPILE.value)
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  # The path rnnstep-serve runs (its auto is the library's at --max_batch).
+  served_jit = paths.JIT_COMPILE[
+      paths.default_path(model, _MAX_BATCH.value) if jit is None
+      else paths.from_jit_compile(jit)]
+  print(f"library generate at batch {_MAX_BATCH.value}: "
+        f"{bound(model, jit):.0f} chars/s", flush=True)
+  for kind in _SERVERS.value:
+    process, url = start(kind)
+    try:
+      for rate in map(float, _RATES.value):
+        requests = workload(rate)
+        results, seconds = asyncio.run(drive(url, kind, requests))
+        report(kind, rate, results, seconds)
+        if _CHECK.value and kind == "serve":
+          wrong = sum(
+              r["text"] != rnnstep.generate(model, p, m, seed=s,
+                                            jit_compile=served_jit)
+              for r, (_, p, m, s) in zip(results, requests))
+          print(f"  check: {len(results) - wrong}/{len(results)} equal "
+                "generate", flush=True)
+    finally:
+      process.terminate()
+      process.wait()
+
+
+if __name__ == "__main__":
+  app.run(main)
