@@ -133,9 +133,6 @@ Context = collections.namedtuple("Context", "settings weights tf torch tmpdir")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if cfg.LATENCY_CHILD.value:
-    latency.latency_child()
-    return 0
   settings = cfg.Settings()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("KERAS_BACKEND", "tensorflow")

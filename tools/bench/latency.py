@@ -13,39 +13,14 @@ import subprocess
 import sys
 import time
 
-from bench import settings as cfg
 from bench import timing
-from bench import weights as weights_lib
 
-# The TensorFlow children run the entry script itself (`--latency_child`); the
-# fast path's child is a script that imports no TensorFlow.
-BENCHMARK = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "benchmark.py")
-LITERT_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                            "litert_child.py")
+# Each mode's child is a small script that imports only what it times (the
+# benchmark's own flags import TensorFlow and rnnstep).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+TF_CHILD = os.path.join(_HERE, "tf_child.py")
+LITERT_CHILD = os.path.join(_HERE, "litert_child.py")
 MODES = ("graph", "xla", "litert")
-
-
-def latency_child():
-  """Run in a fresh process: times import, load, first and second call."""
-  t0 = time.time()
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
-  t_tf = time.time()
-  import rnnstep  # pylint: disable=g-import-not-at-top
-  t_import = time.time()
-  model = rnnstep.load(cfg.MODEL_FILE.value)
-  t_load = time.time()
-  jit = cfg.LATENCY_CHILD.value == "xla"
-  num_chars = cfg.NUM_CHARS.value
-  prompt = weights_lib.probe_prompt(model.vocab)
-  rnnstep.generate(model, prompt, num_chars, seed=1, jit_compile=jit)
-  t_first = time.time()
-  rnnstep.generate(model, prompt, num_chars, seed=2, jit_compile=jit)
-  t_second = time.time()
-  print(json.dumps({"t0": t0, "import_runtime": t_tf - t0,
-                    "import_rnnstep": t_import - t_tf, "load": t_load - t_import,
-                    "first_call": t_first - t_load, "second_call": t_second - t_first,
-                    "t_first_text": t_first}))
 
 
 def run(ctx, results_out):
@@ -67,8 +42,7 @@ def run(ctx, results_out):
       if mode == "litert":
         cmd = [sys.executable, LITERT_CHILD, path, str(settings.num_chars)]
       else:
-        cmd = [sys.executable, BENCHMARK, f"--latency_child={mode}",
-               f"--model_file={path}", f"--num_chars={settings.num_chars}"]
+        cmd = [sys.executable, TF_CHILD, path, str(settings.num_chars), mode]
       timing.log(f"[latency] fresh process, {mode} ...")
       start = time.time()
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env,

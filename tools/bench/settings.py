@@ -88,11 +88,6 @@ LATENCY_RUNS = flags.DEFINE_integer(
     "latency_runs", 1, "Fresh processes per mode in the latency section (median).",
     lower_bound=1)
 JSON_OUT = flags.DEFINE_string("json_out", None, "Also write all results here.")
-LATENCY_CHILD = flags.DEFINE_enum(
-    "latency_child", None, ["graph", "xla"],
-    "(internal) Run one first-call latency measurement and print JSON.")
-MODEL_FILE = flags.DEFINE_string("model_file", None,
-                                 "(internal) The latency child's model file.")
 FLOOR_CASES = flags.DEFINE_list(
     "floor_cases", ["float32:1", "float32:16", "float32:32", "float32:64",
                     "float32:256", "bfloat16:256"],
