@@ -287,6 +287,15 @@ def metric(server, name, labels=""):
   return float(found.group(1)) if found else 0.0
 
 
+def generated_once_idle(server, before):
+  """Characters generated since `before` (the counter), once no row runs."""
+  deadline = time.monotonic() + 10
+  while metric(server, "rnnstep_requests_running") > 0:
+    assert time.monotonic() < deadline
+    time.sleep(0.05)
+  return metric(server, "rnnstep_generated_characters_total") - before
+
+
 @pytest.mark.slow
 def test_disconnect_mid_stream_cancels_the_row(server):
   before = metric(server, "rnnstep_generated_characters_total")
@@ -297,24 +306,14 @@ def test_disconnect_mid_stream_cancels_the_row(server):
     for line in response.iter_lines():
       if line.startswith("data: "):
         break  # The first chunk; then the client goes away.
-  deadline = time.monotonic() + 10
-  while metric(server, "rnnstep_requests_running") > 0:
-    assert time.monotonic() < deadline
-    time.sleep(0.05)
-  generated = metric(server, "rnnstep_generated_characters_total") - before
-  assert generated < MAX_TOKENS_LIMIT
+  assert generated_once_idle(server, before) < MAX_TOKENS_LIMIT
   # A non-streamed client that gives up is noticed too.
   before = metric(server, "rnnstep_generated_characters_total")
   with pytest.raises(httpx.ReadTimeout):
     post(server, dict(prompt="ROMEO:", max_tokens=MAX_TOKENS_LIMIT, seed=2,
                       repetition_penalty=1.1, no_repeat_ngram_size=2),
          timeout=0.5)
-  deadline = time.monotonic() + 10
-  while metric(server, "rnnstep_requests_running") > 0:
-    assert time.monotonic() < deadline
-    time.sleep(0.05)
-  generated = metric(server, "rnnstep_generated_characters_total") - before
-  assert generated < MAX_TOKENS_LIMIT
+  assert generated_once_idle(server, before) < MAX_TOKENS_LIMIT
   # The slot is free: the next request gets it.
   assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
 

@@ -2,8 +2,8 @@
 
 Three ways a fresh process generates: the library's graph and XLA paths
 (TensorFlow imported, the loop traced, and compiled for XLA), and the fast
-path a warm `rnnstep-generate` takes (`litert_child.py`: the cached LiteRT
-artifact, no TensorFlow).
+path a warm `rnnstep-generate` takes (`latency_child.py litert`: the cached
+LiteRT artifact, no TensorFlow).
 """
 
 import json
@@ -15,11 +15,10 @@ import time
 
 from bench import timing
 
-# Each mode's child is a small script that imports only what it times (the
-# benchmark's own flags import TensorFlow and rnnstep).
-_HERE = os.path.dirname(os.path.abspath(__file__))
-TF_CHILD = os.path.join(_HERE, "tf_child.py")
-LITERT_CHILD = os.path.join(_HERE, "litert_child.py")
+# Each mode's child imports only what it times (the benchmark's own flags
+# import TensorFlow and rnnstep).
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                     "latency_child.py")
 MODES = ("graph", "xla", "litert")
 
 
@@ -39,10 +38,7 @@ def run(ctx, results_out):
   runs = {}
   for _ in range(settings.latency_runs):
     for mode in modes:
-      if mode == "litert":
-        cmd = [sys.executable, LITERT_CHILD, path, str(settings.num_chars)]
-      else:
-        cmd = [sys.executable, TF_CHILD, path, str(settings.num_chars), mode]
+      cmd = [sys.executable, CHILD, mode, path, str(settings.num_chars)]
       timing.log(f"[latency] fresh process, {mode} ...")
       start = time.time()
       proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
