@@ -44,7 +44,10 @@ SCRIPT = textwrap.dedent("""
     runs = (dict(temperature=0.0), dict(seed=3, top_k=8, typical_p=0.9),
             dict(seed=3, stop=["E", "A"]))
     for name, model in (("outside", outside), ("inside", inside)):
-      for jit in (False, True, "elementwise", None):
+      # Every concrete path; `jit_compile=None` only picks one of them (its
+      # rule is tests/test_paths.py's, and the matrix runs the default path
+      # under a strategy).
+      for jit in (False, True, "elementwise"):
         # Mirrored variables (the model made in the scope) on every path
         # with one sampled run; every run with the model made outside.
         for kwargs in runs if name == "outside" else runs[1:2]:
@@ -65,9 +68,9 @@ SCRIPT = textwrap.dedent("""
                          dict(seed=3, top_k=8, window=4),
                          dict(seed=3, regex=["[A-Z]+", None, "([A-Z]+ )+[.]",
                                              "[A-H]+[.]", "[A-Z]+"])):
-            one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
+            one = rnnstep.generate(outside, prompts, 40, jit_compile=jit,
                                    **kwargs)
-            two = rnnstep.generate(model, prompts, 20, jit_compile=jit,
+            two = rnnstep.generate(model, prompts, 40, jit_compile=jit,
                                    strategy=strategy, **kwargs)
             if kwargs.get("return_scores"):  # Scores to float32 rounding.
               (one, one_scores), (two, two_scores) = one, two
@@ -79,9 +82,9 @@ SCRIPT = textwrap.dedent("""
           state = [{k: v[:, -1] for k, v in layer.items()} for layer in
                    rnnstep.hidden_states(outside, ["AB", "C", "DEF", "G", "HI"])]
           for kwargs in (dict(seed=3), dict(num_beams=3)):
-            one = rnnstep.generate(outside, prompts, 20, jit_compile=jit,
+            one = rnnstep.generate(outside, prompts, 40, jit_compile=jit,
                                    initial_state=state, **kwargs)
-            two = rnnstep.generate(model, prompts, 20, jit_compile=jit,
+            two = rnnstep.generate(model, prompts, 40, jit_compile=jit,
                                    strategy=strategy, initial_state=state,
                                    **kwargs)
             assert one == two, ("initial_state", jit, kwargs, one, two)

@@ -8,6 +8,8 @@ the same path.
 
 import json
 import os
+import shutil
+import tempfile
 import textwrap
 
 from absl.testing import parameterized
@@ -134,14 +136,25 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     cls.keras_model = keras_model
     cls.model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)), vocab,
                               kr.weights_of(keras_model, LAYERS))
+    # Every export this class serves, made once, and served in one fresh
+    # interpreter (each start pays TensorFlow's import): the float32 model on
+    # every path, and the bfloat16 model on the elementwise path.
+    cls.bfloat16_model = rnnstep.Model(
+        model_file.ModelConfig(16, tuple(LAYERS)), kr.default_vocab(65),
+        kr.weights_of(kr.build(LAYERS, seed=4), LAYERS), dtype="bfloat16")
+    root = tempfile.mkdtemp(prefix="rnnstep_saved_model_")
+    cls.addClassCleanup(shutil.rmtree, root, True)
+    cls.export_dirs = {}
+    for jit in EXPORT_PATHS:
+      cls.export_dirs[jit] = os.path.join(root, f"served_{jit}")
+      rnnstep.export(cls.model, cls.export_dirs[jit], jit_compile=jit)
+    cls.bfloat16_dir = os.path.join(root, "served_bfloat16")
+    rnnstep.export(cls.bfloat16_model, cls.bfloat16_dir,
+                   jit_compile="elementwise")
+    cls.served = serve(list(cls.export_dirs.values()) + [cls.bfloat16_dir])
 
   def test_every_export_path_serves_the_library_text(self):
-    root = self.create_tempdir().full_path
-    dirs = {}
-    for jit in EXPORT_PATHS:
-      dirs[jit] = os.path.join(root, f"served_{jit}")
-      rnnstep.export(self.model, dirs[jit], jit_compile=jit)
-    served = serve(list(dirs.values()))
+    dirs, served = self.export_dirs, self.served
     model = self.model
     # The independent reference for greedy text: a Keras loop ([UNK] banned).
     keras_greedy = [model.decode(kr.greedy(self.keras_model, model.encode(p),
@@ -173,22 +186,18 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
   def test_xla_export_serves_batches_across_buckets(self):
     # Batches of 1, 3 and 5 rows pad to 1, 4 and 8 rows under XLA; the served
     # rows are the real ones, each as the library generates it.
-    export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(self.model, export_dir, jit_compile=True)
+    export_dir = self.export_dirs[True]
     batches = (["Q"], PROMPTS, PROMPTS + ["XY", "Z"])
-    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches, 20]))
+    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches,
+                                                    STEPS]))
     for prompts, texts in zip(batches, served, strict=True):
       self.assertEqual(texts, rnnstep.generate(
-          self.model, prompts, 20, temperature=0.8, seed=5, jit_compile=True))
+          self.model, prompts, STEPS, temperature=0.8, seed=5,
+          jit_compile=True))
 
   def test_elementwise_bfloat16_export_matches_library(self):
-    model = rnnstep.Model(model_file.ModelConfig(16, tuple(LAYERS)),
-                          kr.default_vocab(65),
-                          kr.weights_of(kr.build(LAYERS, seed=4), LAYERS),
-                          dtype="bfloat16")
-    export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(model, export_dir, jit_compile="elementwise")
-    out = serve([export_dir])[export_dir]
+    model = self.bfloat16_model
+    out = self.served[self.bfloat16_dir]
     library = dict(jit_compile="elementwise")
     self.assertEqual(out["greedy"], rnnstep.generate(
         model, PROMPTS, STEPS, temperature=0.0, **library))
