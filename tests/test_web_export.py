@@ -29,8 +29,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.test_inspect_page import chromium_binary
-from tests.test_inspect_page import run_chromium
+from tests.support import chromium
 
 import rnnstep
 from rnnstep.exporters import web
@@ -193,6 +192,9 @@ PROBE = """<script>
   out.resources = performance.getEntriesByType("resource").map(function (e) {
     return e.name;
   });
+  // Dump a short DOM: the weights and the input are read already.
+  document.getElementById("rnnstep-weights").remove();
+  document.getElementById("probe-input").remove();
   var pre = document.createElement("pre");
   pre.id = "probe";
   fetch("model.json").then(function () { out.fetched = true; },
@@ -225,7 +227,7 @@ def export_dir(bundled, tmp_path_factory):
 @pytest.fixture(scope="module")
 def probe(export_dir, small):
   """The probe's dict, from one Chromium run over the exported page."""
-  binary, why_not = chromium_binary()
+  binary, why_not = chromium.chromium_binary()
   if binary is None:
     pytest.skip(why_not)
   meta, weights = web.export_data(small)
@@ -244,7 +246,7 @@ def probe(export_dir, small):
   head, tail = text.rsplit("</body>", 1)
   probed = page.with_name("probed.html")
   probed.write_text(head + data + PROBE + "</body>" + tail, encoding="utf-8")
-  dom = run_chromium(binary, probed.as_uri(), "--dump-dom",
+  dom = chromium.run_chromium(binary, probed.as_uri(), "--dump-dom",
                      "--virtual-time-budget=5000").stdout.decode()
   found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
   assert found, dom[-2000:]
