@@ -39,7 +39,7 @@ from rnnstep.model import network as model_lib
 # The quick tier (-m "not slow") leaves this file out: it starts a browser.
 pytestmark = pytest.mark.slow
 
-NUM_CHARS = 60
+NUM_CHARS = 40
 
 # (prompt, options) on the bundled model, each with its seed (None: greedy).
 BUNDLED_CASES = [
@@ -225,7 +225,7 @@ def export_dir(bundled, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def probe(export_dir, small):
+def probe(export_dir, bundled, small):
   """The probe's dict, from one Chromium run over the exported page."""
   binary, why_not = chromium.chromium_binary()
   if binary is None:
@@ -247,10 +247,17 @@ def probe(export_dir, small):
   probed = page.with_name("probed.html")
   probed.write_text(head + data + PROBE + "</body>" + tail, encoding="utf-8")
   dom = chromium.run_chromium(binary, probed.as_uri(), "--dump-dom",
-                     "--virtual-time-budget=5000").stdout.decode()
+                              "--virtual-time-budget=5000").stdout.decode()
+  library = {
+      "bundled": [library_text(bundled, *case) for case in BUNDLED_CASES],
+      "small": [library_text(small, *case) for case in SMALL_CASES],
+      "logits": [rnnstep.logits(small, small.encode(p)[None])[0, -1]
+                 for p in LOGIT_PROMPTS]}
   found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
   assert found, dom[-2000:]
-  return json.loads(html.unescape(found.group(1)))
+  got = json.loads(html.unescape(found.group(1)))
+  got["library"] = library
+  return got
 
 
 def test_export_writes_the_files(export_dir, bundled):
@@ -287,28 +294,27 @@ def test_refusals_are_one_line(bundled, tmp_path):
     rnnstep.export(bundled, tmp_path / "out", format="webgl")
 
 
-def test_bundled_texts_are_the_librarys(probe, bundled):
+def test_bundled_texts_are_the_librarys(probe):
   got = probe["bundled"]
   assert len(got) == len(BUNDLED_CASES) == 20
-  for (prompt, options, seed), result in zip(BUNDLED_CASES, got):
+  for case, result, want in zip(BUNDLED_CASES, got,
+                                probe["library"]["bundled"]):
     assert "error" not in result, result
-    assert result["value"] == library_text(bundled, prompt, options, seed), (
-        prompt, options, seed)
+    assert result["value"] == want, case
 
 
-def test_every_cell_kind_and_windows(probe, small):
-  for (prompt, options, seed), result in zip(SMALL_CASES, probe["small"]):
+def test_every_cell_kind_and_windows(probe):
+  for case, result, want in zip(SMALL_CASES, probe["small"],
+                                probe["library"]["small"]):
     assert "error" not in result, result
-    assert result["value"] == library_text(small, prompt, options, seed), (
-        prompt, options, seed)
+    assert result["value"] == want, case
   # Lively: the texts differ from each other.
   assert len({r["value"] for r in probe["small"]}) == len(SMALL_CASES)
 
 
-def test_logits_and_state(probe, small):
-  for prompt, logits in zip(LOGIT_PROMPTS, probe["logits"]):
-    want = rnnstep.logits(small, small.encode(prompt)[None])[0, -1]
-    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+def test_logits_and_state(probe):
+  for got, want in zip(probe["logits"], probe["library"]["logits"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert probe["state_chain"] and probe["state_unchanged"]
 
 
