@@ -10,7 +10,8 @@ own runtime in the page and writes what it got into an element that
     with `rnnstep.generate`'s text;
   - a grid on a small random stack holding every cell kind (LSTM -> GRU
     reset_after=False -> SimpleRNN -> GRU reset_after=True, with "[UNK]"),
-    statefully and over windows, its export inlined into the probe;
+    statefully and over windows (the one it records, and `window=`), its
+    export inlined into the probe;
   - its logits after a prompt (`step`) against `rnnstep.logits`;
   - the noise bits against `sampling.uniform_noise`;
   - bad options and an out-of-vocabulary character: one-line errors, from
@@ -73,13 +74,16 @@ SMALL_LAYERS = (model_file.LayerConfig("lstm", 20),
                 model_file.LayerConfig("simple_rnn", 16),
                 model_file.LayerConfig("gru", 24, True))
 SMALL_VOCAB = ["[UNK]"] + list("abcdefgh ijklmnop.,\n")
+SMALL_WINDOW = 6  # The small model records a window: its default reading.
 SMALL_CASES = [
-    ("ab", {"temperature": 0}, None),
-    ("h.j", {"temperature": 1.0}, 3),
-    ("ab", {"temperature": 0.7, "top_k": 4, "repetition_penalty": 1.4}, 4),
-    ("ponm", {"temperature": 1.0, "top_p": 0.8, "min_p": 0.05}, 5),
-    ("ponm", {"temperature": 1.0, "typical_p": 0.7}, 6),
-    ("abc", {"temperature": 0, "window": 5}, None),
+    ("ab", {"temperature": 0, "window": 0}, None),
+    ("h.j", {"temperature": 1.0, "window": 0}, 3),
+    ("ab", {"temperature": 0.7, "top_k": 4, "repetition_penalty": 1.4,
+            "window": 0}, 4),
+    ("ponm", {"temperature": 1.0, "top_p": 0.8, "min_p": 0.05,
+              "window": 0}, 5),
+    ("ponm", {"temperature": 1.0, "typical_p": 0.7, "window": 0}, 6),
+    ("abcdefghij", {"temperature": 0}, None),  # Over its recorded window.
     ("a", {"temperature": 1.0, "window": 3}, 7),
 ]
 LOGIT_PROMPTS = ["a", "hello hello.", "pin\nkin, ok"]
@@ -92,7 +96,8 @@ def small_model():
   Built from numpy tensors, not through Keras: the library's own text is the
   reference here, and importing Keras would cost seconds of the CI budget.
   """
-  config = model_file.ModelConfig(embedding_dim=12, layers=SMALL_LAYERS)
+  config = model_file.ModelConfig(embedding_dim=12, layers=SMALL_LAYERS,
+                                  window=SMALL_WINDOW)
   rng = np.random.default_rng(3)
   tensors = {}
   for name, shape in config.expected_shapes(len(SMALL_VOCAB)).items():
@@ -251,8 +256,9 @@ def probe(export_dir, bundled, small):
   library = {
       "bundled": [library_text(bundled, *case) for case in BUNDLED_CASES],
       "small": [library_text(small, *case) for case in SMALL_CASES],
-      "logits": [rnnstep.logits(small, small.encode(p)[None])[0, -1]
-                 for p in LOGIT_PROMPTS]}
+      # Statefully, as `step` runs (the model records a window).
+      "logits": [rnnstep.logits(small, small.encode(p)[None],
+                                window=0)[0, -1] for p in LOGIT_PROMPTS]}
   found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
   assert found, dom[-2000:]
   got = json.loads(html.unescape(found.group(1)))
