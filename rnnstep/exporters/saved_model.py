@@ -188,8 +188,11 @@ class ServingModule(tf.Module):
 FORMATS = ("saved_model", "web", "tflite")
 
 
-def export(model, export_dir, *, jit_compile=False, format="saved_model") -> str:  # pylint: disable=redefined-builtin
-  """Writes `model` as a SavedModel with string signatures (see module doc).
+# `format` is the keyword the issue and the CLI flag use.
+def export(model, export_dir, *, jit_compile=False,
+           format="saved_model") -> str:  # pylint: disable=redefined-builtin
+  """Writes `model` as a SavedModel with string signatures (see module doc),
+  or (`format=`) as a web export or a LiteRT model.
 
   Args:
     model: an `rnnstep.Model`.
