@@ -7,6 +7,7 @@ Public API:
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
+  export(model, export_dir, format="web")       a page + ES module generating in the browser
   tune(model, batch_sizes=...)                  measure the fastest path here, cache it
   export_litert(model, export_dir)              model.tflite + vocab.json (LiteRT)
   Model, Generator                              the lower-level objects

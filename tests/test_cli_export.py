@@ -105,6 +105,10 @@ def env(tmp_path_factory):
                       f"--output={tmp / 'litert_errors' / 'c'}"], False),
       "tflite_non_empty": ([f"--weights={weights}", "--format=tflite",
                             f"--output={tmp / 'full'}"], False),
+      "web": ([f"--weights={weights}", "--format=web",
+               f"--output={tmp / 'web' / 'a'}"], False),
+      "web_jit": ([f"--weights={weights}", "--format=web", "--jit_compile",
+                   f"--output={tmp / 'litert_errors' / 'e'}"], False),
       "bad_format": ([f"--weights={weights}", "--format=onnx",
                       f"--output={tmp / 'litert_errors' / 'd'}"], False),
   }
@@ -166,11 +170,23 @@ def test_tflite_text_equals_the_library_without_tensorflow(env):
                    for args in calls]
 
 
+def test_web_export_reports_the_files(env):
+  directory = env["tmp"] / "web" / "a"
+  lines = ok(env["results"]["web"]).splitlines()
+  assert lines[0].startswith("wrote a web export of ")
+  assert str(directory) in lines[0]
+  assert lines[1].startswith(f"open: chromium {directory / 'index.html'}")
+  assert sorted(os.listdir(directory)) == ["index.html", "model.json",
+                                           "rnnstep.js", "weights.bin"]
+  assert os.listdir(directory.parent) == ["a"]  # No temp directory left.
+
+
 @pytest.mark.parametrize("run, status, words", [
     ("tflite_bfloat16", 2, "--dtype=bfloat16: --format=tflite exports float32"),
     ("tflite_jit", 2, "--jit_compile applies to --format=saved_model only"),
     ("tflite_non_empty", 1, "not an empty directory"),
     ("bad_format", 2, "--format=onnx"),
+    ("web_jit", 2, "--jit_compile applies to --format=saved_model only"),
 ])
 def test_tflite_bad_values_are_one_line_and_create_nothing(env, run, status,
                                                           words):

@@ -1,6 +1,6 @@
 """rnnstep/inspect_page.py: the page, rendered in a real browser.
 
-Headless Chromium from the distribution's packages (.ci/run installs it) draws
+Headless Chromium (`tests/support/chromium.py`) draws
 the page twice: once to a screenshot, whose pixels must hold the colours the
 analysis gives the characters, and once with a probe script appended that
 reads the laid-out DOM (each character's cell, its computed colours and size;
@@ -13,12 +13,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 
 import pytest
 import tensorflow as tf
 
+from tests.support import chromium
 from tests.support import keras_reference as kr
 
 from rnnstep.inspect import analysis as inspect
@@ -34,7 +33,6 @@ TEXT = ('FIRST CITIZEN:\nBEFORE WE PROCEED ANY FURTHER, HEAR ME SPEAK.\n\n'
         'ALL:\nSPEAK, SPEAK. "QUOTED" </SCRIPT> & <B>BOLD?</B>\n'
         'FIRST CITIZEN:\nYOU ARE ALL RESOLVED RATHER TO DIE THAN TO FAMISH?\n')
 WIDTH, HEIGHT = 1000, 900
-CHROMIUM_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -128,39 +126,14 @@ PROBE = """<script>
 """
 
 
-def chromium_binary():
-  """The Chromium to use, or None; and why not."""
-  for name in ("chromium", "chromium-browser"):
-    binary = shutil.which(name)
-    if binary:
-      try:
-        subprocess.run([binary, "--version"], capture_output=True, check=True,
-                       timeout=60)
-        return binary, None
-      except (OSError, subprocess.SubprocessError) as e:
-        return None, f"{binary} --version failed ({e})"
-  return None, ("chromium is not installed (.ci/run installs Debian's with "
-                "apt-get install chromium)")
-
-
 def run_chromium(binary, url, *args):
-  profile = tempfile.mkdtemp(prefix="rnnstep_chromium_")
-  try:
-    return subprocess.run(
-        [binary, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         "--force-color-profile=srgb", f"--user-data-dir={profile}",
-         f"--window-size={WIDTH},{HEIGHT}", *args, url],
-        capture_output=True, timeout=CHROMIUM_TIMEOUT, check=True)
-  finally:
-    shutil.rmtree(profile, ignore_errors=True)
+  return chromium.run_chromium(binary, url, *args, width=WIDTH, height=HEIGHT)
 
 
 @pytest.fixture(scope="module")
 def browser(page, tmp_path_factory):
   """Renders the page: (screenshot as uint8 [H, W, C], the probe's dict)."""
-  binary, why_not = chromium_binary()
+  binary, why_not = chromium.chromium_binary()
   if binary is None:
     pytest.skip(why_not)
   tmp = tmp_path_factory.mktemp("inspect_page")

@@ -1,6 +1,6 @@
 """rnnstep-export: write a model as a SavedModel (strings in and out) or LiteRT.
 
-USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite]
+USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite|web]
                       [--weights=NPZ] [--dtype=...] [--jit_compile]
        [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --weights)]
 
@@ -9,6 +9,7 @@ USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite]
   rnnstep-export --weights=char_rnn.pt --vocab=vocab.json --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
   rnnstep-export --format=tflite --output=litert  # model.tflite, vocab.json
+  rnnstep-export --format=web --output=web        # index.html, rnnstep.js, ...
 
 The SavedModel holds the weights, the vocabulary and the whole generation loop,
 so any TensorFlow runtime (TF Serving, tf.saved_model.load) serves it without
@@ -25,6 +26,12 @@ TensorFlow needed). Its one signature works on ids, float32 models only:
   generate(prompt_ids: int32 [B, T] (right-padded), prompt_lengths: int32 [B],
            num_steps: int32, temperature: float32, top_k: int32,
            top_p: float32, seed: int32) -> {"ids": int32 [B, num_steps]}
+
+--format=web writes DIR/index.html (a page that generates in the browser,
+everything inline, so it works from file:// and loads nothing), DIR/rnnstep.js
+(an ES module: load, generate, stream, step), DIR/model.json and
+DIR/weights.bin (float32). Same prompt, options and seed, same text as
+rnnstep.generate (docs/guide/web.md). Float32 models only.
 
 --output must not exist or be an empty directory; missing parent directories
 are created. The export is written to a temp directory beside --output and
@@ -57,9 +64,10 @@ _OUTPUT = flags.DEFINE_string(
     "The directory to create (e.g. served/1: TF Serving loads numbered "
     "versions). It must not exist or be empty.", flag_values=FLAGS)
 _FORMAT = flags.DEFINE_enum(
-    "format", "saved_model", ["saved_model", "tflite"],
+    "format", "saved_model", ["saved_model", "tflite", "web"],
     "saved_model: a TensorFlow SavedModel, strings in and out. tflite: "
-    "model.tflite (LiteRT, builtin ops, ids in and out) and vocab.json.",
+    "model.tflite (LiteRT, builtin ops, ids in and out) and vocab.json. web: "
+    "index.html (open it in a browser), rnnstep.js, model.json, weights.bin.",
     flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_boolean(
     "jit_compile", False,
@@ -74,12 +82,14 @@ def main(argv):
   common.reject_arguments(argv)
   output = _OUTPUT.value
   litert = _FORMAT.value == "tflite"
-  if litert and FLAGS["jit_compile"].present:
+  web = _FORMAT.value == "web"
+  if (litert or web) and FLAGS["jit_compile"].present:
     raise common.Failure("--jit_compile applies to --format=saved_model only; "
                          "drop it", common.EXIT_USAGE)
-  if litert and _DTYPE.value != "float32":
-    raise common.Failure(f"--dtype={_DTYPE.value}: --format=tflite exports "
-                         "float32 models only; drop --dtype", common.EXIT_USAGE)
+  if (litert or web) and _DTYPE.value != "float32":
+    raise common.Failure(f"--dtype={_DTYPE.value}: --format={_FORMAT.value} "
+                         "exports float32 models only; drop --dtype",
+                         common.EXIT_USAGE)
   if os.path.exists(output) and (not os.path.isdir(output)
                                  or os.listdir(output)):
     raise common.Failure(f"--output={output}: already exists and is not an "
@@ -91,9 +101,17 @@ def main(argv):
       _pause_for_tests()
       if litert:
         rnnstep.export_litert(model, tmp)
+      elif web:
+        rnnstep.export(model, tmp, format="web")
       else:
         rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
   weights = _WEIGHTS.value or "the bundled model"
+  if web:
+    print(f"wrote a web export of {weights} (float32) to {output}: "
+          f"index.html, rnnstep.js, model.json, weights.bin")
+    print(f"open: chromium {os.path.join(output, 'index.html')}  "
+          "(or any browser; it works from file://)")
+    return 0
   if litert:
     from rnnstep.exporters import litert as lib  # pylint: disable=g-import-not-at-top
     print(f"wrote a LiteRT model of {weights} (float32) to {output}: "

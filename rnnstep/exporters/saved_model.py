@@ -185,21 +185,44 @@ class ServingModule(tf.Module):
         option.name: value for option, value in zip(_SERVED, values)})
 
 
-def export(model, export_dir, *, jit_compile=False) -> str:
-  """Writes `model` as a SavedModel with string signatures (see module doc).
+FORMATS = ("saved_model", "web", "tflite")
+
+
+# `format` is the keyword the issue and the CLI flag use.
+def export(model, export_dir, *, jit_compile=False,
+           format="saved_model") -> str:  # pylint: disable=redefined-builtin
+  """Writes `model` as a SavedModel with string signatures (see module doc),
+  or (`format=`) as a web export or a LiteRT model.
 
   Args:
     model: an `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
     jit_compile: False or None (graph), True or "elementwise" (see
-      `ServingModule`).
+      `ServingModule`); SavedModel only.
+    format: "saved_model"; "web" (`rnnstep.exporters.web.export_web`: a
+      page and ES module that generate in the browser); "tflite"
+      (`rnnstep.export_litert`).
 
   Returns:
     The export directory.
 
   Raises:
-    ValueError: export_dir exists and is not empty.
+    ValueError: export_dir exists and is not empty, an unknown format,
+      jit_compile with another format, or a model that format refuses.
   """
+  if format not in FORMATS:
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
+                     f"{format!r}")
+  if format != "saved_model":
+    if jit_compile:
+      raise ValueError(f"jit_compile applies to format='saved_model' only, "
+                       f"not {format!r}; drop it")
+    # pylint: disable=g-import-not-at-top
+    if format == "web":
+      from rnnstep.exporters import web
+      return web.export_web(model, export_dir)
+    from rnnstep.exporters import litert
+    return litert.export_litert(model, export_dir)
   export_dir = os.fspath(export_dir)
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
                                      or os.listdir(export_dir)):
