@@ -57,6 +57,7 @@ from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
+from rnnstep.convert import vocabulary as convert_vocabulary
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
@@ -319,18 +320,25 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
-    chars, source = _characters(corpus, vocab)
+    chars, source, tokens = _characters(corpus, vocab)
+    if tokens is not None:  # Words: exactly one embedding row each.
+      if len(chars) != mapped.vocab_size:
+        raise ValueError(
+            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
+            f"the model's embedding has {mapped.vocab_size} rows")
+      return mapped, chars, chars, mapped.read_tensors(), tokens
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
-    return mapped, chars, full_vocab, mapped.read_tensors()
+    return mapped, chars, full_vocab, mapped.read_tensors(), None
   finally:
     contents.close()
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
-  mapped, _, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
+  mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
+                                                       vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
-  return model_file.ModelFile(mapped.config, full_vocab, tensors)
+  return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens)
 
 
 def _looks_like_weights(path: str) -> bool:
@@ -358,18 +366,38 @@ def _looks_like_weights(path: str) -> bool:
   return pytorch.reader_kind(path, head, os.path.getsize(path)) is not None
 
 
-def _characters(corpus, vocab) -> Tuple[List[str], str]:
-  """The characters `corpus=` or `vocab=` give, and how messages name them."""
+def _characters(corpus, vocab):
+  """The characters (or words) `corpus=` or `vocab=` give, how messages name
+  them, and their `vocabulary.Tokens` for words (None for characters).
+
+  A corpus folder is word_language_model's (`read_corpus_folder`); a
+  vocabulary list with multi-character entries is one of words
+  (`vocabulary.word_tokens`).
+  """
   if corpus is not None:
-    return read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}"
+    if os.path.isdir(corpus):
+      tokens = convert_vocabulary.read_corpus_folder(corpus)
+      return (list(tokens.vocab), f"the corpus folder {os.fspath(corpus)}",
+              tokens)
+    return read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}", None
   if isinstance(vocab, (str, os.PathLike)):
-    return read_vocab_file(vocab), f"the vocab file {os.fspath(vocab)}"
-  return model_file.validate_vocab(list(vocab), "vocab"), "the vocab list"
+    source = f"the vocab file {os.fspath(vocab)}"
+    data = convert_vocabulary.load_vocab_json(vocab)
+    if convert_vocabulary.is_word_list(data):
+      tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
+      return list(tokens.vocab), source, tokens
+    return model_file.validate_vocab(data, os.fspath(vocab)), source, None
+  if convert_vocabulary.is_word_list(list(vocab)):
+    tokens = convert_vocabulary.word_tokens(list(vocab), "vocab")
+    return list(tokens.vocab), "the vocab list", tokens
+  return (model_file.validate_vocab(list(vocab), "vocab"), "the vocab list",
+          None)
 
 
 def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
-  mapped, chars, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
-  model_file.write(output_path, mapped.config, full_vocab, tensors)
+  mapped, chars, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
+                                                           vocab)
+  model_file.write(output_path, mapped.config, full_vocab, tensors, tokens)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
   summary.output_path = output_path

@@ -1,4 +1,4 @@
-"""Vocabulary rules: where a model's characters come from, and how they fit.
+"""Vocabulary rules: where a model's characters (or words) come from, and how they fit.
 
 Weights files (Keras, PyTorch) hold no vocabulary, so it comes from the
 training text (`read_corpus_vocab`: the tutorial's `sorted(set(text))`) or a
@@ -6,6 +6,10 @@ vocabulary file (`read_vocab_file`: a UTF-8 JSON list of characters in id
 order, the format of the LiteRT export's vocab.json). `resolve_vocab` fits the
 characters to the embedding's rows: one row more means "[UNK]" at id 0 (the
 current TF tutorial's `StringLookup(mask_token=None)`).
+
+Word models (pytorch/examples word_language_model) get their words from the
+recipe's corpus folder (`read_corpus_folder`: `data.Corpus`'s dictionary) or
+from a vocabulary file listing the words in id order (`read_token_vocab_file`).
 """
 
 import codecs
@@ -14,6 +18,7 @@ import os
 from typing import List, Sequence
 
 from rnnstep.model import model_file
+from rnnstep.model import vocabulary as vocabulary_lib
 
 UNK_TOKEN = model_file.UNK_TOKEN
 MAX_VOCAB_FILE_BYTES = 64 << 20
@@ -91,6 +96,11 @@ def read_vocab_file(path) -> List[str]:
     FileNotFoundError / OSError: the file cannot be read.
     ValueError: not such a list; the message says what is wrong.
   """
+  return model_file.validate_vocab(load_vocab_json(path), os.fspath(path))
+
+
+def load_vocab_json(path):
+  """A vocabulary file's decoded JSON (at most MAX_VOCAB_FILE_BYTES)."""
   path = os.fspath(path)
   if os.path.isdir(path):
     raise IsADirectoryError(f"{path}: the vocab file is a directory")
@@ -105,4 +115,78 @@ def read_vocab_file(path) -> List[str]:
     raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
                      "expected a UTF-8 JSON list of characters like "
                      '["\\n", " ", "!"]') from None
-  return model_file.validate_vocab(data, path)
+  return data
+
+
+WORD_LM_FILES = ("train.txt", "valid.txt", "test.txt")
+WORD_LM_EOS = "<eos>"
+
+
+def word_tokens(words: Sequence[str], source: str) -> vocabulary_lib.Tokens:
+  """A words vocabulary split as word_language_model splits: on whitespace,
+  with `<eos>` for a line end where the list holds it.
+
+  Raises:
+    ValueError: a repeated or non-string entry, naming `source`.
+  """
+  words = model_file.validate_vocab(list(words), source, tokens=True)
+  rules = {"newline": WORD_LM_EOS} if WORD_LM_EOS in words else {}
+  return vocabulary_lib.Tokens("words", words, rules, source)
+
+
+def is_word_list(data) -> bool:
+  """Whether a vocabulary list holds words (an entry other than one
+  character or "[UNK]" at id 0), not characters."""
+  return isinstance(data, list) and any(
+      isinstance(t, str) and len(t) != 1 and not (i == 0 and t == UNK_TOKEN)
+      for i, t in enumerate(data))
+
+
+def read_token_vocab_file(path) -> vocabulary_lib.Tokens:
+  """A vocabulary file of words (a JSON list in id order, such as
+  word_language_model's `corpus.dictionary.idx2word`) as a words vocabulary;
+  see `word_tokens`.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: not such a list.
+  """
+  data = load_vocab_json(path)
+  if not isinstance(data, list):
+    model_file.validate_vocab(data, os.fspath(path))  # Its message says why.
+  return word_tokens(data, os.fspath(path))
+
+
+def read_corpus_folder(path) -> vocabulary_lib.Tokens:
+  """word_language_model's vocabulary, rebuilt from its corpus folder.
+
+  As the recipe's `data.Corpus` does: `train.txt`, then `valid.txt`, then
+  `test.txt`, each line split on whitespace with `<eos>` after it, words
+  numbered in the order they first appear.
+
+  Raises:
+    FileNotFoundError: the folder lacks one of the three files.
+    ValueError: a file is not UTF-8 text, or the vocabulary is too large.
+  """
+  path = os.fspath(path)
+  ids = {}
+  for name in WORD_LM_FILES:
+    file_path = os.path.join(path, name)
+    if not os.path.isfile(file_path):
+      raise FileNotFoundError(
+          f"{file_path}: missing; a word_language_model corpus folder holds "
+          f"{', '.join(WORD_LM_FILES)}")
+    try:
+      with open(file_path, "r", encoding="utf8") as f:
+        for line in f:
+          for word in line.split() + [WORD_LM_EOS]:
+            if word not in ids:
+              ids[word] = len(ids)
+              if len(ids) > model_file.MAX_VOCAB:
+                raise ValueError(f"{file_path}: more than "
+                                 f"{model_file.MAX_VOCAB} words")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{file_path}: not UTF-8 text (bad byte at offset "
+                       f"{e.start})") from None
+  return vocabulary_lib.Tokens("words", list(ids), {"newline": WORD_LM_EOS},
+                               path)
