@@ -109,6 +109,7 @@ class Summary:
     notes: things worth knowing (ignored layers, assumptions, [UNK]).
     vocab: the vocabulary written (None for `describe`).
     output_path: the model file written (None for `describe`).
+    tokens: the vocabulary's kind and rules where it is not characters.
   """
   input_path: str
   format: str
@@ -120,6 +121,7 @@ class Summary:
   notes: List[str]
   vocab: Optional[List[str]] = None
   output_path: Optional[str] = None
+  tokens: Optional[object] = None
 
   @property
   def has_unk(self) -> Optional[bool]:
@@ -135,7 +137,11 @@ class Summary:
                  f"{self.vocab_size} distinct characters, or "
                  f"{self.vocab_size - 1} plus [UNK] at id 0)")
     lines.append(f"parameters: {self.num_parameters:,}")
-    if self.vocab is not None:
+    if self.vocab is not None and self.tokens is not None:
+      shown = " ".join(self.vocab)  # Words: shown apart.
+      lines.append(f"vocab:      {len(self.vocab)} {self.tokens.kind}: "
+                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
+    elif self.vocab is not None:
       shown = "".join(self.vocab[1:] if self.has_unk else self.vocab)
       lines.append(f"vocab:      {len(self.vocab)} entries"
                    f"{' ([UNK] at id 0)' if self.has_unk else ''}: "
@@ -400,8 +406,9 @@ def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
   model_file.write(output_path, mapped.config, full_vocab, tensors, tokens)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
+  summary.tokens = tokens
   summary.output_path = output_path
-  if summary.has_unk and chars[0] != model_file.UNK_TOKEN:
+  if tokens is None and summary.has_unk and chars[0] != model_file.UNK_TOKEN:
     summary.notes.append("the embedding has one row more than the characters: "
                          "id 0 is [UNK] (never generated)")
   return summary

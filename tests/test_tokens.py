@@ -1,0 +1,340 @@
+"""Token vocabularies (#34): words, bytes and subword models, end to end.
+
+References are independent of rnnstep's numbers: the float64 numpy forward
+(`tests/support/numpy_reference.py`) for greedy ids; Python's `str.find` on
+the uncut text for where a stop string cuts; the finite language of a
+pattern, enumerated, for the regex table; the `tokenizers` library's own
+`decode` for subword text; and pytorch/examples word_language_model's own
+model and loop (fixtures and reference outputs written by
+tools/make_word_lm_fixtures.py with torch) for the reader.
+
+All generation tests share one tiny architecture (Embedding(256, 8) ->
+GRU(16) -> Dense(256)): a word, a byte and a subword model of 256 tokens
+share their compiled programs.
+"""
+
+import itertools
+import json
+import os
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+import rnnstep
+from rnnstep import convert
+from rnnstep.decoding import stopping
+from rnnstep.model import model_file
+from rnnstep.model import vocabulary
+from tests.support import cli
+from tests.support import numpy_reference
+
+WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
+CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
+WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
+         + [f"w{i}" for i in range(247)])
+NOISE = re.compile(r"^(I0000|WARNING: All log|To enable)")
+
+
+def _tensors(seed, scale=1.5):
+  rng = np.random.default_rng(seed)
+  return {k: (rng.normal(size=s) * scale).astype(np.float32)
+          for k, s in CONFIG.expected_shapes(256).items()}
+
+
+def _write(path, tokens, seed):
+  model_file.write(path, CONFIG, list(tokens.vocab), _tensors(seed), tokens)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def word_file(tmp_path_factory):
+  tokens = vocabulary.Tokens("words", WORDS, {"newline": "<eos>"})
+  return _write(tmp_path_factory.mktemp("tokens") / "words.npz", tokens, 3)
+
+
+@pytest.fixture(scope="module")
+def word_model(word_file):
+  return rnnstep.load(word_file)
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+  return rnnstep.load(_write(tmp_path_factory.mktemp("tokens") / "bytes.npz",
+                             tokens, 4))
+
+
+def _words_of(text):
+  """A word model's text read back as words (its newline is `<eos>`)."""
+  return text.replace("\n", " <eos> ").split()
+
+
+# ------------------------------------------------------------ vocabularies
+
+
+def test_word_rules_split_as_the_recipes_do():
+  lm = vocabulary.Tokens("words", ["<eos>", "a", "b"], {"newline": "<eos>"})
+  # word_language_model: whitespace split, <eos> per line end.
+  assert lm.encode("a  b\nb\n").tolist() == [1, 2, 0, 2, 0]
+  keras = vocabulary.Tokens(
+      "words", ["[pad]", "<oov>", "hello", "world"],
+      {"lower": True, "filters": "!,\n", "split": " ", "oov": "<oov>"})
+  # Keras Tokenizer: lowercased, filters removed, the OOV token for the rest.
+  assert keras.encode("Hello, World!\nthere").tolist() == [2, 3, 1]
+  with pytest.raises(ValueError, match=r"^word 'c' is not in the model's "
+                     "vocabulary") as e:
+    lm.encode("a c")
+  assert "\n" not in str(e.value)
+  assert lm.decode([1, 2, 0, 1]) == " a b\n a"
+
+
+def test_bad_tokens_rules_are_refused_in_one_line():
+  for kind, vocab, rules, match in [
+      ("sentences", ["a"], {}, "kind 'sentences' is unknown"),
+      ("words", ["a"], {"stem": True}, r"rules \['stem'\] are unknown"),
+      ("words", ["a"], {"oov": "<unk>"}, "names '<unk>', which is not"),
+      ("bytes", ["a"], {}, "must be the 256 bytes"),
+      ("subword", ["a"], {"tokenizer": "{"}, "does not load")]:
+    with pytest.raises(ValueError, match=match) as e:
+      vocabulary.Tokens(kind, vocab, rules, "m.npz")
+    assert str(e.value).startswith("m.npz: ") and "\n" not in str(e.value)
+
+
+def test_bytes_stream_never_splits_a_character():
+  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+  text = "naïve 漢字 ok 😀!"
+  ids = tokens.encode(text)
+  assert len(ids) == len(text.encode("utf-8"))
+  for size in (1, 2, 3):
+    stream = tokens.stream()
+    chunks = [stream.push(ids[i:i + size]) for i in range(0, len(ids), size)]
+    assert "".join(chunks) + stream.finish() == text
+    assert all("\ufffd" not in c for c in chunks)
+  # Cut off inside a character: it reads as U+FFFD, once, at the end.
+  assert tokens.text(ids[:-2]) == text[:-2] + "\ufffd"
+
+
+def test_stop_cut_is_exact_and_spans_chunks():
+  tokens = vocabulary.Tokens("words", WORDS, {"newline": "<eos>"})
+  ids = tokens.encode("the cat sat\non the mat")
+  full = tokens.decode(ids)
+  for stop in ["t s", "at\n o", "mat", "he c"]:
+    end = full.find(stop) + len(stop)
+    assert tokens.text(ids, [stop]) == full[:end]
+    stream = tokens.stream([stop])
+    assert "".join(stream.push([i]) for i in ids) == full[:end]
+
+
+def test_stop_table_matches_a_search_of_the_text():
+  """The [S, V] table over token pieces ends a row exactly at the first token
+  whose text completes a stop string (found here by str.find)."""
+  tokens = vocabulary.Tokens("words", WORDS[:9], {"newline": "<eos>"})
+  stops = ["t s", "at\n", "dog ran", "a"]
+  automaton = stopping.token_automaton([s.encode() for s in stops],
+                                       tokens.pieces)
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    ids = rng.integers(1, 9, size=6)
+    ids[rng.random(6) < 0.2] = 0
+    state, ended = 0, None
+    for t, token in enumerate(ids):
+      state = automaton.table[state, token]
+      if automaton.accept[state]:
+        ended = t
+        break
+    text, expected = "", None
+    for t, token in enumerate(ids):
+      text += tokens.pieces[token].decode()
+      if any(s in text for s in stops):
+        expected = t
+        break
+    assert ended == expected, (ids, text)
+
+
+def test_stop_table_over_its_limit_is_refused(monkeypatch):
+  monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 1000)
+  with pytest.raises(ValueError, match=r"^the stop strings need a table of "
+                     r"4 states x 256 tokens \(0 MiB\), more than"):
+    stopping.token_automaton([b"abc"], [bytes([b]) for b in range(256)])
+
+
+def test_model_file_versions(tmp_path, word_file):
+  # A character model is still format 1, with no tokens member.
+  chars = [chr(c) for c in range(32, 32 + 256)]
+  model_file.write(tmp_path / "c.npz", CONFIG, chars, _tensors(1))
+  with np.load(tmp_path / "c.npz") as z:
+    assert int(z["format_version"]) == 1 and "tokens" not in z.files
+  with np.load(word_file) as z:
+    members = dict(z)
+  assert int(members["format_version"]) == 2
+  assert json.loads(str(members["tokens"])) == {"kind": "words",
+                                                "newline": "<eos>"}
+  read = model_file.read(word_file)
+  assert read.tokens.kind == "words" and read.vocab == WORDS
+  # A format 1 file has no tokens member; a format 2 file needs one.
+  for version, drop, match in [(1, None, "vocab entry 0 is '<eos>'"),
+                               (2, "tokens", "missing tokens")]:
+    bad = dict(members, format_version=np.int64(version))
+    bad.pop(drop, None)
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(ValueError, match=match):
+      model_file.read(tmp_path / "bad.npz")
+
+
+def test_regex_over_tokens_against_its_enumerated_language():
+  """A token is allowed iff some string of the pattern's (finite) language
+  starts with the text so far plus the token's piece."""
+  from rnnstep.decoding import constraints  # pylint: disable=g-import-not-at-top
+
+  class Model:  # What `constraints.combine` reads of a model.
+    tokens = vocabulary.Tokens("words", WORDS[:9] + ["ca", "t"],
+                               {"newline": "<eos>"})
+    vocab, has_unk, is_characters = tokens.vocab, False, False
+
+  pattern = r"( (cat|dog|ca))( (sat|ran)t?){1,2}\n"
+  language = ["".join(p) for n in (1, 2) for p in itertools.product(
+      [" cat", " dog", " ca"], *[[" sat", " ran", " satt", " rant"]] * n,
+      ["\n"])]
+  dfa = constraints.combine(Model, [pattern])
+  pieces = [p.decode() for p in Model.tokens.pieces]
+  frontier = [("", int(dfa.start[0]))]
+  for _ in range(4):
+    nxt = []
+    for text, state in frontier:
+      for v, piece in enumerate(pieces):
+        allowed = dfa.table[state, v] != constraints.DEAD
+        assert allowed == any(s.startswith(text + piece) for s in language), (
+            text, piece)
+        if allowed:
+          nxt.append((text + piece, int(dfa.table[state, v])))
+          assert dfa.ends[dfa.table[state, v]] == (text + piece in language)
+    frontier = nxt
+
+
+# -------------------------------------------------------------- generation
+
+
+def test_word_model_generates_words(word_model, word_file):
+  prompt = "the cat\nsat"
+  ids = word_model.encode(prompt)
+  reference = numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+  expected = [WORDS[i] for i in reference.greedy(ids, 12)]
+  text = rnnstep.generate(word_model, prompt, 12, temperature=0.0,
+                          jit_compile=False)
+  assert _words_of(text) == expected
+  # A stop string spanning tokens: the text is cut exactly at its end.
+  stop = expected[3][1:] + (" " if expected[4] != "<eos>" else "\n")
+  end = text.find(stop) + len(stop)
+  cut = rnnstep.generate(word_model, [prompt] * 2, 12, temperature=0.0,
+                         stop=[stop], jit_compile=False)
+  assert cut == [text[:end]] * 2
+  chunks = list(rnnstep.stream(word_model, prompt, 12, temperature=0.0,
+                               chunk_size=5, stop=stop, jit_compile=False))
+  assert "".join(chunks) == text[:end]
+
+
+@pytest.mark.slow
+def test_byte_model_streams_whole_characters(byte_model):
+  text = rnnstep.generate(byte_model, "héllo", 40, seed=5, jit_compile=False)
+  chunks = list(rnnstep.stream(byte_model, "héllo", 40, seed=5, chunk_size=3,
+                               jit_compile=False))
+  assert "".join(chunks) == text
+  # Chunks are whole UTF-8: no U+FFFD but where the bytes are not UTF-8.
+  assert sum(c.count("\ufffd") for c in chunks) == text.count("\ufffd")
+  assert rnnstep.generate(byte_model, "é", 0) == ""
+
+
+@pytest.mark.slow
+def test_xla_gives_the_same_text(word_model):
+  """The tables are host-side inputs of the unchanged compiled loops; one
+  XLA run checks that a token model's go through them as a character
+  model's do (tests/test_paths.py compares all paths on character models)."""
+  kwargs = dict(seed=7, stop=["on t", "mat\n"], regex=r"( [a-z]+)+\n?( \w+)*",
+                repetition_penalty=1.3)
+  texts = {jit: rnnstep.generate(word_model, ["the cat", "a dog ran"], 10,
+                                 jit_compile=jit, **kwargs)
+           for jit in (False, True)}
+  assert texts[True] == texts[False], texts
+  for text in texts[False]:
+    assert re.fullmatch(r"( [a-z]+)+\n?( \w+)*", text) or "on t" in text, text
+
+
+# -------------------------------------------------- word_language_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "lstm_tied"])
+def test_word_language_model_matches_the_recipe(name):
+  reference = np.load(WORD_LM / "reference.npz")
+  model = rnnstep.load(WORD_LM / f"{name}.pt", corpus=WORD_LM / "corpus")
+  assert model.vocab == tuple(json.loads((WORD_LM / "vocab.json").read_text()))
+  logits = np.asarray(rnnstep.logits(model, [reference["ids"]]))[0]
+  log_probs = logits - np.log(np.exp(
+      logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+                              ) - logits.max(-1, keepdims=True)
+  np.testing.assert_allclose(log_probs, reference[f"{name}_logp"], atol=2e-5)
+  text = rnnstep.generate(model, "the cat", 30, temperature=0.0,
+                          jit_compile=False)
+  assert _words_of(text) == str(reference[f"{name}_greedy"]).split()
+
+
+@pytest.mark.slow
+def test_word_language_model_converts_and_refuses_relu(tmp_path):
+  out = tmp_path / "gru.npz"
+  summary = convert.convert(WORD_LM / "gru.pt", out,
+                            vocab=WORD_LM / "vocab.json")
+  assert "13 words" in str(summary)
+  model = rnnstep.load(out)
+  assert model.tokens.kind == "words"
+  assert model.tokens.rules == {"newline": "<eos>"}
+  with pytest.raises(ValueError, match="nonlinearity='relu'") as e:
+    rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
+  assert "\n" not in str(e.value)
+  result = cli.run_binary(
+      cli.command("rnnstep-generate", "rnnstep.cli.generate"),
+      [f"--weights={out}", "--prompt=the cat", "--num_steps=8",
+       "--temperature=0"])
+  reference = np.load(WORD_LM / "reference.npz")
+  # The command line prints the prompt, the text and a line end.
+  assert _words_of(cli.ok(result)[:-1]) == (
+      ["the", "cat"] + str(reference["gru_greedy"]).split()[:8])
+
+
+# ------------------------------------------------------------------ subword
+
+
+@pytest.mark.slow
+def test_subword_model_decodes_as_its_tokenizer(tmp_path):
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
+          "a cat and a dog.\n") * 4
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False)
+  bpe.decoder = tokenizers.decoders.ByteLevel()
+  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=256 + 40, initial_alphabet=(
+          tokenizers.pre_tokenizers.ByteLevel.alphabet())))
+  size = bpe.get_vocab_size()
+  vocab = [bpe.id_to_token(i) for i in range(size)]
+  config = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
+  rng = np.random.default_rng(2)
+  tensors = {k: (rng.normal(size=s) * 1.5).astype(np.float32)
+             for k, s in config.expected_shapes(size).items()}
+  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
+  model_file.write(tmp_path / "bpe.npz", config, vocab, tensors, tokens)
+  model = rnnstep.load(tmp_path / "bpe.npz")
+  prompt = "the cat sat"
+  assert model.encode(prompt).tolist() == bpe.encode(prompt).ids
+  ids = [int(i) for i in rng.integers(0, size, 200)]
+  assert model.decode(ids) == bpe.decode(ids)
+  generated = rnnstep.generate(model, prompt, 24, seed=1, jit_compile=False)
+  full = bpe.decode(bpe.encode(prompt).ids + model.encode(generated).tolist())
+  assert full == prompt + generated
+  stop = generated[5:8]
+  cut = rnnstep.generate(model, prompt, 24, seed=1, stop=stop,
+                         jit_compile=False)
+  assert cut == generated[:generated.find(stop) + len(stop)]
