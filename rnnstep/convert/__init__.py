@@ -67,7 +67,7 @@ from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "describe", "inspect",
-           "is_model_file", "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
+           "is_model_file", "read_any", "read_corpus_vocab", "read_vocabulary", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
@@ -326,7 +326,7 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
-    chars, source, tokens = _characters(corpus, vocab)
+    chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
       if len(chars) != mapped.vocab_size:
         raise ValueError(
@@ -372,13 +372,26 @@ def _looks_like_weights(path: str) -> bool:
   return pytorch.reader_kind(path, head, os.path.getsize(path)) is not None
 
 
-def _characters(corpus, vocab):
+def read_vocabulary(corpus, vocab):
   """The characters (or words) `corpus=` or `vocab=` give, how messages name
   them, and their `vocabulary.Tokens` for words (None for characters).
 
   A corpus folder is word_language_model's (`read_corpus_folder`); a
   vocabulary list with multi-character entries is one of words
   (`vocabulary.word_tokens`).
+
+  Args:
+    corpus: a text file or a word_language_model corpus folder, or None.
+    vocab: instead: a vocabulary file's path, or a list.
+
+  Returns:
+    `(entries, source, tokens)`: the characters or words in id order, how
+    messages name where they came from, and the words' `vocabulary.Tokens`
+    (None for characters).
+
+  Raises:
+    FileNotFoundError / OSError: a file cannot be read.
+    ValueError: not a usable vocabulary; the message says why.
   """
   if corpus is not None:
     if os.path.isdir(corpus):
