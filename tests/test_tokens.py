@@ -328,3 +328,25 @@ def test_subword_model_decodes_as_its_tokenizer(tmp_path):
   cut = rnnstep.generate(model, prompt, 24, temperature=0.0, stop=stop,
                          jit_compile=False)
   assert cut == generated[:generated.find(stop) + len(stop)]
+
+
+# ------------------------------------------------------- inspect, exports
+
+
+@pytest.mark.slow
+def test_inspect_shows_tokens(word_model):
+  from rnnstep.inspect import analysis  # pylint: disable=g-import-not-at-top
+  from rnnstep.inspect import page  # pylint: disable=g-import-not-at-top
+  result = analysis.analyze(word_model, "the cat\nsat", num_neurons=2)
+  assert result.text == (" the", " cat", "\n", " sat")
+  assert result.features["newline"].tolist() == [0, 0, 1, 0]
+  assert set(result.top_chars(0)) <= {" " + w for w in WORDS[1:]} | {"\n"}
+  assert '"text":[" the"," cat","\\n"," sat"]' in page.render(result, "w")
+
+
+def test_saved_model_refuses_a_token_model(word_model, tmp_path):
+  from rnnstep.exporters import saved_model  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"a words model has no SavedModel "
+                     "export yet") as e:
+    saved_model.export(word_model, tmp_path / "out")
+  assert "\n" not in str(e.value) and not (tmp_path / "out").exists()

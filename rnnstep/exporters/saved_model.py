@@ -198,9 +198,15 @@ def export(model, export_dir, *, jit_compile=False) -> str:
     The export directory.
 
   Raises:
-    ValueError: export_dir exists and is not empty.
+    ValueError: export_dir exists and is not empty, or a token model (its
+      serving signatures map strings to ids one character per id).
   """
   export_dir = os.fspath(export_dir)
+  if not model.is_characters:
+    raise ValueError(
+        f"{model.source or 'the model'}: a {model.tokens.kind} model has no "
+        "SavedModel export yet (its string signatures map one character per "
+        "id); use rnnstep.generate, or the LiteRT export, which works on ids")
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
                                      or os.listdir(export_dir)):
     raise ValueError(f"{export_dir}: already exists and is not an empty "
