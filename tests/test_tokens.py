@@ -6,7 +6,9 @@ the uncut text for where a stop string cuts; the finite language of a
 pattern, enumerated, for the regex table; the `tokenizers` library's own
 `decode` for subword text; and pytorch/examples word_language_model's own
 model and loop (fixtures and reference outputs written by
-tools/make_word_lm_fixtures.py with torch) for the reader.
+tools/make_word_lm_fixtures.py with torch) and TensorFlow in Practice's
+Keras `Tokenizer` recipe (tools/make_keras_word_fixtures.py) for the
+readers.
 
 All generation tests share one tiny architecture (Embedding(256, 8) ->
 GRU(16) -> Dense(256)): a word, a byte and a subword model of 256 tokens
@@ -31,6 +33,7 @@ from tests.support import cli
 from tests.support import numpy_reference
 
 WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
+KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
 CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
 WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
          + [f"w{i}" for i in range(247)])
@@ -350,3 +353,26 @@ def test_saved_model_refuses_a_token_model(word_model, tmp_path):
                      "export yet") as e:
     saved_model.export(word_model, tmp_path / "out")
   assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------ Keras word models
+
+
+@pytest.mark.slow
+def test_keras_tokenizer_word_model_matches_the_recipe():
+  """TensorFlow in Practice's word recipe (tools/make_keras_word_fixtures.py
+  ran its code): a legacy `Tokenizer`'s JSON, an Embedding -> LSTM ->
+  Dense(softmax) over windows of T ids, and its own loop's text."""
+  reference = json.loads((KERAS_WORDS / "reference.json").read_text())
+  model = rnnstep.load(KERAS_WORDS / "words.keras",
+                       vocab=KERAS_WORDS / "tokenizer.json")
+  assert model.config.window == reference["window"]
+  assert model.tokens.rules["oov"] == "<oov>"
+  assert model.encode("The zebra!").tolist() == reference["zebra_ids"]
+  text = rnnstep.generate(model, reference["seed"], reference["next_words"],
+                          temperature=0.0, jit_compile=False)
+  assert reference["seed"] + text == reference["text"]
+  logits = np.asarray(rnnstep.logits(model, [reference["probe_ids"]]))[0, -1]
+  probs = np.exp(logits - logits.max())
+  np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
+                             atol=2e-5)

@@ -378,7 +378,8 @@ def read_vocabulary(corpus, vocab):
 
   A corpus folder is word_language_model's (`read_corpus_folder`); a
   vocabulary list with multi-character entries is one of words
-  (`vocabulary.word_tokens`).
+  (`vocabulary.word_tokens`); a Keras `Tokenizer.to_json()` file gives its
+  words and rules (`vocabulary.keras_tokenizer`).
 
   Args:
     corpus: a text file or a word_language_model corpus folder, or None.
@@ -402,6 +403,9 @@ def read_vocabulary(corpus, vocab):
   if isinstance(vocab, (str, os.PathLike)):
     source = f"the vocab file {os.fspath(vocab)}"
     data = convert_vocabulary.load_vocab_json(vocab)
+    if convert_vocabulary.is_keras_tokenizer(data):
+      tokens = convert_vocabulary.keras_tokenizer(data, os.fspath(vocab))
+      return list(tokens.vocab), source, tokens
     if convert_vocabulary.is_word_list(data):
       tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
       return list(tokens.vocab), source, tokens

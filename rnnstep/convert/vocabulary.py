@@ -9,7 +9,9 @@ current TF tutorial's `StringLookup(mask_token=None)`).
 
 Word models (pytorch/examples word_language_model) get their words from the
 recipe's corpus folder (`read_corpus_folder`: `data.Corpus`'s dictionary) or
-from a vocabulary file listing the words in id order (`read_token_vocab_file`).
+from a vocabulary file listing the words in id order (`read_token_vocab_file`);
+Keras word models from the legacy `Tokenizer`'s `to_json()` file
+(`keras_tokenizer`).
 """
 
 import codecs
@@ -190,3 +192,56 @@ def read_corpus_folder(path) -> vocabulary_lib.Tokens:
                        f"{e.start})") from None
   return vocabulary_lib.Tokens("words", list(ids), {"newline": WORD_LM_EOS},
                                path)
+
+
+def is_keras_tokenizer(data) -> bool:
+  """Whether decoded JSON is a Keras `Tokenizer.to_json()`."""
+  return (isinstance(data, dict) and data.get("class_name") == "Tokenizer"
+          and isinstance(data.get("config"), dict))
+
+
+def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
+  """A words vocabulary from a Keras `Tokenizer.to_json()` (decoded JSON).
+
+  The rules are the tokenizer's own (`lower`, `filters`, `split`,
+  `oov_token`); id 0 is Keras's padding, recorded as "[UNK]" so that it is
+  never generated; ids 1.. are its `index_word`, up to `num_words` where it
+  set one (Keras maps the words past it to the OOV token, or drops them).
+
+  Raises:
+    ValueError: a character-level tokenizer, or a config that is not one;
+      naming `source`.
+  """
+  config = data["config"]
+
+  def field(name, kind, default):
+    value = config.get(name, default)
+    if not isinstance(value, kind):
+      raise ValueError(f"{source}: the Keras Tokenizer's {name} is not a "
+                       f"{getattr(kind, '__name__', 'valid value')}")
+    return value
+
+  if config.get("char_level"):
+    raise ValueError(f"{source}: a character-level Keras Tokenizer; give the "
+                     "characters as a vocab list instead")
+  try:
+    index_word = json.loads(field("index_word", str, "{}"))
+    words = {int(i): w for i, w in index_word.items()}
+  except (ValueError, AttributeError, TypeError):
+    raise ValueError(f"{source}: the Keras Tokenizer's index_word is not a "
+                     "JSON object of {index: word}") from None
+  count = max(words, default=0)
+  num_words = config.get("num_words")
+  if isinstance(num_words, int) and not isinstance(num_words, bool):
+    count = min(count, num_words - 1)
+  if sorted(words)[:count] != list(range(1, count + 1)):
+    raise ValueError(f"{source}: the Keras Tokenizer's index_word does not "
+                     f"number its words 1..{count}")
+  vocab = [UNK_TOKEN] + [words[i] for i in range(1, count + 1)]
+  oov = field("oov_token", (str, type(None)), None)
+  rules = {"lower": field("lower", bool, True),
+           "filters": field("filters", str, ""),
+           "split": field("split", str, " "),
+           "oov": oov if oov in vocab else None}
+  vocab = model_file.validate_vocab(vocab, source, tokens=True)
+  return vocabulary_lib.Tokens("words", vocab, rules, source)
