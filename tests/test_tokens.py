@@ -34,6 +34,7 @@ from tests.support import numpy_reference
 
 WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
 KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
+TOKEN_TORCH = pathlib.Path(__file__).parent / "data" / "token_torch"
 CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
 WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
          + [f"w{i}" for i in range(247)])
@@ -376,3 +377,35 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
   probs = np.exp(logits - logits.max())
   np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
                              atol=2e-5)
+
+
+# ------------------------------------------- byte-level and BPE PyTorch models
+
+
+def _log_softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  peak = logits.max(-1, keepdims=True)
+  return logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,vocab", [("bytes", "bytes.json"),
+                                        ("bpe", "tokenizer.json")])
+def test_byte_and_bpe_torch_models_match_torch(name, vocab):
+  """tools/make_token_torch_fixtures.py: a byte-level GRU and a 2-layer LSTM
+  over a tokenizers byte-level BPE, their logits and greedy text by torch."""
+  reference = np.load(TOKEN_TORCH / "reference.npz")
+  weights = TOKEN_TORCH / ("bytes_gru.pt" if name == "bytes" else
+                           "bpe_lstm.pt")
+  model = rnnstep.load(weights, vocab=TOKEN_TORCH / vocab)
+  assert model.tokens.kind == ("bytes" if name == "bytes" else "subword")
+  logits = np.asarray(rnnstep.logits(model, [reference[f"{name}_ids"]]))[0]
+  np.testing.assert_allclose(_log_softmax(logits), reference[f"{name}_logp"],
+                             atol=2e-5)
+  prompt = "the poet said"
+  text = rnnstep.generate(model, prompt, 40, temperature=0.0,
+                          jit_compile=False)
+  if name == "bytes":
+    assert text == str(reference["bytes_text"])
+  else:
+    assert prompt + text == str(reference["bpe_text"])

@@ -379,7 +379,10 @@ def read_vocabulary(corpus, vocab):
   A corpus folder is word_language_model's (`read_corpus_folder`); a
   vocabulary list with multi-character entries is one of words
   (`vocabulary.word_tokens`); a Keras `Tokenizer.to_json()` file gives its
-  words and rules (`vocabulary.keras_tokenizer`).
+  words and rules (`vocabulary.keras_tokenizer`), a Hugging Face
+  `tokenizer.json` a subword vocabulary (`vocabulary.subword_tokens`), and
+  a `{"kind": ...}` object the model file's own form
+  (`vocabulary.tokens_file`, e.g. `{"kind": "bytes"}`).
 
   Args:
     corpus: a text file or a word_language_model corpus folder, or None.
@@ -403,8 +406,14 @@ def read_vocabulary(corpus, vocab):
   if isinstance(vocab, (str, os.PathLike)):
     source = f"the vocab file {os.fspath(vocab)}"
     data = convert_vocabulary.load_vocab_json(vocab)
+    tokens = None
     if convert_vocabulary.is_keras_tokenizer(data):
       tokens = convert_vocabulary.keras_tokenizer(data, os.fspath(vocab))
+    elif convert_vocabulary.is_hf_tokenizer(data):
+      tokens = convert_vocabulary.subword_tokens(data, os.fspath(vocab))
+    elif isinstance(data, dict) and "kind" in data:
+      tokens = convert_vocabulary.tokens_file(data, os.fspath(vocab))
+    if tokens is not None:
       return list(tokens.vocab), source, tokens
     if convert_vocabulary.is_word_list(data):
       tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))

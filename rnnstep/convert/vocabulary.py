@@ -245,3 +245,56 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
            "oov": oov if oov in vocab else None}
   vocab = model_file.validate_vocab(vocab, source, tokens=True)
   return vocabulary_lib.Tokens("words", vocab, rules, source)
+
+
+def is_hf_tokenizer(data) -> bool:
+  """Whether decoded JSON is a Hugging Face `tokenizers` file
+  (`tokenizer.json`: a `model` object with a `type`)."""
+  return (isinstance(data, dict) and isinstance(data.get("model"), dict)
+          and "type" in data["model"] and "kind" not in data)
+
+
+def subword_tokens(data, source: str) -> vocabulary_lib.Tokens:
+  """A subword vocabulary from a `tokenizers` JSON (decoded): the tokens in
+  id order, the JSON stored as the rule the library applies.
+
+  Raises:
+    ValueError: the library cannot load it, or it leaves an id unnamed.
+  """
+  text = json.dumps(data, ensure_ascii=False)
+  tokenizer = vocabulary_lib.load_tokenizer(text, source)
+  size = tokenizer.get_vocab_size(with_added_tokens=True)
+  vocab = [tokenizer.id_to_token(i) for i in range(size)]
+  if any(t is None for t in vocab):
+    raise ValueError(f"{source}: the tokenizer names no token for id "
+                     f"{vocab.index(None)} (its ids must run 0..{size - 1})")
+  return vocabulary_lib.Tokens("subword", vocab, {"tokenizer": text}, source)
+
+
+def tokens_file(data, source: str) -> vocabulary_lib.Tokens:
+  """A vocabulary file in the model file's own `tokens` form:
+  `{"kind": "bytes"}`, `{"kind": "words", "vocab": [...], rules...}` or
+  `{"kind": "subword", "tokenizer": "<tokenizers JSON text>"}`.
+
+  Raises:
+    ValueError: an unknown kind or rule, naming `source`.
+  """
+  rules = dict(data)
+  kind = rules.pop("kind")
+  vocab = rules.pop("vocab", None)
+  if kind == "bytes":
+    vocab = vocabulary_lib.bytes_vocab()
+  elif kind == "subword":
+    if not isinstance(rules.get("tokenizer"), str):
+      raise ValueError(f"{source}: a subword vocabulary needs tokenizer, the "
+                       "tokenizers JSON as text")
+    try:
+      parsed = json.loads(rules["tokenizer"])
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{source}: tokenizer is not JSON ({e})") from None
+    return subword_tokens(parsed, source)
+  elif not isinstance(vocab, list):
+    raise ValueError(f"{source}: a {kind!r} vocabulary file needs vocab, the "
+                     "tokens in id order")
+  vocab = model_file.validate_vocab(list(vocab), source, tokens=True)
+  return vocabulary_lib.Tokens(kind, vocab, rules, source)

@@ -104,7 +104,7 @@ class Tokens:
           self.rules["tokenizer"], str):
         raise _fail(path, "a subword vocabulary needs exactly the rule "
                     "tokenizer (a Hugging Face tokenizers JSON text)")
-      self._tokenizer = _load_tokenizer(self.rules["tokenizer"], path)
+      self._tokenizer = load_tokenizer(self.rules["tokenizer"], path)
       size = self._tokenizer.get_vocab_size(with_added_tokens=True)
       if size != len(self.vocab):
         raise _fail(path, f"the tokenizer has {size} tokens but the "
@@ -302,7 +302,7 @@ def characters(vocab: Sequence[str]) -> Tokens:
   return Tokens("characters", vocab)
 
 
-def _load_tokenizer(text: str, path=None):
+def load_tokenizer(text: str, path=None):
   """A `tokenizers.Tokenizer` from its JSON text (data: nothing is run)."""
   if len(text.encode("utf-8")) > MAX_TOKENIZER_BYTES:
     raise _fail(path, "the tokenizer JSON is too large")
