@@ -409,3 +409,38 @@ def test_byte_and_bpe_torch_models_match_torch(name, vocab):
     assert text == str(reference["bytes_text"])
   else:
     assert prompt + text == str(reference["bpe_text"])
+
+
+@pytest.mark.slow
+def test_serve_engine_sends_whole_characters():
+  """rnnstep-serve's slot engine decodes each row incrementally: no chunk
+  splits a character, and the text is generate's, cut at the stop string."""
+  byte_model = rnnstep.load(TOKEN_TORCH / "bytes_gru.pt",
+                            vocab=TOKEN_TORCH / "bytes.json")
+  import threading  # pylint: disable=g-import-not-at-top
+  from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
+  expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
+                              jit_compile=False)
+  stop = "caf"
+  server = engine.Engine(byte_model, path="graph", max_batch=2,
+                         chunk_steps=3, max_queue=2, max_tokens_limit=30)
+  server.start()
+  pieces, finished = [], threading.Event()
+
+  def sink(update):
+    pieces.append(update.text)
+    if update.finish_reason:
+      finished.set()
+
+  try:
+    server.submit(engine.Completion(
+        [byte_model.encode(prompt)], [options.DEFAULTS._replace(
+            temperature=0.0)], seed=1, max_tokens=30,
+        key=engine.BatchKey(stop=(stop,)), want_scores=False, sink=sink))
+    assert finished.wait(120)
+  finally:
+    server.close(10)
+  assert "".join(pieces) == expected[:expected.find(stop) + len(stop)]
+  assert "😀" in "".join(pieces) and "\ufffd" not in "".join(pieces)
