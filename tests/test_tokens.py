@@ -444,3 +444,26 @@ def test_serve_engine_sends_whole_characters():
     server.close(10)
   assert "".join(pieces) == expected[:expected.find(stop) + len(stop)]
   assert "😀" in "".join(pieces) and "\ufffd" not in "".join(pieces)
+
+
+def test_seeded_sampling_follows_the_softmax(word_model, word_file):
+  """One sampled word for 2000 rows (seed, row) against the float64
+  forward's softmax: a chi-square test at p = 0.001 (Wilson-Hilferty)."""
+  rows = 2000
+  texts = rnnstep.generate(word_model, ["the cat"] * rows, 1, seed=11,
+                           jit_compile=False)
+  index = {piece: i for i, piece in enumerate(
+      p.decode() for p in word_model.tokens.pieces)}
+  counts = np.bincount([index[t] for t in texts], minlength=256)
+  reference = numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+  logits = reference.logits(word_model.encode("the cat"))[-1]
+  probs = np.exp(logits - logits.max())
+  expected = rows * probs / probs.sum()
+  small = expected < 5  # Pooled, as the test needs.
+  observed = np.append(counts[~small], counts[small].sum())
+  expected = np.append(expected[~small], expected[small].sum())
+  statistic = float(((observed - expected) ** 2 / expected).sum())
+  k = len(observed) - 1
+  critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
+  assert statistic < critical, (statistic, critical)
