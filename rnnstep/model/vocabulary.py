@@ -25,7 +25,7 @@ Nothing here imports TensorFlow: the converters and the model file use it.
 
 import codecs
 import json
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -112,6 +112,7 @@ class Tokens:
     elif self.rules:
       raise _fail(path, "a characters vocabulary has no rules")
     self._pieces = None
+    self._texts = None
 
   # --------------------------------------------------------------- the file
 
@@ -217,16 +218,18 @@ class Tokens:
                            len(self.vocab))
 
   @property
-  def texts(self) -> List[Optional[str]]:
+  def texts(self) -> Tuple[Optional[str], ...]:
     """Each id's piece as text; None where it is not whole UTF-8 on its own
     (a byte of a multi-byte character), which no regex can allow."""
-    out = []
-    for piece in self.pieces:
-      try:
-        out.append(piece.decode("utf-8"))
-      except UnicodeDecodeError:
-        out.append(None)
-    return out
+    if self._texts is None:  # Made once: every regex request reads it.
+      out = []
+      for piece in self.pieces:
+        try:
+          out.append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+          out.append(None)
+      self._texts = tuple(out)
+    return self._texts
 
   def decode(self, ids) -> str:
     """Maps ids to text: the characters, or the pieces decoded as UTF-8
