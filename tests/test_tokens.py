@@ -251,6 +251,25 @@ def test_byte_model_streams_whole_characters(byte_model):
   assert rnnstep.generate(byte_model, "é", 0) == ""
 
 
+@pytest.mark.slow
+def test_xla_and_elementwise_give_the_graph_text(word_model):
+  """The token tables are host-side inputs of the unchanged compiled loops:
+  an XLA and an elementwise run with a stop string spanning words and a
+  pattern check that they go through as a character model's do
+  (tests/test_paths.py compares every path on character models)."""
+  prompts, pattern = ["the cat", "a dog ran"], r"( [a-z]+)+"
+  free = rnnstep.generate(word_model, prompts, 8, seed=7, regex=pattern,
+                          repetition_penalty=1.3, jit_compile=False)
+  assert all(re.fullmatch(pattern, text) for text in free), free
+  stop = free[1][4:7]  # Spans words or ends inside one.
+  texts = [rnnstep.generate(word_model, prompts, 8, seed=7, regex=pattern,
+                            repetition_penalty=1.3, stop=stop,
+                            jit_compile=jit)
+           for jit in (False, True, "elementwise")]
+  assert texts[0] == texts[1] == texts[2]
+  assert texts[0][1] == free[1][:free[1].find(stop) + len(stop)]
+
+
 # -------------------------------------------------- word_language_model
 
 
