@@ -17,7 +17,6 @@ share their compiled programs.
 
 import itertools
 import json
-import os
 import pathlib
 import re
 
@@ -38,7 +37,6 @@ TOKEN_TORCH = pathlib.Path(__file__).parent / "data" / "token_torch"
 CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
 WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
          + [f"w{i}" for i in range(247)])
-NOISE = re.compile(r"^(I0000|WARNING: All log|To enable)")
 
 
 def _tensors(seed, scale=1.5):
