@@ -328,7 +328,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   Args:
     model: the Model.
     prompts: a str, or a list of str (any lengths; generated as one batch).
-    num_steps: characters to generate per prompt (0 gives empty strings).
+    num_steps: tokens to generate per prompt (characters for a character
+      model; 0 gives empty strings).
     seed: None (fresh randomness), an int (row i uses (seed, i): same seed, same
       text), or one int per prompt (a row reproduces alone with its own seed).
     stop: a stop string or a list of them: a row ends once one has appeared in
@@ -394,7 +395,10 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       per_prompt = [values[0] for values in per_prompt]
     return per_prompt[0] if single else per_prompt
 
-  texts = shaped([[model.decode(ids) for ids in seqs] for seqs in out.ids])
+  # A token model's text is cut at its stop string's end (a character
+  # model's already ends there).
+  texts = shaped([[model.tokens.text(ids, options.stop) for ids in seqs]
+                  for seqs in out.ids])
   return (texts, shaped(out.scores)) if return_scores else texts
 
 
@@ -447,10 +451,22 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                           streams=True, regex=regex)
   generator = generator_lib.cached(
       model, _path(model, jit_compile, len(prompt_list), options.window))
+  # One incremental decoder per row: a chunk never ends inside a character,
+  # and a token model's text is cut at its stop string's end.
+  rows = [model.tokens.stream(options.stop) for _ in prompt_list]
+  scores = [0.0] * len(prompt_list)
+
+  def shaped(texts, scores):
+    texts, scores = (texts[0], scores[0]) if single else (texts, scores)
+    return (texts, scores) if return_scores else texts
+
   for out in generator.stream_ids(prompt_list, num_steps, chunk_size, options):
-    texts = [model.decode(row) for row in out.ids]
-    texts, scores = (texts[0], out.scores[0]) if single else (texts, out.scores)
-    yield (texts, scores) if return_scores else texts
+    scores = out.scores
+    yield shaped([text.push(ids) for text, ids in zip(rows, out.ids)], scores)
+  # A byte model cut off inside a character: what its bytes read as, once.
+  rest = [text.finish() for text in rows]
+  if any(rest):
+    yield shaped(rest, scores)
 
 
 stream.__doc__ = stream.__doc__.replace("{options}", _options_doc(True))

@@ -49,11 +49,22 @@ def default_num_steps(batch_size: int) -> int:
 
 
 def _probe_prompt(model) -> str:
-  usable = [c for c in model.vocab if len(c) == 1 and c.isprintable()]
-  usable = usable or [c for c in model.vocab if len(c) == 1]
+  if model.is_characters:
+    usable = [c for c in model.vocab if len(c) == 1 and c.isprintable()]
+    usable = usable or [c for c in model.vocab if len(c) == 1]
+  else:  # Tokens whose text reads back as themselves (not a byte's half).
+    usable = []
+    for i in range(int(model.has_unk), min(model.vocab_size, 512)):
+      piece = model.decode([i])
+      try:
+        if piece and model.encode(piece).tolist() == [i]:
+          usable.append(piece)
+      except ValueError:
+        pass
+    usable = [p for p in usable if p.strip().isprintable()] or usable
   if not usable:
-    raise ValueError("the model's vocabulary has no single characters to "
-                     "build a prompt from")
+    raise ValueError("the model's vocabulary has no single characters (or "
+                     "tokens) to build a prompt from")
   return "".join(usable[(7 * i) % len(usable)] for i in range(_PROMPT_LENGTH))
 
 

@@ -327,8 +327,9 @@ CASES = [
      "may be truncated or corrupt"),
     ("latin1_corpus", "good_keras", "latin1_corpus", "not UTF-8"),
     ("bad_json_vocab", "good_keras", "bad_json_vocab", "not a vocab file"),
+    # Entries of several characters make a list a word vocabulary (#34).
     ("multichar_vocab", "good_keras", "multichar_vocab",
-     "vocabularies are characters"),
+     "gives 66 words but the model's embedding has 65 rows"),
 ]
 
 

@@ -328,12 +328,15 @@ def define_vocab_flags(flag_values: flags.FlagValues):
   corpus = flags.DEFINE_string(
       "corpus", None,
       "With --weights of Keras or PyTorch weights (which hold no vocabulary): "
-      "the training text (UTF-8); the vocabulary is sorted(set(text)).",
+      "the training text (UTF-8); the vocabulary is sorted(set(text)). A "
+      "folder: word_language_model's data (train.txt, valid.txt, test.txt), "
+      "whose words it numbers as the recipe does.",
       flag_values=flag_values)
   vocab = flags.DEFINE_string(
       "vocab", None,
       "Instead of --corpus: a vocabulary file, a UTF-8 JSON list of the "
-      "characters in id order (optionally \"[UNK]\" first).",
+      "characters in id order (optionally \"[UNK]\" first), or of the "
+      "words of a word model.",
       flag_values=flag_values)
   flags.mark_flags_as_mutual_exclusive(["corpus", "vocab"],
                                        flag_values=flag_values)

@@ -89,12 +89,17 @@ def main(argv):
   if FLAGS.inspect:
     summary = convert_lib.describe(FLAGS.input)
     print(summary)
-    chars = None
-    if FLAGS.corpus is not None:
-      chars, source = convert_lib.read_corpus_vocab(FLAGS.corpus), "the corpus"
-    elif FLAGS.vocab is not None:
-      chars, source = convert_lib.read_vocab_file(FLAGS.vocab), "the vocab file"
-    if chars is not None:
+    chars = tokens = None
+    if FLAGS.corpus is not None or FLAGS.vocab is not None:
+      chars, source, tokens = convert_lib.read_vocabulary(FLAGS.corpus,
+                                                          FLAGS.vocab)
+    if tokens is not None:
+      if len(chars) != summary.vocab_size:
+        raise ValueError(
+            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
+            f"the model's embedding has {summary.vocab_size} rows")
+      print(f"vocabulary: {source} fits: {len(chars)} words")
+    elif chars is not None:
       vocab = convert_lib.resolve_vocab(chars, summary.vocab_size, source)
       unk = " ([UNK] at id 0)" if vocab[0] != chars[0] else ""
       print(f"vocabulary: {source} fits: {len(vocab)} entries{unk}")

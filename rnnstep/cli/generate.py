@@ -523,7 +523,10 @@ def _jit_compile(model, num_rows: int, beams: int):
 
 def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
   """Names the flag behind a ValueError from the library."""
-  for flag, texts in (("--prompt", prompts), ("--stop", stops)):
+  # A token model's stop strings are matched over its text, not encoded.
+  checked = (("--prompt", prompts), ("--stop", stops if model.is_characters
+                                     else ()))
+  for flag, texts in checked:
     for text in texts:
       try:
         model.encode(text)

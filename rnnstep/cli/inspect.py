@@ -114,7 +114,8 @@ def main(argv):
     from rnnstep.inspect import page as inspect_page
     out.write(inspect_page.render(analysis, title, notice))
   if not to_stdout:
-    print(f"{_OUTPUT.value}: {len(text)} characters, "
+    unit = "characters" if isinstance(analysis.text, str) else "tokens"
+    print(f"{_OUTPUT.value}: {len(analysis.text)} {unit}, "
           f"{len(analysis.offered)} neurons")
   return 0
 

@@ -57,6 +57,7 @@ from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
+from rnnstep.convert import vocabulary as convert_vocabulary
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
@@ -66,7 +67,7 @@ from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "describe", "inspect",
-           "is_model_file", "read_any", "read_corpus_vocab", "read_vocab_file", "read_weights",
+           "is_model_file", "read_any", "read_corpus_vocab", "read_vocabulary", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
@@ -108,6 +109,7 @@ class Summary:
     notes: things worth knowing (ignored layers, assumptions, [UNK]).
     vocab: the vocabulary written (None for `describe`).
     output_path: the model file written (None for `describe`).
+    tokens: the vocabulary's kind and rules where it is not characters.
   """
   input_path: str
   format: str
@@ -119,6 +121,7 @@ class Summary:
   notes: List[str]
   vocab: Optional[List[str]] = None
   output_path: Optional[str] = None
+  tokens: Optional[object] = None
 
   @property
   def has_unk(self) -> Optional[bool]:
@@ -134,7 +137,11 @@ class Summary:
                  f"{self.vocab_size} distinct characters, or "
                  f"{self.vocab_size - 1} plus [UNK] at id 0)")
     lines.append(f"parameters: {self.num_parameters:,}")
-    if self.vocab is not None:
+    if self.vocab is not None and self.tokens is not None:
+      shown = " ".join(self.vocab)  # Words: shown apart.
+      lines.append(f"vocab:      {len(self.vocab)} {self.tokens.kind}: "
+                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
+    elif self.vocab is not None:
       shown = "".join(self.vocab[1:] if self.has_unk else self.vocab)
       lines.append(f"vocab:      {len(self.vocab)} entries"
                    f"{' ([UNK] at id 0)' if self.has_unk else ''}: "
@@ -319,18 +326,25 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
-    chars, source = _characters(corpus, vocab)
+    chars, source, tokens = read_vocabulary(corpus, vocab)
+    if tokens is not None:  # Words: exactly one embedding row each.
+      if len(chars) != mapped.vocab_size:
+        raise ValueError(
+            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
+            f"the model's embedding has {mapped.vocab_size} rows")
+      return mapped, chars, chars, mapped.read_tensors(), tokens
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
-    return mapped, chars, full_vocab, mapped.read_tensors()
+    return mapped, chars, full_vocab, mapped.read_tensors(), None
   finally:
     contents.close()
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
-  mapped, _, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
+  mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
+                                                       vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
-  return model_file.ModelFile(mapped.config, full_vocab, tensors)
+  return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens)
 
 
 def _looks_like_weights(path: str) -> bool:
@@ -358,22 +372,69 @@ def _looks_like_weights(path: str) -> bool:
   return pytorch.reader_kind(path, head, os.path.getsize(path)) is not None
 
 
-def _characters(corpus, vocab) -> Tuple[List[str], str]:
-  """The characters `corpus=` or `vocab=` give, and how messages name them."""
+def read_vocabulary(corpus, vocab):
+  """The characters (or words) `corpus=` or `vocab=` give, how messages name
+  them, and their `vocabulary.Tokens` for words (None for characters).
+
+  A corpus folder is word_language_model's (`read_corpus_folder`); a
+  vocabulary list with multi-character entries is one of words
+  (`vocabulary.word_tokens`); a Keras `Tokenizer.to_json()` file gives its
+  words and rules (`vocabulary.keras_tokenizer`), a Hugging Face
+  `tokenizer.json` a subword vocabulary (`vocabulary.subword_tokens`), and
+  a `{"kind": ...}` object the model file's own form
+  (`vocabulary.tokens_file`, e.g. `{"kind": "bytes"}`).
+
+  Args:
+    corpus: a text file or a word_language_model corpus folder, or None.
+    vocab: instead: a vocabulary file's path, or a list.
+
+  Returns:
+    `(entries, source, tokens)`: the characters or words in id order, how
+    messages name where they came from, and the words' `vocabulary.Tokens`
+    (None for characters).
+
+  Raises:
+    FileNotFoundError / OSError: a file cannot be read.
+    ValueError: not a usable vocabulary; the message says why.
+  """
   if corpus is not None:
-    return read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}"
+    if os.path.isdir(corpus):
+      tokens = convert_vocabulary.read_corpus_folder(corpus)
+      return (list(tokens.vocab), f"the corpus folder {os.fspath(corpus)}",
+              tokens)
+    return read_corpus_vocab(corpus), f"the corpus {os.fspath(corpus)}", None
   if isinstance(vocab, (str, os.PathLike)):
-    return read_vocab_file(vocab), f"the vocab file {os.fspath(vocab)}"
-  return model_file.validate_vocab(list(vocab), "vocab"), "the vocab list"
+    source = f"the vocab file {os.fspath(vocab)}"
+    data = convert_vocabulary.load_vocab_json(vocab)
+    tokens = None
+    if convert_vocabulary.is_keras_tokenizer(data):
+      tokens = convert_vocabulary.keras_tokenizer(data, os.fspath(vocab))
+    elif convert_vocabulary.is_hf_tokenizer(data):
+      tokens = convert_vocabulary.subword_tokens(data, os.fspath(vocab))
+    elif isinstance(data, dict) and "kind" in data:
+      tokens = convert_vocabulary.tokens_file(data, os.fspath(vocab))
+    if tokens is not None:
+      return list(tokens.vocab), source, tokens
+    if convert_vocabulary.is_word_list(data):
+      tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
+      return list(tokens.vocab), source, tokens
+    return model_file.validate_vocab(data, os.fspath(vocab)), source, None
+  if convert_vocabulary.is_word_list(list(vocab)):
+    tokens = convert_vocabulary.word_tokens(list(vocab), "vocab")
+    return list(tokens.vocab), "the vocab list", tokens
+  return (model_file.validate_vocab(list(vocab), "vocab"), "the vocab list",
+          None)
 
 
 def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
-  mapped, chars, full_vocab, tensors = _read_mapped(input_path, corpus, vocab)
-  model_file.write(output_path, mapped.config, full_vocab, tensors)
+  mapped, chars, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
+                                                           vocab)
+  model_file.write(output_path, mapped.config, full_vocab, tensors, tokens)
   summary = _summary(input_path, mapped)
   summary.vocab = full_vocab
+  summary.tokens = tokens
   summary.output_path = output_path
-  if summary.has_unk and chars[0] != model_file.UNK_TOKEN:
+  if tokens is None and summary.has_unk and chars[0] != model_file.UNK_TOKEN:
     summary.notes.append("the embedding has one row more than the characters: "
                          "id 0 is [UNK] (never generated)")
   return summary

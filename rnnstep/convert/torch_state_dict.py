@@ -139,6 +139,15 @@ def module_tensors(root: InertRecord, label) -> StateDict:
                          "cycle")
     visiting.add(id(record))
     state = record.state
+    # The keys of nn.RNN(nonlinearity='relu') are a tanh one's: only the
+    # attribute tells them apart, and rnnstep's SimpleRNN is tanh.
+    if (record.qualified_name.rsplit(".", 1)[-1] == "RNN"
+        and state.get("nonlinearity") == "relu"):
+      raise safe_io.fail(label, f"{where} is an nn.RNN with "
+                         "nonlinearity='relu' (word_language_model's "
+                         "RNN_RELU), which rnnstep cannot run yet (its "
+                         "SimpleRNN is tanh); train with RNN_TANH, GRU or "
+                         "LSTM")
     buffers = state.get("_buffers", {})
     skip = state.get("_non_persistent_buffers_set", set())
     if not isinstance(buffers, dict) or not isinstance(skip, (set, frozenset)):

@@ -1,4 +1,4 @@
-"""Vocabulary rules: where a model's characters come from, and how they fit.
+"""Vocabulary rules: where a model's characters (or words) come from, and how they fit.
 
 Weights files (Keras, PyTorch) hold no vocabulary, so it comes from the
 training text (`read_corpus_vocab`: the tutorial's `sorted(set(text))`) or a
@@ -6,6 +6,12 @@ vocabulary file (`read_vocab_file`: a UTF-8 JSON list of characters in id
 order, the format of the LiteRT export's vocab.json). `resolve_vocab` fits the
 characters to the embedding's rows: one row more means "[UNK]" at id 0 (the
 current TF tutorial's `StringLookup(mask_token=None)`).
+
+Word models (pytorch/examples word_language_model) get their words from the
+recipe's corpus folder (`read_corpus_folder`: `data.Corpus`'s dictionary) or
+from a vocabulary file listing the words in id order (`read_token_vocab_file`);
+Keras word models from the legacy `Tokenizer`'s `to_json()` file
+(`keras_tokenizer`).
 """
 
 import codecs
@@ -14,6 +20,7 @@ import os
 from typing import List, Sequence
 
 from rnnstep.model import model_file
+from rnnstep.model import vocabulary as vocabulary_lib
 
 UNK_TOKEN = model_file.UNK_TOKEN
 MAX_VOCAB_FILE_BYTES = 64 << 20
@@ -91,6 +98,11 @@ def read_vocab_file(path) -> List[str]:
     FileNotFoundError / OSError: the file cannot be read.
     ValueError: not such a list; the message says what is wrong.
   """
+  return model_file.validate_vocab(load_vocab_json(path), os.fspath(path))
+
+
+def load_vocab_json(path):
+  """A vocabulary file's decoded JSON (at most MAX_VOCAB_FILE_BYTES)."""
   path = os.fspath(path)
   if os.path.isdir(path):
     raise IsADirectoryError(f"{path}: the vocab file is a directory")
@@ -105,4 +117,184 @@ def read_vocab_file(path) -> List[str]:
     raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
                      "expected a UTF-8 JSON list of characters like "
                      '["\\n", " ", "!"]') from None
-  return model_file.validate_vocab(data, path)
+  return data
+
+
+WORD_LM_FILES = ("train.txt", "valid.txt", "test.txt")
+WORD_LM_EOS = "<eos>"
+
+
+def word_tokens(words: Sequence[str], source: str) -> vocabulary_lib.Tokens:
+  """A words vocabulary split as word_language_model splits: on whitespace,
+  with `<eos>` for a line end where the list holds it.
+
+  Raises:
+    ValueError: a repeated or non-string entry, naming `source`.
+  """
+  words = model_file.validate_vocab(list(words), source, tokens=True)
+  rules = {"newline": WORD_LM_EOS} if WORD_LM_EOS in words else {}
+  return vocabulary_lib.Tokens("words", words, rules, source)
+
+
+def is_word_list(data) -> bool:
+  """Whether a vocabulary list holds words (an entry other than one
+  character or "[UNK]" at id 0), not characters."""
+  return isinstance(data, list) and any(
+      isinstance(t, str) and len(t) != 1 and not (i == 0 and t == UNK_TOKEN)
+      for i, t in enumerate(data))
+
+
+def read_token_vocab_file(path) -> vocabulary_lib.Tokens:
+  """A vocabulary file of words (a JSON list in id order, such as
+  word_language_model's `corpus.dictionary.idx2word`) as a words vocabulary;
+  see `word_tokens`.
+
+  Raises:
+    FileNotFoundError / OSError: the file cannot be read.
+    ValueError: not such a list.
+  """
+  data = load_vocab_json(path)
+  if not isinstance(data, list):
+    model_file.validate_vocab(data, os.fspath(path))  # Its message says why.
+  return word_tokens(data, os.fspath(path))
+
+
+def read_corpus_folder(path) -> vocabulary_lib.Tokens:
+  """word_language_model's vocabulary, rebuilt from its corpus folder.
+
+  As the recipe's `data.Corpus` does: `train.txt`, then `valid.txt`, then
+  `test.txt`, each line split on whitespace with `<eos>` after it, words
+  numbered in the order they first appear.
+
+  Raises:
+    FileNotFoundError: the folder lacks one of the three files.
+    ValueError: a file is not UTF-8 text, or the vocabulary is too large.
+  """
+  path = os.fspath(path)
+  ids = {}
+  for name in WORD_LM_FILES:
+    file_path = os.path.join(path, name)
+    if not os.path.isfile(file_path):
+      raise FileNotFoundError(
+          f"{file_path}: missing; a word_language_model corpus folder holds "
+          f"{', '.join(WORD_LM_FILES)}")
+    try:
+      with open(file_path, "r", encoding="utf8") as f:
+        for line in f:
+          for word in line.split() + [WORD_LM_EOS]:
+            if word not in ids:
+              ids[word] = len(ids)
+              if len(ids) > model_file.MAX_VOCAB:
+                raise ValueError(f"{file_path}: more than "
+                                 f"{model_file.MAX_VOCAB} words")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{file_path}: not UTF-8 text (bad byte at offset "
+                       f"{e.start})") from None
+  return vocabulary_lib.Tokens("words", list(ids), {"newline": WORD_LM_EOS},
+                               path)
+
+
+def is_keras_tokenizer(data) -> bool:
+  """Whether decoded JSON is a Keras `Tokenizer.to_json()`."""
+  return (isinstance(data, dict) and data.get("class_name") == "Tokenizer"
+          and isinstance(data.get("config"), dict))
+
+
+def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
+  """A words vocabulary from a Keras `Tokenizer.to_json()` (decoded JSON).
+
+  The rules are the tokenizer's own (`lower`, `filters`, `split`,
+  `oov_token`); id 0 is Keras's padding, recorded as "[UNK]" so that it is
+  never generated; ids 1.. are its `index_word`, up to `num_words` where it
+  set one (Keras maps the words past it to the OOV token, or drops them).
+
+  Raises:
+    ValueError: a character-level tokenizer, or a config that is not one;
+      naming `source`.
+  """
+  config = data["config"]
+
+  def field(name, kind, default):
+    value = config.get(name, default)
+    if not isinstance(value, kind):
+      raise ValueError(f"{source}: the Keras Tokenizer's {name} is not a "
+                       f"{getattr(kind, '__name__', 'valid value')}")
+    return value
+
+  if config.get("char_level"):
+    raise ValueError(f"{source}: a character-level Keras Tokenizer; give the "
+                     "characters as a vocab list instead")
+  try:
+    index_word = json.loads(field("index_word", str, "{}"))
+    words = {int(i): w for i, w in index_word.items()}
+  except (ValueError, AttributeError, TypeError):
+    raise ValueError(f"{source}: the Keras Tokenizer's index_word is not a "
+                     "JSON object of {index: word}") from None
+  count = max(words, default=0)
+  num_words = config.get("num_words")
+  if isinstance(num_words, int) and not isinstance(num_words, bool):
+    count = min(count, num_words - 1)
+  if sorted(words)[:count] != list(range(1, count + 1)):
+    raise ValueError(f"{source}: the Keras Tokenizer's index_word does not "
+                     f"number its words 1..{count}")
+  vocab = [UNK_TOKEN] + [words[i] for i in range(1, count + 1)]
+  oov = field("oov_token", (str, type(None)), None)
+  rules = {"lower": field("lower", bool, True),
+           "filters": field("filters", str, ""),
+           "split": field("split", str, " "),
+           "oov": oov if oov in vocab else None}
+  vocab = model_file.validate_vocab(vocab, source, tokens=True)
+  return vocabulary_lib.Tokens("words", vocab, rules, source)
+
+
+def is_hf_tokenizer(data) -> bool:
+  """Whether decoded JSON is a Hugging Face `tokenizers` file
+  (`tokenizer.json`: a `model` object with a `type`)."""
+  return (isinstance(data, dict) and isinstance(data.get("model"), dict)
+          and "type" in data["model"] and "kind" not in data)
+
+
+def subword_tokens(data, source: str) -> vocabulary_lib.Tokens:
+  """A subword vocabulary from a `tokenizers` JSON (decoded): the tokens in
+  id order, the JSON stored as the rule the library applies.
+
+  Raises:
+    ValueError: the library cannot load it, or it leaves an id unnamed.
+  """
+  text = json.dumps(data, ensure_ascii=False)
+  tokenizer = vocabulary_lib.load_tokenizer(text, source)
+  size = tokenizer.get_vocab_size(with_added_tokens=True)
+  vocab = [tokenizer.id_to_token(i) for i in range(size)]
+  if any(t is None for t in vocab):
+    raise ValueError(f"{source}: the tokenizer names no token for id "
+                     f"{vocab.index(None)} (its ids must run 0..{size - 1})")
+  return vocabulary_lib.Tokens("subword", vocab, {"tokenizer": text}, source)
+
+
+def tokens_file(data, source: str) -> vocabulary_lib.Tokens:
+  """A vocabulary file in the model file's own `tokens` form:
+  `{"kind": "bytes"}`, `{"kind": "words", "vocab": [...], rules...}` or
+  `{"kind": "subword", "tokenizer": "<tokenizers JSON text>"}`.
+
+  Raises:
+    ValueError: an unknown kind or rule, naming `source`.
+  """
+  rules = dict(data)
+  kind = rules.pop("kind")
+  vocab = rules.pop("vocab", None)
+  if kind == "bytes":
+    vocab = vocabulary_lib.bytes_vocab()
+  elif kind == "subword":
+    if not isinstance(rules.get("tokenizer"), str):
+      raise ValueError(f"{source}: a subword vocabulary needs tokenizer, the "
+                       "tokenizers JSON as text")
+    try:
+      parsed = json.loads(rules["tokenizer"])
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{source}: tokenizer is not JSON ({e})") from None
+    return subword_tokens(parsed, source)
+  elif not isinstance(vocab, list):
+    raise ValueError(f"{source}: a {kind!r} vocabulary file needs vocab, the "
+                     "tokens in id order")
+  vocab = model_file.validate_vocab(list(vocab), source, tokens=True)
+  return vocabulary_lib.Tokens(kind, vocab, rules, source)

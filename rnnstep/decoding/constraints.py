@@ -37,6 +37,8 @@ from rnnstep import errors
 FREE = 0
 DEAD = 1
 MAX_STATES = 4096  # Per pattern, after pruning: 4096 x V int32 on device.
+# The whole table's bound, which a large (word) vocabulary reaches first.
+MAX_TABLE_BYTES = 256 << 20
 
 
 class Dfa(NamedTuple):
@@ -76,7 +78,8 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
 
   Args:
     pattern: the regular expression (Python syntax, `re.fullmatch` sense).
-    vocab: the model's characters, by id.
+    vocab: each id's text, by id: the model's characters, or its tokens'
+      pieces (None: a piece that is not text on its own).
     usable: bool per id: ids that can be generated (not `[UNK]`).
 
   Raises:
@@ -105,18 +108,9 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     raise refuse(f"is not supported ({detail}); use plain "
                  "regular-expression syntax (no group references or "
                  "look-around)") from None
-  # Each vocabulary id's transition symbol (unknown characters share
-  # `anything_else`'s, None where the pattern has none); -1: no move.
-  symbols = [fsm.alphabet[char] if ok else None
-             for char, ok in zip(vocab, usable)]
-  symbols = [-1 if symbol is None else symbol for symbol in symbols]
   states = sorted(fsm.states)
   index = {state: i for i, state in enumerate(states)}
-  full = np.full([len(states), len(vocab)], -1, np.int64)
-  for state, moves in fsm.map.items():
-    for v, symbol in enumerate(symbols):
-      if symbol >= 0 and symbol in moves:
-        full[index[state], v] = index[moves[symbol]]
+  full = _token_moves(fsm, states, index, vocab, usable)
   accepting = np.array([state in fsm.finals for state in states])
   # Keep the states reachable from the start that can still reach an
   # accepting state: a move into any other is a move into DEAD.
@@ -150,6 +144,50 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   return _Pattern(table.astype(np.int32), ends)
 
 
+def _token_moves(fsm, states, index, vocab, usable) -> np.ndarray:
+  """`[S, V]`: the state after each whole token from each state, -1: dead.
+
+  Each token's characters are walked through the character DFA (the idea
+  behind outlines' token index): a token is allowed from a state iff every
+  character keeps the match alive. A character model's tokens are single
+  characters, so this is its one-step table. All states and tokens advance
+  together, one numpy step per character position.
+
+  Args:
+    fsm: interegular's reduced FSM.
+    states: its states, sorted; `index` maps each to its row.
+    vocab: each id's text (None: not text on its own, never allowed).
+    usable: bool per id: ids that can be generated.
+  """
+  texts = [t if ok and t else None for t, ok in zip(vocab, usable)]
+  # Each distinct character's transition symbol (unknown characters share
+  # `anything_else`'s), as a dense column of `moves`.
+  columns, symbol_of = {}, []
+  for char in sorted({c for t in texts if t for c in t}):
+    symbol = fsm.alphabet[char]
+    columns[char] = len(symbol_of)
+    symbol_of.append(symbol)
+  moves = np.full([len(states), len(symbol_of) + 1], -1, np.int64)
+  for state, out in fsm.map.items():
+    for column, symbol in enumerate(symbol_of):
+      if symbol is not None and symbol in out:
+        moves[index[state], column] = index[out[symbol]]
+  lengths = np.array([len(t) if t else 0 for t in texts], np.int64)
+  width = int(lengths.max(initial=0))
+  chars = np.full([len(texts), width], len(symbol_of), np.int64)
+  for v, text in enumerate(texts):
+    if text:
+      chars[v, :len(text)] = [columns[c] for c in text]
+  full = np.repeat(np.arange(len(states), dtype=np.int64)[:, None],
+                   len(texts), axis=1)
+  full[:, lengths == 0] = -1  # Unusable ids and empty pieces: never allowed.
+  for position in range(width):
+    moving = (position < lengths)[None, :] & (full >= 0)
+    nxt = moves[np.maximum(full, 0), chars[None, :, position]]
+    full = np.where(moving, nxt, full)
+  return full
+
+
 def _opcodes(subpattern):
   """The names of every opcode in a parsed `re` pattern, nested ones too."""
   for op, argument in subpattern:
@@ -174,7 +212,7 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
       (or only the empty string) over the vocabulary, or exceeds
       `MAX_STATES`; naming it.
   """
-  vocab = tuple(model.vocab)
+  vocab = tuple(model.vocab if model.is_characters else model.tokens.texts)
   usable = tuple(not (model.has_unk and i == 0) for i in range(len(vocab)))
   tables, ends = map(lambda x: [x], _fixed_states(len(vocab)))
   offsets, size = {}, 2
@@ -190,6 +228,12 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
       ends.append(compiled.ends)
       size += len(compiled.ends)
     start[row] = offsets[pattern]
+  need = size * len(vocab) * 4
+  if need > MAX_TABLE_BYTES:
+    raise errors.ArgumentError(
+        "regex", f"the patterns need a table of {size} states x {len(vocab)} "
+        f"tokens ({need / 2**20:.0f} MiB), more than the limit of "
+        f"{MAX_TABLE_BYTES >> 20} MiB; give simpler or fewer patterns")
   return Dfa(np.concatenate(tables), np.concatenate(ends), start)
 
 

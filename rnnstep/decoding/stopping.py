@@ -57,3 +57,60 @@ def stop_automaton(stops: Sequence[Sequence[int]], vocab_size: int) -> Automaton
       table[node, token] = child
       queue.append(child)
   return Automaton(table, np.array(accept, bool))
+
+
+# The largest stop table a request may carry (`[S, V]` int32): with a 33k-word
+# vocabulary that is about 500 states, far more than any list of stop strings.
+MAX_TABLE_BYTES = 64 << 20
+
+
+def token_automaton(stops: Sequence[bytes], pieces: Sequence[bytes]
+                    ) -> Automaton:
+  """The stop automaton of a token model, from each token's bytes.
+
+  The byte-level Aho-Corasick automaton of the stop strings (their UTF-8
+  bytes: a match of bytes is a match of characters, UTF-8 being
+  self-synchronizing) is advanced over each token's whole piece from every
+  state, giving the `[S, V]` table. A token inside which a stop string ends
+  ("matched inside") leads to an accepting state, so the row ends at that
+  token, as it does for a character model; the host cuts its text exactly
+  at the stop string's end (`vocabulary.StreamText`). The table is computed
+  once per request on the host with numpy, one step per byte position.
+
+  Args:
+    stops: the stop strings' UTF-8 bytes, each non-empty.
+    pieces: the bytes each token id adds to the text.
+
+  Returns:
+    The `Automaton` over token ids; state 0 is the start.
+
+  Raises:
+    ValueError: the table would exceed `MAX_TABLE_BYTES` (one line, with its
+      size).
+  """
+  chars = stop_automaton([list(s) for s in stops], 256)
+  states, size = chars.table.shape[0], len(pieces)
+  need = states * size * 4
+  if need > MAX_TABLE_BYTES:
+    raise ValueError(
+        f"the stop strings need a table of {states} states x {size} tokens "
+        f"({need / 2**20:.0f} MiB), more than the limit of "
+        f"{MAX_TABLE_BYTES >> 20} MiB; give fewer or shorter stop strings")
+  lengths = np.array([len(p) for p in pieces], np.int64)
+  width = int(lengths.max(initial=0))
+  padded = np.zeros([size, width], np.int64)
+  for v, piece in enumerate(pieces):
+    padded[v, :len(piece)] = np.frombuffer(piece, np.uint8)
+  accepting = np.flatnonzero(chars.accept)
+  done = int(accepting[0]) if accepting.size else 0
+  state = np.repeat(np.arange(states, dtype=np.int64)[:, None], size, axis=1)
+  matched = np.zeros([states, size], bool)
+  for position in range(width):
+    moving = position < lengths  # [V]: tokens with a byte at this position.
+    nxt = chars.table[state, padded[None, :, position]]
+    state = np.where(moving[None, :], nxt, state)
+    matched |= moving[None, :] & chars.accept[state]
+  # A state that already accepts never advances again on device (the row
+  # has ended); the table still stays within it.
+  table = np.where(matched, done, state).astype(np.int32)
+  return Automaton(table, chars.accept.copy())

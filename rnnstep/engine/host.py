@@ -58,15 +58,28 @@ def check_output_fits(batch_size: int, num_steps: int) -> None:
 def stop_automaton(model, stop: Sequence[str]) -> stopping.Automaton:
   """Compiles stop strings for this model's vocabulary.
 
+  A character model's stop strings are id sequences; a token model's are
+  matched over its tokens' bytes, so one may span tokens
+  (`stopping.token_automaton`).
+
   Raises:
-    errors.ArgumentError: an empty stop string, or one the model can never
-      generate.
+    errors.ArgumentError: an empty stop string, one the model can never
+      generate, or stop strings whose table is over its limit.
   """
-  sequences = []
   for text in stop:
     if not text:
       raise errors.ArgumentError(
           "stop", "a stop string is empty; give at least one character")
+  if not model.is_characters:
+    if not stop:
+      return stopping.stop_automaton([], model.vocab_size)
+    try:
+      return stopping.token_automaton([s.encode("utf-8") for s in stop],
+                                      model.tokens.pieces)
+    except ValueError as e:
+      raise errors.ArgumentError("stop", str(e)) from None
+  sequences = []
+  for text in stop:
     try:
       sequences.append(model.encode(text))
     except ValueError as e:
@@ -94,6 +107,10 @@ def prompt_batch(model, prompts: Sequence[str]):
       encoded.append(model.encode(prompt))
     except ValueError as e:
       raise errors.ArgumentError("prompts", f"prompt {i}: {e}") from None
+    if not len(encoded[-1]):  # A token model's prompt of no words.
+      raise errors.ArgumentError(
+          "prompts", f"prompt {i} ({prompt!r}) gives no tokens; give at "
+          "least one word the model knows")
   lengths = np.array([len(e) for e in encoded], np.int32)
   ids = np.zeros([len(encoded), int(lengths.max())], np.int32)
   for row, e in enumerate(encoded):

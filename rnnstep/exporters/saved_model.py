@@ -208,7 +208,9 @@ def export(model, export_dir, *, jit_compile=False,
 
   Raises:
     ValueError: export_dir exists and is not empty, an unknown format,
-      jit_compile with another format, or a model that format refuses.
+      jit_compile with another format, or a model that format refuses (a
+      token model's SavedModel: its serving signatures map strings to ids
+      one character per id).
   """
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
@@ -224,6 +226,11 @@ def export(model, export_dir, *, jit_compile=False,
     from rnnstep.exporters import litert
     return litert.export_litert(model, export_dir)
   export_dir = os.fspath(export_dir)
+  if not model.is_characters:
+    raise ValueError(
+        f"{model.source or 'the model'}: a {model.tokens.kind} model has no "
+        "SavedModel export yet (its string signatures map one character per "
+        "id); use rnnstep.generate, or the LiteRT export, which works on ids")
   if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
                                      or os.listdir(export_dir)):
     raise ValueError(f"{export_dir}: already exists and is not an empty "

@@ -66,10 +66,16 @@ def check_exportable(model) -> None:
   """Refuses, in one line, a model the web runtime would not give the text of.
 
   Raises:
-    ValueError: the model is not float32, or has a cell kind the runtime
-      does not run.
+    ValueError: the model is not float32, is a token model (the page splits
+      a prompt one character per id), or has a cell kind the runtime does
+      not run.
   """
   name = model.source or "the model"
+  if not model.is_characters:
+    raise ValueError(
+        f"{name}: a {model.tokens.kind} model has no web export yet (the page "
+        "maps one character per id); use rnnstep.generate or the LiteRT "
+        "export, which works on ids")
   if model.compute_dtype.name != "float32":
     raise ValueError(
         f"the web export is float32 only (the page computes in float32, so "

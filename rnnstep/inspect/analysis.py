@@ -163,8 +163,10 @@ class Analysis(NamedTuple):
   """The numbers of `analyze`.
 
   Attributes:
-    text: the text analysed, T characters.
-    vocab: the model's characters in id order.
+    text: the text analysed, T characters; for a token model, its T tokens'
+      texts (a tuple of str).
+    vocab: the model's characters in id order (a token model's: each
+      token's text).
     layers: the model's `model_file.LayerConfig`s.
     states: one dict per layer, `{"h": [T, U]}` (+ `"c"` for an LSTM),
       float32: the state after each character (`rnnstep.hidden_states`).
@@ -237,6 +239,14 @@ def analyze(model: model_lib.Model, text: str,
     except ValueError as e:
       raise ValueError(f"neurons[{i}]={spec!r}: {e}") from None
   ids = model.encode(text)[None]
+  vocab = model.vocab
+  if not model.is_characters:
+    # A token model's positions are its tokens: each shown as the text it
+    # adds, the features read at its last character.
+    vocab = tuple(model.tokens.decode([i]) for i in range(model.vocab_size))
+    text = tuple(vocab[i] for i in ids[0])
+    if not ids.shape[1]:
+      raise ValueError("text gives no tokens")
   api.check_states_fit(model, 1, len(text), "text")
   state = api.check_initial_state(model, initial_state, 1)
   sequences, logits = model_lib.sequence_function(model)(
@@ -247,11 +257,18 @@ def analyze(model: model_lib.Model, text: str,
   top_ids = np.argsort(-probs, axis=-1, kind="stable")[:, :TOP_K]
   next_probs = np.full(len(text), np.nan, np.float32)
   next_probs[:-1] = probs[np.arange(len(text) - 1), ids[0, 1:]]
-  features = {name: feature(text) for name, feature in FEATURES.items()}
+  if model.is_characters:
+    features = {name: feature(text) for name, feature in FEATURES.items()}
+  else:
+    joined = "".join(text)
+    ends = np.maximum(np.cumsum([len(t) for t in text]) - 1, 0)
+    features = ({name: feature(joined)[ends]
+                 for name, feature in FEATURES.items()} if joined else
+                {name: np.zeros(len(text)) for name in FEATURES})
   chosen = [_describe(states, features, n, "chosen") for n in chosen]
   ranked = rank(states, features, num_neurons,
                 exclude={o.neuron for o in chosen})
-  return Analysis(text, model.vocab, layers, states,
+  return Analysis(text, vocab, layers, states,
                   top_ids.astype(np.int32),
                   np.take_along_axis(probs, top_ids, -1).astype(np.float32),
                   next_probs, features, tuple(chosen) + tuple(ranked))

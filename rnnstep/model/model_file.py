@@ -2,7 +2,8 @@
 
 This module is the only place that knows the file's keys. A file holds:
 
-  format_version   int64 scalar, currently 1
+  format_version   int64 scalar: 1 for a character model (every file before
+                   token vocabularies, still written for one), 2 for any other
   config           str scalar: JSON `{"embedding_dim": D, "layers": [LAYER, ...]}`
                    where LAYER is `{"kind": "gru", "units": U, "reset_after": bool}`,
                    `{"kind": "lstm", "units": U}` or `{"kind": "simple_rnn", "units": U}`;
@@ -11,7 +12,9 @@ This module is the only place that knows the file's keys. A file holds:
                    in its Input, return_sequences=False on its last recurrent
                    layer); absent for models stepped statefully
   vocab            str scalar: JSON list of the characters in id order; id 0 may be
-                   "[UNK]" (never sampled)
+                   "[UNK]" (never sampled); in version 2, the token strings
+  tokens           version 2 only: str scalar, JSON `{"kind": K, rules...}`,
+                   the vocabulary's kind and rules (`vocabulary.Tokens`)
   embedding        float32 [V, D]
   layer{i}_kernel            float32 [D_i, G*U_i]   (D_0 = D, D_i = U_{i-1})
   layer{i}_recurrent_kernel  float32 [U_i, G*U_i]
@@ -37,9 +40,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from rnnstep.model import kinds
+from rnnstep.model import vocabulary as vocabulary_lib
 from rnnstep import staging
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # A character model's: its files stay byte for byte as they were.
+TOKENS_FORMAT_VERSION = 2  # Any other vocabulary's: it adds the `tokens` member.
 UNK_TOKEN = "[UNK]"
 
 # Gate blocks per recurrent kind (the kernel has GATES * units columns); the
@@ -113,10 +118,15 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class ModelFile:
-  """What a model file holds, validated: config, vocabulary and float32 tensors."""
+  """What a model file holds, validated: config, vocabulary and float32 tensors.
+
+  `tokens` is the vocabulary's kind and rules (`vocabulary.Tokens`); None
+  for a character model.
+  """
   config: ModelConfig
   vocab: List[str]
   tensors: Dict[str, np.ndarray]
+  tokens: Optional[vocabulary_lib.Tokens] = None
 
 
 def _fail(path, problem: str, advice: str = "") -> ValueError:
@@ -174,12 +184,22 @@ def _is_size(value, limit) -> bool:
           and 0 < value <= limit)
 
 
-def validate_vocab(vocab, path=None) -> List[str]:
+def validate_vocab(vocab, path=None, tokens: bool = False) -> List[str]:
   """Checks a vocabulary: distinct single characters, optional "[UNK]" at id 0.
+
+  Args:
+    vocab: the decoded JSON.
+    path: the file it came from, for messages.
+    tokens: a token vocabulary (format 2): distinct strings of any length.
+
+  Returns:
+    The vocabulary as a list.
 
   Raises:
     ValueError: naming the offending entry.
   """
+  if tokens:
+    return _validate_tokens(vocab, path)
   if isinstance(vocab, dict):  # textgenrnn's vocab file: {token: index}.
     tokens = [t for t in vocab if not isinstance(t, str) or len(t) != 1]
     found = (f" with multi-character tokens such as {tokens[0]!r}" if tokens
@@ -205,6 +225,24 @@ def validate_vocab(vocab, path=None) -> List[str]:
   if len(set(vocab)) != len(vocab):
     dupes = sorted({t for t in vocab if vocab.count(t) > 1})
     raise _fail(path, f"vocab repeats {dupes!r}")
+  return list(vocab)
+
+
+def _validate_tokens(vocab, path) -> List[str]:
+  if not isinstance(vocab, list) or not vocab:
+    raise _fail(path, "vocab must be a non-empty list of token strings")
+  if len(vocab) > MAX_VOCAB:
+    raise _fail(path, f"vocab has {len(vocab)} entries, more than {MAX_VOCAB}")
+  for i, token in enumerate(vocab):
+    if not isinstance(token, str):
+      raise _fail(path, f"vocab entry {i} is not a string")
+  if len(set(vocab)) != len(vocab):
+    seen, dupes = set(), []
+    for token in vocab:
+      if token in seen and token not in dupes:
+        dupes.append(token)
+      seen.add(token)
+    raise _fail(path, f"vocab repeats {dupes[:5]!r}")
   return list(vocab)
 
 
@@ -239,26 +277,41 @@ def validate(config: ModelConfig, vocab: Sequence[str],
 
 
 def write(path, config: ModelConfig, vocab: Sequence[str],
-          tensors: Mapping[str, np.ndarray]) -> None:
+          tensors: Mapping[str, np.ndarray],
+          tokens: Optional[vocabulary_lib.Tokens] = None) -> None:
   """Validates and writes a model file atomically (temp file, then rename).
+
+  A character model (no `tokens`, or a characters kind) is written as format
+  1, exactly as before token vocabularies; any other as format 2.
 
   Args:
     path: destination `.npz` path.
     config: the architecture.
-    vocab: characters in id order.
+    vocab: characters (or token strings) in id order.
     tensors: the arrays named as in the module docstring.
+    tokens: the vocabulary's kind and rules; None for characters.
 
   Raises:
     ValueError: if the contents are inconsistent (nothing is written).
     OSError: if the file cannot be written (nothing is left behind).
   """
-  vocab = validate_vocab(list(vocab))
+  if tokens is not None and tokens.kind == "characters":
+    tokens = None
+  vocab = validate_vocab(list(vocab), tokens=tokens is not None)
+  if tokens is not None and tuple(vocab) != tokens.vocab:
+    raise ValueError("the vocab and the tokens' vocabulary differ")
   arrays = validate(config, vocab, tensors)
+  # Format 1 members, in their order, then `tokens`: a character model's
+  # file is the same bytes as before.
+  members = dict(format_version=np.int64(
+      FORMAT_VERSION if tokens is None else TOKENS_FORMAT_VERSION),
+                 config=np.array(config.to_json()),
+                 vocab=np.array(json.dumps(vocab, ensure_ascii=False)))
+  if tokens is not None:
+    members["tokens"] = np.array(tokens.to_json())
   with staging.staged_path(os.fspath(path), prefix=".rnnstep-") as tmp:
     with open(tmp, "wb") as f:
-      np.savez(f, format_version=np.int64(FORMAT_VERSION),
-               config=np.array(config.to_json()),
-               vocab=np.array(json.dumps(vocab, ensure_ascii=False)), **arrays)
+      np.savez(f, **members, **arrays)
       f.flush()
       os.fsync(f.fileno())
 
@@ -291,16 +344,22 @@ def read(path) -> ModelFile:
   if version is None or version.shape != () or version.dtype.kind not in "iu":
     raise _fail(path, "not an rnnstep model file (no format_version)",
                 "convert Keras weights with rnnstep-convert")
-  if int(version) != FORMAT_VERSION:
+  if int(version) not in (FORMAT_VERSION, TOKENS_FORMAT_VERSION):
     raise _fail(path, f"format_version {int(version)} is not supported "
-                f"(this rnnstep reads version {FORMAT_VERSION})",
+                f"(this rnnstep reads versions {FORMAT_VERSION} and "
+                f"{TOKENS_FORMAT_VERSION})",
                 "upgrade rnnstep or re-convert the model")
+  has_tokens = int(version) == TOKENS_FORMAT_VERSION
   config = parse_config(_json_member(members.pop("config", None), "config", path),
                         path)
   vocab = validate_vocab(_json_member(members.pop("vocab", None), "vocab", path),
-                         path)
+                         path, tokens=has_tokens)
+  tokens = None
+  if has_tokens:
+    tokens = vocabulary_lib.Tokens.from_json(
+        _json_member(members.pop("tokens", None), "tokens", path), vocab, path)
   tensors = validate(config, vocab, members, path)
-  return ModelFile(config, vocab, tensors)
+  return ModelFile(config, vocab, tensors, tokens)
 
 
 def _json_member(array: Optional[np.ndarray], key: str, path):

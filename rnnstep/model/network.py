@@ -30,6 +30,7 @@ import tensorflow as tf
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import vocabulary as vocabulary_lib
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
 StackState = Tuple[Tuple[tf.Tensor, ...], ...]
@@ -121,11 +122,14 @@ def shared_function(architecture: Architecture, name: str,
 
 
 class Model(tf.Module):
-  """A recurrent character model: Embedding -> recurrent layers -> Dense.
+  """A recurrent language model: Embedding -> recurrent layers -> Dense.
 
   Attributes:
     config: the `model_file.ModelConfig`.
-    vocab: the characters in id order (id 0 may be "[UNK]").
+    vocab: the characters (or token strings) in id order (id 0 may be
+      "[UNK]").
+    tokens: the `vocabulary.Tokens`: the vocabulary's kind and rules, which
+      `encode` and `decode` follow.
     has_unk: whether id 0 is "[UNK]" (it is never sampled).
     compute_dtype: the dtype of the recurrent and output matmuls.
     source: the file the model was read from, if any.
@@ -133,16 +137,18 @@ class Model(tf.Module):
 
   def __init__(self, config: model_file.ModelConfig, vocab: Sequence[str],
                tensors, dtype: str = "float32", source: Optional[str] = None,
-               name: Optional[str] = None):
+               name: Optional[str] = None,
+               tokens: Optional[vocabulary_lib.Tokens] = None):
     """Builds a model from validated tensors (see `model_file.validate`).
 
     Args:
       config: the architecture.
-      vocab: characters in id order.
+      vocab: characters (or token strings) in id order.
       tensors: float32 arrays keyed as in the model file.
       dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
       source: where the weights came from, for messages.
       name: the tf.Module name.
+      tokens: the vocabulary's kind and rules; None: characters.
 
     Raises:
       ValueError: an unknown dtype or tensors that do not fit the config.
@@ -150,10 +156,16 @@ class Model(tf.Module):
     super().__init__(name=name)
     if dtype not in DTYPES:
       raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    vocab = model_file.validate_vocab(list(vocab), source)
+    if tokens is not None and tokens.kind == "characters":
+      tokens = None
+    vocab = model_file.validate_vocab(list(vocab), source,
+                                      tokens=tokens is not None)
+    if tokens is not None and tuple(vocab) != tokens.vocab:
+      raise ValueError("the vocab and the tokens' vocabulary differ")
     tensors = model_file.validate(config, vocab, tensors, source)
     self.config = config
     self.vocab = tuple(vocab)
+    self.tokens = tokens or vocabulary_lib.characters(vocab)
     self.has_unk = vocab[0] == model_file.UNK_TOKEN
     self.compute_dtype = tf.as_dtype(dtype)
     self.source = source
@@ -186,12 +198,20 @@ class Model(tf.Module):
                [self.embedding, self.dense_kernel, self.dense_bias,
                 *[w for layer in self.layer_weights for w in layer.values()]])
 
+  @property
+  def is_characters(self) -> bool:
+    """Whether every token is one character (a format 1 model)."""
+    return self.tokens.kind == "characters"
+
   def encode(self, text: str) -> np.ndarray:
-    """Maps a string to int32 ids.
+    """Maps a string to int32 ids, by the vocabulary's rules.
 
     Raises:
-      ValueError: naming the first character that is not in the vocabulary.
+      ValueError: naming the first character (or word) that is not in the
+        vocabulary.
     """
+    if not self.is_characters:
+      return self.tokens.encode(text)
     try:
       return np.fromiter((self._char_to_id[c] for c in text), np.int32, len(text))
     except KeyError as e:
@@ -201,7 +221,9 @@ class Model(tf.Module):
           "is not in the model's vocabulary; remove or replace it") from None
 
   def decode(self, ids) -> str:
-    """Maps ids back to a string."""
+    """Maps ids back to a string (token models: their pieces as UTF-8)."""
+    if not self.is_characters:
+      return self.tokens.decode(ids)
     vocab = self.vocab
     return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
 
@@ -581,7 +603,8 @@ def replicated(model: Model, strategy) -> Model:
   if copy is None:
     with strategy.scope():
       copy = Model(model.config, model.vocab, model.tensors(),
-                   model.compute_dtype.name, model.source, name=model.name)
+                   model.compute_dtype.name, model.source, name=model.name,
+                   tokens=model.tokens)
     per_strategy[strategy] = copy
   return copy
 
@@ -596,4 +619,4 @@ def from_file(model_data: model_file.ModelFile, dtype: str = "float32",
     if name and name[0].isdigit():
       name = "m_" + name
   return Model(model_data.config, model_data.vocab, model_data.tensors, dtype,
-               source, name=name)
+               source, name=name, tokens=model_data.tokens)

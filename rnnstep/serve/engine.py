@@ -90,13 +90,17 @@ class Row:
     index: its choice index; also its noise index under the seed.
     prompt_ids: int32 ids of its prompt (>= 1).
     params: its per-row decoding values, one scalar per `options.PER_ROW`.
-    produced: characters handed out so far.
+    produced: characters (tokens) handed out so far.
+    text: its incremental decoder (`vocabulary.StreamText`), made when its
+      first ids come: a token model's chunk never splits a character and
+      is cut at a stop string's end.
   """
   completion: "Completion"
   index: int
   prompt_ids: np.ndarray
   params: options_lib.Params
   produced: int = 0
+  text: Optional[object] = None
 
 
 class Completion:
@@ -374,8 +378,10 @@ class Engine:
         reason = "length"
       else:
         reason = None
-      self._send(row, Update(row.index, self.model.decode(new), reason,
-                             float(scores[r])))
+      if row.text is None:
+        row.text = self.model.tokens.stream(completion.key.stop)
+      text = row.text.push(new) + (row.text.finish() if reason else "")
+      self._send(row, Update(row.index, text, reason, float(scores[r])))
       if reason is None:
         running.append(row)
     return running

@@ -1,0 +1,376 @@
+"""A model's tokens: what each id stands for, and how text maps to ids and back.
+
+A vocabulary is a list of token strings (the model file's `vocab`) plus the
+recorded rules of its kind:
+
+  - `characters`: one character per id (every model before format 2). Text
+    is the ids' characters joined; nothing else here changes it.
+  - `words`: a word per id, with the recipe's own split and normalisation
+    (`lower`, the characters `filters` removes, the `split` separator or
+    whitespace) and, optionally, the `newline` token a line end becomes
+    (pytorch/examples word_language_model's `<eos>`). A word reads back as
+    " " + word, the newline token as "\\n".
+  - `bytes`: ids 0-255 are UTF-8 bytes.
+  - `subword`: a Hugging Face `tokenizers` JSON, stored in the model file and
+    applied with the `tokenizers` library (imported only for such a model).
+
+Every kind but `characters` is decoded through bytes: each id has a `piece`
+(the bytes it adds to the text), a generation's text is its pieces joined and
+decoded as UTF-8 incrementally (`StreamText`), so neither a stream chunk nor a
+stop string's cut ever splits a character, and the stop and regex tables
+(`rnnstep.decoding`) are built from the same pieces the text is made of.
+
+Nothing here imports TensorFlow: the converters and the model file use it.
+"""
+
+import codecs
+import json
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+KINDS = ("characters", "words", "bytes", "subword")
+UNK_TOKEN = "[UNK]"
+MAX_TOKENIZER_BYTES = 64 << 20
+# Words rules a file may record, and their types.
+_WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
+               "newline": (str, type(None)), "oov": (str, type(None))}
+
+
+def _fail(path, problem: str, advice: str = "") -> ValueError:
+  where = f"{path}: " if path else ""
+  return ValueError(f"{where}{problem}{'; ' + advice if advice else ''}")
+
+
+class Tokens:
+  """A vocabulary of tokens and the rules of its kind.
+
+  Attributes:
+    kind: one of `KINDS`.
+    vocab: the token strings in id order (for `bytes`, `chr(b)` for byte b).
+    rules: the kind's recorded rules (see `to_json`).
+  """
+
+  def __init__(self, kind: str, vocab: Sequence[str],
+               rules: Optional[dict] = None, path=None):
+    """Checks and builds a vocabulary.
+
+    Args:
+      kind: one of `KINDS`.
+      vocab: the token strings in id order.
+      rules: for `words`, any of `lower` (bool), `filters` (str), `split`
+        (str or None: whitespace), `newline` (str or None), `oov` (str or
+        None); for `subword`, `tokenizer` (the tokenizer's JSON text).
+      path: the file it came from, for messages.
+
+    Raises:
+      ValueError: an unknown kind, an unknown or mistyped rule, a rule that
+        names a token the vocabulary lacks, or a tokenizer that does not fit;
+        naming the file and the problem.
+    """
+    if kind not in KINDS:
+      raise _fail(path, f"tokens kind {kind!r} is unknown", f"known kinds: "
+                  f"{', '.join(KINDS)}")
+    self.kind = kind
+    self.vocab = tuple(vocab)
+    self.rules = dict(rules or {})
+    self._ids = {t: i for i, t in enumerate(self.vocab)}
+    self._tokenizer = None
+    if kind == "words":
+      unknown = sorted(set(self.rules) - set(_WORD_RULES))
+      if unknown:
+        raise _fail(path, f"tokens rules {unknown} are unknown for words",
+                    f"known rules: {sorted(_WORD_RULES)}")
+      for name, types in _WORD_RULES.items():
+        if name in self.rules and not isinstance(self.rules[name], types):
+          raise _fail(path, f"tokens rule {name} has the wrong type "
+                      f"({type(self.rules[name]).__name__})")
+      for name in ("newline", "oov"):
+        token = self.rules.get(name)
+        if token is not None and token not in self._ids:
+          raise _fail(path, f"tokens rule {name} names {token!r}, which is "
+                      "not in the vocabulary")
+      if self.rules.get("split") == "":
+        raise _fail(path, "tokens rule split is empty", "give a separator, "
+                    "or null to split on whitespace")
+    elif kind == "bytes":
+      if self.rules:
+        raise _fail(path, "a bytes vocabulary has no rules")
+      if self.vocab != bytes_vocab():
+        raise _fail(path, "a bytes vocabulary must be the 256 bytes in order "
+                    "(chr(0) .. chr(255))")
+    elif kind == "subword":
+      if set(self.rules) != {"tokenizer"} or not isinstance(
+          self.rules["tokenizer"], str):
+        raise _fail(path, "a subword vocabulary needs exactly the rule "
+                    "tokenizer (a Hugging Face tokenizers JSON text)")
+      self._tokenizer = load_tokenizer(self.rules["tokenizer"], path)
+      size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+      if size != len(self.vocab):
+        raise _fail(path, f"the tokenizer has {size} tokens but the "
+                    f"vocabulary {len(self.vocab)}")
+    elif self.rules:
+      raise _fail(path, "a characters vocabulary has no rules")
+    self._pieces = None
+    self._texts = None
+
+  # --------------------------------------------------------------- the file
+
+  def to_json(self) -> str:
+    """The model file's `tokens` member: `{"kind": ..., rules...}`."""
+    return json.dumps(dict(kind=self.kind, **self.rules), ensure_ascii=False)
+
+  @classmethod
+  def from_json(cls, data, vocab: Sequence[str], path=None) -> "Tokens":
+    """Builds a vocabulary from a `tokens` member (decoded JSON) and `vocab`.
+
+    Raises:
+      ValueError: naming the file and the problem.
+    """
+    if not isinstance(data, dict) or "kind" not in data:
+      raise _fail(path, "tokens must be a JSON object with a kind")
+    rules = dict(data)
+    kind = rules.pop("kind")
+    return cls(kind, vocab, rules, path)
+
+  # ------------------------------------------------------------- text to ids
+
+  def encode(self, text: str) -> np.ndarray:
+    """Maps text to int32 ids by the kind's rules.
+
+    Raises:
+      ValueError: a word that is not in the vocabulary (where there is no OOV
+        token), or a character a characters vocabulary lacks; naming it.
+    """
+    if self.kind == "characters":
+      ids = []
+      for position, char in enumerate(text):
+        if char not in self._ids:
+          raise ValueError(
+              f"character {char!r} (U+{ord(char):04X}) at position {position} "
+              "is not in the model's vocabulary; remove or replace it")
+        ids.append(self._ids[char])
+      return np.array(ids, np.int32)
+    if self.kind == "bytes":
+      return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+    if self.kind == "subword":
+      return np.array(self._tokenizer.encode(
+          text, add_special_tokens=False).ids, np.int32)
+    return np.array([self._word_id(w) for w in self.words(text)], np.int32)
+
+  def words(self, text: str) -> List[str]:
+    """A words vocabulary's split of `text`, as its recipe splits it.
+
+    Lines are split apart first where the vocabulary has a newline token
+    (word_language_model's `data.Corpus`: each line's words, then `<eos>`;
+    the last line gets none unless the text ends with a line end).
+    """
+    newline = self.rules.get("newline")
+    lines = text.split("\n") if newline is not None else [text]
+    out = []
+    for i, line in enumerate(lines):
+      out.extend(self._line_words(line))
+      if i < len(lines) - 1:
+        out.append(newline)
+    return out
+
+  def _line_words(self, line: str) -> List[str]:
+    # Keras `text_to_word_sequence`: lower, filters become the split
+    # character, split, drop empty words.
+    if self.rules.get("lower"):
+      line = line.lower()
+    split = self.rules.get("split")
+    filters = self.rules.get("filters", "")
+    if filters:
+      line = line.translate({ord(c): split or " " for c in filters})
+    words = line.split(split) if split is not None else line.split()
+    return [w for w in words if w]
+
+  def _word_id(self, word: str) -> int:
+    found = self._ids.get(word)
+    if found is not None:
+      return found
+    oov = self.rules.get("oov")
+    if oov is not None:
+      return self._ids[oov]
+    raise ValueError(f"word {word!r} is not in the model's vocabulary (which "
+                     "has no out-of-vocabulary token); remove or replace it")
+
+  # ------------------------------------------------------------- ids to text
+
+  @property
+  def pieces(self) -> List[bytes]:
+    """The bytes each id adds to a text (every kind but `characters`)."""
+    if self._pieces is None:
+      self._pieces = self._make_pieces()
+    return self._pieces
+
+  def _make_pieces(self) -> List[bytes]:
+    if self.kind == "characters":
+      return [t.encode("utf-8") for t in self.vocab]
+    if self.kind == "bytes":
+      return [bytes([b]) for b in range(256)]
+    if self.kind == "words":
+      newline = self.rules.get("newline")
+      return [b"\n" if t == newline else (" " + t).encode("utf-8")
+              for t in self.vocab]
+    return _subword_pieces(self._tokenizer, self.rules["tokenizer"],
+                           len(self.vocab))
+
+  @property
+  def texts(self) -> Tuple[Optional[str], ...]:
+    """Each id's piece as text; None where it is not whole UTF-8 on its own
+    (a byte of a multi-byte character), which no regex can allow."""
+    if self._texts is None:  # Made once: every regex request reads it.
+      out = []
+      for piece in self.pieces:
+        try:
+          out.append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+          out.append(None)
+      self._texts = tuple(out)
+    return self._texts
+
+  def decode(self, ids) -> str:
+    """Maps ids to text: the characters, or the pieces decoded as UTF-8
+    (an incomplete character at the end reads as U+FFFD)."""
+    ids = np.asarray(ids).ravel().tolist()
+    if self.kind == "characters":
+      return "".join(self.vocab[i] for i in ids)
+    pieces = self.pieces
+    return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+
+  def stream(self, stops: Sequence[str] = ()) -> "StreamText":
+    """An incremental decoder for one row (see `StreamText`)."""
+    return StreamText(self, stops)
+
+  def text(self, ids, stops: Sequence[str] = ()) -> str:
+    """A continuation's text, cut at the end of its first stop string."""
+    stream = self.stream(stops)
+    return stream.push(ids) + stream.finish()
+
+
+class StreamText:
+  """One row's text from its ids as they come, chunk by chunk.
+
+  A token model's row ends (on device) at the token in which a stop string
+  ends; the text is cut exactly at that string's end here, the rest of that
+  token dropped. UTF-8 is decoded incrementally, so a chunk never ends inside
+  a character: incomplete bytes wait for the next chunk (or `finish`).
+
+  Args:
+    tokens: the `Tokens`.
+    stops: the stop strings.
+  """
+
+  def __init__(self, tokens: Tokens, stops: Sequence[str] = ()):
+    self._tokens = tokens
+    self._stops = [s.encode("utf-8") for s in stops]
+    self._longest = max((len(s) for s in self._stops), default=0)
+    self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    self._tail = b""  # The last bytes seen, where a stop may still begin.
+    self.stopped = False
+
+  def push(self, ids) -> str:
+    """The text the new ids add (empty once stopped)."""
+    if self.stopped:
+      return ""
+    if self._tokens.kind == "characters":  # A character row ends at its stop.
+      return self._tokens.decode(ids)
+    pieces = self._tokens.pieces
+    data = b"".join(pieces[i] for i in np.asarray(ids).ravel().tolist())
+    if self._stops:
+      window = self._tail + data
+      ends = [window.find(s) + len(s) for s in self._stops if s in window]
+      if ends:  # The earliest end: where the device's automaton accepted.
+        data = data[:min(ends) - len(self._tail)]
+        self.stopped = True
+      self._tail = window[-(self._longest - 1):] if self._longest > 1 else b""
+    return self._decoder.decode(data, final=self.stopped)
+
+  def finish(self) -> str:
+    """What an incomplete character left at the end reads as."""
+    if self.stopped or self._tokens.kind == "characters":
+      return ""
+    return self._decoder.decode(b"", final=True)
+
+
+def bytes_vocab():
+  """The token strings of a bytes vocabulary: chr(b) for byte b."""
+  return tuple(chr(b) for b in range(256))
+
+
+def characters(vocab: Sequence[str]) -> Tokens:
+  """A characters vocabulary (the format 1 model file's)."""
+  return Tokens("characters", vocab)
+
+
+def load_tokenizer(text: str, path=None):
+  """A `tokenizers.Tokenizer` from its JSON text (data: nothing is run)."""
+  if len(text.encode("utf-8")) > MAX_TOKENIZER_BYTES:
+    raise _fail(path, "the tokenizer JSON is too large")
+  try:
+    import tokenizers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise _fail(path, "a subword model needs the tokenizers package",
+                "pip install tokenizers") from None
+  try:
+    return tokenizers.Tokenizer.from_str(text)
+  except Exception as e:  # pylint: disable=broad-except
+    # The library's own parse errors (a pyo3 exception type).
+    raise _fail(path, f"the tokenizer JSON does not load "
+                f"({' '.join(str(e).split())[:200]})") from None
+
+
+def _byte_level_chars() -> Dict[str, int]:
+  """GPT-2's byte-level alphabet: the character that stands for each byte.
+
+  This is the fixed 256-entry table byte-level BPE writes its tokens in
+  (printable bytes stand for themselves, the others for 256 + n); the
+  tokenizers library decodes with it but does not expose it per token.
+  """
+  printable = (list(range(ord("!"), ord("~") + 1))
+               + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1)))
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      chars[chr(b)] = b
+    else:
+      chars[chr(256 + extra)] = b
+      extra += 1
+  return chars
+
+
+def _subword_pieces(tokenizer, text: str, size: int) -> List[bytes]:
+  """Each subword id's bytes as it continues a text.
+
+  A byte-level tokenizer's tokens are its bytes, in GPT-2's alphabet. Any
+  other's piece is what the id adds when decoded after itself
+  (`decode([i, i])` less `decode([i])`), which keeps the space a decoder
+  puts between words (Metaspace's "▁", or none) and drops WordPiece's "##".
+  """
+  spec = json.loads(text)
+  decoder = spec.get("decoder") or {}
+  kinds = {decoder.get("type")} | {d.get("type") for d in
+                                   decoder.get("decoders", []) or []}
+  special = {t.get("id") for t in spec.get("added_tokens", []) or []
+             if t.get("special")}
+  out = []
+  if "ByteLevel" in kinds:
+    table = _byte_level_chars()
+    for i in range(size):
+      token = tokenizer.id_to_token(i) or ""
+      if i in special or any(c not in table for c in token):
+        out.append(b"")  # Special tokens read as nothing, as decode does.
+      else:
+        out.append(bytes(table[c] for c in token))
+    return out
+  for i in range(size):
+    one = tokenizer.decode([i])
+    two = tokenizer.decode([i, i])
+    out.append((two[len(one):] if two.startswith(one) and one else one
+                ).encode("utf-8"))
+  return out
+
+
+__all__ = ["Tokens", "StreamText", "KINDS", "bytes_vocab", "characters"]

@@ -1,0 +1,486 @@
+"""Token vocabularies (#34): words, bytes and subword models, end to end.
+
+References are independent of rnnstep's numbers: the float64 numpy forward
+(`tests/support/numpy_reference.py`) for greedy ids; Python's `str.find` on
+the uncut text for where a stop string cuts; the finite language of a
+pattern, enumerated, for the regex table; the `tokenizers` library's own
+`decode` for subword text; and pytorch/examples word_language_model's own
+model and loop (fixtures and reference outputs written by
+tools/make_word_lm_fixtures.py with torch) and TensorFlow in Practice's
+Keras `Tokenizer` recipe (tools/make_keras_word_fixtures.py) for the
+readers.
+
+All generation tests share one tiny architecture (Embedding(256, 8) ->
+GRU(16) -> Dense(256)): a word, a byte and a subword model of 256 tokens
+share their compiled programs.
+"""
+
+import itertools
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+import rnnstep
+from rnnstep import convert
+from rnnstep.decoding import stopping
+from rnnstep.model import model_file
+from rnnstep.model import vocabulary
+from tests.support import cli
+from tests.support import numpy_reference
+
+WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
+KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
+TOKEN_TORCH = pathlib.Path(__file__).parent / "data" / "token_torch"
+CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
+WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
+         + [f"w{i}" for i in range(247)])
+
+
+def _tensors(seed, scale=1.5):
+  rng = np.random.default_rng(seed)
+  return {k: (rng.normal(size=s) * scale).astype(np.float32)
+          for k, s in CONFIG.expected_shapes(256).items()}
+
+
+def _write(path, tokens, seed):
+  model_file.write(path, CONFIG, list(tokens.vocab), _tensors(seed), tokens)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def word_file(tmp_path_factory):
+  tokens = vocabulary.Tokens("words", WORDS, {"newline": "<eos>"})
+  return _write(tmp_path_factory.mktemp("tokens") / "words.npz", tokens, 3)
+
+
+@pytest.fixture(scope="module")
+def word_model(word_file):
+  return rnnstep.load(word_file)
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+  return rnnstep.load(_write(tmp_path_factory.mktemp("tokens") / "bytes.npz",
+                             tokens, 4))
+
+
+def _words_of(text):
+  """A word model's text read back as words (its newline is `<eos>`)."""
+  return text.replace("\n", " <eos> ").split()
+
+
+# ------------------------------------------------------------ vocabularies
+
+
+def test_word_rules_split_as_the_recipes_do():
+  lm = vocabulary.Tokens("words", ["<eos>", "a", "b"], {"newline": "<eos>"})
+  # word_language_model: whitespace split, <eos> per line end.
+  assert lm.encode("a  b\nb\n").tolist() == [1, 2, 0, 2, 0]
+  keras = vocabulary.Tokens(
+      "words", ["[pad]", "<oov>", "hello", "world"],
+      {"lower": True, "filters": "!,\n", "split": " ", "oov": "<oov>"})
+  # Keras Tokenizer: lowercased, filters removed, the OOV token for the rest.
+  assert keras.encode("Hello, World!\nthere").tolist() == [2, 3, 1]
+  with pytest.raises(ValueError, match=r"^word 'c' is not in the model's "
+                     "vocabulary") as e:
+    lm.encode("a c")
+  assert "\n" not in str(e.value)
+  assert lm.decode([1, 2, 0, 1]) == " a b\n a"
+
+
+def test_bad_tokens_rules_are_refused_in_one_line():
+  for kind, vocab, rules, match in [
+      ("sentences", ["a"], {}, "kind 'sentences' is unknown"),
+      ("words", ["a"], {"stem": True}, r"rules \['stem'\] are unknown"),
+      ("words", ["a"], {"oov": "<unk>"}, "names '<unk>', which is not"),
+      ("bytes", ["a"], {}, "must be the 256 bytes"),
+      ("subword", ["a"], {"tokenizer": "{"}, "does not load")]:
+    with pytest.raises(ValueError, match=match) as e:
+      vocabulary.Tokens(kind, vocab, rules, "m.npz")
+    assert str(e.value).startswith("m.npz: ") and "\n" not in str(e.value)
+
+
+def test_bytes_stream_never_splits_a_character():
+  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+  text = "naïve 漢字 ok 😀!"
+  ids = tokens.encode(text)
+  assert len(ids) == len(text.encode("utf-8"))
+  for size in (1, 2, 3):
+    stream = tokens.stream()
+    chunks = [stream.push(ids[i:i + size]) for i in range(0, len(ids), size)]
+    assert "".join(chunks) + stream.finish() == text
+    assert all("\ufffd" not in c for c in chunks)
+  # Cut off inside a character: it reads as U+FFFD, once, at the end.
+  assert tokens.text(ids[:-2]) == text[:-2] + "\ufffd"
+
+
+def test_stop_cut_is_exact_and_spans_chunks():
+  tokens = vocabulary.Tokens("words", WORDS, {"newline": "<eos>"})
+  ids = tokens.encode("the cat sat\non the mat")
+  full = tokens.decode(ids)
+  for stop in ["t s", "at\n o", "mat", "he c"]:
+    end = full.find(stop) + len(stop)
+    assert tokens.text(ids, [stop]) == full[:end]
+    stream = tokens.stream([stop])
+    assert "".join(stream.push([i]) for i in ids) == full[:end]
+
+
+def test_stop_table_matches_a_search_of_the_text():
+  """The [S, V] table over token pieces ends a row exactly at the first token
+  whose text completes a stop string (found here by str.find)."""
+  tokens = vocabulary.Tokens("words", WORDS[:9], {"newline": "<eos>"})
+  stops = ["t s", "at\n", "dog ran", "a"]
+  automaton = stopping.token_automaton([s.encode() for s in stops],
+                                       tokens.pieces)
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    ids = rng.integers(1, 9, size=6)
+    ids[rng.random(6) < 0.2] = 0
+    state, ended = 0, None
+    for t, token in enumerate(ids):
+      state = automaton.table[state, token]
+      if automaton.accept[state]:
+        ended = t
+        break
+    text, expected = "", None
+    for t, token in enumerate(ids):
+      text += tokens.pieces[token].decode()
+      if any(s in text for s in stops):
+        expected = t
+        break
+    assert ended == expected, (ids, text)
+
+
+def test_stop_table_over_its_limit_is_refused(monkeypatch):
+  monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 1000)
+  with pytest.raises(ValueError, match=r"^the stop strings need a table of "
+                     r"4 states x 256 tokens \(0 MiB\), more than"):
+    stopping.token_automaton([b"abc"], [bytes([b]) for b in range(256)])
+
+
+def test_model_file_versions(tmp_path, word_file):
+  # A character model is still format 1, with no tokens member.
+  chars = [chr(c) for c in range(32, 32 + 256)]
+  model_file.write(tmp_path / "c.npz", CONFIG, chars, _tensors(1))
+  with np.load(tmp_path / "c.npz") as z:
+    assert int(z["format_version"]) == 1 and "tokens" not in z.files
+  with np.load(word_file) as z:
+    members = dict(z)
+  assert int(members["format_version"]) == 2
+  assert json.loads(str(members["tokens"])) == {"kind": "words",
+                                                "newline": "<eos>"}
+  read = model_file.read(word_file)
+  assert read.tokens.kind == "words" and read.vocab == WORDS
+  # A format 1 file has no tokens member; a format 2 file needs one.
+  for version, drop, match in [(1, None, "vocab entry 0 is '<eos>'"),
+                               (2, "tokens", "missing tokens")]:
+    bad = dict(members, format_version=np.int64(version))
+    bad.pop(drop, None)
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(ValueError, match=match):
+      model_file.read(tmp_path / "bad.npz")
+
+
+def test_regex_over_tokens_against_its_enumerated_language():
+  """A token is allowed iff some string of the pattern's (finite) language
+  starts with the text so far plus the token's piece."""
+  from rnnstep.decoding import constraints  # pylint: disable=g-import-not-at-top
+
+  class Model:  # What `constraints.combine` reads of a model.
+    tokens = vocabulary.Tokens("words", WORDS[:9] + ["ca", "t"],
+                               {"newline": "<eos>"})
+    vocab, has_unk, is_characters = tokens.vocab, False, False
+
+  pattern = r"( (cat|dog|ca))( (sat|ran)t?){1,2}\n"
+  language = ["".join(p) for n in (1, 2) for p in itertools.product(
+      [" cat", " dog", " ca"], *[[" sat", " ran", " satt", " rant"]] * n,
+      ["\n"])]
+  dfa = constraints.combine(Model, [pattern])
+  pieces = [p.decode() for p in Model.tokens.pieces]
+  frontier = [("", int(dfa.start[0]))]
+  for _ in range(4):
+    nxt = []
+    for text, state in frontier:
+      for v, piece in enumerate(pieces):
+        allowed = dfa.table[state, v] != constraints.DEAD
+        assert allowed == any(s.startswith(text + piece) for s in language), (
+            text, piece)
+        if allowed:
+          nxt.append((text + piece, int(dfa.table[state, v])))
+          assert dfa.ends[dfa.table[state, v]] == (text + piece in language)
+    frontier = nxt
+
+
+# -------------------------------------------------------------- generation
+
+
+def test_word_model_generates_words(word_model, word_file):
+  prompt = "the cat\nsat"
+  ids = word_model.encode(prompt)
+  reference = numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+  expected = [WORDS[i] for i in reference.greedy(ids, 12)]
+  text = rnnstep.generate(word_model, prompt, 12, temperature=0.0,
+                          jit_compile=False)
+  assert _words_of(text) == expected
+  # A stop string spanning tokens: the text is cut exactly at its end.
+  stop = expected[3][1:] + (" " if expected[4] != "<eos>" else "\n")
+  end = text.find(stop) + len(stop)
+  cut = rnnstep.generate(word_model, [prompt] * 2, 12, temperature=0.0,
+                         stop=[stop], jit_compile=False)
+  assert cut == [text[:end]] * 2
+  chunks = list(rnnstep.stream(word_model, prompt, 12, temperature=0.0,
+                               chunk_size=5, stop=stop, jit_compile=False))
+  assert "".join(chunks) == text[:end]
+
+
+@pytest.mark.slow
+def test_byte_model_streams_whole_characters(byte_model):
+  text = rnnstep.generate(byte_model, "héllo", 40, seed=5, jit_compile=False)
+  chunks = list(rnnstep.stream(byte_model, "héllo", 40, seed=5, chunk_size=3,
+                               jit_compile=False))
+  assert "".join(chunks) == text
+  # Chunks are whole UTF-8: no U+FFFD but where the bytes are not UTF-8.
+  assert sum(c.count("\ufffd") for c in chunks) == text.count("\ufffd")
+  assert rnnstep.generate(byte_model, "é", 0) == ""
+
+
+@pytest.mark.slow
+def test_xla_and_elementwise_give_the_graph_text(word_model):
+  """The token tables are host-side inputs of the unchanged compiled loops:
+  an XLA and an elementwise run with a stop string spanning words and a
+  pattern check that they go through as a character model's do
+  (tests/test_paths.py compares every path on character models)."""
+  prompts, pattern = ["the cat", "a dog ran"], r"( [a-z]+)+"
+  free = rnnstep.generate(word_model, prompts, 8, seed=7, regex=pattern,
+                          repetition_penalty=1.3, jit_compile=False)
+  assert all(re.fullmatch(pattern, text) for text in free), free
+  stop = free[1][4:7]  # Spans words or ends inside one.
+  texts = [rnnstep.generate(word_model, prompts, 8, seed=7, regex=pattern,
+                            repetition_penalty=1.3, stop=stop,
+                            jit_compile=jit)
+           for jit in (False, True, "elementwise")]
+  assert texts[0] == texts[1] == texts[2]
+  assert texts[0][1] == free[1][:free[1].find(stop) + len(stop)]
+
+
+# -------------------------------------------------- word_language_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "lstm_tied"])
+def test_word_language_model_matches_the_recipe(name):
+  reference = np.load(WORD_LM / "reference.npz")
+  model = rnnstep.load(WORD_LM / f"{name}.pt", corpus=WORD_LM / "corpus")
+  assert model.vocab == tuple(json.loads((WORD_LM / "vocab.json").read_text()))
+  logits = np.asarray(rnnstep.logits(model, [reference["ids"]]))[0]
+  log_probs = logits - np.log(np.exp(
+      logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+                              ) - logits.max(-1, keepdims=True)
+  np.testing.assert_allclose(log_probs, reference[f"{name}_logp"], atol=2e-5)
+  text = rnnstep.generate(model, "the cat", 30, temperature=0.0,
+                          jit_compile=False)
+  assert _words_of(text) == str(reference[f"{name}_greedy"]).split()
+
+
+@pytest.mark.slow
+def test_word_language_model_converts_and_refuses_relu(tmp_path):
+  out = tmp_path / "gru.npz"
+  summary = convert.convert(WORD_LM / "gru.pt", out,
+                            vocab=WORD_LM / "vocab.json")
+  assert "13 words" in str(summary)
+  model = rnnstep.load(out)
+  assert model.tokens.kind == "words"
+  assert model.tokens.rules == {"newline": "<eos>"}
+  with pytest.raises(ValueError, match="nonlinearity='relu'") as e:
+    rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
+  assert "\n" not in str(e.value)
+  result = cli.run_binary(
+      cli.command("rnnstep-generate", "rnnstep.cli.generate"),
+      [f"--weights={out}", "--prompt=the cat", "--num_steps=8",
+       "--temperature=0"])
+  reference = np.load(WORD_LM / "reference.npz")
+  # The command line prints the prompt, the text and a line end.
+  assert _words_of(cli.ok(result)[:-1]) == (
+      ["the", "cat"] + str(reference["gru_greedy"]).split()[:8])
+
+
+# ------------------------------------------------------------------ subword
+
+
+@pytest.mark.slow
+def test_subword_model_decodes_as_its_tokenizer(tmp_path):
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
+          "a cat and a dog.\n") * 4
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False)
+  bpe.decoder = tokenizers.decoders.ByteLevel()
+  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=200))
+  trained = bpe.get_vocab_size()
+  # Padded to the tests' shared 256 tokens (and so their compiled programs).
+  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
+  vocab = [bpe.id_to_token(i) for i in range(256)]
+  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
+  _write(tmp_path / "bpe.npz", tokens, 2)
+  model = rnnstep.load(tmp_path / "bpe.npz")
+  prompt = "the cat sat"
+  assert model.encode(prompt).tolist() == bpe.encode(prompt).ids
+  rng = np.random.default_rng(2)
+  ids = [int(i) for i in rng.integers(0, trained, 200)]
+  assert model.decode(ids) == bpe.decode(ids)
+  # Greedy ids from the numpy forward, decoded by the library after the
+  # prompt: rnnstep's text is what the library prints.
+  prompt_ids = bpe.encode(prompt).ids
+  reference = numpy_reference.Reference(*numpy_reference.tensors_of_file(
+      model_file.read(tmp_path / "bpe.npz")))
+  expected = bpe.decode(prompt_ids + reference.greedy(prompt_ids, 24))
+  assert expected.startswith(prompt)
+  generated = rnnstep.generate(model, prompt, 24, temperature=0.0,
+                               jit_compile=False)
+  assert prompt + generated == expected
+  stop = generated[5:8]
+  cut = rnnstep.generate(model, prompt, 24, temperature=0.0, stop=stop,
+                         jit_compile=False)
+  assert cut == generated[:generated.find(stop) + len(stop)]
+
+
+# ------------------------------------------------------- inspect, exports
+
+
+@pytest.mark.slow
+def test_inspect_shows_tokens(word_model):
+  from rnnstep.inspect import analysis  # pylint: disable=g-import-not-at-top
+  from rnnstep.inspect import page  # pylint: disable=g-import-not-at-top
+  result = analysis.analyze(word_model, "the cat\nsat", num_neurons=2)
+  assert result.text == (" the", " cat", "\n", " sat")
+  assert result.features["newline"].tolist() == [0, 0, 1, 0]
+  assert set(result.top_chars(0)) <= {" " + w for w in WORDS[1:]} | {"\n"}
+  assert '"text":[" the"," cat","\\n"," sat"]' in page.render(result, "w")
+
+
+def test_saved_model_refuses_a_token_model(word_model, tmp_path):
+  from rnnstep.exporters import saved_model  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"a words model has no SavedModel "
+                     "export yet") as e:
+    saved_model.export(word_model, tmp_path / "out")
+  assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------ Keras word models
+
+
+@pytest.mark.slow
+def test_keras_tokenizer_word_model_matches_the_recipe():
+  """TensorFlow in Practice's word recipe (tools/make_keras_word_fixtures.py
+  ran its code): a legacy `Tokenizer`'s JSON, an Embedding -> LSTM ->
+  Dense(softmax) over windows of T ids, and its own loop's text."""
+  reference = json.loads((KERAS_WORDS / "reference.json").read_text())
+  model = rnnstep.load(KERAS_WORDS / "words.keras",
+                       vocab=KERAS_WORDS / "tokenizer.json")
+  assert model.config.window == reference["window"]
+  assert model.tokens.rules["oov"] == "<oov>"
+  assert model.encode("The zebra!").tolist() == reference["zebra_ids"]
+  text = rnnstep.generate(model, reference["seed"], reference["next_words"],
+                          temperature=0.0, jit_compile=False)
+  assert reference["seed"] + text == reference["text"]
+  logits = np.asarray(rnnstep.logits(model, [reference["probe_ids"]]))[0, -1]
+  probs = np.exp(logits - logits.max())
+  np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
+                             atol=2e-5)
+
+
+# ------------------------------------------- byte-level and BPE PyTorch models
+
+
+def _log_softmax(logits):
+  logits = np.asarray(logits, np.float64)
+  peak = logits.max(-1, keepdims=True)
+  return logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,vocab", [("bytes", "bytes.json"),
+                                        ("bpe", "tokenizer.json")])
+def test_byte_and_bpe_torch_models_match_torch(name, vocab):
+  """tools/make_token_torch_fixtures.py: a byte-level GRU and a 2-layer LSTM
+  over a tokenizers byte-level BPE, their logits and greedy text by torch."""
+  reference = np.load(TOKEN_TORCH / "reference.npz")
+  weights = TOKEN_TORCH / ("bytes_gru.pt" if name == "bytes" else
+                           "bpe_lstm.pt")
+  model = rnnstep.load(weights, vocab=TOKEN_TORCH / vocab)
+  assert model.tokens.kind == ("bytes" if name == "bytes" else "subword")
+  logits = np.asarray(rnnstep.logits(model, [reference[f"{name}_ids"]]))[0]
+  np.testing.assert_allclose(_log_softmax(logits), reference[f"{name}_logp"],
+                             atol=2e-5)
+  prompt = "the poet said"
+  text = rnnstep.generate(model, prompt, 40, temperature=0.0,
+                          jit_compile=False)
+  if name == "bytes":
+    assert text == str(reference["bytes_text"])
+  else:
+    assert prompt + text == str(reference["bpe_text"])
+
+
+@pytest.mark.slow
+def test_serve_engine_sends_whole_characters():
+  """rnnstep-serve's slot engine decodes each row incrementally: no chunk
+  splits a character, and the text is generate's, cut at the stop string."""
+  byte_model = rnnstep.load(TOKEN_TORCH / "bytes_gru.pt",
+                            vocab=TOKEN_TORCH / "bytes.json")
+  import threading  # pylint: disable=g-import-not-at-top
+  from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
+  expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
+                              jit_compile=False)
+  stop = "caf"
+  server = engine.Engine(byte_model, path="graph", max_batch=2,
+                         chunk_steps=3, max_queue=2, max_tokens_limit=30)
+  server.start()
+  pieces, finished = [], threading.Event()
+
+  def sink(update):
+    pieces.append(update.text)
+    if update.finish_reason:
+      finished.set()
+
+  try:
+    server.submit(engine.Completion(
+        [byte_model.encode(prompt)], [options.DEFAULTS._replace(
+            temperature=0.0)], seed=1, max_tokens=30,
+        key=engine.BatchKey(stop=(stop,)), want_scores=False, sink=sink))
+    assert finished.wait(120)
+  finally:
+    server.close(10)
+  assert "".join(pieces) == expected[:expected.find(stop) + len(stop)]
+  assert "😀" in "".join(pieces) and "\ufffd" not in "".join(pieces)
+
+
+def test_seeded_sampling_follows_the_softmax(word_model, word_file):
+  """One sampled word for 2000 rows (seed, row) against the float64
+  forward's softmax: a chi-square test at p = 0.001 (Wilson-Hilferty)."""
+  rows = 2000
+  texts = rnnstep.generate(word_model, ["the cat"] * rows, 1, seed=11,
+                           jit_compile=False)
+  index = {piece: i for i, piece in enumerate(
+      p.decode() for p in word_model.tokens.pieces)}
+  counts = np.bincount([index[t] for t in texts], minlength=256)
+  reference = numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+  logits = reference.logits(word_model.encode("the cat"))[-1]
+  probs = np.exp(logits - logits.max())
+  expected = rows * probs / probs.sum()
+  small = expected < 5  # Pooled, as the test needs.
+  observed = np.append(counts[~small], counts[small].sum())
+  expected = np.append(expected[~small], expected[small].sum())
+  statistic = float(((observed - expected) ** 2 / expected).sum())
+  k = len(observed) - 1
+  critical = k * (1 - 2 / (9 * k) + 3.09 * np.sqrt(2 / (9 * k))) ** 3
+  assert statistic < critical, (statistic, critical)
