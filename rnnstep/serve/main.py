@@ -49,7 +49,9 @@ _MAX_TOKENS_LIMIT = flags.DEFINE_integer(
     "max_tokens_limit", 2048, "The largest max_tokens a request may ask.",
     lower_bound=1, upper_bound=1 << 20, flag_values=FLAGS)
 _MAX_PROMPT_CHARS = flags.DEFINE_integer(
-    "max_prompt_chars", 1024, "The longest prompt served.", lower_bound=1,
+    "max_prompt_chars", 1024, "The longest prompt served (a prompt longer "
+    "than a chunk is primed a chunk's worth of characters a call).",
+    lower_bound=1,
     upper_bound=1 << 20, flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_enum(
     "jit_compile", "auto", ["auto", "true", "false", "elementwise"],
