@@ -284,6 +284,50 @@ def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
 
 
 @pytest.mark.slow
+def test_xla_and_elementwise_servers_give_generates_text_on_their_path(
+    model_path, model):
+  """The other two paths through the server, kept cheap for CI.
+
+  Few shapes, so few compiles: 2 slots (batch buckets 1 and 2) and pieces
+  of 8 (one prompt width), both servers warming up at once while this
+  process computes the references, each request one row of 16 characters
+  with the same stop string (one shape of `generate`'s program per path).
+  """
+  paths = {"true": True, "elementwise": "elementwise"}
+  servers = {flag: serve_process.RemoteServer([
+      f"--model={model_path}", "--max_batch=2", "--chunk_steps=8",
+      "--max_queue=8", "--max_tokens_limit=48", "--max_prompt_chars=16",
+      f"--jit_compile={flag}"], wait=False) for flag in paths}
+  try:
+    # 16 characters: primed in three pieces. Four requests for 2 slots:
+    # rows join and leave while others run.
+    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=["th"],
+                   temperature=temperature)
+              for seed, (prompt, temperature) in enumerate([
+                  ("First Citizen:\nB", 0.8), ("KING RICHARD III", 0.0),
+                  ("ROMEO:\nBut soft,", 1.3), ("To be, or not to", 0.8)])]
+    want = {flag: [serve_process.expected(model, body, body["seed"],
+                                          jit_compile=jit_compile)[0]
+                   for body in bodies]
+            for flag, jit_compile in paths.items()}
+    for flag, server in servers.items():
+      server.wait_until_healthy()
+
+      def send(body, server=server):
+        if body["seed"] % 2:
+          return [stream_text(server, body)[0][0]]
+        reply = post(server, body)
+        assert reply.status_code == 200, reply.text
+        return [c["text"] for c in reply.json()["choices"]]
+
+      with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        assert list(pool.map(send, bodies)) == want[flag], flag
+  finally:
+    for server in servers.values():
+      server.close()
+
+
+@pytest.mark.slow
 def test_bad_input_answers_400_naming_the_field_then_serves(server):
   cases = [
       (b"{not json", "body"),

@@ -49,6 +49,7 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.decoding import processors
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
+from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 
 
@@ -200,6 +201,11 @@ class Engine:
     # than the character priming leaves unconsumed).
     self.prime_chars = max(self.chunk_steps, 8)
     self._unconsumed = self.generator.programs.unconsumed
+    # The paths that compile XLA programs at a call's shapes (the whole
+    # call under XLA; the elementwise path's decode step, at the batch and
+    # the stop and regex tables' sizes) run at bucketed shapes, which the
+    # warm-up compiles: no request compiles anything new after it.
+    self._bucketed = self.generator.path != paths.GRAPH
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
     self._history_length = int(request_lib.bucket(
@@ -269,25 +275,34 @@ class Engine:
     return drained
 
   def warm_up(self) -> None:
-    """Traces (and under XLA compiles) every program a request can need.
+    """Traces (and where the path compiles, compiles) every program a
+    request can need.
 
-    One call per batch bucket up to `max_batch` and per prompt width
-    (`_prompt_width`'s two); a call over carried rows, or over a long
-    prompt's pieces, has the same shapes.
+    On a bucketed path (`_bucketed`), one call per batch bucket up to
+    `max_batch` and per distinct prompt width (`_prompt_width`'s), each
+    with and without scores: the elementwise path compiles the decode
+    step of the plain and the general tail (`loop.run_decode`'s two
+    branches) when a call first takes each. A call over carried rows, or
+    over a long prompt's pieces, has the same shapes.
     """
-    batches = sorted({request_lib.batch_bucket(n) if self.generator.jit_compile
-                      else 1 for n in range(1, self.max_batch + 1)})
-    widths = [1] + ([min(self.prime_chars, self.max_prompt_chars)]
-                    if self.generator.jit_compile else [])
+    batches, widths = [1], [1]  # The graph path: one trace fits all.
+    if self._bucketed:
+      batches = sorted({request_lib.batch_bucket(n)
+                        for n in range(1, self.max_batch + 1)})
+      widths = sorted({self._prompt_width(1), self._prompt_width(
+          min(self.prime_chars, self.max_prompt_chars))})
     params = options_lib.DEFAULTS
     for batch in batches:
       for width in widths:
-        dummy = Completion([np.zeros([width], np.int32)] * batch,
-                           [params] * batch, seed=0, max_tokens=1,
-                           key=BatchKey(), want_scores=False,
-                           sink=lambda update: None)
-        self._call(dummy.rows, fresh=np.ones([batch], bool),
-                   primes_only=np.zeros([batch], bool), carry=None, steps=1)
+        for want_scores in (False, True):
+          dummy = Completion([np.zeros([width], np.int32)] * batch,
+                             [params] * batch, seed=0, max_tokens=1,
+                             key=BatchKey(), want_scores=want_scores,
+                             sink=lambda update: None)
+          self._call(dummy.rows, fresh=np.ones([batch], bool),
+                     primes_only=np.zeros([batch], bool), carry=None,
+                     steps=1)
+
 
   # -- the scheduler thread --------------------------------------------------
 
@@ -432,7 +447,7 @@ class Engine:
 
   def _prompt_width(self, longest: int) -> int:
     """The prompt ids' width: under XLA one of two, so widths compile twice."""
-    if not self.generator.jit_compile:
+    if not self._bucketed:
       return longest
     return 8 if longest <= 8 else _power_of_two_at_least(
         min(self.prime_chars, self.max_prompt_chars), 8)
@@ -467,7 +482,7 @@ class Engine:
     automaton = self._stops_cache.get(stop)
     if automaton is None:
       automaton = host.stop_automaton(self.model, stop)
-      if self.generator.jit_compile:
+      if self._bucketed:
         states = len(automaton.accept)
         padding = request_lib.bucket(states, 16) - states
         automaton = automaton._replace(
@@ -515,7 +530,7 @@ class Engine:
             np.array([row.completion.seed for row in rows], np.int64),
             np.array([row.index for row in rows], np.int32)),
         stops=self._stops(key.stop),
-        bucket_shapes=self.generator.jit_compile,
+        bucket_shapes=self._bucketed,
         state_sizes=self.generator.state_sizes(),
         constraint=(constraints.combine(self.model, [key.regex] * batch)
                     if key.regex is not None else None),
