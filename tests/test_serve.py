@@ -284,34 +284,42 @@ def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
 
 
 @pytest.mark.slow
-def test_xla_and_elementwise_servers_give_generates_text_on_their_path(
-    model_path, model):
-  """The other two paths through the server, kept cheap for CI.
+def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
+                                                                  model):
+  """The other two paths through the server, and its slots over 2 devices.
 
-  Few shapes, so few compiles: 2 slots (batch buckets 1 and 2) and pieces
-  of 8 (one prompt width), both servers warming up at once while this
-  process computes the references, each request one row of 16 characters
-  with the same stop string (one shape of `generate`'s program per path).
+  Kept cheap for CI: few shapes, so few compiles (2 slots: batch buckets 1
+  and 2; pieces of 8: one prompt width); the three servers start at once
+  while this process computes the references; each request is one row of
+  16 characters with the same stop string (one shape of `generate`'s
+  program per path). The strategy's server runs the graph path over two
+  logical CPUs with 3 slots (an odd count: a replica is padded).
   """
-  paths = {"true": True, "elementwise": "elementwise"}
-  servers = {flag: serve_process.RemoteServer([
-      f"--model={model_path}", "--max_batch=2", "--chunk_steps=8",
-      "--max_queue=8", "--max_tokens_limit=48", "--max_prompt_chars=16",
-      f"--jit_compile={flag}"], wait=False) for flag in paths}
+  servers = {  # name: (flags, generate's jit_compile)
+      "xla": (["--jit_compile=true", "--max_batch=2"], True),
+      "elementwise": (["--jit_compile=elementwise", "--max_batch=2"],
+                      "elementwise"),
+      "strategy": (["--jit_compile=false", "--max_batch=3",
+                    "--strategy=mirrored", "--devices=/cpu:0,/cpu:1"], False),
+  }
+  running = {name: serve_process.RemoteServer([
+      f"--model={model_path}", "--chunk_steps=8", "--max_queue=8",
+      "--max_tokens_limit=48", "--max_prompt_chars=16"] + flags, wait=False)
+             for name, (flags, _) in servers.items()}
   try:
-    # 16 characters: primed in three pieces. Four requests for 2 slots:
-    # rows join and leave while others run.
+    # 16 characters: primed in three pieces. Four requests for 2 or 3
+    # slots: rows join and leave while others run.
     bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=["th"],
                    temperature=temperature)
               for seed, (prompt, temperature) in enumerate([
                   ("First Citizen:\nB", 0.8), ("KING RICHARD III", 0.0),
                   ("ROMEO:\nBut soft,", 1.3), ("To be, or not to", 0.8)])]
-    want = {flag: [serve_process.expected(model, body, body["seed"],
+    want = {name: [serve_process.expected(model, body, body["seed"],
                                           jit_compile=jit_compile)[0]
                    for body in bodies]
-            for flag, jit_compile in paths.items()}
-    for flag, server in servers.items():
-      server.wait_until_healthy()
+            for name, (_, jit_compile) in servers.items()}
+    for name, server in running.items():
+      server.wait_until_healthy(300)  # Three compiling at once.
 
       def send(body, server=server):
         if body["seed"] % 2:
@@ -321,9 +329,9 @@ def test_xla_and_elementwise_servers_give_generates_text_on_their_path(
         return [c["text"] for c in reply.json()["choices"]]
 
       with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-        assert list(pool.map(send, bodies)) == want[flag], flag
+        assert list(pool.map(send, bodies)) == want[name], name
   finally:
-    for server in servers.values():
+    for server in running.values():
       server.close()
 
 

@@ -51,6 +51,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
+from rnnstep.model import network
 
 
 class BatchKey(NamedTuple):
@@ -178,6 +179,9 @@ class Engine:
     max_tokens_limit: the largest `max_tokens` a request may ask.
     max_prompt_chars: the longest prompt (the history buffer holds a prompt
       and its whole continuation).
+    strategy: None, or a `tf.distribute.Strategy` over which each chunk's
+      rows are split evenly (`rnnstep.generate`'s `strategy=`): the slots
+      spread over its devices, every row's text unchanged.
 
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
@@ -186,8 +190,11 @@ class Engine:
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
                max_queue: int, max_tokens_limit: int,
-               max_prompt_chars: int = 1024):
+               max_prompt_chars: int = 1024, strategy=None):
+    if strategy is not None:  # Its weights on every replica, as generate's.
+      model = network.replicated(model, strategy)
     self.model = model
+    self.strategy = strategy
     self.generator = generator_lib.cached(model, path)
     self.max_batch = int(max_batch)
     self.chunk_steps = int(chunk_steps)
@@ -555,13 +562,33 @@ class Engine:
         for whole, one in zip(carry.history, history):
           whole[r] = one[0]
     called = time.monotonic()
-    result = self.generator.call("serve_fn", request, carry, fresh[index],
-                                 primes_only[index])
+    args = (request, carry, fresh[index], primes_only[index])
+    if self.strategy is None:
+      result = self.generator.call("serve_fn", *args)
+    else:
+      result = self._call_distributed(args)
     self.stats.device_seconds += time.monotonic() - called
-    out_carry = tf.nest.map_structure(lambda x: x.numpy()[:batch],
-                                      result.carry)
-    return ((result.ids.numpy()[:batch], result.lengths.numpy()[:batch],
-             result.scores.numpy()[:batch], out_carry.done), out_carry)
+    result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
+    return ((result.ids, result.lengths, result.scores, result.carry.done),
+            result.carry)
+
+  def _call_distributed(self, args):
+    """`serve_fn` over `args` with the rows split over the strategy's
+    replicas (`host.run_distributed`); returns the `Result` of numpy arrays.
+    """
+    structure = []
+
+    def run(*replica_args):  # Per replica; every output has rows first.
+      result = self.generator.serve_fn(*replica_args)
+      structure[:] = [result]
+      # The strategy's gather takes no bool (`done`): gathered as int32.
+      return tuple(tf.cast(x, tf.int32) if x.dtype == tf.bool else x
+                   for x in tf.nest.flatten(result))
+
+    flat = host.run_distributed(run, self.strategy, *args)
+    return tf.nest.pack_sequence_as(structure[0], [
+        x.astype(bool) if like.dtype == tf.bool else x
+        for x, like in zip(flat, tf.nest.flatten(structure[0]))])
 
   def _zero_carry(self):
     """A one-row numpy `Carry` of this engine's shapes (a fresh row's filler)."""
