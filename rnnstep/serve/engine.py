@@ -310,7 +310,6 @@ class Engine:
                      primes_only=np.zeros([batch], bool), carry=None,
                      steps=1)
 
-
   # -- the scheduler thread --------------------------------------------------
 
   def _run(self) -> None:
