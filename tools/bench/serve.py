@@ -312,6 +312,8 @@ def main(argv):
         for repeat in range(_REPEATS.value):
           if repeat and kind == "serve":  # The bound under the same load.
             bounds.append(bound(model, jit, seed=2 + repeat))
+            print(f"library generate at batch {_MAX_BATCH.value}: "
+                  f"{bounds[-1]:.0f} chars/s", flush=True)
           client, server = time.process_time(), cpu_seconds(process.pid)
           results, seconds = asyncio.run(drive(url, kind, requests))
           report(kind, rate, results, seconds)
