@@ -94,7 +94,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
   """Rows admitted at different chunks, in any slot, with per-row options."""
   engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
                              max_queue=64, max_tokens_limit=64,
-                             max_prompt_chars=64)
+                             max_prompt_chars=128)
   engine.warm_up()
   traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   engine.start()
@@ -109,6 +109,13 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
       (["q"], 30, 5, engine_lib.BatchKey(no_repeat_ngram_size=2), False, {}),
       (["a"], 30, 6, engine_lib.BatchKey(regex="[a-z ]+\\."), False,
        dict(temperature=0.0)),
+      # Prompts longer than a piece (8 characters here), primed across
+      # chunks beside short ones; the penalty reads the whole prompt's
+      # history (the last 7 characters of it).
+      ([PROMPTS[4] * 2, "ab", PROMPTS[3]], 25, 7,
+       engine_lib.BatchKey(repetition_window=7), True,
+       dict(repetition_penalty=1.3)),
+      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.BatchKey(), False, {}),
   ]
   outputs = []
   for prompts, max_tokens, seed, key, want, options in cases:
@@ -135,7 +142,8 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
     reference = rnnstep.generate(
         model, prompts, max_tokens, seed=seed, stop=list(key.stop) or None,
         regex=key.regex, no_repeat_ngram_size=key.no_repeat_ngram_size,
-        return_scores=want, jit_compile=False, **options)
+        repetition_window=key.repetition_window, return_scores=want,
+        jit_compile=False, **options)
     texts = [out[i][0] for i in range(len(prompts))]
     if want:
       reference, scores = reference
@@ -238,6 +246,96 @@ def test_concurrent_random_requests_each_equal_generate(server, model):
 
 
 @pytest.mark.slow
+def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
+    server, model):
+  # 230 characters, in pieces of 8 (the server's --chunk_steps) each
+  # overlapping the last by the character priming leaves to the first step:
+  # 32 calls only prime, the 33rd primes the last piece and decodes.
+  long_prompt = " ".join([PROMPTS[3]] * 7)
+  alone = dict(prompt=long_prompt, max_tokens=16, seed=11)
+  chunks = once_idle(server, "rnnstep_chunks")
+  assert post(server, alone).json()["choices"][0]["text"] == (
+      serve_process.expected(model, alone, 11)[0][0])
+  # 16 characters take 2 calls of 8 steps: primed whole, 2 calls in all.
+  assert once_idle(server, "rnnstep_chunks") - chunks == 32 + 2
+  # Beside rows decoding (streamed, admitted first) and rows of its own
+  # request that decode while it primes; the penalty reads the whole
+  # prompt's history.
+  others = [dict(prompt=p, max_tokens=160, seed=k, temperature=0.9)
+            for k, p in enumerate(PROMPTS[:3])]
+  long_ones = [dict(prompt=[long_prompt, "a", long_prompt[:100]], n=1,
+                    max_tokens=60, seed=12, repetition_penalty=1.3),
+               dict(prompt=long_prompt[:150], max_tokens=40, seed=13,
+                    stop=["e"], temperature=0.7)]
+
+  def send(body):
+    if body in others:
+      texts, _, _, _ = stream_text(server, body)
+      return [texts[0]]
+    time.sleep(0.2)  # After the others have started decoding.
+    reply = post(server, body)
+    assert reply.status_code == 200, reply.text
+    return [c["text"] for c in reply.json()["choices"]]
+
+  with concurrent.futures.ThreadPoolExecutor(5) as pool:
+    results = list(pool.map(send, others + long_ones))
+  for body, texts in zip(others + long_ones, results):
+    assert texts == serve_process.expected(model, body, body["seed"])[0], body
+
+
+@pytest.mark.slow
+def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
+                                                                  model):
+  """The other two paths through the server, and its slots over 2 devices.
+
+  Kept cheap for CI: few shapes, so few compiles (2 slots: batch buckets 1
+  and 2; pieces of 8: one prompt width); the three servers start at once
+  while this process computes the references; each request is one row of
+  16 characters with the same stop string (one shape of `generate`'s
+  program per path). The strategy's server runs the graph path over two
+  logical CPUs with 3 slots (an odd count: a replica is padded).
+  """
+  servers = {  # name: (flags, generate's jit_compile)
+      "xla": (["--jit_compile=true", "--max_batch=2"], True),
+      "elementwise": (["--jit_compile=elementwise", "--max_batch=2"],
+                      "elementwise"),
+      "strategy": (["--jit_compile=false", "--max_batch=3",
+                    "--strategy=mirrored", "--devices=/cpu:0,/cpu:1"], False),
+  }
+  running = {name: serve_process.RemoteServer([
+      f"--model={model_path}", "--chunk_steps=8", "--max_queue=8",
+      "--max_tokens_limit=48", "--max_prompt_chars=16"] + flags, wait=False)
+             for name, (flags, _) in servers.items()}
+  try:
+    # 16 characters: primed in three pieces. Four requests for 2 or 3
+    # slots: rows join and leave while others run.
+    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=["th"],
+                   temperature=temperature)
+              for seed, (prompt, temperature) in enumerate([
+                  ("First Citizen:\nB", 0.8), ("KING RICHARD III", 0.0),
+                  ("ROMEO:\nBut soft,", 1.3), ("To be, or not to", 0.8)])]
+    want = {name: [serve_process.expected(model, body, body["seed"],
+                                          jit_compile=jit_compile)[0]
+                   for body in bodies]
+            for name, (_, jit_compile) in servers.items()}
+    for name, server in running.items():
+      server.wait_until_healthy(300)  # Three compiling at once.
+
+      def send(body, server=server):
+        if body["seed"] % 2:
+          return [stream_text(server, body)[0][0]]
+        reply = post(server, body)
+        assert reply.status_code == 200, reply.text
+        return [c["text"] for c in reply.json()["choices"]]
+
+      with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        assert list(pool.map(send, bodies)) == want[name], name
+  finally:
+    for server in running.values():
+      server.close()
+
+
+@pytest.mark.slow
 def test_bad_input_answers_400_naming_the_field_then_serves(server):
   cases = [
       (b"{not json", "body"),
@@ -287,13 +385,19 @@ def metric(server, name, labels=""):
   return float(found.group(1)) if found else 0.0
 
 
-def generated_once_idle(server, before):
-  """Characters generated since `before` (the counter), once no row runs."""
+def once_idle(server, name):
+  """A metric's value once no row runs (the scheduler has counted its last
+  chunk: it may answer a request before it counts the chunk)."""
   deadline = time.monotonic() + 10
   while metric(server, "rnnstep_requests_running") > 0:
     assert time.monotonic() < deadline
     time.sleep(0.05)
-  return metric(server, "rnnstep_generated_characters_total") - before
+  return metric(server, name)
+
+
+def generated_once_idle(server, before):
+  """Characters generated since `before` (the counter), once no row runs."""
+  return once_idle(server, "rnnstep_generated_characters_total") - before
 
 
 @pytest.mark.slow

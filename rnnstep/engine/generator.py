@@ -79,13 +79,15 @@ class Programs(tf.Module):
         input_signature=[weights_spec, request_spec, carry_spec, window_spec])
     # The serving engine's one call per chunk (`rnnstep/serve/engine.py`):
     # rows admitted now are primed and join rows carried from earlier chunks,
-    # each row at its own position (`carry_spec(per_row_step=True)`).
+    # each row at its own position (`carry_spec(per_row_step=True)`); a long
+    # prompt's rows prime one piece a call (`primes_only`).
     self.serve_fn = tf.function(
         self._serve_impl, **compiled, input_signature=[
             weights_spec, request_spec,
             request_lib.carry_spec(state_sizes, model.vocab_size,
                                    per_row_step=True),
-            tf.TensorSpec([None], tf.bool, name="fresh")])
+            tf.TensorSpec([None], tf.bool, name="fresh"),
+            tf.TensorSpec([None], tf.bool, name="primes_only")])
     self.step = tf.function(self._step_impl, **compiled, input_signature=[
         weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
         carry_spec.state])
@@ -119,13 +121,21 @@ class Programs(tf.Module):
     """Whether the decode loop chooses an id, then consumes it (elementwise)."""
     return self.path == paths.ELEMENTWISE
 
+  @property
+  def unconsumed(self) -> int:
+    """Prompt characters priming leaves to the first decode step (0 or 1).
+
+    A `Carry`'s state has consumed all of its prompt but these: on the xla
+    and graph paths the last character, which the first step consumes.
+    """
+    return 0 if self._chooses_first else 1
+
   def _generate_impl(self, weights, request: request_lib.Request
                      ) -> request_lib.Result:
     network = self._network(weights)
     # Priming leaves each row's last character to the first decode step,
     # except where the loop chooses before it consumes.
-    carry = loop.start_carry(network, request,
-                             unconsumed=0 if self._chooses_first else 1)
+    carry = loop.start_carry(network, request, unconsumed=self.unconsumed)
     return loop.run_decode(network, request, carry, self._chooses_first)
 
   def _beam_impl(self, weights, request: request_lib.Request
@@ -136,25 +146,38 @@ class Programs(tf.Module):
     return loop.run_decode(self._network(weights), request, carry,
                        self._chooses_first)
 
-  def _serve_impl(self, weights, request, carry, fresh):
+  def _serve_impl(self, weights, request, carry, fresh, primes_only):
     """Primes the `fresh` rows' prompts, then decodes every row on.
 
     The other rows' prompts are one (ignored) character each, so priming
     costs the longest fresh prompt; their carried values are kept as they
-    are. The result equals, row by row, `_generate_impl` for a fresh row and
-    `_continue_impl` for a carried one: the same `start_carry` and
-    `run_decode`, with each row's noise keyed by its own step.
+    are. A fresh row primes from its carried state: zeros for a new row; for
+    a prompt longer than a chunk, the state after its earlier pieces, so
+    that a long prompt is primed a piece a call while the other rows decode
+    (`engine.Engine`). The result equals, row by row, `_generate_impl` for a
+    fresh row and `_continue_impl` for a carried one: the same `start_carry`
+    and `run_decode`, with each row's noise keyed by its own step.
 
     Args:
       weights: the model's weights.
       request: the `Request` of every row (its `lookback.history_length` the
-        width of `carry.history.ids`).
-      carry: the `Carry` (`step` per row); a fresh row's values are unused.
-      fresh: bool `[B]`, the rows whose prompt starts here.
+        width of `carry.history.ids`; its `initial_state` unused).
+      carry: the `Carry` (`step` per row). A fresh row's `state` is where its
+        priming starts and its `history` the history after its whole prompt
+        (made on the host, `processors.start`'s: a row whose prompt is
+        primed in pieces sees no whole prompt here); its other values are
+        unused.
+      fresh: bool `[B]`, the rows whose prompt (or its next piece) starts
+        here.
+      primes_only: bool `[B]`, fresh rows that only prime (a piece that is
+        not their prompt's last): they take no step, and their result's
+        `carry.state` is the primed state (the rest of their row is
+        meaningless).
     """
     network = self._network(weights)
-    started = loop.start_carry(network, request,
-                               unconsumed=0 if self._chooses_first else 1)
+    started = loop.start_carry(
+        network, request._replace(initial_state=carry.state),
+        unconsumed=self.unconsumed)
 
     def pick(new, old):
       mask = tf.reshape(fresh, [-1] + [1] * (len(old.shape) - 1))
@@ -164,12 +187,33 @@ class Programs(tf.Module):
         state=tf.nest.map_structure(pick, started.state, carry.state),
         last_ids=pick(started.last_ids, carry.last_ids),
         stop_state=pick(started.stop_state, carry.stop_state),
-        done=pick(started.done, carry.done),
+        # A row that only primes is done from the start: it chooses nothing,
+        # and a call of such rows alone takes no step.
+        done=pick(started.done | primes_only, carry.done),
         step=tf.where(fresh, tf.zeros_like(carry.step), carry.step),
-        history=tf.nest.map_structure(pick, started.history, carry.history),
+        history=carry.history,
         scores=pick(started.scores, carry.scores),
         dfa_state=pick(started.dfa_state, carry.dfa_state))
-    return loop.run_decode(network, request, merged, self._chooses_first)
+
+    def decode():
+      result = loop.run_decode(network, request, merged, self._chooses_first)
+      # The loop steps every row's cells, done or not: a priming row's state
+      # is the one priming left.
+      primed = tf.nest.map_structure(
+          lambda new, old: tf.where(primes_only[:, None], new, old),
+          started.state, result.carry.state)
+      return result._replace(carry=result.carry._replace(state=primed))
+
+    def prime_only():
+      # Every row only primes: no step to take (and a loop of no steps has
+      # no ids to stack).
+      rows = tf.shape(fresh)[0]
+      return request_lib.Result(
+          ids=tf.zeros([rows, request.capacity], tf.int32),
+          lengths=tf.zeros([rows], tf.int32), scores=merged.scores,
+          carry=merged)
+
+    return tf.cond(tf.reduce_all(primes_only), prime_only, decode)
 
   # Every path runs windows in `consume_then_choose`'s order; the elementwise
   # path's network still compiles each cell's gate math.

@@ -245,7 +245,7 @@ class Sequences(NamedTuple):
   scores: List[List[float]]
 
 
-def run_distributed(run, strategy, request: request_lib.Request):
+def run_distributed(run, strategy, request: request_lib.Request, *row_args):
   """Runs a request with its rows split evenly over a strategy's replicas.
 
   Every row keeps its own (seed, index) key, so the text equals the
@@ -253,10 +253,13 @@ def run_distributed(run, strategy, request: request_lib.Request):
   replica. Every worker of a multi-worker strategy gets all rows.
 
   Args:
-    run: the compiled work, `run(request) -> tuple of tensors`, each with the
-      rows as its first dimension.
+    run: the compiled work, `run(request, *row_args) -> tuple of tensors`,
+      each with the rows as its first dimension.
     strategy: the `tf.distribute.Strategy`.
     request: the whole `Request`.
+    *row_args: more arguments of `run`, each a nest of host arrays whose
+      first dimension is the request's rows (the serving engine's carry),
+      split with them.
 
   Returns:
     `run`'s tensors for all rows as numpy arrays, rows in order (padding rows
@@ -267,18 +270,22 @@ def run_distributed(run, strategy, request: request_lib.Request):
   per_replica = -(-batch // replicas)
   request = request_lib.pad_rows(request, per_replica * replicas)
   host = tf.nest.map_structure(np.asarray, request)
+  index = np.concatenate([np.arange(batch),
+                          np.zeros([per_replica * replicas - batch], np.int64)])
+  row_args = tf.nest.map_structure(lambda x: np.asarray(x)[index], row_args)
 
   def replica_values(ctx):
     first = ctx.replica_id_in_sync_group * per_replica
-    return host.map_rows(lambda x: x[first:first + per_replica])
+    take = lambda x: x[first:first + per_replica]
+    return (host.map_rows(take),) + tf.nest.map_structure(take, row_args)
 
   # Each replica's own rows; the shared fields are the same on every replica.
-  per_replica_request = strategy.experimental_distribute_values_from_function(
+  per_replica_args = strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.nest.map_structure(tf.constant, replica_values(ctx)))
 
   # A plain callable: the strategy then calls it once per replica with that
   # replica's values (it would hand a tf.function the PerReplica wrappers).
-  results = strategy.run(run, args=(per_replica_request,))
+  results = strategy.run(run, args=tuple(per_replica_args))
   # gather (not local results) so that every worker of a multi-worker
   # strategy gets all rows.
   return tuple(strategy.gather(x, axis=0).numpy() for x in results)

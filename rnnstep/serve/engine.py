@@ -9,7 +9,11 @@ touches the device), it
   - retires rows that finished (a stop string, a regex end, `max_tokens`) or
     whose client went away (`Completion.cancel`);
   - admits waiting rows into the free slots: their prompts are primed inside
-    the same call that decodes the other rows (`serve_fn`'s `fresh` rows);
+    the same call that decodes the other rows (`serve_fn`'s `fresh` rows).
+    A prompt longer than a piece (`prime_chars`: the chunk's steps, at least
+    8) is primed a piece a call, its state carried between them like a
+    decoding row's, so that no call primes more than a piece and a long
+    prompt holds the other rows up by no more than one chunk's worth;
   - hands each row's new characters to its `Completion`'s sink.
 
 A row's text equals `rnnstep.generate`'s for its prompt, seed and options
@@ -45,7 +49,9 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.decoding import processors
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
+from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
+from rnnstep.model import network
 
 
 class BatchKey(NamedTuple):
@@ -94,6 +100,9 @@ class Row:
     text: its incremental decoder (`vocabulary.StreamText`), made when its
       first ids come: a token model's chunk never splits a character and
       is cut at a stop string's end.
+    primed: prompt ids its carried state has consumed (while its prompt is
+      primed in pieces).
+    decoding: its whole prompt is primed; it decodes.
   """
   completion: "Completion"
   index: int
@@ -101,6 +110,8 @@ class Row:
   params: options_lib.Params
   produced: int = 0
   text: Optional[object] = None
+  primed: int = 0
+  decoding: bool = False
 
 
 class Completion:
@@ -172,12 +183,22 @@ class Engine:
     max_tokens_limit: the largest `max_tokens` a request may ask.
     max_prompt_chars: the longest prompt (the history buffer holds a prompt
       and its whole continuation).
+    strategy: None, or a `tf.distribute.Strategy` over which each chunk's
+      rows are split evenly (`rnnstep.generate`'s `strategy=`): the slots
+      spread over its devices, every row's text unchanged.
+
+  Attributes:
+    prime_chars: the longest prompt piece one call primes; a longer prompt
+      is primed across calls.
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
                max_queue: int, max_tokens_limit: int,
-               max_prompt_chars: int = 1024):
+               max_prompt_chars: int = 1024, strategy=None):
+    if strategy is not None:  # Its weights on every replica, as generate's.
+      model = network.replicated(model, strategy)
     self.model = model
+    self.strategy = strategy
     self.generator = generator_lib.cached(model, path)
     self.max_batch = int(max_batch)
     self.chunk_steps = int(chunk_steps)
@@ -185,6 +206,17 @@ class Engine:
     self.max_tokens_limit = int(max_tokens_limit)
     self.max_prompt_chars = int(max_prompt_chars)
     self.stats = Stats()
+    # A piece as long as a chunk: priming a piece costs about what the
+    # chunk's decode steps cost, so a long prompt at most doubles one call.
+    # At least 8 (XLA's narrowest prompt width; and a piece must be longer
+    # than the character priming leaves unconsumed).
+    self.prime_chars = max(self.chunk_steps, 8)
+    self._unconsumed = self.generator.programs.unconsumed
+    # The paths that compile XLA programs at a call's shapes (the whole
+    # call under XLA; the elementwise path's decode step, at the batch and
+    # the stop and regex tables' sizes) run at bucketed shapes, which the
+    # warm-up compiles: no request compiles anything new after it.
+    self._bucketed = self.generator.path != paths.GRAPH
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
     self._history_length = int(request_lib.bucket(
@@ -254,24 +286,33 @@ class Engine:
     return drained
 
   def warm_up(self) -> None:
-    """Traces (and under XLA compiles) every program a request can need.
+    """Traces (and where the path compiles, compiles) every program a
+    request can need.
 
-    One call per batch bucket up to `max_batch` and per prompt width
-    (`_prompt_width`'s two); a call over carried rows has the same shapes.
+    On a bucketed path (`_bucketed`), one call per batch bucket up to
+    `max_batch` and per distinct prompt width (`_prompt_width`'s), each
+    with and without scores: the elementwise path compiles the decode
+    step of the plain and the general tail (`loop.run_decode`'s two
+    branches) when a call first takes each. A call over carried rows, or
+    over a long prompt's pieces, has the same shapes.
     """
-    batches = sorted({request_lib.batch_bucket(n) if self.generator.jit_compile
-                      else 1 for n in range(1, self.max_batch + 1)})
-    widths = [1] + ([self.max_prompt_chars] if self.generator.jit_compile
-                    else [])
+    batches, widths = [1], [1]  # The graph path: one trace fits all.
+    if self._bucketed:
+      batches = sorted({request_lib.batch_bucket(n)
+                        for n in range(1, self.max_batch + 1)})
+      widths = sorted({self._prompt_width(1), self._prompt_width(
+          min(self.prime_chars, self.max_prompt_chars))})
     params = options_lib.DEFAULTS
     for batch in batches:
       for width in widths:
-        dummy = Completion([np.zeros([width], np.int32)] * batch,
-                           [params] * batch, seed=0, max_tokens=1,
-                           key=BatchKey(), want_scores=False,
-                           sink=lambda update: None)
-        self._call(dummy.rows, fresh=np.ones([batch], bool), carry=None,
-                   steps=1)
+        for want_scores in (False, True):
+          dummy = Completion([np.zeros([width], np.int32)] * batch,
+                             [params] * batch, seed=0, max_tokens=1,
+                             key=BatchKey(), want_scores=want_scores,
+                             sink=lambda update: None)
+          self._call(dummy.rows, fresh=np.ones([batch], bool),
+                     primes_only=np.zeros([batch], bool), carry=None,
+                     steps=1)
 
   # -- the scheduler thread --------------------------------------------------
 
@@ -301,16 +342,26 @@ class Engine:
       carry = None
       if self._carry is not None and kept:
         carry = tf.nest.map_structure(lambda x: x[kept], self._carry)
-      fresh = np.array([False] * len(kept) + [True] * len(fresh_rows))
+      # Admitted rows, and carried rows whose prompt is still being primed,
+      # start their prompt's next piece; a piece that is not the last only
+      # primes.
+      fresh = np.array([not row.decoding for row in rows])
+      primes_only = np.array([
+          not row.decoding
+          and len(row.prompt_ids) - row.primed > self.prime_chars
+          for row in rows])
       steps = self.chunk_steps
-      if any(row.completion.want_scores for row in rows):
+      scored = [row for row, only in zip(rows, primes_only)
+                if row.completion.want_scores and not only]
+      if scored:
         # A row's score counts only its own characters: such a chunk ends at
         # the first of their limits.
         steps = min([steps] + [row.completion.max_tokens - row.produced
-                               for row in rows if row.completion.want_scores])
+                               for row in scored])
       started = time.monotonic()
       try:
-        result, self._carry = self._call(rows, fresh=fresh, carry=carry,
+        result, self._carry = self._call(rows, fresh=fresh,
+                                         primes_only=primes_only, carry=carry,
                                          steps=steps)
       except Exception as e:  # pylint: disable=broad-except
         # Not expected (requests are checked before they queue); the rows
@@ -320,7 +371,12 @@ class Engine:
           self._send(row, Update(row.index, "", "error", 0.0))
         self._active, self._carry = [], None
         continue
-      self._active = self._hand_out(rows, result)
+      for row, only in zip(rows, primes_only):
+        if only:  # The piece's characters but the unconsumed ones.
+          row.primed += self.prime_chars - self._unconsumed
+        else:
+          row.decoding = True
+      self._active = self._hand_out(rows, result, primes_only)
       self.stats.busy_seconds += time.monotonic() - started
       self.stats.chunks += 1
       self.stats.running = len(self._active)
@@ -362,11 +418,24 @@ class Engine:
     self.stats.waiting = len(self._waiting)
     return admitted
 
-  def _hand_out(self, rows: List[Row], result) -> List[Row]:
-    """Sends each row its new characters; returns the rows still running."""
+  def _hand_out(self, rows: List[Row], result,
+                primes_only: np.ndarray) -> List[Row]:
+    """Sends each row its new characters; returns the rows still running.
+
+    Args:
+      rows: the call's rows.
+      result: its `(ids, lengths, scores, done)`.
+      primes_only: bool per row: it only primed (nothing to send yet).
+
+    Returns:
+      The rows that go on, in order.
+    """
     ids, lengths, scores, done = result
     running = []
     for r, row in enumerate(rows):
+      if primes_only[r]:
+        running.append(row)
+        continue
       completion = row.completion
       room = completion.max_tokens - row.produced
       new = ids[r, :min(int(lengths[r]), room)]
@@ -390,10 +459,31 @@ class Engine:
 
   def _prompt_width(self, longest: int) -> int:
     """The prompt ids' width: under XLA one of two, so widths compile twice."""
-    if not self.generator.jit_compile:
+    if not self._bucketed:
       return longest
-    return 8 if longest <= 8 else _power_of_two_at_least(self.max_prompt_chars,
-                                                         8)
+    return 8 if longest <= 8 else _power_of_two_at_least(
+        min(self.prime_chars, self.max_prompt_chars), 8)
+
+  def _piece(self, row: Row) -> np.ndarray:
+    """The ids a fresh row primes in this call: its prompt from where its
+    state stands, at most `prime_chars` of them."""
+    return row.prompt_ids[row.primed:row.primed + self.prime_chars]
+
+  def _history(self, row: Row, key: BatchKey) -> processors.History:
+    """A one-row `History` after the row's whole prompt, on the host.
+
+    `processors.start`'s values for the prompt (which `serve_fn` cannot
+    make from a prompt primed in pieces): its ids, its length, and the
+    counts of its last `repetition_window` ids (all of them for 0).
+    """
+    prompt = row.prompt_ids
+    ids = np.zeros([1, self._history_length], np.int32)
+    ids[0, :len(prompt)] = prompt
+    first = max(len(prompt) - key.repetition_window, 0) if (
+        key.repetition_window > 0) else 0
+    counts = np.bincount(prompt[first:], minlength=self.model.vocab_size)
+    return processors.History(ids, np.array([len(prompt)], np.int32),
+                              counts.astype(np.int32)[None, :])
 
   def _stops(self, stop):
     """The stop automaton of a key; under XLA its states padded to a bucket.
@@ -404,7 +494,7 @@ class Engine:
     automaton = self._stops_cache.get(stop)
     if automaton is None:
       automaton = host.stop_automaton(self.model, stop)
-      if self.generator.jit_compile:
+      if self._bucketed:
         states = len(automaton.accept)
         padding = request_lib.bucket(states, 16) - states
         automaton = automaton._replace(
@@ -415,12 +505,15 @@ class Engine:
       self._stops_cache[stop] = automaton
     return automaton
 
-  def _call(self, rows: List[Row], *, fresh: np.ndarray, carry, steps: int):
+  def _call(self, rows: List[Row], *, fresh: np.ndarray,
+            primes_only: np.ndarray, carry, steps: int):
     """Runs `serve_fn` once over `rows`.
 
     Args:
       rows: the rows, carried ones first.
-      fresh: bool per row: its prompt starts here.
+      fresh: bool per row: its prompt (or its prompt's next piece, `_piece`)
+        starts here.
+      primes_only: bool per row: a fresh row whose piece is not its last.
       carry: the numpy `Carry` of the carried rows (None: none).
       steps: steps to run (<= chunk_steps).
 
@@ -429,14 +522,13 @@ class Engine:
     """
     batch = len(rows)
     key = rows[0].completion.key
-    longest = max([len(row.prompt_ids) for row, f in zip(rows, fresh) if f]
-                  + [1])
+    pieces = {r: self._piece(row) for r, row in enumerate(rows) if fresh[r]}
+    longest = max([len(piece) for piece in pieces.values()] + [1])
     ids = np.zeros([batch, self._prompt_width(longest)], np.int32)
     lengths = np.ones([batch], np.int32)
-    for r, (row, is_fresh) in enumerate(zip(rows, fresh)):
-      if is_fresh:
-        ids[r, :len(row.prompt_ids)] = row.prompt_ids
-        lengths[r] = len(row.prompt_ids)
+    for r, piece in pieces.items():
+      ids[r, :len(piece)] = piece
+      lengths[r] = len(piece)
     sampling = options_lib.Params(*[
         np.array([row.params[i] for row in rows])
         for i in range(len(options_lib.PER_ROW))])
@@ -450,7 +542,7 @@ class Engine:
             np.array([row.completion.seed for row in rows], np.int64),
             np.array([row.index for row in rows], np.int32)),
         stops=self._stops(key.stop),
-        bucket_shapes=self.generator.jit_compile,
+        bucket_shapes=self._bucketed,
         state_sizes=self.generator.state_sizes(),
         constraint=(constraints.combine(self.model, [key.regex] * batch)
                     if key.regex is not None else None),
@@ -467,15 +559,41 @@ class Engine:
     if carry is not None:  # Carried rows first, then the fresh rows' fillers.
       fillers = tf.nest.map_structure(
           lambda x, y: np.concatenate([x, y]), carry, fillers)
-    carry = tf.nest.map_structure(lambda x: x[index], fillers)
+    carry = tf.nest.map_structure(lambda x: x[index], fillers)  # Copies.
     carry = carry._replace(step=np.asarray(carry.step, np.int32))
+    for r in pieces:  # A row about to decode starts from its whole prompt's.
+      if not primes_only[r]:
+        history = self._history(rows[r], key)
+        for whole, one in zip(carry.history, history):
+          whole[r] = one[0]
     called = time.monotonic()
-    result = self.generator.call("serve_fn", request, carry, fresh[index])
+    args = (request, carry, fresh[index], primes_only[index])
+    if self.strategy is None:
+      result = self.generator.call("serve_fn", *args)
+    else:
+      result = self._call_distributed(args)
     self.stats.device_seconds += time.monotonic() - called
-    out_carry = tf.nest.map_structure(lambda x: x.numpy()[:batch],
-                                      result.carry)
-    return ((result.ids.numpy()[:batch], result.lengths.numpy()[:batch],
-             result.scores.numpy()[:batch], out_carry.done), out_carry)
+    result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
+    return ((result.ids, result.lengths, result.scores, result.carry.done),
+            result.carry)
+
+  def _call_distributed(self, args):
+    """`serve_fn` over `args` with the rows split over the strategy's
+    replicas (`host.run_distributed`); returns the `Result` of numpy arrays.
+    """
+    structure = []
+
+    def run(*replica_args):  # Per replica; every output has rows first.
+      result = self.generator.serve_fn(*replica_args)
+      structure[:] = [result]
+      # The strategy's gather takes no bool (`done`): gathered as int32.
+      return tuple(tf.cast(x, tf.int32) if x.dtype == tf.bool else x
+                   for x in tf.nest.flatten(result))
+
+    flat = host.run_distributed(run, self.strategy, *args)
+    return tf.nest.pack_sequence_as(structure[0], [
+        x.astype(bool) if like.dtype == tf.bool else x
+        for x, like in zip(flat, tf.nest.flatten(structure[0]))])
 
   def _zero_carry(self):
     """A one-row numpy `Carry` of this engine's shapes (a fresh row's filler)."""

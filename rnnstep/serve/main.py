@@ -49,24 +49,76 @@ _MAX_TOKENS_LIMIT = flags.DEFINE_integer(
     "max_tokens_limit", 2048, "The largest max_tokens a request may ask.",
     lower_bound=1, upper_bound=1 << 20, flag_values=FLAGS)
 _MAX_PROMPT_CHARS = flags.DEFINE_integer(
-    "max_prompt_chars", 1024, "The longest prompt served.", lower_bound=1,
+    "max_prompt_chars", 1024, "The longest prompt served (a prompt longer "
+    "than a chunk is primed a chunk's worth of characters a call).",
+    lower_bound=1,
     upper_bound=1 << 20, flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_enum(
     "jit_compile", "auto", ["auto", "true", "false", "elementwise"],
     "Execution path, as generate's jit_compile (auto: the library's choice "
     "for --max_batch rows).", flag_values=FLAGS)
+_STRATEGY = flags.DEFINE_enum(
+    "strategy", "none", ["none", "mirrored"],
+    "mirrored: spread the slots over --devices (tf.distribute."
+    "MirroredStrategy, the library's strategy=): each chunk's rows are split "
+    "evenly over them, every row's text unchanged.", flag_values=FLAGS)
+_DEVICES = flags.DEFINE_list(
+    "devices", None, "With --strategy=mirrored, the devices (default: every "
+    "GPU, else the CPU). More CPUs than the machine has (/cpu:0,/cpu:1) "
+    "split its CPU into logical devices, for trying the strategy on a "
+    "CPU-only machine.", flag_values=FLAGS)
 _DRAIN_TIMEOUT = flags.DEFINE_float(
     "drain_timeout", 30.0, "On SIGTERM, seconds to finish the requests in "
     "flight.", lower_bound=0.0, flag_values=FLAGS)
 
 
-def _path(model) -> str:
+def _path(model, replicas: int) -> str:
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
   jit_compile = {"auto": None, "true": True, "false": False,
                  "elementwise": paths.ELEMENTWISE}[_JIT_COMPILE.value]
   path = paths.from_jit_compile(jit_compile)
-  return (paths.default_path(model, _MAX_BATCH.value) if path == paths.AUTO
-          else path)
+  # The library's choice for the rows one device runs, as generate's.
+  return (paths.default_path(model, -(-_MAX_BATCH.value // replicas))
+          if path == paths.AUTO else path)
+
+
+def _strategy():
+  """The `tf.distribute.Strategy` of --strategy and --devices, or None.
+
+  Called before anything touches a device: splitting the CPU into logical
+  devices must come before TensorFlow initializes it.
+
+  Raises:
+    common.Failure: --devices names devices this machine lacks.
+  """
+  if _STRATEGY.value == "none":
+    if _DEVICES.value:
+      raise common.Failure("--devices: needs --strategy=mirrored",
+                           common.EXIT_USAGE)
+    return None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  devices = _DEVICES.value or None
+  try:
+    cpus = [d for d in devices or () if tf.DeviceSpec.from_string(
+        d).device_type in ("CPU", "cpu")]
+    physical = tf.config.list_physical_devices("CPU")
+    if len(cpus) > len(physical):
+      tf.config.set_logical_device_configuration(
+          physical[0], [tf.config.LogicalDeviceConfiguration()] * (
+              len(cpus) - len(physical) + 1))
+    # MirroredStrategy takes any name; a device that is not there would
+    # only fail (or hang) at the first call.
+    present = {(d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
+               for d in tf.config.list_logical_devices()}
+    for name in devices or ():
+      spec = tf.DeviceSpec.from_string(name)
+      if ((spec.device_type or "").upper(), spec.device_index) not in present:
+        raise ValueError(f"no device {name} here (there are "
+                         f"{', '.join(sorted(f'/{t}:{i}' for t, i in present))})")
+    return tf.distribute.MirroredStrategy(devices)
+  except (ValueError, RuntimeError) as e:
+    raise common.Failure(f"--devices: {e}".splitlines()[0],
+                         common.EXIT_USAGE) from None
 
 
 def main(argv) -> int:
@@ -77,6 +129,7 @@ def main(argv) -> int:
   from rnnstep.serve import app as app_lib
   from rnnstep.serve import engine as engine_lib
   # pylint: enable=g-import-not-at-top
+  strategy = _strategy()
   try:
     model = common.load_model(_MODEL.value, _DTYPE.value)
   except common.Failure as e:  # Its words name rnnstep-generate's flag.
@@ -87,10 +140,11 @@ def main(argv) -> int:
                          f"{model.config.window} characters; rnnstep-serve "
                          "serves stateful models only", common.EXIT_USAGE)
   engine = engine_lib.Engine(
-      model, path=_path(model), max_batch=_MAX_BATCH.value,
-      chunk_steps=_CHUNK_STEPS.value, max_queue=_MAX_QUEUE.value,
-      max_tokens_limit=_MAX_TOKENS_LIMIT.value,
-      max_prompt_chars=_MAX_PROMPT_CHARS.value)
+      model, path=_path(model, strategy.num_replicas_in_sync if strategy
+                        else 1),
+      max_batch=_MAX_BATCH.value, chunk_steps=_CHUNK_STEPS.value,
+      max_queue=_MAX_QUEUE.value, max_tokens_limit=_MAX_TOKENS_LIMIT.value,
+      max_prompt_chars=_MAX_PROMPT_CHARS.value, strategy=strategy)
   server = app_lib.Server(model, engine, model_id=_MODEL.value or "shakespeare",
                           max_body_bytes=max(1 << 20,
                                              8 * _MAX_PROMPT_CHARS.value

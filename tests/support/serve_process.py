@@ -32,16 +32,29 @@ class RemoteServer:
   Args:
     args: its flags (--host and --port are added).
     startup_timeout: seconds to wait for /health.
+    wait: wait for /health here; else the caller calls `wait_until_healthy`
+      (and can meanwhile start another server, or compute references).
   """
 
-  def __init__(self, args, startup_timeout: float = 120.0):
+  def __init__(self, args, startup_timeout: float = 120.0, wait: bool = True):
     self.port = free_port()
     self.process = subprocess.Popen(
         cli.command("rnnstep-serve", "rnnstep.serve.main")
         + list(args) + ["--host=127.0.0.1", f"--port={self.port}"],
         cwd=cli.REPO, env=cli.ENV, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + startup_timeout
+    self.started = time.monotonic()
+    if wait:
+      self.wait_until_healthy(startup_timeout)
+
+  def wait_until_healthy(self, startup_timeout: float = 120.0) -> None:
+    """Waits until /health answers 200, `startup_timeout` s from the start.
+
+    Raises:
+      RuntimeError: the process exited.
+      TimeoutError: it did not become healthy in time.
+    """
+    deadline = self.started + startup_timeout
     while True:
       if self.process.poll() is not None:
         raise RuntimeError(f"rnnstep-serve exited {self.process.returncode}: "

@@ -64,6 +64,13 @@ _SERVERS = flags.DEFINE_list("servers", ["lock", "batch", "serve"],
 _CHECK = flags.DEFINE_bool("check", False,
                            "Compare every (c) response with generate.")
 _SEED = flags.DEFINE_integer("seed", 0, "The request mix's seed.")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 1, "Runs of the bound and of each (server, rate), "
+    "alternating the bound with (c)'s runs; medians are reported.")
+_STREAM = flags.DEFINE_bool(
+    "stream", True, "(c) streams its responses (time to first character "
+    "measured where it happens); --nostream asks for whole responses, "
+    "which costs the client one JSON per request instead of one per chunk.")
 _SERVE_BASELINE = flags.DEFINE_enum("serve_baseline", None, ["lock", "batch"],
                                     "(internal) run baseline server (a)/(b).")
 _PORT = flags.DEFINE_integer("port", 0, "(internal) the baseline's port.")
@@ -206,7 +213,7 @@ async def one(client, url, kind, send_at, t0, prompt, max_tokens, seed):
   await asyncio.sleep(max(0.0, t0 + send_at - time.monotonic()))
   sent = time.monotonic()
   body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed}
-  if kind != "serve":
+  if kind != "serve" or not _STREAM.value:
     reply = await client.post(url + "/v1/completions", json=body)
     end = time.monotonic()
     text = reply.json()["choices"][0]["text"]
@@ -256,15 +263,27 @@ def report(kind, rate, results, seconds):
   print(line, flush=True)
 
 
-def bound(model, jit):
+def bound(model, jit, seed: int = 2):
   """The library's own chars/s at --max_batch rows (one generate call)."""
   import rnnstep  # pylint: disable=g-import-not-at-top
   steps = min(_MAX_TOKENS.value, 500)
   prompts = ["ROMEO:"] * _MAX_BATCH.value
   rnnstep.generate(model, prompts, steps, seed=1, jit_compile=jit)
   started = time.monotonic()
-  rnnstep.generate(model, prompts, steps, seed=2, jit_compile=jit)
+  rnnstep.generate(model, prompts, steps, seed=seed, jit_compile=jit)
   return _MAX_BATCH.value * steps / (time.monotonic() - started)
+
+
+def cpu_seconds(pid: int) -> float:
+  """A process's user + system CPU seconds so far (Linux /proc)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def median(values):
+  values = sorted(values)
+  return values[len(values) // 2]
 
 
 def main(argv):
@@ -281,15 +300,35 @@ def main(argv):
   served_jit = paths.JIT_COMPILE[
       paths.default_path(model, _MAX_BATCH.value) if jit is None
       else paths.from_jit_compile(jit)]
+  bounds = [bound(model, jit)]
   print(f"library generate at batch {_MAX_BATCH.value}: "
-        f"{bound(model, jit):.0f} chars/s", flush=True)
+        f"{bounds[0]:.0f} chars/s", flush=True)
   for kind in _SERVERS.value:
     process, url = start(kind)
     try:
       for rate in map(float, _RATES.value):
         requests = workload(rate)
-        results, seconds = asyncio.run(drive(url, kind, requests))
-        report(kind, rate, results, seconds)
+        rates = []
+        for repeat in range(_REPEATS.value):
+          if repeat and kind == "serve":  # The bound under the same load.
+            bounds.append(bound(model, jit, seed=2 + repeat))
+            print(f"library generate at batch {_MAX_BATCH.value}: "
+                  f"{bounds[-1]:.0f} chars/s", flush=True)
+          client, server = time.process_time(), cpu_seconds(process.pid)
+          results, seconds = asyncio.run(drive(url, kind, requests))
+          report(kind, rate, results, seconds)
+          rates.append(sum(len(r["text"]) for r in results) / seconds)
+          # Where the two cores went: the server and this client.
+          print(f"  cpu: server {cpu_seconds(process.pid) - server:.1f} s, "
+                f"client {time.process_time() - client:.1f} s, "
+                f"in {seconds:.1f} s", flush=True)
+        if _REPEATS.value > 1:
+          line = (f"{kind:6s} rate={rate:<5g} median of {_REPEATS.value}: "
+                  f"{median(rates):.0f} chars/s")
+          if kind == "serve":
+            line += (f"; generate's median {median(bounds):.0f} "
+                     f"({median(bounds) / median(rates):.2f}x (c))")
+          print(line, flush=True)
         if _CHECK.value and kind == "serve":
           wrong = sum(
               r["text"] != rnnstep.generate(model, p, m, seed=s,
