@@ -132,21 +132,23 @@ def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
     assert "vocab" not in message, message
 
 
-def test_token_vocabularies_are_refused_as_not_characters(one_hot_files,
-                                                          textgenrnn_like):
+def test_a_token_map_is_refused_and_a_token_list_is_a_word_vocabulary(
+    one_hot_files, textgenrnn_like):
   with pytest.raises(ValueError, match=r"textgenrnn_vocab.json: vocab is a "
                      r"JSON object \{token: index\} with multi-character "
-                     r"tokens such as '<s>', not a list; rnnstep's "
-                     "vocabularies are characters") as info:
+                     r"tokens such as '<s>', not a list") as info:
     rnnstep.load(one_hot_files["files"]["keras"],
                  vocab=textgenrnn_like["vocab"])
   assert "\n" not in str(info.value)
+  # A list with a multi-character entry is a word vocabulary (#34), one
+  # token per id, in the list's order.
   tokens = os.path.join(one_hot_files["dir"], "tokens.json")
+  words = one_hot_files["chars"][:-1] + ["<s>"]
   with open(tokens, "w", encoding="utf-8") as f:
-    json.dump(one_hot_files["chars"][:-1] + ["<s>"], f)
-  with pytest.raises(ValueError, match=r"is '<s>', a token of 3 characters; "
-                     "rnnstep's vocabularies are characters"):
-    rnnstep.load(one_hot_files["files"]["keras"], vocab=tokens)
+    json.dump(words, f)
+  model = rnnstep.load(one_hot_files["files"]["keras"], vocab=tokens)
+  assert model.tokens.kind == "words"
+  assert list(model.vocab) == words
 
 
 def test_generate_cli_names_a_missing_vocab_file_once(one_hot_files, tmp_path):
