@@ -1,7 +1,10 @@
-"""The web export in headless Chromium: characters/s at batch 1, against TF.js.
+"""The web export in headless Chromium: chars/s at batch 1, vs TF.js and ml5.
 
 USAGE (from the repo root):
   python tools/bench/web.py                      # 300 chars, 3 rounds
+  python tools/bench/web.py --sections=speed --rounds=5 --tfjs_chars=300
+                                                 # the guide's table
+  python tools/bench/web.py --baselines=ml5      # without TF.js's loop
   python tools/bench/web.py --num_chars=500 --rounds=5 --backends=cpu,webgl
   python tools/bench/web.py --sections=agreement,dtype   # the text checks
 
