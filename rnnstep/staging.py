@@ -12,6 +12,21 @@ import shutil
 import tempfile
 
 
+def require_new_directory(path, advice: str = "choose a new one") -> str:
+  """Checks that `path` does not exist or is an empty directory (an export's
+  destination); returns it as a str.
+
+  Raises:
+    ValueError: `path` exists and is not an empty directory, in one line
+      ending with `advice`.
+  """
+  path = os.fspath(path)
+  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+    raise ValueError(f"{path}: already exists and is not an empty directory; "
+                     f"{advice}")
+  return path
+
+
 @contextlib.contextmanager
 def staged_path(path, *, directory: bool = False, prefix=None):
   """Yields a new temp file (or empty directory) that becomes `path` on success.

@@ -188,11 +188,7 @@ def export_litert(model, export_dir) -> str:
     ValueError: export_dir exists and is not empty, or the model cannot be
       exported (see `convert`).
   """
-  export_dir = os.fspath(export_dir)
-  if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
-                                     or os.listdir(export_dir)):
-    raise ValueError(f"{export_dir}: already exists and is not an empty "
-                     "directory; choose a new one")
+  export_dir = staging.require_new_directory(export_dir)
   flatbuffer = convert(model)
   with staging.staged_path(export_dir, directory=True) as tmp:
     with open(os.path.join(tmp, MODEL_FILE), "wb") as f:

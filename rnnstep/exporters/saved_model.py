@@ -33,6 +33,7 @@ import os
 
 import tensorflow as tf
 
+from rnnstep import staging
 from rnnstep.decoding import options
 from rnnstep.decoding import sampling
 from rnnstep.decoding import stopping
@@ -231,10 +232,7 @@ def export(model, export_dir, *, jit_compile=False,
         f"{model.source or 'the model'}: a {model.tokens.kind} model has no "
         "SavedModel export yet (its string signatures map one character per "
         "id); use rnnstep.generate, or the LiteRT export, which works on ids")
-  if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
-                                     or os.listdir(export_dir)):
-    raise ValueError(f"{export_dir}: already exists and is not an empty "
-                     "directory; choose a new --output")
+  staging.require_new_directory(export_dir, "choose a new --output")
   module = ServingModule(model, jit_compile=jit_compile)
   tf.saved_model.save(module, export_dir, signatures={
       "serving_default": module.serve,

@@ -226,11 +226,7 @@ def export_web(model, export_dir) -> str:
     ValueError: export_dir exists and is not empty, or the model cannot be
       exported (see `check_exportable`).
   """
-  export_dir = os.fspath(export_dir)
-  if os.path.exists(export_dir) and (not os.path.isdir(export_dir)
-                                     or os.listdir(export_dir)):
-    raise ValueError(f"{export_dir}: already exists and is not an empty "
-                     "directory; choose a new one")
+  export_dir = staging.require_new_directory(export_dir)
   meta, weights = export_data(model)
   runtime = runtime_source()
   with staging.staged_path(export_dir, directory=True) as tmp:

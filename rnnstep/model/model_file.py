@@ -207,13 +207,8 @@ def validate_vocab(vocab, path=None, tokens: bool = False) -> List[str]:
     raise _fail(path, f"vocab is a JSON object {{token: index}}{found}, not a "
                 "list; rnnstep's vocabularies are characters",
                 "give a JSON list of single characters in id order")
-  if not isinstance(vocab, list) or not vocab:
-    raise _fail(path, "vocab must be a non-empty list of characters")
-  if len(vocab) > MAX_VOCAB:
-    raise _fail(path, f"vocab has {len(vocab)} entries, more than {MAX_VOCAB}")
+  _check_string_list(vocab, path, "characters")
   for i, token in enumerate(vocab):
-    if not isinstance(token, str):
-      raise _fail(path, f"vocab entry {i} is not a string")
     if token == UNK_TOKEN and i == 0:
       continue
     if len(token) != 1:
@@ -228,14 +223,20 @@ def validate_vocab(vocab, path=None, tokens: bool = False) -> List[str]:
   return list(vocab)
 
 
-def _validate_tokens(vocab, path) -> List[str]:
+def _check_string_list(vocab, path, entries: str) -> None:
+  """Checks what every vocabulary is: a non-empty list of at most MAX_VOCAB
+  strings (`entries` names them in the message)."""
   if not isinstance(vocab, list) or not vocab:
-    raise _fail(path, "vocab must be a non-empty list of token strings")
+    raise _fail(path, f"vocab must be a non-empty list of {entries}")
   if len(vocab) > MAX_VOCAB:
     raise _fail(path, f"vocab has {len(vocab)} entries, more than {MAX_VOCAB}")
   for i, token in enumerate(vocab):
     if not isinstance(token, str):
       raise _fail(path, f"vocab entry {i} is not a string")
+
+
+def _validate_tokens(vocab, path) -> List[str]:
+  _check_string_list(vocab, path, "token strings")
   if len(set(vocab)) != len(vocab):
     seen, dupes = set(), []
     for token in vocab:

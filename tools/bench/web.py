@@ -241,6 +241,15 @@ def run_served(directory, page):
     server.server_close()
 
 
+# Every page ends by writing its result as JSON into <pre id="bench">, which
+# `chromium --dump-dom` prints and `run_page` reads back.
+REPORT_JS = """  var pre = document.createElement("pre");
+  pre.id = "bench";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+"""
+
+
 RNNSTEP_PROBE = """<script>
 (function () {
   var model = window.rnnstepPage.model, out = {rounds: []};
@@ -251,11 +260,7 @@ RNNSTEP_PROBE = """<script>
     var text = model.generate("ROMEO:", %(n)d, {temperature: 1, seed: r});
     out.rounds.push(text.length / ((performance.now() - t0) / 1000));
   }
-  var pre = document.createElement("pre");
-  pre.id = "bench";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
+""" + REPORT_JS + """})();
 </script>"""
 
 TFJS_PAGE = """<!DOCTYPE html><html><body>
@@ -307,11 +312,7 @@ TFJS_PAGE = """<!DOCTYPE html><html><body>
   } catch (e) {
     out.error = String(e);
   }
-  var pre = document.createElement("pre");
-  pre.id = "bench";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
+""" + REPORT_JS + """})();
 </script></body></html>"""
 
 
@@ -343,11 +344,7 @@ ML5_PAGE = """<!DOCTYPE html><html><body>
   } catch (e) {
     out.error = String(e);
   }
-  var pre = document.createElement("pre");
-  pre.id = "bench";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-  fetch("/done", {method: "POST", body: "done"});
+""" + REPORT_JS + """  fetch("/done", {method: "POST", body: "done"});
 })();
 </script></body></html>"""
 
@@ -466,11 +463,7 @@ AGREEMENT_PROBE = """<script>
   document.getElementById("rnnstep-weights").remove();
   var cases = %(cases)s, out = [];
   cases.forEach(function (c) { out.push(model.generate(c[0], %(n)d, c[1])); });
-  var pre = document.createElement("pre");
-  pre.id = "bench";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
+""" + REPORT_JS + """})();
 </script>"""
 
 PROMPTS = ("ROMEO:", "First Citizen:\n", "KING HENRY", "O, ", "JULIET:\n",
