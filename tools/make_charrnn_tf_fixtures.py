@@ -53,7 +53,7 @@ that read `input.txt`), and `train` / `sample` the parts of `train.py` and
 Fixtures (tests/data/charrnn_tf/<name>/, rnn_size 16):
 
   lstm        HEAD `LSTMCell`, num_layers 2 (`cell_k/lstm_cell/{kernel,bias}`);
-  basic_lstm  pre-507a4af `BasicLSTMCell`, 1 layer (`basic_lstm_cell/...`);
+  basic_lstm  pre-507a4af `BasicLSTMCell`, num_layers 2 (`basic_lstm_cell/...`);
               its pickles written with protocol 0, as Python 2's cPickle did;
   gru         `GRUCell`, num_layers 2 (`gru_cell/{gates,candidate}/...`);
   rnn         pre-507a4af `BasicRNNCell`, 1 layer (`basic_rnn_cell/...`).
@@ -97,7 +97,7 @@ BEFORE_507A4AF_CELLS = {"rnn": rnn.BasicRNNCell, "gru": rnn.GRUCell,
 # name: (args.model, cell table, num_layers, pickle protocol, epochs)
 FIXTURES = {
     "lstm": ("lstm", HEAD_CELLS, 2, pickle.DEFAULT_PROTOCOL, 12),
-    "basic_lstm": ("lstm", BEFORE_507A4AF_CELLS, 1, 0, 12),
+    "basic_lstm": ("lstm", BEFORE_507A4AF_CELLS, 2, 0, 12),
     "gru": ("gru", HEAD_CELLS, 2, pickle.DEFAULT_PROTOCOL, 12),
     "rnn": ("rnn", BEFORE_507A4AF_CELLS, 1, pickle.DEFAULT_PROTOCOL, 12),
 }
