@@ -27,6 +27,7 @@ import pytest
 import rnnstep
 from rnnstep import convert
 from tests.support.cli import Result
+from tests.support.hostile_pickles import RunsCode
 from tests.support.tiers import quick_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -114,23 +115,13 @@ def _copy(tmp_path, name="gru"):
   return target
 
 
-class _RunsCode:
-  """Pickles as a REDUCE of os.system (never unpickled by us)."""
-
-  def __init__(self, marker):
-    self.marker = marker
-
-  def __reduce__(self):
-    return (os.system, (f"touch {self.marker}",))
-
-
 @pytest.mark.parametrize("member", ["config.pkl", "chars_vocab.pkl"])
 @pytest.mark.parametrize("protocol", [0, 2])
 def test_a_hostile_pickle_is_refused_in_one_line_with_nothing_run(
     tmp_path, member, protocol):
   directory = _copy(tmp_path)
   marker = tmp_path / "ran"
-  (directory / member).write_bytes(pickle.dumps(_RunsCode(marker), protocol))
+  (directory / member).write_bytes(pickle.dumps(RunsCode(marker), protocol))
   for call in (lambda: rnnstep.load(directory), lambda: convert.describe(
       directory), lambda: convert.convert(directory, tmp_path / "m.npz")):
     with pytest.raises(ValueError) as info:

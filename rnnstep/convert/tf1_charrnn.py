@@ -161,16 +161,8 @@ def read(path) -> contents.Contents:
     raise safe_io.fail(directory, f"{CONFIG_FILE} says vocab_size={vocab_size} "
                        f"but {VOCAB_FILE} holds {len(chars)} characters")
   prefix = _prefix(path, directory)
-  try:
-    reader = tf.train.load_checkpoint(prefix)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-  except tf_checkpoint.READER_ERRORS as e:
-    raise safe_io.fail(prefix, "not a readable TF checkpoint "
-                       f"({_one_line(e)}); the files may be truncated or "
-                       "corrupt") from None
-  data_bytes = sum(os.path.getsize(f) for f in glob.glob(
-      glob.escape(prefix) + ".data-*-of-*"))
+  reader, shapes, dtypes, data_bytes = tf_checkpoint.open_reader(prefix,
+                                                                prefix)
   variables = _model_variables(shapes, dtypes, data_bytes, prefix)
   groups, specs, cell_class = _layers(variables, reader, model, rnn_size,
                                       num_layers, vocab_size, prefix)
@@ -329,7 +321,7 @@ def _prefix(path: str, directory: str) -> str:
     state = tf.train.get_checkpoint_state(path)
   except tf_checkpoint.READER_ERRORS as e:
     raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
-                       f"({_one_line(e)})") from None
+                       f"({tf_checkpoint.message(e)})") from None
   named = state.model_checkpoint_path if state is not None else ""
   for candidate in (named, os.path.join(path, os.path.basename(named))):
     if named and os.path.isfile(candidate + ".index"):
@@ -355,11 +347,8 @@ def _model_variables(shapes, dtypes, data_bytes, label):
     if not dtypes[name].is_floating:
       raise safe_io.fail(label, f"variable {show(name)} has dtype "
                          f"{dtypes[name].name}, expected float weights")
-    declared = int(np.prod(shape, dtype=object)) * dtypes[name].size
-    if declared > safe_io.MAX_DECLARED_BYTES or declared > data_bytes:
-      raise safe_io.fail(label, f"variable {show(name)} declares shape {shape} "
-                         f"= {declared} bytes but the data files hold "
-                         f"{data_bytes}; truncated or forged")
+    tf_checkpoint.check_declared_size(name, shape, dtypes[name], data_bytes,
+                                      label)
     out[name] = shape
   return out
 
@@ -374,7 +363,7 @@ def _layers(variables, reader, model, rnn_size, num_layers, vocab_size, label):
         cache[name] = np.asarray(reader.get_tensor(name), np.float32)
       except tf_checkpoint.READER_ERRORS as e:
         raise safe_io.fail(label, f"cannot read variable {show(name)} "
-                           f"({_one_line(e)}); the checkpoint may be "
+                           f"({tf_checkpoint.message(e)}); the checkpoint may be "
                            "truncated or corrupt") from None
       if cache[name].shape != variables[name]:
         raise safe_io.fail(label, f"{show(name)} read with shape "
@@ -519,7 +508,3 @@ def _list(names) -> str:
   shown = ", ".join(show(n) for n in names[:6])
   return shown + (f" ... ({len(names) - 6} more)" if len(names) > 6 else "")
 
-
-def _one_line(error: BaseException) -> str:
-  text = getattr(error, "message", None) or str(error)
-  return " ".join(text.split())[:300]
