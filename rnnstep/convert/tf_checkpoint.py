@@ -49,10 +49,11 @@ _ORDER_PATTERNS = (
 )
 _ORDER_LISTS = ("_operations", "_layers", "layers", "_self_tracked_trackables")
 # What the checkpoint reader raises on damaged files: besides TF's errors,
-# fuzzing found IndexError ("Read less bytes than requested") from a
+# fuzzing found IndexError ("Read less bytes than requested") and
+# MemoryError ("std::bad_alloc": a size the reader allocates) from a
 # corrupted .index.
 READER_ERRORS = (tf.errors.OpError, ValueError, OSError, IndexError,
-                 RuntimeError)
+                 RuntimeError, MemoryError)
 
 
 def is_checkpoint_file(path: str) -> bool:
