@@ -49,7 +49,8 @@ def _reference(name):
   ref = np.load(DATA / name / "reference.npz")
   prime, greedy = str(ref["prime"]), str(ref["greedy"])
   return dict(logits_text=str(ref["logits_text"]), logits=ref["logits"],
-              prime=prime, num=int(ref["num"]), continuation=greedy[len(prime):])
+              prime=prime, num=int(ref["num"]),
+              continuation=greedy[len(prime):])
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -136,7 +137,8 @@ def test_a_hostile_pickle_is_refused_in_one_line_with_nothing_run(
 
 
 @pytest.mark.parametrize("member,payload,message", [
-    ("config.pkl", {"model": "lstm"}, "holds 'dict', not the argparse.Namespace"),
+    ("config.pkl", {"model": "lstm"},
+     "holds 'dict', not the argparse.Namespace"),
     ("config.pkl", argparse.Namespace(model="nas", rnn_size=16, num_layers=2,
                                       vocab_size=58),
      "model='nas': NASCell is not a cell rnnstep runs"),
@@ -148,7 +150,8 @@ def test_a_hostile_pickle_is_refused_in_one_line_with_nothing_run(
      "config.pkl says model='lstm' but cell_0 is a GRUCell"),
     ("config.pkl", argparse.Namespace(model="gru", rnn_size="16"),
      "no usable rnn_size"),
-    ("chars_vocab.pkl", ["a", "b"], "holds a list of 2, not the (chars, vocab)"),
+    ("chars_vocab.pkl", ["a", "b"],
+     "holds a list of 2, not the (chars, vocab)"),
     ("chars_vocab.pkl", (("a", "bc"), {"a": 0, "bc": 1}),
      "chars[1] is 'bc', not one character"),
     ("chars_vocab.pkl", (("a", "b"), {"a": 1, "b": 0}),
@@ -181,6 +184,50 @@ def test_a_moved_save_directory_and_a_prefix_are_read(tmp_path):
   with pytest.raises(ValueError, match="names '/elsewhere/model.ckpt-7', "
                      "which is neither there nor in this directory"):
     convert.describe(directory)
+
+
+def _resave(directory, rename):
+  """Rewrites the lstm fixture's checkpoint in `directory` with its variables
+  renamed (a name-based checkpoint, as tf.train.Saver writes it)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  source = tf.train.latest_checkpoint(str(DATA / "lstm"))
+  reader = tf.train.load_checkpoint(source)
+  names = sorted(reader.get_variable_to_shape_map())
+  for old in directory.glob("model.ckpt-*"):
+    old.unlink()
+  tf.raw_ops.SaveV2(prefix=str(directory / "model.ckpt-1"),
+                    tensor_names=[rename(n) for n in names],
+                    shape_and_slices=[""] * len(names),
+                    tensors=[reader.get_tensor(n) for n in names])
+  (directory / "checkpoint").write_text(
+      'model_checkpoint_path: "model.ckpt-1"\n')
+
+
+def test_tf_1_0_names_weights_and_biases_are_read(tmp_path):
+  directory = _copy(tmp_path, "lstm")
+  _resave(directory, lambda name: name.replace("/kernel", "/weights").replace(
+      "/bias", "/biases"))
+  renamed = rnnstep.load(directory)
+  assert all(np.array_equal(renamed.tensors()[key], value)
+             for key, value in _model("lstm").tensors().items())
+
+
+@pytest.mark.parametrize("rename,message", [
+    (lambda name: name.replace("lstm_cell", "nas_cell"),
+     "cell_0 holds 'rnnlm/multi_rnn_cell/cell_0/nas_cell/bias', "),
+    (lambda name: name.replace("softmax_b", "softmax_bias"),
+     "no variable 'rnnlm/softmax_b'"),
+    (lambda name: name.replace("embedding/Adam_1", "embedding/extra"),
+     "holds variables model.py does not make: 'embedding/extra'"),
+])
+def test_checkpoints_other_than_model_pys_are_refused(tmp_path, rename,
+                                                      message):
+  directory = _copy(tmp_path, "lstm")
+  _resave(directory, rename)
+  with pytest.raises(ValueError) as info:
+    convert.describe(directory)
+  assert "\n" not in str(info.value)
+  assert message in str(info.value)
 
 
 def test_a_vocabulary_given_for_a_save_directory_is_refused():

@@ -76,11 +76,11 @@ from rnnstep.convert import safe_io
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import unpickler
 from rnnstep.convert.safe_io import show
+from rnnstep.model import model_file
 
 CONFIG_FILE = "config.pkl"
 VOCAB_FILE = "chars_vocab.pkl"
 MAX_PICKLE_BYTES = 16 << 20
-MAX_LAYERS = 64
 
 # The only globals the pickles may name and have made: train.py's
 # argparse.Namespace is rebuilt without __init__ (protocol 0-1:
@@ -299,8 +299,9 @@ def _check_config(config, path) -> Tuple[str, int, int, int]:
   if model not in known:
     raise safe_io.fail(path, f"model={show(model)}: not one of model.py's "
                        f"cells rnnstep runs ({', '.join(known)})")
-  if values[2] > MAX_LAYERS:
-    raise safe_io.fail(path, f"num_layers={values[2]}, more than {MAX_LAYERS}")
+  if values[2] > model_file.MAX_LAYERS:
+    raise safe_io.fail(path, f"num_layers={values[2]}, more than "
+                       f"{model_file.MAX_LAYERS}")
   return tuple(values)
 
 
@@ -332,9 +333,9 @@ def _prefix(path: str, directory: str) -> str:
                        "which is neither there nor in this directory")
   if len(found) == 1:
     return found[0][:-len(".index")]
+  names = ", ".join(os.path.basename(f)[:-len(".index")] for f in found[:3])
   raise safe_io.fail(path, "no 'checkpoint' file naming the latest checkpoint"
-                     + (f"; pass one of {', '.join(os.path.basename(f)[:-6] for f in found[:3])} as a prefix"
-                        if found else ""))
+                     + (f"; pass one of {names} as a prefix" if found else ""))
 
 
 def _model_variables(shapes, dtypes, data_bytes, label):
@@ -363,8 +364,8 @@ def _layers(variables, reader, model, rnn_size, num_layers, vocab_size, label):
         cache[name] = np.asarray(reader.get_tensor(name), np.float32)
       except tf_checkpoint.READER_ERRORS as e:
         raise safe_io.fail(label, f"cannot read variable {show(name)} "
-                           f"({tf_checkpoint.message(e)}); the checkpoint may be "
-                           "truncated or corrupt") from None
+                           f"({tf_checkpoint.message(e)}); the checkpoint may "
+                           "be truncated or corrupt") from None
       if cache[name].shape != variables[name]:
         raise safe_io.fail(label, f"{show(name)} read with shape "
                            f"{cache[name].shape}, declared {variables[name]}")
@@ -397,8 +398,8 @@ def _layers(variables, reader, model, rnn_size, num_layers, vocab_size, label):
     if match:
       cells[int(match.group(1))].setdefault(match.group(2), []).append(name)
   if sorted(cells) != list(range(num_layers)):
-    raise safe_io.fail(label, f"config.pkl says num_layers={num_layers} but the "
-                       f"checkpoint holds cells {sorted(cells) or 'none'} "
+    raise safe_io.fail(label, f"config.pkl says num_layers={num_layers} but "
+                       f"the checkpoint holds cells {sorted(cells) or 'none'} "
                        "under rnnlm/multi_rnn_cell")
   groups = [contents.Group(name="embedding", hint="embedding", tensors=[
       tensor(embedding, (vocab_size, rnn_size), "embeddings",
@@ -409,9 +410,10 @@ def _layers(variables, reader, model, rnn_size, num_layers, vocab_size, label):
   for k in range(num_layers):
     scope = next(iter(cells[k])) if len(cells[k]) == 1 else None
     if scope not in CELLS:
-      raise safe_io.fail(label, f"cell_{k} holds {_list(sum(cells[k].values(), []))}; "
-                         "rnnstep reads the cells LSTMCell, BasicLSTMCell, "
-                         "GRUCell and BasicRNNCell of model.py")
+      held = [name for names in cells[k].values() for name in names]
+      raise safe_io.fail(label, f"cell_{k} holds {_list(held)}; rnnstep reads "
+                         "model.py's cells LSTMCell, BasicLSTMCell, GRUCell "
+                         "and BasicRNNCell")
     recipe, kind, cell_class = CELLS[scope]
     if recipe != model:
       raise safe_io.fail(label, f"config.pkl says model={show(model)} but "
@@ -441,8 +443,8 @@ def _leaf(variables, where, names, shape, label):
   """The one of `where/<names>` present, its shape checked."""
   found = [f"{where}/{n}" for n in names if f"{where}/{n}" in variables]
   if len(found) != 1:
-    raise safe_io.fail(label, f"expected one of {where}/{{{', '.join(names)}}}, "
-                       f"found {len(found)}")
+    raise safe_io.fail(label, f"expected one of {where}/"
+                       f"{{{', '.join(names)}}}, found {len(found)}")
   if variables[found[0]] != shape:
     raise safe_io.fail(label, f"{show(found[0])} has shape "
                        f"{variables[found[0]]}, but config.pkl's rnn_size "
