@@ -41,11 +41,13 @@ that read `input.txt`), and `train` / `sample` the parts of `train.py` and
       so that only the last checkpoint (the `checkpoint` file, `.index`,
       `.data-*`, with Adam slots, `beta1_power` / `beta2_power` and the
       learning-rate `Variable`) is committed;
-    - `input.txt` is a slice of tinyshakespeare written to a temporary
-      data directory; `save_dir` is the relative 'save', as with the
-      recipe's default, so the `checkpoint` file names `save/model.ckpt-N`,
-      which no longer resolves once the directory is moved (as on every
-      user's machine): the reader must cope.
+    - `input.txt` (the first CORPUS_CHARS characters of tinyshakespeare)
+      is written to a temporary data directory, and `save_dir` is the
+      recipe's default, the relative 'save'. TF 2.21's Saver writes the
+      `checkpoint` file's path relative to it (`model.ckpt-N`); TF1's wrote
+      the path it was given or an absolute one, which no longer resolves
+      once the directory is copied elsewhere: the tests rewrite the file so
+      (tests/test_convert_charrnn_tf.py).
   sample.py
     - `Model.sample(..., sampling_type=0)` (the `--sample=0` argmax loop),
       unchanged, gives the greedy text.
