@@ -290,7 +290,8 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
 
   Args:
     input_path: an rnnstep `.npz` model file, or Keras or PyTorch weights (as
-      for `convert`).
+      for `convert`), or a char-rnn-tensorflow save directory (which holds
+      its own vocabulary: no `corpus` or `vocab`).
     corpus: for weights: a UTF-8 text file; the vocabulary is
       `sorted(set(text))`.
     vocab: for weights, instead of `corpus`: a list of characters or the path
