@@ -49,7 +49,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       dict), read as data with the same checks; None loads the bundled model.
     dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
     corpus: for weights files, which hold no vocabulary: the training text
-      (UTF-8); the vocabulary is `sorted(set(text))`.
+      (UTF-8); the vocabulary is `sorted(set(text))`. (A char-rnn-tensorflow
+      save directory holds its own, `chars_vocab.pkl`: give neither.)
     vocab: for weights files, instead of `corpus`: a vocabulary file (a JSON
       list of characters in id order) or a list of characters.
 

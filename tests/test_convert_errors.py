@@ -443,11 +443,13 @@ def test_output_directory_must_exist(files, tmp_path):
     convert.convert(files["good_keras"], tmp_path / "o.npz")
 
 
-def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path):
-  """A fuzzed .index made tf.train.load_checkpoint raise IndexError."""
+@pytest.mark.parametrize("index", ["ckpt_read_less.index",
+                                   "ckpt_bad_alloc.index"])
+def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path, index):
+  """Fuzzed .index files made tf.train.load_checkpoint raise IndexError and
+  MemoryError (tests/data/fuzz/README.md)."""
   fuzz = os.path.join(os.path.dirname(__file__), "data", "fuzz")
-  shutil.copy(os.path.join(fuzz, "ckpt_read_less.index"),
-              tmp_path / "ckpt_1.index")
+  shutil.copy(os.path.join(fuzz, index), tmp_path / "ckpt_1.index")
   (tmp_path / "ckpt_1.data-00000-of-00001").write_bytes(b"")
   for read in (convert.describe, convert.read_weights):
     with pytest.raises(ValueError, match="not a readable TF checkpoint") as info:

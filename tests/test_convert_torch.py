@@ -38,6 +38,7 @@ from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
 from rnnstep.convert import unpickler
 from tests.support.cli import Result
+from tests.support.hostile_pickles import RunsCode
 from tests.support.tiers import quick_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -204,16 +205,6 @@ def test_refusals_are_one_line(file_name, message):
     assert str(info.value).startswith(str(DATA / file_name))
 
 
-class _RunsCode:
-  """Pickles as a call of os.system (pickling it runs nothing)."""
-
-  def __init__(self, marker):
-    self.marker = marker
-
-  def __reduce__(self):
-    return (os.system, (f"touch {self.marker}",))
-
-
 class _Evaluates:
 
   def __reduce__(self):
@@ -245,8 +236,8 @@ def test_a_pickle_that_would_run_code_is_refused_without_running_it(
     tmp_path, layout):
   marker = tmp_path / "ran"
   payloads = {
-      "system": pickle.dumps(_RunsCode(marker), protocol=2),
-      "in_dict": pickle.dumps({"embed.weight": _RunsCode(marker)}, protocol=2),
+      "system": pickle.dumps(RunsCode(marker), protocol=2),
+      "in_dict": pickle.dumps({"embed.weight": RunsCode(marker)}, protocol=2),
       "eval": pickle.dumps(_Evaluates(), protocol=2),
   }
   for name, payload in payloads.items():

@@ -14,7 +14,10 @@ Without --seeds, seed files are made first by `tests/support/keras_models.py` (t
 in a subprocess, TF_USE_LEGACY_KERAS=1): Keras 2 .h5 (weights and full), .keras
 and TF checkpoints (--nokeras skips them). The PyTorch fixtures in
 tests/data/torch (torch.save zip and legacy, .safetensors, whole pickled
-modules) are added unless --notorch. Pickles (a zip's data.pkl, a legacy file)
+modules) are added unless --notorch, and the char-rnn-tensorflow save
+directories in tests/data/charrnn_tf (a TF1 checkpoint with config.pkl and
+chars_vocab.pkl; each mutant is a whole directory with one file mutated)
+unless --nocharrnn. Pickles (a zip's data.pkl, a legacy file, char-rnn-tensorflow's .pkl files)
 are also mutated by renaming a GLOBAL to something that would run code
 (os.system, eval, getattr, ...): such a mutant must be refused, and the worker
 runs in an empty directory that must stay empty (a call that ran would leave a
@@ -49,10 +52,15 @@ _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the mutator.")
 _KERAS = flags.DEFINE_bool("keras", True, "Without --seeds: build Keras seeds.")
 _TORCH = flags.DEFINE_bool("torch", True, "Add the PyTorch fixtures of "
                            "tests/data/torch as seeds.")
+_CHARRNN = flags.DEFINE_bool("charrnn", True, "Add the char-rnn-tensorflow "
+                             "save directories of tests/data/charrnn_tf as "
+                             "seeds.")
 _PER_WORKER = 200  # Mutants per worker process (a crash loses at most one).
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_SEEDS = os.path.join(REPO, "tests", "data", "torch")
+CHARRNN_SEEDS = os.path.join(REPO, "tests", "data", "charrnn_tf")
+CHARRNN_FILES = ("checkpoint", "config.pkl", "chars_vocab.pkl")
 SEED_SUFFIXES = (".h5", ".keras", ".pt", ".pth", ".bin", ".safetensors")
 
 WORKER = r"""
@@ -94,6 +102,18 @@ def seed_files(directory):
       prefix = path[:-len(".index")]
       files.append([path] + glob.glob(prefix + ".data-*"))
   return files
+
+
+def charrnn_seeds(directory):
+  """Save directories, each as its files with the `checkpoint` file first
+  (which marks a seed that is a directory; its reference.npz is left out)."""
+  seeds = []
+  for config in sorted(glob.glob(os.path.join(directory, "*", "config.pkl"))):
+    save_dir = os.path.dirname(config)
+    seeds.append([os.path.join(save_dir, name) for name in CHARRNN_FILES]
+                 + sorted(glob.glob(os.path.join(save_dir, "*.index")))
+                 + sorted(glob.glob(os.path.join(save_dir, "*.data-*"))))
+  return seeds
 
 
 def mutate(data: bytes, rng: random.Random) -> bytes:
@@ -177,10 +197,13 @@ def main(argv):
   seeds = seed_files(seeds_dir) if os.path.isdir(seeds_dir) else []
   if _TORCH.value:
     seeds += seed_files(TORCH_SEEDS)
+  if _CHARRNN.value:
+    seeds += charrnn_seeds(CHARRNN_SEEDS)
   if not seeds:
     raise app.UsageError("no seed files")
   print(f"{len(seeds)} seed inputs from {seeds_dir}"
-        f"{' and ' + TORCH_SEEDS if _TORCH.value else ''}")
+        f"{' and ' + TORCH_SEEDS if _TORCH.value else ''}"
+        f"{' and ' + CHARRNN_SEEDS if _CHARRNN.value else ''}")
   os.makedirs(_FINDINGS.value, exist_ok=True)
   deadline = time.time() + 60 * _MINUTES.value
   counts = {"ok": 0, "refused": 0, "findings": 0}
@@ -192,10 +215,14 @@ def main(argv):
       files = rng.choice(seeds)
       target = rng.randrange(len(files))
       case_dir = os.path.join(work, f"case{done + i}")
-      os.makedirs(case_dir)
+      # A char-rnn-tensorflow seed is a directory: copied as case_dir/save.
+      save_dir = (os.path.join(case_dir, "save")
+                  if os.path.basename(files[0]) == "checkpoint" else None)
+      into = save_dir or case_dir
+      os.makedirs(into)
       for j, path in enumerate(files):
         data = open(path, "rb").read()
-        with open(os.path.join(case_dir, os.path.basename(path)), "wb") as f:
+        with open(os.path.join(into, os.path.basename(path)), "wb") as f:
           if j != target:
             f.write(data)
           elif path.endswith((".pt", ".pth", ".bin")) and data[:2] == b"PK" and (
@@ -203,9 +230,12 @@ def main(argv):
             f.write(mutate_zip_member(data, rng))
           elif path.endswith((".pt", ".pth", ".bin")) and data[:1] == b"\x80":
             f.write(mutate_pickle(data, rng))  # The legacy format.
+          elif path.endswith(".pkl"):
+            f.write(mutate_pickle(data, rng))
           else:
             f.write(mutate(data, rng))
-      main_file = os.path.join(case_dir, os.path.basename(files[0]))
+      main_file = save_dir or os.path.join(case_dir,
+                                           os.path.basename(files[0]))
       if main_file.endswith(".index"):
         main_file = main_file[:-len(".index")]
       batch.append(main_file)

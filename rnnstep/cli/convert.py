@@ -22,7 +22,14 @@ unidirectional; an nn.RNN is assumed to use tanh, its default). A Keras model
 fed one-hot vectors (no Embedding) gets an identity embedding; one built for
 fixed windows records its window length in the model file.
 
-The vocabulary comes from --corpus (the training text: sorted(set(text))) or
+A sherjilozair/char-rnn-tensorflow save directory (train.py's --save_dir:
+the TF1 checkpoint with config.pkl and chars_vocab.pkl beside it) converts
+with no --corpus or --vocab: its chars_vocab.pkl is the vocabulary, and both
+pickles are read as data (an argparse.Namespace and a (chars, vocab) tuple).
+
+  rnnstep-convert --input=save --output=model.npz
+
+Otherwise the vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
 with "[UNK]" first). If the embedding has one row more than the characters, id 0
 is "[UNK]" (the current TF tutorial's StringLookup).
@@ -71,9 +78,8 @@ def _check_mode(values):
     raise flags.ValidationError("--output must not be empty")
   if values["output"] is None:
     raise flags.ValidationError("--output is required (or use --inspect)")
-  if values["corpus"] is None and values["vocab"] is None:
-    raise flags.ValidationError("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE "
-                                "for the vocabulary")
+  # Without --corpus or --vocab, only an input holding its own vocabulary
+  # (a char-rnn-tensorflow save directory) converts: `main` says so.
   return True
 
 
@@ -86,6 +92,7 @@ def main(argv):
   """Does the work; errors propagate to common.run, which reports them."""
   common.reject_arguments(argv)
   from rnnstep import convert as convert_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import tf1_charrnn  # pylint: disable=g-import-not-at-top
   if FLAGS.inspect:
     summary = convert_lib.describe(FLAGS.input)
     print(summary)
@@ -105,6 +112,11 @@ def main(argv):
       print(f"vocabulary: {source} fits: {len(vocab)} entries{unk}")
     print("(--inspect: nothing written)")
     return 0
+  if FLAGS.corpus is None and FLAGS.vocab is None and (
+      tf1_charrnn.find_save_dir(FLAGS.input) is None):
+    raise common.Failure("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE for "
+                         "the vocabulary (only a char-rnn-tensorflow save "
+                         "directory holds its own)", common.EXIT_USAGE)
   summary = convert_lib.convert(FLAGS.input, FLAGS.output, corpus=FLAGS.corpus,
                                 vocab=FLAGS.vocab)
   print(summary)

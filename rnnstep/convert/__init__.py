@@ -16,6 +16,9 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
   - TF checkpoints: a directory (its latest checkpoint) or a prefix, from
     `ModelCheckpoint(save_weights_only=True)` of Keras 2 models and from
     `tf.train.Checkpoint(model=...)` of Keras 3 models;
+  - sherjilozair/char-rnn-tensorflow save directories (TF1 checkpoints with
+    `config.pkl` and `chars_vocab.pkl`; `tf1_charrnn`), which hold their own
+    vocabulary;
   - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
     `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
     `torch_zip`, `torch_legacy`, `safetensors_file`).
@@ -31,7 +34,8 @@ restricted unpickler rebuilds tensors and dicts, and a pickled module's
 classes only as inert records; it calls nothing the file names), guarded zip
 and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 
-Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
+Vocabulary (except for a char-rnn-tensorflow directory, whose own
+`chars_vocab.pkl` is used): `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
 `vocab=` is a list of characters or a vocabulary file (a UTF-8 JSON list of
 strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). If the
 embedding has exactly one row more than the characters, id 0 is "[UNK]" (the
@@ -54,6 +58,7 @@ from rnnstep.convert import keras_v3
 from rnnstep.convert import mapping
 from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
+from rnnstep.convert import tf1_charrnn
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
@@ -221,6 +226,7 @@ def convert(input_path: PathLike, output_path: PathLike, *,
     corpus: a UTF-8 text file; the vocabulary is `sorted(set(text))`.
     vocab: instead of `corpus`: a list of characters, or the path of a
       vocabulary file (a JSON list of strings). A str is always a path.
+      Neither for a char-rnn-tensorflow save directory (its `chars_vocab.pkl`).
 
   Returns:
     The Summary of what was read and written.
@@ -231,10 +237,11 @@ def convert(input_path: PathLike, output_path: PathLike, *,
       fit the weights (the message gives both sizes).
     OSError: the output cannot be written.
   """
-  if (corpus is None) == (vocab is None):
+  input_path = os.fspath(input_path)
+  if corpus is not None and vocab is not None or (
+      corpus is None and vocab is None and not _holds_vocabulary(input_path)):
     raise ValueError("give exactly one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
-  input_path = os.fspath(input_path)
   output_path = os.fspath(output_path)
   if os.path.isdir(output_path):
     raise IsADirectoryError(f"{output_path}: the output is a directory; give a "
@@ -283,7 +290,8 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
 
   Args:
     input_path: an rnnstep `.npz` model file, or Keras or PyTorch weights (as
-      for `convert`).
+      for `convert`), or a char-rnn-tensorflow save directory (which holds
+      its own vocabulary: no `corpus` or `vocab`).
     corpus: for weights: a UTF-8 text file; the vocabulary is
       `sorted(set(text))`.
     vocab: for weights, instead of `corpus`: a list of characters or the path
@@ -309,7 +317,7 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
   if corpus is not None and vocab is not None:
     raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
-  if corpus is None and vocab is None:
+  if corpus is None and vocab is None and not _holds_vocabulary(input_path):
     if not _looks_like_weights(input_path):
       return model_file.read(input_path)  # Its errors say what is wrong.
     raise VocabularyRequired(
@@ -326,7 +334,16 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
-    chars, source, tokens = read_vocabulary(corpus, vocab)
+    if contents.vocab is not None:
+      if corpus is not None or vocab is not None:
+        raise ValueError(f"{input_path}: holds its own vocabulary "
+                         f"({tf1_charrnn.VOCAB_FILE}); give no corpus or vocab "
+                         "for it")
+      chars, source, tokens = (contents.vocab,
+                               f"{contents.label}'s {tf1_charrnn.VOCAB_FILE}",
+                               None)
+    else:
+      chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
       if len(chars) != mapped.vocab_size:
         raise ValueError(
@@ -345,6 +362,12 @@ def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
                                                        vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
   return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens)
+
+
+def _holds_vocabulary(path: str) -> bool:
+  """Whether `path` is weights that carry their own vocabulary (a
+  char-rnn-tensorflow save directory); by file names only."""
+  return tf1_charrnn.find_save_dir(path) is not None
 
 
 def _looks_like_weights(path: str) -> bool:
@@ -461,6 +484,8 @@ def _open(input_path: PathLike) -> Contents:
   path = os.fspath(input_path)
   if not path:
     raise FileNotFoundError("no input path given")
+  if tf1_charrnn.find_save_dir(path) is not None:
+    return tf1_charrnn.read(path)
   if os.path.isdir(path):
     if keras_v3.is_unzipped_archive(path):
       return keras_v3.read_directory(path)

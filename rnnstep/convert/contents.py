@@ -120,6 +120,9 @@ class Contents:
   key: str = "path"                # which LayerSpec field names a group
   notes: List[str] = dataclasses.field(default_factory=list)
   closers: List[Callable[[], None]] = dataclasses.field(default_factory=list)
+  # The vocabulary the file itself holds (characters in id order), where it
+  # holds one (char-rnn-tensorflow's chars_vocab.pkl), else None.
+  vocab: Optional[List[str]] = None
 
   def close(self):
     """Releases the open file(s); the tensors cannot be read afterwards."""

@@ -49,10 +49,11 @@ _ORDER_PATTERNS = (
 )
 _ORDER_LISTS = ("_operations", "_layers", "layers", "_self_tracked_trackables")
 # What the checkpoint reader raises on damaged files: besides TF's errors,
-# fuzzing found IndexError ("Read less bytes than requested") from a
+# fuzzing found IndexError ("Read less bytes than requested") and
+# MemoryError ("std::bad_alloc": a size the reader allocates) from a
 # corrupted .index.
 READER_ERRORS = (tf.errors.OpError, ValueError, OSError, IndexError,
-                 RuntimeError)
+                 RuntimeError, MemoryError)
 
 
 def is_checkpoint_file(path: str) -> bool:
@@ -75,7 +76,7 @@ def resolve(path: str) -> Tuple[str, str]:
       prefix = tf.train.latest_checkpoint(path)
     except READER_ERRORS as e:
       raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
-                         f"({_message(e)})") from None
+                         f"({message(e)})") from None
     if prefix is None:
       found = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
       hint = ""
@@ -101,15 +102,7 @@ def read(path: str) -> contents.Contents:
   label = prefix
   if not os.path.isfile(prefix + ".index"):
     raise FileNotFoundError(f"{prefix}.index: no such checkpoint index file")
-  try:
-    reader = tf.train.load_checkpoint(prefix)
-    shapes = reader.get_variable_to_shape_map()
-    dtypes = reader.get_variable_to_dtype_map()
-  except READER_ERRORS as e:
-    raise safe_io.fail(label, f"not a readable TF checkpoint ({_message(e)}); "
-                       "the files may be truncated or corrupt") from None
-  data_bytes = sum(os.path.getsize(f) for f in glob.glob(
-      glob.escape(prefix) + ".data-*-of-*"))
+  reader, shapes, dtypes, data_bytes = open_reader(prefix, label)
   paths, uses_graph = _variable_paths(reader, shapes, label)
   notes = []
   ignored = 0
@@ -122,11 +115,7 @@ def read(path: str) -> contents.Contents:
         "states" in parts):
       ignored += 1
       continue
-    declared = int(np.prod(shape, dtype=object)) * dtype.size
-    if declared > safe_io.MAX_DECLARED_BYTES or declared > data_bytes:
-      raise safe_io.fail(label, f"variable {show(key)} declares shape {shape} = "
-                         f"{declared} bytes but the data files hold "
-                         f"{data_bytes}; truncated or forged")
+    check_declared_size(key, shape, dtype, data_bytes, label)
     role = contents.role_from_name(parts[-1])
     owner = list(parts[:-1])
     if owner and owner[-1] == "cell":
@@ -155,6 +144,37 @@ def read(path: str) -> contents.Contents:
   return contents.Contents(label=label, format=fmt, groups=groups, notes=notes)
 
 
+def open_reader(prefix: str, label):
+  """Opens a checkpoint: (reader, {key: shape}, {key: dtype}, data bytes).
+
+  Raises:
+    ValueError: not a readable checkpoint, in one line.
+  """
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+  except READER_ERRORS as e:
+    raise safe_io.fail(label, f"not a readable TF checkpoint ({message(e)}); "
+                       "the files may be truncated or corrupt") from None
+  data_bytes = sum(os.path.getsize(f) for f in glob.glob(
+      glob.escape(prefix) + ".data-*-of-*"))
+  return reader, shapes, dtypes, data_bytes
+
+
+def check_declared_size(key, shape, dtype, data_bytes: int, label) -> None:
+  """Refuses a variable whose declared size the data files cannot hold.
+
+  Raises:
+    ValueError: truncated or forged, in one line.
+  """
+  declared = int(np.prod(shape, dtype=object)) * dtype.size
+  if declared > safe_io.MAX_DECLARED_BYTES or declared > data_bytes:
+    raise safe_io.fail(label, f"variable {show(key)} declares shape {shape} = "
+                       f"{declared} bytes but the data files hold "
+                       f"{data_bytes}; truncated or forged")
+
+
 def _variable_paths(reader, shapes, label) -> Tuple[Dict[str, Tuple[str, ...]],
                                                    bool]:
   """Maps each model variable's checkpoint key to its path of names.
@@ -169,7 +189,7 @@ def _variable_paths(reader, shapes, label) -> Tuple[Dict[str, Tuple[str, ...]],
       graph.ParseFromString(raw if isinstance(raw, bytes) else bytes(raw))
     except Exception as e:  # pylint: disable=broad-except
       raise safe_io.fail(label, f"cannot read the checkpoint's object graph "
-                         f"({_message(e)}); the checkpoint may be truncated or "
+                         f"({message(e)}); the checkpoint may be truncated or "
                          "corrupt") from None
     nodes = graph.nodes
     if not nodes or len(nodes) > MAX_GRAPH_NODES:
@@ -234,11 +254,12 @@ def _reader(reader, key, label):
       return reader.get_tensor(key)
     except READER_ERRORS as e:
       raise safe_io.fail(label, f"cannot read variable {show(key)} "
-                         f"({_message(e)}); the checkpoint may be truncated or "
+                         f"({message(e)}); the checkpoint may be truncated or "
                          "corrupt") from None
   return read_tensor
 
 
-def _message(error: BaseException) -> str:
+def message(error: BaseException) -> str:
+  """A reader error's text on one line."""
   text = getattr(error, "message", None) or str(error)
   return " ".join(text.split())[:300]
