@@ -59,15 +59,30 @@ class BuildTest(tf.test.TestCase):
 
   def test_shapes_and_padding(self):
     request = _build(3, 5, 20, bucket_shapes=True, temperature=0.5)
-    self.assertEqual(request.prompts.ids.shape, (4, 8))
-    self.assertEqual(int(request.capacity), request_lib.bucket(20))
+    self.assertEqual(request.prompts.ids.shape, (4, request_lib.MIN_WIDTH))
+    # At least MIN_CAPACITY: short requests share one XLA program.
+    self.assertEqual(int(request.capacity), request_lib.MIN_CAPACITY)
+    self.assertEqual(int(_build(3, 5, 100, bucket_shapes=True).capacity),
+                     request_lib.bucket(100))
+    # The stop automaton's states padded to a bucket by unreachable states
+    # that never accept.
+    stops = stopping.stop_automaton([[1, 2]], 7)
+    states = len(stops.accept)
+    self.assertEqual(request.stops.table.shape, (request_lib.bucket(states, 16), 7))
+    self.assertAllEqual(request.stops.table[:states], stops.table)
+    self.assertAllEqual(request.stops.accept[:states], stops.accept)
+    self.assertFalse(np.any(request.stops.accept[states:]))
+    self.assertLess(int(np.max(stops.table)), states)  # Nothing leads there.
+    self.assertEqual(
+        _build(3, 5, 20, bucket_shapes=False).stops.table.shape[0], states)
     self.assertEqual(int(request.num_steps), 20)
     # The padding row is a copy of row 0, in every per-row field.
     for tensor in tf.nest.flatten((request.prompts, request.sampling,
                                    request.seeds)):
       self.assertAllEqual(tensor[3], tensor[0])
     self.assertAllEqual(request.sampling.temperature, [0.5] * 4)
-    self.assertAllEqual(request.prompts.ids[:, 5:], np.zeros([4, 3]))
+    self.assertAllEqual(request.prompts.ids[:, 5:],
+                        np.zeros([4, request_lib.MIN_WIDTH - 5]))
     unpadded = _build(3, 5, 20, bucket_shapes=False)
     self.assertEqual(unpadded.prompts.ids.shape, (3, 5))
     self.assertEqual(int(unpadded.capacity), int(request.capacity))

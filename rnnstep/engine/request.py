@@ -10,15 +10,19 @@ TensorFlow ops, so it runs eagerly on host values and traces into a graph alike.
 
 Shapes are bucketed here, once, for the paths that compile per shape:
 
-  - `capacity`, the length of the output buffer, is `bucket(num_steps)` on
-    every path. Under XLA it is a compile-time constant (XLA compiles once per
-    distinct value), in graph mode the size of the TensorArray; either way it
-    means the same thing and the loop never writes past it.
+  - `capacity`, the length of the output buffer, is
+    `bucket(num_steps, MIN_CAPACITY)` on every path. Under XLA it is a
+    compile-time constant (XLA compiles once per distinct value), in graph
+    mode the size of the TensorArray; either way it means the same thing and
+    the loop never writes past it.
+  - With `bucket_shapes`, the stop automaton's and the regex DFA's state
+    counts are padded to a bucket with unreachable states, so a new set of
+    stop strings or a new pattern compiles nothing new.
   - With `bucket_shapes` (the XLA path), the prompt width is padded to
-    `bucket(width, 8)` and the batch to `batch_bucket(batch)` with copies of
-    row 0, so a sweep over batch sizes 1..64 compiles 7 programs. Rows never
-    interact, so padding never changes a real row; callers keep the first
-    `batch` rows of the result.
+    `bucket(width, MIN_WIDTH)` and the batch to `batch_bucket(batch)` with
+    copies of row 0, so a sweep over batch sizes 1..64 compiles 7 programs.
+    Rows never interact, so padding never changes a real row; callers keep
+    the first `batch` rows of the result.
 
 `Carry` is what a continued generation (streaming) carries between calls.
 """
@@ -255,6 +259,20 @@ def carry_spec(state_sizes, vocab_size: int, *,
       dfa_state=tf.TensorSpec(rows, tf.int32))
 
 
+# The smallest output buffer and look-back history, in ids. Under XLA their
+# lengths are compile-time constants, so every distinct bucket is a compile
+# (seconds); 64 ids per row cost next to nothing per step (the loop runs
+# `num_steps`, not `capacity`; the n-gram ban's one `[B, L]` compare), so
+# every request of up to 64 steps (a stream's chunks, a short completion)
+# shares one program.
+MIN_CAPACITY = 64
+# The smallest padded prompt width under XLA (a compile-time constant too):
+# every prompt of up to 16 characters shares one program. Priming stops at the
+# longest prompt, so padding costs only the batched input projection of the
+# layers above the first.
+MIN_WIDTH = 16
+
+
 def bucket(n: int, minimum: int = 16) -> int:
   """Rounds n up so that at most ~25% is padding: few distinct XLA shapes."""
   n = max(int(n), minimum)
@@ -390,15 +408,15 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
       for value, dtype in zip(options.sampling, sampling_lib.PARAM_DTYPES)])
   num_steps = ops.array(num_steps, tf.int32)
   capacity = ops.bucket(num_steps if capacity_steps is None
-                        else capacity_steps, 16)
+                        else capacity_steps, MIN_CAPACITY)
   if bucket_shapes:
-    ids = ops.pad_columns(ids, ops.bucket(ops.columns(ids), 8))
+    ids = ops.pad_columns(ids, ops.bucket(ops.columns(ids), MIN_WIDTH))
   ngram = ops.array(options.no_repeat_ngram_size, tf.int32)
   looks_back = ops.any(params.repetition_penalty != 1.0) | (ngram > 0)
   steps = num_steps if total_steps is None else ops.array(total_steps,
                                                           tf.int32)
   history_length = ops.where(
-      looks_back, ops.bucket(ops.columns(ids) + steps, 16), 1)
+      looks_back, ops.bucket(ops.columns(ids) + steps, MIN_CAPACITY), 1)
   if options.initial_state is None:
     initial_state = tuple(tuple(ops.zeros(batch, units) for units in sizes)
                           for sizes in state_sizes)
@@ -411,8 +429,7 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
       sampling=params,
       seeds=Seeds(ops.array(seeds.seeds, tf.int64),
                   ops.array(seeds.index, tf.int32)),
-      stops=stopping.Automaton(ops.array(stops.table, tf.int32),
-                               ops.array(stops.accept, tf.bool)),
+      stops=_stop_states(ops, stops, bucket_shapes),
       lookback=processors.Settings(
           ops.array(options.repetition_window, tf.int32), ngram,
           history_length),
@@ -425,6 +442,33 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
   if bucket_shapes:
     request = pad_rows(request, ops.batch_bucket(batch))
   return request
+
+
+def pad_stop_states(stops: stopping.Automaton) -> stopping.Automaton:
+  """A host automaton with its state count padded to `bucket(S, 16)`.
+
+  The padding states are unreachable (no state leads to them) and never
+  accept, so every row's stops are unchanged; under XLA the state count is a
+  shape, so a new set of stop strings then compiles nothing new. A count
+  already at a bucket is returned as it is (`bucket` is idempotent).
+  """
+  states = len(stops.accept)
+  padding = bucket(states, 16) - states
+  if not padding:
+    return stops
+  return stopping.Automaton(
+      np.concatenate([stops.table,
+                      np.zeros([padding, stops.table.shape[1]], np.int32)]),
+      np.concatenate([stops.accept, np.zeros([padding], bool)]))
+
+
+def _stop_states(ops, stops: stopping.Automaton,
+                 bucket_shapes) -> stopping.Automaton:
+  """The request's stop automaton (a host one), states bucketed under XLA."""
+  if bucket_shapes:
+    stops = pad_stop_states(stops)
+  return stopping.Automaton(ops.array(stops.table, tf.int32),
+                            ops.array(stops.accept, tf.bool))
 
 
 def _constraint(ops, dfa, batch, vocab_size: int,

@@ -486,22 +486,13 @@ class Engine:
                               counts.astype(np.int32)[None, :])
 
   def _stops(self, stop):
-    """The stop automaton of a key; under XLA its states padded to a bucket.
-
-    The state count is a shape under XLA: padded (with unreachable states
-    that never accept), a new set of stop strings compiles nothing new.
-    """
+    """The stop automaton of a key, made once; under XLA its states padded
+    to a bucket here (`request.build` would pad it on every call)."""
     automaton = self._stops_cache.get(stop)
     if automaton is None:
       automaton = host.stop_automaton(self.model, stop)
       if self._bucketed:
-        states = len(automaton.accept)
-        padding = request_lib.bucket(states, 16) - states
-        automaton = automaton._replace(
-            table=np.concatenate([automaton.table, np.zeros(
-                [padding, automaton.table.shape[1]], np.int32)]),
-            accept=np.concatenate([automaton.accept,
-                                   np.zeros([padding], bool)]))
+        automaton = request_lib.pad_stop_states(automaton)
       self._stops_cache[stop] = automaton
     return automaton
 
