@@ -32,6 +32,9 @@ with InvalidArgumentError naming num_beams.
 import os
 
 import tensorflow as tf
+# NoDependency: the one way to keep an attribute of a tf.Module out of what
+# tf.saved_model.save writes (there is no public spelling).
+from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 
 from rnnstep import staging
 from rnnstep.decoding import options
@@ -81,8 +84,11 @@ class ServingModule(tf.Module):
     super().__init__(name="rnnstep_serving")
     path = paths.from_jit_compile(jit_compile)
     self.model = model
-    self._generator = generator_lib.Generator(
-        model, paths.GRAPH if path == paths.AUTO else path)
+    # Not tracked: saving would trace and store every compiled function of
+    # the Generator's programs (continuations, the server's, `step`), which
+    # no signature calls; the signatures' own traces hold what they call.
+    self._generator = data_structures.NoDependency(generator_lib.Generator(
+        model, paths.GRAPH if path == paths.AUTO else path))
     chars = [c if c != "[UNK]" else "" for c in model.vocab]
     keys = [c for c in chars if c]
     self.char_table = tf.lookup.StaticHashTable(
@@ -169,18 +175,18 @@ class ServingModule(tf.Module):
     return {"text": tf.strings.reduce_join(pieces, axis=1),
             "logprob": scores[:batch]}
 
-  @tf.function(input_signature=_BASIC_INPUTS)
+  @tf.function(input_signature=_BASIC_INPUTS, autograph=False)
   def serve(self, prompts, num_steps, temperature, seed):
     out = self._text(prompts, num_steps, seed, dict(temperature=temperature))
     return {"text": out["text"]}
 
-  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS)
+  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS, autograph=False)
   def serve_top_k_top_p(self, prompts, num_steps, temperature, seed, top_k, top_p):
     out = self._text(prompts, num_steps, seed, dict(
         temperature=temperature, top_k=top_k, top_p=top_p))
     return {"text": out["text"]}
 
-  @tf.function(input_signature=_DECODING_INPUTS)
+  @tf.function(input_signature=_DECODING_INPUTS, autograph=False)
   def serve_decoding(self, prompts, num_steps, seed, *values):
     return self._text(prompts, num_steps, seed, {
         option.name: value for option, value in zip(_SERVED, values)})
