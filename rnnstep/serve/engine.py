@@ -461,8 +461,9 @@ class Engine:
     """The prompt ids' width: under XLA one of two, so widths compile twice."""
     if not self._bucketed:
       return longest
-    return 8 if longest <= 8 else _power_of_two_at_least(
-        min(self.prime_chars, self.max_prompt_chars), 8)
+    narrow = request_lib.MIN_WIDTH  # What `request.build` pads to anyway.
+    return narrow if longest <= narrow else _power_of_two_at_least(
+        min(self.prime_chars, self.max_prompt_chars), narrow)
 
   def _piece(self, row: Row) -> np.ndarray:
     """The ids a fresh row primes in this call: its prompt from where its
