@@ -27,7 +27,8 @@ QUICK = flags.DEFINE_boolean(
     "quick", False,
     "Smoke test: a tiny model (U=64, E=16), 40 chars, 1 round, batches 1 and 4, "
     "sections speed, dtype (at batch 4), paths, floors (float32 at 1 and "
-    "4, bfloat16 at 4), decoding and words (V=300, nhid 16, 10 words) "
+    "4, bfloat16 at 4), decoding and words (V=300, nhid 16, 10 words, "
+    "batch 1) "
     "unless --sections is given. "
     "Overrides the size, step, round and batch flags.")
 SECTIONS_FLAG = flags.DEFINE_list(
@@ -184,7 +185,7 @@ class Settings:
     self.words_vocab_size = 300 if quick else WORDS_VOCAB.value
     self.words_embedding = 8 if quick else WORDS_EMBEDDING.value
     self.words_units = [16] if quick else [int(u) for u in WORDS_UNITS.value]
-    self.words_batch_sizes = ([1, 4] if quick else
+    self.words_batch_sizes = ([1] if quick else
                               [int(b) for b in WORDS_BATCH_SIZES.value])
     self.words_steps = 10 if quick else WORDS_STEPS.value
     self.words_recipe_steps = 3 if quick else WORDS_RECIPE_STEPS.value
