@@ -294,6 +294,38 @@ class QuickBenchmarkTest(unittest.TestCase):
         met = ms[a] / ms[b] <= row["target"]
         self.assertIn("met" if met else "NOT met", printed)
 
+  def test_words_table(self):
+    # The word_language_model section at its --quick size (V=300, nhid 16,
+    # batch 1).
+    torch_rows = ["recipe", "torchscript"] if self.torch else []
+    names = ["rnnstep", *(f"rnnstep_{p}" for p in PATHS), *torch_rows,
+             "floor_xla", "floor_graph", "floor"]
+    rows = table_rows(self.proc.stdout, "## words:")
+    self.assertEqual([(r[0], int(r[1])) for r in rows], [(n, 1) for n in names])
+    results = {r["batch"]: r for r in self.results("words")}
+    self.assertEqual(set(results), {1})
+    for row in rows:
+      result = results[int(row[1])]
+      rounds, steps = result["round_seconds"], result["steps"]
+      floor = [min(x, g) for x, g in zip(rounds["floor_xla"],
+                                         rounds["floor_graph"])]
+      mine = floor if row[0] == "floor" else rounds[row[0]]
+      per_step = statistics.median(mine) / steps.get(row[0], steps["floor_xla"])
+      self.assertPrinted(row[2], per_step * 1e3, decimals=3)  # ms/step
+      self.assertEqual(row[2].endswith("*"), row[0] == "recipe")
+      self.assertAlmostEqual(number(row[3]), result["batch"] / per_step,
+                             delta=0.5 + 1e-3 * result["batch"] / per_step)
+      self.assertPrinted(row[4], statistics.median(  # x floor, paired
+          (t / steps.get(row[0], steps["floor_xla"])) / (f / steps["floor_xla"])
+          for t, f in zip(mine, floor)))
+      self.assertEqual(row[5] == "-", not self.torch)
+    for batch, result in results.items():
+      # No tuning cache entry is the words model's: the built-in table's pick.
+      self.assertEqual(result["default_path"],
+                       "xla" if paths.gpu_visible()
+                       else paths.table_path("float32", batch))
+      self.assertIn(result["best_path"], [f"rnnstep_{p}" for p in PATHS])
+
   def test_json_out(self):
     self.assertIsNotNone(self.data)
     speed = [r for r in self.data["results"] if r["section"] == "speed"]

@@ -264,5 +264,37 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn("'(a'", lines[0])
 
 
+
+def test_word_vocabulary_tables_are_sized_and_bounded(monkeypatch):
+  """At wikitext-2's 33,278 words, a stop or regex table is S x V int32
+  (133 KB a state): typical lists and patterns take a few states, and one
+  over the limit is refused in one line before its table is built."""
+  import types  # pylint: disable=g-import-not-at-top
+  from rnnstep.decoding import stopping  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
+  size = 33278
+  words = ["<eos>"] + [f"w{i}" for i in range(1, size)]
+  tokens = vocabulary.Tokens("words", words, {"newline": "<eos>"})
+  stops = stopping.token_automaton([b" w1 w2"], tokens.pieces)
+  # The trie of " w1 w2": the start and one state per byte.
+  assert stops.table.shape == (7, size) and stops.table.dtype == np.int32
+  many = [f" w{i} w{i + 1} w{i + 2}".encode() for i in range(100, 160)]
+  with pytest.raises(ValueError, match=r"^the stop strings need a table of "
+                     r"\d+ states x 33278 tokens \(\d+ MiB\), more than the "
+                     r"limit of 64 MiB; give fewer or shorter stop strings$"):
+    stopping.token_automaton(many, tokens.pieces)
+  model = types.SimpleNamespace(is_characters=False, tokens=tokens,
+                                has_unk=False, vocab=tuple(words))
+  even = "( w[0-9]*[02468]|\n)+"  # Even-numbered words and newlines.
+  dfa = constraints.combine(model, [even])
+  # FREE, DEAD and the pattern's 3 states found between whole tokens (a
+  # word's inner states are pruned: no token boundary reaches them).
+  assert dfa.table.shape == (2 + 3, size)
+  monkeypatch.setattr(constraints, "MAX_TABLE_BYTES", 512 << 10)
+  with pytest.raises(errors.ArgumentError, match=r"the patterns need a table "
+                     r"of 5 states x 33278 tokens \(1 MiB\), more than the "
+                     r"limit of 0 MiB"):
+    constraints.combine(model, [even])
+
 if __name__ == "__main__":
   tf.test.main()

@@ -205,6 +205,65 @@ class FirstMaxIndexTest(tf.test.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(got, np.argmax(scores, axis=-1))
 
 
+def _whole_row_filters(scaled, top_k, top_p, typical_p):
+  """top-k, top-p and typical over a full sort of each row (the filters'
+  definition, written out: what they computed before sorting only heads)."""
+  ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")
+  size = scaled.shape[-1]
+  k = tf.where((top_k > 0) & (top_k < size), top_k, size)
+  keep = lambda x, t: tf.where(x >= t[:, None], x, -float("inf"))
+  by_k = keep(scaled, tf.gather(ordered, k - 1, batch_dims=1))
+  ordered = tf.sort(by_k, axis=-1, direction="DESCENDING")
+  before = tf.cumsum(tf.nn.softmax(ordered, -1), -1, exclusive=True)
+  kept = tf.reduce_sum(tf.cast(before < top_p[:, None], tf.int32), -1)
+  by_p = keep(by_k, tf.gather(ordered, tf.maximum(kept, 1) - 1, batch_dims=1))
+  log_p = tf.nn.log_softmax(by_p, -1)
+  p = tf.exp(log_p)
+  entropy = -tf.reduce_sum(tf.where(p > 0, p * log_p, 0.0), -1, keepdims=True)
+  atypical = tf.abs(-log_p - entropy)
+  order = tf.argsort(atypical, axis=-1, stable=True)
+  mass = tf.cumsum(tf.nn.softmax(tf.gather(by_p, order, batch_dims=1), -1), -1)
+  last = tf.minimum(tf.reduce_sum(tf.cast(mass < typical_p[:, None], tf.int32),
+                                  -1), size - 1)
+  threshold = tf.gather(tf.gather(atypical, order, batch_dims=1), last,
+                        batch_dims=1)
+  by_typical = tf.where(atypical > threshold[:, None], -float("inf"), by_p)
+  return by_k, by_p, by_typical
+
+
+class SortedHeadTest(tf.test.TestCase, parameterized.TestCase):
+  """Over a vocabulary larger than `SORTED_HEAD`, rows an earlier top-k left
+  with few finite ids are sorted only that far: each filter's result is the
+  whole-row sort's, bit for bit (ties, -inf and k past the head included)."""
+
+  @parameterized.named_parameters(("graph", False), ("xla", True))
+  @quick_cases("graph")
+  def test_filters_equal_the_whole_row_sort(self, jit):
+    head = sampling.SORTED_HEAD
+    rng = np.random.default_rng(8)
+    scaled = np.round(rng.normal(size=[6, 4 * head + 3]) * 3, 1)  # Ties.
+    scaled[:, :2] = -np.inf  # Banned ids.
+    scaled = tf.constant(scaled.astype(np.float32))
+
+    def filters(scaled, top_k, top_p, typical_p):
+      by_k = sampling.top_k_filter(scaled, top_k)
+      by_p = sampling.top_p_filter(by_k, top_p)
+      return by_k, by_p, sampling.typical_filter(by_p, typical_p)
+
+    mine = tf.function(filters, jit_compile=jit, autograph=False)
+    reference = tf.function(_whole_row_filters, jit_compile=jit,
+                            autograph=False)
+    top_p = tf.constant([0.3, 0.9, 0.999, 1.0, 0.5, 0.95])
+    typical_p = tf.constant([0.9, 0.5, 0.99, 0.7, 1.0, 0.2])
+    for top_k in ([40, 1, head, 7, 100, 40],      # Every row within the head.
+                  [40, 0, head, 7, 100, 40],      # One row keeps everything.
+                  [40, head + 1, 3, 7, 100, 9]):  # One row past the head.
+      top_k = tf.constant(top_k)
+      for got, want in zip(mine(scaled, top_k, top_p, typical_p),
+                           reference(scaled, top_k, top_p, typical_p)):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 class NoiseTest(tf.test.TestCase):
 
   def test_the_noise_follows_its_spec(self):

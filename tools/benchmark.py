@@ -16,7 +16,7 @@ taken this way hold up on a busy machine far better than absolute numbers do.
 
 Layout: this file is the entry (flags are parsed here, sections run in
 order); each section is a module of tools/bench/ (speed.py, dtype.py,
-paths.py, floors.py, latency.py, cli.py, window.py) with `run(ctx, results)`; shared
+paths.py, floors.py, latency.py, cli.py, window.py, words.py) with `run(ctx, results)`; shared
 parts are bench/settings.py (every flag), machine.py (the header),
 weights.py, runners.py (rnnstep on a path, the matmul floor), keras_loops.py,
 torch_loops.py and timing.py. The Keras models come from the tests' builders
@@ -88,6 +88,12 @@ Other sections:
            window generation (its default) vs stateful (window=0) vs the
            recipe's own model.predict loop, at --window_batch_sizes
            (tools/bench/window.py).
+  words    pytorch/examples word_language_model (2-layer LSTM, emsize 200,
+           a 33,278-word vocabulary) at nhid --words_units (200, 1024) and
+           --words_batch_sizes (1, 64): rnnstep (default and each path), the
+           recipe's own generate.py loop, a TorchScript loop of the same
+           model, and the matmul floor, in words per second, with the issue's
+           targets (tools/bench/words.py).
 """
 
 import collections
@@ -119,11 +125,12 @@ from bench import speed
 from bench import torch_loops
 from bench import weights as weights_lib
 from bench import window
+from bench import words
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 SECTION_MODULES = {"speed": speed, "dtype": dtype, "paths": paths,
                    "floors": floors, "decoding": decoding, "latency": latency,
-                   "cli": cli, "window": window}
+                   "cli": cli, "window": window, "words": words}
 assert tuple(SECTION_MODULES) == cfg.SECTIONS
 
 # What every section's `run(ctx, results)` gets.
@@ -145,8 +152,9 @@ def main(argv):
   # kernel cache (every tf.function re-instantiates at its next call).
   tf.random.set_seed(cfg.SEED.value)
   torch = None
-  if ("speed" in settings.sections
-      and any(v in settings.variants for v in cfg.TORCH_VARIANTS)):
+  if ("words" in settings.sections or (
+      "speed" in settings.sections
+      and any(v in settings.variants for v in cfg.TORCH_VARIANTS))):
     torch = torch_loops.import_torch()
     if torch is not None:
       torch.set_num_threads(cfg.TORCH_THREADS.value or machine.usable_cores())

@@ -17,7 +17,7 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
 SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli",
-            "window")
+            "window", "words")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
 PATHS = paths.JIT_COMPILE
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
@@ -26,8 +26,10 @@ RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
 QUICK = flags.DEFINE_boolean(
     "quick", False,
     "Smoke test: a tiny model (U=64, E=16), 40 chars, 1 round, batches 1 and 4, "
-    "sections speed, dtype (at batch 4), paths and floors (float32 at 1 and "
-    "4, bfloat16 at 4) unless --sections is given. "
+    "sections speed, dtype (at batch 4), paths, floors (float32 at 1 and "
+    "4, bfloat16 at 4), decoding and words (V=300, nhid 16, 10 words, "
+    "batch 1) "
+    "unless --sections is given. "
     "Overrides the size, step, round and batch flags.")
 SECTIONS_FLAG = flags.DEFINE_list(
     "sections", list(SECTIONS), f"Which sections to run, of {SECTIONS}.")
@@ -116,6 +118,23 @@ WINDOW_BATCH_SIZES = flags.DEFINE_list(
 WINDOW_CHARS = flags.DEFINE_integer(
     "window_chars", 200, "Characters per row in the window section.",
     lower_bound=1)
+WORDS_VOCAB = flags.DEFINE_integer(
+    "words_vocab_size", 33278,
+    "Vocabulary of the words section (wikitext-2's word count).", lower_bound=2)
+WORDS_EMBEDDING = flags.DEFINE_integer(
+    "words_embedding", 200, "emsize of the words section's model.",
+    lower_bound=1)
+WORDS_UNITS = flags.DEFINE_list(
+    "words_units", ["200", "1024"],
+    "nhid of each model of the words section (2 LSTM layers each).")
+WORDS_BATCH_SIZES = flags.DEFINE_list(
+    "words_batch_sizes", ["1", "64"], "Batch sizes of the words section.")
+WORDS_STEPS = flags.DEFINE_integer(
+    "words_steps", 200, "Words per row in the words section.", lower_bound=1)
+WORDS_RECIPE_STEPS = flags.DEFINE_integer(
+    "words_recipe_steps", 50,
+    "Words the recipe's generate.py loop runs in the words section (timed "
+    "per step like the others).", lower_bound=1)
 WINDOW_PREDICT_STEPS = flags.DEFINE_integer(
     "window_predict_steps", 10,
     "Characters the recipe's model.predict loop runs (scaled to "
@@ -163,6 +182,13 @@ class Settings:
                                [int(b) for b in WINDOW_BATCH_SIZES.value])
     self.window_chars = 20 if quick else WINDOW_CHARS.value
     self.window_predict_steps = 2 if quick else WINDOW_PREDICT_STEPS.value
+    self.words_vocab_size = 300 if quick else WORDS_VOCAB.value
+    self.words_embedding = 8 if quick else WORDS_EMBEDDING.value
+    self.words_units = [16] if quick else [int(u) for u in WORDS_UNITS.value]
+    self.words_batch_sizes = ([1] if quick else
+                              [int(b) for b in WORDS_BATCH_SIZES.value])
+    self.words_steps = 10 if quick else WORDS_STEPS.value
+    self.words_recipe_steps = 3 if quick else WORDS_RECIPE_STEPS.value
     self.weights_path = WEIGHTS.value
     self.dtype_modes = [m for m in DTYPE_MODES.value if m]
     self.cli_runs = CLI_RUNS.value
@@ -171,7 +197,8 @@ class Settings:
     if quick and not flags.FLAGS["sections"].present:
       # The latency and cli sections start fresh TensorFlow processes (seconds
       # each): asked for explicitly only.
-      self.sections = ["speed", "dtype", "paths", "floors", "decoding"]
+      self.sections = ["speed", "dtype", "paths", "floors", "decoding",
+                       "words"]
     for s in self.sections:
       if s not in SECTIONS:
         raise app.UsageError(f"--sections: unknown section {s!r}; of {SECTIONS}")
