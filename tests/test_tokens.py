@@ -29,7 +29,9 @@ from rnnstep.decoding import stopping
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary
 from tests.support import cli
+from tests.support import decoding_reference
 from tests.support import numpy_reference
+from tests.support.tiers import quick_params
 
 WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
 KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
@@ -68,9 +70,56 @@ def byte_model(tmp_path_factory):
                              tokens, 4))
 
 
+@pytest.fixture(scope="module")
+def word_reference(word_file):
+  return numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+
+
+def _train_bpe():
+  """A byte-level BPE (the `tokenizers` library) of 256 tokens: trained on a
+  small text, padded with added tokens to the tests' shared vocabulary size
+  (and so their compiled programs)."""
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
+          "a cat and a dog.\n") * 4
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False)
+  bpe.decoder = tokenizers.decoders.ByteLevel()
+  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=200))
+  trained = bpe.get_vocab_size()
+  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
+  return bpe, trained
+
+
+@pytest.fixture(scope="module")
+def bpe_file(tmp_path_factory):
+  """`(tokenizer, trained tokens, model file)` of a subword model."""
+  bpe, trained = _train_bpe()
+  vocab = [bpe.id_to_token(i) for i in range(256)]
+  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
+  return bpe, trained, _write(tmp_path_factory.mktemp("tokens") / "bpe.npz",
+                              tokens, 2)
+
+
 def _words_of(text):
   """A word model's text read back as words (its newline is `<eos>`)."""
   return text.replace("\n", " <eos> ").split()
+
+
+def _word_text(ids):
+  """The word model's continuation text, as word_language_model prints it
+  (written here from the recipe, not from rnnstep's pieces)."""
+  return "".join("\n" if WORDS[i] == "<eos>" else " " + WORDS[i]
+                 for i in ids)
+
+
+def _cut(text, stops):
+  """`text` cut at the end of the first stop string in it (str.find)."""
+  ends = [text.find(s) + len(s) for s in stops if s in text]
+  return text[:min(ends)] if ends else text
 
 
 # ------------------------------------------------------------ vocabularies
@@ -313,23 +362,9 @@ def test_word_language_model_converts_and_refuses_relu(tmp_path):
 
 
 @pytest.mark.slow
-def test_subword_model_decodes_as_its_tokenizer(tmp_path):
-  tokenizers = pytest.importorskip("tokenizers")
-  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
-          "a cat and a dog.\n") * 4
-  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
-      add_prefix_space=False)
-  bpe.decoder = tokenizers.decoders.ByteLevel()
-  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-      vocab_size=200))
-  trained = bpe.get_vocab_size()
-  # Padded to the tests' shared 256 tokens (and so their compiled programs).
-  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
-  vocab = [bpe.id_to_token(i) for i in range(256)]
-  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
-  _write(tmp_path / "bpe.npz", tokens, 2)
-  model = rnnstep.load(tmp_path / "bpe.npz")
+def test_subword_model_decodes_as_its_tokenizer(bpe_file):
+  bpe, trained, path = bpe_file
+  model = rnnstep.load(path)
   prompt = "the cat sat"
   assert model.encode(prompt).tolist() == bpe.encode(prompt).ids
   rng = np.random.default_rng(2)
@@ -339,7 +374,7 @@ def test_subword_model_decodes_as_its_tokenizer(tmp_path):
   # prompt: rnnstep's text is what the library prints.
   prompt_ids = bpe.encode(prompt).ids
   reference = numpy_reference.Reference(*numpy_reference.tensors_of_file(
-      model_file.read(tmp_path / "bpe.npz")))
+      model_file.read(path)))
   expected = bpe.decode(prompt_ids + reference.greedy(prompt_ids, 24))
   assert expected.startswith(prompt)
   generated = rnnstep.generate(model, prompt, 24, temperature=0.0,
@@ -349,6 +384,127 @@ def test_subword_model_decodes_as_its_tokenizer(tmp_path):
   cut = rnnstep.generate(model, prompt, 24, temperature=0.0, stop=stop,
                          jit_compile=False)
   assert cut == generated[:generated.find(stop) + len(stop)]
+
+
+# ------------------------------------------------------ beams and strategy
+
+
+def _check_beams(model, reference, prompts, text_of, num_steps, jit, *,
+                 stop=(), regex=None, allowed=None, complete=None,
+                 **decoding):
+  """Every returned beam (text and score) against the brute-force beam
+  search of tests/support/decoding_reference.py over the float64 forward.
+
+  The reference knows a token model's stop strings and pattern only through
+  `text_of` (ids -> the continuation's text, written independently of
+  rnnstep's pieces): a hypothesis stops once its text holds a stop string,
+  `allowed(text)` says whether a text stays inside the pattern, and
+  `complete(ids)` whether a match can go on.
+  """
+  beams = 3
+  texts, scores = rnnstep.generate(
+      model, prompts, num_steps, num_beams=beams, num_return_sequences=beams,
+      return_scores=True, jit_compile=jit, stop=list(stop), regex=regex,
+      **decoding)
+  for prompt, got_texts, got_scores in zip(prompts, texts, scores):
+    want = decoding_reference.beam_search(
+        reference, model.encode(prompt), num_steps, beams,
+        stopped=lambda ids: any(s in text_of(ids) for s in stop),
+        allowed=allowed and (lambda ids: allowed(text_of(ids))),
+        complete=complete,
+        length_penalty=decoding.get("length_penalty", 1.0),
+        theta=decoding.get("repetition_penalty", 1.0),
+        ngram=decoding.get("no_repeat_ngram_size", 0))
+    assert got_texts == [_cut(text_of(ids), stop) for ids, _, _ in want], (
+        prompt, got_texts)
+    for (_, _, raw), score in zip(want, got_scores):
+      assert abs(score - raw) < 1e-3, (prompt, score, raw)
+  return texts
+
+
+@pytest.mark.parametrize("jit", quick_params([False, True, "elementwise"],
+                                             False))
+def test_beams_on_a_word_model_match_the_reference(word_model, word_reference,
+                                                   jit):
+  prompts = ["the cat", "a dog ran"]
+  # Stop strings that span two words (" w139 w46", " w105 w101" start the
+  # best beams), penalties and a length penalty.
+  texts = _check_beams(word_model, word_reference, prompts, _word_text, 10,
+                       jit, stop=["9 w4", "5 w1"], repetition_penalty=1.3,
+                       no_repeat_ngram_size=2, length_penalty=0.8)
+  assert any(t.endswith(("9 w4", "5 w1")) for row in texts for t in row)
+  # A pattern of one to four words, which ends a hypothesis at four, with a
+  # stop string spanning words.
+  pattern = re.compile(r"( [a-z]+){1,4}")
+  allowed = lambda text: pattern.fullmatch(text) is not None
+  texts = _check_beams(
+      word_model, word_reference, prompts, _word_text, 8, jit,
+      stop=["t t"], regex=pattern.pattern, allowed=allowed,
+      complete=lambda ids: len(ids) == 4, repetition_penalty=1.5)
+  assert all(allowed(t) or t.endswith("t t") for row in texts for t in row)
+
+
+@pytest.mark.slow
+def test_beams_on_a_bpe_model_match_the_reference(bpe_file):
+  bpe, _, path = bpe_file
+  model = rnnstep.load(path)
+  reference = numpy_reference.Reference(*numpy_reference.tensors_of_file(
+      model_file.read(path)))
+  text_of = bpe.decode  # The tokenizers library's own decoding.
+  prompts = ["the cat", "a dog"]
+  # Letters and spaces only (every prefix is a match): the text is the
+  # trained merges', and stop strings can span tokens.
+  pattern = re.compile(r"[a-z ]+")
+  texts = _check_beams(
+      model, reference, prompts, text_of, 12, False, stop=["t m", "c a"],
+      regex=pattern.pattern,
+      allowed=lambda text: pattern.fullmatch(text) is not None,
+      repetition_penalty=1.3, no_repeat_ngram_size=3)
+  assert any(t.endswith(("t m", "c a")) for row in texts for t in row), texts
+
+
+# Two logical CPUs (set before TensorFlow starts): a word and a BPE model,
+# sampled with stop strings spanning tokens, a pattern and the look-back
+# rules, and beams, split over a MirroredStrategy's replicas; each text must
+# equal the one-device text (README "Reproducibility").
+STRATEGY_SCRIPT = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import rnnstep
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+runs = json.loads(sys.argv[1])
+out = []
+for path, prompts, jit, kwargs in runs:
+  model = rnnstep.load(path)
+  one = rnnstep.generate(model, prompts, 16, jit_compile=jit, **kwargs)
+  two = rnnstep.generate(model, prompts, 16, jit_compile=jit,
+                         strategy=strategy, **kwargs)
+  out.append([one, two])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_strategy_on_token_models_equals_one_device(word_file, bpe_file):
+  sampled = dict(seed=5, stop=["t t", "5 w", "at"], regex=r"[a-z0-9 ]+",
+                 repetition_penalty=1.3, no_repeat_ngram_size=2)
+  beams = dict(num_beams=3, num_return_sequences=2, stop=["9 w4", "t t"])
+  # Three prompts over two replicas: the last replica gets a padding row.
+  # The graph path: the token tables are host-side inputs of the loops that
+  # tests/test_distribute.py splits over replicas on every path.
+  runs = [(path, prompts, False, kwargs)
+          for path, prompts in ((word_file, ["the cat", "a dog ran", "on"]),
+                                (bpe_file[2], ["the cat", "a dog", "on the"]))
+          for kwargs in (sampled, beams)]
+  results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
+  for (path, _, _, kwargs), (one, two) in zip(runs, results, strict=True):
+    assert one == two, (path, kwargs, one, two)
+  # The stop strings cut some rows (the runs test what they claim to).
+  assert any(t.endswith(("t t", "5 w", "at")) for one, _ in results[::2]
+             for t in one)
 
 
 # ------------------------------------------------------- inspect, exports
