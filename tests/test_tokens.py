@@ -15,6 +15,7 @@ GRU(16) -> Dense(256)): a word, a byte and a subword model of 256 tokens
 share their compiled programs.
 """
 
+import functools
 import itertools
 import json
 import pathlib
@@ -521,12 +522,159 @@ def test_inspect_shows_tokens(word_model):
   assert '"text":[" the"," cat","\\n"," sat"]' in page.render(result, "w")
 
 
-def test_saved_model_refuses_a_token_model(word_model, tmp_path):
-  from rnnstep.exporters import saved_model  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match=r"a words model has no SavedModel "
-                     "export yet") as e:
-    saved_model.export(word_model, tmp_path / "out")
-  assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+# The rule sets the graph's tokenizer must follow as `Tokens.encode` does:
+# word_language_model's newline token, Keras Tokenizer rules (lower, filters,
+# a separator, the OOV token), whitespace splitting with Python's wider
+# whitespace, and all of them together.
+GRAPH_RULES = [
+    (WORDS, {"newline": "<eos>"}),
+    (["[UNK]", "<oov>", "the", "cat", "café", "i̇x", "a\\b", "ας"],
+     {"lower": True, "filters": "!,.\n\t<>", "split": " ", "oov": "<oov>"}),
+    (["[UNK]", "<oov>", "the", "cat", "café"],
+     {"lower": False, "filters": "!,", "split": "\\", "oov": "<oov>"}),
+    (["<oov>", "the", "cat", "CAT", "\x85x"],
+     {"filters": "", "split": None, "oov": "<oov>"}),
+    (["<eos>", "the", "cat", "dog"],
+     {"newline": "<eos>", "lower": True, "filters": "!\n", "split": None}),
+]
+
+
+def test_graph_tokenizer_encodes_and_decodes_as_the_host():
+  """The SavedModel's string signatures tokenize with graph ops
+  (`token_ops.GraphTokens`): random texts over cased, accented, Greek
+  final-sigma, filtered, backslash and Unicode-whitespace characters give
+  `Tokens.encode`'s ids, or fail where it raises; random ids decode to
+  `Tokens.text`, U+FFFD included."""
+  import random  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  alphabet = list("the cat CAT Café ÇAFÉ İX ΑΣ,.!\n\t\\<>") + [
+      "\x85", "\u3000", "\x1c", "<eos>", "dog", "  "]
+  rng = random.Random(0)
+  refused = 0
+  for vocab, rules in GRAPH_RULES + [(None, None)]:
+    tokens = (vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+              if vocab is None else vocabulary.Tokens("words", vocab, rules))
+    graph = token_ops.GraphTokens(tokens)
+    encode = tf.function(lambda p, graph=graph: graph.encode(p)[0].to_tensor(-9),
+                         input_signature=[tf.TensorSpec([None], tf.string)])
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+             for _ in range(300)]
+    good, bad = [], []
+    for text in texts:
+      try:
+        good.append((text, tokens.encode(text).tolist()))
+      except ValueError:
+        bad.append(text)
+    good, empty = ([g for g in good if g[1]], [t for t, i in good if not i])
+    got = encode(tf.constant([t for t, _ in good])).numpy()
+    for (text, want), row in zip(good, got):
+      assert [i for i in row.tolist() if i != -9] == want, (rules, text)
+    for text in (bad + empty)[:5]:  # Refused as the host refuses them.
+      with pytest.raises(tf.errors.InvalidArgumentError):
+        encode(tf.constant([text]))
+      refused += 1
+    ids = np.random.default_rng(0).integers(0, len(tokens.vocab), [40, 7])
+    lengths = np.random.default_rng(1).integers(0, 8, [40])
+    texts = graph.decode(ids.astype(np.int32), lengths.astype(np.int32))
+    assert [t.decode() for t in texts.numpy()] == [
+        tokens.text(row[:n]) for row, n in zip(ids, lengths)]
+  assert refused >= 5  # Unknown words without an OOV token, no words.
+
+
+# Serves token models' exports where rnnstep cannot be imported: strings in
+# and out for a word and a byte model, ids in (encoded by the tokenizers
+# library from the export's own tokenizer.json) for a subword model.
+SERVE_SCRIPT = r"""
+import json, os, sys
+for name in ("rnnstep", "keras", "tf_keras"):
+  sys.modules[name] = None
+import tensorflow as tf
+words_dir, bytes_dir, bpe_dir, options, dtypes = json.loads(sys.argv[1])
+def decoding(**kwargs):
+  return {k: tf.constant(v, dtypes[k]) for k, v in dict(options, **kwargs).items()}
+out = {}
+words = tf.saved_model.load(words_dir)
+prompts = tf.constant(["the cat\nsat", "a dog ran", "on"])
+steps = tf.constant(12)
+texts = lambda t: [x.decode() for x in t.numpy()]
+out["signatures"] = sorted(words.signatures)
+out["greedy"] = texts(words.signatures["serving_default"](
+    prompts=prompts, num_steps=steps, temperature=tf.constant(0.0),
+    seed=tf.constant(0, tf.int64))["text"])
+penalized = words.signatures["generate_decoding"](
+    prompts=prompts, num_steps=steps, **decoding(
+        temperature=0.9, seed=3, repetition_penalty=1.4, no_repeat_ngram_size=2))
+out["penalized"] = [texts(penalized["text"]), penalized["logprob"].numpy().tolist()]
+out["beams"] = texts(words.signatures["generate_decoding"](
+    prompts=prompts, num_steps=steps, **decoding(num_beams=3))["text"])
+vocab = json.load(open(os.path.join(words_dir, "assets", "tokens.json")))
+ids = words.signatures["generate_ids"](
+    prompt_ids=tf.constant([[vocab["vocab"].index("a"),
+                             vocab["vocab"].index("dog")]]),
+    prompt_lengths=tf.constant([2]), num_steps=steps, **decoding(seed=7))
+out["ids"] = [ids["ids"].numpy().tolist(), texts(ids["text"])]
+try:
+  words.signatures["serving_default"](
+      prompts=tf.constant(["the zebra"]), num_steps=steps,
+      temperature=tf.constant(1.0), seed=tf.constant(1, tf.int64))
+  out["error"] = None
+except tf.errors.InvalidArgumentError as e:
+  out["error"] = e.message
+served = tf.saved_model.load(bytes_dir).signatures["serving_default"]
+out["bytes"] = texts(served(prompts=tf.constant(["héllo 漢", "x"]),
+                            num_steps=tf.constant(20),
+                            temperature=tf.constant(1.0),
+                            seed=tf.constant(4, tf.int64))["text"])
+import tokenizers
+bpe = tokenizers.Tokenizer.from_file(os.path.join(bpe_dir, "assets",
+                                                  "tokenizer.json"))
+encoded = [bpe.encode(p).ids for p in ["the cat sat", "a dog"]]
+width = max(map(len, encoded))
+loaded = tf.saved_model.load(bpe_dir)
+out["bpe_signatures"] = sorted(loaded.signatures)
+served = loaded.signatures["serving_default"]
+got = served(prompt_ids=tf.constant([e + [0] * (width - len(e)) for e in encoded]),
+             prompt_lengths=tf.constant([len(e) for e in encoded]),
+             num_steps=steps, **decoding(seed=2, top_k=20))
+out["bpe"] = [texts(got["text"]), [bpe.decode(row) for row in got["ids"].numpy().tolist()]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_saved_model_serves_token_models_without_rnnstep(word_model, byte_model,
+                                                         bpe_file, tmp_path):
+  from tests import test_saved_model as sm  # pylint: disable=g-import-not-at-top
+  bpe_model = rnnstep.load(bpe_file[2])
+  dirs = [str(tmp_path / name) for name in ("words", "bytes", "bpe")]
+  for model, export_dir in zip((word_model, byte_model, bpe_model), dirs):
+    rnnstep.export(model, export_dir)
+  out = cli.run_script(SERVE_SCRIPT, json.dumps(
+      dirs + [sm.DECODING_DEFAULTS, sm.DECODING_DTYPES]))
+  prompts = ["the cat\nsat", "a dog ran", "on"]
+  library = functools.partial(rnnstep.generate, word_model, prompts, 12,
+                              jit_compile=False)
+  assert out["signatures"] == ["generate_decoding", "generate_ids",
+                               "generate_top_k_top_p", "serving_default"]
+  assert out["greedy"] == library(temperature=0.0)
+  texts, scores = library(temperature=0.9, seed=3, repetition_penalty=1.4,
+                          no_repeat_ngram_size=2, return_scores=True)
+  assert out["penalized"][0] == texts
+  np.testing.assert_allclose(out["penalized"][1], scores, rtol=1e-5)
+  assert out["beams"] == library(num_beams=3)
+  ids, text = out["ids"]
+  assert text == rnnstep.generate(word_model, ["a dog"], 12, seed=7,
+                                  jit_compile=False)
+  assert [WORDS[i] for i in ids[0]] == _words_of(text[0])
+  assert "not in the vocabulary" in out["error"]
+  assert out["bytes"] == rnnstep.generate(byte_model, ["héllo 漢", "x"], 20,
+                                          seed=4, jit_compile=False)
+  assert "\ufffd" in "".join(out["bytes"])  # Random bytes: not all UTF-8.
+  assert out["bpe_signatures"] == ["generate_ids", "serving_default"]
+  want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
+                          top_k=20, jit_compile=False)
+  assert out["bpe"] == [want, want]  # The tokenizers library agrees.
 
 
 # ------------------------------------------------------ Keras word models

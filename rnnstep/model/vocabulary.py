@@ -120,6 +120,15 @@ class Tokens:
     """The model file's `tokens` member: `{"kind": ..., rules...}`."""
     return json.dumps(dict(kind=self.kind, **self.rules), ensure_ascii=False)
 
+  def file_json(self) -> str:
+    """The vocabulary as one JSON file: the kind, its rules and (but for
+    `bytes`) the tokens in id order, the `{"kind": ...}` form that
+    `rnnstep.load(..., vocab=)` reads (the exports' `tokens.json`)."""
+    data = dict(kind=self.kind, **self.rules)
+    if self.kind != "bytes":
+      data["vocab"] = list(self.vocab)
+    return json.dumps(data, ensure_ascii=False)
+
   @classmethod
   def from_json(cls, data, vocab: Sequence[str], path=None) -> "Tokens":
     """Builds a vocabulary from a `tokens` member (decoded JSON) and `vocab`.
