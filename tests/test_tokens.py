@@ -18,6 +18,7 @@ share their compiled programs.
 import functools
 import itertools
 import json
+import os
 import pathlib
 import re
 
@@ -675,6 +676,68 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, byte_model,
   want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
                           top_k=20, jit_compile=False)
   assert out["bpe"] == [want, want]  # The tokenizers library agrees.
+
+
+@pytest.mark.slow
+def test_litert_export_of_a_word_model_gives_the_library_s_ids(word_model,
+                                                               tmp_path):
+  """rnnstep-export --format=tflite on a word model: the interpreter's ids
+  are the library's words (greedy and seeded), decoded by the exported
+  tokens.json as the library decodes them."""
+  pytest.importorskip("ai_edge_litert.interpreter")
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
+  result = cli.run_binary(
+      cli.command("rnnstep-export", "rnnstep.cli.export"),
+      [f"--weights={word_model.source}", "--format=tflite",
+       f"--output={tmp_path / 'litert'}"])
+  cli.ok(result)
+  out = tmp_path / "litert"
+  assert sorted(p.name for p in out.iterdir()) == [
+      "model.tflite", "tokens.json", "vocab.json"]
+  tokens = json.loads((out / "tokens.json").read_text(encoding="utf-8"))
+  assert tokens == {"kind": "words", "newline": "<eos>", "vocab": WORDS}
+  flatbuffer = (out / litert.MODEL_FILE).read_bytes()
+  prompts = ["the cat\nsat", "a dog ran", "on"]
+  for options in (dict(temperature=0.0), dict(temperature=0.8, seed=5),
+                  dict(temperature=1.0, top_k=20, top_p=0.9, seed=-3)):
+    texts = litert_interpreter.run(flatbuffer, word_model, prompts, 15,
+                                   **options)
+    want = rnnstep.generate(word_model, prompts, 15, jit_compile=False,
+                            **options)
+    assert texts == want, options
+    assert all(len(_words_of(t)) == 15 for t in texts)
+
+
+@pytest.mark.slow
+def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
+                                                          tmp_path,
+                                                          monkeypatch):
+  """The compiled-artifact cache (rnnstep/cli/compiled_cache.py) records a
+  token model's vocabulary in its manifest: a warm run encodes and decodes
+  words as the library does, without TensorFlow."""
+  pytest.importorskip("ai_edge_litert.interpreter")
+  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from tests import test_fast_path  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path))
+  the_key = compiled_cache.key(word_file, compiled_cache.runtime_version())
+  os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)))
+  assert compiled_cache.fill(word_file, the_key) == "built"
+  prompts = ["the cat", "a dog ran"]
+  result = test_fast_path.cli(tmp_path, [
+      f"--weights={word_file}", *(f"--prompt={p}" for p in prompts),
+      "--num_samples=2", "--num_steps=12", "--seed=7", "--temperature=0.8",
+      "--verbose"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "fast path" in test_fast_path.verbose_line(result)
+  model = rnnstep.load(word_file)
+  want = rnnstep.generate(model, [p for p in prompts for _ in range(2)], 12,
+                          seed=7, temperature=0.8, jit_compile=False)
+  assert result.stdout == test_fast_path.render(want, 7, prompts)
+  # A word the vocabulary lacks: the TensorFlow path, with its own error.
+  unknown = test_fast_path.cli(tmp_path, [
+      f"--weights={word_file}", "--prompt=the zebra", "--verbose"])
+  assert unknown.returncode != 0 and "'zebra'" in unknown.stderr
 
 
 # ------------------------------------------------------ Keras word models
