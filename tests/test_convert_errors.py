@@ -439,8 +439,11 @@ def test_output_directory_must_exist(files, tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
     convert.convert(files["good_keras"], tmp_path / "no" / "o.npz",
                     corpus=files["corpus"])
-  with pytest.raises(ValueError, match="exactly one of corpus"):
+  with pytest.raises(convert.VocabularyRequired, match="hold no vocabulary"):
     convert.convert(files["good_keras"], tmp_path / "o.npz")
+  with pytest.raises(ValueError, match="only one of corpus"):
+    convert.convert(files["good_keras"], tmp_path / "o.npz",
+                    corpus=files["corpus"], vocab=["a"])
 
 
 def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path):

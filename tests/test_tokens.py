@@ -537,6 +537,12 @@ GRAPH_RULES = [
      {"filters": "", "split": None, "oov": "<oov>"}),
     (["<eos>", "the", "cat", "dog"],
      {"newline": "<eos>", "lower": True, "filters": "!\n", "split": None}),
+    (["", "[UNK]", "the", "cat", "café", "ΑΣ"],
+     {"text_vectorization": {"standardize": "lower_and_strip_punctuation",
+                             "split": "whitespace"}, "oov": "[UNK]"}),
+    (["", "[UNK]", "t", "h", "e", "C", "é", "\u3000"],
+     {"text_vectorization": {"standardize": "strip_punctuation",
+                             "split": "character"}, "oov": "[UNK]"}),
 ]
 
 
@@ -761,6 +767,108 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
   probs = np.exp(logits - logits.max())
   np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
                              atol=2e-5)
+
+
+# ------------------------------------------- Keras TextVectorization models
+
+KERAS_TEXT = pathlib.Path(__file__).parent / "data" / "keras_text_vectorization"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["direct", "nested"])
+def test_text_vectorization_model_matches_keras(name, tmp_path):
+  """tools/make_keras_text_vectorization_fixtures.py: a TextVectorization
+  layer inside the .keras file (a Functional model; or used outside a
+  Sequential LM and saved with it as one end-to-end model), its vocabulary
+  read from the archive (an asset; the config): logits within 2e-5 of
+  Keras's, greedy words equal to Keras's own loop on strings."""
+  reference = json.loads((KERAS_TEXT / "reference.json").read_text())
+  want = reference[name]
+  model = rnnstep.load(KERAS_TEXT / f"{name}.keras")
+  assert model.vocab == tuple(want["vocab"])
+  assert model.tokens.rules == {
+      "text_vectorization": {"standardize": "lower_and_strip_punctuation",
+                             "split": "whitespace"}, "oov": "[UNK]"}
+  logits = np.asarray(rnnstep.logits(model, [model.encode(
+      reference["probe"])]))[0]
+  np.testing.assert_allclose(logits, want["probe_logits"], atol=2e-5)
+  text = rnnstep.generate(model, reference["seed"], reference["next_words"],
+                          temperature=0.0, jit_compile=False)
+  assert text.split() == want["greedy"]
+  # rnnstep-convert needs no --vocab for it; the file keeps the rules.
+  summary = convert.convert(KERAS_TEXT / f"{name}.keras", tmp_path / "m.npz")
+  assert "TextVectorization" in str(summary)
+  assert rnnstep.load(tmp_path / "m.npz").tokens.rules == model.tokens.rules
+  with pytest.raises(ValueError, match="holds its own vocabulary") as e:
+    rnnstep.load(KERAS_TEXT / f"{name}.keras", vocab=want["vocab"])
+  assert "\n" not in str(e.value)
+  from tests.test_convert_errors import run_cli  # pylint: disable=g-import-not-at-top
+  assert run_cli(f"--input={KERAS_TEXT / f'{name}.keras'}",
+                 f"--output={tmp_path / 'cli.npz'}") == 0
+
+
+def test_text_vectorization_rules_are_keras_s():
+  """Every built-in standardize x split of a real Keras TextVectorization
+  layer, adapted: its ids for random texts (cased, punctuated, accented,
+  Unicode and ASCII whitespace) equal `Tokens.encode`'s and the graph
+  tokenizer's (the SavedModel's)."""
+  import random  # pylint: disable=g-import-not-at-top
+  keras = pytest.importorskip("keras")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import vocabulary as convert_vocabulary  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  alphabet = list("the Cat sat ÉTÉ café, dog! ran. it's a-b") + [
+      "\t", "\n", "\u3000", "\x85", "  "]
+  rng = random.Random(1)
+  corpus = ["".join(rng.choice(alphabet) for _ in range(20)) for _ in range(30)]
+  texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 16)))
+           for _ in range(60)]
+  for standardize in vocabulary.TEXT_VECTORIZATION["standardize"]:
+    for split in vocabulary.TEXT_VECTORIZATION["split"]:
+      layer = keras.layers.TextVectorization(standardize=standardize,
+                                             split=split)
+      layer.adapt(corpus)
+      tokens = convert_vocabulary.text_vectorization_tokens(
+          {"standardize": standardize, "split": split},
+          layer.get_vocabulary(), "layer")
+      graph = token_ops.GraphTokens(tokens)
+      usable = [t for t in texts if tokens.encode(t).size]
+      got = np.asarray(layer(tf.constant(usable)))
+      if split is None:  # One token per text, the mask id 0 included.
+        keras_ids = [row.tolist() for row in got.reshape(len(usable), -1)]
+      else:  # Padded with the mask id 0, which no token maps to.
+        keras_ids = [row[row != 0].tolist() for row in got]
+      graph_ids = graph.encode(tf.constant(usable))[0].to_list()
+      for text, want, from_graph in zip(usable, keras_ids, graph_ids):
+        assert tokens.encode(text).tolist() == want, (standardize, split, text)
+        assert from_graph == want, (standardize, split, text)
+
+
+def test_text_vectorization_configs_rnnstep_cannot_run_are_refused():
+  """One line each: a custom (callable) standardize or split, ngrams, another
+  output_mode, a vocabulary file outside the archive, and a last recurrent
+  layer that returns only its last output."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import keras_config  # pylint: disable=g-import-not-at-top
+  with zipfile.ZipFile(KERAS_TEXT / "direct.keras") as archive:
+    config = json.loads(archive.read("config.json"))
+  assert keras_config.parse_model_config(config, "m").text_vectorization
+  custom = {"module": "builtins", "class_name": "function",
+            "config": "my_standardize", "registered_name": "function"}
+  for layer, field, value, match in [
+      (1, "standardize", custom, "custom standardize function"),
+      (1, "split", custom, "custom split function"),
+      (1, "standardize", "lower_and_strip", "standardize='lower_and_strip'"),
+      (1, "ngrams", 2, "has ngrams=.*needs ngrams=None"),
+      (1, "output_mode", "multi_hot", "output_mode='multi_hot'"),
+      (1, "vocabulary", "/data/vocab.txt", "outside the archive"),
+      (3, "return_sequences", False, "return_sequences=False behind a "
+       "TextVectorization layer")]:
+    changed = json.loads(json.dumps(config))
+    changed["config"]["layers"][layer]["config"][field] = value
+    with pytest.raises(ValueError, match=match) as e:
+      keras_config.parse_model_config(changed, "m")
+    assert "\n" not in str(e.value), e.value
 
 
 # ------------------------------------------- byte-level and BPE PyTorch models

@@ -25,7 +25,9 @@ fixed windows records its window length in the model file.
 The vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
 with "[UNK]" first). If the embedding has one row more than the characters, id 0
-is "[UNK]" (the current TF tutorial's StringLookup).
+is "[UNK]" (the current TF tutorial's StringLookup). A Keras model whose
+string Input feeds a TextVectorization layer holds its own vocabulary: give
+neither.
 
 --inspect prints what was found (format, layers, shapes, vocab size) and writes
 nothing; with --corpus or --vocab it also checks the vocabulary fits.
@@ -71,9 +73,6 @@ def _check_mode(values):
     raise flags.ValidationError("--output must not be empty")
   if values["output"] is None:
     raise flags.ValidationError("--output is required (or use --inspect)")
-  if values["corpus"] is None and values["vocab"] is None:
-    raise flags.ValidationError("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE "
-                                "for the vocabulary")
   return True
 
 
@@ -105,6 +104,10 @@ def main(argv):
       print(f"vocabulary: {source} fits: {len(vocab)} entries{unk}")
     print("(--inspect: nothing written)")
     return 0
+  if (FLAGS.corpus is None and FLAGS.vocab is None
+      and not convert_lib.holds_vocabulary(FLAGS.input)):
+    raise common.Failure("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE for "
+                         "the vocabulary", common.EXIT_USAGE)
   summary = convert_lib.convert(FLAGS.input, FLAGS.output, corpus=FLAGS.corpus,
                                 vocab=FLAGS.vocab)
   print(summary)

@@ -33,7 +33,9 @@ and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 
 Vocabulary: `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
 `vocab=` is a list of characters or a vocabulary file (a UTF-8 JSON list of
-strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). If the
+strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). A
+Keras model whose string Input feeds a TextVectorization layer holds its own
+vocabulary (and needs neither). If the
 embedding has exactly one row more than the characters, id 0 is "[UNK]" (the
 current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
 error that gives both sizes.
@@ -66,7 +68,8 @@ from rnnstep.model import kinds
 from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
-           "VocabularyRequired", "convert", "describe", "inspect",
+           "VocabularyRequired", "convert", "describe", "holds_vocabulary",
+           "inspect",
            "is_model_file", "read_any", "read_corpus_vocab", "read_vocabulary", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
@@ -221,18 +224,21 @@ def convert(input_path: PathLike, output_path: PathLike, *,
     corpus: a UTF-8 text file; the vocabulary is `sorted(set(text))`.
     vocab: instead of `corpus`: a list of characters, or the path of a
       vocabulary file (a JSON list of strings). A str is always a path.
+      Neither for a file that holds its own vocabulary (a Keras model with a
+      TextVectorization layer).
 
   Returns:
     The Summary of what was read and written.
 
   Raises:
     FileNotFoundError: the input does not exist.
+    VocabularyRequired: neither, for a file that holds no vocabulary.
     ValueError: the input cannot be read or mapped, or the vocabulary does not
       fit the weights (the message gives both sizes).
     OSError: the output cannot be written.
   """
-  if (corpus is None) == (vocab is None):
-    raise ValueError("give exactly one of corpus= (a text file) or vocab= (a "
+  if corpus is not None and vocab is not None:
+    raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
   input_path = os.fspath(input_path)
   output_path = os.fspath(output_path)
@@ -276,6 +282,24 @@ def is_model_file(path: PathLike) -> bool:
     return False
 
 
+def holds_vocabulary(input_path: PathLike) -> bool:
+  """Whether a weights file holds its own vocabulary (a Keras model's
+  TextVectorization layer), so that it needs no `corpus` or `vocab`; False
+  for a file that cannot be read (its own errors come when it is read)."""
+  try:
+    return _contained(input_path, _holds_vocabulary, input_path)
+  except (OSError, ValueError):
+    return False
+
+
+def _holds_vocabulary(input_path) -> bool:
+  contents = _open(input_path)
+  try:
+    return contents.tokens is not None
+  finally:
+    contents.close()
+
+
 def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
              vocab: Union[None, PathLike, Sequence[str]] = None
              ) -> model_file.ModelFile:
@@ -309,13 +333,10 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
   if corpus is not None and vocab is not None:
     raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
-  if corpus is None and vocab is None:
-    if not _looks_like_weights(input_path):
-      return model_file.read(input_path)  # Its errors say what is wrong.
-    raise VocabularyRequired(
-        f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
-        "give the training text (corpus) or a vocabulary file (vocab: a JSON "
-        "list of characters in id order)")
+  if corpus is None and vocab is None and not _looks_like_weights(input_path):
+    return model_file.read(input_path)  # Its errors say what is wrong.
+  # Weights without a vocabulary: unless the file holds its own (a Keras
+  # TextVectorization layer), VocabularyRequired, once the model is mapped.
   return _contained(input_path, _read_any, input_path, corpus, vocab)
 
 
@@ -326,6 +347,14 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
+    if contents.tokens is not None:  # The file's own vocabulary.
+      return _own_vocabulary(input_path, mapped, contents.tokens, corpus,
+                             vocab)
+    if corpus is None and vocab is None:
+      raise VocabularyRequired(
+          f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
+          "give the training text (corpus) or a vocabulary file (vocab: a "
+          "JSON list of characters in id order)")
     chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
       if len(chars) != mapped.vocab_size:
@@ -338,6 +367,22 @@ def _read_mapped(input_path: str, corpus, vocab):
     return mapped, chars, full_vocab, mapped.read_tensors(), None
   finally:
     contents.close()
+
+
+def _own_vocabulary(input_path, mapped, tokens, corpus, vocab):
+  """`_read_mapped`'s result for a file that holds its vocabulary."""
+  if corpus is not None or vocab is not None:
+    raise ValueError(
+        f"{input_path}: the file holds its own vocabulary (a Keras "
+        f"TextVectorization layer's {len(tokens.vocab)} tokens); give no "
+        "corpus or vocab")
+  words = list(tokens.vocab)
+  if len(words) != mapped.vocab_size:
+    raise ValueError(
+        f"vocabulary size mismatch: the TextVectorization layer holds "
+        f"{len(words)} tokens but the model's embedding has "
+        f"{mapped.vocab_size} rows")
+  return mapped, words, words, mapped.read_tensors(), tokens
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:

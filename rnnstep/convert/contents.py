@@ -108,6 +108,10 @@ class ConfigChain:
   # The fixed timesteps T of a model built for windows (its Input fixes T and
   # its last recurrent layer has return_sequences=False), else None.
   window: Optional[int] = None
+  # A Keras TextVectorization layer in front of the Embedding (string
+  # inputs): its path and the settings `keras_config.text_vectorization`
+  # read, its vocabulary (None: stored in the archive's assets); else None.
+  text_vectorization: Optional[dict] = None
 
 
 @dataclasses.dataclass
@@ -119,6 +123,9 @@ class Contents:
   chain: Optional[ConfigChain] = None
   key: str = "path"                # which LayerSpec field names a group
   notes: List[str] = dataclasses.field(default_factory=list)
+  # The vocabulary the file holds itself (a TextVectorization layer's), a
+  # `vocabulary.Tokens`; None: the file holds none.
+  tokens: Optional[object] = None
   closers: List[Callable[[], None]] = dataclasses.field(default_factory=list)
 
   def close(self):

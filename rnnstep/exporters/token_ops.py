@@ -18,8 +18,11 @@ a SavedModel serves strings without rnnstep:
     graph is built, fail the call rather than map differently), its
     `filters` (each replaced by the split separator) and its `split` (a
     separator; or Python's whitespace, `str.isspace`, which is wider than
-    TensorFlow's). Then a table from words to ids, the OOV token for the
-    rest (or a failed call naming no word: a graph's error is a constant).
+    TensorFlow's). A Keras `TextVectorization`'s `standardize` and `split`
+    are the layer's own ops (`tf.strings.lower`, its punctuation regex,
+    `tf.strings.split`, `tf.strings.unicode_split`). Then a table from words
+    to ids, the OOV token for the rest (or a failed call naming no word: a
+    graph's error is a constant).
   - **strings in, `subword`**: none. A Hugging Face `tokenizers` model runs
     in Rust, not in a graph; a served subword model takes ids (`strings` is
     False) and ships its tokenizer JSON as an asset.
@@ -164,6 +167,19 @@ class GraphTokens(tf.Module):
     """string ragged `[B, None]`: each prompt's words, as `Tokens.words`;
     the newline token's lines as its word."""
     rules = self._rules
+    vectorize = rules.get("text_vectorization")
+    if vectorize is not None:  # The layer's own ops (its `_preprocess`).
+      standardize, split = vectorize["standardize"], vectorize["split"]
+      if standardize in ("lower", "lower_and_strip_punctuation"):
+        prompts = tf.strings.lower(prompts)
+      if standardize in ("strip_punctuation", "lower_and_strip_punctuation"):
+        prompts = tf.strings.regex_replace(
+            prompts, vocabulary_lib.TEXT_VECTORIZATION_PUNCTUATION, "")
+      if split == "whitespace":
+        return tf.strings.split(prompts)
+      if split == "character":
+        return tf.strings.unicode_split(prompts, "UTF-8")
+      return tf.RaggedTensor.from_tensor(prompts[:, None])
     if self._lower_refused is not None:
       checks.append(tf.debugging.assert_equal(
           tf.strings.regex_full_match(prompts,
