@@ -323,7 +323,8 @@ def test_xla_and_elementwise_give_the_graph_text(word_model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "lstm_tied"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "rnn_relu",
+                                  "lstm_tied"])
 def test_word_language_model_matches_the_recipe(name):
   reference = np.load(WORD_LM / "reference.npz")
   model = rnnstep.load(WORD_LM / f"{name}.pt", corpus=WORD_LM / "corpus")
@@ -336,10 +337,13 @@ def test_word_language_model_matches_the_recipe(name):
   text = rnnstep.generate(model, "the cat", 30, temperature=0.0,
                           jit_compile=False)
   assert _words_of(text) == str(reference[f"{name}_greedy"]).split()
+  if name.startswith("rnn_"):  # nn.RNN's nonlinearity picks the kind.
+    assert model.config.layers[0].kind == (
+        "simple_rnn_relu" if name == "rnn_relu" else "simple_rnn")
 
 
 @pytest.mark.slow
-def test_word_language_model_converts_and_refuses_relu(tmp_path):
+def test_word_language_model_converts(tmp_path):
   out = tmp_path / "gru.npz"
   summary = convert.convert(WORD_LM / "gru.pt", out,
                             vocab=WORD_LM / "vocab.json")
@@ -347,9 +351,6 @@ def test_word_language_model_converts_and_refuses_relu(tmp_path):
   model = rnnstep.load(out)
   assert model.tokens.kind == "words"
   assert model.tokens.rules == {"newline": "<eos>"}
-  with pytest.raises(ValueError, match="nonlinearity='relu'") as e:
-    rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
-  assert "\n" not in str(e.value)
   result = cli.run_binary(
       cli.command("rnnstep-generate", "rnnstep.cli.generate"),
       [f"--weights={out}", "--prompt=the cat", "--num_steps=8",
@@ -424,8 +425,10 @@ def _check_beams(model, reference, prompts, text_of, num_steps, jit, *,
   return texts
 
 
-@pytest.mark.parametrize("jit", quick_params([False, True, "elementwise"],
-                                             False))
+# The graph path, and the elementwise path (the other loop's order); XLA's
+# beams run the same loop as the graph's, compared on character models in
+# tests/test_beam_search.py (the token tables are host-side inputs).
+@pytest.mark.parametrize("jit", quick_params([False, "elementwise"], False))
 def test_beams_on_a_word_model_match_the_reference(word_model, word_reference,
                                                    jit):
   prompts = ["the cat", "a dog ran"]
@@ -590,14 +593,14 @@ def test_graph_tokenizer_encodes_and_decodes_as_the_host():
 
 
 # Serves token models' exports where rnnstep cannot be imported: strings in
-# and out for a word and a byte model, ids in (encoded by the tokenizers
-# library from the export's own tokenizer.json) for a subword model.
+# and out for a word model, ids in (encoded by the tokenizers library from
+# the export's own tokenizer.json) for a subword model.
 SERVE_SCRIPT = r"""
 import json, os, sys
 for name in ("rnnstep", "keras", "tf_keras"):
   sys.modules[name] = None
 import tensorflow as tf
-words_dir, bytes_dir, bpe_dir, options, dtypes = json.loads(sys.argv[1])
+words_dir, bpe_dir, options, dtypes = json.loads(sys.argv[1])
 def decoding(**kwargs):
   return {k: tf.constant(v, dtypes[k]) for k, v in dict(options, **kwargs).items()}
 out = {}
@@ -628,11 +631,6 @@ try:
   out["error"] = None
 except tf.errors.InvalidArgumentError as e:
   out["error"] = e.message
-served = tf.saved_model.load(bytes_dir).signatures["serving_default"]
-out["bytes"] = texts(served(prompts=tf.constant(["héllo 漢", "x"]),
-                            num_steps=tf.constant(20),
-                            temperature=tf.constant(1.0),
-                            seed=tf.constant(4, tf.int64))["text"])
 import tokenizers
 bpe = tokenizers.Tokenizer.from_file(os.path.join(bpe_dir, "assets",
                                                   "tokenizer.json"))
@@ -650,12 +648,14 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_saved_model_serves_token_models_without_rnnstep(word_model, byte_model,
-                                                         bpe_file, tmp_path):
+def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
+                                                         tmp_path):
+  """A word model strings in and out (a byte model's graph ops are the
+  graph tokenizer test's), a subword model ids in."""
   from tests import test_saved_model as sm  # pylint: disable=g-import-not-at-top
   bpe_model = rnnstep.load(bpe_file[2])
-  dirs = [str(tmp_path / name) for name in ("words", "bytes", "bpe")]
-  for model, export_dir in zip((word_model, byte_model, bpe_model), dirs):
+  dirs = [str(tmp_path / name) for name in ("words", "bpe")]
+  for model, export_dir in zip((word_model, bpe_model), dirs):
     rnnstep.export(model, export_dir)
   out = cli.run_script(SERVE_SCRIPT, json.dumps(
       dirs + [sm.DECODING_DEFAULTS, sm.DECODING_DTYPES]))
@@ -675,44 +675,10 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, byte_model,
                                   jit_compile=False)
   assert [WORDS[i] for i in ids[0]] == _words_of(text[0])
   assert "not in the vocabulary" in out["error"]
-  assert out["bytes"] == rnnstep.generate(byte_model, ["héllo 漢", "x"], 20,
-                                          seed=4, jit_compile=False)
-  assert "\ufffd" in "".join(out["bytes"])  # Random bytes: not all UTF-8.
   assert out["bpe_signatures"] == ["generate_ids", "serving_default"]
   want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
                           top_k=20, jit_compile=False)
   assert out["bpe"] == [want, want]  # The tokenizers library agrees.
-
-
-@pytest.mark.slow
-def test_litert_export_of_a_word_model_gives_the_library_s_ids(word_model,
-                                                               tmp_path):
-  """rnnstep-export --format=tflite on a word model: the interpreter's ids
-  are the library's words (greedy and seeded), decoded by the exported
-  tokens.json as the library decodes them."""
-  pytest.importorskip("ai_edge_litert.interpreter")
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
-  from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
-  result = cli.run_binary(
-      cli.command("rnnstep-export", "rnnstep.cli.export"),
-      [f"--weights={word_model.source}", "--format=tflite",
-       f"--output={tmp_path / 'litert'}"])
-  cli.ok(result)
-  out = tmp_path / "litert"
-  assert sorted(p.name for p in out.iterdir()) == [
-      "model.tflite", "tokens.json", "vocab.json"]
-  tokens = json.loads((out / "tokens.json").read_text(encoding="utf-8"))
-  assert tokens == {"kind": "words", "newline": "<eos>", "vocab": WORDS}
-  flatbuffer = (out / litert.MODEL_FILE).read_bytes()
-  prompts = ["the cat\nsat", "a dog ran", "on"]
-  for options in (dict(temperature=0.0), dict(temperature=0.8, seed=5),
-                  dict(temperature=1.0, top_k=20, top_p=0.9, seed=-3)):
-    texts = litert_interpreter.run(flatbuffer, word_model, prompts, 15,
-                                   **options)
-    want = rnnstep.generate(word_model, prompts, 15, jit_compile=False,
-                            **options)
-    assert texts == want, options
-    assert all(len(_words_of(t)) == 15 for t in texts)
 
 
 @pytest.mark.slow
@@ -744,6 +710,47 @@ def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
   unknown = test_fast_path.cli(tmp_path, [
       f"--weights={word_file}", "--prompt=the zebra", "--verbose"])
   assert unknown.returncode != 0 and "'zebra'" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_litert_runs_a_relu_word_model_the_web_export_refuses_it(tmp_path):
+  """The LiteRT export (what rnnstep-export --format=tflite writes) of
+  word_language_model's RNN_RELU (a word model; the kind simple_rnn_relu):
+  the interpreter's ids are the recipe's greedy words and the library's
+  seeded ones, decoded by the exported tokens.json's rules; the web runtime,
+  which has no relu step, refuses it in one line."""
+  pytest.importorskip("ai_edge_litert.interpreter")
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
+  from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
+  reference = np.load(WORD_LM / "reference.npz")
+  model = rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
+  out = tmp_path / "litert"
+  rnnstep.export_litert(model, out)
+  assert sorted(p.name for p in out.iterdir()) == [
+      "model.tflite", "tokens.json", "vocab.json"]
+  tokens = json.loads((out / "tokens.json").read_text(encoding="utf-8"))
+  assert tokens == {"kind": "words", "newline": "<eos>",
+                    "vocab": list(model.vocab)}
+  flatbuffer = (out / litert.MODEL_FILE).read_bytes()
+  greedy = litert_interpreter.run(flatbuffer, model, ["the cat"], 30)
+  assert _words_of(greedy[0]) == str(reference["rnn_relu_greedy"]).split()
+  prompts = ["the cat\nsat", "a dog ran"]
+  for options in (dict(temperature=0.9, seed=3),
+                  dict(temperature=1.0, top_k=5, top_p=0.9, seed=-3)):
+    assert litert_interpreter.run(flatbuffer, model, prompts, 20,
+                                  **options) == rnnstep.generate(
+                                      model, prompts, 20, jit_compile=False,
+                                      **options)
+  chars = rnnstep.Model(
+      model_file.ModelConfig(4, (model_file.LayerConfig("simple_rnn_relu", 6),)),
+      list("abc"), {k: np.zeros(s, np.float32) for k, s in model_file.ModelConfig(
+          4, (model_file.LayerConfig("simple_rnn_relu", 6),)).expected_shapes(
+              3).items()})
+  with pytest.raises(ValueError, match=r"layer 0 is SimpleRNN\(relu\), which "
+                     "the web export does not run") as e:
+    web.check_exportable(chars)
+  assert "\n" not in str(e.value)
 
 
 # ------------------------------------------------------ Keras word models

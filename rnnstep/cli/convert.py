@@ -18,7 +18,8 @@ model.state_dict(), PATH) (.pt/.pth/.bin, zip or legacy format) or
 .safetensors, or a whole pickled module: torch.save(model, PATH). The model
 must be Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense (PyTorch:
 nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module names,
-unidirectional; an nn.RNN is assumed to use tanh, its default). A Keras model
+unidirectional; an nn.RNN is tanh, its default, unless a whole pickled module
+says relu). A Keras model
 fed one-hot vectors (no Embedding) gets an identity embedding; one built for
 fixed windows records its window length in the model file.
 

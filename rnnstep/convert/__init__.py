@@ -22,7 +22,8 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
 
 The model must be Embedding (or one-hot inputs: an identity Embedding) ->
 GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
-Embedding -> GRU / LSTM / RNN(tanh) -> Linear); anything else is refused with
+Embedding -> GRU / LSTM / RNN (tanh; relu where a whole pickled module says
+so) -> Linear); anything else is refused with
 a message saying what was found, before any vocabulary is read. A model built
 for fixed windows (a fixed T in its Input, return_sequences=False on its last
 recurrent layer) records `window` in its config. Files are read as data only:

@@ -177,5 +177,5 @@ def snake_case(name: str) -> str:
 _HINT_NAMES = tuple(
     (kind.name, tuple(name for cls in kind.keras_classes
                       for name in (snake_case(cls), f"{snake_case(cls)}_cell")))
-    for kind in kinds.KINDS.values()) + (("embedding", ("embedding",)),
+    for kind in kinds.PLAIN) + (("embedding", ("embedding",)),
                                          ("dense", ("dense",)))

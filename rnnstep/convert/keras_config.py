@@ -8,7 +8,8 @@ built-in standardize and split and its vocabulary become the model's
 (`text_vectorization`). A Sequential or Functional model used as a layer
 (keras.io's end-to-end `Model(text, lm(vectorize(text)))`) is read in place,
 its weights under its own path. Nothing is deserialized. Anything else -- Bidirectional or wrapped
-layers, layers in between, activations other than tanh/sigmoid, go_backwards,
+layers, layers in between, activations other than tanh/sigmoid (a relu
+SimpleRNN is its own kind, `kinds.with_activation`), go_backwards,
 masking, custom or Lambda layers -- is refused with a message saying what was
 found.
 """
@@ -85,7 +86,7 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
     spec = _layer_spec(entry, paths[id(entry)], label, notes)
     if spec is not None:
       specs.append(spec)
-  if specs and specs[0].kind in RECURRENT_CLASSES.values():
+  if specs and specs[0].kind in kinds.KINDS:
     if vectorize is not None:
       raise safe_io.fail(label, f"{what}: the TextVectorization layer feeds "
                          "its ids to a recurrent layer without an Embedding; "
@@ -415,9 +416,11 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
                      use_bias=_get(cfg, "use_bias", bool, True, label, where))
   kind = RECURRENT_CLASSES[cls]
   activation = _get(cfg, "activation", str, "tanh", label, where)
-  if activation != "tanh":
+  try:  # An activation variant is its own kind (`kinds.with_activation`).
+    kind = kinds.with_activation(kind, activation).name
+  except ValueError as e:
     raise safe_io.fail(label, f"{where} has activation {show(activation)}; "
-                       "rnnstep implements Keras's tanh only")
+                       f"{e}") from None
   if kinds.KINDS[kind].gates > 1:  # Gates use the recurrent activation.
     recurrent_activation = _get(cfg, "recurrent_activation", str, "sigmoid",
                                 label, where)
