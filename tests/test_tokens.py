@@ -812,6 +812,13 @@ def test_text_vectorization_model_matches_keras(name, tmp_path):
   from tests.test_convert_errors import run_cli  # pylint: disable=g-import-not-at-top
   assert run_cli(f"--input={KERAS_TEXT / f'{name}.keras'}",
                  f"--output={tmp_path / 'cli.npz'}") == 0
+  # Saved as legacy HDF5, which keeps no assets and a nested model's weights
+  # in one group: refused in one line, saying to keep the .keras file.
+  keras = pytest.importorskip("keras")
+  keras.saving.load_model(KERAS_TEXT / f"{name}.keras").save(tmp_path / "m.h5")
+  with pytest.raises(ValueError, match="save the model as .keras") as e:
+    rnnstep.load(tmp_path / "m.h5")
+  assert "\n" not in str(e.value)
 
 
 def test_text_vectorization_rules_are_keras_s():
