@@ -52,7 +52,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       (UTF-8); the vocabulary is `sorted(set(text))`. (A char-rnn-tensorflow
       save directory holds its own, `chars_vocab.pkl`: give neither.)
     vocab: for weights files, instead of `corpus`: a vocabulary file (a JSON
-      list of characters in id order) or a list of characters.
+      list of characters in id order) or a list of characters. Neither for a
+      Keras model with a TextVectorization layer, which holds its own.
 
   Returns:
     The Model.

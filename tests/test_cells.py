@@ -16,6 +16,7 @@ CASES = [
     ("gru_reset_before", "gru", False),
     ("lstm", "lstm", True),
     ("simple_rnn", "simple_rnn", True),
+    ("simple_rnn_relu", "simple_rnn_relu", True),
 ]
 
 
@@ -25,7 +26,8 @@ def keras_layer(kind, units, reset_after):
                             reset_after=reset_after)
   if kind == "lstm":
     return keras.layers.LSTM(units, return_sequences=True, return_state=True)
-  return keras.layers.SimpleRNN(units, return_sequences=True, return_state=True)
+  return keras.layers.SimpleRNN(units, return_sequences=True, return_state=True,
+                                activation=kinds.get(kind).activation)
 
 
 class CellTest(tf.test.TestCase, parameterized.TestCase):

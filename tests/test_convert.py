@@ -41,6 +41,7 @@ KERAS3_FILES = [
     ("k3_fun_lstm_gru", "keras"), ("k3_fun_lstm_gru", "weights_h5"),
     ("k3_fun_lstm_gru", "legacy_h5"), ("k3_fun_lstm_gru", "tf_checkpoint"),
     ("k3_seq_lstm", "keras"), ("k3_seq_simple_rnn", "keras"),
+    ("k3_seq_simple_rnn_relu", "keras"),
     ("k3_seq_gru2", "keras"), ("k3_seq_gru2", "weights_h5"),
     ("k3_sub_tutorial", "keras"), ("k3_sub_tutorial", "weights_h5"),
     ("k3_sub_tutorial", "tf_checkpoint"), ("k3_sub_stack", "keras"),

@@ -121,9 +121,8 @@ def files(tmp_path_factory):
                                    dense())),
       ("hard_sigmoid", sequential(gru(recurrent_activation="hard_sigmoid"),
                                   dense())),
-      ("relu", sequential(keras.layers.SimpleRNN(16, activation="relu",
-                                                 return_sequences=True),
-                          dense())),
+      ("softsign", sequential(keras.layers.SimpleRNN(
+          16, activation="softsign", return_sequences=True), dense())),
       ("go_backwards", sequential(gru(go_backwards=True), dense())),
       ("mask_zero", sequential(gru(), dense(), mask_zero=True)),
       ("lambda", sequential(keras.layers.Lambda(lambda x: x * 2.0), gru(),
@@ -295,7 +294,9 @@ CASES = [
     ("layer_norm_weights", "layer_norm_weights", "corpus",
      "not an Embedding, GRU, LSTM, SimpleRNN or Dense"),
     ("hard_sigmoid", "hard_sigmoid", "corpus", "hard_sigmoid"),
-    ("relu", "relu", "corpus", "activation 'relu'"),
+    ("softsign", "softsign", "corpus",
+     "activation 'softsign'; SimpleRNN with activation 'softsign' is not a "
+     "kind rnnstep runs"),
     ("go_backwards", "go_backwards", "corpus", "go_backwards=True"),
     ("mask_zero", "mask_zero", "corpus", "mask_zero=True"),
     ("lambda", "lambda", "corpus", "Lambda layer"),
@@ -439,8 +440,11 @@ def test_output_directory_must_exist(files, tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
     convert.convert(files["good_keras"], tmp_path / "no" / "o.npz",
                     corpus=files["corpus"])
-  with pytest.raises(ValueError, match="exactly one of corpus"):
+  with pytest.raises(convert.VocabularyRequired, match="hold no vocabulary"):
     convert.convert(files["good_keras"], tmp_path / "o.npz")
+  with pytest.raises(ValueError, match="only one of corpus"):
+    convert.convert(files["good_keras"], tmp_path / "o.npz",
+                    corpus=files["corpus"], vocab=["a"])
 
 
 @pytest.mark.parametrize("index", ["ckpt_read_less.index",

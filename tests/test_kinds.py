@@ -22,11 +22,19 @@ def test_bias_shapes():
 
 
 def test_lookups_are_unambiguous_and_every_kind_has_a_cell():
-  assert len(kinds.BY_GATES) == len(kinds.KINDS)
+  assert len(kinds.BY_GATES) == len(kinds.PLAIN)
   assert kinds.BY_KERAS_CLASS == {"GRU": "gru", "LSTM": "lstm",
                                   "SimpleRNN": "simple_rnn"}
+  # An activation variant is found from its plain kind, and back.
+  assert kinds.with_activation("simple_rnn", "relu").name == "simple_rnn_relu"
+  assert kinds.with_activation("simple_rnn_relu", "tanh").name == "simple_rnn"
+  with pytest.raises(ValueError, match=r"GRU with activation 'relu' is not a "
+                     r"kind rnnstep runs \(it runs 'tanh'\)"):
+    kinds.with_activation("gru", "relu")
+  assert kinds.KINDS["simple_rnn_relu"].torch_permutation() == (0,)
   for kind in kinds.KINDS.values():
     assert issubclass(getattr(cells, kind.cell_class), cells.Cell)
+    assert kind.activation in cells.ACTIVATIONS
     layer = model_file.LayerConfig(kind.name, 7)
     assert cells.state_sizes(layer) == (7,) * kind.state_tensors
     assert model_file.GATES[kind.name] == kind.gates

@@ -13,6 +13,7 @@ STACKS = {
     "gru_reset_before": [kr.layer("gru", 32, False)],
     "lstm": [kr.layer("lstm", 24)],
     "simple_rnn": [kr.layer("simple_rnn", 24)],
+    "simple_rnn_relu": [kr.layer("simple_rnn_relu", 24)],
     "gru_x2": [kr.layer("gru", 24), kr.layer("gru", 20)],
     "lstm_then_gru_reset_before": [kr.layer("lstm", 24), kr.layer("gru", 16, False)],
 }

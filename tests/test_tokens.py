@@ -15,8 +15,10 @@ GRU(16) -> Dense(256)): a word, a byte and a subword model of 256 tokens
 share their compiled programs.
 """
 
+import functools
 import itertools
 import json
+import os
 import pathlib
 import re
 
@@ -29,7 +31,9 @@ from rnnstep.decoding import stopping
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary
 from tests.support import cli
+from tests.support import decoding_reference
 from tests.support import numpy_reference
+from tests.support.tiers import quick_params
 
 WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
 KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
@@ -68,9 +72,56 @@ def byte_model(tmp_path_factory):
                              tokens, 4))
 
 
+@pytest.fixture(scope="module")
+def word_reference(word_file):
+  return numpy_reference.Reference(
+      *numpy_reference.tensors_of_file(model_file.read(word_file)))
+
+
+def _train_bpe():
+  """A byte-level BPE (the `tokenizers` library) of 256 tokens: trained on a
+  small text, padded with added tokens to the tests' shared vocabulary size
+  (and so their compiled programs)."""
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
+          "a cat and a dog.\n") * 4
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False)
+  bpe.decoder = tokenizers.decoders.ByteLevel()
+  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=200))
+  trained = bpe.get_vocab_size()
+  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
+  return bpe, trained
+
+
+@pytest.fixture(scope="module")
+def bpe_file(tmp_path_factory):
+  """`(tokenizer, trained tokens, model file)` of a subword model."""
+  bpe, trained = _train_bpe()
+  vocab = [bpe.id_to_token(i) for i in range(256)]
+  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
+  return bpe, trained, _write(tmp_path_factory.mktemp("tokens") / "bpe.npz",
+                              tokens, 2)
+
+
 def _words_of(text):
   """A word model's text read back as words (its newline is `<eos>`)."""
   return text.replace("\n", " <eos> ").split()
+
+
+def _word_text(ids):
+  """The word model's continuation text, as word_language_model prints it
+  (written here from the recipe, not from rnnstep's pieces)."""
+  return "".join("\n" if WORDS[i] == "<eos>" else " " + WORDS[i]
+                 for i in ids)
+
+
+def _cut(text, stops):
+  """`text` cut at the end of the first stop string in it (str.find)."""
+  ends = [text.find(s) + len(s) for s in stops if s in text]
+  return text[:min(ends)] if ends else text
 
 
 # ------------------------------------------------------------ vocabularies
@@ -272,7 +323,8 @@ def test_xla_and_elementwise_give_the_graph_text(word_model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "lstm_tied"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_tanh", "rnn_relu",
+                                  "lstm_tied"])
 def test_word_language_model_matches_the_recipe(name):
   reference = np.load(WORD_LM / "reference.npz")
   model = rnnstep.load(WORD_LM / f"{name}.pt", corpus=WORD_LM / "corpus")
@@ -285,10 +337,13 @@ def test_word_language_model_matches_the_recipe(name):
   text = rnnstep.generate(model, "the cat", 30, temperature=0.0,
                           jit_compile=False)
   assert _words_of(text) == str(reference[f"{name}_greedy"]).split()
+  if name.startswith("rnn_"):  # nn.RNN's nonlinearity picks the kind.
+    assert model.config.layers[0].kind == (
+        "simple_rnn_relu" if name == "rnn_relu" else "simple_rnn")
 
 
 @pytest.mark.slow
-def test_word_language_model_converts_and_refuses_relu(tmp_path):
+def test_word_language_model_converts(tmp_path):
   out = tmp_path / "gru.npz"
   summary = convert.convert(WORD_LM / "gru.pt", out,
                             vocab=WORD_LM / "vocab.json")
@@ -296,9 +351,6 @@ def test_word_language_model_converts_and_refuses_relu(tmp_path):
   model = rnnstep.load(out)
   assert model.tokens.kind == "words"
   assert model.tokens.rules == {"newline": "<eos>"}
-  with pytest.raises(ValueError, match="nonlinearity='relu'") as e:
-    rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
-  assert "\n" not in str(e.value)
   result = cli.run_binary(
       cli.command("rnnstep-generate", "rnnstep.cli.generate"),
       [f"--weights={out}", "--prompt=the cat", "--num_steps=8",
@@ -313,23 +365,9 @@ def test_word_language_model_converts_and_refuses_relu(tmp_path):
 
 
 @pytest.mark.slow
-def test_subword_model_decodes_as_its_tokenizer(tmp_path):
-  tokenizers = pytest.importorskip("tokenizers")
-  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
-          "a cat and a dog.\n") * 4
-  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
-      add_prefix_space=False)
-  bpe.decoder = tokenizers.decoders.ByteLevel()
-  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-      vocab_size=200))
-  trained = bpe.get_vocab_size()
-  # Padded to the tests' shared 256 tokens (and so their compiled programs).
-  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
-  vocab = [bpe.id_to_token(i) for i in range(256)]
-  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
-  _write(tmp_path / "bpe.npz", tokens, 2)
-  model = rnnstep.load(tmp_path / "bpe.npz")
+def test_subword_model_decodes_as_its_tokenizer(bpe_file):
+  bpe, trained, path = bpe_file
+  model = rnnstep.load(path)
   prompt = "the cat sat"
   assert model.encode(prompt).tolist() == bpe.encode(prompt).ids
   rng = np.random.default_rng(2)
@@ -339,7 +377,7 @@ def test_subword_model_decodes_as_its_tokenizer(tmp_path):
   # prompt: rnnstep's text is what the library prints.
   prompt_ids = bpe.encode(prompt).ids
   reference = numpy_reference.Reference(*numpy_reference.tensors_of_file(
-      model_file.read(tmp_path / "bpe.npz")))
+      model_file.read(path)))
   expected = bpe.decode(prompt_ids + reference.greedy(prompt_ids, 24))
   assert expected.startswith(prompt)
   generated = rnnstep.generate(model, prompt, 24, temperature=0.0,
@@ -349,6 +387,129 @@ def test_subword_model_decodes_as_its_tokenizer(tmp_path):
   cut = rnnstep.generate(model, prompt, 24, temperature=0.0, stop=stop,
                          jit_compile=False)
   assert cut == generated[:generated.find(stop) + len(stop)]
+
+
+# ------------------------------------------------------ beams and strategy
+
+
+def _check_beams(model, reference, prompts, text_of, num_steps, jit, *,
+                 stop=(), regex=None, allowed=None, complete=None,
+                 **decoding):
+  """Every returned beam (text and score) against the brute-force beam
+  search of tests/support/decoding_reference.py over the float64 forward.
+
+  The reference knows a token model's stop strings and pattern only through
+  `text_of` (ids -> the continuation's text, written independently of
+  rnnstep's pieces): a hypothesis stops once its text holds a stop string,
+  `allowed(text)` says whether a text stays inside the pattern, and
+  `complete(ids)` whether a match can go on.
+  """
+  beams = 3
+  texts, scores = rnnstep.generate(
+      model, prompts, num_steps, num_beams=beams, num_return_sequences=beams,
+      return_scores=True, jit_compile=jit, stop=list(stop), regex=regex,
+      **decoding)
+  for prompt, got_texts, got_scores in zip(prompts, texts, scores):
+    want = decoding_reference.beam_search(
+        reference, model.encode(prompt), num_steps, beams,
+        stopped=lambda ids: any(s in text_of(ids) for s in stop),
+        allowed=allowed and (lambda ids: allowed(text_of(ids))),
+        complete=complete,
+        length_penalty=decoding.get("length_penalty", 1.0),
+        theta=decoding.get("repetition_penalty", 1.0),
+        ngram=decoding.get("no_repeat_ngram_size", 0))
+    assert got_texts == [_cut(text_of(ids), stop) for ids, _, _ in want], (
+        prompt, got_texts)
+    for (_, _, raw), score in zip(want, got_scores):
+      assert abs(score - raw) < 1e-3, (prompt, score, raw)
+  return texts
+
+
+# The graph path, and the elementwise path (the other loop's order); XLA's
+# beams run the same loop as the graph's, compared on character models in
+# tests/test_beam_search.py (the token tables are host-side inputs).
+@pytest.mark.parametrize("jit", quick_params([False, "elementwise"], False))
+def test_beams_on_a_word_model_match_the_reference(word_model, word_reference,
+                                                   jit):
+  prompts = ["the cat", "a dog ran"]
+  # Stop strings that span two words (" w139 w46", " w105 w101" start the
+  # best beams), penalties and a length penalty.
+  texts = _check_beams(word_model, word_reference, prompts, _word_text, 10,
+                       jit, stop=["9 w4", "5 w1"], repetition_penalty=1.3,
+                       no_repeat_ngram_size=2, length_penalty=0.8)
+  assert any(t.endswith(("9 w4", "5 w1")) for row in texts for t in row)
+  # A pattern of one to four words, which ends a hypothesis at four, with a
+  # stop string spanning words.
+  pattern = re.compile(r"( [a-z]+){1,4}")
+  allowed = lambda text: pattern.fullmatch(text) is not None
+  texts = _check_beams(
+      word_model, word_reference, prompts, _word_text, 8, jit,
+      stop=["t t"], regex=pattern.pattern, allowed=allowed,
+      complete=lambda ids: len(ids) == 4, repetition_penalty=1.5)
+  assert all(allowed(t) or t.endswith("t t") for row in texts for t in row)
+
+
+@pytest.mark.slow
+def test_beams_on_a_bpe_model_match_the_reference(bpe_file):
+  bpe, _, path = bpe_file
+  model = rnnstep.load(path)
+  reference = numpy_reference.Reference(*numpy_reference.tensors_of_file(
+      model_file.read(path)))
+  text_of = bpe.decode  # The tokenizers library's own decoding.
+  prompts = ["the cat", "a dog"]
+  # Letters and spaces only (every prefix is a match): the text is the
+  # trained merges', and stop strings can span tokens.
+  pattern = re.compile(r"[a-z ]+")
+  texts = _check_beams(
+      model, reference, prompts, text_of, 12, False, stop=["t m", "c a"],
+      regex=pattern.pattern,
+      allowed=lambda text: pattern.fullmatch(text) is not None,
+      repetition_penalty=1.3, no_repeat_ngram_size=3)
+  assert any(t.endswith(("t m", "c a")) for row in texts for t in row), texts
+
+
+# Two logical CPUs (set before TensorFlow starts): a word and a BPE model,
+# sampled with stop strings spanning tokens, a pattern and the look-back
+# rules, and beams, split over a MirroredStrategy's replicas; each text must
+# equal the one-device text (README "Reproducibility").
+STRATEGY_SCRIPT = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import rnnstep
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+runs = json.loads(sys.argv[1])
+out = []
+for path, prompts, jit, kwargs in runs:
+  model = rnnstep.load(path)
+  one = rnnstep.generate(model, prompts, 16, jit_compile=jit, **kwargs)
+  two = rnnstep.generate(model, prompts, 16, jit_compile=jit,
+                         strategy=strategy, **kwargs)
+  out.append([one, two])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_strategy_on_token_models_equals_one_device(word_file, bpe_file):
+  sampled = dict(seed=5, stop=["t t", "5 w", "at"], regex=r"[a-z0-9 ]+",
+                 repetition_penalty=1.3, no_repeat_ngram_size=2)
+  beams = dict(num_beams=3, num_return_sequences=2, stop=["9 w4", "t t"])
+  # Three prompts over two replicas: the last replica gets a padding row.
+  # The graph path: the token tables are host-side inputs of the loops that
+  # tests/test_distribute.py splits over replicas on every path.
+  runs = [(path, prompts, False, kwargs)
+          for path, prompts in ((word_file, ["the cat", "a dog ran", "on"]),
+                                (bpe_file[2], ["the cat", "a dog", "on the"]))
+          for kwargs in (sampled, beams)]
+  results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
+  for (path, _, _, kwargs), (one, two) in zip(runs, results, strict=True):
+    assert one == two, (path, kwargs, one, two)
+  # The stop strings cut some rows (the runs test what they claim to).
+  assert any(t.endswith(("t t", "5 w", "at")) for one, _ in results[::2]
+             for t in one)
 
 
 # ------------------------------------------------------- inspect, exports
@@ -365,12 +526,231 @@ def test_inspect_shows_tokens(word_model):
   assert '"text":[" the"," cat","\\n"," sat"]' in page.render(result, "w")
 
 
-def test_saved_model_refuses_a_token_model(word_model, tmp_path):
-  from rnnstep.exporters import saved_model  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match=r"a words model has no SavedModel "
-                     "export yet") as e:
-    saved_model.export(word_model, tmp_path / "out")
-  assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+# The rule sets the graph's tokenizer must follow as `Tokens.encode` does:
+# word_language_model's newline token, Keras Tokenizer rules (lower, filters,
+# a separator, the OOV token), whitespace splitting with Python's wider
+# whitespace, and all of them together.
+GRAPH_RULES = [
+    (WORDS, {"newline": "<eos>"}),
+    (["[UNK]", "<oov>", "the", "cat", "café", "i̇x", "a\\b", "ας"],
+     {"lower": True, "filters": "!,.\n\t<>", "split": " ", "oov": "<oov>"}),
+    (["[UNK]", "<oov>", "the", "cat", "café"],
+     {"lower": False, "filters": "!,", "split": "\\", "oov": "<oov>"}),
+    (["<oov>", "the", "cat", "CAT", "\x85x"],
+     {"filters": "", "split": None, "oov": "<oov>"}),
+    (["<eos>", "the", "cat", "dog"],
+     {"newline": "<eos>", "lower": True, "filters": "!\n", "split": None}),
+    (["", "[UNK]", "the", "cat", "café", "ΑΣ"],
+     {"text_vectorization": {"standardize": "lower_and_strip_punctuation",
+                             "split": "whitespace"}, "oov": "[UNK]"}),
+    (["", "[UNK]", "t", "h", "e", "C", "é", "\u3000"],
+     {"text_vectorization": {"standardize": "strip_punctuation",
+                             "split": "character"}, "oov": "[UNK]"}),
+]
+
+
+def test_graph_tokenizer_encodes_and_decodes_as_the_host():
+  """The SavedModel's string signatures tokenize with graph ops
+  (`token_ops.GraphTokens`): random texts over cased, accented, Greek
+  final-sigma, filtered, backslash and Unicode-whitespace characters give
+  `Tokens.encode`'s ids, or fail where it raises; random ids decode to
+  `Tokens.text`, U+FFFD included."""
+  import random  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  alphabet = list("the cat CAT Café ÇAFÉ İX ΑΣ,.!\n\t\\<>") + [
+      "\x85", "\u3000", "\x1c", "<eos>", "dog", "  "]
+  rng = random.Random(0)
+  refused = 0
+  for vocab, rules in GRAPH_RULES + [(None, None)]:
+    tokens = (vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
+              if vocab is None else vocabulary.Tokens("words", vocab, rules))
+    graph = token_ops.GraphTokens(tokens)
+    encode = tf.function(lambda p, graph=graph: graph.encode(p)[0].to_tensor(-9),
+                         input_signature=[tf.TensorSpec([None], tf.string)])
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+             for _ in range(300)]
+    good, bad = [], []
+    for text in texts:
+      try:
+        good.append((text, tokens.encode(text).tolist()))
+      except ValueError:
+        bad.append(text)
+    good, empty = ([g for g in good if g[1]], [t for t, i in good if not i])
+    got = encode(tf.constant([t for t, _ in good])).numpy()
+    for (text, want), row in zip(good, got):
+      assert [i for i in row.tolist() if i != -9] == want, (rules, text)
+    for text in (bad + empty)[:5]:  # Refused as the host refuses them.
+      with pytest.raises(tf.errors.InvalidArgumentError):
+        encode(tf.constant([text]))
+      refused += 1
+    ids = np.random.default_rng(0).integers(0, len(tokens.vocab), [40, 7])
+    lengths = np.random.default_rng(1).integers(0, 8, [40])
+    texts = graph.decode(ids.astype(np.int32), lengths.astype(np.int32))
+    assert [t.decode() for t in texts.numpy()] == [
+        tokens.text(row[:n]) for row, n in zip(ids, lengths)]
+  assert refused >= 5  # Unknown words without an OOV token, no words.
+
+
+# Serves token models' exports where rnnstep cannot be imported: strings in
+# and out for a word model, ids in (encoded by the tokenizers library from
+# the export's own tokenizer.json) for a subword model.
+SERVE_SCRIPT = r"""
+import json, os, sys
+for name in ("rnnstep", "keras", "tf_keras"):
+  sys.modules[name] = None
+import tensorflow as tf
+words_dir, bpe_dir, options, dtypes = json.loads(sys.argv[1])
+def decoding(**kwargs):
+  return {k: tf.constant(v, dtypes[k]) for k, v in dict(options, **kwargs).items()}
+out = {}
+words = tf.saved_model.load(words_dir)
+prompts = tf.constant(["the cat\nsat", "a dog ran", "on"])
+steps = tf.constant(12)
+texts = lambda t: [x.decode() for x in t.numpy()]
+out["signatures"] = sorted(words.signatures)
+out["greedy"] = texts(words.signatures["serving_default"](
+    prompts=prompts, num_steps=steps, temperature=tf.constant(0.0),
+    seed=tf.constant(0, tf.int64))["text"])
+penalized = words.signatures["generate_decoding"](
+    prompts=prompts, num_steps=steps, **decoding(
+        temperature=0.9, seed=3, repetition_penalty=1.4, no_repeat_ngram_size=2))
+out["penalized"] = [texts(penalized["text"]), penalized["logprob"].numpy().tolist()]
+out["beams"] = texts(words.signatures["generate_decoding"](
+    prompts=prompts, num_steps=steps, **decoding(num_beams=3))["text"])
+vocab = json.load(open(os.path.join(words_dir, "assets", "tokens.json")))
+ids = words.signatures["generate_ids"](
+    prompt_ids=tf.constant([[vocab["vocab"].index("a"),
+                             vocab["vocab"].index("dog")]]),
+    prompt_lengths=tf.constant([2]), num_steps=steps, **decoding(seed=7))
+out["ids"] = [ids["ids"].numpy().tolist(), texts(ids["text"])]
+try:
+  words.signatures["serving_default"](
+      prompts=tf.constant(["the zebra"]), num_steps=steps,
+      temperature=tf.constant(1.0), seed=tf.constant(1, tf.int64))
+  out["error"] = None
+except tf.errors.InvalidArgumentError as e:
+  out["error"] = e.message
+import tokenizers
+bpe = tokenizers.Tokenizer.from_file(os.path.join(bpe_dir, "assets",
+                                                  "tokenizer.json"))
+encoded = [bpe.encode(p).ids for p in ["the cat sat", "a dog"]]
+width = max(map(len, encoded))
+loaded = tf.saved_model.load(bpe_dir)
+out["bpe_signatures"] = sorted(loaded.signatures)
+served = loaded.signatures["serving_default"]
+got = served(prompt_ids=tf.constant([e + [0] * (width - len(e)) for e in encoded]),
+             prompt_lengths=tf.constant([len(e) for e in encoded]),
+             num_steps=steps, **decoding(seed=2, top_k=20))
+out["bpe"] = [texts(got["text"]), [bpe.decode(row) for row in got["ids"].numpy().tolist()]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
+                                                         tmp_path):
+  """A word model strings in and out (a byte model's graph ops are the
+  graph tokenizer test's), a subword model ids in."""
+  from tests import test_saved_model as sm  # pylint: disable=g-import-not-at-top
+  bpe_model = rnnstep.load(bpe_file[2])
+  dirs = [str(tmp_path / name) for name in ("words", "bpe")]
+  for model, export_dir in zip((word_model, bpe_model), dirs):
+    rnnstep.export(model, export_dir)
+  out = cli.run_script(SERVE_SCRIPT, json.dumps(
+      dirs + [sm.DECODING_DEFAULTS, sm.DECODING_DTYPES]))
+  prompts = ["the cat\nsat", "a dog ran", "on"]
+  library = functools.partial(rnnstep.generate, word_model, prompts, 12,
+                              jit_compile=False)
+  assert out["signatures"] == ["generate_decoding", "generate_ids",
+                               "generate_top_k_top_p", "serving_default"]
+  assert out["greedy"] == library(temperature=0.0)
+  texts, scores = library(temperature=0.9, seed=3, repetition_penalty=1.4,
+                          no_repeat_ngram_size=2, return_scores=True)
+  assert out["penalized"][0] == texts
+  np.testing.assert_allclose(out["penalized"][1], scores, rtol=1e-5)
+  assert out["beams"] == library(num_beams=3)
+  ids, text = out["ids"]
+  assert text == rnnstep.generate(word_model, ["a dog"], 12, seed=7,
+                                  jit_compile=False)
+  assert [WORDS[i] for i in ids[0]] == _words_of(text[0])
+  assert "not in the vocabulary" in out["error"]
+  assert out["bpe_signatures"] == ["generate_ids", "serving_default"]
+  want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
+                          top_k=20, jit_compile=False)
+  assert out["bpe"] == [want, want]  # The tokenizers library agrees.
+
+
+@pytest.mark.slow
+def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
+                                                          tmp_path,
+                                                          monkeypatch):
+  """The compiled-artifact cache (rnnstep/cli/compiled_cache.py) records a
+  token model's vocabulary in its manifest: a warm run encodes and decodes
+  words as the library does, without TensorFlow."""
+  pytest.importorskip("ai_edge_litert.interpreter")
+  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from tests import test_fast_path  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path))
+  the_key = compiled_cache.key(word_file, compiled_cache.runtime_version())
+  os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)))
+  assert compiled_cache.fill(word_file, the_key) == "built"
+  prompts = ["the cat", "a dog ran"]
+  result = test_fast_path.cli(tmp_path, [
+      f"--weights={word_file}", *(f"--prompt={p}" for p in prompts),
+      "--num_samples=2", "--num_steps=12", "--seed=7", "--temperature=0.8",
+      "--verbose"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "fast path" in test_fast_path.verbose_line(result)
+  model = rnnstep.load(word_file)
+  want = rnnstep.generate(model, [p for p in prompts for _ in range(2)], 12,
+                          seed=7, temperature=0.8, jit_compile=False)
+  assert result.stdout == test_fast_path.render(want, 7, prompts)
+  # A word the vocabulary lacks: the TensorFlow path, with its own error.
+  unknown = test_fast_path.cli(tmp_path, [
+      f"--weights={word_file}", "--prompt=the zebra", "--verbose"])
+  assert unknown.returncode != 0 and "'zebra'" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_litert_runs_a_relu_word_model_the_web_export_refuses_it(tmp_path):
+  """The LiteRT export (what rnnstep-export --format=tflite writes) of
+  word_language_model's RNN_RELU (a word model; the kind simple_rnn_relu):
+  the interpreter's ids are the recipe's greedy words and the library's
+  seeded ones, decoded by the exported tokens.json's rules; the web runtime,
+  which has no relu step, refuses it in one line."""
+  pytest.importorskip("ai_edge_litert.interpreter")
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
+  from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
+  reference = np.load(WORD_LM / "reference.npz")
+  model = rnnstep.load(WORD_LM / "rnn_relu.pt", corpus=WORD_LM / "corpus")
+  out = tmp_path / "litert"
+  rnnstep.export_litert(model, out)
+  assert sorted(p.name for p in out.iterdir()) == [
+      "model.tflite", "tokens.json", "vocab.json"]
+  tokens = json.loads((out / "tokens.json").read_text(encoding="utf-8"))
+  assert tokens == {"kind": "words", "newline": "<eos>",
+                    "vocab": list(model.vocab)}
+  flatbuffer = (out / litert.MODEL_FILE).read_bytes()
+  greedy = litert_interpreter.run(flatbuffer, model, ["the cat"], 30)
+  assert _words_of(greedy[0]) == str(reference["rnn_relu_greedy"]).split()
+  prompts = ["the cat\nsat", "a dog ran"]
+  for options in (dict(temperature=0.9, seed=3),
+                  dict(temperature=1.0, top_k=5, top_p=0.9, seed=-3)):
+    assert litert_interpreter.run(flatbuffer, model, prompts, 20,
+                                  **options) == rnnstep.generate(
+                                      model, prompts, 20, jit_compile=False,
+                                      **options)
+  chars = rnnstep.Model(
+      model_file.ModelConfig(4, (model_file.LayerConfig("simple_rnn_relu", 6),)),
+      list("abc"), {k: np.zeros(s, np.float32) for k, s in model_file.ModelConfig(
+          4, (model_file.LayerConfig("simple_rnn_relu", 6),)).expected_shapes(
+              3).items()})
+  with pytest.raises(ValueError, match=r"layer 0 is SimpleRNN\(relu\), which "
+                     "the web export does not run") as e:
+    web.check_exportable(chars)
+  assert "\n" not in str(e.value)
 
 
 # ------------------------------------------------------ Keras word models
@@ -394,6 +774,115 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
   probs = np.exp(logits - logits.max())
   np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
                              atol=2e-5)
+
+
+# ------------------------------------------- Keras TextVectorization models
+
+KERAS_TEXT = pathlib.Path(__file__).parent / "data" / "keras_text_vectorization"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["direct", "nested"])
+def test_text_vectorization_model_matches_keras(name, tmp_path):
+  """tools/make_keras_text_vectorization_fixtures.py: a TextVectorization
+  layer inside the .keras file (a Functional model; or used outside a
+  Sequential LM and saved with it as one end-to-end model), its vocabulary
+  read from the archive (an asset; the config): logits within 2e-5 of
+  Keras's, greedy words equal to Keras's own loop on strings."""
+  reference = json.loads((KERAS_TEXT / "reference.json").read_text())
+  want = reference[name]
+  model = rnnstep.load(KERAS_TEXT / f"{name}.keras")
+  assert model.vocab == tuple(want["vocab"])
+  assert model.tokens.rules == {
+      "text_vectorization": {"standardize": "lower_and_strip_punctuation",
+                             "split": "whitespace"}, "oov": "[UNK]"}
+  logits = np.asarray(rnnstep.logits(model, [model.encode(
+      reference["probe"])]))[0]
+  np.testing.assert_allclose(logits, want["probe_logits"], atol=2e-5)
+  text = rnnstep.generate(model, reference["seed"], reference["next_words"],
+                          temperature=0.0, jit_compile=False)
+  assert text.split() == want["greedy"]
+  # rnnstep-convert needs no --vocab for it; the file keeps the rules.
+  summary = convert.convert(KERAS_TEXT / f"{name}.keras", tmp_path / "m.npz")
+  assert "TextVectorization" in str(summary)
+  assert rnnstep.load(tmp_path / "m.npz").tokens.rules == model.tokens.rules
+  with pytest.raises(ValueError, match="holds its own vocabulary") as e:
+    rnnstep.load(KERAS_TEXT / f"{name}.keras", vocab=want["vocab"])
+  assert "\n" not in str(e.value)
+  from tests.test_convert_errors import run_cli  # pylint: disable=g-import-not-at-top
+  assert run_cli(f"--input={KERAS_TEXT / f'{name}.keras'}",
+                 f"--output={tmp_path / 'cli.npz'}") == 0
+  # Saved as legacy HDF5, which keeps no assets and a nested model's weights
+  # in one group: refused in one line, saying to keep the .keras file.
+  keras = pytest.importorskip("keras")
+  keras.saving.load_model(KERAS_TEXT / f"{name}.keras").save(tmp_path / "m.h5")
+  with pytest.raises(ValueError, match="save the model as .keras") as e:
+    rnnstep.load(tmp_path / "m.h5")
+  assert "\n" not in str(e.value)
+
+
+def test_text_vectorization_rules_are_keras_s():
+  """Every built-in standardize x split of a real Keras TextVectorization
+  layer, adapted: its ids for random texts (cased, punctuated, accented,
+  Unicode and ASCII whitespace) equal `Tokens.encode`'s and the graph
+  tokenizer's (the SavedModel's)."""
+  import random  # pylint: disable=g-import-not-at-top
+  keras = pytest.importorskip("keras")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import vocabulary as convert_vocabulary  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  alphabet = list("the Cat sat ÉTÉ café, dog! ran. it's a-b") + [
+      "\t", "\n", "\u3000", "\x85", "  "]
+  rng = random.Random(1)
+  corpus = ["".join(rng.choice(alphabet) for _ in range(20)) for _ in range(30)]
+  texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 16)))
+           for _ in range(60)]
+  for standardize in vocabulary.TEXT_VECTORIZATION["standardize"]:
+    for split in vocabulary.TEXT_VECTORIZATION["split"]:
+      layer = keras.layers.TextVectorization(standardize=standardize,
+                                             split=split)
+      layer.adapt(corpus)
+      tokens = convert_vocabulary.text_vectorization_tokens(
+          {"standardize": standardize, "split": split},
+          layer.get_vocabulary(), "layer")
+      graph = token_ops.GraphTokens(tokens)
+      usable = [t for t in texts if tokens.encode(t).size]
+      got = np.asarray(layer(tf.constant(usable)))
+      if split is None:  # One token per text, the mask id 0 included.
+        keras_ids = [row.tolist() for row in got.reshape(len(usable), -1)]
+      else:  # Padded with the mask id 0, which no token maps to.
+        keras_ids = [row[row != 0].tolist() for row in got]
+      graph_ids = graph.encode(tf.constant(usable))[0].to_list()
+      for text, want, from_graph in zip(usable, keras_ids, graph_ids):
+        assert tokens.encode(text).tolist() == want, (standardize, split, text)
+        assert from_graph == want, (standardize, split, text)
+
+
+def test_text_vectorization_configs_rnnstep_cannot_run_are_refused():
+  """One line each: a custom (callable) standardize or split, ngrams, another
+  output_mode, a vocabulary file outside the archive, and a last recurrent
+  layer that returns only its last output."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import keras_config  # pylint: disable=g-import-not-at-top
+  with zipfile.ZipFile(KERAS_TEXT / "direct.keras") as archive:
+    config = json.loads(archive.read("config.json"))
+  assert keras_config.parse_model_config(config, "m").text_vectorization
+  custom = {"module": "builtins", "class_name": "function",
+            "config": "my_standardize", "registered_name": "function"}
+  for layer, field, value, match in [
+      (1, "standardize", custom, "custom standardize function"),
+      (1, "split", custom, "custom split function"),
+      (1, "standardize", "lower_and_strip", "standardize='lower_and_strip'"),
+      (1, "ngrams", 2, "has ngrams=.*needs ngrams=None"),
+      (1, "output_mode", "multi_hot", "output_mode='multi_hot'"),
+      (1, "vocabulary", "/data/vocab.txt", "outside the archive"),
+      (3, "return_sequences", False, "return_sequences=False behind a "
+       "TextVectorization layer")]:
+    changed = json.loads(json.dumps(config))
+    changed["config"]["layers"][layer]["config"][field] = value
+    with pytest.raises(ValueError, match=match) as e:
+      keras_config.parse_model_config(changed, "m")
+    assert "\n" not in str(e.value), e.value
 
 
 # ------------------------------------------- byte-level and BPE PyTorch models

@@ -20,8 +20,10 @@ per key, named by the key's sha256:
 
   NAME.tflite   the flatbuffer
   NAME.json     the manifest: the full key, the flatbuffer's sha256 and size,
-                the vocabulary; or, for a model the export refuses (a model
-                recording a window), {"unsupported": reason}
+                the vocabulary (and a token model's kind and rules,
+                `Tokens.to_json`, so that a warm run tokenizes and decodes
+                as the library does); or, for a model the export refuses (a
+                model recording a window), {"unsupported": reason}
   NAME.lock     held (flock) by the child that builds the entry
 
 The key (`key`) is everything the artifact's bytes or validity depend on:
@@ -43,8 +45,10 @@ and the export is reproducible (the same bytes from a fresh process), so even
 last-writer-wins would leave identical content.
 
 This module imports neither TensorFlow nor the interpreter at module level:
-the fast path (`run_artifact`) imports `ai_edge_litert` and numpy only, the
-child imports TensorFlow to export.
+the fast path (`run_artifact`) imports `ai_edge_litert` and numpy only
+(and, for a token model, `rnnstep.model.vocabulary`, which imports no
+TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow to
+export.
 """
 
 import contextlib
@@ -164,9 +168,23 @@ def read_manifest(base: str, the_key: dict) -> dict:
   if (not isinstance(manifest.get("tflite_sha256"), str)
       or not isinstance(manifest.get("tflite_bytes"), int)
       or not isinstance(vocab, list) or not vocab
-      or not all(isinstance(c, str) for c in vocab)):
+      or not all(isinstance(c, str) for c in vocab)
+      or not isinstance(manifest.get("tokens"), (str, type(None)))):
     raise Miss("cache manifest corrupt")
   return manifest
+
+
+def tokens_of(manifest: dict):
+  """A token model's `vocabulary.Tokens` from its manifest; None for a
+  character model. Raises Miss where the recorded vocabulary is unusable."""
+  if manifest.get("tokens") is None:
+    return None
+  from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
+  try:
+    return vocabulary.Tokens.from_json(json.loads(manifest["tokens"]),
+                                       manifest["vocab"])
+  except ValueError as e:
+    raise Miss(f"cache manifest's vocabulary unusable ({e})") from None
 
 
 def enabled() -> bool:
@@ -196,18 +214,32 @@ def lookup(the_key: dict) -> Tuple[bytes, dict]:
 
 
 def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
-                 temperature: float, top_k: int, top_p: float, seed: int):
+                 temperature: float, top_k: int, top_p: float, seed: int,
+                 tokens=None):
   """The continuations of `prompts` from the flatbuffer's `generate`.
+
+  Args:
+    flatbuffer, vocab, prompts, num_steps, temperature, top_k, top_p, seed:
+      the artifact, its vocabulary and the request.
+    tokens: a token model's `vocabulary.Tokens` (`tokens_of`), which
+      encodes the prompts and decodes the ids as the library does; None for
+      a character model.
 
   Raises:
     KeyError: a prompt character outside `vocab` (the caller checks first).
+    ValueError: a prompt a token model cannot encode.
     ImportError: no ai_edge_litert.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from ai_edge_litert import interpreter as interpreter_lib
-  char_to_id = {c: i for i, c in enumerate(vocab)}
-  encoded = [[char_to_id[c] for c in prompt] for prompt in prompts]
+  if tokens is not None:
+    encoded = [tokens.encode(prompt).tolist() for prompt in prompts]
+    if not all(encoded):
+      raise ValueError("a prompt gives no tokens")
+  else:
+    char_to_id = {c: i for i, c in enumerate(vocab)}
+    encoded = [[char_to_id[c] for c in prompt] for prompt in prompts]
   ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
   for row, prompt_ids in enumerate(encoded):
     ids[row, :len(prompt_ids)] = prompt_ids
@@ -220,6 +252,8 @@ def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
                top_p=np.float32(top_p), seed=np.int32(seed))["ids"]
   if out.shape != (len(prompts), num_steps):
     raise ValueError(f"the artifact returned ids of shape {out.shape}")
+  if tokens is not None:
+    return [tokens.text(row) for row in out]
   return ["".join(vocab[i] for i in row) for row in out.tolist()]
 
 
@@ -279,7 +313,9 @@ def fill(model_path: str, the_key: dict) -> str:
         with open(tmp, "wb") as f:
           f.write(flatbuffer)
       manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
-                      tflite_bytes=len(flatbuffer), vocab=list(model.vocab))
+                      tflite_bytes=len(flatbuffer), vocab=list(model.vocab),
+                      tokens=(None if model.is_characters
+                              else model.tokens.to_json()))
     with staging.staged_path(base + ".json") as tmp:
       with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, ensure_ascii=False, sort_keys=True)

@@ -18,7 +18,8 @@ model.state_dict(), PATH) (.pt/.pth/.bin, zip or legacy format) or
 .safetensors, or a whole pickled module: torch.save(model, PATH). The model
 must be Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense (PyTorch:
 nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module names,
-unidirectional; an nn.RNN is assumed to use tanh, its default). A Keras model
+unidirectional; an nn.RNN is tanh, its default, unless a whole pickled module
+says relu). A Keras model
 fed one-hot vectors (no Embedding) gets an identity embedding; one built for
 fixed windows records its window length in the model file.
 
@@ -32,7 +33,9 @@ pickles are read as data (an argparse.Namespace and a (chars, vocab) tuple).
 Otherwise the vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
 with "[UNK]" first). If the embedding has one row more than the characters, id 0
-is "[UNK]" (the current TF tutorial's StringLookup).
+is "[UNK]" (the current TF tutorial's StringLookup). A Keras model whose
+string Input feeds a TextVectorization layer holds its own vocabulary: give
+neither.
 
 --inspect prints what was found (format, layers, shapes, vocab size) and writes
 nothing; with --corpus or --vocab it also checks the vocabulary fits.
@@ -79,7 +82,8 @@ def _check_mode(values):
   if values["output"] is None:
     raise flags.ValidationError("--output is required (or use --inspect)")
   # Without --corpus or --vocab, only an input holding its own vocabulary
-  # (a char-rnn-tensorflow save directory) converts: `main` says so.
+  # (a char-rnn-tensorflow save directory, a Keras TextVectorization layer)
+  # converts: `main` says so.
   return True
 
 
@@ -92,7 +96,6 @@ def main(argv):
   """Does the work; errors propagate to common.run, which reports them."""
   common.reject_arguments(argv)
   from rnnstep import convert as convert_lib  # pylint: disable=g-import-not-at-top
-  from rnnstep.convert import tf1_charrnn  # pylint: disable=g-import-not-at-top
   if FLAGS.inspect:
     summary = convert_lib.describe(FLAGS.input)
     print(summary)
@@ -112,11 +115,12 @@ def main(argv):
       print(f"vocabulary: {source} fits: {len(vocab)} entries{unk}")
     print("(--inspect: nothing written)")
     return 0
-  if FLAGS.corpus is None and FLAGS.vocab is None and (
-      tf1_charrnn.find_save_dir(FLAGS.input) is None):
+  if (FLAGS.corpus is None and FLAGS.vocab is None
+      and not convert_lib.holds_vocabulary(FLAGS.input)):
     raise common.Failure("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE for "
                          "the vocabulary (only a char-rnn-tensorflow save "
-                         "directory holds its own)", common.EXIT_USAGE)
+                         "directory or a Keras model with a TextVectorization "
+                         "layer holds its own)", common.EXIT_USAGE)
   summary = convert_lib.convert(FLAGS.input, FLAGS.output, corpus=FLAGS.corpus,
                                 vocab=FLAGS.vocab)
   print(summary)

@@ -18,7 +18,11 @@ rnnstep or Keras. Its signatures:
                   seed: int64) -> {"text": string [B]}
   generate_top_k_top_p(the same + top_k: int32, top_p: float32) -> the same
 Row i of a call uses the seed pair (seed, i), as rnnstep.generate(...,
-seed=seed) does, so both give the same text.
+seed=seed) does, so both give the same text. A token model (words, bytes,
+subword) also has generate_ids (prompt_ids int32 [B, T], prompt_lengths
+int32 [B] -> ids, lengths, text, logprob) and its vocabulary in assets/; a
+subword model's tokenizer does not run in a graph, so it takes ids only
+(docs/guide/serving.md).
 
 --format=tflite writes DIR/model.tflite and DIR/vocab.json (the characters in
 id order) for the LiteRT interpreter (ai_edge_litert; builtin ops only, no

@@ -375,15 +375,29 @@ def _generate_fast(rows, seed, decoding) -> bool:
   except compiled_cache.Miss as e:
     raise _NotServed(str(e), fill_key=key if e.rebuild else None) from None
   vocab = manifest["vocab"]
-  known = set(vocab)
+  try:
+    tokens = compiled_cache.tokens_of(manifest)
+  except compiled_cache.Miss as e:
+    raise _NotServed(str(e)) from None
   prompts = [prompt for _, _, prompt in rows]
-  if any(c not in known for prompt in prompts for c in prompt):
-    raise _NotServed("a --prompt character is not in the model's vocabulary")
+  if tokens is None:
+    known = set(vocab)
+    if any(c not in known for prompt in prompts for c in prompt):
+      raise _NotServed("a --prompt character is not in the model's "
+                       "vocabulary")
+  else:  # The library's encoding; its refusals are the TensorFlow path's.
+    try:
+      if not all(len(tokens.encode(prompt)) for prompt in prompts):
+        raise ValueError("gives no tokens")
+    except ValueError:
+      raise _NotServed("a --prompt the model's vocabulary cannot encode"
+                       ) from None
   one = {name: (decoding[name][0] if isinstance(decoding[name], list)
                 else decoding[name]) for name in _ARTIFACT_OPTIONS}
   try:
     texts = compiled_cache.run_artifact(flatbuffer, vocab, prompts,
-                                        _NUM_STEPS.value, seed=seed, **one)
+                                        _NUM_STEPS.value, seed=seed,
+                                        tokens=tokens, **one)
   except (ImportError, ValueError, RuntimeError) as e:
     raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                      f"{e})") from None

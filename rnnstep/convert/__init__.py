@@ -25,7 +25,8 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
 
 The model must be Embedding (or one-hot inputs: an identity Embedding) ->
 GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
-Embedding -> GRU / LSTM / RNN(tanh) -> Linear); anything else is refused with
+Embedding -> GRU / LSTM / RNN (tanh; relu where a whole pickled module says
+so) -> Linear); anything else is refused with
 a message saying what was found, before any vocabulary is read. A model built
 for fixed windows (a fixed T in its Input, return_sequences=False on its last
 recurrent layer) records `window` in its config. Files are read as data only:
@@ -37,7 +38,9 @@ and HDF5 access (`safe_io`), `tf.train.load_checkpoint` for TF checkpoints.
 Vocabulary (except for a char-rnn-tensorflow directory, whose own
 `chars_vocab.pkl` is used): `corpus=` (a text file) gives the tutorial's `sorted(set(text))`;
 `vocab=` is a list of characters or a vocabulary file (a UTF-8 JSON list of
-strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). If the
+strings, e.g. `["\\n", " ", "!", ...]`, optionally with "[UNK]" first). A
+Keras model whose string Input feeds a TextVectorization layer holds its own
+vocabulary (and needs neither). If the
 embedding has exactly one row more than the characters, id 0 is "[UNK]" (the
 current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
 error that gives both sizes.
@@ -71,7 +74,8 @@ from rnnstep.model import kinds
 from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
-           "VocabularyRequired", "convert", "describe", "inspect",
+           "VocabularyRequired", "convert", "describe", "holds_vocabulary",
+           "inspect",
            "is_model_file", "read_any", "read_corpus_vocab", "read_vocabulary", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
@@ -226,21 +230,23 @@ def convert(input_path: PathLike, output_path: PathLike, *,
     corpus: a UTF-8 text file; the vocabulary is `sorted(set(text))`.
     vocab: instead of `corpus`: a list of characters, or the path of a
       vocabulary file (a JSON list of strings). A str is always a path.
-      Neither for a char-rnn-tensorflow save directory (its `chars_vocab.pkl`).
+      Neither for a file that holds its own vocabulary (a char-rnn-tensorflow
+      save directory's `chars_vocab.pkl`, a Keras model's TextVectorization
+      layer).
 
   Returns:
     The Summary of what was read and written.
 
   Raises:
     FileNotFoundError: the input does not exist.
+    VocabularyRequired: neither, for a file that holds no vocabulary.
     ValueError: the input cannot be read or mapped, or the vocabulary does not
       fit the weights (the message gives both sizes).
     OSError: the output cannot be written.
   """
   input_path = os.fspath(input_path)
-  if corpus is not None and vocab is not None or (
-      corpus is None and vocab is None and not _holds_vocabulary(input_path)):
-    raise ValueError("give exactly one of corpus= (a text file) or vocab= (a "
+  if corpus is not None and vocab is not None:
+    raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
   output_path = os.fspath(output_path)
   if os.path.isdir(output_path):
@@ -283,6 +289,25 @@ def is_model_file(path: PathLike) -> bool:
     return False
 
 
+def holds_vocabulary(input_path: PathLike) -> bool:
+  """Whether a weights file holds its own vocabulary (a char-rnn-tensorflow
+  save directory's `chars_vocab.pkl`, a Keras model's TextVectorization
+  layer), so that it needs no `corpus` or `vocab`; False for a file that
+  cannot be read (its own errors come when it is read)."""
+  try:
+    return _contained(input_path, _holds_vocabulary, input_path)
+  except (OSError, ValueError):
+    return False
+
+
+def _holds_vocabulary(input_path) -> bool:
+  contents = _open(input_path)
+  try:
+    return contents.tokens is not None or contents.vocab is not None
+  finally:
+    contents.close()
+
+
 def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
              vocab: Union[None, PathLike, Sequence[str]] = None
              ) -> model_file.ModelFile:
@@ -317,13 +342,11 @@ def read_any(input_path: PathLike, *, corpus: Optional[PathLike] = None,
   if corpus is not None and vocab is not None:
     raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
-  if corpus is None and vocab is None and not _holds_vocabulary(input_path):
-    if not _looks_like_weights(input_path):
-      return model_file.read(input_path)  # Its errors say what is wrong.
-    raise VocabularyRequired(
-        f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
-        "give the training text (corpus) or a vocabulary file (vocab: a JSON "
-        "list of characters in id order)")
+  if corpus is None and vocab is None and not _looks_like_weights(input_path):
+    return model_file.read(input_path)  # Its errors say what is wrong.
+  # Weights without a vocabulary: unless the file holds its own (a
+  # char-rnn-tensorflow save directory, a Keras TextVectorization layer),
+  # VocabularyRequired, once the model is mapped.
   return _contained(input_path, _read_any, input_path, corpus, vocab)
 
 
@@ -334,7 +357,10 @@ def _read_mapped(input_path: str, corpus, vocab):
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
-    if contents.vocab is not None:
+    if contents.tokens is not None:  # The file's own vocabulary of tokens.
+      return _own_vocabulary(input_path, mapped, contents.tokens, corpus,
+                             vocab)
+    if contents.vocab is not None:  # The file's own characters.
       if corpus is not None or vocab is not None:
         raise ValueError(f"{input_path}: holds its own vocabulary "
                          f"({tf1_charrnn.VOCAB_FILE}); give no corpus or vocab "
@@ -342,6 +368,11 @@ def _read_mapped(input_path: str, corpus, vocab):
       chars, source, tokens = (contents.vocab,
                                f"{contents.label}'s {tf1_charrnn.VOCAB_FILE}",
                                None)
+    elif corpus is None and vocab is None:
+      raise VocabularyRequired(
+          f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
+          "give the training text (corpus) or a vocabulary file (vocab: a "
+          "JSON list of characters in id order)")
     else:
       chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
@@ -357,17 +388,27 @@ def _read_mapped(input_path: str, corpus, vocab):
     contents.close()
 
 
+def _own_vocabulary(input_path, mapped, tokens, corpus, vocab):
+  """`_read_mapped`'s result for a file that holds its vocabulary."""
+  if corpus is not None or vocab is not None:
+    raise ValueError(
+        f"{input_path}: the file holds its own vocabulary (a Keras "
+        f"TextVectorization layer's {len(tokens.vocab)} tokens); give no "
+        "corpus or vocab")
+  words = list(tokens.vocab)
+  if len(words) != mapped.vocab_size:
+    raise ValueError(
+        f"vocabulary size mismatch: the TextVectorization layer holds "
+        f"{len(words)} tokens but the model's embedding has "
+        f"{mapped.vocab_size} rows")
+  return mapped, words, words, mapped.read_tensors(), tokens
+
+
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
   mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                        vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
   return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens)
-
-
-def _holds_vocabulary(path: str) -> bool:
-  """Whether `path` is weights that carry their own vocabulary (a
-  char-rnn-tensorflow save directory); by file names only."""
-  return tf1_charrnn.find_save_dir(path) is not None
 
 
 def _looks_like_weights(path: str) -> bool:

@@ -108,6 +108,10 @@ class ConfigChain:
   # The fixed timesteps T of a model built for windows (its Input fixes T and
   # its last recurrent layer has return_sequences=False), else None.
   window: Optional[int] = None
+  # A Keras TextVectorization layer in front of the Embedding (string
+  # inputs): its path and the settings `keras_config.text_vectorization`
+  # read, its vocabulary (None: stored in the archive's assets); else None.
+  text_vectorization: Optional[dict] = None
 
 
 @dataclasses.dataclass
@@ -119,6 +123,9 @@ class Contents:
   chain: Optional[ConfigChain] = None
   key: str = "path"                # which LayerSpec field names a group
   notes: List[str] = dataclasses.field(default_factory=list)
+  # The vocabulary the file holds itself (a TextVectorization layer's), a
+  # `vocabulary.Tokens`; None: the file holds none.
+  tokens: Optional[object] = None
   closers: List[Callable[[], None]] = dataclasses.field(default_factory=list)
   # The vocabulary the file itself holds (characters in id order), where it
   # holds one (char-rnn-tensorflow's chars_vocab.pkl), else None.
@@ -173,5 +180,5 @@ def snake_case(name: str) -> str:
 _HINT_NAMES = tuple(
     (kind.name, tuple(name for cls in kind.keras_classes
                       for name in (snake_case(cls), f"{snake_case(cls)}_cell")))
-    for kind in kinds.KINDS.values()) + (("embedding", ("embedding",)),
+    for kind in kinds.PLAIN) + (("embedding", ("embedding",)),
                                          ("dense", ("dense",)))

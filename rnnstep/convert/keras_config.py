@@ -3,8 +3,13 @@
 A config is decoded as plain JSON and read through an allow-list: InputLayer,
 Embedding, GRU/LSTM/SimpleRNN (the `kinds.KINDS` Keras classes), Dense, and
 Dropout as the inference identity; a Functional graph must be one straight
-chain. Nothing is deserialized. Anything else -- Bidirectional or wrapped
-layers, layers in between, activations other than tanh/sigmoid, go_backwards,
+chain. A TextVectorization layer may come first, on a string Input: its
+built-in standardize and split and its vocabulary become the model's
+(`text_vectorization`). A Sequential or Functional model used as a layer
+(keras.io's end-to-end `Model(text, lm(vectorize(text)))`) is read in place,
+its weights under its own path. Nothing is deserialized. Anything else -- Bidirectional or wrapped
+layers, layers in between, activations other than tanh/sigmoid (a relu
+SimpleRNN is its own kind, `kinds.with_activation`), go_backwards,
 masking, custom or Lambda layers -- is refused with a message saying what was
 found.
 """
@@ -22,6 +27,7 @@ from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import vocabulary as vocabulary_lib
 
 RECURRENT_CLASSES = kinds.BY_KERAS_CLASS
 # Layers that hold no weights and are the identity at inference.
@@ -63,19 +69,68 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
   class_name = data.get("class_name")
   if not isinstance(class_name, str):
     raise safe_io.fail(label, f"{what} has no class_name")
-  config = data.get("config")
   if class_name not in MODEL_CLASSES:
     return ConfigChain(class_name, None, [
         f"subclassed model {show(class_name)}: its config lists no layers, so "
         "the layers were inferred from the stored weights' names and shapes "
         "(its call() is assumed to be Embedding -> recurrent -> Dense)"])
+  notes = []
+  ordered, paths, input_shape = _chain_entries(data, label, what, "", 0)
+  vectorize = None
+  if ordered and ordered[0]["class_name"] == TEXT_VECTORIZATION:
+    vectorize = text_vectorization(ordered[0], paths[id(ordered[0])], label,
+                                   notes)
+    ordered = ordered[1:]
+  specs = []
+  for entry in ordered:
+    spec = _layer_spec(entry, paths[id(entry)], label, notes)
+    if spec is not None:
+      specs.append(spec)
+  if specs and specs[0].kind in kinds.KINDS:
+    if vectorize is not None:
+      raise safe_io.fail(label, f"{what}: the TextVectorization layer feeds "
+                         "its ids to a recurrent layer without an Embedding; "
+                         "rnnstep maps TextVectorization -> Embedding -> "
+                         "GRU/LSTM/SimpleRNN layer(s) -> Dense")
+    specs.insert(0, _one_hot_input(specs[0], input_shape, label, notes))
+  _check_chain(specs, label)
+  if vectorize is not None:
+    _check_stateful_text(ordered, label)
+    window = None
+  else:
+    window = _window(ordered, input_shape, label, notes)
+  return ConfigChain(class_name, specs, notes, window=window,
+                     text_vectorization=vectorize)
+
+
+TEXT_VECTORIZATION = "TextVectorization"
+# How deep models may nest (a model used as a layer of another: keras.io's
+# end-to-end `Model(text, lm(vectorize(text)))`).
+MAX_NESTING = 2
+
+
+def _chain_entries(data, label, what, prefix: str, depth: int):
+  """A Sequential or Functional config's layers in chain order, its nested
+  models' layers in their place.
+
+  Args:
+    data: the model's config entry ({"class_name", "config"}).
+    label, what: for messages.
+    prefix: the weights path of the model ("" at the top, else
+      "<its path>/"); its layers' paths are `<prefix>layers/<snake>[_N]`.
+    depth: how deep this model is nested.
+
+  Returns:
+    `(ordered entries, {id(entry): weights path}, input batch shape)`.
+  """
+  class_name = data["class_name"]
+  config = data.get("config")
   _check_builtin(data, label, what)
   if not isinstance(config, dict) or not isinstance(config.get("layers"), list):
     raise safe_io.fail(label, f"{what}: {class_name} config has no layer list")
   layers = config["layers"]
   if len(layers) > 4 * model_file.MAX_LAYERS:
     raise safe_io.fail(label, f"{what} lists {len(layers)} layers, too many")
-  notes = []
   entries = [_layer_entry(entry, i, label) for i, entry in enumerate(layers)]
   _refuse_layers_off_the_stack(entries, label, what)
   if class_name == "Sequential":
@@ -92,17 +147,99 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
     snake = snake_case(entry["class_name"])
     count = counters.get(snake, 0)
     counters[snake] = count + 1
-    paths[id(entry)] = f"layers/{snake}" + (f"_{count}" if count else "")
-  specs = []
+    paths[id(entry)] = f"{prefix}layers/{snake}" + (f"_{count}" if count
+                                                     else "")
+  flat = []
   for entry in ordered:
-    spec = _layer_spec(entry, paths[id(entry)], label, notes)
-    if spec is not None:
-      specs.append(spec)
-  if specs and specs[0].kind in RECURRENT_CLASSES.values():
-    specs.insert(0, _one_hot_input(specs[0], input_shape, label, notes))
-  _check_chain(specs, label)
-  return ConfigChain(class_name, specs, notes,
-                     window=_window(ordered, input_shape, label, notes))
+    if entry["class_name"] not in MODEL_CLASSES:
+      flat.append(entry)
+      continue
+    if depth + 1 >= MAX_NESTING:
+      raise safe_io.fail(label, f"{what}: models nested more than "
+                         f"{MAX_NESTING} deep")
+    inner, inner_paths, _ = _chain_entries(
+        entry["raw"], label, f"{what} (in model {show(entry['name'])})",
+        paths[id(entry)] + "/", depth + 1)
+    flat.extend(inner)
+    paths.update(inner_paths)
+  return flat, paths, input_shape
+
+
+def text_vectorization(entry, path, label, notes) -> dict:
+  """A TextVectorization layer's settings, through an allow-list.
+
+  Its built-in `standardize` and `split` (`vocabulary.TEXT_VECTORIZATION`),
+  `output_mode="int"`, no `ngrams`, UTF-8; the vocabulary from its config
+  (given at construction) or, None here, from the archive's assets.
+
+  Returns:
+    {"name", "path", "standardize", "split", "vocabulary" (a list, or None),
+    "vocabulary_size" (int or None)}.
+
+  Raises:
+    ValueError: a setting rnnstep cannot compute exactly, or a custom
+      (callable) standardize or split: one line naming it.
+  """
+  _check_builtin(entry["raw"], label, "the model config")
+  cfg, name = entry["config"], entry["name"]
+  where = f"layer {show(name)} (TextVectorization)"
+  settings = {}
+  for key, default in (("standardize", "lower_and_strip_punctuation"),
+                       ("split", "whitespace")):
+    value = cfg.get(key, default)
+    allowed = vocabulary_lib.TEXT_VECTORIZATION[key]
+    if not isinstance(value, (str, type(None))):
+      raise safe_io.fail(label, f"{where} has a custom {key} function "
+                         f"({show(value, 80)}); rnnstep never runs code from "
+                         f"a file and computes only the built-in {key} "
+                         f"values {', '.join(map(repr, allowed))}")
+    if value not in allowed:
+      raise safe_io.fail(label, f"{where} has {key}={show(value)}; rnnstep "
+                         f"computes {', '.join(map(repr, allowed))}")
+    settings[key] = value
+  for key, wanted in (("ngrams", None), ("output_mode", "int"),
+                      ("encoding", "utf-8"), ("idf_weights", None)):
+    value = cfg.get(key, wanted)
+    if value != wanted:
+      raise safe_io.fail(label, f"{where} has {key}={show(value)}; a language "
+                         f"model's TextVectorization needs {key}="
+                         f"{wanted!r}")
+  vocabulary = cfg.get("vocabulary")
+  if isinstance(vocabulary, str):
+    raise safe_io.fail(label, f"{where} names the vocabulary file "
+                       f"{show(vocabulary)}, outside the archive; rnnstep "
+                       "reads only what the .keras file holds")
+  if vocabulary is not None and (
+      not isinstance(vocabulary, list) or len(vocabulary) > model_file.MAX_VOCAB
+      or not all(isinstance(t, str) for t in vocabulary)):
+    raise safe_io.fail(label, f"{where} has a vocabulary that is not a list of "
+                       "strings")
+  size = cfg.get("vocabulary_size")
+  if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
+    raise safe_io.fail(label, f"{where} has vocabulary_size={show(size)}")
+  length = cfg.get("output_sequence_length")
+  if length is not None:
+    notes.append(f"{where} pads or cuts its output to {show(length)} tokens; "
+                 "rnnstep reads the whole text, a token a step")
+  notes.append(f"{where}: standardize={settings['standardize']!r}, "
+               f"split={settings['split']!r}; its vocabulary is the model's "
+               "(no corpus or vocab needed)")
+  return dict(name=name, path=path, vocabulary=vocabulary,
+              vocabulary_size=size, **settings)
+
+
+def _check_stateful_text(ordered, label):
+  """A TextVectorization model is stepped over its tokens: its last
+  recurrent layer must return every step's output."""
+  recurrent = [e for e in ordered if e["class_name"] in RECURRENT_CLASSES]
+  last = recurrent[-1]
+  where = f"layer {show(last['name'])} ({last['class_name']})"
+  if not _get(last["config"], "return_sequences", bool, False, label, where):
+    raise safe_io.fail(label, f"{where} has return_sequences=False behind a "
+                       "TextVectorization layer, which pads a text after its "
+                       "end to a fixed length; rnnstep steps a model over "
+                       "the text's own tokens (build it with "
+                       "return_sequences=True)")
 
 
 def _one_hot_input(first: LayerSpec, input_shape, label, notes) -> LayerSpec:
@@ -169,7 +306,7 @@ def _window(ordered, input_shape, label, notes) -> Optional[int]:
 
 
 STACK_CLASSES = ("InputLayer", "Embedding", "Dense", *RECURRENT_CLASSES,
-                 *IDENTITY_CLASSES)
+                 *IDENTITY_CLASSES, "TextVectorization", *MODEL_CLASSES)
 # Classes `_layer_spec` refuses with a message of its own.
 _EXPLAINED_CLASSES = ("Lambda", "Bidirectional", "TimeDistributed", "RNN",
                       "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D", "StackedRNNCells")
@@ -239,6 +376,10 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
              "StackedRNNCells"):
     raise safe_io.fail(label, f"{where} cannot be mapped; rnnstep maps "
                        "Embedding -> GRU/LSTM/SimpleRNN -> Dense")
+  if cls == TEXT_VECTORIZATION:
+    raise safe_io.fail(label, f"{where} is not the first layer after the "
+                       "string Input; rnnstep maps TextVectorization -> "
+                       "Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense")
   if cls in IDENTITY_CLASSES:
     _check_builtin(entry["raw"], label, "the model config")
     notes.append(f"{cls} layer {show(name)} ignored (the identity at inference)")
@@ -275,9 +416,11 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
                      use_bias=_get(cfg, "use_bias", bool, True, label, where))
   kind = RECURRENT_CLASSES[cls]
   activation = _get(cfg, "activation", str, "tanh", label, where)
-  if activation != "tanh":
+  try:  # An activation variant is its own kind (`kinds.with_activation`).
+    kind = kinds.with_activation(kind, activation).name
+  except ValueError as e:
     raise safe_io.fail(label, f"{where} has activation {show(activation)}; "
-                       "rnnstep implements Keras's tanh only")
+                       f"{e}") from None
   if kinds.KINDS[kind].gates > 1:  # Gates use the recurrent activation.
     recurrent_activation = _get(cfg, "recurrent_activation", str, "sigmoid",
                                 label, where)

@@ -23,6 +23,7 @@ import h5py
 from rnnstep.convert import contents
 from rnnstep.convert import keras_config
 from rnnstep.convert import safe_io
+from rnnstep.convert import vocabulary
 from rnnstep.convert.safe_io import show
 
 
@@ -65,8 +66,24 @@ def read(h5: safe_io.H5File) -> contents.Contents:
   if chain is not None and chain.specs is None:
     for group in groups:
       group.order = None
+  if chain is not None and chain.specs and any(
+      "/layers/" in spec.path for spec in chain.specs):
+    raise safe_io.fail(label, "a model nested in another model as a layer: an "
+                       "HDF5 file keeps the nested model's weights in one "
+                       "group, which rnnstep does not split; save the model as "
+                       ".keras")
+  tokens = None
+  if chain is not None and chain.text_vectorization is not None:
+    vectorize = chain.text_vectorization
+    if vectorize["vocabulary"] is None:  # An HDF5 file keeps no assets.
+      raise safe_io.fail(label, f"the TextVectorization layer "
+                         f"{show(vectorize['name'])} keeps its "
+                         "vocabulary in a .keras archive's assets, which an "
+                         "HDF5 file does not hold; save the model as .keras")
+    tokens = vocabulary.text_vectorization_tokens(
+        vectorize, vectorize["vocabulary"], label)
   return contents.Contents(label=label, format=fmt, groups=groups, chain=chain,
-                            key="name")
+                            key="name", tokens=tokens)
 
 
 def _layer_groups(h5: safe_io.H5File, weights, where: str) -> List[contents.Group]:

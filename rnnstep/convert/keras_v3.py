@@ -2,7 +2,9 @@
 
 A `.keras` file is a zip archive (docs/dev/file-formats.md, Keras 3). Only
 the fixed members `config.json`, `metadata.json` and `model.weights.h5` are
-read, each after checking its declared size; nothing is extracted. The config
+read (and, for a TextVectorization layer adapted before saving, its
+`assets/<path>/vocabulary.txt`), each after checking its declared size;
+nothing is extracted. The config
 is JSON read as data through an allow-list (`keras_config.parse_model_config`),
 never deserialized. An unzipped archive (a directory holding `config.json` and
 `model.weights.h5`) is read the same way.
@@ -15,7 +17,10 @@ group `<path>/vars`, datasets `0, 1, ...` in creation order:
     layer list gives each layer's path);
   - subclassed: the Python attribute names (`embedding`, `gru`, `dense`);
   - recurrent layers keep theirs in `<path>/cell/vars`;
-  - `optimizer/` and `metrics/` are skipped.
+  - `optimizer/` and `metrics/` are skipped (a nested model's too:
+    `layers/sequential/optimizer/`);
+  - a model used as a layer keeps its layers under its own path
+    (`layers/sequential/layers/embedding`).
 
 Legacy `.h5` files written by Keras 3's `model.save('x.h5')` have the Keras 2
 layout and are read by `keras_v2_h5` (which labels them as Keras 3).
@@ -30,11 +35,16 @@ import h5py
 from rnnstep.convert import contents
 from rnnstep.convert import keras_config
 from rnnstep.convert import safe_io
+from rnnstep.convert import vocabulary as vocabulary_lib
 from rnnstep.convert.safe_io import show
 
 CONFIG_MEMBER = "config.json"
 METADATA_MEMBER = "metadata.json"
 WEIGHTS_MEMBER = "model.weights.h5"
+# A TextVectorization layer's vocabulary: assets/<its path>/vocabulary.txt.
+ASSETS_DIR = "assets"
+VOCABULARY_ASSET = "vocabulary.txt"
+MAX_ASSET_BYTES = 64 << 20
 SKIPPED_TOP_LEVEL = ("optimizer", "metrics")
 _LAYER_PATH = re.compile(r"^layers/([a-z0-9_]*?[a-z])(?:_(\d+))?$")
 
@@ -56,7 +66,13 @@ def read_archive(path) -> contents.Contents:
       metadata = safe_io.read_member(archive, METADATA_MEMBER, 1 << 20, label)
     weights = safe_io.read_member(archive, WEIGHTS_MEMBER,
                                   safe_io.MAX_ZIP_MEMBER_BYTES, label)
-  return _read(label, config, metadata, weights, ".keras archive")
+
+    def asset(member):
+      if member not in names:
+        return None
+      return safe_io.read_member(archive, member, MAX_ASSET_BYTES, label)
+
+    return _read(label, config, metadata, weights, ".keras archive", asset)
 
 
 def is_unzipped_archive(path) -> bool:
@@ -73,8 +89,14 @@ def read_directory(path) -> contents.Contents:
   metadata_path = os.path.join(path, METADATA_MEMBER)
   metadata = (_read_small_file(metadata_path, 1 << 20, label)
               if os.path.isfile(metadata_path) else None)
+  def asset(member):
+    member_path = os.path.join(path, *member.split("/"))
+    if not os.path.isfile(member_path):
+      return None
+    return _read_small_file(member_path, MAX_ASSET_BYTES, label)
+
   return _read(label, config, metadata, os.path.join(path, WEIGHTS_MEMBER),
-               "unzipped .keras directory")
+               "unzipped .keras directory", asset)
 
 
 def _read_small_file(path, limit, label) -> bytes:
@@ -86,10 +108,13 @@ def _read_small_file(path, limit, label) -> bytes:
     return f.read(limit + 1)
 
 
-def _read(label, config_bytes, metadata_bytes, weights, kind):
+def _read(label, config_bytes, metadata_bytes, weights, kind, asset):
   version = _keras_version(metadata_bytes, label)
   data = keras_config.parse_json(config_bytes, label, CONFIG_MEMBER)
   chain = keras_config.parse_model_config(data, label, CONFIG_MEMBER)
+  tokens = None
+  if chain.text_vectorization is not None:
+    tokens = _text_vectorization_tokens(chain.text_vectorization, asset, label)
   h5 = safe_io.H5File(weights, f"{label}: {WEIGHTS_MEMBER}")
   try:
     groups = list_groups(h5)
@@ -103,7 +128,25 @@ def _read(label, config_bytes, metadata_bytes, weights, kind):
   fmt = (f"{who} {version or ''} {kind} ({chain.model_class})").replace(
       "  ", " ")
   return contents.Contents(label=label, format=fmt, groups=groups, chain=chain,
-                            key="path", closers=[h5.close])
+                            key="path", closers=[h5.close], tokens=tokens)
+
+
+def _text_vectorization_tokens(settings, asset, label):
+  """The TextVectorization layer's vocabulary: its config's list, else the
+  `vocabulary.txt` asset its `save_assets` wrote
+  (`assets/<its path>/vocabulary.txt`)."""
+  vocabulary = settings["vocabulary"]
+  if vocabulary is None:
+    member = f"{ASSETS_DIR}/{settings['path']}/{VOCABULARY_ASSET}"
+    data = asset(member)
+    if data is None:
+      raise safe_io.fail(label, f"the TextVectorization layer "
+                         f"{show(settings['name'])} has no vocabulary in its "
+                         f"config and the archive has no {show(member)} "
+                         "(was it adapted before saving?)")
+    vocabulary = vocabulary_lib.text_vectorization_asset(
+        data, f"{label}: {member}")
+  return vocabulary_lib.text_vectorization_tokens(settings, vocabulary, label)
 
 
 def _keras_version(metadata_bytes, label) -> Optional[str]:
@@ -136,7 +179,9 @@ def list_groups(h5: safe_io.H5File) -> List[contents.Group]:
   groups = []
   for path, obj in h5.walk(h5.root):
     parts = path.split("/")
-    if parts[0] in SKIPPED_TOP_LEVEL or parts[-1] != "vars":
+    if parts[-1] != "vars" or any(
+        part in SKIPPED_TOP_LEVEL and (i == 0 or parts[i - 1] != "layers")
+        for i, part in enumerate(parts)):  # A nested model's optimizer too.
       continue
     if not isinstance(obj, h5py.Group):
       raise safe_io.fail(h5.label, f"{show(path)} is not a group")

@@ -178,10 +178,13 @@ def _match_spec(group, spec, label) -> MappedLayer:
     _check_bias(tensors, spec.use_bias, (spec.units,), where, label)
     return MappedLayer("dense", group.name, tensors)
   kind, units, reset_after = _recurrent_shapes(group, tensors, label)
-  if kind != spec.kind or units != spec.units:
+  # The shapes give the plain kind; the config may name its variant (relu).
+  plain = kinds.KINDS[spec.kind].variant_of or spec.kind
+  if kind != plain or units != spec.units:
     raise safe_io.fail(label, f"{where} with {spec.units} units: the stored "
                        f"weights {group.describe()} fit a "
                        f"{KIND_NAMES[kind]} with {units} units")
+  kind = spec.kind
   if kinds.KINDS[spec.kind].has_reset_after:
     if spec.reset_after is not None:
       if "bias" in tensors and reset_after != spec.reset_after:
@@ -267,7 +270,7 @@ def _recurrent_shapes(group, tensors, label):
   kernel = tuple(tensors["kernel"].shape)
   units = tuple(tensors["recurrent_kernel"].shape)[0]
   kernels = ("kernel", "recurrent_kernel")
-  matching = [kind for kind in kinds.KINDS.values()
+  matching = [kind for kind in kinds.PLAIN  # Variants are stored alike.
               if all(tuple(tensors[name].shape)
                      == kind.tensor_shapes(kernel[0], units)[name]
                      for name in kernels)]

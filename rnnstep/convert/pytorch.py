@@ -4,8 +4,8 @@ The tensors come from a state dict, or from a whole pickled module
 (`torch.save(model)`) read as inert records and named as its `state_dict()`
 would name them (`torch_state_dict.module_tensors`); both are mapped alike.
 
-The model must be `nn.Embedding -> nn.GRU / nn.LSTM / nn.RNN (tanh) module(s)
--> nn.Linear`, unidirectional, any `num_layers`, with or without bias, under
+The model must be `nn.Embedding -> nn.GRU / nn.LSTM / nn.RNN (tanh or relu)
+module(s) -> nn.Linear`, unidirectional, any `num_layers`, with or without bias, under
 any module names (`encoder.weight`, `rnn.weight_ih_l0`, `decoder.weight`;
 `embed.weight`, `gru.weight_hh_l1`, `fc.bias`; with a `module.` or `model.`
 prefix). The chain is found from key patterns and shapes:
@@ -29,8 +29,10 @@ Keras `reset_after=True` with bias rows (input, recurrent); LSTM and RNN add
 
 Refused in one line: bidirectional modules (`_reverse` keys), LSTM
 `proj_size` (`weight_hr`), any tensor that is not part of such a chain. An
-`nn.RNN(nonlinearity='relu')` has the same keys as a tanh one and cannot be
-told apart: rnnstep assumes tanh, the default (noted in every summary).
+`nn.RNN(nonlinearity='relu')` has the same keys as a tanh one: a whole
+pickled module's `nonlinearity` attribute says which (relu is its own kind,
+`simple_rnn_relu`); a state dict alone cannot tell, and rnnstep assumes tanh,
+the default (noted in its summary).
 """
 
 import itertools
@@ -81,7 +83,8 @@ def read(path, reader: str) -> contents_lib.Contents:
       close()
       raise
   try:
-    groups, specs, notes = _map_state_dict(state.tensors, label)
+    groups, specs, notes = _map_state_dict(state.tensors, label,
+                                           state.nonlinearities)
   except BaseException:
     close()
     raise
@@ -108,8 +111,18 @@ class _Recurrent:
     return self.layers[0]["weight_ih"][1].shape[1]
 
 
-def _map_state_dict(tensors: Dict[str, stored_tensors.StoredTensor], label):
-  """Returns (groups, layer specs, notes) for the chain the keys describe."""
+def _map_state_dict(tensors: Dict[str, stored_tensors.StoredTensor], label,
+                    nonlinearities: Optional[Dict[str, str]] = None):
+  """Returns (groups, layer specs, notes) for the chain the keys describe.
+
+  Args:
+    tensors: the state dict.
+    label: the file, for messages.
+    nonlinearities: a whole module's nn.RNN modules' `nonlinearity`, by
+      module path (`StateDict.nonlinearities`); an nn.RNN not in it is
+      assumed tanh, with a note.
+  """
+  nonlinearities = nonlinearities or {}
   if not tensors:
     raise safe_io.fail(label, "the state dict holds no tensors")
   recurrent_keys: Dict[str, Dict[int, Dict[str, tuple]]] = {}
@@ -173,9 +186,13 @@ def _map_state_dict(tensors: Dict[str, stored_tensors.StoredTensor], label):
   for module in modules:
     kind = module.kind
     if kind.torch_module == "RNN":  # nn.RNN(nonlinearity='tanh' | 'relu')
-      notes.append(f"nn.RNN {show(module.module or '(top level)')}: assumed "
-                   "nonlinearity='tanh' (the default; a relu RNN has the same "
-                   "keys and would be computed wrongly)")
+      nonlinearity = nonlinearities.get(module.module)
+      if nonlinearity is None:
+        notes.append(f"nn.RNN {show(module.module or '(top level)')}: assumed "
+                     "nonlinearity='tanh' (the default; a relu RNN has the "
+                     "same keys and would be computed wrongly)")
+      else:  # The pickled module's own attribute says which.
+        kind = kinds.with_activation(kind.name, nonlinearity)
     for k, layer in enumerate(module.layers):
       name = f"{module.module}[l{k}]" if module.module else f"l{k}"
       group, spec = _recurrent_layer(name, kind, module.hidden, layer, label)

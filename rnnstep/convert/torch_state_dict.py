@@ -32,10 +32,14 @@ class StateDict:
     tensors: {name: tensor}, named as `state_dict()` names them.
     notes: things worth knowing (where the state dict was found).
     source: 'state dict', or "whole module 'model.CharRNN'".
+    nonlinearities: a whole module's `nn.RNN` modules' `nonlinearity`
+      ('tanh' or 'relu'), by module path as the keys name it ('rnn'; '' at
+      the top); a state dict alone does not say.
   """
   tensors: Dict[str, StoredTensor]
   notes: list
   source: str = "state dict"
+  nonlinearities: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 MAX_MODULE_DEPTH = 64
@@ -125,6 +129,7 @@ def module_tensors(root: InertRecord, label) -> StateDict:
                        "that is not an nn.Module (no _parameters and _modules "
                        "in its attributes)")
   tensors = collections.OrderedDict()
+  nonlinearities = {}
   visiting = set()
 
   def walk(record, prefix, depth):
@@ -140,14 +145,14 @@ def module_tensors(root: InertRecord, label) -> StateDict:
     visiting.add(id(record))
     state = record.state
     # The keys of nn.RNN(nonlinearity='relu') are a tanh one's: only the
-    # attribute tells them apart, and rnnstep's SimpleRNN is tanh.
-    if (record.qualified_name.rsplit(".", 1)[-1] == "RNN"
-        and state.get("nonlinearity") == "relu"):
-      raise safe_io.fail(label, f"{where} is an nn.RNN with "
-                         "nonlinearity='relu' (word_language_model's "
-                         "RNN_RELU), which rnnstep cannot run yet (its "
-                         "SimpleRNN is tanh); train with RNN_TANH, GRU or "
-                         "LSTM")
+    # attribute tells them apart.
+    if record.qualified_name.rsplit(".", 1)[-1] == "RNN":
+      nonlinearity = state.get("nonlinearity", "tanh")
+      if nonlinearity not in ("tanh", "relu"):
+        raise safe_io.fail(label, f"{where} is an nn.RNN with nonlinearity="
+                           f"{show(nonlinearity)}; PyTorch's are 'tanh' and "
+                           "'relu'")
+      nonlinearities[prefix[:-1]] = nonlinearity
     buffers = state.get("_buffers", {})
     skip = state.get("_non_persistent_buffers_set", set())
     if not isinstance(buffers, dict) or not isinstance(skip, (set, frozenset)):
@@ -174,10 +179,10 @@ def module_tensors(root: InertRecord, label) -> StateDict:
 
   walk(root, "", 0)
   source = f"whole module {show(root.qualified_name)}"
-  return StateDict(tensors, [
+  return StateDict(tensors, nonlinearities=nonlinearities, notes=[
       f"read the pickled module {show(root.qualified_name)} as data: the "
       "classes it names were neither imported nor run; its tensors are named "
-      "as state_dict() names them"], source)
+      "as state_dict() names them"], source=source)
 
 
 def _describe(value) -> str:

@@ -11,7 +11,9 @@ Word models (pytorch/examples word_language_model) get their words from the
 recipe's corpus folder (`read_corpus_folder`: `data.Corpus`'s dictionary) or
 from a vocabulary file listing the words in id order (`read_token_vocab_file`);
 Keras word models from the legacy `Tokenizer`'s `to_json()` file
-(`keras_tokenizer`).
+(`keras_tokenizer`), or from the model's own TextVectorization layer
+(`text_vectorization_tokens`: its config's vocabulary or the archive's
+`vocabulary.txt` asset, `text_vectorization_asset`).
 """
 
 import codecs
@@ -244,6 +246,60 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
            "split": field("split", str, " "),
            "oov": oov if oov in vocab else None}
   vocab = model_file.validate_vocab(vocab, source, tokens=True)
+  return vocabulary_lib.Tokens("words", vocab, rules, source)
+
+
+# A Keras TextVectorization layer's fixed special tokens: the mask "" at id
+# 0 and the OOV token at id 1 (its StringLookup: mask_token="",
+# num_oov_indices=1, oov_token="[UNK]").
+TEXT_VECTORIZATION_SPECIAL = ("", "[UNK]")
+
+
+def text_vectorization_asset(data: bytes, source: str) -> List[str]:
+  """The tokens of a TextVectorization layer's `vocabulary.txt` asset, read
+  as Keras's `IndexLookup.load_assets` reads it: text lines (universal
+  newlines, then `str.splitlines`), trailing empty lines dropped.
+
+  Raises:
+    ValueError: not UTF-8 text, naming `source`.
+  """
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{source}: the TextVectorization vocabulary is not "
+                     f"UTF-8 text (bad byte at offset {e.start})") from None
+  lines = text.replace("\r\n", "\n").replace("\r", "\n").splitlines()
+  while lines and lines[-1] == "":
+    lines.pop()
+  return lines
+
+
+def text_vectorization_tokens(settings: dict, vocabulary: Sequence[str],
+                              source: str) -> vocabulary_lib.Tokens:
+  """A words vocabulary from a TextVectorization layer's settings
+  (`keras_config.text_vectorization`) and its vocabulary, laid out as the
+  layer's lookup lays it out (`IndexLookup.set_vocabulary`): "" (the mask) at
+  id 0, "[UNK]" (the OOV token) at id 1, then the terms; a vocabulary that
+  starts with those two has them dropped first.
+
+  Raises:
+    ValueError: a repeated term, or a size other than the config's; naming
+      `source`.
+  """
+  terms = list(vocabulary)
+  special = list(TEXT_VECTORIZATION_SPECIAL)
+  if terms[:2] == special:
+    terms = terms[2:]
+  vocab = special + terms
+  size = settings.get("vocabulary_size")
+  if size is not None and size != len(vocab):
+    raise ValueError(f"{source}: the TextVectorization layer's vocabulary "
+                     f"holds {len(vocab)} tokens, but its config says "
+                     f"vocabulary_size={size}")
+  vocab = model_file.validate_vocab(vocab, source, tokens=True)
+  rules = {"text_vectorization": {"standardize": settings["standardize"],
+                                  "split": settings["split"]},
+           "oov": special[1]}
   return vocabulary_lib.Tokens("words", vocab, rules, source)
 
 

@@ -6,7 +6,12 @@
       prompt_ids int32 [B, T] (right-padded), prompt_lengths int32 [B],
       num_steps int32 [], temperature float32 [], top_k int32 [],
       top_p float32 [], seed int32 []  ->  ids int32 [B, num_steps]
-  export_dir/vocab.json     the characters in id order (a JSON list)
+  export_dir/vocab.json     the characters (or tokens) in id order (a JSON
+                            list)
+  export_dir/tokens.json    a token model's vocabulary with its kind and
+                            rules (`Tokens.file_json`), what a client
+                            tokenizes by; a subword model's also in
+  export_dir/tokenizer.json (its Hugging Face `tokenizers` file)
 
 The flatbuffer holds only builtin LiteRT ops (no TF "Flex" ops), so the plain
 `ai_edge_litert` interpreter runs it, with no TensorFlow installed.
@@ -54,6 +59,8 @@ from rnnstep import staging
 SIGNATURE = "generate"
 MODEL_FILE = "model.tflite"
 VOCAB_FILE = "vocab.json"
+TOKENS_FILE = "tokens.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class GenerateModule(tf.Module):
@@ -172,7 +179,8 @@ def convert(model) -> bytes:
 
 
 def export_litert(model, export_dir) -> str:
-  """Writes `model.tflite` and `vocab.json` into a new `export_dir`.
+  """Writes `model.tflite` and `vocab.json` (and a token model's
+  `tokens.json`, a subword model's `tokenizer.json`) into a new `export_dir`.
 
   Written into a temp directory beside `export_dir` and renamed onto it when
   complete, so a failed export leaves nothing behind.
@@ -195,4 +203,11 @@ def export_litert(model, export_dir) -> str:
       f.write(flatbuffer)
     with open(os.path.join(tmp, VOCAB_FILE), "w", encoding="utf-8") as f:
       json.dump(list(model.vocab), f, ensure_ascii=False)
+    if not model.is_characters:  # How to map text to these ids and back.
+      files = {TOKENS_FILE: model.tokens.file_json()}
+      if model.tokens.kind == "subword":
+        files[TOKENIZER_FILE] = model.tokens.rules["tokenizer"]
+      for name, text in files.items():
+        with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+          f.write(text)
   return export_dir

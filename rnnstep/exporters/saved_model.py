@@ -1,7 +1,7 @@
 """Export: a self-contained SavedModel, strings in and strings out.
 
-The exported graph holds the weights, the char <-> id mapping (unicode split +
-a lookup table) and the same generation body as `Generator`, so any TensorFlow
+The exported graph holds the weights, the vocabulary's mapping of text to ids
+and back and the same generation body as `Generator`, so any TensorFlow
 runtime (TF Serving, `tf.saved_model.load` in a process without rnnstep or
 Keras) can serve it. Signatures:
 
@@ -19,9 +19,28 @@ Keras) can serve it. Signatures:
 "logprob" is the model's log-likelihood of the returned text (natural log,
 raw logits), as `rnnstep.generate(..., return_scores=True)` gives.
 
+A token model (words, bytes, subword) also has
+
+  generate_ids(prompt_ids: int32 [B, T] right-padded, prompt_lengths: int32
+               [B], num_steps, seed + the served decoding options, as
+               generate_decoding) -> {"ids": int32 [B, N], "lengths": int32
+               [B], "text": string [B], "logprob": float32 [B]}
+
+and its vocabulary as assets: `assets/tokens.json` (the kind, its rules and
+the tokens in id order, the form `rnnstep.load(..., vocab=)` reads) and, for
+a subword model, `assets/tokenizer.json` (its Hugging Face `tokenizers`
+file). The string signatures tokenize a prompt as `Tokens.encode` does, in
+graph ops (`token_ops.GraphTokens`): words by the recipe's own rules, bytes
+as UTF-8. A subword model's tokenizer does not run in a graph, so its
+SavedModel takes ids: its `serving_default` is `generate_ids` (encode the
+prompts with the `tokenizers` library and tokenizer.json). Text out is the
+ids' pieces decoded as UTF-8 (U+FFFD where they are not), as
+`rnnstep.generate` returns it.
+
 Row i of a call uses the noise key (seed, i), as `rnnstep.generate(...,
-seed=seed)` does, so both give the same text. A prompt character outside the
-vocabulary, or an empty prompt, fails the call with InvalidArgumentError.
+seed=seed)` does, so both give the same text. A prompt character (or word,
+without an OOV token) outside the vocabulary, or an empty prompt, fails the
+call with InvalidArgumentError.
 
 A model whose file records a window (`"window": k`, built for fixed windows
 of k characters) is served over its windows, as `rnnstep.generate` runs it by
@@ -30,6 +49,7 @@ with InvalidArgumentError naming num_beams.
 """
 
 import os
+import tempfile
 
 import tensorflow as tf
 # NoDependency: the one way to keep an attribute of a tf.Module out of what
@@ -44,6 +64,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
+from rnnstep.exporters import token_ops
 
 
 # The signature with every decoding setting and the log-likelihood output.
@@ -59,11 +80,20 @@ _TOP_K_TOP_P_INPUTS = [tf.TensorSpec([], tf.int32, name="top_k"),
                        tf.TensorSpec([], tf.float32, name="top_p")]
 # generate_decoding: one input per served option, in declaration order.
 _SERVED = tuple(option for option in options.OPTIONS if option.served)
+_OPTION_INPUTS = [tf.TensorSpec([], tf.as_dtype(option.dtype),
+                                name=option.name) for option in _SERVED]
 _DECODING_INPUTS = [tf.TensorSpec([None], tf.string, name="prompts"),
                     tf.TensorSpec([], tf.int32, name="num_steps"),
-                    tf.TensorSpec([], tf.int64, name="seed")] + [
-                        tf.TensorSpec([], tf.as_dtype(option.dtype),
-                                      name=option.name) for option in _SERVED]
+                    tf.TensorSpec([], tf.int64, name="seed")] + _OPTION_INPUTS
+# generate_ids (token models): prompts as right-padded ids.
+IDS_SIGNATURE = "generate_ids"
+_IDS_INPUTS = [tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
+               tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
+               tf.TensorSpec([], tf.int32, name="num_steps"),
+               tf.TensorSpec([], tf.int64, name="seed")] + _OPTION_INPUTS
+# The vocabulary's assets of a token model's export.
+TOKENS_ASSET = "tokens.json"
+TOKENIZER_ASSET = "tokenizer.json"
 
 
 class ServingModule(tf.Module):
@@ -89,15 +119,74 @@ class ServingModule(tf.Module):
     # no signature calls; the signatures' own traces hold what they call.
     self._generator = data_structures.NoDependency(generator_lib.Generator(
         model, paths.GRAPH if path == paths.AUTO else path))
-    chars = [c if c != "[UNK]" else "" for c in model.vocab]
-    keys = [c for c in chars if c]
-    self.char_table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            tf.constant(keys), tf.constant([chars.index(c) for c in keys],
-                                           tf.int32)),
-        default_value=-1)
-    self.id_to_char = tf.Variable(chars, trainable=False, name="vocab")
     self._no_stop = stopping.stop_automaton([], model.vocab_size)
+    if model.is_characters:
+      chars = [c if c != "[UNK]" else "" for c in model.vocab]
+      keys = [c for c in chars if c]
+      self.char_table = tf.lookup.StaticHashTable(
+          tf.lookup.KeyValueTensorInitializer(
+              tf.constant(keys), tf.constant([chars.index(c) for c in keys],
+                                             tf.int32)),
+          default_value=-1)
+      self.id_to_char = tf.Variable(chars, trainable=False, name="vocab")
+      strings = True
+    else:
+      self.tokens = token_ops.GraphTokens(model.tokens)
+      strings = self.tokens.strings
+    # Traced without autograph: their control flow is explicit (tf.cond), as
+    # the Generator's.
+    if strings:
+      self.serve = tf.function(self._serve, input_signature=_BASIC_INPUTS,
+                               autograph=False)
+      self.serve_top_k_top_p = tf.function(
+          self._serve_top_k_top_p,
+          input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS,
+          autograph=False)
+      self.serve_decoding = tf.function(self._serve_decoding,
+                                        input_signature=_DECODING_INPUTS,
+                                        autograph=False)
+    if not model.is_characters:
+      self.serve_ids = tf.function(self._serve_ids,
+                                   input_signature=_IDS_INPUTS,
+                                   autograph=False)
+
+  def served_signatures(self) -> dict:
+    """{signature name: tf.function}, what `export` saves: the string
+    signatures where the vocabulary's rules run in a graph (every kind but
+    subword), and `generate_ids` for a token model (a subword model's
+    `serving_default`)."""
+    out = {}
+    if hasattr(self, "serve"):
+      out = {"serving_default": self.serve,
+             "generate_top_k_top_p": self.serve_top_k_top_p,
+             DECODING_SIGNATURE: self.serve_decoding}
+    if hasattr(self, "serve_ids"):
+      out[IDS_SIGNATURE] = self.serve_ids
+      out.setdefault("serving_default", self.serve_ids)
+    return out
+
+  def _encode(self, prompts):
+    """Prompt strings `[B]` -> (int32 ids `[B, T]`, lengths `[B]`, checks)."""
+    if not self.model.is_characters:
+      ids, checks = self.tokens.encode(prompts)
+    else:
+      chars = tf.strings.unicode_split(prompts, "UTF-8")
+      ids = self.char_table.lookup(chars)
+      checks = [tf.debugging.assert_non_negative(
+          ids.flat_values, message="a prompt character is not in the "
+          "vocabulary of the model")]
+    lengths = tf.cast(ids.row_lengths(), tf.int32)
+    checks.append(tf.debugging.assert_positive(lengths,
+                                               message="a prompt is empty"))
+    return ids.to_tensor(), lengths, checks
+
+  def _decode(self, ids, lengths):
+    """string `[B]`: the rows' texts."""
+    if not self.model.is_characters:
+      return self.tokens.decode(ids, lengths)
+    pieces = tf.gather(self.id_to_char, ids)
+    pieces = tf.RaggedTensor.from_tensor(pieces, lengths=lengths)
+    return tf.strings.reduce_join(pieces, axis=1)
 
   def _text(self, prompts, num_steps, seed, values):
     """Generates for string prompts; returns {"text", "logprob"} (see module).
@@ -109,20 +198,30 @@ class ServingModule(tf.Module):
       values: {option name: scalar tensor or Python value} for some of the
         declared options (the rest take their defaults).
     """
+    prompt_ids, lengths, checks = self._encode(prompts)
+    ids, out_lengths, scores = self._generate(prompt_ids, lengths, num_steps,
+                                              seed, values, checks)
+    return {"text": self._decode(ids, out_lengths), "logprob": scores}
+
+  def _generate(self, prompt_ids, lengths, num_steps, seed, values, checks):
+    """The generation itself, for prompts as right-padded ids.
+
+    Args:
+      prompt_ids: int32 `[B, T]`.
+      lengths: int32 `[B]`.
+      num_steps, seed, values: as for `_text`.
+      checks: the assertions the prompts' encoding made.
+
+    Returns:
+      `(ids [B, N], lengths [B], scores [B])` of the real rows.
+    """
     values = {option.name: values.get(option.name, option.default)
               for option in options.OPTIONS}
     settings = sampling.Params(**{o.name: values[o.name]
                                   for o in options.PER_ROW})
     num_beams = values["num_beams"]
-    chars = tf.strings.unicode_split(prompts, "UTF-8")
-    ids = self.char_table.lookup(chars)
-    lengths = tf.cast(ids.row_lengths(), tf.int32)
     vocab_size = self.model.vocab_size
-    checks = [
-        tf.debugging.assert_non_negative(
-            ids.flat_values, message="a prompt character is not in the "
-            "vocabulary of the model"),
-        tf.debugging.assert_positive(lengths, message="a prompt is empty"),
+    checks = list(checks) + [
         tf.debugging.assert_non_negative(num_steps,
                                          message="num_steps must be >= 0"),
         tf.debugging.assert_less_equal(
@@ -140,7 +239,7 @@ class ServingModule(tf.Module):
           f"{window} characters, and {window_lib.BEAMS_STEP_STATEFULLY}; "
           "pass num_beams=1"))
     with tf.control_dependencies(checks):
-      prompt_ids = ids.to_tensor()
+      prompt_ids = tf.identity(prompt_ids)
     batch = tf.shape(prompt_ids)[0]
     generator = self._generator
     served = request_lib.Options(
@@ -170,26 +269,49 @@ class ServingModule(tf.Module):
     else:
       out_ids, out_lengths, scores = tf.cond(num_beams > 1, beam_search, sample)
     # The request may hold padding rows after the real ones.
-    pieces = tf.gather(self.id_to_char, out_ids[:batch])
-    pieces = tf.RaggedTensor.from_tensor(pieces, lengths=out_lengths[:batch])
-    return {"text": tf.strings.reduce_join(pieces, axis=1),
-            "logprob": scores[:batch]}
+    return out_ids[:batch], out_lengths[:batch], scores[:batch]
 
-  @tf.function(input_signature=_BASIC_INPUTS, autograph=False)
-  def serve(self, prompts, num_steps, temperature, seed):
+  def _serve(self, prompts, num_steps, temperature, seed):
     out = self._text(prompts, num_steps, seed, dict(temperature=temperature))
     return {"text": out["text"]}
 
-  @tf.function(input_signature=_BASIC_INPUTS + _TOP_K_TOP_P_INPUTS, autograph=False)
-  def serve_top_k_top_p(self, prompts, num_steps, temperature, seed, top_k, top_p):
+  def _serve_top_k_top_p(self, prompts, num_steps, temperature, seed, top_k,
+                         top_p):
     out = self._text(prompts, num_steps, seed, dict(
         temperature=temperature, top_k=top_k, top_p=top_p))
     return {"text": out["text"]}
 
-  @tf.function(input_signature=_DECODING_INPUTS, autograph=False)
-  def serve_decoding(self, prompts, num_steps, seed, *values):
+  def _serve_decoding(self, prompts, num_steps, seed, *values):
     return self._text(prompts, num_steps, seed, {
         option.name: value for option, value in zip(_SERVED, values)})
+
+  def _serve_ids(self, prompt_ids, prompt_lengths, num_steps, seed, *values):
+    width = tf.shape(prompt_ids)[1]
+    checks = [
+        tf.debugging.assert_positive(prompt_lengths, message="a prompt is "
+                                     "empty (prompt_lengths must be >= 1)"),
+        tf.debugging.assert_less_equal(
+            prompt_lengths, width, message="prompt_lengths must be at most "
+            "prompt_ids' width"),
+        tf.debugging.assert_equal(tf.shape(prompt_lengths)[0],
+                                  tf.shape(prompt_ids)[0],
+                                  message="prompt_ids and prompt_lengths "
+                                  "must have one row per prompt"),
+        tf.debugging.assert_non_negative(prompt_ids, message="prompt_ids "
+                                         "must be in [0, vocabulary size)"),
+        tf.debugging.assert_less(prompt_ids, self.model.vocab_size,
+                                 message="prompt_ids must be in [0, "
+                                 "vocabulary size)")]
+    ids, lengths, scores = self._generate(
+        prompt_ids, prompt_lengths, num_steps, seed,
+        {option.name: value for option, value in zip(_SERVED, values)},
+        checks)
+    # num_steps columns (the buffer is a bucket wide), zeros past a row's end.
+    ids = ids[:, :tf.maximum(num_steps, 0)]
+    ids = tf.where(tf.range(tf.shape(ids)[1])[None, :] < lengths[:, None],
+                   ids, 0)
+    return {"ids": ids, "lengths": lengths,
+            "text": self.tokens.decode(ids, lengths), "logprob": scores}
 
 
 FORMATS = ("saved_model", "web", "tflite")
@@ -215,9 +337,7 @@ def export(model, export_dir, *, jit_compile=False,
 
   Raises:
     ValueError: export_dir exists and is not empty, an unknown format,
-      jit_compile with another format, or a model that format refuses (a
-      token model's SavedModel: its serving signatures map strings to ids
-      one character per id).
+      jit_compile with another format, or a model that format refuses.
   """
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
@@ -233,16 +353,21 @@ def export(model, export_dir, *, jit_compile=False,
     from rnnstep.exporters import litert
     return litert.export_litert(model, export_dir)
   export_dir = os.fspath(export_dir)
-  if not model.is_characters:
-    raise ValueError(
-        f"{model.source or 'the model'}: a {model.tokens.kind} model has no "
-        "SavedModel export yet (its string signatures map one character per "
-        "id); use rnnstep.generate, or the LiteRT export, which works on ids")
   staging.require_new_directory(export_dir, "choose a new --output")
   module = ServingModule(model, jit_compile=jit_compile)
-  tf.saved_model.save(module, export_dir, signatures={
-      "serving_default": module.serve,
-      "generate_top_k_top_p": module.serve_top_k_top_p,
-      DECODING_SIGNATURE: module.serve_decoding,
-  })
+  with tempfile.TemporaryDirectory(prefix="rnnstep_assets_") as assets:
+    if not model.is_characters:  # The vocabulary, for clients' tokenizers.
+      files = {TOKENS_ASSET: model.tokens.file_json()}
+      if model.tokens.kind == "subword":
+        files[TOKENIZER_ASSET] = model.tokens.rules["tokenizer"]
+      for name, text in files.items():
+        with open(os.path.join(assets, name), "w", encoding="utf-8") as f:
+          f.write(text)
+      module.tokens_file = tf.saved_model.Asset(
+          os.path.join(assets, TOKENS_ASSET))
+      if TOKENIZER_ASSET in files:
+        module.tokenizer_file = tf.saved_model.Asset(
+            os.path.join(assets, TOKENIZER_ASSET))
+    tf.saved_model.save(module, export_dir,
+                        signatures=module.served_signatures())
   return export_dir

@@ -35,6 +35,10 @@ from rnnstep.model import kinds
 
 State = Tuple[tf.Tensor, ...]
 
+# The activations a kind may name (`kinds.Kind.activation`): Keras's and
+# PyTorch's, which compute these exactly so.
+ACTIVATIONS = {"tanh": tf.tanh, "relu": tf.nn.relu}
+
 
 class TableRows(NamedTuple):
   """An input projection not yet gathered: rows `ids` of `table`.
@@ -71,8 +75,10 @@ class Cell:
   fusable = True
 
   def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
-               compile_elementwise=False):
+               compile_elementwise=False, activation="tanh"):
     self.compute_dtype = tf.as_dtype(compute_dtype)
+    # The candidate's activation (an LSTM's cell output's too), by its kind.
+    self.activation = ACTIVATIONS[activation]
     self.compile_elementwise = compile_elementwise
     self.units = int(recurrent_kernel.shape[0])
     # None where the input projection is precomputed elsewhere (layer 0's table).
@@ -181,8 +187,10 @@ class GRUCell(Cell):
   """
 
   def __init__(self, kernel, recurrent_kernel, bias, reset_after=True,
-               compute_dtype=tf.float32, compile_elementwise=False):
-    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
+               compute_dtype=tf.float32, compile_elementwise=False,
+               activation="tanh"):
+    super().__init__(kernel, recurrent_kernel, compute_dtype,
+                     compile_elementwise, activation)
     units = self.units
     self.state_size = (units,)
     self.reset_after = reset_after
@@ -219,8 +227,8 @@ class GRUCell(Cell):
     x_proj, h_proj = _rows(x_proj), _float32(h_proj)
     zr = tf.sigmoid(x_proj[:, :2 * units] + h_proj[:, :2 * units])
     z, r = zr[:, :units], zr[:, units:]
-    n = tf.tanh(x_proj[:, 2 * units:]
-                + r * (h_proj[:, 2 * units:] + self.candidate_bias))
+    n = self.activation(x_proj[:, 2 * units:]
+                        + r * (h_proj[:, 2 * units:] + self.candidate_bias))
     return (z * h + (1.0 - z) * n,)
 
   def _gates_z_and_reset_h(self, x_proj, h_proj_gates, h):
@@ -229,7 +237,7 @@ class GRUCell(Cell):
     return zr[:, :units], zr[:, units:] * h
 
   def _gates_candidate(self, x_proj, reset_h_proj, z, h):
-    n = tf.tanh(x_proj[:, 2 * self.units:] + _float32(reset_h_proj))
+    n = self.activation(x_proj[:, 2 * self.units:] + _float32(reset_h_proj))
     return z * h + (1.0 - z) * n
 
 
@@ -245,8 +253,9 @@ class LSTMCell(Cell):
   """
 
   def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32,
-               compile_elementwise=False):
-    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
+               compile_elementwise=False, activation="tanh"):
+    super().__init__(kernel, recurrent_kernel, compute_dtype,
+                     compile_elementwise, activation)
     self.state_size = (self.units, self.units)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
     self._update = self._elementwise(self.gate_math)
@@ -259,23 +268,25 @@ class LSTMCell(Cell):
     # than gathering the three gate blocks first.
     gate = tf.sigmoid(gates)
     i, f, o = gate[:, :units], gate[:, units:2 * units], gate[:, 3 * units:]
-    c_new = f * c + i * tf.tanh(gates[:, 2 * units:3 * units])
-    return o * tf.tanh(c_new), c_new
+    c_new = f * c + i * self.activation(gates[:, 2 * units:3 * units])
+    return o * self.activation(c_new), c_new
 
 
 class SimpleRNNCell(Cell):
-  """Keras SimpleRNN, K `[D, U]`, R `[U, U]`, b `[U]`: `h' = tanh(x @ K + b + h @ R)`."""
+  """Keras SimpleRNN, K `[D, U]`, R `[U, U]`, b `[U]`:
+  `h' = activation(x @ K + b + h @ R)`, tanh (the default) or relu."""
 
   def __init__(self, kernel, recurrent_kernel, bias, compute_dtype=tf.float32,
-               compile_elementwise=False):
-    super().__init__(kernel, recurrent_kernel, compute_dtype, compile_elementwise)
+               compile_elementwise=False, activation="tanh"):
+    super().__init__(kernel, recurrent_kernel, compute_dtype,
+                     compile_elementwise, activation)
     self.state_size = (self.units,)
     self.input_bias = tf.convert_to_tensor(bias, tf.float32)
     self._update = self._elementwise(self.gate_math)
 
   def gate_math(self, x_proj, h_proj, state):
     del state  # h enters only through h_proj.
-    return (tf.tanh(_rows(x_proj) + _float32(h_proj)),)
+    return (self.activation(_rows(x_proj) + _float32(h_proj)),)
 
 
 def state_sizes(layer_config) -> Tuple[int, ...]:
@@ -301,4 +312,4 @@ def make_cell(layer_config, tensors, compute_dtype=tf.float32,
   return globals()[kind.cell_class](  # The class the kind table names.
       **{name: tensors[name] for name in kind.tensor_names},
       compute_dtype=compute_dtype, compile_elementwise=compile_elementwise,
-      **variant)
+      activation=kind.activation, **variant)

@@ -39,6 +39,12 @@ class Kind:
       arguments. `model_file`, `Model` and `cells.make_cell` read them; a kind
       with other tensors declares them here (and its readers in `convert/`
       map them).
+    activation: the candidate's (and an LSTM's output's) activation, Keras's
+      `activation` (PyTorch's `nonlinearity`): one of `cells.ACTIVATIONS`.
+    variant_of: for a kind that differs from another only in `activation`
+      (stored alike, told apart by a config or a module's attribute), that
+      kind's name; the lookups by class, gates and shapes give the plain
+      kind, `with_activation` the variant.
   """
   name: str
   display: str
@@ -55,6 +61,8 @@ class Kind:
   # The layer's tensors, in the model file's order (`layer{i}_{name}`), and
   # the keyword names of its cell class's constructor.
   tensor_names: Tuple[str, ...] = ("kernel", "recurrent_kernel", "bias")
+  activation: str = "tanh"
+  variant_of: Optional[str] = None
 
   def tensor_shapes(self, inputs: int, units: int,
                     reset_after: bool = True) -> Dict[str, Tuple[int, ...]]:
@@ -78,7 +86,7 @@ class Kind:
 
   def torch_permutation(self) -> Tuple[int, ...]:
     """For each Keras gate block, the PyTorch block that holds it."""
-    return tuple(_TORCH_EQUIVALENT[self.name].index(gate)
+    return tuple(_TORCH_EQUIVALENT[self.variant_of or self.name].index(gate)
                  for gate in self.gate_order)
 
 
@@ -97,18 +105,43 @@ KINDS: Dict[str, Kind] = {
                        has_reset_after=False, keras_classes=("SimpleRNN",),
                        cell_class="SimpleRNNCell", torch_module="RNN",
                        torch_gate_order=("h",), torch_bias="sum"),
+    # Keras SimpleRNN(activation="relu"); PyTorch nn.RNN(nonlinearity="relu")
+    # (word_language_model's RNN_RELU).
+    "simple_rnn_relu": Kind(name="simple_rnn_relu", display="SimpleRNN(relu)",
+                            gates=1, gate_order=("h",), state_tensors=1,
+                            has_reset_after=False,
+                            keras_classes=("SimpleRNN",),
+                            cell_class="SimpleRNNCell", torch_module="RNN",
+                            torch_gate_order=("h",), torch_bias="sum",
+                            activation="relu", variant_of="simple_rnn"),
 }
 
 # PyTorch's gate names spelled as Keras's: GRU n is Keras h, LSTM g is Keras c.
 _TORCH_EQUIVALENT = {"gru": ("r", "z", "h"), "lstm": ("i", "f", "c", "o"),
                      "simple_rnn": ("h",)}
 
-# Derived lookups.
-BY_KERAS_CLASS = {cls: kind.name for kind in KINDS.values()
-                  for cls in kind.keras_classes}
-BY_GATES = {kind.gates: kind.name for kind in KINDS.values()}
-BY_TORCH_GATES = {kind.gates: kind.name for kind in KINDS.values()
-                  if kind.torch_module}
+# Derived lookups, of the plain kinds (an activation variant is found from
+# its plain kind by `with_activation`).
+PLAIN = tuple(kind for kind in KINDS.values() if kind.variant_of is None)
+BY_KERAS_CLASS = {cls: kind.name for kind in PLAIN for cls in kind.keras_classes}
+BY_GATES = {kind.gates: kind.name for kind in PLAIN}
+BY_TORCH_GATES = {kind.gates: kind.name for kind in PLAIN if kind.torch_module}
+
+
+def with_activation(name: str, activation: str) -> Kind:
+  """The kind that is `name`'s (or its plain kind's) with `activation`.
+
+  Raises:
+    ValueError: no such kind; the message lists the activations there are.
+  """
+  plain = get(name).variant_of or name
+  family = [k for k in KINDS.values() if (k.variant_of or k.name) == plain]
+  for kind in family:
+    if kind.activation == activation:
+      return kind
+  raise ValueError(f"{KINDS[plain].display} with activation {activation!r} "
+                   f"is not a kind rnnstep runs (it runs "
+                   f"{', '.join(repr(k.activation) for k in family)})")
 
 
 def get(name: str) -> Kind:

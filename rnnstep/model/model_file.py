@@ -6,7 +6,8 @@ This module is the only place that knows the file's keys. A file holds:
                    token vocabularies, still written for one), 2 for any other
   config           str scalar: JSON `{"embedding_dim": D, "layers": [LAYER, ...]}`
                    where LAYER is `{"kind": "gru", "units": U, "reset_after": bool}`,
-                   `{"kind": "lstm", "units": U}` or `{"kind": "simple_rnn", "units": U}`;
+                   `{"kind": "lstm", "units": U}`, `{"kind": "simple_rnn", "units": U}`
+                   or `{"kind": "simple_rnn_relu", "units": U}` (`kinds.KINDS`);
                    optionally `"window": T` (a positive int): the model was built
                    for fixed windows of T characters from a zero state (a fixed T
                    in its Input, return_sequences=False on its last recurrent
@@ -62,7 +63,8 @@ MAX_TEXT_BYTES = 64 << 20
 
 @dataclasses.dataclass(frozen=True)
 class LayerConfig:
-  """One recurrent layer: its kind ('gru', 'lstm', 'simple_rnn'), width and variant."""
+  """One recurrent layer: its kind ('gru', 'lstm', 'simple_rnn',
+  'simple_rnn_relu'), width and variant."""
   kind: str
   units: int
   reset_after: bool = True  # GRU only.

@@ -9,7 +9,10 @@ recorded rules of its kind:
     (`lower`, the characters `filters` removes, the `split` separator or
     whitespace) and, optionally, the `newline` token a line end becomes
     (pytorch/examples word_language_model's `<eos>`). A word reads back as
-    " " + word, the newline token as "\\n".
+    " " + word, the newline token as "\\n". A Keras `TextVectorization`
+    layer's vocabulary records its own rules instead (`text_vectorization`:
+    its `standardize` and `split`, computed as its TensorFlow ops compute
+    them); split into characters, a token reads back as itself.
   - `bytes`: ids 0-255 are UTF-8 bytes.
   - `subword`: a Hugging Face `tokenizers` JSON, stored in the model file and
     applied with the `tokenizers` library (imported only for such a model).
@@ -25,6 +28,7 @@ Nothing here imports TensorFlow: the converters and the model file use it.
 
 import codecs
 import json
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,7 +38,23 @@ UNK_TOKEN = "[UNK]"
 MAX_TOKENIZER_BYTES = 64 << 20
 # Words rules a file may record, and their types.
 _WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
-               "newline": (str, type(None)), "oov": (str, type(None))}
+               "newline": (str, type(None)), "oov": (str, type(None)),
+               "text_vectorization": dict}
+# A Keras `TextVectorization` layer's settings the `text_vectorization` rule
+# records, and their values (keras/src/layers/preprocessing/
+# text_vectorization.py; None: the layer's own None).
+TEXT_VECTORIZATION = {
+    "standardize": ("lower_and_strip_punctuation", "lower",
+                    "strip_punctuation", None),
+    "split": ("whitespace", "character", None)}
+# Its punctuation (`strip_punctuation`), Keras's regex verbatim: ASCII only,
+# so Python's `re` and TensorFlow's RE2 match the same characters.
+TEXT_VECTORIZATION_PUNCTUATION = r'[!"#$%&()\*\+,-\./:;<=>?@\[\\\]^_`{|}~\']'
+# `tf.strings.lower(x)` (no encoding: ASCII letters only) and the whitespace
+# `tf.strings.split(x)` splits on (ASCII; Python's str.split splits on more).
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                             "abcdefghijklmnopqrstuvwxyz")
+_TF_WHITESPACE = re.compile("[ \t\n\v\f\r]+")
 
 
 def _fail(path, problem: str, advice: str = "") -> ValueError:
@@ -93,6 +113,8 @@ class Tokens:
       if self.rules.get("split") == "":
         raise _fail(path, "tokens rule split is empty", "give a separator, "
                     "or null to split on whitespace")
+      if "text_vectorization" in self.rules:
+        _check_text_vectorization(self.rules, path)
     elif kind == "bytes":
       if self.rules:
         raise _fail(path, "a bytes vocabulary has no rules")
@@ -119,6 +141,15 @@ class Tokens:
   def to_json(self) -> str:
     """The model file's `tokens` member: `{"kind": ..., rules...}`."""
     return json.dumps(dict(kind=self.kind, **self.rules), ensure_ascii=False)
+
+  def file_json(self) -> str:
+    """The vocabulary as one JSON file: the kind, its rules and (but for
+    `bytes`) the tokens in id order, the `{"kind": ...}` form that
+    `rnnstep.load(..., vocab=)` reads (the exports' `tokens.json`)."""
+    data = dict(kind=self.kind, **self.rules)
+    if self.kind != "bytes":
+      data["vocab"] = list(self.vocab)
+    return json.dumps(data, ensure_ascii=False)
 
   @classmethod
   def from_json(cls, data, vocab: Sequence[str], path=None) -> "Tokens":
@@ -175,6 +206,9 @@ class Tokens:
     return out
 
   def _line_words(self, line: str) -> List[str]:
+    vectorize = self.rules.get("text_vectorization")
+    if vectorize is not None:
+      return _text_vectorization_words(line, **vectorize)
     # Keras `text_to_word_sequence`: lower, filters become the split
     # character, split, drop empty words.
     if self.rules.get("lower"):
@@ -212,7 +246,10 @@ class Tokens:
       return [bytes([b]) for b in range(256)]
     if self.kind == "words":
       newline = self.rules.get("newline")
-      return [b"\n" if t == newline else (" " + t).encode("utf-8")
+      joined = (self.rules.get("text_vectorization", {}).get("split")
+                != "character")  # Characters join without spaces.
+      return [b"\n" if t == newline else
+              (" " + t if joined and t else t).encode("utf-8")
               for t in self.vocab]
     return _subword_pieces(self._tokenizer, self.rules["tokenizer"],
                            len(self.vocab))
@@ -293,6 +330,37 @@ class StreamText:
     if self.stopped or self._tokens.kind == "characters":
       return ""
     return self._decoder.decode(b"", final=True)
+
+
+def _check_text_vectorization(rules: dict, path) -> None:
+  """A `text_vectorization` rule: TextVectorization's settings, alone."""
+  settings = rules["text_vectorization"]
+  if set(settings) != set(TEXT_VECTORIZATION) or any(
+      settings[k] not in values for k, values in TEXT_VECTORIZATION.items()):
+    raise _fail(path, f"tokens rule text_vectorization is "
+                f"{json.dumps(settings)[:200]}", "it takes standardize "
+                f"{list(TEXT_VECTORIZATION['standardize'])} and split "
+                f"{list(TEXT_VECTORIZATION['split'])}")
+  others = sorted(set(rules) & {"lower", "filters", "split", "newline"})
+  if others:
+    raise _fail(path, f"tokens rules {others} do not go with "
+                "text_vectorization (which has its own)")
+
+
+def _text_vectorization_words(text: str, standardize, split) -> List[str]:
+  """A Keras `TextVectorization` layer's tokens of `text`, as its ops make
+  them (`_preprocess`): `tf.strings.lower` (ASCII), the punctuation regex
+  removed, `tf.strings.split` (ASCII whitespace, empty words dropped),
+  `tf.strings.unicode_split` or, with split None, the whole text."""
+  if standardize in ("lower", "lower_and_strip_punctuation"):
+    text = text.translate(_ASCII_LOWER)
+  if standardize in ("strip_punctuation", "lower_and_strip_punctuation"):
+    text = re.sub(TEXT_VECTORIZATION_PUNCTUATION, "", text)
+  if split == "whitespace":
+    return [w for w in _TF_WHITESPACE.split(text) if w]
+  if split == "character":
+    return list(text)
+  return [text]
 
 
 def bytes_vocab():

@@ -110,7 +110,8 @@ def continuation_log_likelihood(reference, prompt_ids, continuation):
 
 
 def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
-                length_penalty=1.0, banned=(), theta=1.0, window=0, ngram=0):
+                length_penalty=1.0, banned=(), theta=1.0, window=0, ngram=0,
+                stopped=None, allowed=None, complete=None):
   """Brute-force beam search (HF rules, early_stopping=False).
 
   Every step expands every live beam by every id, sorts all candidates, sets
@@ -119,10 +120,27 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
   best others as beams. Done when k are finished and the best beam cannot beat
   the worst of them; then live beams join.
 
+  Token models (and patterns) say when a hypothesis stops by predicates over
+  the generated ids, which the caller writes from the text:
+
+  Args:
+    stops: stop strings as id sequences (a character model's): a hypothesis
+      stops when its ids end with one.
+    stopped: instead of `stops`, `stopped(ids) -> bool`: whether the
+      continuation `ids` holds a stop string (it may span tokens).
+    allowed: `allowed(ids) -> bool`: whether the continuation stays inside a
+      `regex=` pattern; the ids it leaves are -inf after the look-back rules,
+      before the log-softmax.
+    complete: `complete(ids) -> bool`: a match no id can extend (the
+      hypothesis is finished, as one that met a stop string).
+
   Returns:
     The k hypotheses, best first: (ids, processed score, raw log-likelihood).
   """
   stops = [tuple(s) for s in stops]
+  if stopped is None:
+    def stopped(ids):
+      return any(tuple(ids[-len(s):]) == s for s in stops if len(ids) >= len(s))
   state = reference.zero_state()
   for token in prompt_ids[:-1]:
     _, state = reference.step(int(token), state)
@@ -138,8 +156,12 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
     for b, (score, raw, ids, state, last) in enumerate(beams):
       logits, new_state = reference.step(last, state)
       history = list(prompt_ids) + ids
-      log_p = log_softmax(process(logits, history, banned=banned, theta=theta,
-                                  window=window, ngram=ngram))
+      processed = process(logits, history, banned=banned, theta=theta,
+                          window=window, ngram=ngram)
+      if allowed is not None:
+        processed[[v for v in range(len(logits))
+                   if not allowed(ids + [v])]] = -np.inf
+      log_p = log_softmax(processed)
       raw_log_p = log_softmax(logits)
       for token in range(len(logits)):
         if np.isfinite(log_p[token]):
@@ -148,15 +170,18 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     new_beams = []
     for rank, (score, b, token, raw, new_state) in enumerate(candidates):
+      if len(new_beams) == num_beams:  # Every later rank is >= k.
+        break
       ids = beams[b][2] + [token]
-      if any(tuple(ids[-len(s):]) == s for s in stops if len(ids) >= len(s)):
+      if stopped(ids) or (complete is not None and complete(ids)):
         if rank < num_beams:
           finished.append((normalized(score, len(ids)), score, raw, ids))
         continue
-      if len(new_beams) < num_beams:
-        new_beams.append((score, raw, ids, new_state, token))
+      new_beams.append((score, raw, ids, new_state, token))
     finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
     beams = new_beams
+    if not beams:  # Every candidate finished (a pattern's matches ended).
+      break
     if (len(finished) == num_beams and
         normalized(beams[0][0], step + 1) <= finished[-1][0]):
       break

@@ -176,6 +176,8 @@ def keras3_cases(keras, out):
   for name, specs, dim, seed in (
       ("k3_seq_lstm", [("lstm", 16, {})], 8, 3),
       ("k3_seq_simple_rnn", [("simple_rnn", 16, {})], 8, 4),
+      ("k3_seq_simple_rnn_relu", [("simple_rnn", 16, {"activation": "relu"})],
+       8, 4),
       ("k3_seq_gru2", [("gru", 16, {}), ("gru", 16, {})], 16, 5)):
     model = sequential(keras, specs, dim=dim)
     randomize(model, seed)

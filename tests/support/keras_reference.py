@@ -15,6 +15,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
+from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
 
@@ -40,8 +41,10 @@ def build(layers, vocab_size=65, embedding_dim=16, seed=0, bias_scale=0.3):
                            reset_after=spec.reset_after)(x)
     elif spec.kind == "lstm":
       x = keras.layers.LSTM(spec.units, return_sequences=True)(x)
-    else:
-      x = keras.layers.SimpleRNN(spec.units, return_sequences=True)(x)
+    else:  # SimpleRNN, tanh or relu (`kinds.Kind.activation`).
+      x = keras.layers.SimpleRNN(
+          spec.units, return_sequences=True,
+          activation=kinds.get(spec.kind).activation)(x)
   outputs = keras.layers.Dense(vocab_size)(x)
   model = keras.Model(inputs, outputs)
   rng = np.random.default_rng(seed)

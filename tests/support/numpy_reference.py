@@ -2,7 +2,8 @@
 
 Written from the Keras equations (see docs/dev/cell-kinds.md), over
 the model-file tensor dict (`keras_reference.weights_of`, `model_file.read`):
-Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN stack -> Dense.
+Embedding -> GRU (reset_after True/False) / LSTM / SimpleRNN (tanh or relu)
+stack -> Dense.
 It shares no code with rnnstep and computes in float64, so it is the reference
 for rnnstep's reduced-precision paths (bfloat16, float16), where bit-identity
 with Keras' float32 is not expected: tests measure how often rnnstep's choices
@@ -64,9 +65,10 @@ class Reference:
       c = _sigmoid(f) * c + _sigmoid(i_) * np.tanh(cc)
       h = _sigmoid(o) * np.tanh(c)
       return h, [h, c]
-    if spec.kind == "simple_rnn":
+    if spec.kind in ("simple_rnn", "simple_rnn_relu"):
       (h,) = state
-      h = np.tanh(x @ k + h @ r + b)
+      h = x @ k + h @ r + b
+      h = np.maximum(h, 0.0) if spec.kind == "simple_rnn_relu" else np.tanh(h)
       return h, [h]
     raise ValueError(spec.kind)
 

@@ -1,0 +1,217 @@
+"""A token vocabulary's rules as TensorFlow ops: the SavedModel's text.
+
+`GraphTokens(tokens)` holds what a served graph needs to map prompt strings
+to ids and generated ids back to text exactly as `vocabulary.Tokens` does on
+the host (`Tokens.encode`, `Tokens.text`), with TensorFlow ops only, so that
+a SavedModel serves strings without rnnstep:
+
+  - **text out, every kind**: each id's piece (the bytes it adds to a text,
+    `Tokens.pieces`) gathered, joined and decoded as UTF-8 with U+FFFD for
+    what is not UTF-8 (`tf.strings.unicode_transcode`; Python's
+    `decode("utf-8", "replace")` substitutes the same maximal subparts).
+  - **strings in, `bytes`**: a prompt's UTF-8 bytes (`tf.strings.bytes_split`).
+  - **strings in, `words`**: the recipe's own rules, in the host's order.
+    word_language_model's newline token: lines split apart first, the token
+    between them. Keras `Tokenizer`'s `lower` (`tf.strings.lower` with UTF-8,
+    ICU's full case mapping, as Python's `str.lower`; the characters where
+    this TensorFlow's Unicode tables and this Python's differ, found when the
+    graph is built, fail the call rather than map differently), its
+    `filters` (each replaced by the split separator) and its `split` (a
+    separator; or Python's whitespace, `str.isspace`, which is wider than
+    TensorFlow's). A Keras `TextVectorization`'s `standardize` and `split`
+    are the layer's own ops (`tf.strings.lower`, its punctuation regex,
+    `tf.strings.split`, `tf.strings.unicode_split`). Then a table from words
+    to ids, the OOV token for the rest (or a failed call naming no word: a
+    graph's error is a constant).
+  - **strings in, `subword`**: none. A Hugging Face `tokenizers` model runs
+    in Rust, not in a graph; a served subword model takes ids (`strings` is
+    False) and ships its tokenizer JSON as an asset.
+
+Nothing here runs on the host at serving time; the checks are graph ops that
+fail the call with `InvalidArgumentError`.
+"""
+
+import functools
+from typing import List, Tuple
+
+import tensorflow as tf
+
+from rnnstep.model import vocabulary as vocabulary_lib
+
+# Messages of the graph's checks (tests match them).
+NOT_UTF8 = "a prompt is not UTF-8 text"
+UNKNOWN_WORD = ("a prompt word is not in the vocabulary of the model (which "
+                "has no out-of-vocabulary token)")
+NO_TOKENS = "a prompt gives no tokens"
+LOWER_DIFFERS = ("a prompt holds a character whose lowercase differs between "
+                 "this TensorFlow's and the exporting Python's Unicode "
+                 "tables (or NUL); remove or replace it")
+
+
+def _char_class(chars) -> str:
+  """An RE2 character class matching exactly `chars` (each as \\x{...})."""
+  return "[" + "".join(f"\\x{{{ord(c):x}}}" for c in sorted(set(chars))) + "]"
+
+
+def _rewrite(text: str) -> str:
+  """`text` as an RE2 rewrite string (backslashes escaped)."""
+  return text.replace("\\", "\\\\")
+
+
+@functools.lru_cache(maxsize=None)
+def python_whitespace() -> str:
+  """The characters Python's `str.split()` splits on (`str.isspace`)."""
+  return "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+
+
+@functools.lru_cache(maxsize=None)
+def lower_mismatches() -> str:
+  """The characters whose `tf.strings.lower(encoding="utf-8")` is not
+  Python's `str.lower()` (Unicode versions apart; NUL ends ICU's string)."""
+  chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+  lowered = tf.strings.lower(tf.constant(chars), encoding="utf-8").numpy()
+  return "".join(c for c, low in zip(chars, lowered)
+                 if c.lower().encode("utf-8") != low)
+
+
+def _table(keys, values, default: int):
+  return tf.lookup.StaticHashTable(
+      tf.lookup.KeyValueTensorInitializer(
+          tf.constant(keys, tf.string), tf.constant(values, tf.int32)),
+      default_value=default)
+
+
+class GraphTokens(tf.Module):
+  """A token vocabulary's encoding and decoding as graph ops (see module).
+
+  Args:
+    tokens: the model's `vocabulary.Tokens` (not `characters`).
+
+  Attributes:
+    strings: whether `encode` exists (every kind but `subword`).
+  """
+
+  def __init__(self, tokens: vocabulary_lib.Tokens):
+    super().__init__(name="rnnstep_tokens")
+    self._kind = tokens.kind
+    self._rules = dict(tokens.rules)
+    self.vocab_size = len(tokens.vocab)
+    self.pieces = tf.Variable(tokens.pieces, dtype=tf.string, trainable=False,
+                              name="pieces")
+    self.strings = tokens.kind in ("words", "bytes")
+    if tokens.kind == "bytes":
+      self._ids = _table([bytes([b]) for b in range(256)], list(range(256)), -1)
+    elif tokens.kind == "words":
+      self._ids = _table([t.encode("utf-8") for t in tokens.vocab],
+                         list(range(len(tokens.vocab))), -1)
+      oov = self._rules.get("oov")
+      newline = self._rules.get("newline")
+      self._oov = None if oov is None else tokens.vocab.index(oov)
+      self._newline = None if newline is None else tokens.vocab.index(newline)
+      self._lower_refused = (_char_class(lower_mismatches())
+                             if self._rules.get("lower") else None)
+
+  # ------------------------------------------------------------- ids to text
+
+  def decode(self, ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+    """string `[B]`: each row's first `lengths` ids as text (`Tokens.text`
+    without stop strings).
+
+    Args:
+      ids: int32 `[B, N]`.
+      lengths: int32 `[B]`.
+    """
+    pieces = tf.RaggedTensor.from_tensor(tf.gather(self.pieces, ids),
+                                         lengths=lengths)
+    return tf.strings.unicode_transcode(
+        tf.strings.reduce_join(pieces, axis=1), "UTF-8", "UTF-8",
+        errors="replace", replacement_char=0xFFFD,
+        replace_control_characters=False)
+
+  # ------------------------------------------------------------- text to ids
+
+  def encode(self, prompts: tf.Tensor) -> Tuple[tf.RaggedTensor, List]:
+    """Prompt strings `[B]` to ids, by the vocabulary's rules.
+
+    Returns:
+      `(ids, checks)`: int32 ragged `[B, None]` and the assertions that fail
+      the call for a prompt the host would refuse (an unknown word without
+      an OOV token, a prompt of no tokens, text that is not UTF-8).
+    """
+    if self._kind == "bytes":
+      ids = tf.ragged.map_flat_values(self._ids.lookup,
+                                      tf.strings.bytes_split(prompts))
+      return ids, [tf.debugging.assert_positive(ids.row_lengths(),
+                                                message=NO_TOKENS)]
+    if self._kind != "words":
+      raise ValueError(f"a {self._kind} vocabulary has no string encoding in a "
+                       "graph; serve its ids")
+    checks = [tf.debugging.assert_equal(
+        tf.strings.unicode_transcode(prompts, "UTF-8", "UTF-8",
+                                     errors="replace", replacement_char=0xFFFD,
+                                     replace_control_characters=False),
+        prompts, message=NOT_UTF8)]
+    words = self._words(prompts, checks)
+    ids = tf.ragged.map_flat_values(self._ids.lookup, words)
+    if self._oov is None:
+      checks.append(tf.debugging.assert_non_negative(ids.flat_values,
+                                                     message=UNKNOWN_WORD))
+    else:
+      ids = tf.ragged.map_flat_values(
+          lambda x: tf.where(x < 0, self._oov, x), ids)
+    checks.append(tf.debugging.assert_positive(ids.row_lengths(),
+                                               message=NO_TOKENS))
+    return ids, checks
+
+  def _words(self, prompts, checks) -> tf.RaggedTensor:
+    """string ragged `[B, None]`: each prompt's words, as `Tokens.words`;
+    the newline token's lines as its word."""
+    rules = self._rules
+    vectorize = rules.get("text_vectorization")
+    if vectorize is not None:  # The layer's own ops (its `_preprocess`).
+      standardize, split = vectorize["standardize"], vectorize["split"]
+      if standardize in ("lower", "lower_and_strip_punctuation"):
+        prompts = tf.strings.lower(prompts)
+      if standardize in ("strip_punctuation", "lower_and_strip_punctuation"):
+        prompts = tf.strings.regex_replace(
+            prompts, vocabulary_lib.TEXT_VECTORIZATION_PUNCTUATION, "")
+      if split == "whitespace":
+        return tf.strings.split(prompts)
+      if split == "character":
+        return tf.strings.unicode_split(prompts, "UTF-8")
+      return tf.RaggedTensor.from_tensor(prompts[:, None])
+    if self._lower_refused is not None:
+      checks.append(tf.debugging.assert_equal(
+          tf.strings.regex_full_match(prompts,
+                                      f"(?s).*{self._lower_refused}.*"),
+          False, message=LOWER_DIFFERS))
+      prompts = tf.strings.lower(prompts, encoding="utf-8")
+    if self._newline is not None:  # Lines apart before anything else.
+      lines = tf.strings.split(prompts, "\n")
+    else:
+      lines = tf.RaggedTensor.from_tensor(prompts[:, None])
+    split = rules.get("split")
+    text = lines.flat_values
+    filters = rules.get("filters", "")
+    if self._newline is not None:
+      filters = filters.replace("\n", "")
+    if filters:
+      text = tf.strings.regex_replace(text, _char_class(filters),
+                                      _rewrite(split or " "))
+    if split is None:
+      text = tf.strings.regex_replace(text, _char_class(python_whitespace()),
+                                      " ")
+    words = tf.strings.split(text, split or " ")
+    words = tf.ragged.boolean_mask(words, tf.strings.length(words) > 0)
+    if self._newline is None:
+      return lines.with_flat_values(words).merge_dims(1, 2)
+    # Each line's words and then the newline token, the last line's dropped.
+    newline = tf.fill([tf.shape(text)[0], 1],
+                      tf.constant(rules["newline"]))
+    per_line = tf.concat([words, tf.RaggedTensor.from_tensor(newline)], 1)
+    joined = lines.with_flat_values(per_line).merge_dims(1, 2)
+    return joined[:, :-1]
+
+
+__all__ = ["GraphTokens", "python_whitespace",
+           "lower_mismatches"]
