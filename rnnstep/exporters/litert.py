@@ -55,12 +55,13 @@ from rnnstep.decoding import sampling
 from rnnstep.engine import loop
 from rnnstep.engine import request
 from rnnstep import staging
+from rnnstep.model import vocabulary
 
 SIGNATURE = "generate"
 MODEL_FILE = "model.tflite"
 VOCAB_FILE = "vocab.json"
-TOKENS_FILE = "tokens.json"
-TOKENIZER_FILE = "tokenizer.json"
+TOKENS_FILE = vocabulary.Tokens.TOKENS_FILE
+TOKENIZER_FILE = vocabulary.Tokens.TOKENIZER_FILE
 
 
 class GenerateModule(tf.Module):
@@ -204,10 +205,5 @@ def export_litert(model, export_dir) -> str:
     with open(os.path.join(tmp, VOCAB_FILE), "w", encoding="utf-8") as f:
       json.dump(list(model.vocab), f, ensure_ascii=False)
     if not model.is_characters:  # How to map text to these ids and back.
-      files = {TOKENS_FILE: model.tokens.file_json()}
-      if model.tokens.kind == "subword":
-        files[TOKENIZER_FILE] = model.tokens.rules["tokenizer"]
-      for name, text in files.items():
-        with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-          f.write(text)
+      model.tokens.write_files(tmp)
   return export_dir

@@ -65,6 +65,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
 from rnnstep.exporters import token_ops
+from rnnstep.model import vocabulary
 
 
 # The signature with every decoding setting and the log-likelihood output.
@@ -92,8 +93,8 @@ _IDS_INPUTS = [tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
                tf.TensorSpec([], tf.int32, name="num_steps"),
                tf.TensorSpec([], tf.int64, name="seed")] + _OPTION_INPUTS
 # The vocabulary's assets of a token model's export.
-TOKENS_ASSET = "tokens.json"
-TOKENIZER_ASSET = "tokenizer.json"
+TOKENS_ASSET = vocabulary.Tokens.TOKENS_FILE
+TOKENIZER_ASSET = vocabulary.Tokens.TOKENIZER_FILE
 
 
 class ServingModule(tf.Module):
@@ -357,17 +358,10 @@ def export(model, export_dir, *, jit_compile=False,
   module = ServingModule(model, jit_compile=jit_compile)
   with tempfile.TemporaryDirectory(prefix="rnnstep_assets_") as assets:
     if not model.is_characters:  # The vocabulary, for clients' tokenizers.
-      files = {TOKENS_ASSET: model.tokens.file_json()}
-      if model.tokens.kind == "subword":
-        files[TOKENIZER_ASSET] = model.tokens.rules["tokenizer"]
-      for name, text in files.items():
-        with open(os.path.join(assets, name), "w", encoding="utf-8") as f:
-          f.write(text)
-      module.tokens_file = tf.saved_model.Asset(
-          os.path.join(assets, TOKENS_ASSET))
+      files = model.tokens.write_files(assets)
+      module.tokens_file = tf.saved_model.Asset(files[TOKENS_ASSET])
       if TOKENIZER_ASSET in files:
-        module.tokenizer_file = tf.saved_model.Asset(
-            os.path.join(assets, TOKENIZER_ASSET))
+        module.tokenizer_file = tf.saved_model.Asset(files[TOKENIZER_ASSET])
     tf.saved_model.save(module, export_dir,
                         signatures=module.served_signatures())
   return export_dir

@@ -28,6 +28,7 @@ Nothing here imports TensorFlow: the converters and the model file use it.
 
 import codecs
 import json
+import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -150,6 +151,28 @@ class Tokens:
     if self.kind != "bytes":
       data["vocab"] = list(self.vocab)
     return json.dumps(data, ensure_ascii=False)
+
+  # The files an export writes beside its model so that clients can map text
+  # to ids and back: always `TOKENS_FILE` (`file_json`), and a subword
+  # model's tokenizer as `TOKENIZER_FILE` (the `tokenizers` JSON).
+  TOKENS_FILE = "tokens.json"
+  TOKENIZER_FILE = "tokenizer.json"
+
+  def write_files(self, directory: str) -> Dict[str, str]:
+    """Writes the export files (UTF-8) into `directory`.
+
+    Returns:
+      {file name: path written}.
+    """
+    files = {self.TOKENS_FILE: self.file_json()}
+    if self.kind == "subword":
+      files[self.TOKENIZER_FILE] = self.rules["tokenizer"]
+    written = {}
+    for name, text in files.items():
+      written[name] = os.path.join(directory, name)
+      with open(written[name], "w", encoding="utf-8") as f:
+        f.write(text)
+    return written
 
   @classmethod
   def from_json(cls, data, vocab: Sequence[str], path=None) -> "Tokens":
