@@ -82,9 +82,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
 
+import fixture_dir  # tools/: the --out flag the fixture scripts share
+
 tf.disable_v2_behavior()
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = "/work/shared/data/tinyshakespeare.txt"
 CORPUS_CHARS = 20_000
 PRIME = "First Citizen:\n"
@@ -387,13 +388,10 @@ def reference(save_dir, cell_fns):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default=os.path.join(REPO, "tests", "data",
-                                                    "charrnn_tf"))
-  flags = parser.parse_args()
+  out = fixture_dir.output_dir(__doc__, "charrnn_tf")
   with open(CORPUS, encoding="utf-8") as f:
     text = f.read()[:CORPUS_CHARS]
-  os.makedirs(flags.out, exist_ok=True)
+  os.makedirs(out, exist_ok=True)
   np.random.seed(0)
   for name, (model, cell_fns, layers, protocol, epochs) in FIXTURES.items():
     print(name)
@@ -411,7 +409,7 @@ def main():
         ref = reference(args.save_dir, cell_fns)
       finally:
         os.chdir(cwd)
-      target = os.path.join(flags.out, name)
+      target = os.path.join(out, name)
       if os.path.isdir(target):
         shutil.rmtree(target)
       shutil.copytree(os.path.join(work, "save"), target)

@@ -27,13 +27,14 @@ chooses them. `reference.json` holds, per file, the model's logits for
 append " " + the word, `NEXT_WORDS` times.
 """
 
-import argparse
 import json
 import os
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+import fixture_dir  # tools/: the --out flag the fixture scripts share
 
 LINES = ["The cat sat on the mat.", "The dog sat on the log!",
          "A cat and a dog ran to the mat, and the cat sat.",
@@ -76,12 +77,7 @@ def _reference(model, vocab):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.path.join(
-      os.path.dirname(__file__), "..", "tests", "data",
-      "keras_text_vectorization"))
-  args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
+  out = fixture_dir.output_dir(__doc__, "keras_text_vectorization")
   keras.utils.set_random_seed(5)
   reference = {"seed": SEED, "next_words": NEXT_WORDS, "probe": PROBE}
 
@@ -98,7 +94,7 @@ def main():
   ids, targets, weights = _next_word_data(vectorize)
   _train(direct, tf.constant([[line] for line in LINES]), targets, weights)
   _ban_special(dense)
-  direct.save(os.path.join(args.out, "direct.keras"))
+  direct.save(os.path.join(out, "direct.keras"))
   reference["direct"] = dict(_reference(direct, vocab), vocab=vocab)
 
   # The layer used outside, saved with the model in one file.
@@ -111,12 +107,12 @@ def main():
   _ban_special(lm.layers[-1])
   text = keras.Input(shape=(1,), dtype="string")
   nested = keras.Model(text, lm(vectorize(text)))
-  nested.save(os.path.join(args.out, "nested.keras"))
+  nested.save(os.path.join(out, "nested.keras"))
   reference["nested"] = dict(_reference(nested, vocab), vocab=vocab)
 
-  with open(os.path.join(args.out, "reference.json"), "w") as f:
+  with open(os.path.join(out, "reference.json"), "w") as f:
     json.dump(reference, f)
-  print(f"wrote direct.keras, nested.keras and reference.json to {args.out}")
+  print(f"wrote direct.keras, nested.keras and reference.json to {out}")
 
 
 if __name__ == "__main__":

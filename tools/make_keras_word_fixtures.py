@@ -18,13 +18,14 @@ otherwise choose padding (and print an empty word), which rnnstep never
 generates.
 """
 
-import argparse
 import json
 import os
 
 import keras
 import numpy as np
 from tf_keras.preprocessing.text import Tokenizer
+
+import fixture_dir  # tools/: the --out flag the fixture scripts share
 
 LINES = ["The cat sat on the mat.", "The dog sat on the log!",
          "A cat and a dog ran to the mat, and the cat sat."]
@@ -35,11 +36,7 @@ PROBE = "cat sat on the"
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.path.join(
-      os.path.dirname(__file__), "..", "tests", "data", "keras_words"))
-  args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
+  out = fixture_dir.output_dir(__doc__, "keras_words")
   tokenizer = Tokenizer(oov_token="<oov>")
   tokenizer.fit_on_texts(LINES)
   total_words = len(tokenizer.word_index) + 1
@@ -65,8 +62,8 @@ def main():
   kernel, bias = model.layers[-1].get_weights()
   bias[0] = -30.0
   model.layers[-1].set_weights([kernel, bias])
-  model.save(os.path.join(args.out, "words.keras"))
-  with open(os.path.join(args.out, "tokenizer.json"), "w") as f:
+  model.save(os.path.join(out, "words.keras"))
+  with open(os.path.join(out, "tokenizer.json"), "w") as f:
     f.write(tokenizer.to_json())
 
   seed_text = SEED
@@ -82,14 +79,14 @@ def main():
         break
     seed_text += " " + output_word
   probe = tokenizer.texts_to_sequences([PROBE])[0]
-  with open(os.path.join(args.out, "reference.json"), "w") as f:
+  with open(os.path.join(out, "reference.json"), "w") as f:
     json.dump({"seed": SEED, "next_words": NEXT_WORDS, "text": seed_text,
                "window": WINDOW, "probe_ids": probe,
                "probe_probs": model.predict(np.array([probe]),
                                             verbose=0)[0].tolist(),
                "zebra_ids": tokenizer.texts_to_sequences(["The zebra!"])[0]},
               f, indent=1)
-  print(f"wrote words.keras, tokenizer.json and reference.json to {args.out}")
+  print(f"wrote words.keras, tokenizer.json and reference.json to {out}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ the text its tokenizer decodes (bytes: `bytes(...).decode("utf-8",
 "replace")`; BPE: `tokenizer.decode(prompt ids + new ids)`).
 """
 
-import argparse
 import json
 import os
 
@@ -30,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 import tokenizers
+
+import fixture_dir  # tools/: the --out flag the fixture scripts share
 
 TEXT = ("the café served crème brûlée to the naïve poet. 東京 is far; "
         "the poet said 😀 and left the café.\n") * 3
@@ -76,11 +77,7 @@ def greedy(net, prompt_ids, steps):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.path.join(
-      os.path.dirname(__file__), "..", "tests", "data", "token_torch"))
-  args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
+  out = fixture_dir.output_dir(__doc__, "token_torch")
   reference = {}
 
   torch.manual_seed(1)
@@ -88,8 +85,8 @@ def main():
   net = Net(256, "GRU", 1)
   train(net, byte_ids)
   net.eval()
-  torch.save(net.state_dict(), os.path.join(args.out, "bytes_gru.pt"))
-  with open(os.path.join(args.out, "bytes.json"), "w") as f:
+  torch.save(net.state_dict(), os.path.join(out, "bytes_gru.pt"))
+  with open(os.path.join(out, "bytes.json"), "w") as f:
     json.dump({"kind": "bytes"}, f)
   with torch.no_grad():
     reference["bytes_ids"] = np.array(byte_ids[:64], np.int32)
@@ -106,12 +103,12 @@ def main():
   bpe.train_from_iterator([TEXT], tokenizers.trainers.BpeTrainer(
       vocab_size=300,
       initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
-  bpe.save(os.path.join(args.out, "tokenizer.json"))
+  bpe.save(os.path.join(out, "tokenizer.json"))
   ids = bpe.encode(TEXT).ids
   net = Net(bpe.get_vocab_size(), "LSTM", 2)
   train(net, ids)
   net.eval()
-  torch.save(net.state_dict(), os.path.join(args.out, "bpe_lstm.pt"))
+  torch.save(net.state_dict(), os.path.join(out, "bpe_lstm.pt"))
   with torch.no_grad():
     reference["bpe_ids"] = np.array(ids[:48], np.int32)
     reference["bpe_logp"] = torch.log_softmax(
@@ -120,8 +117,8 @@ def main():
   new = greedy(net, prompt_ids, STEPS)
   reference["bpe_greedy"] = np.array(new, np.int32)
   reference["bpe_text"] = np.array(bpe.decode(prompt_ids + new))
-  np.savez(os.path.join(args.out, "reference.npz"), **reference)
-  print(f"wrote bytes_gru.pt, bpe_lstm.pt and reference.npz to {args.out}")
+  np.savez(os.path.join(out, "reference.npz"), **reference)
+  print(f"wrote bytes_gru.pt, bpe_lstm.pt and reference.npz to {out}")
   print(repr(str(reference["bytes_text"])), repr(str(reference["bpe_text"])))
 
 

@@ -20,7 +20,6 @@ the recipe model's log-probabilities over a fixed id sequence (its
 prompt; `vocab.json` is `corpus.dictionary.idx2word`.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -30,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+import fixture_dir  # tools/: the --out flag the fixture scripts share
 
 CORPUS = {
     "train.txt": (" the cat sat on the mat \n the dog sat on the log \n"
@@ -207,17 +208,14 @@ def greedy(net, dictionary, prompt, words):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.path.join(
-      os.path.dirname(__file__), "..", "tests", "data", "word_lm"))
-  args = parser.parse_args()
-  os.makedirs(os.path.join(args.out, "corpus"), exist_ok=True)
+  out = fixture_dir.output_dir(__doc__, "word_lm")
+  os.makedirs(os.path.join(out, "corpus"), exist_ok=True)
   for name, text in CORPUS.items():
-    with open(os.path.join(args.out, "corpus", name), "w") as f:
+    with open(os.path.join(out, "corpus", name), "w") as f:
       f.write(text)
-  corpus = Corpus(os.path.join(args.out, "corpus"))
+  corpus = Corpus(os.path.join(out, "corpus"))
   ntokens = len(corpus.dictionary)
-  with open(os.path.join(args.out, "vocab.json"), "w") as f:
+  with open(os.path.join(out, "vocab.json"), "w") as f:
     json.dump(corpus.dictionary.idx2word, f)
   torch.manual_seed(1111)
   ids = torch.arange(IDS_LENGTH) * 7 % ntokens
@@ -226,15 +224,15 @@ def main():
     name = kind.lower() + ("_tied" if tied else "")
     net = RNNModel(kind, ntokens, 16, 16, 2, dropout=0.2, tie_weights=tied)
     train(net, corpus.train, 300)
-    with open(os.path.join(args.out, name + ".pt"), "wb") as f:
+    with open(os.path.join(out, name + ".pt"), "wb") as f:
       torch.save(net, f)
     with torch.no_grad():
       logp, _ = net(ids.view(-1, 1), net.init_hidden(1))
     reference[name + "_logp"] = logp.numpy()
     reference[name + "_greedy"] = np.array(
         " ".join(greedy(net, corpus.dictionary, PROMPT, GREEDY_WORDS)))
-  np.savez(os.path.join(args.out, "reference.npz"), **reference)
-  print(f"wrote {len(KINDS) + 1} models and reference.npz to {args.out}")
+  np.savez(os.path.join(out, "reference.npz"), **reference)
+  print(f"wrote {len(KINDS) + 1} models and reference.npz to {out}")
 
 
 if __name__ == "__main__":
