@@ -452,14 +452,19 @@ def pad_stop_states(stops: stopping.Automaton) -> stopping.Automaton:
   shape, so a new set of stop strings then compiles nothing new. A count
   already at a bucket is returned as it is (`bucket` is idempotent).
   """
-  states = len(stops.accept)
-  padding = bucket(states, 16) - states
+  return stopping.Automaton(*_pad_states(stops.table, stops.accept, 0))
+
+
+def _pad_states(table: np.ndarray, flags: np.ndarray, fill: int):
+  """A host state table `[S, V]` and its per-state flags `[S]`, padded to
+  `bucket(S, 16)` states whose moves all lead to `fill` and whose flags are
+  False (unchanged when S is a bucket already)."""
+  padding = bucket(len(flags), 16) - len(flags)
   if not padding:
-    return stops
-  return stopping.Automaton(
-      np.concatenate([stops.table,
-                      np.zeros([padding, stops.table.shape[1]], np.int32)]),
-      np.concatenate([stops.accept, np.zeros([padding], bool)]))
+    return table, flags
+  return (np.concatenate([table, np.full([padding, table.shape[1]], fill,
+                                         np.int32)]),
+          np.concatenate([flags, np.zeros([padding], bool)]))
 
 
 def _stop_states(ops, stops: stopping.Automaton,
@@ -481,10 +486,7 @@ def _constraint(ops, dfa, batch, vocab_size: int,
                            ops.broadcast(constraints.FREE, tf.int32, batch))
   table, ends = dfa.table, dfa.ends
   if bucket_shapes:  # A host Dfa; its state count is an XLA shape.
-    padding = bucket(len(ends), 16) - len(ends)
-    table = np.concatenate([table, np.full([padding, table.shape[1]],
-                                           constraints.DEAD, np.int32)])
-    ends = np.concatenate([ends, np.zeros([padding], bool)])
+    table, ends = _pad_states(table, ends, constraints.DEAD)
   return constraints.Dfa(ops.array(table, tf.int32), ops.array(ends, tf.bool),
                          ops.array(dfa.start, tf.int32))
 
