@@ -3,10 +3,13 @@
 The helpers for the tests of the binaries are in tests/support/cli.py.
 """
 
+import importlib
 import os
 import pathlib
 import signal
 import stat
+import sys
+import types
 
 from absl import flags
 import pytest
@@ -77,6 +80,32 @@ def test_success_sees_the_flags_and_sigterm_handler_is_restored(capfd):
   assert seen == [(["toy"], "a"), (["toy"], None)]
   assert capfd.readouterr() == ("done\ndone\n", "")
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_tool_s_tensorflow_import_skips_keras_only_while_it_runs(
+    monkeypatch):
+  """TensorFlow's `__init__` imports `keras.src.optimizers` in a
+  try/except ImportError when Keras is installed; a tool makes that import fail
+  at once (`common._tensorflow_without_keras`), and only where Keras is not
+  loaded yet. (A fresh `rnnstep-generate --nocache` then imports no Keras
+  module at all: `python -X importtime` lists none.)"""
+  eager = "keras.src.optimizers"
+  for name in [n for n in sys.modules if n == "keras" or n.startswith("keras.")]:
+    monkeypatch.delitem(sys.modules, name)
+  seen = []
+
+  def main(argv):
+    del argv
+    with pytest.raises(ModuleNotFoundError, match="halted"):
+      importlib.import_module(eager)
+    seen.append("keras" in sys.modules)
+
+  assert run_toy(main) == 0
+  assert seen == [False] and eager not in sys.modules  # Nothing left behind.
+
+  monkeypatch.setitem(sys.modules, "keras", types.ModuleType("keras"))
+  assert run_toy(lambda argv: seen.append(eager in sys.modules)) == 0
+  assert seen == [False, False]  # Keras already loaded: left alone.
 
 
 @pytest.mark.parametrize("args,words", [

@@ -86,7 +86,7 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
   except ValueError:  # Not the main thread: leave SIGTERM alone.
     installed = False
   try:
-    with quiet_stderr() as stream:
+    with quiet_stderr() as stream, _tensorflow_without_keras():
       _stderr = stream
       try:
         app.run(functools.partial(_call_main, main), argv=argv,
@@ -98,6 +98,36 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
   finally:
     if installed:
       signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+# The module `import tensorflow` imports eagerly when Keras is installed.
+_KERAS_EAGER_IMPORT = "keras.src.optimizers"
+
+
+@contextlib.contextmanager
+def _tensorflow_without_keras():
+  """While a tool runs, `import tensorflow` does not import Keras.
+
+  TensorFlow's `__init__` imports `keras.src.optimizers` whenever Keras is
+  installed (to register Keras optimizers for SavedModels it may load), inside
+  a `try: ... except ImportError`. No tool loads a Keras object (the runtime
+  is Keras-free), and that import (Keras, and the IPython, prompt_toolkit and
+  jedi that Keras imports) costs about 0.5 s of CPU and 40 MB in every
+  process that loads TensorFlow, which is most of a short run's start-up
+  beyond TensorFlow itself. A None in `sys.modules` makes that one import fail
+  at once, before it imports `keras`; TensorFlow skips it. Only where Keras is
+  not loaded yet, and only while the tool runs: a process that imports Keras
+  afterwards (a test calling a tool in-process) gets it whole.
+  """
+  if "keras" in sys.modules or _KERAS_EAGER_IMPORT in sys.modules:
+    yield
+    return
+  sys.modules[_KERAS_EAGER_IMPORT] = None
+  try:
+    yield
+  finally:
+    if sys.modules.get(_KERAS_EAGER_IMPORT, 0) is None:
+      del sys.modules[_KERAS_EAGER_IMPORT]
 
 
 def entry_point(program: str, doc: str, flag_values: flags.FlagValues, main):
