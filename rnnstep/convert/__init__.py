@@ -380,6 +380,12 @@ def _read_mapped(input_path: str, corpus, vocab):
         raise ValueError(
             f"vocabulary size mismatch: {source} gives {len(chars)} words but "
             f"the model's embedding has {mapped.vocab_size} rows")
+      if mapped.config.window and convert_vocabulary.pads_windows(tokens):
+        mapped.padding = "pre"
+        mapped.notes.append(
+            f"windows of {mapped.config.window} words shorter than that are "
+            "filled at the front with id 0, as Keras's pad_sequences "
+            "(padding='pre') fills the recipe's; recorded as padding='pre'")
       return mapped, chars, chars, mapped.read_tensors(), tokens
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
@@ -600,11 +606,17 @@ def _summary(input_path, mapped: mapping.MappedModel) -> Summary:
                              f"vocab {vocab} x dim {dim}"))
   for item in mapped.recurrent:
     detail = f"units={item.layer.units}"
+    if item.layer.bidirectional:
+      detail += ", bidirectional (forward and backward copies)"
     if kinds.KINDS[item.kind].has_reset_after:
       detail += f", reset_after={item.layer.reset_after}"
     if "bias" not in item.tensors:
       detail += ", use_bias=False (zero bias written)"
     layers.append(LayerSummary(item.kind, item.name, item.shapes, detail))
+  for item in mapped.head:
+    rows, cols = item.tensors["kernel"].shape
+    layers.append(LayerSummary("dense", item.name, item.shapes,
+                               f"{rows} -> {cols}, {item.activation}"))
   rows, cols = mapped.dense.tensors["kernel"].shape
   detail = f"{rows} -> {cols}"
   if "bias" not in mapped.dense.tensors:

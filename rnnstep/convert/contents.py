@@ -97,6 +97,11 @@ class LayerSpec:
   # first recurrent layer; `x_onehot @ K == K[id]`, so it is exactly an
   # identity Embedding(V, V) that no file stores.
   one_hot: bool = False
+  # Recurrent only: wrapped in Keras Bidirectional (merge_mode "concat").
+  bidirectional: bool = False
+  # Dense only: its activation (a head layer's; the output's is linear or
+  # softmax).
+  activation: str = "linear"
 
 
 @dataclasses.dataclass

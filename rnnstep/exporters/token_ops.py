@@ -153,7 +153,9 @@ class GraphTokens(tf.Module):
         prompts, message=NOT_UTF8)]
     words = self._words(prompts, checks)
     ids = tf.ragged.map_flat_values(self._ids.lookup, words)
-    if self._oov is None:
+    if self._rules.get("unknown") == "drop":  # As `Tokens.encode`.
+      ids = tf.ragged.boolean_mask(ids, ids >= 0)
+    elif self._oov is None:
       checks.append(tf.debugging.assert_non_negative(ids.flat_values,
                                                      message=UNKNOWN_WORD))
     else:
