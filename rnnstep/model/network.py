@@ -288,7 +288,7 @@ class Model(tf.Module):
                                   for i, weights
                                   in enumerate(self.backward_weights))
     if self.head_weights:
-      weights["head"] = tuple(self.head_weights)
+      weights["head"] = tuple(dict(layer) for layer in self.head_weights)
     return weights
 
   def weights_spec(self) -> dict:
