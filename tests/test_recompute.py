@@ -1,0 +1,163 @@
+"""Recomputed windows (rnnstep/engine/recompute.py) on TensorFlow in
+Practice's word recipe: a Bidirectional LSTM (and a second LSTM and a relu
+Dense head), pre-padded windows, a legacy Tokenizer's words.
+
+The fixtures are the recipe's own model and loop, run by tf_keras
+(tools/make_tfip_fixtures.py): every number and word here is compared with
+what tf_keras and the recipe computed, never with rnnstep's own.
+"""
+
+import functools
+import json
+import pathlib
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support import cli
+from tests.support.tiers import quick_params
+
+import rnnstep
+from rnnstep import convert
+from rnnstep import errors
+from rnnstep.exporters import litert
+from rnnstep.exporters import web
+
+DATA = pathlib.Path(__file__).parent / "data" / "tfip_words"
+REFERENCE = json.loads((DATA / "reference.json").read_text())
+SEEDS = REFERENCE["seeds"]
+STEPS = REFERENCE["next_words"]
+SONNETS, BIDI = "sonnets.h5", "bidi.h5"
+
+
+@functools.lru_cache(maxsize=None)
+def load(name):
+  return rnnstep.load(DATA / name, vocab=DATA / "tokenizer.json")
+
+
+def recipe_texts(name):
+  return REFERENCE["models"][name]["texts"]
+
+
+def test_the_recipe_graph_is_read_from_the_file():
+  """Bidirectional over LSTM, Dropout skipped, a second LSTM, the relu head,
+  the fixed input length and pre-padding (the vocabulary is a Tokenizer's)."""
+  config = load(SONNETS).config
+  assert [(layer.kind, layer.units, layer.bidirectional)
+          for layer in config.layers] == [("lstm", 10, True),
+                                          ("lstm", 8, False)]
+  assert [(h.units, h.activation) for h in config.head] == [(26, "relu")]
+  assert (config.window, config.padding) == (REFERENCE["max_len"] - 1, "pre")
+  assert config.recomputes
+  summary = convert.describe(DATA / SONNETS)
+  assert any("Dropout layer 'dropout' ignored" in note
+             for note in summary.notes)
+  assert load(BIDI).config.head == ()
+
+
+@pytest.mark.parametrize("name", [SONNETS, BIDI])
+def test_logits_match_the_recipe_model(name):
+  """The windows tf_keras predicted on (pre-padded, full, padding only):
+  log-probabilities within 1e-5 (logits up to their softmax's constant)."""
+  reference = REFERENCE["models"][name]
+  logits = np.asarray(rnnstep.logits(
+      load(name), np.array(reference["windows"], np.int32)), np.float64)
+  got = logits[:, -1] - np.log(np.exp(logits[:, -1]).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+def test_greedy_words_are_the_recipe_loop_s(path):
+  """Both seeds (shorter than the window: padded; longer: cut) in one batch,
+  word for word, on every path, by generate and by stream (the poetry lab's
+  model on the graph path only: its programs are compiled once more)."""
+  for name in (SONNETS, BIDI) if path is False else (SONNETS,):
+    model = load(name)
+    texts = rnnstep.generate(model, SEEDS, STEPS, temperature=0,
+                             jit_compile=path)
+    assert [s + t for s, t in zip(SEEDS, texts)] == recipe_texts(name)
+  streamed = "".join(rnnstep.stream(load(SONNETS), SEEDS[0], STEPS,
+                                    chunk_size=5, temperature=0,
+                                    jit_compile=path))
+  assert SEEDS[0] + streamed == recipe_texts(SONNETS)[0]
+
+
+def test_sampling_is_the_same_on_a_strategy_and_alone():
+  model = load(SONNETS)
+  kwargs = dict(temperature=0.9, seed=4, repetition_penalty=1.3,
+                jit_compile=False)
+  alone = rnnstep.generate(model, SEEDS, STEPS, **kwargs)
+  assert rnnstep.generate(model, SEEDS, STEPS,
+                          strategy=tf.distribute.get_strategy(),
+                          **kwargs) == alone
+
+
+def test_unknown_prompt_words_are_dropped_as_texts_to_sequences_does(capsys):
+  """Said once on stderr; the window is the recipe's without them."""
+  model = rnnstep.load(DATA / BIDI, vocab=DATA / "tokenizer.json")
+  seed = "From zebra fairest unicorn"
+  for _ in range(2):
+    text = rnnstep.generate(model, seed, STEPS, temperature=0,
+                            jit_compile=False)
+  assert SEEDS[0] + text == recipe_texts(BIDI)[0]
+  said = capsys.readouterr().err.splitlines()
+  assert [line for line in said if "dropped" in line] == [
+      "rnnstep: dropped prompt words the vocabulary lacks ('zebra', "
+      "'unicorn'), as Keras's Tokenizer.texts_to_sequences does"]
+
+
+def test_what_a_recomputed_model_cannot_do_is_refused_in_one_line():
+  model = load(BIDI)
+  for call, argument in [
+      (lambda: rnnstep.generate(model, "from", 3, window=0), "window"),
+      (lambda: rnnstep.generate(model, "from", 3, num_beams=2), "num_beams"),
+      (lambda: rnnstep.hidden_states(model, "from"), "texts_or_ids")]:
+    with pytest.raises(errors.ArgumentError) as e:
+      call()
+    assert e.value.argument == argument and "\n" not in str(e.value)
+  for export, lacks in [(litert.convert, "steps a model statefully"),
+                        (web.check_exportable, "no web export")]:
+    with pytest.raises(ValueError, match=lacks) as e:
+      export(model)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
+  """`rnnstep-convert` then `rnnstep-generate`, in one shell."""
+  out = tmp_path / "sonnets.npz"
+  convert_cmd = " ".join(cli.command("rnnstep-convert", "rnnstep.cli.convert"))
+  generate_cmd = " ".join(cli.command("rnnstep-generate",
+                                      "rnnstep.cli.generate"))
+  result = cli.run_binary(["bash", "-c", (
+      f"{convert_cmd} --input={DATA / SONNETS} "
+      f"--vocab={DATA / 'tokenizer.json'} --output={out} >/dev/null && "
+      f"{generate_cmd} --weights={out} --prompt=\"$0\" "
+      f"--num_steps={STEPS} --temperature=0"), SEEDS[1]], [])
+  assert cli.ok(result).rstrip("\n") == recipe_texts(SONNETS)[1]
+
+
+SERVE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    for name in ("rnnstep", "keras", "tf_keras"):
+      sys.modules[name] = None
+    import tensorflow as tf
+    loaded = tf.saved_model.load(sys.argv[1])
+    out = loaded.signatures["serving_default"](
+        prompts=tf.constant(json.loads(sys.argv[2])),
+        num_steps=tf.constant(int(sys.argv[3])), temperature=tf.constant(0.0),
+        seed=tf.constant(0, tf.int64))["text"]
+    print(json.dumps([t.decode() for t in out.numpy()]))
+    """)
+
+
+@pytest.mark.slow
+def test_the_saved_model_serves_the_recipe_words(tmp_path):
+  """Served without rnnstep or Keras: the recipe loop's words."""
+  rnnstep.export(load(BIDI), str(tmp_path / "bidi"))
+  texts = cli.run_script(SERVE_SCRIPT, str(tmp_path / "bidi"),
+                         json.dumps(SEEDS), str(STEPS))
+  assert [s + t for s, t in zip(SEEDS, texts)] == recipe_texts(BIDI)
