@@ -68,6 +68,31 @@ def test_logits_match_the_recipe_model(name):
   np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
 
 
+def test_keras_3_files_of_stacked_bidirectional_layers_match_keras(tmp_path):
+  """Keras 3 (a backward_layer in its config, each direction's weights under
+  its own path in a .keras archive): Bidirectional GRU (return_sequences,
+  merged per step) under a Bidirectional LSTM, and a gelu head."""
+  keras = pytest.importorskip("keras")
+  keras.utils.set_random_seed(1)
+  size = len(load(BIDI).vocab)
+  model = keras.Sequential([
+      keras.Input((9,)), keras.layers.Embedding(size, 6),
+      keras.layers.Bidirectional(keras.layers.GRU(5, return_sequences=True)),
+      keras.layers.Bidirectional(keras.layers.LSTM(4)),
+      keras.layers.Dense(7, activation="gelu"),
+      keras.layers.Dense(size, activation="softmax")])
+  windows = np.random.RandomState(0).randint(0, size, (3, 9)).astype(np.int32)
+  windows[0, :4] = 0  # Pre-padded.
+  want = np.log(model.predict(windows, verbose=0))
+  model.save(tmp_path / "m.keras")
+  loaded = rnnstep.load(tmp_path / "m.keras", vocab=DATA / "tokenizer.json")
+  assert [layer.bidirectional for layer in loaded.config.layers] == [True,
+                                                                     True]
+  logits = np.asarray(rnnstep.logits(loaded, windows), np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
                                               False))
 def test_greedy_words_are_the_recipe_loop_s(path):

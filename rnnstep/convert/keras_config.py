@@ -341,9 +341,6 @@ def _wrapped(entry, label) -> dict:
   if merge_mode != "concat":
     raise safe_io.fail(label, f"{where} has merge_mode={show(merge_mode)}; "
                        "rnnstep runs merge_mode='concat' (the default)")
-  if cfg.get("backward_layer") is not None:
-    raise safe_io.fail(label, f"{where} has a backward_layer of its own; "
-                       "rnnstep runs a copy of the forward layer backwards")
   inner = cfg.get("layer")
   if not isinstance(inner, dict) or inner.get("class_name") not in (
       RECURRENT_CLASSES):
@@ -353,6 +350,32 @@ def _wrapped(entry, label) -> dict:
   wrapped = _layer_entry(inner, 0, label)
   _check_builtin(inner, label, "the model config")
   return wrapped
+
+
+def _check_backward(entry, forward: LayerSpec, label, notes) -> None:
+  """A Bidirectional layer's `backward_layer` (Keras 3 always records it)
+  must be the forward layer's copy, reading backwards: the same class and
+  settings, `go_backwards=True`."""
+  backward = entry["config"].get("backward_layer")
+  if backward is None:
+    return
+  where = f"layer {show(entry['name'])} (Bidirectional)"
+  if not isinstance(backward, dict) or not isinstance(
+      backward.get("config"), dict):
+    raise safe_io.fail(label, f"{where} has an unreadable backward_layer")
+  if backward["config"].get("go_backwards") is not True:
+    raise safe_io.fail(label, f"{where}: its backward_layer does not have "
+                       "go_backwards=True")
+  reading_forward = dict(backward, config=dict(backward["config"],
+                                               go_backwards=False))
+  spec = _layer_spec(_layer_entry(reading_forward, 0, label), forward.path,
+                     label, [])
+  settings = lambda s: (s.kind, s.units, s.use_bias, s.reset_after)
+  if spec.kind not in RECURRENT_CLASSES.values() or (
+      settings(spec) != settings(forward)):
+    raise safe_io.fail(label, f"{where} has a backward_layer unlike its "
+                       "forward layer; rnnstep runs a copy of the forward "
+                       "layer backwards")
 
 
 def _refuse_layers_off_the_stack(entries, label, what):
@@ -416,6 +439,7 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
     # recomputed over its window at each token (`engine/recompute.py`).
     _check_builtin(entry["raw"], label, "the model config")
     spec = _layer_spec(_wrapped(entry, label), path, label, notes)
+    _check_backward(entry, spec, label, notes)
     return dataclasses.replace(spec, name=name, bidirectional=True)
   if cls in ("TimeDistributed", "RNN", "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D",
              "StackedRNNCells"):

@@ -174,6 +174,12 @@ def _map_with_config(groups, specs, contents, label):
   for spec in specs:
     key = getattr(spec, contents.key)
     group = by_key.get(key)
+    halves = [by_key.get(f"{key}/{half}_layer")
+              for half in ("forward", "backward")]
+    if group is None and spec.bidirectional and all(halves):
+      # Keras 3 keeps a Bidirectional's layers apart, each under its path.
+      used.update(half.name for half in halves)
+      group = Group(key, halves[0].tensors + halves[1].tensors)
     if group is None:
       raise safe_io.fail(label, f"the config lists {KIND_NAMES[spec.kind]} "
                          f"{show(spec.name)} but the file holds no weights for "
