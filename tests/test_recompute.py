@@ -165,24 +165,101 @@ def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
   assert cli.ok(result).rstrip("\n") == recipe_texts(SONNETS)[1]
 
 
+# Serves each (export directory, prompts, steps) greedily; prints the texts.
 SERVE_SCRIPT = textwrap.dedent("""
     import json, sys
     for name in ("rnnstep", "keras", "tf_keras"):
       sys.modules[name] = None
     import tensorflow as tf
-    loaded = tf.saved_model.load(sys.argv[1])
-    out = loaded.signatures["serving_default"](
-        prompts=tf.constant(json.loads(sys.argv[2])),
-        num_steps=tf.constant(int(sys.argv[3])), temperature=tf.constant(0.0),
-        seed=tf.constant(0, tf.int64))["text"]
-    print(json.dumps([t.decode() for t in out.numpy()]))
+    out = []
+    for export_dir, prompts, steps in json.loads(sys.argv[1]):
+      loaded = tf.saved_model.load(export_dir)
+      texts = loaded.signatures["serving_default"](
+          prompts=tf.constant(prompts), num_steps=tf.constant(steps),
+          temperature=tf.constant(0.0), seed=tf.constant(0, tf.int64))["text"]
+      out.append([t.decode() for t in texts.numpy()])
+    print(json.dumps(out))
     """)
 
 
 @pytest.mark.slow
-def test_the_saved_model_serves_the_recipe_words(tmp_path):
-  """Served without rnnstep or Keras: the recipe loop's words."""
+def test_the_saved_model_serves_the_recipes_texts(tmp_path):
+  """Served without rnnstep or Keras: the TF-in-Practice loop's words and
+  textgenrnn's loop's characters (its `<s>` and character tokens in graph
+  ops)."""
   rnnstep.export(load(BIDI), str(tmp_path / "bidi"))
-  texts = cli.run_script(SERVE_SCRIPT, str(tmp_path / "bidi"),
-                         json.dumps(SEEDS), str(STEPS))
-  assert [s + t for s, t in zip(SEEDS, texts)] == recipe_texts(BIDI)
+  rnnstep.export(textgenrnn(TEXTGENRNN), str(tmp_path / "textgenrnn"))
+  words, chars = cli.run_script(SERVE_SCRIPT, json.dumps([
+      (str(tmp_path / "bidi"), SEEDS, STEPS),
+      (str(tmp_path / "textgenrnn"), PREFIXES, TEXTGENRNN_STEPS)]))
+  assert [s + t for s, t in zip(SEEDS, words)] == recipe_texts(BIDI)
+  assert_textgenrnn_texts(TEXTGENRNN, chars)
+
+
+# ------------------------------------------------------------- textgenrnn
+
+TEXTGENRNN_DATA = pathlib.Path(__file__).parent / "data" / "textgenrnn"
+TEXTGENRNN_REFERENCE = json.loads(
+    (TEXTGENRNN_DATA / "reference.json").read_text())
+PREFIXES = TEXTGENRNN_REFERENCE["prefixes"]
+# textgenrnn's loop stops at max_gen_length tokens, `<s>` and the prefix
+# included: the longest continuation any prefix gets.
+TEXTGENRNN_STEPS = TEXTGENRNN_REFERENCE["max_gen_length"] - 1 - min(
+    map(len, PREFIXES))
+TEXTGENRNN, TEXTGENRNN_BIDI = "textgenrnn", "textgenrnn_bidi"
+
+
+@functools.lru_cache(maxsize=None)
+def textgenrnn(name):
+  """Its weights file; the vocabulary beside it is found by its name."""
+  return rnnstep.load(TEXTGENRNN_DATA / name / "textgenrnn_weights.hdf5")
+
+
+def assert_textgenrnn_texts(name, continuations):
+  want = TEXTGENRNN_REFERENCE["models"][name]["texts"]
+  got = [p + t for p, t in zip(PREFIXES, continuations)]
+  assert [g[:len(w)] for g, w in zip(got, want)] == want
+
+
+def test_textgenrnn_files_are_read_as_its_code_builds_them():
+  model = textgenrnn(TEXTGENRNN)
+  config = model.config
+  assert (config.attention, config.window, config.padding) == (True, 10,
+                                                               "pre")
+  assert [(layer.kind, layer.bidirectional) for layer in config.layers] == [
+      ("lstm", False), ("lstm", False)]
+  assert textgenrnn(TEXTGENRNN_BIDI).config.layers[0].bidirectional
+  # `<s>` starts every text; an unknown character is the padding id 0, as
+  # `vocab.get(x, 0)` makes it; characters join without spaces.
+  start = model.vocab.index("<s>")
+  assert model.encode("t\u00e9").tolist() == [start, model.vocab.index("t"),
+                                               0]
+  assert model.decode([start, model.vocab.index("t")]) == "t"
+
+
+@pytest.mark.parametrize("name", [TEXTGENRNN, TEXTGENRNN_BIDI])
+def test_textgenrnn_logits_match_its_own_layer_code(name):
+  """AttentionWeightedAverage over concat([embedded, rnn_1, ...]), from its
+  code run by tf_keras (tools/make_textgenrnn_fixtures.py)."""
+  reference = TEXTGENRNN_REFERENCE["models"][name]
+  logits = np.asarray(rnnstep.logits(
+      textgenrnn(name), np.array(reference["windows"], np.int32)),
+                      np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+def test_textgenrnn_greedy_text_is_its_loop_s(path):
+  """Its `textgenrnn_generate(temperature=0.0, prefix=...)`, character for
+  character, by generate (both models on the graph path) and stream."""
+  for name in (TEXTGENRNN, TEXTGENRNN_BIDI) if path is False else (
+      TEXTGENRNN_BIDI,):
+    assert_textgenrnn_texts(name, rnnstep.generate(
+        textgenrnn(name), PREFIXES, TEXTGENRNN_STEPS, temperature=0,
+        jit_compile=path))
+  streamed = ["".join(rnnstep.stream(
+      textgenrnn(TEXTGENRNN_BIDI), prefix, TEXTGENRNN_STEPS, chunk_size=7,
+      temperature=0, jit_compile=path)) for prefix in PREFIXES]
+  assert_textgenrnn_texts(TEXTGENRNN_BIDI, streamed)

@@ -86,7 +86,7 @@ def main():
   for name, cfg in CONFIGS.items():
     tf_keras.utils.set_random_seed(1)
     model = model_lib.textgenrnn_model(len(vocab) + 1, cfg=cfg)
-    weights = [rng.normal(0, 0.6, w.shape).astype(np.float32)
+    weights = [rng.normal(0, 1.2, w.shape).astype(np.float32)
                for w in model.get_weights()]
     weights[-1][0] = weights[-1][vocab["<s>"]] = -30.0  # The output bias.
     model.set_weights(weights)

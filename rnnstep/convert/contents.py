@@ -135,6 +135,9 @@ class Contents:
   # The vocabulary the file itself holds (characters in id order), where it
   # holds one (char-rnn-tensorflow's chars_vocab.pkl), else None.
   vocab: Optional[List[str]] = None
+  # textgenrnn's AttentionWeightedAverage W [channels, 1] (`textgenrnn`),
+  # else None.
+  attention: Optional[Tensor] = None
 
   def close(self):
     """Releases the open file(s); the tensors cannot be read afterwards."""

@@ -79,7 +79,8 @@ class MappedModel:
         head=tuple(model_file.HeadLayer(
             int(layer.tensors["kernel"].shape[1]), layer.activation)
                    for layer in self.head),
-        padding=self.padding)
+        padding=self.padding,
+        attention=self.contents.attention is not None)
 
   @property
   def layers(self) -> List[MappedLayer]:
@@ -104,6 +105,8 @@ class MappedModel:
         bias = tensors.get("bias")
         out[key + "bias"] = (bias.read(label) if bias is not None else
                              np.zeros(mapped.layer.bias_shape(), np.float32))
+    if self.contents.attention is not None:
+      out["attention_kernel"] = self.contents.attention.read(label)
     for j, mapped in enumerate(self.head):
       out[f"head{j}_kernel"] = mapped.tensors["kernel"].read(label)
       bias = mapped.tensors.get("bias")
@@ -154,7 +157,8 @@ def map_model(contents: Contents) -> MappedModel:
   embedding, recurrent, dense = mapped
   head = [layer for layer in recurrent if layer.kind == "dense"]
   recurrent = [layer for layer in recurrent if layer.kind != "dense"]
-  _check_widths(embedding, recurrent, head + [dense], label)
+  _check_widths(embedding, recurrent, head + [dense], label,
+                contents.attention)
   return MappedModel(contents, embedding, recurrent, dense, notes, head)
 
 
@@ -506,9 +510,10 @@ def _chains(recurrent, dim, last_units, label):
   yield from search([], dim)
 
 
-def _check_widths(embedding, recurrent, denses, label):
+def _check_widths(embedding, recurrent, denses, label, attention=None):
   """Checks each layer takes the width the one below gives; `denses` are
-  the head's Dense layers, then the output Dense."""
+  the head's Dense layers, then the output Dense; `attention` (textgenrnn's
+  W) reads the embedding and every recurrent layer's outputs."""
   vocab, width = embedding.tensors["embeddings"].shape
   for mapped in recurrent:
     for tensors in (mapped.tensors, mapped.backward or {}):
@@ -519,6 +524,14 @@ def _check_widths(embedding, recurrent, denses, label):
                            f"but gets {width}")
     width = mapped.layer.outputs
   below = "the last recurrent layer has"
+  if attention is not None:
+    width = embedding.tensors["embeddings"].shape[1] + sum(
+        mapped.layer.outputs for mapped in recurrent)
+    if attention.shape[0] != width:
+      raise safe_io.fail(label, f"the attention's W has {attention.shape[0]} "
+                         f"rows but the embedding and the recurrent layers "
+                         f"give {width} channels")
+    below = "the attention gives"
   for dense in denses:
     rows = dense.tensors["kernel"].shape[0]
     if rows != width:

@@ -308,7 +308,13 @@ class Generator(tf.Module):
     return state_sizes_of(self.model.config)
 
   def zero_state(self, batch_size: int):
-    """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer."""
+    """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer.
+
+    Raises:
+      ValueError: a model that is recomputed over windows (no state to step).
+    """
+    if self.model.config.recomputes:
+      raise ValueError(f"zero_state: {window_lib.CANNOT_STEP}")
     return tuple(tuple(tf.zeros([batch_size, u]) for u in sizes)
                  for sizes in self.state_sizes())
 

@@ -20,9 +20,14 @@ This module is the only place that knows the file's keys. A file holds:
                    (A in `DENSE_ACTIVATIONS`). `"padding": "pre"` (with a
                    window): a window shorter than T is filled at the front with
                    id 0, which the Embedding embeds (Keras `pad_sequences`).
-                   A model with a bidirectional layer or pre-padding is
-                   recomputed over its whole window at each token
-                   (`recomputes`)
+                   `"attention": true` (with a window): textgenrnn's
+                   AttentionWeightedAverage reads `concat([embedded, every
+                   layer's output sequence])` over the window, and its
+                   weighted average (not the last layer's last output) feeds
+                   the head or the output Dense.
+                   A model with a bidirectional layer, pre-padding or
+                   attention is recomputed over its whole window at each
+                   token (`recomputes`)
   vocab            str scalar: JSON list of the characters in id order; id 0 may be
                    "[UNK]" (never sampled); in version 2, the token strings
   tokens           version 2 only: str scalar, JSON `{"kind": K, rules...}`,
@@ -35,7 +40,9 @@ This module is the only place that knows the file's keys. A file holds:
   layer{i}_backward_{name}   a bidirectional layer's backward copy, as the
                              forward tensors (D_i is the layer below's output
                              width: 2U for a bidirectional layer)
-  head{j}_kernel   float32 [N_{j-1}, N_j] (N_{-1} = the last layer's output width)
+  attention_kernel float32 [D + the layers' output widths, 1]: with attention
+  head{j}_kernel   float32 [N_{j-1}, N_j] (N_{-1} = the last layer's output
+                   width; with attention, the attention_kernel's rows)
   head{j}_bias     float32 [N_j]
   dense_kernel     float32 [N_last or the last layer's output width, V]
   dense_bias       float32 [V]
@@ -155,6 +162,7 @@ class ModelConfig:
   window: Optional[int] = None
   head: Tuple[HeadLayer, ...] = ()
   padding: Optional[str] = None
+  attention: bool = False
 
   def to_json(self) -> str:
     out = {"embedding_dim": self.embedding_dim,
@@ -165,6 +173,8 @@ class ModelConfig:
       out["head"] = [layer.to_json() for layer in self.head]
     if self.padding is not None:
       out["padding"] = self.padding
+    if self.attention:
+      out["attention"] = True
     return json.dumps(out)
 
   @property
@@ -176,8 +186,8 @@ class ModelConfig:
     in `engine/window.py`'s slots), so each token reruns the window
     (`engine/recompute.py`).
     """
-    return self.padding is not None or any(layer.bidirectional
-                                           for layer in self.layers)
+    return self.padding is not None or self.attention or any(
+        layer.bidirectional for layer in self.layers)
 
   def expected_shapes(self, vocab_size: int) -> Dict[str, Tuple[int, ...]]:
     """Returns the shape every tensor key must have for this config."""
@@ -187,6 +197,9 @@ class ModelConfig:
       for name, shape in layer.tensor_shapes(inputs).items():
         shapes[f"layer{i}_{name}"] = shape
       inputs = layer.outputs
+    if self.attention:  # Over the embedding and every layer's outputs.
+      inputs = self.embedding_dim + sum(layer.outputs for layer in self.layers)
+      shapes["attention_kernel"] = (inputs, 1)
     for j, layer in enumerate(self.head):
       shapes[f"head{j}_kernel"] = (inputs, layer.units)
       shapes[f"head{j}_bias"] = (layer.units,)
@@ -280,7 +293,12 @@ def parse_config(data, path=None) -> ModelConfig:
   if window is None and any(layer.bidirectional for layer in layers):
     raise _fail(path, "config has a bidirectional layer but no window: a "
                 "bidirectional model reads a fixed window")
-  return ModelConfig(dim, tuple(layers), window, tuple(head), padding)
+  attention = data.get("attention", False)
+  if not isinstance(attention, bool) or (attention and window is None):
+    raise _fail(path, f"config attention must be true or false, true only "
+                f"with a window, got {attention!r}"[:200])
+  return ModelConfig(dim, tuple(layers), window, tuple(head), padding,
+                     attention)
 
 
 def _is_size(value, limit) -> bool:

@@ -187,6 +187,8 @@ class Model(tf.Module):
          for name in kinds.get(layer.kind).tensor_names}
         if layer.bidirectional else None
         for i, layer in enumerate(config.layers)]
+    self.attention_kernel = (var("attention_kernel") if config.attention
+                             else None)
     self.head_weights = [{"kernel": var(f"head{j}_kernel"),
                           "bias": var(f"head{j}_bias")}
                          for j in range(len(config.head))]
@@ -255,6 +257,8 @@ class Model(tf.Module):
     for j, weights in enumerate(self.head_weights):
       for name, weight in weights.items():
         tensors[f"head{j}_{name}"] = weight.numpy()
+    if self.attention_kernel is not None:
+      tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
 
   @property
@@ -289,6 +293,9 @@ class Model(tf.Module):
                                   in enumerate(self.backward_weights))
     if self.head_weights:
       weights["head"] = tuple(dict(layer) for layer in self.head_weights)
+    if self.attention_kernel is not None:  # It reads the embedded window.
+      weights["attention"] = {"kernel": self.attention_kernel,
+                              "embedding": self.embedding}
     return weights
 
   def weights_spec(self) -> dict:
@@ -328,6 +335,8 @@ class Network:
     backward: a `Backward` for a model with bidirectional layers, else None.
     head: `(kernel, bias, activation)` per head Dense layer, kernels in the
       compute dtype.
+    attention: `{"kernel": [W, 1], "embedding": [V, D]}` for a model with
+      textgenrnn's attention (`window_logits`), else None.
 
   Attributes:
     banned: float32 `[V]`, -inf at "[UNK]" (id 0) and 0 elsewhere, which
@@ -336,13 +345,14 @@ class Network:
   """
 
   def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk,
-               backward=None, head=()):
+               backward=None, head=(), attention=None):
     self.cells = cells
     self.input_table = input_table
     self.dense_kernel = dense_kernel
     self.dense_bias = dense_bias
     self.backward = backward
     self.head = tuple(head)
+    self.attention = attention
     self.vocab_size = int(dense_bias.shape[0])
     self.banned = None
     if has_unk:
@@ -382,7 +392,9 @@ class Network:
     ids = tf.transpose(ids)  # Time-major [k, B].
     batch = tf.shape(ids)[1]
     reverse = lambda x: tf.reverse(x, [0])
-    last = len(self.cells) - 1
+    # With attention every layer returns its sequence, all of them read.
+    last = -1 if self.attention else len(self.cells) - 1
+    sequences = []
     for i, cell in enumerate(self.cells):
       forward_in = (cells_lib.TableRows(self.input_table, ids) if i == 0
                     else cell.project_inputs(outputs))
@@ -391,6 +403,7 @@ class Network:
       backward_cell = self.backward.cells[i] if self.backward else None
       if backward_cell is None:
         outputs = forward
+        sequences.append(outputs)
         continue
       backward_in = (
           cells_lib.TableRows(self.backward.input_table, reverse(ids))
@@ -400,6 +413,11 @@ class Network:
       if i == last:
         return self.logits(tf.concat([forward[-1], backward[-1]], -1))
       outputs = tf.concat([forward, reverse(backward)], -1)
+      sequences.append(outputs)
+    if self.attention:
+      embedded = tf.gather(self.attention["embedding"], ids)
+      return self.logits(attention_weighted_average(
+          tf.concat([embedded, *sequences], -1), self.attention["kernel"]))
     return self.logits(outputs[-1])
 
   def logits_of_product(self, product: tf.Tensor) -> tf.Tensor:
@@ -581,6 +599,35 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
   return tuple(array.stack() for array in outputs), state
 
 
+# Keras's `backend.epsilon()`, which textgenrnn's attention adds to its sum.
+KERAS_EPSILON = 1e-7
+
+
+def attention_weighted_average(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+  """textgenrnn's `AttentionWeightedAverage` over a window, time-major.
+
+  Its `call` (minimaxir/textgenrnn, textgenrnn/AttentionWeightedAverage.py,
+  no mask: textgenrnn's Embedding has none), per row:
+
+      logits_t = x_t . W                      W: [channels, 1], no bias
+      a_t      = exp(logits_t - max_t logits_t)
+      w_t      = a_t / (sum_t a_t + epsilon)  epsilon = 1e-7 (Keras's)
+      result   = sum_t w_t * x_t
+
+  Args:
+    x: float32 `[T, B, C]`, the concatenated embedding and layer outputs.
+    kernel: `[C, 1]`, the layer's W.
+
+  Returns:
+    float32 `[B, C]`.
+  """
+  logits = tf.tensordot(x, tf.cast(kernel, x.dtype), [[2], [0]])[..., 0]
+  weights = tf.exp(logits - tf.reduce_max(logits, 0, keepdims=True))
+  weights = weights / (tf.reduce_sum(weights, 0, keepdims=True)
+                       + KERAS_EPSILON)
+  return tf.reduce_sum(x * weights[..., None], 0)
+
+
 class Backward(NamedTuple):
   """A model's backward copies of its bidirectional layers.
 
@@ -645,10 +692,14 @@ def network_of(architecture: Architecture, weights: dict,
            tf.convert_to_tensor(layer_weights["bias"]), layer.activation)
           for layer, layer_weights in zip(architecture.config.head,
                                           weights.get("head", ()))]
+  attention = None
+  if "attention" in weights:
+    attention = {name: tf.convert_to_tensor(weight)
+                 for name, weight in weights["attention"].items()}
   return Network(cells, tf.convert_to_tensor(weights["input_table"]),
                  tf.cast(weights["dense_kernel"], dtype),
                  tf.convert_to_tensor(weights["dense_bias"]),
-                 architecture.has_unk, backward, head)
+                 architecture.has_unk, backward, head, attention)
 
 
 def score_function(model: Model) -> BoundFunction:
