@@ -247,7 +247,7 @@ def _match_spec(group, spec, label) -> MappedLayer:
     return dataclasses.replace(
         mapped, name=group.name, backward=backward.tensors,
         layer=dataclasses.replace(mapped.layer, bidirectional=True))
-  tensors = _assign_roles(group, spec.kind, label)
+  tensors = from_cudnn_lstm(_assign_roles(group, spec.kind, label))
   kind, units, reset_after = _recurrent_shapes(group, tensors, label)
   # The shapes give the plain kind; the config may name its variant (relu).
   plain = kinds.KINDS[spec.kind].variant_of or spec.kind
@@ -270,6 +270,44 @@ def _match_spec(group, spec, label) -> MappedLayer:
                                  if kinds.KINDS[kind].has_reset_after else True)
   _check_bias(tensors, spec.use_bias, layer.bias_shape(), where, label)
   return MappedLayer(kind, group.name, tensors, layer)
+
+
+def from_cudnn_lstm(tensors: Dict[str, Tensor]) -> Dict[str, Tensor]:
+  """An LSTM's tensors as Keras 2's `CuDNNLSTM` stored them, in LSTM's layout.
+
+  A `CuDNNLSTM` (Keras 2.0-2.3; textgenrnn's bundled weights) keeps two
+  biases, `[8U]`, and its kernels in cuDNN's layout. Keras's HDF5 loader
+  converts them when an `LSTM` loads them (tf_keras
+  `hdf5_format._convert_rnn_weights`, `from_cudnn=True`), and so does this,
+  exactly as it does: per gate block, the input kernel becomes
+  `k.T.reshape(k.shape, order="F")` and the recurrent kernel `k.T`; the two
+  biases are summed. Any other layer's tensors come back as they are.
+  """
+  kernel, recurrent, bias = (tensors.get(name) for name in (
+      "kernel", "recurrent_kernel", "bias"))
+  if kernel is None or recurrent is None or bias is None or len(
+      recurrent.shape) != 2 or len(kernel.shape) != 2:
+    units = None
+  else:
+    units = recurrent.shape[0]
+  if units is None or tuple(recurrent.shape) != (units, 4 * units) or (
+      tuple(bias.shape) != (8 * units,) or kernel.shape[1] != 4 * units):
+    return tensors
+
+  def blocks(tensor, transform):
+    return Tensor(f"{tensor.path} (CuDNNLSTM layout)", tensor.shape,
+                  tensor.role, lambda: np.hstack([
+                      transform(block) for block in np.hsplit(
+                          np.asarray(tensor.reader()), 4)]))
+
+  summed = Tensor(f"{bias.path} (CuDNNLSTM's two biases, summed)",
+                  (4 * units,), "bias",
+                  lambda: np.sum(np.split(np.asarray(bias.reader()), 2),
+                                 axis=0))
+  return dict(tensors, bias=summed,
+              kernel=blocks(kernel, lambda k: k.T.reshape(k.shape,
+                                                          order="F")),
+              recurrent_kernel=blocks(recurrent, lambda k: k.T))
 
 
 def _check_bias(tensors, use_bias, shape, where, label):
@@ -406,7 +444,7 @@ def _map_by_shapes(groups, label):
   recurrent = []
   for group in groups:
     if classes[group.name] == "recurrent":
-      tensors = _assign_roles(group, "recurrent", label)
+      tensors = from_cudnn_lstm(_assign_roles(group, "recurrent", label))
       kind, units, reset_after = _recurrent_shapes(group, tensors, label)
       if kinds.KINDS[kind].has_reset_after and reset_after is None:
         raise safe_io.fail(label, f"{KIND_NAMES[kind]} {group.describe()} has "
