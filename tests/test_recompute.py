@@ -10,6 +10,7 @@ what tf_keras and the recipe computed, never with rnnstep's own.
 import functools
 import json
 import pathlib
+import shutil
 import textwrap
 
 import numpy as np
@@ -245,6 +246,34 @@ def test_textgenrnn_logits_match_its_own_layer_code(name):
   logits = np.asarray(rnnstep.logits(
       textgenrnn(name), np.array(reference["windows"], np.int32)),
                       np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+def test_cudnn_lstm_weights_convert_as_keras_loads_them(tmp_path):
+  """textgenrnn's bundled weights come from Keras 2.1's CuDNNLSTM (two
+  biases, cuDNN's kernel layout). The fixture's weights, taken to that
+  layout by tf_keras's own converter, give the same logits."""
+  h5py = pytest.importorskip("h5py")
+  hdf5_format = pytest.importorskip("tf_keras.src.saving.legacy.hdf5_format")
+
+  class CuDNNLSTM:  # pylint: disable=too-few-public-methods
+    """What the converter reads of its target layer: the class name."""
+
+  directory = tmp_path / TEXTGENRNN
+  shutil.copytree(TEXTGENRNN_DATA / TEXTGENRNN, directory)
+  with h5py.File(directory / "textgenrnn_weights.hdf5", "r+") as f:
+    for layer in ("rnn_1", "rnn_2"):
+      names = list(f[layer].attrs["weight_names"])  # tf_keras writes str.
+      cudnn = hdf5_format._convert_rnn_weights(  # pylint: disable=protected-access
+          CuDNNLSTM(), [f[layer][name][()] for name in names])
+      for name, array in zip(names, cudnn):
+        del f[layer][name]
+        f[layer][name] = array
+  model = rnnstep.load(directory / "textgenrnn_weights.hdf5")
+  reference = TEXTGENRNN_REFERENCE["models"][TEXTGENRNN]
+  logits = np.asarray(rnnstep.logits(
+      model, np.array(reference["windows"], np.int32)), np.float64)[:, -1]
   got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
 
