@@ -7,13 +7,15 @@ Some models cannot be stepped, nor kept in `window.py`'s slots:
   - a window shorter than the model's T that the recipe fills at the front
     with the pad id (TensorFlow in Practice's `pad_sequences(...,
     padding='pre')`: the padding is input, embedded, not masked) is not
-    "fewer steps from a zero state".
+    "fewer steps from a zero state";
+  - textgenrnn's attention averages every step's outputs over the window,
+    weighted by all of them.
 
 Such a model (`model_file.ModelConfig.recomputes`) is run as its recipe runs
 it: at each generated token, over the last k ids (k = T, the model's
 window), pre-padded with id 0 as `pad_sequences` pads, through every layer
 (`Network.window_logits`: forward over the k steps, backward over them
-reversed, the layers above, the head, the output Dense). The cost per token
+reversed, the layers above, the attention, the head, the output Dense). The cost per token
 is therefore O(k) cell steps, k sequential steps per layer and direction,
 against one for a stepped model.
 

@@ -67,9 +67,9 @@ def resolve(model, window) -> int:
 
 # Why a recomputed model (`recompute.py`) has no stateful step.
 CANNOT_STEP = ("this model cannot be stepped statefully (a bidirectional "
-               "layer reads its window from the end, or its windows are "
-               "padded at the front): it is run over its whole window at "
-               "each token")
+               "layer reads its window from the end, an attention layer "
+               "reads every step of it, or its windows are padded at the "
+               "front): it is run over its whole window at each token")
 
 
 # Why beam search takes no window (here and in the served graph's check).
