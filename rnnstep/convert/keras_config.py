@@ -371,8 +371,7 @@ def _check_backward(entry, forward: LayerSpec, label, notes) -> None:
   spec = _layer_spec(_layer_entry(reading_forward, 0, label), forward.path,
                      label, [])
   settings = lambda s: (s.kind, s.units, s.use_bias, s.reset_after)
-  if spec.kind not in RECURRENT_CLASSES.values() or (
-      settings(spec) != settings(forward)):
+  if spec is None or settings(spec) != settings(forward):
     raise safe_io.fail(label, f"{where} has a backward_layer unlike its "
                        "forward layer; rnnstep runs a copy of the forward "
                        "layer backwards")
