@@ -174,6 +174,10 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
       `initial_state`, or states too large for memory (refused before
       anything is allocated); each a one-line message naming the argument.
   """
+  if model.config.recomputes:
+    raise errors.ArgumentError("texts_or_ids", f"hidden_states: "
+                               f"{window_lib.CANNOT_STEP}, so it has no "
+                               "state after each position")
   rows = _sequence_rows(model, texts_or_ids)
   lengths = np.array([len(row) for row in rows])
   check_states_fit(model, len(rows), int(lengths.max()))

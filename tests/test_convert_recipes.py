@@ -10,10 +10,11 @@
   reference is Keras's own LSTM (return_sequences=True) and linear Dense given
   the saved model's weights: logits on fixed ids, greedy text after a prompt.
 - A textgenrnn-shaped graph (Embedding -> 2 LSTM -> concatenate ->
-  attention-weighted average -> Dense; its layer names), refused in one line
-  naming the attention layer, before its {token: index} vocabulary is read;
-  tf_keras writes it as textgenrnn's bundled file was written
-  (`save_weights` to HDF5).
+  attention-weighted average -> Dense; its layer names): saved as a full
+  model (its config names the custom layer) or by Keras 3, refused in one
+  line naming the attention layer, before its {token: index} vocabulary is
+  read; written as textgenrnn writes it (tf_keras `save_weights` to HDF5),
+  converted (tests/test_recompute.py checks textgenrnn's own files).
 """
 
 import json
@@ -119,7 +120,15 @@ def textgenrnn_like(built):
 @pytest.mark.parametrize("kind", ["full_h5", "weights_hdf5"])
 def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
     textgenrnn_like, kind):
+  """Unless it is textgenrnn's own form (Keras 2 `save_weights` HDF5, its
+  layers' names), which converts (#35; tests/test_recompute.py checks it
+  against textgenrnn's code): a full model naming the custom class in its
+  config, or Keras 3's weights file, is refused."""
   path = textgenrnn_like["files"][kind]
+  if path.endswith("_weights.hdf5"):
+    model = rnnstep.load(path, vocab=textgenrnn_like["vocab"])
+    assert model.config.attention and model.tokens.rules["start"] == "<s>"
+    return
   for call in (lambda: convert.describe(path),
                lambda: rnnstep.load(path, vocab=textgenrnn_like["vocab"])):
     with pytest.raises(ValueError) as info:
@@ -133,12 +142,20 @@ def test_textgenrnn_like_model_is_refused_first_naming_the_attention_layer(
 
 
 def test_a_token_map_is_refused_and_a_token_list_is_a_word_vocabulary(
-    one_hot_files, textgenrnn_like):
-  with pytest.raises(ValueError, match=r"textgenrnn_vocab.json: vocab is a "
-                     r"JSON object \{token: index\} with multi-character "
-                     r"tokens such as '<s>', not a list") as info:
+    one_hot_files, textgenrnn_like, tmp_path):
+  # textgenrnn's map (with its '<s>') is textgenrnn's vocabulary (#35):
+  # here of another size than the model's.
+  with pytest.raises(ValueError, match=r"textgenrnn_vocab.json gives 12 "
+                     r"words") as info:
     rnnstep.load(one_hot_files["files"]["keras"],
                  vocab=textgenrnn_like["vocab"])
+  assert "\n" not in str(info.value)
+  token_map = tmp_path / "map.json"
+  token_map.write_text(json.dumps({"ab": 1, "c": 2}))
+  with pytest.raises(ValueError, match=r"map.json: vocab is a JSON object "
+                     r"\{token: index\} with multi-character tokens such as "
+                     r"'ab', not a list") as info:
+    rnnstep.load(one_hot_files["files"]["keras"], vocab=token_map)
   assert "\n" not in str(info.value)
   # A list with a multi-character entry is a word vocabulary (#34), one
   # token per id, in the list's order.

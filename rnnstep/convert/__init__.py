@@ -62,6 +62,7 @@ from rnnstep.convert import mapping
 from rnnstep.convert import pytorch
 from rnnstep.convert import safe_io
 from rnnstep.convert import tf1_charrnn
+from rnnstep.convert import textgenrnn
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
@@ -368,6 +369,10 @@ def _read_mapped(input_path: str, corpus, vocab):
       chars, source, tokens = (contents.vocab,
                                f"{contents.label}'s {tf1_charrnn.VOCAB_FILE}",
                                None)
+    elif corpus is None and vocab is None and textgenrnn.vocab_beside(
+        input_path) and mapped.contents.attention is not None:
+      vocab = textgenrnn.vocab_beside(input_path)  # Saved with the weights.
+      chars, source, tokens = read_vocabulary(None, vocab)
     elif corpus is None and vocab is None:
       raise VocabularyRequired(
           f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
@@ -380,6 +385,12 @@ def _read_mapped(input_path: str, corpus, vocab):
         raise ValueError(
             f"vocabulary size mismatch: {source} gives {len(chars)} words but "
             f"the model's embedding has {mapped.vocab_size} rows")
+      if mapped.config.window and convert_vocabulary.pads_windows(tokens):
+        mapped.padding = "pre"
+        mapped.notes.append(
+            f"windows of {mapped.config.window} words shorter than that are "
+            "filled at the front with id 0, as Keras's pad_sequences "
+            "(padding='pre') fills the recipe's; recorded as padding='pre'")
       return mapped, chars, chars, mapped.read_tensors(), tokens
     full_vocab = resolve_vocab(chars, mapped.vocab_size, source)
     full_vocab = model_file.validate_vocab(full_vocab, source)
@@ -473,6 +484,8 @@ def read_vocabulary(corpus, vocab):
     tokens = None
     if convert_vocabulary.is_keras_tokenizer(data):
       tokens = convert_vocabulary.keras_tokenizer(data, os.fspath(vocab))
+    elif textgenrnn.is_vocab(data):
+      tokens = textgenrnn.tokens(data, os.fspath(vocab))
     elif convert_vocabulary.is_hf_tokenizer(data):
       tokens = convert_vocabulary.subword_tokens(data, os.fspath(vocab))
     elif isinstance(data, dict) and "kind" in data:
@@ -554,6 +567,10 @@ def _open(input_path: PathLike) -> Contents:
       if keras_v2_h5.is_keras2_layout(h5):
         contents = keras_v2_h5.read(h5)
         contents.closers.append(h5.close)
+        if textgenrnn.is_textgenrnn(contents):  # By its layers' names.
+          contents.attention = textgenrnn.attention_kernel(contents, path)
+          contents.chain = textgenrnn.chain(contents, path)
+          contents.format = f"textgenrnn weights ({contents.format})"
         return contents
       return keras_v3.read_weights_file(h5)
     except BaseException:
@@ -600,11 +617,17 @@ def _summary(input_path, mapped: mapping.MappedModel) -> Summary:
                              f"vocab {vocab} x dim {dim}"))
   for item in mapped.recurrent:
     detail = f"units={item.layer.units}"
+    if item.layer.bidirectional:
+      detail += ", bidirectional (forward and backward copies)"
     if kinds.KINDS[item.kind].has_reset_after:
       detail += f", reset_after={item.layer.reset_after}"
     if "bias" not in item.tensors:
       detail += ", use_bias=False (zero bias written)"
     layers.append(LayerSummary(item.kind, item.name, item.shapes, detail))
+  for item in mapped.head:
+    rows, cols = item.tensors["kernel"].shape
+    layers.append(LayerSummary("dense", item.name, item.shapes,
+                               f"{rows} -> {cols}, {item.activation}"))
   rows, cols = mapped.dense.tensors["kernel"].shape
   detail = f"{rows} -> {cols}"
   if "bias" not in mapped.dense.tensors:

@@ -97,6 +97,11 @@ class LayerSpec:
   # first recurrent layer; `x_onehot @ K == K[id]`, so it is exactly an
   # identity Embedding(V, V) that no file stores.
   one_hot: bool = False
+  # Recurrent only: wrapped in Keras Bidirectional (merge_mode "concat").
+  bidirectional: bool = False
+  # Dense only: its activation (a head layer's; the output's is linear or
+  # softmax).
+  activation: str = "linear"
 
 
 @dataclasses.dataclass
@@ -130,6 +135,9 @@ class Contents:
   # The vocabulary the file itself holds (characters in id order), where it
   # holds one (char-rnn-tensorflow's chars_vocab.pkl), else None.
   vocab: Optional[List[str]] = None
+  # textgenrnn's AttentionWeightedAverage W [channels, 1] (`textgenrnn`),
+  # else None.
+  attention: Optional[Tensor] = None
 
   def close(self):
     """Releases the open file(s); the tensors cannot be read afterwards."""

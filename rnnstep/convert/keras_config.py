@@ -14,6 +14,7 @@ masking, custom or Lambda layers -- is refused with a message saying what was
 found.
 """
 
+import dataclasses
 import json
 from typing import Dict, List, Optional, Tuple
 
@@ -93,7 +94,7 @@ def parse_model_config(data, label, what: str = "the model config") -> ConfigCha
                          "rnnstep maps TextVectorization -> Embedding -> "
                          "GRU/LSTM/SimpleRNN layer(s) -> Dense")
     specs.insert(0, _one_hot_input(specs[0], input_shape, label, notes))
-  _check_chain(specs, label)
+  _check_chain(specs, label, notes)
   if vectorize is not None:
     _check_stateful_text(ordered, label)
     window = None
@@ -287,15 +288,29 @@ def _window(ordered, input_shape, label, notes) -> Optional[int]:
   its last recurrent layer returns only its last output
   (return_sequences=False), as it was trained and sampled (e.g. the keras.io
   character-level LSTM example); else None."""
-  recurrent = [e for e in ordered if e["class_name"] in RECURRENT_CLASSES]
+  recurrent = [e for e in ordered if e["class_name"] in RECURRENT_CLASSES
+               or e["class_name"] == "Bidirectional"]
   if not recurrent:
     return None
   last = recurrent[-1]
   where = f"layer {show(last['name'])} ({last['class_name']})"
-  if _get(last["config"], "return_sequences", bool, False, label, where):
+  last_config = last["config"]
+  if last["class_name"] == "Bidirectional":  # Its wrapped layer's setting.
+    last_config = _wrapped(last, label)["config"]
+  if _get(last_config, "return_sequences", bool, False, label, where):
+    if last["class_name"] == "Bidirectional":
+      raise safe_io.fail(label, f"{where} returns sequences: its backward "
+                         "layer reads each text from its end, so rnnstep "
+                         "runs a bidirectional model only over fixed windows "
+                         "(return_sequences=False on its last layer)")
     return None
   steps = input_shape[1] if input_shape and len(input_shape) >= 2 else None
   if not steps or steps > MAX_WINDOW:
+    if last["class_name"] == "Bidirectional":
+      raise safe_io.fail(label, f"{where}: the model's input fixes no window "
+                         "length, and a bidirectional model is run over "
+                         "fixed windows (give the Input or the Embedding "
+                         "its length, e.g. input_length=max_len-1)")
     notes.append(f"{where} has return_sequences=False but the input fixes no "
                  "window length; rnnstep steps it statefully")
     return None
@@ -306,10 +321,60 @@ def _window(ordered, input_shape, label, notes) -> Optional[int]:
 
 
 STACK_CLASSES = ("InputLayer", "Embedding", "Dense", *RECURRENT_CLASSES,
-                 *IDENTITY_CLASSES, "TextVectorization", *MODEL_CLASSES)
+                 "Bidirectional", *IDENTITY_CLASSES, "TextVectorization",
+                 *MODEL_CLASSES)
 # Classes `_layer_spec` refuses with a message of its own.
-_EXPLAINED_CLASSES = ("Lambda", "Bidirectional", "TimeDistributed", "RNN",
+_EXPLAINED_CLASSES = ("Lambda", "TimeDistributed", "RNN",
                       "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D", "StackedRNNCells")
+
+
+def _wrapped(entry, label) -> dict:
+  """A Bidirectional layer's wrapped recurrent layer, as a layer entry.
+
+  Raises:
+    ValueError: a merge_mode other than "concat", a wrapped layer that is
+      not GRU/LSTM/SimpleRNN, or a backward layer of its own.
+  """
+  cfg, name = entry["config"], entry["name"]
+  where = f"layer {show(name)} (Bidirectional)"
+  merge_mode = cfg.get("merge_mode", "concat")
+  if merge_mode != "concat":
+    raise safe_io.fail(label, f"{where} has merge_mode={show(merge_mode)}; "
+                       "rnnstep runs merge_mode='concat' (the default)")
+  inner = cfg.get("layer")
+  if not isinstance(inner, dict) or inner.get("class_name") not in (
+      RECURRENT_CLASSES):
+    found = inner.get("class_name") if isinstance(inner, dict) else inner
+    raise safe_io.fail(label, f"{where} wraps {show(found, 60)}; rnnstep "
+                       "runs a Bidirectional GRU, LSTM or SimpleRNN")
+  wrapped = _layer_entry(inner, 0, label)
+  _check_builtin(inner, label, "the model config")
+  return wrapped
+
+
+def _check_backward(entry, forward: LayerSpec, label, notes) -> None:
+  """A Bidirectional layer's `backward_layer` (Keras 3 always records it)
+  must be the forward layer's copy, reading backwards: the same class and
+  settings, `go_backwards=True`."""
+  backward = entry["config"].get("backward_layer")
+  if backward is None:
+    return
+  where = f"layer {show(entry['name'])} (Bidirectional)"
+  if not isinstance(backward, dict) or not isinstance(
+      backward.get("config"), dict):
+    raise safe_io.fail(label, f"{where} has an unreadable backward_layer")
+  if backward["config"].get("go_backwards") is not True:
+    raise safe_io.fail(label, f"{where}: its backward_layer does not have "
+                       "go_backwards=True")
+  reading_forward = dict(backward, config=dict(backward["config"],
+                                               go_backwards=False))
+  spec = _layer_spec(_layer_entry(reading_forward, 0, label), forward.path,
+                     label, [])
+  settings = lambda s: (s.kind, s.units, s.use_bias, s.reset_after)
+  if spec is None or settings(spec) != settings(forward):
+    raise safe_io.fail(label, f"{where} has a backward_layer unlike its "
+                       "forward layer; rnnstep runs a copy of the forward "
+                       "layer backwards")
 
 
 def _refuse_layers_off_the_stack(entries, label, what):
@@ -369,9 +434,12 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
                        "code; rnnstep never runs code from a file and cannot "
                        "map it")
   if cls == "Bidirectional":
-    raise safe_io.fail(label, f"{where}: bidirectional layers read the text "
-                       "backwards too and cannot generate left to right; "
-                       "rnnstep maps Embedding -> GRU/LSTM/SimpleRNN -> Dense")
+    # A copy of the wrapped layer reads the window backwards: the model is
+    # recomputed over its window at each token (`engine/recompute.py`).
+    _check_builtin(entry["raw"], label, "the model config")
+    spec = _layer_spec(_wrapped(entry, label), path, label, notes)
+    _check_backward(entry, spec, label, notes)
+    return dataclasses.replace(spec, name=name, bidirectional=True)
   if cls in ("TimeDistributed", "RNN", "CuDNNGRU", "CuDNNLSTM", "ConvLSTM1D",
              "StackedRNNCells"):
     raise safe_io.fail(label, f"{where} cannot be mapped; rnnstep maps "
@@ -404,16 +472,13 @@ def _layer_spec(entry, path, label, notes) -> Optional[LayerSpec]:
                      units=_get(cfg, "output_dim", int, None, label, where),
                      input_dim=_get(cfg, "input_dim", int, None, label, where))
   if cls == "Dense":
+    # Checked in `_check_chain`: the output layer's must be linear or
+    # softmax, a head layer's one of `model_file.DENSE_ACTIVATIONS`.
     activation = _get(cfg, "activation", str, "linear", label, where)
-    if activation == "softmax":
-      notes.append(f"{where}: softmax dropped; rnnstep works on the logits "
-                   "(sampling probabilities are unchanged)")
-    elif activation != "linear":
-      raise safe_io.fail(label, f"{where} has activation {show(activation)}; the "
-                         "output layer must be linear (logits) or softmax")
     return LayerSpec("dense", name, path,
                      units=_get(cfg, "units", int, None, label, where),
-                     use_bias=_get(cfg, "use_bias", bool, True, label, where))
+                     use_bias=_get(cfg, "use_bias", bool, True, label, where),
+                     activation=activation)
   kind = RECURRENT_CLASSES[cls]
   activation = _get(cfg, "activation", str, "tanh", label, where)
   try:  # An activation variant is its own kind (`kinds.with_activation`).
@@ -576,13 +641,37 @@ def _output_refs(value) -> List[Tuple[str, int]]:
   return []
 
 
-def _check_chain(specs: List[LayerSpec], label):
+def _check_chain(specs: List[LayerSpec], label, notes):
   kinds = [s.kind for s in specs]
   described = " -> ".join(f"{KIND_NAMES[s.kind]} {show(s.name)}" for s in specs)
+  # Embedding, recurrent layers, then Dense layers: a head, and the output.
+  recurrent_end = next((i for i, k in enumerate(kinds) if k == "dense"),
+                       len(kinds))
   if (len(specs) < 3 or kinds[0] != "embedding" or kinds[-1] != "dense"
-      or any(k in ("embedding", "dense") for k in kinds[1:-1])):
+      or recurrent_end < 2
+      or any(k in ("embedding", "dense") for k in kinds[1:recurrent_end])
+      or any(k != "dense" for k in kinds[recurrent_end:])):
     raise safe_io.fail(label, f"the model is {described or 'empty'}; rnnstep "
-                       "maps Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense")
+                       "maps Embedding -> GRU/LSTM/SimpleRNN layer(s) -> "
+                       "Dense layer(s)")
+  if len(specs) - 1 - recurrent_end > model_file.MAX_HEAD:
+    raise safe_io.fail(label, f"{len(specs) - 1 - recurrent_end} Dense layers "
+                       f"before the output, more than {model_file.MAX_HEAD}")
+  for spec in specs[recurrent_end:-1]:
+    if spec.activation not in model_file.DENSE_ACTIVATIONS:
+      raise safe_io.fail(label, f"layer {show(spec.name)} (Dense) has "
+                         f"activation {show(spec.activation)}; rnnstep "
+                         "computes Keras's "
+                         f"{', '.join(model_file.DENSE_ACTIVATIONS)}")
+  output = specs[-1]
+  where = f"layer {show(output.name)} (Dense)"
+  if output.activation == "softmax":
+    notes.append(f"{where}: softmax dropped; rnnstep works on the logits "
+                 "(sampling probabilities are unchanged)")
+  elif output.activation != "linear":
+    raise safe_io.fail(label, f"{where} has activation "
+                       f"{show(output.activation)}; the output layer must be "
+                       "linear (logits) or softmax")
   if len(specs) - 2 > model_file.MAX_LAYERS:
     raise safe_io.fail(label, f"{len(specs) - 2} recurrent layers, more than "
                        f"{model_file.MAX_LAYERS}")

@@ -41,10 +41,14 @@ class MappedLayer:
   name: str
   tensors: Dict[str, Tensor]
   layer: Optional[model_file.LayerConfig] = None  # recurrent layers only
+  # A bidirectional layer's backward copy's tensors, named as `tensors`.
+  backward: Optional[Dict[str, Tensor]] = None
+  activation: str = "linear"  # Dense layers only.
 
   @property
   def shapes(self) -> List[Tuple[int, ...]]:
-    return [tuple(t.shape) for t in self.tensors.values()]
+    return [tuple(t.shape)
+            for t in [*self.tensors.values(), *(self.backward or {}).values()]]
 
 
 @dataclasses.dataclass
@@ -55,6 +59,11 @@ class MappedModel:
   recurrent: List[MappedLayer]
   dense: MappedLayer
   notes: List[str]
+  # Dense layers between the recurrent layers and `dense`.
+  head: List[MappedLayer] = dataclasses.field(default_factory=list)
+  # How a short window is filled (`model_file.PADDINGS`), where the
+  # vocabulary says (`convert.vocabulary.pads_windows`).
+  padding: Optional[str] = None
 
   @property
   def vocab_size(self) -> int:
@@ -66,11 +75,16 @@ class MappedModel:
     return model_file.ModelConfig(
         embedding_dim=int(self.embedding.tensors["embeddings"].shape[1]),
         layers=tuple(layer.layer for layer in self.recurrent),
-        window=chain.window if chain is not None else None)
+        window=chain.window if chain is not None else None,
+        head=tuple(model_file.HeadLayer(
+            int(layer.tensors["kernel"].shape[1]), layer.activation)
+                   for layer in self.head),
+        padding=self.padding,
+        attention=self.contents.attention is not None)
 
   @property
   def layers(self) -> List[MappedLayer]:
-    return [self.embedding, *self.recurrent, self.dense]
+    return [self.embedding, *self.recurrent, *self.head, self.dense]
 
   def read_tensors(self) -> Dict[str, np.ndarray]:
     """Reads every tensor (guarded) into the model file's keys and layouts.
@@ -81,12 +95,24 @@ class MappedModel:
     vocab_size = self.vocab_size
     out = {"embedding": self.embedding.tensors["embeddings"].read(label)}
     for i, mapped in enumerate(self.recurrent):
-      out[f"layer{i}_kernel"] = mapped.tensors["kernel"].read(label)
-      out[f"layer{i}_recurrent_kernel"] = (
-          mapped.tensors["recurrent_kernel"].read(label))
+      directions = [("", mapped.tensors)]
+      if mapped.backward is not None:
+        directions.append((model_file.BACKWARD, mapped.backward))
+      for prefix, tensors in directions:
+        key = f"layer{i}_{prefix}"
+        out[key + "kernel"] = tensors["kernel"].read(label)
+        out[key + "recurrent_kernel"] = tensors["recurrent_kernel"].read(label)
+        bias = tensors.get("bias")
+        out[key + "bias"] = (bias.read(label) if bias is not None else
+                             np.zeros(mapped.layer.bias_shape(), np.float32))
+    if self.contents.attention is not None:
+      out["attention_kernel"] = self.contents.attention.read(label)
+    for j, mapped in enumerate(self.head):
+      out[f"head{j}_kernel"] = mapped.tensors["kernel"].read(label)
       bias = mapped.tensors.get("bias")
-      out[f"layer{i}_bias"] = (bias.read(label) if bias is not None else
-                               np.zeros(mapped.layer.bias_shape(), np.float32))
+      out[f"head{j}_bias"] = (
+          bias.read(label) if bias is not None else
+          np.zeros(mapped.tensors["kernel"].shape[1:], np.float32))
     out["dense_kernel"] = self.dense.tensors["kernel"].read(label)
     bias = self.dense.tensors.get("bias")
     out["dense_bias"] = (bias.read(label) if bias is not None
@@ -105,13 +131,15 @@ def map_model(contents: Contents) -> MappedModel:
   """
   label = contents.label
   groups = [g for g in contents.groups if g.tensors]
-  bidirectional = [g for g in groups if g.hint == "bidirectional"]
-  if bidirectional:
-    raise safe_io.fail(label, f"found a bidirectional layer "
-                       f"({bidirectional[0].describe()}); rnnstep runs one "
-                       "direction, left to right, only")
   notes = list(contents.notes)
   chain = contents.chain
+  bidirectional = [g for g in groups if g.hint == "bidirectional"]
+  if bidirectional and (chain is None or chain.specs is None):
+    raise safe_io.fail(label, f"found a bidirectional layer "
+                       f"({bidirectional[0].describe()}) in a file without a "
+                       "model config; rnnstep runs a Bidirectional layer only "
+                       "from a saved model (its config says how the "
+                       "directions merge and the window it reads)")
   if chain is not None and chain.specs is not None:
     notes.extend(chain.notes)
     if chain.specs[0].one_hot:
@@ -127,8 +155,11 @@ def map_model(contents: Contents) -> MappedModel:
                    + "; the file has no config, so this was inferred from the "
                    "shapes")
   embedding, recurrent, dense = mapped
-  _check_widths(embedding, recurrent, dense, label)
-  return MappedModel(contents, embedding, recurrent, dense, notes)
+  head = [layer for layer in recurrent if layer.kind == "dense"]
+  recurrent = [layer for layer in recurrent if layer.kind != "dense"]
+  _check_widths(embedding, recurrent, head + [dense], label,
+                contents.attention)
+  return MappedModel(contents, embedding, recurrent, dense, notes, head)
 
 
 def _identity_embedding(size: int, name: str) -> Group:
@@ -147,6 +178,12 @@ def _map_with_config(groups, specs, contents, label):
   for spec in specs:
     key = getattr(spec, contents.key)
     group = by_key.get(key)
+    halves = [by_key.get(f"{key}/{half}_layer")
+              for half in ("forward", "backward")]
+    if group is None and spec.bidirectional and all(halves):
+      # Keras 3 keeps a Bidirectional's layers apart, each under its path.
+      used.update(half.name for half in halves)
+      group = Group(key, halves[0].tensors + halves[1].tensors)
     if group is None:
       raise safe_io.fail(label, f"the config lists {KIND_NAMES[spec.kind]} "
                          f"{show(spec.name)} but the file holds no weights for "
@@ -161,9 +198,31 @@ def _map_with_config(groups, specs, contents, label):
   return layers[0], layers[1:-1], layers[-1]
 
 
+def _directions(group: Group, label) -> Tuple[Group, Group]:
+  """A Bidirectional layer's group split into its forward and backward
+  layers' variables, by their names (tf_keras: `forward_lstm/...`,
+  `backward_lstm/...`; Keras 3: `forward_layer/...`, `backward_layer/...`).
+
+  Raises:
+    ValueError: a variable of neither direction, or unnamed variables.
+  """
+  parts = {"forward": [], "backward": []}
+  for tensor in group.tensors:
+    names = [part for part in tensor.path.split("/")
+             if part.startswith(("forward_", "backward_"))]
+    if not names:
+      raise safe_io.fail(label, f"Bidirectional {group.describe()}: cannot "
+                         f"tell which direction {show(tensor.path)} belongs "
+                         "to")
+    parts[names[-1].split("_", 1)[0]].append(tensor)
+  return tuple(Group(f"{group.name} ({direction})", tensors)
+               for direction, tensors in parts.items())
+
+
 def _match_spec(group, spec, label) -> MappedLayer:
   where = f"{KIND_NAMES[spec.kind]} {show(spec.name)}"
-  tensors = _assign_roles(group, spec.kind, label)
+  if spec.kind in ("embedding", "dense"):
+    tensors = _assign_roles(group, spec.kind, label)
   if spec.kind == "embedding":
     shape = tuple(tensors["embeddings"].shape)
     if shape != (spec.input_dim, spec.units):
@@ -176,7 +235,19 @@ def _match_spec(group, spec, label) -> MappedLayer:
       raise safe_io.fail(label, f"{where}: stored kernel has shape {kernel}, "
                          f"the config says {spec.units} units")
     _check_bias(tensors, spec.use_bias, (spec.units,), where, label)
-    return MappedLayer("dense", group.name, tensors)
+    return MappedLayer("dense", group.name, tensors,
+                       activation=spec.activation)
+  if spec.bidirectional:
+    forward, backward = _directions(group, label)
+    mapped = _match_spec(forward, dataclasses.replace(spec,
+                                                      bidirectional=False),
+                         label)
+    backward = _match_spec(backward, dataclasses.replace(
+        spec, bidirectional=False), label)
+    return dataclasses.replace(
+        mapped, name=group.name, backward=backward.tensors,
+        layer=dataclasses.replace(mapped.layer, bidirectional=True))
+  tensors = from_cudnn_lstm(_assign_roles(group, spec.kind, label))
   kind, units, reset_after = _recurrent_shapes(group, tensors, label)
   # The shapes give the plain kind; the config may name its variant (relu).
   plain = kinds.KINDS[spec.kind].variant_of or spec.kind
@@ -199,6 +270,44 @@ def _match_spec(group, spec, label) -> MappedLayer:
                                  if kinds.KINDS[kind].has_reset_after else True)
   _check_bias(tensors, spec.use_bias, layer.bias_shape(), where, label)
   return MappedLayer(kind, group.name, tensors, layer)
+
+
+def from_cudnn_lstm(tensors: Dict[str, Tensor]) -> Dict[str, Tensor]:
+  """An LSTM's tensors as Keras 2's `CuDNNLSTM` stored them, in LSTM's layout.
+
+  A `CuDNNLSTM` (Keras 2.0-2.3; textgenrnn's bundled weights) keeps two
+  biases, `[8U]`, and its kernels in cuDNN's layout. Keras's HDF5 loader
+  converts them when an `LSTM` loads them (tf_keras
+  `hdf5_format._convert_rnn_weights`, `from_cudnn=True`), and so does this,
+  exactly as it does: per gate block, the input kernel becomes
+  `k.T.reshape(k.shape, order="F")` and the recurrent kernel `k.T`; the two
+  biases are summed. Any other layer's tensors come back as they are.
+  """
+  kernel, recurrent, bias = (tensors.get(name) for name in (
+      "kernel", "recurrent_kernel", "bias"))
+  if kernel is None or recurrent is None or bias is None or len(
+      recurrent.shape) != 2 or len(kernel.shape) != 2:
+    units = None
+  else:
+    units = recurrent.shape[0]
+  if units is None or tuple(recurrent.shape) != (units, 4 * units) or (
+      tuple(bias.shape) != (8 * units,) or kernel.shape[1] != 4 * units):
+    return tensors
+
+  def blocks(tensor, transform):
+    return Tensor(f"{tensor.path} (CuDNNLSTM layout)", tensor.shape,
+                  tensor.role, lambda: np.hstack([
+                      transform(block) for block in np.hsplit(
+                          np.asarray(tensor.reader()), 4)]))
+
+  summed = Tensor(f"{bias.path} (CuDNNLSTM's two biases, summed)",
+                  (4 * units,), "bias",
+                  lambda: np.sum(np.split(np.asarray(bias.reader()), 2),
+                                 axis=0))
+  return dict(tensors, bias=summed,
+              kernel=blocks(kernel, lambda k: k.T.reshape(k.shape,
+                                                          order="F")),
+              recurrent_kernel=blocks(recurrent, lambda k: k.T))
 
 
 def _check_bias(tensors, use_bias, shape, where, label):
@@ -335,7 +444,7 @@ def _map_by_shapes(groups, label):
   recurrent = []
   for group in groups:
     if classes[group.name] == "recurrent":
-      tensors = _assign_roles(group, "recurrent", label)
+      tensors = from_cudnn_lstm(_assign_roles(group, "recurrent", label))
       kind, units, reset_after = _recurrent_shapes(group, tensors, label)
       if kinds.KINDS[kind].has_reset_after and reset_after is None:
         raise safe_io.fail(label, f"{KIND_NAMES[kind]} {group.describe()} has "
@@ -439,18 +548,36 @@ def _chains(recurrent, dim, last_units, label):
   yield from search([], dim)
 
 
-def _check_widths(embedding, recurrent, dense, label):
+def _check_widths(embedding, recurrent, denses, label, attention=None):
+  """Checks each layer takes the width the one below gives; `denses` are
+  the head's Dense layers, then the output Dense; `attention` (textgenrnn's
+  W) reads the embedding and every recurrent layer's outputs."""
   vocab, width = embedding.tensors["embeddings"].shape
   for mapped in recurrent:
-    rows = mapped.tensors["kernel"].shape[0]
+    for tensors in (mapped.tensors, mapped.backward or {}):
+      rows = tensors["kernel"].shape[0] if tensors else width
+      if rows != width:
+        raise safe_io.fail(label, f"{KIND_NAMES[mapped.kind]} "
+                           f"{show(mapped.name)} takes inputs of width {rows} "
+                           f"but gets {width}")
+    width = mapped.layer.outputs
+  below = "the last recurrent layer has"
+  if attention is not None:
+    width = embedding.tensors["embeddings"].shape[1] + sum(
+        mapped.layer.outputs for mapped in recurrent)
+    if attention.shape[0] != width:
+      raise safe_io.fail(label, f"the attention's W has {attention.shape[0]} "
+                         f"rows but the embedding and the recurrent layers "
+                         f"give {width} channels")
+    below = "the attention gives"
+  for dense in denses:
+    rows = dense.tensors["kernel"].shape[0]
     if rows != width:
-      raise safe_io.fail(label, f"{KIND_NAMES[mapped.kind]} {show(mapped.name)} "
-                         f"takes inputs of width {rows} but gets {width}")
-    width = mapped.layer.units
+      raise safe_io.fail(label, f"Dense {show(dense.name)} takes inputs of "
+                         f"width {rows} but {below} {width} units")
+    width, below = dense.tensors["kernel"].shape[1], "the Dense below has"
+  dense = denses[-1]
   rows, cols = dense.tensors["kernel"].shape
-  if rows != width:
-    raise safe_io.fail(label, f"Dense {show(dense.name)} takes inputs of width "
-                       f"{rows} but the last recurrent layer has {width} units")
   if cols != vocab:
     raise safe_io.fail(label, f"Dense {show(dense.name)} has {cols} outputs but "
                        f"the embedding has {vocab} rows; a char model needs "

@@ -245,8 +245,21 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
            "filters": field("filters", str, ""),
            "split": field("split", str, " "),
            "oov": oov if oov in vocab else None}
+  if rules["oov"] is None:  # texts_to_sequences drops the words it lacks.
+    rules["unknown"] = "drop"
   vocab = model_file.validate_vocab(vocab, source, tokens=True)
   return vocabulary_lib.Tokens("words", vocab, rules, source)
+
+
+def pads_windows(tokens) -> bool:
+  """Whether a window model over this vocabulary was trained, and is
+  sampled, on windows that Keras's `pad_sequences` filled at the front with
+  id 0: a legacy `Tokenizer`'s words (`keras_tokenizer`: id 0 is its
+  padding, never a word; its rules are the only ones with `filters`), or a
+  character-level one's (textgenrnn's `Tokenizer(char_level=True)`)."""
+  return (tokens is not None and tokens.kind == "words"
+          and tokens.vocab[0] == UNK_TOKEN
+          and ("filters" in tokens.rules or tokens.rules.get("char_level")))
 
 
 # A Keras TextVectorization layer's fixed special tokens: the mask "" at id

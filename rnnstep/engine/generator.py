@@ -28,6 +28,7 @@ from rnnstep.engine import beams
 from rnnstep.engine import host
 from rnnstep.engine import loop
 from rnnstep.engine import paths
+from rnnstep.engine import recompute
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
 from rnnstep.model import cells
@@ -52,7 +53,7 @@ class Programs(tf.Module):
     self.architecture = model.architecture
     self.path = path
     self.jit_compile = path == paths.XLA
-    state_sizes = [cells.state_sizes(layer) for layer in model.config.layers]
+    state_sizes = state_sizes_of(model.config)
     weights_spec = model.weights_spec()
     request_spec = request_lib.spec(model.vocab_size, state_sizes)
     carry_spec = request_lib.carry_spec(state_sizes, model.vocab_size)
@@ -216,12 +217,26 @@ class Programs(tf.Module):
     return tf.cond(tf.reduce_all(primes_only), prime_only, decode)
 
   # Every path runs windows in `consume_then_choose`'s order; the elementwise
-  # path's network still compiles each cell's gate math.
+  # path's network still compiles each cell's gate math. A model that cannot
+  # keep its windows in slots recomputes each (`recompute.py`): a fact of
+  # the architecture, so each `Programs` runs one kind.
   def _window_impl(self, weights, request, window):
+    if self.architecture.config.recomputes:
+      return recompute.generate(self._network(weights), request, window)
     return window_lib.generate(self._network(weights), request, window)
 
   def _window_continue_impl(self, weights, request, carry, window):
+    if self.architecture.config.recomputes:  # The carried window holds k.
+      return recompute.run_decode(self._network(weights), request, carry)
     return window_lib.run_decode(self._network(weights), request, carry, window)
+
+
+def state_sizes_of(config):
+  """Per layer, the widths of its state tensors; a recomputed model's state
+  is its window's ids (`recompute.state_sizes`)."""
+  if config.recomputes:
+    return recompute.state_sizes()
+  return [cells.state_sizes(layer) for layer in config.layers]
 
 
 def programs_for(model, path: str) -> Programs:
@@ -289,11 +304,17 @@ class Generator(tf.Module):
     return self.programs.concrete(name)(self._network_weights(), *args)
 
   def state_sizes(self):
-    """Per layer, the widths of its state tensors."""
-    return [cells.state_sizes(layer) for layer in self.model.config.layers]
+    """Per layer, the widths of its state tensors (`state_sizes_of`)."""
+    return state_sizes_of(self.model.config)
 
   def zero_state(self, batch_size: int):
-    """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer."""
+    """The zero state for `batch_size` rows: one tuple of `[B, U]` per layer.
+
+    Raises:
+      ValueError: a model that is recomputed over windows (no state to step).
+    """
+    if self.model.config.recomputes:
+      raise ValueError(f"zero_state: {window_lib.CANNOT_STEP}")
     return tuple(tuple(tf.zeros([batch_size, u]) for u in sizes)
                  for sizes in self.state_sizes())
 

@@ -100,7 +100,7 @@ def prompt_batch(model, prompts: Sequence[str]):
     if not isinstance(prompt, str):
       raise errors.ArgumentError(
           "prompts", f"prompt {i} is a {type(prompt).__name__}, not a str")
-    if not prompt:
+    if not prompt and "start" not in model.tokens.rules:  # Else one token.
       raise errors.ArgumentError(
           "prompts", f"prompt {i} is empty; give at least one character")
     try:

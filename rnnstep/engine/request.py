@@ -194,8 +194,15 @@ class Result(NamedTuple):
   carry: Carry
 
 
+# A state width that stands for a recomputed window's ids (`recompute.py`):
+# that state tensor is int32 `[B, k]`, for any k, not float32 `[B, U]`.
+WINDOW_IDS = "window_ids"
+
+
 def _state_spec(state_sizes):
-  return tuple(tuple(tf.TensorSpec([None, units], tf.float32)
+  return tuple(tuple(tf.TensorSpec([None, None], tf.int32)
+                     if units == WINDOW_IDS else
+                     tf.TensorSpec([None, units], tf.float32)
                      for units in sizes) for sizes in state_sizes)
 
 
@@ -343,7 +350,9 @@ _HOST = _ArrayOps(
     take_rows=lambda x, index: np.take(x, index, axis=0),
     padded_row_index=lambda batch, rows: np.concatenate(
         [np.arange(batch), np.zeros([rows - batch], np.int64)]),
-    zeros=lambda rows, width: np.zeros([rows, width], np.float32))
+    zeros=lambda rows, width: (np.zeros([rows, 0], np.int32)
+                               if width == WINDOW_IDS else
+                               np.zeros([rows, width], np.float32)))
 
 _GRAPH = _ArrayOps(
     array=tf.convert_to_tensor,
@@ -360,7 +369,9 @@ _GRAPH = _ArrayOps(
     take_rows=tf.gather,
     padded_row_index=lambda batch, rows: tf.concat(
         [tf.range(batch), tf.zeros([rows - batch], tf.int32)], 0),
-    zeros=lambda rows, width: tf.zeros([rows, width], tf.float32))
+    zeros=lambda rows, width: (tf.zeros([rows, 0], tf.int32)
+                               if width == WINDOW_IDS else
+                               tf.zeros([rows, width], tf.float32)))
 
 
 def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,

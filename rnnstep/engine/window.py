@@ -39,6 +39,7 @@ usual one).
 import tensorflow as tf
 
 from rnnstep.engine import loop
+from rnnstep.engine import recompute
 from rnnstep.engine import request as request_lib
 from rnnstep import errors
 from rnnstep.model import model_file
@@ -49,7 +50,8 @@ def resolve(model, window) -> int:
   """The window a call runs: `window` given, else the model's own, else 0.
 
   Raises:
-    errors.ArgumentError: a window above the model file format's bound.
+    errors.ArgumentError: a window above the model file format's bound, or
+      0 for a model that is recomputed over windows (it cannot be stepped).
   """
   if window is None:
     return int(model.config.window or 0)
@@ -57,7 +59,17 @@ def resolve(model, window) -> int:
     raise errors.ArgumentError(
         "window", f"window must be at most {model_file.MAX_WINDOW} (as a "
         f"model file's), got {window}")
+  if not window and model.config.recomputes:
+    raise errors.ArgumentError("window", f"window=0: {CANNOT_STEP}; give no "
+                               "window (the model's own) or window=k > 0")
   return int(window)
+
+
+# Why a recomputed model (`recompute.py`) has no stateful step.
+CANNOT_STEP = ("this model cannot be stepped statefully (a bidirectional "
+               "layer reads its window from the end, an attention layer "
+               "reads every step of it, or its windows are padded at the "
+               "front): it is run over its whole window at each token")
 
 
 # Why beam search takes no window (here and in the served graph's check).
@@ -216,9 +228,12 @@ def score_function(model):
   """
   architecture = model.architecture
 
+  # A model that recomputes its windows scores each one whole.
+  scores = (recompute.score if architecture.config.recomputes else score)
+
   def build():
     def window_score(weights, ids, window):
-      return score(network_lib.network_of(architecture, weights), ids, window)
+      return scores(network_lib.network_of(architecture, weights), ids, window)
     return tf.function(window_score, autograph=False, input_signature=[
         model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
         tf.TensorSpec([], tf.int32)])

@@ -265,7 +265,10 @@ class ServingModule(tf.Module):
       # The same width as the sampling branch's buffer.
       return best.ids, best.lengths, best.scores
 
-    if isinstance(num_beams, int):  # The signatures without beams or scores.
+    if isinstance(num_beams, int) or self.model.config.recomputes:
+      # The signatures without beams or scores; or a model without a
+      # stateful step for beams to take (the check above fails num_beams >
+      # 1), whose beam search cannot even be traced.
       out_ids, out_lengths, scores = sample()
     else:
       out_ids, out_lengths, scores = tf.cond(num_beams > 1, beam_search, sample)

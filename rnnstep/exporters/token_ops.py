@@ -102,6 +102,10 @@ class GraphTokens(tf.Module):
     if tokens.kind == "bytes":
       self._ids = _table([bytes([b]) for b in range(256)], list(range(256)), -1)
     elif tokens.kind == "words":
+      if tokens.rules.get("char_level") and tokens.rules.get("lower"):
+        raise ValueError("a lower-casing character-level Keras Tokenizer has "
+                         "no string encoding in a graph yet; serve its ids")
+      self._vocab = tokens.vocab
       self._ids = _table([t.encode("utf-8") for t in tokens.vocab],
                          list(range(len(tokens.vocab))), -1)
       oov = self._rules.get("oov")
@@ -153,12 +157,19 @@ class GraphTokens(tf.Module):
         prompts, message=NOT_UTF8)]
     words = self._words(prompts, checks)
     ids = tf.ragged.map_flat_values(self._ids.lookup, words)
-    if self._oov is None:
+    if self._rules.get("unknown") == "drop":  # As `Tokens.encode`.
+      ids = tf.ragged.boolean_mask(ids, ids >= 0)
+    elif self._oov is None:
       checks.append(tf.debugging.assert_non_negative(ids.flat_values,
                                                      message=UNKNOWN_WORD))
     else:
       ids = tf.ragged.map_flat_values(
           lambda x: tf.where(x < 0, self._oov, x), ids)
+    start = self._rules.get("start")
+    if start is not None:  # Every prompt starts with it (`Tokens.encode`).
+      first = tf.fill([tf.shape(prompts)[0], 1],
+                      tf.constant(self._vocab.index(start), ids.dtype))
+      ids = tf.concat([tf.RaggedTensor.from_tensor(first), ids], 1)
     checks.append(tf.debugging.assert_positive(ids.row_lengths(),
                                                message=NO_TOKENS))
     return ids, checks
@@ -180,6 +191,8 @@ class GraphTokens(tf.Module):
       if split == "character":
         return tf.strings.unicode_split(prompts, "UTF-8")
       return tf.RaggedTensor.from_tensor(prompts[:, None])
+    if rules.get("char_level") and not rules.get("lower"):
+      return tf.strings.unicode_split(prompts, "UTF-8")
     if self._lower_refused is not None:
       checks.append(tf.debugging.assert_equal(
           tf.strings.regex_full_match(prompts,

@@ -67,8 +67,8 @@ def check_exportable(model) -> None:
 
   Raises:
     ValueError: the model is not float32, is a token model (the page splits
-      a prompt one character per id), or has a cell kind the runtime does
-      not run.
+      a prompt one character per id), has a cell kind the runtime does not
+      run, or layers it does not (bidirectional, a head of Dense layers).
   """
   name = model.source or "the model"
   if not model.is_characters:
@@ -82,6 +82,12 @@ def check_exportable(model) -> None:
         f"its text would not be {model.compute_dtype.name}'s), but {name} "
         "was loaded as "
         f"{model.compute_dtype.name}; load it with dtype='float32'")
+  if model.config.recomputes or model.config.head:
+    raise ValueError(
+        f"{name}: a model with a bidirectional layer, pre-padded windows or "
+        "Dense layers before its output has no web export (the page steps "
+        "recurrent layers and one Dense); export a SavedModel "
+        "(--format=saved_model) instead")
   for i, layer in enumerate(model.config.layers):
     if layer.kind not in RUNS_KINDS:
       raise ValueError(

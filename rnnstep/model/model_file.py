@@ -11,7 +11,23 @@ This module is the only place that knows the file's keys. A file holds:
                    optionally `"window": T` (a positive int): the model was built
                    for fixed windows of T characters from a zero state (a fixed T
                    in its Input, return_sequences=False on its last recurrent
-                   layer); absent for models stepped statefully
+                   layer); absent for models stepped statefully.
+                   A LAYER may add `"bidirectional": true` (Keras Bidirectional,
+                   merge_mode "concat": a backward copy of the layer reads the
+                   window from its end; its output is [forward | backward], 2U
+                   wide). `"head": [{"units": N, "activation": A}, ...]`: Dense
+                   layers between the recurrent stack and the output Dense
+                   (A in `DENSE_ACTIVATIONS`). `"padding": "pre"` (with a
+                   window): a window shorter than T is filled at the front with
+                   id 0, which the Embedding embeds (Keras `pad_sequences`).
+                   `"attention": true` (with a window): textgenrnn's
+                   AttentionWeightedAverage reads `concat([embedded, every
+                   layer's output sequence])` over the window, and its
+                   weighted average (not the last layer's last output) feeds
+                   the head or the output Dense.
+                   A model with a bidirectional layer, pre-padding or
+                   attention is recomputed over its whole window at each
+                   token (`recomputes`)
   vocab            str scalar: JSON list of the characters in id order; id 0 may be
                    "[UNK]" (never sampled); in version 2, the token strings
   tokens           version 2 only: str scalar, JSON `{"kind": K, rules...}`,
@@ -21,7 +37,14 @@ This module is the only place that knows the file's keys. A file holds:
   layer{i}_recurrent_kernel  float32 [U_i, G*U_i]
   layer{i}_bias              float32: GRU reset_after [2, 3U]; GRU [3U]; LSTM [4U];
                              SimpleRNN [U]
-  dense_kernel     float32 [U_last, V]
+  layer{i}_backward_{name}   a bidirectional layer's backward copy, as the
+                             forward tensors (D_i is the layer below's output
+                             width: 2U for a bidirectional layer)
+  attention_kernel float32 [D + the layers' output widths, 1]: with attention
+  head{j}_kernel   float32 [N_{j-1}, N_j] (N_{-1} = the last layer's output
+                   width; with attention, the attention_kernel's rows)
+  head{j}_bias     float32 [N_j]
+  dense_kernel     float32 [N_last or the last layer's output width, V]
   dense_bias       float32 [V]
 
 G is 3 for GRU (gate columns [z | r | h]), 4 for LSTM ([i | f | c | o]) and 1 for
@@ -59,6 +82,18 @@ MAX_LAYERS = 64
 MAX_WINDOW = 1 << 16
 MAX_MEMBER_BYTES = 8 << 30
 MAX_TEXT_BYTES = 64 << 20
+MAX_HEAD = 16
+
+# The activations a head Dense layer may have: Keras's names, each computed
+# as TensorFlow's op of that name (`network.HEAD_ACTIVATIONS`), which is how
+# Keras computes it. Keras 2 and 3 compute `hard_sigmoid` differently, so it
+# is not here.
+DENSE_ACTIVATIONS = ("linear", "relu", "relu6", "sigmoid", "tanh", "softplus",
+                     "softsign", "elu", "selu", "exponential", "swish",
+                     "silu", "gelu", "mish", "leaky_relu", "softmax")
+# How a window shorter than its model's T is filled: only as `pad_sequences`
+# fills it by default, at the front with id 0.
+PADDINGS = ("pre",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +103,48 @@ class LayerConfig:
   kind: str
   units: int
   reset_after: bool = True  # GRU only.
+  # Keras Bidirectional (merge_mode "concat"): a backward copy of the layer.
+  bidirectional: bool = False
 
   def to_json(self) -> dict:
     out = {"kind": self.kind, "units": self.units}
     if kinds.get(self.kind).has_reset_after:
       out["reset_after"] = self.reset_after
+    if self.bidirectional:
+      out["bidirectional"] = True
     return out
+
+  @property
+  def outputs(self) -> int:
+    """The width of the layer's output: U, or 2U bidirectional."""
+    return self.units * (2 if self.bidirectional else 1)
 
   def bias_shape(self) -> Tuple[int, ...]:
     return kinds.get(self.kind).bias_shape(self.units, self.reset_after)
 
   def tensor_shapes(self, inputs: int) -> Dict[str, Tuple[int, ...]]:
-    """The layer's tensors and their shapes, as its kind declares them."""
-    return kinds.get(self.kind).tensor_shapes(inputs, self.units,
-                                              self.reset_after)
+    """The layer's tensors and their shapes, as its kind declares them (and
+    the backward copy's, `backward_<name>`, for a bidirectional layer)."""
+    shapes = kinds.get(self.kind).tensor_shapes(inputs, self.units,
+                                                self.reset_after)
+    if self.bidirectional:
+      shapes.update({f"{BACKWARD}{name}": shape
+                     for name, shape in list(shapes.items())})
+    return shapes
+
+
+# The prefix of a bidirectional layer's backward tensors' names.
+BACKWARD = "backward_"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLayer:
+  """A Dense layer between the recurrent stack and the output Dense."""
+  units: int
+  activation: str
+
+  def to_json(self) -> dict:
+    return {"units": self.units, "activation": self.activation}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +160,34 @@ class ModelConfig:
   embedding_dim: int
   layers: Tuple[LayerConfig, ...]
   window: Optional[int] = None
+  head: Tuple[HeadLayer, ...] = ()
+  padding: Optional[str] = None
+  attention: bool = False
 
   def to_json(self) -> str:
     out = {"embedding_dim": self.embedding_dim,
            "layers": [layer.to_json() for layer in self.layers]}
     if self.window is not None:
       out["window"] = self.window
+    if self.head:
+      out["head"] = [layer.to_json() for layer in self.head]
+    if self.padding is not None:
+      out["padding"] = self.padding
+    if self.attention:
+      out["attention"] = True
     return json.dumps(out)
+
+  @property
+  def recomputes(self) -> bool:
+    """Whether the model is run over its whole window at each token.
+
+    A backward layer reads the window from its end, and a pre-padded window
+    is a different input from fewer steps: neither can be stepped (or kept
+    in `engine/window.py`'s slots), so each token reruns the window
+    (`engine/recompute.py`).
+    """
+    return self.padding is not None or self.attention or any(
+        layer.bidirectional for layer in self.layers)
 
   def expected_shapes(self, vocab_size: int) -> Dict[str, Tuple[int, ...]]:
     """Returns the shape every tensor key must have for this config."""
@@ -112,6 +196,13 @@ class ModelConfig:
     for i, layer in enumerate(self.layers):
       for name, shape in layer.tensor_shapes(inputs).items():
         shapes[f"layer{i}_{name}"] = shape
+      inputs = layer.outputs
+    if self.attention:  # Over the embedding and every layer's outputs.
+      inputs = self.embedding_dim + sum(layer.outputs for layer in self.layers)
+      shapes["attention_kernel"] = (inputs, 1)
+    for j, layer in enumerate(self.head):
+      shapes[f"head{j}_kernel"] = (inputs, layer.units)
+      shapes[f"head{j}_bias"] = (layer.units,)
       inputs = layer.units
     shapes["dense_kernel"] = (inputs, vocab_size)
     shapes["dense_bias"] = (vocab_size,)
@@ -173,12 +264,41 @@ def parse_config(data, path=None) -> ModelConfig:
     reset_after = entry.get("reset_after", True)
     if not isinstance(reset_after, bool):
       raise _fail(path, f"config layer {i} reset_after must be true or false")
-    layers.append(LayerConfig(kind, units, reset_after))
+    bidirectional = entry.get("bidirectional", False)
+    if not isinstance(bidirectional, bool):
+      raise _fail(path, f"config layer {i} bidirectional must be true or "
+                  "false")
+    layers.append(LayerConfig(kind, units, reset_after, bidirectional))
   window = data.get("window")
   if window is not None and not _is_size(window, MAX_WINDOW):
     raise _fail(path, f"config window must be a positive integer up to "
                 f"{MAX_WINDOW}, got {window!r}")
-  return ModelConfig(dim, tuple(layers), window)
+  head_json = data.get("head", [])
+  if not isinstance(head_json, list) or len(head_json) > MAX_HEAD:
+    raise _fail(path, f"config head must be a list of at most {MAX_HEAD} "
+                "Dense layers")
+  head = []
+  for j, entry in enumerate(head_json):
+    units = entry.get("units") if isinstance(entry, dict) else None
+    activation = entry.get("activation") if isinstance(entry, dict) else None
+    if not _is_size(units, MAX_VOCAB) or activation not in DENSE_ACTIVATIONS:
+      raise _fail(path, f"config head layer {j} must be {{\"units\": N, "
+                  f"\"activation\": A}} with A one of {DENSE_ACTIVATIONS}, "
+                  f"got {entry!r}"[:300])
+    head.append(HeadLayer(units, activation))
+  padding = data.get("padding")
+  if padding is not None and (padding not in PADDINGS or window is None):
+    raise _fail(path, f"config padding must be one of {PADDINGS}, with a "
+                f"window, got {padding!r}"[:200])
+  if window is None and any(layer.bidirectional for layer in layers):
+    raise _fail(path, "config has a bidirectional layer but no window: a "
+                "bidirectional model reads a fixed window")
+  attention = data.get("attention", False)
+  if not isinstance(attention, bool) or (attention and window is None):
+    raise _fail(path, f"config attention must be true or false, true only "
+                f"with a window, got {attention!r}"[:200])
+  return ModelConfig(dim, tuple(layers), window, tuple(head), padding,
+                     attention)
 
 
 def _is_size(value, limit) -> bool:
@@ -381,7 +501,7 @@ def _read_members(path) -> Dict[str, np.ndarray]:
   out = {}
   with zipfile.ZipFile(path) as archive:
     infos = archive.infolist()
-    if len(infos) > 4 * MAX_LAYERS + 16:
+    if len(infos) > 8 * MAX_LAYERS + 2 * MAX_HEAD + 16:
       raise _fail(path, f"holds {len(infos)} members, too many for a model file")
     total = 0
     for info in infos:

@@ -180,6 +180,18 @@ class Model(tf.Module):
         {name: var(f"layer{i}_{name}")
          for name in kinds.get(layer.kind).tensor_names}
         for i, layer in enumerate(config.layers)]
+    # A bidirectional layer's backward copy (`model_file.BACKWARD`), None
+    # for a layer of one direction; the head's Dense layers.
+    self.backward_weights = [
+        {name: var(f"layer{i}_{model_file.BACKWARD}{name}")
+         for name in kinds.get(layer.kind).tensor_names}
+        if layer.bidirectional else None
+        for i, layer in enumerate(config.layers)]
+    self.attention_kernel = (var("attention_kernel") if config.attention
+                             else None)
+    self.head_weights = [{"kernel": var(f"head{j}_kernel"),
+                          "bias": var(f"head{j}_bias")}
+                         for j in range(len(config.head))]
     self.dense_kernel = var("dense_kernel")
     self.dense_bias = var("dense_bias")
     # The first layer's input projection for every id, computed in float32
@@ -187,6 +199,13 @@ class Model(tf.Module):
     first = cells_lib.make_cell(config.layers[0], self.layer_weights[0])
     self.input_table = tf.Variable(first.project_inputs(self.embedding),
                                    trainable=False, name="input_table")
+    self.backward_input_table = None
+    if self.backward_weights[0] is not None:  # The same for its backward copy.
+      backward = cells_lib.make_cell(config.layers[0],
+                                     self.backward_weights[0])
+      self.backward_input_table = tf.Variable(
+          backward.project_inputs(self.embedding), trainable=False,
+          name="backward_input_table")
 
   @property
   def vocab_size(self) -> int:
@@ -194,9 +213,7 @@ class Model(tf.Module):
 
   @property
   def num_parameters(self) -> int:
-    return sum(int(np.prod(v.shape)) for v in
-               [self.embedding, self.dense_kernel, self.dense_bias,
-                *[w for layer in self.layer_weights for w in layer.values()]])
+    return sum(int(np.prod(v.shape)) for v in self.tensors().values())
 
   @property
   def is_characters(self) -> bool:
@@ -235,6 +252,13 @@ class Model(tf.Module):
     for i, weights in enumerate(self.layer_weights):
       for name, weight in weights.items():
         tensors[f"layer{i}_{name}"] = weight.numpy()
+      for name, weight in (self.backward_weights[i] or {}).items():
+        tensors[f"layer{i}_{model_file.BACKWARD}{name}"] = weight.numpy()
+    for j, weights in enumerate(self.head_weights):
+      for name, weight in weights.items():
+        tensors[f"head{j}_{name}"] = weight.numpy()
+    if self.attention_kernel is not None:
+      tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
 
   @property
@@ -246,14 +270,33 @@ class Model(tf.Module):
   def network_weights(self) -> dict:
     """The variables a `Network` reads, as one structure (see `network_of`).
 
-    Layer 0's kernel is left out: it is folded into `input_table`.
+    Layer 0's kernel is left out: it is folded into `input_table` (and its
+    backward copy's into `backward_input_table`). A model with bidirectional
+    layers or a head adds `"backward"` (per layer, a dict, empty for a layer
+    of one direction) and `"head"`; others have neither key, so their
+    programs' signatures are as before.
     """
-    return {"input_table": self.input_table,
-            "dense_kernel": self.dense_kernel,
-            "dense_bias": self.dense_bias,
-            "layers": tuple({name: weight for name, weight in weights.items()
-                             if not (i == 0 and name == "kernel")}
-                            for i, weights in enumerate(self.layer_weights))}
+    def layer_weights(i, weights):
+      return {name: weight for name, weight in weights.items()
+              if not (i == 0 and name == "kernel")}
+
+    weights = {"input_table": self.input_table,
+               "dense_kernel": self.dense_kernel,
+               "dense_bias": self.dense_bias,
+               "layers": tuple(layer_weights(i, weights)
+                               for i, weights in enumerate(self.layer_weights))}
+    if self.backward_input_table is not None:
+      weights["backward_input_table"] = self.backward_input_table
+    if any(w is not None for w in self.backward_weights):
+      weights["backward"] = tuple(layer_weights(i, weights or {})
+                                  for i, weights
+                                  in enumerate(self.backward_weights))
+    if self.head_weights:
+      weights["head"] = tuple(dict(layer) for layer in self.head_weights)
+    if self.attention_kernel is not None:  # It reads the embedded window.
+      weights["attention"] = {"kernel": self.attention_kernel,
+                              "embedding": self.embedding}
+    return weights
 
   def weights_spec(self) -> dict:
     """`tf.TensorSpec`s of `network_weights()`, equal for equal architectures."""
@@ -289,6 +332,11 @@ class Network:
     dense_kernel: `[U_last, V]` in the compute dtype.
     dense_bias: `[V]`.
     has_unk: whether id 0 is "[UNK]".
+    backward: a `Backward` for a model with bidirectional layers, else None.
+    head: `(kernel, bias, activation)` per head Dense layer, kernels in the
+      compute dtype.
+    attention: `{"kernel": [W, 1], "embedding": [V, D]}` for a model with
+      textgenrnn's attention (`window_logits`), else None.
 
   Attributes:
     banned: float32 `[V]`, -inf at "[UNK]" (id 0) and 0 elsewhere, which
@@ -296,11 +344,15 @@ class Network:
       chosen; None where the vocabulary has no "[UNK]".
   """
 
-  def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk):
+  def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk,
+               backward=None, head=(), attention=None):
     self.cells = cells
     self.input_table = input_table
     self.dense_kernel = dense_kernel
     self.dense_bias = dense_bias
+    self.backward = backward
+    self.head = tuple(head)
+    self.attention = attention
     self.vocab_size = int(dense_bias.shape[0])
     self.banned = None
     if has_unk:
@@ -315,9 +367,58 @@ class Network:
     return self.logits_of_product(self.output_product(outputs))
 
   def output_product(self, outputs: tf.Tensor) -> tf.Tensor:
-    """`outputs @ dense_kernel` in the compute dtype: the logits before bias."""
+    """`outputs @ dense_kernel` in the compute dtype: the logits before bias
+    (after the head's Dense layers, where the model has them)."""
+    for kernel, bias, activation in self.head:
+      outputs = HEAD_ACTIVATIONS[activation](
+          cells_lib.matmul(outputs, kernel, kernel.dtype) + bias)
     return cells_lib.matmul(outputs, self.dense_kernel,
                             self.dense_kernel.dtype, float32_result=False)
+
+  def window_logits(self, ids: tf.Tensor) -> tf.Tensor:
+    """The logits after a whole window of ids `[B, k]`, from a zero state.
+
+    Each layer runs over the k steps (a bidirectional layer's backward copy
+    over them reversed, Keras `Bidirectional`); the last layer's output is
+    its output after the last step (`return_sequences=False`): for a
+    bidirectional one, `[forward after step k-1 | backward after step 0]`.
+    Below it, a bidirectional layer's output at step t is `[forward_t |
+    backward_t]`, the backward sequence reversed back into time order, as
+    Keras merges `return_sequences=True` (merge_mode "concat").
+
+    Returns:
+      float32 `[B, V]`.
+    """
+    ids = tf.transpose(ids)  # Time-major [k, B].
+    batch = tf.shape(ids)[1]
+    reverse = lambda x: tf.reverse(x, [0])
+    # With attention every layer returns its sequence, all of them read.
+    last = -1 if self.attention else len(self.cells) - 1
+    sequences = []
+    for i, cell in enumerate(self.cells):
+      forward_in = (cells_lib.TableRows(self.input_table, ids) if i == 0
+                    else cell.project_inputs(outputs))
+      (forward,), _ = _unroll_cell(cell, forward_in, cell.zero_state(batch),
+                                    None)
+      backward_cell = self.backward.cells[i] if self.backward else None
+      if backward_cell is None:
+        outputs = forward
+        sequences.append(outputs)
+        continue
+      backward_in = (
+          cells_lib.TableRows(self.backward.input_table, reverse(ids))
+          if i == 0 else backward_cell.project_inputs(reverse(outputs)))
+      (backward,), _ = _unroll_cell(backward_cell, backward_in,
+                                    backward_cell.zero_state(batch), None)
+      if i == last:
+        return self.logits(tf.concat([forward[-1], backward[-1]], -1))
+      outputs = tf.concat([forward, reverse(backward)], -1)
+      sequences.append(outputs)
+    if self.attention:
+      embedded = tf.gather(self.attention["embedding"], ids)
+      return self.logits(attention_weighted_average(
+          tf.concat([embedded, *sequences], -1), self.attention["kernel"]))
+    return self.logits(outputs[-1])
 
   def logits_of_product(self, product: tf.Tensor) -> tf.Tensor:
     """Logits from `output_product`'s result (widened, plus the bias)."""
@@ -498,7 +599,63 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
   return tuple(array.stack() for array in outputs), state
 
 
-# The names of a layer's state tensors, in `StackState` order: (h,) or (h, c).
+# Keras's `backend.epsilon()`, which textgenrnn's attention adds to its sum.
+KERAS_EPSILON = 1e-7
+
+
+def attention_weighted_average(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+  """textgenrnn's `AttentionWeightedAverage` over a window, time-major.
+
+  Its `call` (minimaxir/textgenrnn, textgenrnn/AttentionWeightedAverage.py,
+  no mask: textgenrnn's Embedding has none), per row:
+
+      logits_t = x_t . W                      W: [channels, 1], no bias
+      a_t      = exp(logits_t - max_t logits_t)
+      w_t      = a_t / (sum_t a_t + epsilon)  epsilon = 1e-7 (Keras's)
+      result   = sum_t w_t * x_t
+
+  Args:
+    x: float32 `[T, B, C]`, the concatenated embedding and layer outputs.
+    kernel: `[C, 1]`, the layer's W.
+
+  Returns:
+    float32 `[B, C]`.
+  """
+  logits = tf.tensordot(x, tf.cast(kernel, x.dtype), [[2], [0]])[..., 0]
+  weights = tf.exp(logits - tf.reduce_max(logits, 0, keepdims=True))
+  weights = weights / (tf.reduce_sum(weights, 0, keepdims=True)
+                       + KERAS_EPSILON)
+  return tf.reduce_sum(x * weights[..., None], 0)
+
+
+class Backward(NamedTuple):
+  """A model's backward copies of its bidirectional layers.
+
+  Attributes:
+    cells: per layer, the backward `cells.Cell`, or None (one direction).
+    input_table: layer 0's backward input projection per id, `[V, G*U_0]`
+      (None when layer 0 runs one direction).
+  """
+  cells: Tuple[Optional[cells_lib.Cell], ...]
+  input_table: Optional[tf.Tensor]
+
+
+def _gelu(x):
+  return tf.nn.gelu(x, approximate=False)  # Keras's default.
+
+
+# `model_file.DENSE_ACTIVATIONS`, each as the op Keras computes it with.
+HEAD_ACTIVATIONS = {
+    "linear": tf.identity, "relu": tf.nn.relu, "relu6": tf.nn.relu6,
+    "sigmoid": tf.sigmoid, "tanh": tf.tanh, "softplus": tf.nn.softplus,
+    "softsign": tf.nn.softsign, "elu": tf.nn.elu, "selu": tf.nn.selu,
+    "exponential": tf.exp, "swish": tf.nn.silu, "silu": tf.nn.silu,
+    "gelu": _gelu, "mish": lambda x: x * tf.tanh(tf.nn.softplus(x)),
+    "leaky_relu": lambda x: tf.nn.leaky_relu(x, 0.2),
+    "softmax": tf.nn.softmax}
+assert tuple(HEAD_ACTIVATIONS) == model_file.DENSE_ACTIVATIONS
+
+
 def network_of(architecture: Architecture, weights: dict,
                compile_elementwise: bool = False) -> Network:
   """The forward pass of an architecture over weight tensors.
@@ -520,10 +677,29 @@ def network_of(architecture: Architecture, weights: dict,
       layer_weights = dict(layer_weights, kernel=None)
     cells.append(cells_lib.make_cell(layer, layer_weights, dtype,
                                      compile_elementwise))
+  backward = None
+  if "backward" in weights:
+    backward = Backward(
+        tuple(cells_lib.make_cell(layer, dict(layer_weights, kernel=None)
+                                  if i == 0 else layer_weights, dtype,
+                                  compile_elementwise)
+              if layer.bidirectional else None
+              for i, (layer, layer_weights) in enumerate(zip(
+                  architecture.config.layers, weights["backward"]))),
+        (tf.convert_to_tensor(weights["backward_input_table"])
+         if "backward_input_table" in weights else None))
+  head = [(tf.cast(layer_weights["kernel"], dtype),
+           tf.convert_to_tensor(layer_weights["bias"]), layer.activation)
+          for layer, layer_weights in zip(architecture.config.head,
+                                          weights.get("head", ()))]
+  attention = None
+  if "attention" in weights:
+    attention = {name: tf.convert_to_tensor(weight)
+                 for name, weight in weights["attention"].items()}
   return Network(cells, tf.convert_to_tensor(weights["input_table"]),
                  tf.cast(weights["dense_kernel"], dtype),
                  tf.convert_to_tensor(weights["dense_bias"]),
-                 architecture.has_unk)
+                 architecture.has_unk, backward, head, attention)
 
 
 def score_function(model: Model) -> BoundFunction:

@@ -30,6 +30,7 @@ import codecs
 import json
 import os
 import re
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -40,7 +41,17 @@ MAX_TOKENIZER_BYTES = 64 << 20
 # Words rules a file may record, and their types.
 _WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
                "newline": (str, type(None)), "oov": (str, type(None)),
-               "text_vectorization": dict}
+               "text_vectorization": dict, "unknown": str,
+               "char_level": bool, "start": str}
+# `char_level`: each character is a word (Keras `Tokenizer(char_level=True)`:
+# lowered where `lower` says, no filters, no split; its tokens join without
+# spaces). `start`: a token every prompt starts with, which adds no text
+# (textgenrnn's meta token `<s>`, which starts every text it generates).
+# What a words vocabulary without an OOV token does with a word it lacks
+# (its `unknown` rule): "error" (the default: the recipe has no OOV token,
+# e.g. word_language_model) or "drop" (Keras `Tokenizer.texts_to_sequences`
+# drops it silently; rnnstep says so once on stderr).
+UNKNOWN_WORDS = ("error", "drop")
 # A Keras `TextVectorization` layer's settings the `text_vectorization` rule
 # records, and their values (keras/src/layers/preprocessing/
 # text_vectorization.py; None: the layer's own None).
@@ -97,6 +108,7 @@ class Tokens:
     self.rules = dict(rules or {})
     self._ids = {t: i for i, t in enumerate(self.vocab)}
     self._tokenizer = None
+    self._said_dropped = False
     if kind == "words":
       unknown = sorted(set(self.rules) - set(_WORD_RULES))
       if unknown:
@@ -106,11 +118,14 @@ class Tokens:
         if name in self.rules and not isinstance(self.rules[name], types):
           raise _fail(path, f"tokens rule {name} has the wrong type "
                       f"({type(self.rules[name]).__name__})")
-      for name in ("newline", "oov"):
+      for name in ("newline", "oov", "start"):
         token = self.rules.get(name)
         if token is not None and token not in self._ids:
           raise _fail(path, f"tokens rule {name} names {token!r}, which is "
                       "not in the vocabulary")
+      if self.rules.get("unknown", "error") not in UNKNOWN_WORDS:
+        raise _fail(path, f"tokens rule unknown must be one of "
+                    f"{UNKNOWN_WORDS}, got {self.rules['unknown']!r}"[:200])
       if self.rules.get("split") == "":
         raise _fail(path, "tokens rule split is empty", "give a separator, "
                     "or null to split on whitespace")
@@ -210,7 +225,18 @@ class Tokens:
     if self.kind == "subword":
       return np.array(self._tokenizer.encode(
           text, add_special_tokens=False).ids, np.int32)
-    return np.array([self._word_id(w) for w in self.words(text)], np.int32)
+    words = self.words(text)
+    if "start" in self.rules:
+      words.insert(0, self.rules["start"])
+    ids = [self._word_id(w) for w in words]
+    dropped = [w for w, i in zip(words, ids) if i is None]
+    if dropped and not self._said_dropped:
+      # Once per vocabulary: a prompt loop would repeat it at every call.
+      self._said_dropped = True
+      shown = ", ".join(map(repr, dropped[:5]))
+      print(f"rnnstep: dropped prompt words the vocabulary lacks ({shown}), "
+            "as Keras's Tokenizer.texts_to_sequences does", file=sys.stderr)
+    return np.array([i for i in ids if i is not None], np.int32)
 
   def words(self, text: str) -> List[str]:
     """A words vocabulary's split of `text`, as its recipe splits it.
@@ -232,6 +258,8 @@ class Tokens:
     vectorize = self.rules.get("text_vectorization")
     if vectorize is not None:
       return _text_vectorization_words(line, **vectorize)
+    if self.rules.get("char_level"):  # Keras: no filters and no split.
+      return list(line.lower() if self.rules.get("lower") else line)
     # Keras `text_to_word_sequence`: lower, filters become the split
     # character, split, drop empty words.
     if self.rules.get("lower"):
@@ -250,6 +278,8 @@ class Tokens:
     oov = self.rules.get("oov")
     if oov is not None:
       return self._ids[oov]
+    if self.rules.get("unknown") == "drop":
+      return None
     raise ValueError(f"word {word!r} is not in the model's vocabulary (which "
                      "has no out-of-vocabulary token); remove or replace it")
 
@@ -268,10 +298,11 @@ class Tokens:
     if self.kind == "bytes":
       return [bytes([b]) for b in range(256)]
     if self.kind == "words":
-      newline = self.rules.get("newline")
+      newline, start = self.rules.get("newline"), self.rules.get("start")
       joined = (self.rules.get("text_vectorization", {}).get("split")
-                != "character")  # Characters join without spaces.
-      return [b"\n" if t == newline else
+                != "character" and not self.rules.get("char_level"))
+      # Characters join without spaces; the start token adds no text.
+      return [b"\n" if t == newline else b"" if t == start else
               (" " + t if joined and t else t).encode("utf-8")
               for t in self.vocab]
     return _subword_pieces(self._tokenizer, self.rules["tokenizer"],

@@ -1,0 +1,294 @@
+"""Recomputed windows (rnnstep/engine/recompute.py) on TensorFlow in
+Practice's word recipe: a Bidirectional LSTM (and a second LSTM and a relu
+Dense head), pre-padded windows, a legacy Tokenizer's words.
+
+The fixtures are the recipe's own model and loop, run by tf_keras
+(tools/make_tfip_fixtures.py): every number and word here is compared with
+what tf_keras and the recipe computed, never with rnnstep's own.
+"""
+
+import functools
+import json
+import pathlib
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support import cli
+from tests.support.tiers import quick_params
+
+import rnnstep
+from rnnstep import convert
+from rnnstep import errors
+from rnnstep.exporters import litert
+from rnnstep.exporters import web
+
+DATA = pathlib.Path(__file__).parent / "data" / "tfip_words"
+REFERENCE = json.loads((DATA / "reference.json").read_text())
+SEEDS = REFERENCE["seeds"]
+STEPS = REFERENCE["next_words"]
+SONNETS, BIDI = "sonnets.h5", "bidi.h5"
+
+
+@functools.lru_cache(maxsize=None)
+def load(name):
+  return rnnstep.load(DATA / name, vocab=DATA / "tokenizer.json")
+
+
+def recipe_texts(name):
+  return REFERENCE["models"][name]["texts"]
+
+
+def test_the_recipe_graph_is_read_from_the_file():
+  """Bidirectional over LSTM, Dropout skipped, a second LSTM, the relu head,
+  the fixed input length and pre-padding (the vocabulary is a Tokenizer's)."""
+  config = load(SONNETS).config
+  assert [(layer.kind, layer.units, layer.bidirectional)
+          for layer in config.layers] == [("lstm", 10, True),
+                                          ("lstm", 8, False)]
+  assert [(h.units, h.activation) for h in config.head] == [(26, "relu")]
+  assert (config.window, config.padding) == (REFERENCE["max_len"] - 1, "pre")
+  assert config.recomputes
+  summary = convert.describe(DATA / SONNETS)
+  assert any("Dropout layer 'dropout' ignored" in note
+             for note in summary.notes)
+  assert load(BIDI).config.head == ()
+
+
+@pytest.mark.parametrize("name", [SONNETS, BIDI])
+def test_logits_match_the_recipe_model(name):
+  """The windows tf_keras predicted on (pre-padded, full, padding only):
+  log-probabilities within 1e-5 (logits up to their softmax's constant)."""
+  reference = REFERENCE["models"][name]
+  logits = np.asarray(rnnstep.logits(
+      load(name), np.array(reference["windows"], np.int32)), np.float64)
+  got = logits[:, -1] - np.log(np.exp(logits[:, -1]).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+def test_keras_3_files_of_stacked_bidirectional_layers_match_keras(tmp_path):
+  """Keras 3 (a backward_layer in its config, each direction's weights under
+  its own path in a .keras archive): Bidirectional GRU (return_sequences,
+  merged per step) under a Bidirectional LSTM, and a gelu head."""
+  keras = pytest.importorskip("keras")
+  keras.utils.set_random_seed(1)
+  size = len(load(BIDI).vocab)
+  model = keras.Sequential([
+      keras.Input((9,)), keras.layers.Embedding(size, 6),
+      keras.layers.Bidirectional(keras.layers.GRU(5, return_sequences=True)),
+      keras.layers.Bidirectional(keras.layers.LSTM(4)),
+      keras.layers.Dense(7, activation="gelu"),
+      keras.layers.Dense(size, activation="softmax")])
+  windows = np.random.RandomState(0).randint(0, size, (3, 9)).astype(np.int32)
+  windows[0, :4] = 0  # Pre-padded.
+  want = np.log(model.predict(windows, verbose=0))
+  model.save(tmp_path / "m.keras")
+  loaded = rnnstep.load(tmp_path / "m.keras", vocab=DATA / "tokenizer.json")
+  assert [layer.bidirectional for layer in loaded.config.layers] == [True,
+                                                                     True]
+  logits = np.asarray(rnnstep.logits(loaded, windows), np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+def test_greedy_words_are_the_recipe_loop_s(path):
+  """Both seeds (shorter than the window: padded; longer: cut) in one batch,
+  word for word, on every path, by generate and by stream (the poetry lab's
+  model on the graph path only: its programs are compiled once more)."""
+  for name in (SONNETS, BIDI) if path is False else (SONNETS,):
+    model = load(name)
+    texts = rnnstep.generate(model, SEEDS, STEPS, temperature=0,
+                             jit_compile=path)
+    assert [s + t for s, t in zip(SEEDS, texts)] == recipe_texts(name)
+  streamed = "".join(rnnstep.stream(load(SONNETS), SEEDS[0], STEPS,
+                                    chunk_size=5, temperature=0,
+                                    jit_compile=path))
+  assert SEEDS[0] + streamed == recipe_texts(SONNETS)[0]
+
+
+def test_sampling_is_the_same_on_a_strategy_and_alone():
+  model = load(SONNETS)
+  kwargs = dict(temperature=0.9, seed=4, repetition_penalty=1.3,
+                jit_compile=False)
+  alone = rnnstep.generate(model, SEEDS, STEPS, **kwargs)
+  assert rnnstep.generate(model, SEEDS, STEPS,
+                          strategy=tf.distribute.get_strategy(),
+                          **kwargs) == alone
+
+
+def test_unknown_prompt_words_are_dropped_as_texts_to_sequences_does(capsys):
+  """Said once on stderr; the window is the recipe's without them."""
+  model = rnnstep.load(DATA / BIDI, vocab=DATA / "tokenizer.json")
+  seed = "From zebra fairest unicorn"
+  for _ in range(2):
+    text = rnnstep.generate(model, seed, STEPS, temperature=0,
+                            jit_compile=False)
+  assert SEEDS[0] + text == recipe_texts(BIDI)[0]
+  said = capsys.readouterr().err.splitlines()
+  assert [line for line in said if "dropped" in line] == [
+      "rnnstep: dropped prompt words the vocabulary lacks ('zebra', "
+      "'unicorn'), as Keras's Tokenizer.texts_to_sequences does"]
+
+
+def test_what_a_recomputed_model_cannot_do_is_refused_in_one_line():
+  model = load(BIDI)
+  for call, argument in [
+      (lambda: rnnstep.generate(model, "from", 3, window=0), "window"),
+      (lambda: rnnstep.generate(model, "from", 3, num_beams=2), "num_beams"),
+      (lambda: rnnstep.hidden_states(model, "from"), "texts_or_ids")]:
+    with pytest.raises(errors.ArgumentError) as e:
+      call()
+    assert e.value.argument == argument and "\n" not in str(e.value)
+  for export, lacks in [(litert.convert, "steps a model statefully"),
+                        (web.check_exportable, "no web export")]:
+    with pytest.raises(ValueError, match=lacks) as e:
+      export(model)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
+  """`rnnstep-convert` then `rnnstep-generate`, in one shell."""
+  out = tmp_path / "sonnets.npz"
+  convert_cmd = " ".join(cli.command("rnnstep-convert", "rnnstep.cli.convert"))
+  generate_cmd = " ".join(cli.command("rnnstep-generate",
+                                      "rnnstep.cli.generate"))
+  result = cli.run_binary(["bash", "-c", (
+      f"{convert_cmd} --input={DATA / SONNETS} "
+      f"--vocab={DATA / 'tokenizer.json'} --output={out} >/dev/null && "
+      f"{generate_cmd} --weights={out} --prompt=\"$0\" "
+      f"--num_steps={STEPS} --temperature=0"), SEEDS[1]], [])
+  assert cli.ok(result).rstrip("\n") == recipe_texts(SONNETS)[1]
+
+
+# Serves each (export directory, prompts, steps) greedily; prints the texts.
+SERVE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    for name in ("rnnstep", "keras", "tf_keras"):
+      sys.modules[name] = None
+    import tensorflow as tf
+    out = []
+    for export_dir, prompts, steps in json.loads(sys.argv[1]):
+      loaded = tf.saved_model.load(export_dir)
+      texts = loaded.signatures["serving_default"](
+          prompts=tf.constant(prompts), num_steps=tf.constant(steps),
+          temperature=tf.constant(0.0), seed=tf.constant(0, tf.int64))["text"]
+      out.append([t.decode() for t in texts.numpy()])
+    print(json.dumps(out))
+    """)
+
+
+@pytest.mark.slow
+def test_the_saved_model_serves_the_recipes_texts(tmp_path):
+  """Served without rnnstep or Keras: the TF-in-Practice loop's words and
+  textgenrnn's loop's characters (its `<s>` and character tokens in graph
+  ops)."""
+  rnnstep.export(load(BIDI), str(tmp_path / "bidi"))
+  rnnstep.export(textgenrnn(TEXTGENRNN), str(tmp_path / "textgenrnn"))
+  words, chars = cli.run_script(SERVE_SCRIPT, json.dumps([
+      (str(tmp_path / "bidi"), SEEDS, STEPS),
+      (str(tmp_path / "textgenrnn"), PREFIXES, TEXTGENRNN_STEPS)]))
+  assert [s + t for s, t in zip(SEEDS, words)] == recipe_texts(BIDI)
+  assert_textgenrnn_texts(TEXTGENRNN, chars)
+
+
+# ------------------------------------------------------------- textgenrnn
+
+TEXTGENRNN_DATA = pathlib.Path(__file__).parent / "data" / "textgenrnn"
+TEXTGENRNN_REFERENCE = json.loads(
+    (TEXTGENRNN_DATA / "reference.json").read_text())
+PREFIXES = TEXTGENRNN_REFERENCE["prefixes"]
+# textgenrnn's loop stops at max_gen_length tokens, `<s>` and the prefix
+# included: the longest continuation any prefix gets.
+TEXTGENRNN_STEPS = TEXTGENRNN_REFERENCE["max_gen_length"] - 1 - min(
+    map(len, PREFIXES))
+TEXTGENRNN, TEXTGENRNN_BIDI = "textgenrnn", "textgenrnn_bidi"
+
+
+@functools.lru_cache(maxsize=None)
+def textgenrnn(name):
+  """Its weights file; the vocabulary beside it is found by its name."""
+  return rnnstep.load(TEXTGENRNN_DATA / name / "textgenrnn_weights.hdf5")
+
+
+def assert_textgenrnn_texts(name, continuations):
+  want = TEXTGENRNN_REFERENCE["models"][name]["texts"]
+  got = [p + t for p, t in zip(PREFIXES, continuations)]
+  assert [g[:len(w)] for g, w in zip(got, want)] == want
+
+
+def test_textgenrnn_files_are_read_as_its_code_builds_them():
+  model = textgenrnn(TEXTGENRNN)
+  config = model.config
+  assert (config.attention, config.window, config.padding) == (True, 10,
+                                                               "pre")
+  assert [(layer.kind, layer.bidirectional) for layer in config.layers] == [
+      ("lstm", False), ("lstm", False)]
+  assert textgenrnn(TEXTGENRNN_BIDI).config.layers[0].bidirectional
+  # `<s>` starts every text; an unknown character is the padding id 0, as
+  # `vocab.get(x, 0)` makes it; characters join without spaces.
+  start = model.vocab.index("<s>")
+  assert model.encode("t\u00e9").tolist() == [start, model.vocab.index("t"),
+                                               0]
+  assert model.decode([start, model.vocab.index("t")]) == "t"
+
+
+@pytest.mark.parametrize("name", [TEXTGENRNN, TEXTGENRNN_BIDI])
+def test_textgenrnn_logits_match_its_own_layer_code(name):
+  """AttentionWeightedAverage over concat([embedded, rnn_1, ...]), from its
+  code run by tf_keras (tools/make_textgenrnn_fixtures.py)."""
+  reference = TEXTGENRNN_REFERENCE["models"][name]
+  logits = np.asarray(rnnstep.logits(
+      textgenrnn(name), np.array(reference["windows"], np.int32)),
+                      np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+def test_cudnn_lstm_weights_convert_as_keras_loads_them(tmp_path):
+  """textgenrnn's bundled weights come from Keras 2.1's CuDNNLSTM (two
+  biases, cuDNN's kernel layout). The fixture's weights, taken to that
+  layout by tf_keras's own converter, give the same logits."""
+  h5py = pytest.importorskip("h5py")
+  hdf5_format = pytest.importorskip("tf_keras.src.saving.legacy.hdf5_format")
+
+  class CuDNNLSTM:  # pylint: disable=too-few-public-methods
+    """What the converter reads of its target layer: the class name."""
+
+  directory = tmp_path / TEXTGENRNN
+  shutil.copytree(TEXTGENRNN_DATA / TEXTGENRNN, directory)
+  with h5py.File(directory / "textgenrnn_weights.hdf5", "r+") as f:
+    for layer in ("rnn_1", "rnn_2"):
+      names = list(f[layer].attrs["weight_names"])  # tf_keras writes str.
+      cudnn = hdf5_format._convert_rnn_weights(  # pylint: disable=protected-access
+          CuDNNLSTM(), [f[layer][name][()] for name in names])
+      for name, array in zip(names, cudnn):
+        del f[layer][name]
+        f[layer][name] = array
+  model = rnnstep.load(directory / "textgenrnn_weights.hdf5")
+  reference = TEXTGENRNN_REFERENCE["models"][TEXTGENRNN]
+  logits = np.asarray(rnnstep.logits(
+      model, np.array(reference["windows"], np.int32)), np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
+
+
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+def test_textgenrnn_greedy_text_is_its_loop_s(path):
+  """Its `textgenrnn_generate(temperature=0.0, prefix=...)`, character for
+  character, by generate (both models on the graph path) and stream."""
+  for name in (TEXTGENRNN, TEXTGENRNN_BIDI) if path is False else (
+      TEXTGENRNN_BIDI,):
+    assert_textgenrnn_texts(name, rnnstep.generate(
+        textgenrnn(name), PREFIXES, TEXTGENRNN_STEPS, temperature=0,
+        jit_compile=path))
+  streamed = ["".join(rnnstep.stream(
+      textgenrnn(TEXTGENRNN_BIDI), prefix, TEXTGENRNN_STEPS, chunk_size=7,
+      temperature=0, jit_compile=path)) for prefix in PREFIXES]
+  assert_textgenrnn_texts(TEXTGENRNN_BIDI, streamed)
