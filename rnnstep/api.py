@@ -403,8 +403,10 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 
   # A token model's text is cut at its stop string's end (a character
   # model's already ends there).
-  texts = shaped([[model.tokens.text(ids, options.stop) for ids in seqs]
-                  for seqs in out.ids])
+  # (textgenrnn's word-level text also starts from its prompt's words.)
+  texts = shaped([[model.tokens.text(ids, options.stop, prompt)
+                   for ids in seqs]
+                  for prompt, seqs in zip(prompt_list, out.ids)])
   return (texts, shaped(out.scores)) if return_scores else texts
 
 
@@ -459,7 +461,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       model, _path(model, jit_compile, len(prompt_list), options.window))
   # One incremental decoder per row: a chunk never ends inside a character,
   # and a token model's text is cut at its stop string's end.
-  rows = [model.tokens.stream(options.stop) for _ in prompt_list]
+  rows = [model.tokens.stream(options.stop, prompt) for prompt in prompt_list]
   scores = [0.0] * len(prompt_list)
 
   def shaped(texts, scores):

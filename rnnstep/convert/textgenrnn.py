@@ -159,11 +159,8 @@ def _window(path: str, label, notes) -> int:
   if not isinstance(window, int) or isinstance(window, bool) or not (
       0 < window <= model_file.MAX_WINDOW) or len(text) > MAX_CONFIG_BYTES:
     raise safe_io.fail(config, "not a textgenrnn config with a max_length")
-  if data.get("word_level"):
-    raise safe_io.fail(config, "a word-level textgenrnn model "
-                       "(word_level=true): rnnstep reads textgenrnn's "
-                       "character models")
-  notes.append(f"max_length {window} from {config}")
+  notes.append(f"max_length {window} from {config}"
+               + (", word-level" if data.get("word_level") else ""))
   return window
 
 
@@ -176,24 +173,56 @@ def is_vocab(data) -> bool:
 def tokens(data, source: str) -> vocabulary_lib.Tokens:
   """textgenrnn's vocabulary as tokens (see the module docstring).
 
+  Word-level (`word_level=True`) where the `<name>_config.json` beside a
+  `<name>_vocab.json` says so, else where a token besides `<s>` is longer
+  than one character (a character vocabulary has none).
+
   Raises:
-    ValueError: indices that are not 1..N, or a token of more than one
-      character besides `<s>` (a word-level vocabulary); one line.
+    ValueError: indices that are not 1..N, an empty word or one with a
+      space (textgenrnn's Tokenizer makes neither); one line.
   """
   by_index = {index: token for token, index in data.items()}
   if sorted(by_index) != list(range(1, len(data) + 1)):
     raise ValueError(f"{source}: textgenrnn's vocabulary does not number its "
                      f"tokens 1..{len(data)}")
   words = [by_index[i] for i in range(1, len(data) + 1)]
-  long = [w for w in words if len(w) != 1 and w != META_TOKEN]
-  if long:
-    raise ValueError(f"{source}: a word-level textgenrnn vocabulary ({long[0]!r}"
-                     "); rnnstep reads textgenrnn's character models")
+  word_level = _word_level_beside(source)
+  if word_level is None:
+    word_level = any(len(w) != 1 and w != META_TOKEN for w in words)
+  if word_level:
+    odd = [w for w in words if not w or " " in w]
+    if odd:
+      raise ValueError(f"{source}: a word-level textgenrnn vocabulary with the "
+                       f"word {odd[0]!r}, which its Tokenizer (split on "
+                       "spaces) cannot make")
   vocab = model_file.validate_vocab([model_file.UNK_TOKEN] + words, source,
                                     tokens=True)
+  rules = ({"recipe": "textgenrnn"} if word_level else {"char_level": True})
   return vocabulary_lib.Tokens(
-      "words", vocab, {"char_level": True, "start": META_TOKEN,
-                       "oov": model_file.UNK_TOKEN}, source)
+      "words", vocab, dict(rules, start=META_TOKEN, oov=model_file.UNK_TOKEN),
+      source)
+
+
+def _word_level_beside(source: str) -> Optional[bool]:
+  """`word_level` from the `<name>_config.json` beside `<name>_vocab.json`
+  (None where there is none, or it does not say)."""
+  base = os.path.basename(source)
+  if not base.endswith("_vocab.json"):
+    return None
+  config = os.path.join(os.path.dirname(os.path.abspath(source)),
+                        base[:-len("_vocab.json")] + "_config.json")
+  if not os.path.isfile(config):
+    return None
+  with open(config, "rb") as f:
+    text = f.read(MAX_CONFIG_BYTES + 1)
+  try:
+    data = json.loads(text.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    data = None
+  if not isinstance(data, dict) or len(text) > MAX_CONFIG_BYTES:
+    raise ValueError(f"{config}: not a textgenrnn config (a JSON object)")
+  level = data.get("word_level")
+  return level if isinstance(level, bool) else None
 
 
 def vocab_beside(path: str) -> Optional[str]:

@@ -42,7 +42,7 @@ MAX_TOKENIZER_BYTES = 64 << 20
 _WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
                "newline": (str, type(None)), "oov": (str, type(None)),
                "text_vectorization": dict, "unknown": str,
-               "char_level": bool, "start": str}
+               "char_level": bool, "start": str, "recipe": str}
 # `char_level`: each character is a word (Keras `Tokenizer(char_level=True)`:
 # lowered where `lower` says, no filters, no split; its tokens join without
 # spaces). `start`: a token every prompt starts with, which adds no text
@@ -52,6 +52,21 @@ _WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
 # e.g. word_language_model) or "drop" (Keras `Tokenizer.texts_to_sequences`
 # drops it silently; rnnstep says so once on stderr).
 UNKNOWN_WORDS = ("error", "drop")
+# `recipe`: a recipe whose own code splits prompts and joins words, where no
+# rule above says it. "textgenrnn": textgenrnn's word-level
+# `textgenrnn_generate` (minimaxir/textgenrnn, textgenrnn/utils.py), its
+# regexes verbatim below: a prefix's punctuation spaced out, runs of spaces
+# made one, split on " " (empty words kept: they are id 0, as its
+# `vocab.get(x, 0)` makes them), each word lowered; the words joined with
+# " " and re-spaced around punctuation (`respace_textgenrnn`).
+RECIPES = ("textgenrnn",)
+TEXTGENRNN_PREFIX_PUNCT = '!"#$%&()*+,-./:;<=>?@[\\]^_`{|}~\\n\\t\'‘’“”’–—'
+_TEXTGENRNN_LEFT = "!%),.:;?@\\]_}\\n\\t'"
+_TEXTGENRNN_RIGHT = "$(\\[_\\n\\t'"
+_TEXTGENRNN_BOTH = '\\n\\t'
+# Characters a later word can still re-space back from the end of the joined
+# text (each regex reads at most 3 characters; `StreamText` holds them).
+_TEXTGENRNN_MARGIN = 4
 # A Keras `TextVectorization` layer's settings the `text_vectorization` rule
 # records, and their values (keras/src/layers/preprocessing/
 # text_vectorization.py; None: the layer's own None).
@@ -126,6 +141,9 @@ class Tokens:
       if self.rules.get("unknown", "error") not in UNKNOWN_WORDS:
         raise _fail(path, f"tokens rule unknown must be one of "
                     f"{UNKNOWN_WORDS}, got {self.rules['unknown']!r}"[:200])
+      if self.rules.get("recipe", "textgenrnn") not in RECIPES:
+        raise _fail(path, f"tokens rule recipe must be one of {RECIPES}, got "
+                    f"{self.rules['recipe']!r}"[:200])
       if self.rules.get("split") == "":
         raise _fail(path, "tokens rule split is empty", "give a separator, "
                     "or null to split on whitespace")
@@ -255,6 +273,8 @@ class Tokens:
     return out
 
   def _line_words(self, line: str) -> List[str]:
+    if self.rules.get("recipe") == "textgenrnn":
+      return textgenrnn_words(line)
     vectorize = self.rules.get("text_vectorization")
     if vectorize is not None:
       return _text_vectorization_words(line, **vectorize)
@@ -331,13 +351,18 @@ class Tokens:
     pieces = self.pieces
     return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
 
-  def stream(self, stops: Sequence[str] = ()) -> "StreamText":
-    """An incremental decoder for one row (see `StreamText`)."""
+  def stream(self, stops: Sequence[str] = (), prompt: str = ""
+             ) -> "StreamText":
+    """An incremental decoder for one row (see `StreamText`); `prompt` is
+    the row's prompt, which a `recipe` vocabulary's text starts from."""
+    if self.rules.get("recipe") == "textgenrnn":
+      return TextgenrnnText(self, prompt)
     return StreamText(self, stops)
 
-  def text(self, ids, stops: Sequence[str] = ()) -> str:
-    """A continuation's text, cut at the end of its first stop string."""
-    stream = self.stream(stops)
+  def text(self, ids, stops: Sequence[str] = (), prompt: str = "") -> str:
+    """A continuation's text, cut at the end of its first stop string
+    (`prompt`: the row's prompt, for a `recipe` vocabulary)."""
+    stream = self.stream(stops, prompt)
     return stream.push(ids) + stream.finish()
 
 
@@ -384,6 +409,102 @@ class StreamText:
     if self.stopped or self._tokens.kind == "characters":
       return ""
     return self._decoder.decode(b"", final=True)
+
+
+class TextgenrnnText:
+  """One row's text as textgenrnn's word-level `textgenrnn_generate` returns
+  it, chunk by chunk (the `recipe` rule "textgenrnn").
+
+  textgenrnn joins the prefix's words and the generated ones with " " and
+  then re-spaces the whole string (`respace_textgenrnn`), so a word can
+  change the spacing just before it, and a closing quote the spacing after
+  its opening one. Its returned string F starts with the prompt as it writes
+  it, P (`respace_textgenrnn` of the prefix's words alone); the continuation
+  is F after the longest start it shares with P (all of P unless the words
+  re-space P's end, e.g. close a quote P opens). Each chunk holds what no
+  later word can change any more: F but for its last `_TEXTGENRNN_MARGIN`
+  characters and a quote still open on its last line; `finish` gives the
+  rest. Joined, the chunks are the continuation, and P's shared start plus
+  the continuation is F.
+
+  Args:
+    tokens: the `Tokens`.
+    prompt: the row's prompt (its words as typed, unknown ones included:
+      textgenrnn joins the words, not their ids).
+  """
+
+  def __init__(self, tokens: Tokens, prompt: str):
+    self._tokens = tokens
+    self._words = textgenrnn_words(prompt) if prompt else []
+    self._written = respace_textgenrnn(" ".join(self._words))
+    self._start = None  # len(shared start of P and F), once it is known.
+    self._sent = 0  # Characters of F sent after the start.
+    self.stopped = False
+
+  def push(self, ids) -> str:
+    """The text the new ids settle (see the class)."""
+    start = self._tokens.rules.get("start")
+    self._words.extend(w for w in (self._tokens.vocab[i] for i in np.asarray(
+        ids).ravel().tolist()) if w != start)  # `<s>` adds no word.
+    return self._send(textgenrnn_settled(self._words))
+
+  def finish(self) -> str:
+    """The rest of the text, at the end of the generation."""
+    return self._send(respace_textgenrnn(" ".join(self._words)), final=True)
+
+  def _send(self, settled: str, final: bool = False) -> str:
+    if self._start is None:
+      shared = len(os.path.commonprefix([settled, self._written]))
+      if not final and shared == len(settled) < len(self._written):
+        return ""  # F may still go on as P does.
+      self._start = shared
+    out = settled[self._start + self._sent:]
+    self._sent += len(out)
+    return out
+
+
+def textgenrnn_words(prefix: str) -> List[str]:
+  """textgenrnn's words of a word-level prefix, as `textgenrnn_generate`
+  splits it: punctuation spaced out, runs of spaces made one, split on " "
+  (its empty words kept), each lowered; no words for an empty prefix."""
+  if not prefix:
+    return []
+  prefix = re.sub("([{}])".format(TEXTGENRNN_PREFIX_PUNCT), r" \1 ", prefix)
+  prefix = re.sub(" {2,}", r" ", prefix)
+  return [x.lower() for x in prefix.split(" ")]
+
+
+def respace_textgenrnn(text_joined: str) -> str:
+  """textgenrnn's re-spacing of its joined words (`textgenrnn_generate`'s
+  regexes, in its order): the spaces around a newline or tab, before
+  closing punctuation, after opening punctuation, inside a quoted span."""
+  text_joined = re.sub(" ([{}]) ".format(_TEXTGENRNN_BOTH), r"\1",
+                       text_joined)
+  text_joined = re.sub(" ([{}])".format(_TEXTGENRNN_LEFT), r"\1", text_joined)
+  text_joined = re.sub("([{}]) ".format(_TEXTGENRNN_RIGHT), r"\1", text_joined)
+  return re.sub('" (.+?) "', r'"\1"', text_joined)
+
+
+def textgenrnn_settled(words: Sequence[str]) -> str:
+  """The start of `respace_textgenrnn(" ".join(words))` that no word joined
+  after them can change.
+
+  The first three regexes read at most three characters and only remove
+  spaces, so each keeps all but its last two (or one) characters of output
+  as they are whatever follows: all but the last `_TEXTGENRNN_MARGIN`
+  characters are settled. The quote regex cannot cross a line end: what
+  precedes the first `"` on the settled text's last line is settled too.
+  """
+  text = " ".join(words)
+  for pattern, repl in ((" ([{}]) ".format(_TEXTGENRNN_BOTH), r"\1"),
+                        (" ([{}])".format(_TEXTGENRNN_LEFT), r"\1"),
+                        ("([{}]) ".format(_TEXTGENRNN_RIGHT), r"\1")):
+    text = re.sub(pattern, repl, text)
+  text = text[:max(len(text) - _TEXTGENRNN_MARGIN, 0)]
+  quote = text.find('"', text.rfind("\n") + 1)
+  if quote >= 0:
+    text = text[:quote]
+  return re.sub('" (.+?) "', r'"\1"', text)
 
 
 def _check_text_vectorization(rules: dict, path) -> None:
@@ -495,4 +616,5 @@ def _subword_pieces(tokenizer, text: str, size: int) -> List[bytes]:
   return out
 
 
-__all__ = ["Tokens", "StreamText", "KINDS", "bytes_vocab", "characters"]
+__all__ = ["Tokens", "StreamText", "TextgenrnnText", "KINDS", "bytes_vocab",
+           "characters", "textgenrnn_words", "respace_textgenrnn"]
