@@ -52,7 +52,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       (UTF-8); the vocabulary is `sorted(set(text))`. (A char-rnn-tensorflow
       save directory holds its own, `chars_vocab.pkl`: give neither.)
     vocab: for weights files, instead of `corpus`: a vocabulary file (a JSON
-      list of characters in id order) or a list of characters. Neither for a
+      list of characters in id order) or a list of characters (or
+      textgenrnn's `{token: index}` dict, `textgen.vocab`). Neither for a
       Keras model with a TextVectorization layer, which holds its own.
 
   Returns:
@@ -581,6 +582,15 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
         "return_scores", f"return_scores must be True or False, got "
         f"{return_scores!r}")
   patterns = constraints.check(regex, len(prompt_list))
+  recipe = model.tokens.rules.get("recipe")
+  for name, given in (("stop", stops), ("regex", patterns)):
+    if recipe and given and any(given):
+      # They act on the tokens' raw text (" " + word each), which the
+      # recipe's re-spacing changes afterwards.
+      raise errors.ArgumentError(
+          name, f"{name}= with a {recipe} word-level model: its text is "
+          "re-spaced after the words are chosen, so neither acts on the text "
+          "it returns; stop by num_steps")
   if patterns:
     constraints.combine(model, patterns)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]

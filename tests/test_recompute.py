@@ -8,8 +8,10 @@ what tf_keras and the recipe computed, never with rnnstep's own.
 """
 
 import functools
+import os
 import json
 import pathlib
+import re
 import shutil
 import textwrap
 
@@ -25,6 +27,7 @@ from rnnstep import convert
 from rnnstep import errors
 from rnnstep.exporters import litert
 from rnnstep.exporters import web
+from rnnstep.model import vocabulary
 
 DATA = pathlib.Path(__file__).parent / "data" / "tfip_words"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
@@ -153,17 +156,27 @@ def test_what_a_recomputed_model_cannot_do_is_refused_in_one_line():
 
 @pytest.mark.slow
 def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
-  """`rnnstep-convert` then `rnnstep-generate`, in one shell."""
+  """`rnnstep-convert` then `rnnstep-generate`, in one shell; and
+  textgenrnn's word-level weights file given to `rnnstep-generate` (its
+  vocabulary and config found beside it), with a prefix it writes as typed:
+  the prompt and the continuation are textgenrnn's returned string."""
   out = tmp_path / "sonnets.npz"
   convert_cmd = " ".join(cli.command("rnnstep-convert", "rnnstep.cli.convert"))
   generate_cmd = " ".join(cli.command("rnnstep-generate",
                                       "rnnstep.cli.generate"))
+  assert WORDS["prefixes"][0].lower() == WORDS["written"][0]
   result = cli.run_binary(["bash", "-c", (
       f"{convert_cmd} --input={DATA / SONNETS} "
       f"--vocab={DATA / 'tokenizer.json'} --output={out} >/dev/null && "
       f"{generate_cmd} --weights={out} --prompt=\"$0\" "
-      f"--num_steps={STEPS} --temperature=0"), SEEDS[1]], [])
-  assert cli.ok(result).rstrip("\n") == recipe_texts(SONNETS)[1]
+      f"--num_steps={STEPS} --temperature=0 && echo --- && "
+      f"{generate_cmd} --weights="
+      f"{TEXTGENRNN_DATA / 'textgenrnn_words' / 'textgenrnn_weights.hdf5'} "
+      f"--prompt=\"$1\" --num_steps={WORDS['steps'][0]} --temperature=0"),
+                           SEEDS[1], WORDS["written"][0]], [])
+  words, textgenrnn_text = cli.ok(result).split("\n---\n")
+  assert words.rstrip("\n") == recipe_texts(SONNETS)[1]
+  assert textgenrnn_text.rstrip("\n") == WORDS["texts"][0]
 
 
 # Serves each (export directory, prompts, steps) greedily; prints the texts.
@@ -292,3 +305,122 @@ def test_textgenrnn_greedy_text_is_its_loop_s(path):
       textgenrnn(TEXTGENRNN_BIDI), prefix, TEXTGENRNN_STEPS, chunk_size=7,
       temperature=0, jit_compile=path)) for prefix in PREFIXES]
   assert_textgenrnn_texts(TEXTGENRNN_BIDI, streamed)
+
+
+# ------------------------------------------------- textgenrnn, word level
+
+WORDS = TEXTGENRNN_REFERENCE["word"]
+
+
+@functools.lru_cache(maxsize=None)
+def textgenrnn_words():
+  """The word-level model (`word_level=True` in the config beside it)."""
+  return rnnstep.load(TEXTGENRNN_DATA / "textgenrnn_words" /
+                      "textgenrnn_weights.hdf5")
+
+
+def textgenrnn_word_text(prefix_index, continuation):
+  """textgenrnn's returned string as rnnstep gives it: the prefix as
+  textgenrnn writes it (its `written`), up to where the words re-space it,
+  then the continuation."""
+  written = WORDS["written"][prefix_index]
+  want = WORDS["texts"][prefix_index]
+  return written[:len(os.path.commonprefix([written, want]))] + continuation
+
+
+def test_textgenrnn_word_level_files_and_logits():
+  """Its config's word_level, its Tokenizer's words (the `recipe` rule:
+  textgenrnn's prefix split, an empty or unknown word id 0, as
+  `vocab.get(x, 0)` makes it), and logits from its own layer code."""
+  model = textgenrnn_words()
+  assert model.tokens.rules == {"recipe": "textgenrnn", "start": "<s>",
+                                "oov": "[UNK]"}
+  ids = model.encode("Hello, dog.").tolist()
+  assert ids == [model.vocab.index(w) for w in ("<s>", "[UNK]", ",", "dog",
+                                                ".", "[UNK]")]
+  logits = np.asarray(rnnstep.logits(
+      model, np.array(WORDS["windows"], np.int32)), np.float64)[:, -1]
+  got = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got, np.log(WORDS["probs"]), atol=1e-5)
+  # The vocabulary in memory (`textgen.vocab`) reads as its file.
+  in_memory = rnnstep.load(
+      TEXTGENRNN_DATA / "textgenrnn_words" / "textgenrnn_weights.hdf5",
+      vocab=json.loads((TEXTGENRNN_DATA / "textgenrnn_words" /
+                        "textgenrnn_vocab.json").read_text()))
+  assert (in_memory.vocab, in_memory.tokens.rules) == (model.vocab,
+                                                       model.tokens.rules)
+
+
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+def test_textgenrnn_word_level_text_is_its_loop_s(path):
+  """Its `textgenrnn_generate(temperature=0.0, word_level=True, prefix=...)`
+  word for word, and its returned string (re-spaced; an open quote closed by
+  the words; a leading space; a prefix's empty last word), by generate and
+  by stream (every prefix on the graph path; on the others, the quote's)."""
+  model = textgenrnn_words()
+  rows = range(len(WORDS["prefixes"])) if path is False else (2,)
+  for i in rows:
+    prefix, steps = WORDS["prefixes"][i], WORDS["steps"][i]
+    text = rnnstep.generate(model, prefix, steps, temperature=0,
+                            jit_compile=path)
+    assert textgenrnn_word_text(i, text) == WORDS["texts"][i]
+    if i in (2, 5):  # The quote's and no prefix's: streamed too.
+      chunks = list(rnnstep.stream(model, prefix, steps, chunk_size=3,
+                                   temperature=0, jit_compile=path))
+      assert "".join(chunks) == text
+
+
+def test_textgenrnn_word_level_stream_never_takes_back_text():
+  """Random words (punctuation, quotes, line ends, an empty first and last
+  prompt word): every chunk is final, and the chunks end as textgenrnn's
+  own regexes (copied from its `textgenrnn_generate`) re-space the words."""
+
+  def textgenrnn_respace(text_joined):
+    # textgenrnn/utils.py's, verbatim but for "\\]" and "\\[" (its "\]" and
+    # "\[", the same strings, which newer Pythons warn about).
+    left_punct = "!%),.:;?@\\]_}\\n\\t'"
+    right_punct = "$(\\[_\\n\\t'"
+    punct = '\\n\\t'
+    text_joined = re.sub(" ([{}]) ".format(punct), r'\1', text_joined)
+    text_joined = re.sub(" ([{}])".format(left_punct), r'\1', text_joined)
+    text_joined = re.sub("([{}]) ".format(right_punct), r'\1', text_joined)
+    text_joined = re.sub('" (.+?) "', r'"\1"', text_joined)
+    return text_joined
+
+  words = ["a", "bc", '"', "(", ")", ".", "_", "'", "$", "\n", "\t", "[",
+           "]", "x'", '"y']
+  tokens = vocabulary.Tokens("words", ["[UNK]", *words, "<s>"],
+                             {"recipe": "textgenrnn", "start": "<s>",
+                              "oov": "[UNK]"})
+  rng = np.random.default_rng(3)
+  for _ in range(300):
+    prompt = "".join(rng.choice([" ", "a", '"', ".", "(", "\n", "b c"],
+                                rng.integers(0, 6)))
+    ids = rng.integers(1, len(words) + 1, rng.integers(1, 14))
+    stream = tokens.stream(prompt=prompt)
+    got = "".join(stream.push(ids[k:k + 1]) for k in range(len(ids)))
+    got += stream.finish()
+    assert got == tokens.text(ids, prompt=prompt)
+    prompt_words = vocabulary.textgenrnn_words(prompt)
+    written = textgenrnn_respace(" ".join(prompt_words))
+    whole = textgenrnn_respace(" ".join(
+        prompt_words + [tokens.vocab[i] for i in ids]))
+    assert written[:len(os.path.commonprefix([written, whole]))] + got == (
+        whole)
+    for k in range(len(ids) + 1):
+      settled = vocabulary.textgenrnn_settled(
+          prompt_words + [tokens.vocab[i] for i in ids[:k]])
+      assert whole.startswith(settled)
+
+
+def test_what_a_textgenrnn_word_model_cannot_do_is_refused_in_one_line():
+  model = textgenrnn_words()
+  for argument, kwargs in [("stop", dict(stop="x")),
+                           ("regex", dict(regex="[a-z ]*"))]:
+    with pytest.raises(errors.ArgumentError) as e:
+      rnnstep.generate(model, "the", 3, **kwargs)
+    assert e.value.argument == argument and "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="serve its ids") as e:
+    rnnstep.export(model, "unused")
+  assert "\n" not in str(e.value)

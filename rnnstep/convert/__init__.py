@@ -496,6 +496,11 @@ def read_vocabulary(corpus, vocab):
       tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
       return list(tokens.vocab), source, tokens
     return model_file.validate_vocab(data, os.fspath(vocab)), source, None
+  if isinstance(vocab, dict) and textgenrnn.is_vocab(vocab):
+    # textgenrnn's vocabulary in memory (`textgen.vocab`, its Tokenizer's
+    # `word_index`): as its file.
+    tokens = textgenrnn.tokens(vocab, "the vocab dict")
+    return list(tokens.vocab), "the vocab dict", tokens
   if convert_vocabulary.is_word_list(list(vocab)):
     tokens = convert_vocabulary.word_tokens(list(vocab), "vocab")
     return list(tokens.vocab), "the vocab list", tokens

@@ -102,6 +102,10 @@ class GraphTokens(tf.Module):
     if tokens.kind == "bytes":
       self._ids = _table([bytes([b]) for b in range(256)], list(range(256)), -1)
     elif tokens.kind == "words":
+      if tokens.rules.get("recipe"):
+        raise ValueError(f"a {tokens.rules['recipe']} word-level vocabulary "
+                         "(its prefix split and its re-spaced text) has no "
+                         "string ops in a graph yet; serve its ids")
       if tokens.rules.get("char_level") and tokens.rules.get("lower"):
         raise ValueError("a lower-casing character-level Keras Tokenizer has "
                          "no string encoding in a graph yet; serve its ids")
