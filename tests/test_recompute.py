@@ -357,7 +357,8 @@ def test_textgenrnn_word_level_text_is_its_loop_s(path):
   """Its `textgenrnn_generate(temperature=0.0, word_level=True, prefix=...)`
   word for word, and its returned string (re-spaced; an open quote closed by
   the words; a leading space; a prefix's empty last word), by generate and
-  by stream (every prefix on the graph path; on the others, the quote's)."""
+  by stream (every prefix on the graph path, and on a strategy; on the
+  others, the quote's)."""
   model = textgenrnn_words()
   rows = range(len(WORDS["prefixes"])) if path is False else (2,)
   for i in rows:
@@ -365,6 +366,10 @@ def test_textgenrnn_word_level_text_is_its_loop_s(path):
     text = rnnstep.generate(model, prefix, steps, temperature=0,
                             jit_compile=path)
     assert textgenrnn_word_text(i, text) == WORDS["texts"][i]
+    if i == 2 and path is False:  # On a strategy too.
+      assert rnnstep.generate(model, prefix, steps, temperature=0,
+                              jit_compile=path,
+                              strategy=tf.distribute.get_strategy()) == text
     if i in (2, 5):  # The quote's and no prefix's: streamed too.
       chunks = list(rnnstep.stream(model, prefix, steps, chunk_size=3,
                                    temperature=0, jit_compile=path))

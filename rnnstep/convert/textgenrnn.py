@@ -28,6 +28,12 @@ The vocabulary (`tokens`): a words vocabulary of textgenrnn's characters,
 "<s>"` (every text starts with the meta token, which adds no text) and
 `oov: "[UNK]"` (an unknown character is id 0, as `vocab.get(x, 0)` makes
 it).
+
+A word-level model (`word_level=True` in the config; without one, a
+vocabulary with a word longer than one character besides `<s>`) has the
+same layers; its vocabulary is words under the `recipe: "textgenrnn"` rule
+(`vocabulary.textgenrnn_words`: its prefix split; `TextgenrnnText`: its
+joined, re-spaced text) instead of `char_level`.
 """
 
 import json
