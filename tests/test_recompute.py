@@ -198,16 +198,21 @@ SERVE_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_the_saved_model_serves_the_recipes_texts(tmp_path):
-  """Served without rnnstep or Keras: the TF-in-Practice loop's words and
+  """Served without rnnstep or Keras: the TF-in-Practice loop's words,
   textgenrnn's loop's characters (its `<s>` and character tokens in graph
-  ops)."""
+  ops) and its word-level string (its prefix split and re-spacing in graph
+  ops; the prefix whose open quote the words close)."""
   rnnstep.export(load(BIDI), str(tmp_path / "bidi"))
   rnnstep.export(textgenrnn(TEXTGENRNN), str(tmp_path / "textgenrnn"))
-  words, chars = cli.run_script(SERVE_SCRIPT, json.dumps([
+  rnnstep.export(textgenrnn_words(), str(tmp_path / "textgenrnn_words"))
+  words, chars, (textgenrnn_text,) = cli.run_script(SERVE_SCRIPT, json.dumps([
       (str(tmp_path / "bidi"), SEEDS, STEPS),
-      (str(tmp_path / "textgenrnn"), PREFIXES, TEXTGENRNN_STEPS)]))
+      (str(tmp_path / "textgenrnn"), PREFIXES, TEXTGENRNN_STEPS),
+      (str(tmp_path / "textgenrnn_words"), [WORDS["prefixes"][2]],
+       WORDS["steps"][2])]))
   assert [s + t for s, t in zip(SEEDS, words)] == recipe_texts(BIDI)
   assert_textgenrnn_texts(TEXTGENRNN, chars)
+  assert textgenrnn_word_text(2, textgenrnn_text) == WORDS["texts"][2]
 
 
 # ------------------------------------------------------------- textgenrnn
@@ -426,6 +431,3 @@ def test_what_a_textgenrnn_word_model_cannot_do_is_refused_in_one_line():
     with pytest.raises(errors.ArgumentError) as e:
       rnnstep.generate(model, "the", 3, **kwargs)
     assert e.value.argument == argument and "\n" not in str(e.value)
-  with pytest.raises(ValueError, match="serve its ids") as e:
-    rnnstep.export(model, "unused")
-  assert "\n" not in str(e.value)

@@ -202,6 +202,10 @@ class ServingModule(tf.Module):
     prompt_ids, lengths, checks = self._encode(prompts)
     ids, out_lengths, scores = self._generate(prompt_ids, lengths, num_steps,
                                               seed, values, checks)
+    if not self.model.is_characters and self.model.tokens.rules.get(
+        "recipe") == "textgenrnn":  # Its text starts from the prompt's words.
+      return {"text": self.tokens.continuation(prompts, ids, out_lengths),
+              "logprob": scores}
     return {"text": self._decode(ids, out_lengths), "logprob": scores}
 
   def _generate(self, prompt_ids, lengths, num_steps, seed, values, checks):

@@ -23,6 +23,9 @@ a SavedModel serves strings without rnnstep:
     `tf.strings.split`, `tf.strings.unicode_split`). Then a table from words
     to ids, the OOV token for the rest (or a failed call naming no word: a
     graph's error is a constant).
+  - **textgenrnn's word level** (the `recipe` rule): its prefix split
+    (`_textgenrnn_words`) and its text, the words joined and re-spaced by
+    its regexes after the prompt as it writes it (`continuation`), in RE2.
   - **strings in, `subword`**: none. A Hugging Face `tokenizers` model runs
     in Rust, not in a graph; a served subword model takes ids (`strings` is
     False) and ships its tokenizer JSON as an asset.
@@ -32,6 +35,7 @@ fail the call with `InvalidArgumentError`.
 """
 
 import functools
+import re
 from typing import List, Tuple
 
 import tensorflow as tf
@@ -81,6 +85,25 @@ def _table(keys, values, default: int):
       default_value=default)
 
 
+def _python_class(chars: str) -> str:
+  """The RE2 class of exactly the characters Python's `[chars]` matches
+  (its ranges and escapes read by Python itself)."""
+  pattern = re.compile("[{}]".format(chars))
+  candidates = set(chars) | set(map(chr, range(128)))
+  return _char_class(c for c in candidates if pattern.fullmatch(c))
+
+
+def _respace(text: tf.Tensor) -> tf.Tensor:
+  """textgenrnn's re-spacing (`vocabulary.respace_textgenrnn`) in RE2."""
+  both = _python_class(vocabulary_lib.TEXTGENRNN_BOTH)
+  left = _python_class(vocabulary_lib.TEXTGENRNN_LEFT)
+  right = _python_class(vocabulary_lib.TEXTGENRNN_RIGHT)
+  text = tf.strings.regex_replace(text, f" ({both}) ", r"\1")
+  text = tf.strings.regex_replace(text, f" ({left})", r"\1")
+  text = tf.strings.regex_replace(text, f"({right}) ", r"\1")
+  return tf.strings.regex_replace(text, '" (.+?) "', r'"\1"')
+
+
 class GraphTokens(tf.Module):
   """A token vocabulary's encoding and decoding as graph ops (see module).
 
@@ -102,10 +125,6 @@ class GraphTokens(tf.Module):
     if tokens.kind == "bytes":
       self._ids = _table([bytes([b]) for b in range(256)], list(range(256)), -1)
     elif tokens.kind == "words":
-      if tokens.rules.get("recipe"):
-        raise ValueError(f"a {tokens.rules['recipe']} word-level vocabulary "
-                         "(its prefix split and its re-spaced text) has no "
-                         "string ops in a graph yet; serve its ids")
       if tokens.rules.get("char_level") and tokens.rules.get("lower"):
         raise ValueError("a lower-casing character-level Keras Tokenizer has "
                          "no string encoding in a graph yet; serve its ids")
@@ -116,8 +135,15 @@ class GraphTokens(tf.Module):
       newline = self._rules.get("newline")
       self._oov = None if oov is None else tokens.vocab.index(oov)
       self._newline = None if newline is None else tokens.vocab.index(newline)
+      self._recipe = self._rules.get("recipe")
       self._lower_refused = (_char_class(lower_mismatches())
-                             if self._rules.get("lower") else None)
+                             if self._rules.get("lower") or self._recipe
+                             else None)
+      if self._recipe == "textgenrnn":  # Its words, to join them as it does.
+        self._words_of_ids = tf.Variable(
+            [t.encode("utf-8") for t in tokens.vocab], dtype=tf.string,
+            trainable=False, name="words")
+        self._start = tokens.vocab.index(self._rules["start"])
 
   # ------------------------------------------------------------- ids to text
 
@@ -129,12 +155,64 @@ class GraphTokens(tf.Module):
       ids: int32 `[B, N]`.
       lengths: int32 `[B]`.
     """
+    if self._kind == "words" and self._recipe == "textgenrnn":
+      return self.continuation(tf.fill(tf.shape(lengths), ""), ids, lengths)
     pieces = tf.RaggedTensor.from_tensor(tf.gather(self.pieces, ids),
                                          lengths=lengths)
     return tf.strings.unicode_transcode(
         tf.strings.reduce_join(pieces, axis=1), "UTF-8", "UTF-8",
         errors="replace", replacement_char=0xFFFD,
         replace_control_characters=False)
+
+  def continuation(self, prompts: tf.Tensor, ids: tf.Tensor,
+                   lengths: tf.Tensor) -> tf.Tensor:
+    """string `[B]`: textgenrnn's word-level text after each prompt, as
+    `vocabulary.TextgenrnnText` makes it: the prompt's words and the
+    generated ones (`<s>` skipped) joined with " " and re-spaced by its
+    regexes (RE2 here, the same classes as Python's, leftmost-first), after
+    the longest start (in characters) it shares with the prompt's words
+    re-spaced alone.
+
+    Args:
+      prompts: string `[B]`, as the rows' prompts.
+      ids: int32 `[B, N]`.
+      lengths: int32 `[B]`.
+    """
+    prompt_words = self._textgenrnn_words(prompts)
+    words = tf.RaggedTensor.from_tensor(tf.gather(self._words_of_ids, ids),
+                                        lengths=lengths)
+    words = tf.ragged.boolean_mask(words, tf.RaggedTensor.from_tensor(
+        ids, lengths=lengths) != self._start)
+    written = _respace(tf.strings.reduce_join(prompt_words, axis=1,
+                                              separator=" "))
+    whole = _respace(tf.strings.reduce_join(
+        tf.concat([prompt_words, words], axis=1), axis=1, separator=" "))
+    written_chars = tf.strings.unicode_split(written, "UTF-8")
+    whole_chars = tf.strings.unicode_split(whole, "UTF-8")
+    dense_written = written_chars.to_tensor("")
+    dense_whole = whole_chars.to_tensor("")
+    width = tf.minimum(tf.shape(dense_written)[1], tf.shape(dense_whole)[1])
+    same = tf.cast(tf.equal(dense_written[:, :width], dense_whole[:, :width]),
+                   tf.int32)
+    shared = tf.minimum(
+        tf.reduce_sum(tf.math.cumprod(same, axis=1), axis=1),
+        tf.cast(tf.minimum(written_chars.row_lengths(),
+                           whole_chars.row_lengths()), tf.int32))
+    positions = tf.ragged.range(tf.cast(whole_chars.row_lengths(), tf.int32))
+    return tf.strings.reduce_join(tf.ragged.boolean_mask(
+        whole_chars, positions >= shared[:, None]), axis=1)
+
+  def _textgenrnn_words(self, prompts) -> tf.RaggedTensor:
+    """textgenrnn's words of each prompt (`vocabulary.textgenrnn_words`;
+    lowered first: its punctuation has no case), none for an empty one."""
+    lowered = tf.strings.lower(prompts, encoding="utf-8")
+    spaced = tf.strings.regex_replace(
+        lowered, "(" + _python_class(
+            vocabulary_lib.TEXTGENRNN_PREFIX_PUNCT) + ")", r" \1 ")
+    spaced = tf.strings.regex_replace(spaced, " {2,}", " ")
+    words = tf.strings.split(spaced, sep=" ")  # Empty words kept, as str.split.
+    keep = tf.gather(tf.strings.length(prompts) > 0, words.value_rowids())
+    return tf.ragged.boolean_mask(words, words.with_flat_values(keep))
 
   # ------------------------------------------------------------- text to ids
 
@@ -195,6 +273,12 @@ class GraphTokens(tf.Module):
       if split == "character":
         return tf.strings.unicode_split(prompts, "UTF-8")
       return tf.RaggedTensor.from_tensor(prompts[:, None])
+    if self._recipe == "textgenrnn":
+      checks.append(tf.debugging.assert_equal(
+          tf.strings.regex_full_match(prompts,
+                                      f"(?s).*{self._lower_refused}.*"),
+          False, message=LOWER_DIFFERS))
+      return self._textgenrnn_words(prompts)
     if rules.get("char_level") and not rules.get("lower"):
       return tf.strings.unicode_split(prompts, "UTF-8")
     if self._lower_refused is not None:

@@ -61,9 +61,9 @@ UNKNOWN_WORDS = ("error", "drop")
 # " " and re-spaced around punctuation (`respace_textgenrnn`).
 RECIPES = ("textgenrnn",)
 TEXTGENRNN_PREFIX_PUNCT = '!"#$%&()*+,-./:;<=>?@[\\]^_`{|}~\\n\\t\'‘’“”’–—'
-_TEXTGENRNN_LEFT = "!%),.:;?@\\]_}\\n\\t'"
-_TEXTGENRNN_RIGHT = "$(\\[_\\n\\t'"
-_TEXTGENRNN_BOTH = '\\n\\t'
+TEXTGENRNN_LEFT = "!%),.:;?@\\]_}\\n\\t'"
+TEXTGENRNN_RIGHT = "$(\\[_\\n\\t'"
+TEXTGENRNN_BOTH = '\\n\\t'
 # Characters a later word can still re-space back from the end of the joined
 # text (each regex reads at most 3 characters; `StreamText` holds them).
 _TEXTGENRNN_MARGIN = 4
@@ -478,10 +478,10 @@ def respace_textgenrnn(text_joined: str) -> str:
   """textgenrnn's re-spacing of its joined words (`textgenrnn_generate`'s
   regexes, in its order): the spaces around a newline or tab, before
   closing punctuation, after opening punctuation, inside a quoted span."""
-  text_joined = re.sub(" ([{}]) ".format(_TEXTGENRNN_BOTH), r"\1",
+  text_joined = re.sub(" ([{}]) ".format(TEXTGENRNN_BOTH), r"\1",
                        text_joined)
-  text_joined = re.sub(" ([{}])".format(_TEXTGENRNN_LEFT), r"\1", text_joined)
-  text_joined = re.sub("([{}]) ".format(_TEXTGENRNN_RIGHT), r"\1", text_joined)
+  text_joined = re.sub(" ([{}])".format(TEXTGENRNN_LEFT), r"\1", text_joined)
+  text_joined = re.sub("([{}]) ".format(TEXTGENRNN_RIGHT), r"\1", text_joined)
   return re.sub('" (.+?) "', r'"\1"', text_joined)
 
 
@@ -496,9 +496,9 @@ def textgenrnn_settled(words: Sequence[str]) -> str:
   precedes the first `"` on the settled text's last line is settled too.
   """
   text = " ".join(words)
-  for pattern, repl in ((" ([{}]) ".format(_TEXTGENRNN_BOTH), r"\1"),
-                        (" ([{}])".format(_TEXTGENRNN_LEFT), r"\1"),
-                        ("([{}]) ".format(_TEXTGENRNN_RIGHT), r"\1")):
+  for pattern, repl in ((" ([{}]) ".format(TEXTGENRNN_BOTH), r"\1"),
+                        (" ([{}])".format(TEXTGENRNN_LEFT), r"\1"),
+                        ("([{}]) ".format(TEXTGENRNN_RIGHT), r"\1")):
     text = re.sub(pattern, repl, text)
   text = text[:max(len(text) - _TEXTGENRNN_MARGIN, 0)]
   quote = text.find('"', text.rfind("\n") + 1)
