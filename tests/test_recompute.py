@@ -431,3 +431,25 @@ def test_what_a_textgenrnn_word_model_cannot_do_is_refused_in_one_line():
     with pytest.raises(errors.ArgumentError) as e:
       rnnstep.generate(model, "the", 3, **kwargs)
     assert e.value.argument == argument and "\n" not in str(e.value)
+
+
+def test_textgenrnn_word_level_graph_ops_split_and_respace_as_the_host():
+  """The SavedModel's graph ops (`token_ops.GraphTokens`): random prompts
+  (cased, punctuation, its curly quotes and dashes, line ends, spaces) give
+  `Tokens.encode`'s ids, and random words after them `Tokens.text`'s
+  continuation (which the tests above hold to textgenrnn's own)."""
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  tokens = textgenrnn_words().tokens
+  graph = token_ops.GraphTokens(tokens)
+  rng = np.random.default_rng(5)
+  alphabet = list("the CAT Dog hat ,.!\"'()[]_$:\n\t“”–") + ["  ", "zebra"]
+  prompts = ["".join(rng.choice(alphabet, rng.integers(0, 9)))
+             for _ in range(60)]
+  encoded = graph.encode(tf.constant(prompts))[0]
+  assert encoded.to_list() == [tokens.encode(p).tolist() for p in prompts]
+  ids = rng.integers(1, len(tokens.vocab), [60, 9]).astype(np.int32)
+  lengths = rng.integers(0, 10, [60]).astype(np.int32)
+  texts = graph.continuation(tf.constant(prompts), ids, lengths).numpy()
+  assert [t.decode() for t in texts] == [
+      tokens.text(row[:n], prompt=p) for p, row, n in zip(prompts, ids,
+                                                          lengths)]
