@@ -13,6 +13,9 @@ recorded rules of its kind:
     layer's vocabulary records its own rules instead (`text_vectorization`:
     its `standardize` and `split`, computed as its TensorFlow ops compute
     them); split into characters, a token reads back as itself.
+    textgenrnn's word-level vocabulary records its `recipe` instead: its
+    prefix split, and its text joined and re-spaced from the prompt's words
+    on (`TextgenrnnText`), not a concatenation of pieces.
   - `bytes`: ids 0-255 are UTF-8 bytes.
   - `subword`: a Hugging Face `tokenizers` JSON, stored in the model file and
     applied with the `tokenizers` library (imported only for such a model).
