@@ -88,6 +88,22 @@ SCRIPT = textwrap.dedent("""
                                    strategy=strategy, initial_state=state,
                                    **kwargs)
             assert one == two, ("initial_state", jit, kwargs, one, two)
+    # Models run over their whole window at each token (engine/recompute.py),
+    # whose carried state is the window's ids: TensorFlow in Practice's
+    # Bidirectional word model and textgenrnn's attention model, split over
+    # the replicas (graph path; tests/test_recompute.py sweeps the paths).
+    words = rnnstep.load("tests/data/tfip_words/bidi.h5",
+                         vocab="tests/data/tfip_words/tokenizer.json")
+    chars = rnnstep.load(
+        "tests/data/textgenrnn/textgenrnn/textgenrnn_weights.hdf5")
+    for model, prompts in ((words, ["thy", "but his", "from fairest", "we",
+                                    "the rose"]),
+                           (chars, ["th", "a", "i w", "", "so"])):
+      for kwargs in (dict(temperature=0.0), dict(seed=5, top_k=8)):
+        one = rnnstep.generate(model, prompts, 12, jit_compile=False, **kwargs)
+        two = rnnstep.generate(model, prompts, 12, jit_compile=False,
+                               strategy=strategy, **kwargs)
+        assert one == two, ("recomputed", kwargs, one, two)
     print("replicas", strategy.num_replicas_in_sync, "ok")
 """)
 
