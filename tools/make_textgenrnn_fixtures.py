@@ -110,15 +110,7 @@ def main():
                for w in model.get_weights()]
     weights[-1][0] = weights[-1][vocab["<s>"]] = -30.0  # The output bias.
     model.set_weights(weights)
-    directory = os.path.join(args.out, name)
-    os.makedirs(directory, exist_ok=True)
-    model.save_weights(os.path.join(directory, "textgenrnn_weights.hdf5"))
-    with open(os.path.join(directory, "textgenrnn_vocab.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(vocab, f, ensure_ascii=False)
-    with open(os.path.join(directory, "textgenrnn_config.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(dict(cfg, name=name), f, ensure_ascii=False)
+    _write(os.path.join(args.out, name), model, vocab, cfg, name)
     texts = [utils.textgenrnn_generate(
         model, vocab, indices_char, temperature=0.0,
         maxlen=cfg["max_length"], max_gen_length=MAX_GEN_LENGTH,
@@ -139,6 +131,7 @@ def main():
 
 
 def _write(directory, model, vocab, cfg, name):
+  """textgenrnn's three files for one model, as its own code names them."""
   os.makedirs(directory, exist_ok=True)
   model.save_weights(os.path.join(directory, "textgenrnn_weights.hdf5"))
   with open(os.path.join(directory, "textgenrnn_vocab.json"), "w",

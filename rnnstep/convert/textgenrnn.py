@@ -155,19 +155,29 @@ def _window(path: str, label, notes) -> int:
                  f"windows of {DEFAULT_WINDOW} (textgenrnn's default "
                  "max_length)")
     return DEFAULT_WINDOW
-  with open(config, "rb") as f:
-    text = f.read(MAX_CONFIG_BYTES + 1)
-  try:
-    data = json.loads(text.decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-    data = None
-  window = data.get("max_length") if isinstance(data, dict) else None
+  data = _read_config(config)
+  window = data.get("max_length") if data is not None else None
   if not isinstance(window, int) or isinstance(window, bool) or not (
-      0 < window <= model_file.MAX_WINDOW) or len(text) > MAX_CONFIG_BYTES:
+      0 < window <= model_file.MAX_WINDOW):
     raise safe_io.fail(config, "not a textgenrnn config with a max_length")
   notes.append(f"max_length {window} from {config}"
                + (", word-level" if data.get("word_level") else ""))
   return window
+
+
+def _read_config(config: str) -> Optional[dict]:
+  """The JSON object in a textgenrnn `*_config.json`, read as data and at
+  most `MAX_CONFIG_BYTES`; None where the file is larger, not JSON, or not an
+  object."""
+  with open(config, "rb") as f:
+    text = f.read(MAX_CONFIG_BYTES + 1)
+  if len(text) > MAX_CONFIG_BYTES:
+    return None
+  try:
+    data = json.loads(text.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    return None
+  return data if isinstance(data, dict) else None
 
 
 def is_vocab(data) -> bool:
@@ -219,13 +229,8 @@ def _word_level_beside(source: str) -> Optional[bool]:
                         base[:-len("_vocab.json")] + "_config.json")
   if not os.path.isfile(config):
     return None
-  with open(config, "rb") as f:
-    text = f.read(MAX_CONFIG_BYTES + 1)
-  try:
-    data = json.loads(text.decode("utf-8"))
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-    data = None
-  if not isinstance(data, dict) or len(text) > MAX_CONFIG_BYTES:
+  data = _read_config(config)
+  if data is None:
     raise ValueError(f"{config}: not a textgenrnn config (a JSON object)")
   level = data.get("word_level")
   return level if isinstance(level, bool) else None
