@@ -154,7 +154,11 @@ class _Output:
         self.done.set_result(None)
 
   async def take(self):
-    """A stream's updates since the last call (waits for one at least)."""
+    """A stream's updates since the last call (waits for one at least).
+
+    Returns:
+      The list of `engine.Update`s, in the order the engine sent them.
+    """
     while not self.updates:
       self.waiter = asyncio.get_running_loop().create_future()
       try:
@@ -331,7 +335,15 @@ class Server:
 
   def _deliver(self, updates) -> None:
     """The engine's `deliver` (scheduler thread): a round's updates to the
-    event loop in one hand-off."""
+    event loop in one hand-off (one wake-up of the loop a chunk, not one a
+    row).
+
+    Args:
+      updates: [(Completion, Update)] of the round.
+
+    Raises:
+      RuntimeError: the loop is closed (the engine cancels their rows).
+    """
     self._loop.call_soon_threadsafe(self._dispatch, updates)
 
   @staticmethod

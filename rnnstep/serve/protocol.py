@@ -198,9 +198,18 @@ def held_back(stops: Sequence[str]) -> int:
 
 
 def chunk_head(envelope: Dict[str, Any]) -> str:
-  """A streamed chunk's JSON up to its choice: `envelope` (the response's
-  fields, its `choices` last and empty) as `json.dumps` writes it, open at
-  the choices' list. Made once a request; `running_chunk` finishes it."""
+  """A streamed chunk's JSON up to its choice's index, made once a request.
+
+  Args:
+    envelope: the response's fields with `choices` last and empty.
+
+  Returns:
+    `json.dumps(envelope)` open at the choices' list, up to `{"index": `;
+    `running_chunk` finishes it.
+
+  Raises:
+    ValueError: `choices` is not last, or not empty.
+  """
   text = json.dumps(envelope)
   if not text.endswith('"choices": []}'):
     raise ValueError("the envelope must end with an empty choices list")
@@ -208,17 +217,31 @@ def chunk_head(envelope: Dict[str, Any]) -> str:
 
 
 def running_chunk(head: str, index: int, text: str) -> bytes:
-  """One server-sent event: a running choice's new text, under `head`.
+  """One server-sent event: a running choice's new text.
 
-  The bytes are `json.dumps` of the envelope with the choice `{"index",
-  "text", "logprobs": null, "finish_reason": null}`, framed as
-  sse-starlette frames an event (CRLF line ends), without building and
-  encoding the whole object per event.
+  Formatted directly rather than building and encoding the whole object per
+  event: only the text is encoded here.
+
+  Args:
+    head: the request's `chunk_head`.
+    index: the choice's index.
+    text: its new characters.
+
+  Returns:
+    `event` of `json.dumps` of the envelope with the one choice `{"index",
+    "text", "logprobs": null, "finish_reason": null}`, byte for byte.
   """
   return (f'data: {head}{index}, "text": {json.dumps(text)}, "logprobs": '
           'null, "finish_reason": null}]}\r\n\r\n').encode()
 
 
 def event(payload: str) -> bytes:
-  """One server-sent event with `payload` (a JSON text or [DONE])."""
+  """One server-sent event, framed as sse-starlette frames one (CRLF).
+
+  Args:
+    payload: its data, one line (a JSON text, or `[DONE]`).
+
+  Returns:
+    `data: <payload>` and a blank line, as bytes.
+  """
   return f"data: {payload}\r\n\r\n".encode()
