@@ -164,6 +164,18 @@ def test_trim_stop_and_hold_back():
   assert protocol.held_back([]) == 0
 
 
+def test_a_running_chunk_is_the_json_of_its_envelope():
+  """The stream's bytes, formatted directly, are json.dumps's."""
+  envelope = {"id": "cmpl-1", "object": "text_completion", "created": 5,
+              "model": "m", "seed": 3, "choices": []}
+  head = protocol.chunk_head(envelope)
+  for text in ["", 'a "q" \\ \n\r\t}]', "\u00e9\u2026\u2028\x00"]:
+    want = dict(envelope, choices=[{"index": 2, "text": text,
+                                    "logprobs": None, "finish_reason": None}])
+    assert protocol.running_chunk(head, 2, text) == (
+        f"data: {json.dumps(want)}\r\n\r\n".encode())
+
+
 # -- the server process -------------------------------------------------------
 
 

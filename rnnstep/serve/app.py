@@ -7,10 +7,14 @@ Routes: `POST /v1/completions` (JSON, or server-sent events with
 
 The device belongs to the engine's thread; a handler only checks the request
 (the library's checks, `protocol.parse` and `api.check_request`), submits a
-`engine.Completion` and awaits its updates on an asyncio queue that the
-scheduler thread feeds through `call_soon_threadsafe`. A client that goes
-away cancels its completion, whose rows the engine retires at the next chunk
-boundary.
+`engine.Completion` and awaits its `_Output`. The scheduler thread hands each
+chunk's updates, every row's, to the event loop in one `call_soon_threadsafe`
+(`Server._deliver`), where `_Output.add` takes them: a whole response only
+collects its text until its last choice ends (no wake-up before), a stream's
+handler is woken once a chunk and sends that chunk's events as one write, each
+event's bytes formatted directly (`protocol.running_chunk`). A client that
+goes away cancels its completion, whose rows the engine retires at the next
+chunk boundary.
 
 Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`:
 400 for a bad request (naming the field), 413 for a body over the limit
@@ -24,12 +28,12 @@ import time
 import uuid
 from typing import Optional
 
+from absl import logging
 import numpy as np
 import prometheus_client
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rnnstep import api
@@ -102,6 +106,69 @@ def error_response(status: int, message: str, *, param: Optional[str] = None,
                       status_code=status, headers=headers)
 
 
+class _Output:
+  """One request's output, on the event loop (`Server._dispatch` adds to it).
+
+  A whole response collects its choices' text, reasons and scores, and
+  resolves `done` when the last choice ends; a stream keeps its updates
+  until its handler takes them, waking it (`waiter`) once per hand-off.
+
+  Args:
+    server: the `Server` (for its metrics).
+    count: the request's choices.
+    stream: whether it streams.
+    arrived: when the request arrived (time.monotonic()).
+  """
+
+  def __init__(self, server: "Server", count: int, stream: bool,
+               arrived: float):
+    self.server = server
+    self.count = count
+    self.stream = stream
+    self.arrived = arrived
+    self.timing = [None, None]  # First update with text, last.
+    self.generated = 0
+    self.finished = 0
+    self.updates = []  # A stream's updates not yet sent.
+    self.waiter: Optional[asyncio.Future] = None
+    self.texts = [""] * count
+    self.reasons = ["length"] * count
+    self.scores = [0.0] * count
+    self.done = asyncio.get_running_loop().create_future()
+
+  def add(self, update: engine_lib.Update) -> None:
+    """Takes one update (the completion's sink, called on the loop)."""
+    self.server.observe(update, self.timing, self.arrived)
+    self.generated += len(update.text)
+    if self.stream:
+      self.updates.append(update)
+      if self.waiter is not None and not self.waiter.done():
+        self.waiter.set_result(None)
+      return
+    self.texts[update.index] += update.text
+    self.scores[update.index] = update.score
+    if update.finish_reason is not None:
+      self.reasons[update.index] = update.finish_reason
+      self.finished += 1
+      if self.finished == self.count and not self.done.done():
+        self.done.set_result(None)
+
+  async def take(self):
+    """A stream's updates since the last call (waits for one at least).
+
+    Returns:
+      The list of `engine.Update`s, in the order the engine sent them.
+    """
+    while not self.updates:
+      self.waiter = asyncio.get_running_loop().create_future()
+      try:
+        await self.waiter
+      finally:
+        self.waiter = None
+    updates, self.updates = self.updates, []
+    return updates
+
+
 class Server:
   """The Starlette app and the state its handlers share.
 
@@ -122,6 +189,8 @@ class Server:
     self.draining = False
     self.created = int(time.time())
     self.metrics = Metrics(engine)
+    self._loop = None  # The event loop, when the first request comes.
+    engine.deliver = self._deliver
     self.app = Starlette(routes=[
         Route("/v1/completions", self.completions, methods=["POST"]),
         Route("/v1/models", self.models, methods=["GET"]),
@@ -191,7 +260,7 @@ class Server:
       return self._answer(error_response(
           400, f"the body is not valid JSON: {e}", param="body"))
     try:
-      parsed, completion, queue = self._completion(body)
+      parsed, completion, output = self._completion(body, arrived)
     except errors.ArgumentError as e:
       return self._answer(error_response(
           400, str(e), param=protocol.param_of(e.argument)))
@@ -209,14 +278,18 @@ class Server:
     request_id = f"cmpl-{uuid.uuid4().hex}"
     if parsed.stream:
       self.metrics.requests.labels("200").inc()
-      return EventSourceResponse(
-          self._events(request_id, parsed, completion, queue, arrived),
-          ping=600)
+      # Server-sent events as bytes on Starlette's streaming response (as
+      # vLLM's OpenAI server sends them), with sse-starlette's headers.
+      return StreamingResponse(
+          self._events(request_id, parsed, completion, output),
+          media_type="text/event-stream",
+          headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     return self._answer(await self._whole(request, request_id, parsed,
-                                          completion, queue, arrived))
+                                          completion, output))
 
-  def _completion(self, body):
-    """Checks a request and makes its `Completion` (None for max_tokens 0).
+  def _completion(self, body, arrived: float):
+    """Checks a request and makes its `Completion` (None for max_tokens 0)
+    and `_Output`.
 
     Raises:
       errors.ArgumentError: naming the field at fault.
@@ -240,10 +313,11 @@ class Server:
     prompt_ids, prompt_lengths = host.prompt_batch(self.model, rows)
     parsed.stop = protocol.stop_strings(parsed.stop)
     host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
+    parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
     if parsed.max_tokens == 0:
       return parsed, None, None
-    loop = asyncio.get_running_loop()
-    queue = asyncio.Queue()
+    self._loop = asyncio.get_running_loop()
+    output = _Output(self, len(rows), parsed.stream, arrived)
     params = options_lib.Params(*[
         np.broadcast_to(np.asarray(value), [len(rows)])
         for value in options.sampling])
@@ -256,10 +330,32 @@ class Server:
             stop=parsed.stop, repetition_window=int(options.repetition_window),
             no_repeat_ngram_size=int(options.no_repeat_ngram_size),
             regex=parsed.regex),
-        want_scores=parsed.logprobs,
-        sink=lambda update: loop.call_soon_threadsafe(queue.put_nowait,
-                                                      update))
-    return parsed, completion, queue
+        want_scores=parsed.logprobs, sink=output.add)
+    return parsed, completion, output
+
+  def _deliver(self, updates) -> None:
+    """The engine's `deliver` (scheduler thread): a round's updates to the
+    event loop in one hand-off (one wake-up of the loop a chunk, not one a
+    row).
+
+    Args:
+      updates: [(Completion, Update)] of the round.
+
+    Raises:
+      RuntimeError: the loop is closed (the engine cancels their rows).
+    """
+    self._loop.call_soon_threadsafe(self._dispatch, updates)
+
+  @staticmethod
+  def _dispatch(updates) -> None:
+    """On the loop: each update to its request's `_Output` (one that fails
+    cancels its own request only)."""
+    for completion, update in updates:
+      try:
+        completion.sink(update)
+      except Exception:  # pylint: disable=broad-except
+        logging.exception("dropping an update")
+        completion.cancel()
 
   def _choice(self, parsed, index: int, text: str, reason, score):
     return {"index": index, "text": text,
@@ -279,13 +375,13 @@ class Server:
 
   def _envelope(self, request_id: str, parsed, choices, usage=None):
     out = {"id": request_id, "object": "text_completion",
-           "created": int(time.time()), "model": self.model_id,
+           "created": parsed.created, "model": self.model_id,
            "seed": parsed.seed, "choices": choices}
     if usage is not None:
       out["usage"] = usage
     return out
 
-  def _observe(self, update, state, arrived: float):
+  def observe(self, update, state, arrived: float):
     """Updates the metrics for one update; `state` is [first seen, last]."""
     now = time.monotonic()
     if update.text:
@@ -298,32 +394,27 @@ class Server:
       state[1] = now
 
   async def _whole(self, request: Request, request_id: str, parsed,
-                   completion, queue, arrived: float) -> Response:
+                   completion, output: _Output) -> Response:
     """The non-streamed answer, once every choice has finished."""
     count = len(parsed.prompts) * parsed.n
-    texts, reasons, scores = [""] * count, ["length"] * count, [0.0] * count
-    generated = 0
-    if completion is not None:
+    if completion is None:
+      texts, reasons = [""] * count, ["length"] * count
+      scores, generated = [0.0] * count, 0
+    else:
       watcher = asyncio.create_task(_cancel_on_disconnect(request, completion))
-      finished, timing = 0, [None, None]
       try:
-        while finished < count:
-          update = await queue.get()
-          if watcher.done():  # The client went away; its rows are retired.
-            return error_response(499, "the client went away")
-          self._observe(update, timing, arrived)
-          texts[update.index] += update.text
-          generated += len(update.text)
-          scores[update.index] = update.score
-          if update.finish_reason is not None:
-            finished += 1
-            reasons[update.index] = update.finish_reason
+        await output.done
+        went_away = watcher.done()
       except asyncio.CancelledError:  # uvicorn's drain timed out.
         completion.cancel()
         raise
       finally:
         watcher.cancel()
-      self.metrics.latency.observe(time.monotonic() - arrived)
+      if went_away:  # The client went away; its rows are retired.
+        return error_response(499, "the client went away")
+      self.metrics.latency.observe(time.monotonic() - output.arrived)
+      texts, reasons = output.texts, output.reasons
+      scores, generated = output.scores, output.generated
       if "error" in reasons:
         return error_response(500, "generation failed", kind="server_error")
       if "cancelled" in reasons:
@@ -335,49 +426,58 @@ class Server:
     return JSONResponse(self._envelope(request_id, parsed, choices,
                                        self._usage(parsed, generated)))
 
-  async def _events(self, request_id: str, parsed, completion, queue,
-                    arrived: float):
-    """The server-sent events of a streamed answer (sse-starlette frames them)."""
+  async def _events(self, request_id: str, parsed, completion,
+                    output: _Output):
+    """The server-sent events of a streamed answer, as bytes: one write per
+    chunk (every choice's event of it)."""
     count = len(parsed.prompts) * parsed.n
     hold = 0 if parsed.include_stop_str_in_output else protocol.held_back(
         parsed.stop)
     pending = [""] * count  # Per choice: text held back from the stream.
-    generated = 0
+    head = protocol.chunk_head(self._envelope(request_id, parsed, []))
     try:
       if completion is None:  # max_tokens 0: one empty finished chunk each.
-        for k in range(count):
-          yield json.dumps(self._envelope(request_id, parsed, [
-              self._choice(parsed, k, "", "length", 0.0)]))
+        generated = 0
+        yield b"".join(protocol.event(json.dumps(self._envelope(
+            request_id, parsed, [self._choice(parsed, k, "", "length", 0.0)]
+        ))) for k in range(count))
       else:
-        finished, timing = 0, [None, None]
-        while finished < count:
-          update = await queue.get()
-          self._observe(update, timing, arrived)
-          generated += len(update.text)
-          if update.finish_reason in ("cancelled", "error"):
-            yield json.dumps({"error": {
-                "message": "the server shut down before this request "
-                "finished" if update.finish_reason == "cancelled" else
-                "generation failed", "type": "server_error", "param": None,
-                "code": None}})
-            break
-          text = pending[update.index] + update.text
-          if update.finish_reason is None:
-            cut = max(len(text) - hold, 0)
-            text, pending[update.index] = text[:cut], text[cut:]
-            if not text:
+        finished, failed = 0, False
+        while finished < count and not failed:
+          frames = []
+          for update in await output.take():
+            if update.finish_reason in ("cancelled", "error"):
+              frames.append(protocol.event(json.dumps({"error": {
+                  "message": "the server shut down before this request "
+                  "finished" if update.finish_reason == "cancelled" else
+                  "generation failed", "type": "server_error",
+                  "param": None, "code": None}})))
+              failed = True
+              break
+            text = pending[update.index] + update.text
+            if update.finish_reason is None:
+              cut = max(len(text) - hold, 0)
+              text, pending[update.index] = text[:cut], text[cut:]
+              if text:
+                frames.append(protocol.running_chunk(head, update.index,
+                                                     text))
               continue
-          else:
             finished += 1
             text = self._final_text(parsed, text, update.finish_reason)
-          yield json.dumps(self._envelope(request_id, parsed, [
-              self._choice(parsed, update.index, text, update.finish_reason,
-                           update.score)]))
-        self.metrics.latency.observe(time.monotonic() - arrived)
+            frames.append(protocol.event(json.dumps(self._envelope(
+                request_id, parsed, [self._choice(
+                    parsed, update.index, text, update.finish_reason,
+                    update.score)]))))
+          if frames:
+            yield b"".join(frames)
+        generated = output.generated
+        self.metrics.latency.observe(time.monotonic() - output.arrived)
+      tail = []
       if parsed.include_usage:
-        yield json.dumps(self._envelope(request_id, parsed, [],
-                                        self._usage(parsed, generated)))
-      yield "[DONE]"
+        tail.append(protocol.event(json.dumps(self._envelope(
+            request_id, parsed, [], self._usage(parsed, generated)))))
+      tail.append(protocol.event("[DONE]"))
+      yield b"".join(tail)
     finally:  # Also when the client went away (the generator is cancelled).
       if completion is not None:
         completion.cancel()

@@ -124,8 +124,8 @@ class Completion:
     max_tokens: characters to generate per choice (>= 1).
     key: the `BatchKey`.
     want_scores: accumulate each choice's log-likelihood.
-    sink: called with each `Update`, on the scheduler thread (make it quick
-      and thread-safe: the HTTP side posts it to its event loop).
+    sink: called with each `Update`, through the engine's `deliver` (by
+      default on the scheduler thread: make it quick and thread-safe).
   """
 
   def __init__(self, rows_prompt_ids: Sequence[np.ndarray],
@@ -166,6 +166,17 @@ class Stats:
   device_seconds: float = 0.0  # of which inside the compiled call
 
 
+def _call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
+  """The default `deliver`: each sink, on the scheduler thread; a failing
+  sink cancels its own completion only."""
+  for completion, update in updates:
+    try:
+      completion.sink(update)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("dropping an update: %s", e)
+      completion.cancel()
+
+
 def _power_of_two_at_least(n: int, minimum: int) -> int:
   return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
 
@@ -186,15 +197,24 @@ class Engine:
     strategy: None, or a `tf.distribute.Strategy` over which each chunk's
       rows are split evenly (`rnnstep.generate`'s `strategy=`): the slots
       spread over its devices, every row's text unchanged.
+    deliver: called on the scheduler thread with a round's updates, a list
+      of `(Completion, Update)` in order, once per chunk (and once for the
+      rows a round cancels or fails); it calls each completion's `sink`
+      with its update, wherever it chooses to (the server: on its event
+      loop, all of a chunk's updates in one hand-off). Default: each sink,
+      there and then. If it raises, the round's completions are cancelled.
 
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
+    deliver: as the argument (settable before `start`).
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
                max_queue: int, max_tokens_limit: int,
-               max_prompt_chars: int = 1024, strategy=None):
+               max_prompt_chars: int = 1024, strategy=None,
+               deliver: Optional[Callable[
+                   [List[Tuple["Completion", Update]]], None]] = None):
     if strategy is not None:  # Its weights on every replica, as generate's.
       model = network.replicated(model, strategy)
     self.model = model
@@ -230,6 +250,10 @@ class Engine:
     self._thread = None
     self._stops_cache = {}
     self._template = self._zero_carry()
+    self.deliver = deliver or _call_sinks
+    # The round's updates, handed to `deliver` together (`_flush`): one
+    # hand-off a chunk, not one a row.
+    self._outbox: List[Tuple[Completion, Update]] = []
 
   # -- any thread ------------------------------------------------------------
 
@@ -318,6 +342,7 @@ class Engine:
 
   def _run(self) -> None:
     while True:
+      self._flush()  # The last round's updates (outside the lock).
       with self._condition:
         while (not self._stopping and not self._active
                and not self._live_waiting()):
@@ -327,6 +352,7 @@ class Engine:
             self._send(row, Update(row.index, "", "cancelled", 0.0))
           self._waiting.clear()
           self._active, self._carry = [], None
+          self._flush()
           return
         kept = [i for i, row in enumerate(self._active)
                 if not row.completion.cancelled]
@@ -334,6 +360,7 @@ class Engine:
           if row.completion.cancelled:
             self._send(row, Update(row.index, "", "cancelled", 0.0))
         fresh_rows = self._admit(len(kept))
+      self._flush()  # The rows cancelled now, before the call.
       rows = [self._active[i] for i in kept] + fresh_rows
       if not rows:
         self._active, self._carry = [], None
@@ -351,8 +378,14 @@ class Engine:
           and len(row.prompt_ids) - row.primed > self.prime_chars
           for row in rows])
       steps = self.chunk_steps
-      scored = [row for row, only in zip(rows, primes_only)
-                if row.completion.want_scores and not only]
+      decoding = [row for row, only in zip(rows, primes_only) if not only]
+      if decoding:
+        # No row needs more than its own characters: when they all end
+        # within the chunk, the call stops there (a row's text depends on
+        # its own seed and position only, so cutting the call changes none).
+        steps = min(steps, max(row.completion.max_tokens - row.produced
+                               for row in decoding))
+      scored = [row for row in decoding if row.completion.want_scores]
       if scored:
         # A row's score counts only its own characters: such a chunk ends at
         # the first of their limits.
@@ -385,15 +418,23 @@ class Engine:
         self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                             self._carry)
 
-  @staticmethod
-  def _send(row: Row, update: Update) -> None:
-    """Hands an update to its sink; a failing sink (a closed event loop)
-    cancels its completion rather than stopping the scheduler."""
+  def _send(self, row: Row, update: Update) -> None:
+    """Queues an update for this round's `deliver`."""
+    self._outbox.append((row.completion, update))
+
+  def _flush(self) -> None:
+    """Hands the round's updates to `deliver`; a failing hand-off (a
+    closed event loop) cancels their completions rather than stopping the
+    scheduler."""
+    if not self._outbox:
+      return
+    updates, self._outbox = self._outbox, []
     try:
-      row.completion.sink(update)
+      self.deliver(updates)
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("dropping an update: %s", e)
-      row.completion.cancel()
+      logging.warning("dropping %d updates: %s", len(updates), e)
+      for completion, _ in updates:
+        completion.cancel()
 
   def _live_waiting(self) -> bool:
     while self._waiting and self._waiting[0].completion.cancelled:

@@ -10,6 +10,7 @@ Nothing here imports TensorFlow.
 """
 
 import dataclasses
+import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rnnstep.decoding import options as options_lib
@@ -57,6 +58,7 @@ class Parsed:
     stop: as given (None, a str or a list).
     regex: a pattern or None.
     decoding: the decoding options given, by name.
+    created: the response's `created` time (set when it is answered).
   """
   prompts: List[str]
   max_tokens: int
@@ -69,6 +71,7 @@ class Parsed:
   stop: Any
   regex: Optional[str]
   decoding: Dict[str, Any]
+  created: int = 0
 
 
 def _is_int(value) -> bool:
@@ -192,3 +195,53 @@ def held_back(stops: Sequence[str]) -> int:
   """Characters a stream holds back while running, so that no part of a stop
   string it will remove is sent first."""
   return max([len(s) for s in stops] + [1]) - 1
+
+
+def chunk_head(envelope: Dict[str, Any]) -> str:
+  """A streamed chunk's JSON up to its choice's index, made once a request.
+
+  Args:
+    envelope: the response's fields with `choices` last and empty.
+
+  Returns:
+    `json.dumps(envelope)` open at the choices' list, up to `{"index": `;
+    `running_chunk` finishes it.
+
+  Raises:
+    ValueError: `choices` is not last, or not empty.
+  """
+  text = json.dumps(envelope)
+  if not text.endswith('"choices": []}'):
+    raise ValueError("the envelope must end with an empty choices list")
+  return text[:-2] + '{"index": '
+
+
+def running_chunk(head: str, index: int, text: str) -> bytes:
+  """One server-sent event: a running choice's new text.
+
+  Formatted directly rather than building and encoding the whole object per
+  event: only the text is encoded here.
+
+  Args:
+    head: the request's `chunk_head`.
+    index: the choice's index.
+    text: its new characters.
+
+  Returns:
+    `event` of `json.dumps` of the envelope with the one choice `{"index",
+    "text", "logprobs": null, "finish_reason": null}`, byte for byte.
+  """
+  return (f'data: {head}{index}, "text": {json.dumps(text)}, "logprobs": '
+          'null, "finish_reason": null}]}\r\n\r\n').encode()
+
+
+def event(payload: str) -> bytes:
+  """One server-sent event, framed as sse-starlette frames one (CRLF).
+
+  Args:
+    payload: its data, one line (a JSON text, or `[DONE]`).
+
+  Returns:
+    `data: <payload>` and a blank line, as bytes.
+  """
+  return f"data: {payload}\r\n\r\n".encode()

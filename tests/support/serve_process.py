@@ -100,7 +100,7 @@ class RemoteServer:
 def stack_installed() -> bool:
   """Whether the serving stack and its test clients are installed."""
   return all(importlib.util.find_spec(name) is not None for name in (
-      "openai", "prometheus_client", "sse_starlette", "starlette", "uvicorn"))
+      "openai", "prometheus_client", "starlette", "uvicorn"))
 
 
 def expected(model, body, seed, jit_compile=False):

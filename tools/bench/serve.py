@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -71,6 +72,9 @@ _STREAM = flags.DEFINE_bool(
     "stream", True, "(c) streams its responses (time to first character "
     "measured where it happens); --nostream asks for whole responses, "
     "which costs the client one JSON per request instead of one per chunk.")
+_SERVE_ARGS = flags.DEFINE_list(
+    "serve_args", [], "More rnnstep-serve flags for (c), e.g. "
+    "--serve_args=--intra_op_threads=0 (TensorFlow's own thread pools).")
 _SERVE_BASELINE = flags.DEFINE_enum("serve_baseline", None, ["lock", "batch"],
                                     "(internal) run baseline server (a)/(b).")
 _PORT = flags.DEFINE_integer("port", 0, "(internal) the baseline's port.")
@@ -174,7 +178,7 @@ def start(kind: str):
            f"--chunk_steps={_CHUNK_STEPS.value}",
            f"--max_tokens_limit={_MAX_TOKENS.value}",
            f"--max_queue={10 * _NUM_REQUESTS.value}",
-           f"--jit_compile={_JIT_COMPILE.value}"]
+           f"--jit_compile={_JIT_COMPILE.value}", *_SERVE_ARGS.value]
   else:
     cmd = [sys.executable, os.path.abspath(__file__), *model,
            f"--serve_baseline={kind}", f"--port={port}",
@@ -209,37 +213,48 @@ def workload(rate: float):
   return requests
 
 
-async def one(client, url, kind, send_at, t0, prompt, max_tokens, seed):
+async def one(url, kind, send_at, t0, prompt, max_tokens, seed, ssl_context):
+  """Sends one request; returns its timings and text.
+
+  A client (one connection) per request: httpx's pool over a few hundred
+  connections scans them all at each request's start and end, which cost
+  this process more CPU than the server's whole HTTP side; the TLS context
+  is made once (httpx makes one per client otherwise, even for http://).
+  A stream is read raw and split into events here (no line decoding).
+  """
+  import httpx  # pylint: disable=g-import-not-at-top
   await asyncio.sleep(max(0.0, t0 + send_at - time.monotonic()))
   sent = time.monotonic()
   body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed}
-  if kind != "serve" or not _STREAM.value:
-    reply = await client.post(url + "/v1/completions", json=body)
-    end = time.monotonic()
-    text = reply.json()["choices"][0]["text"]
-    return dict(ttfc=end - sent, e2e=end - sent, gaps=[], text=text)
-  times, text = [], ""
-  async with client.stream("POST", url + "/v1/completions",
-                           json=dict(body, stream=True)) as reply:
-    async for line in reply.aiter_lines():
-      if line.startswith("data: ") and line != "data: [DONE]":
-        piece = json.loads(line[6:])["choices"][0]["text"]
-        if piece:
-          times.append(time.monotonic())
-          text += piece
+  async with httpx.AsyncClient(timeout=3600, verify=ssl_context) as client:
+    if kind != "serve" or not _STREAM.value:
+      reply = await client.post(url + "/v1/completions", json=body)
+      end = time.monotonic()
+      text = reply.json()["choices"][0]["text"]
+      return dict(ttfc=end - sent, e2e=end - sent, gaps=[], text=text)
+    times, pieces, buffer = [], [], b""
+    async with client.stream("POST", url + "/v1/completions",
+                             json=dict(body, stream=True)) as reply:
+      async for data in reply.aiter_raw():
+        buffer += data
+        *events, buffer = buffer.split(b"\r\n\r\n")
+        for event in events:
+          if event.startswith(b"data: {"):
+            piece = json.loads(event[6:])["choices"][0]["text"]
+            if piece:
+              times.append(time.monotonic())
+              pieces.append(piece)
   end = time.monotonic()
   return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
-              gaps=[b - a for a, b in zip(times, times[1:])], text=text)
+              gaps=[b - a for a, b in zip(times, times[1:])],
+              text="".join(pieces))
 
 
-async def drive(url, kind, requests):
-  import httpx  # pylint: disable=g-import-not-at-top
-  limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-  async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
-    t0 = time.monotonic()
-    results = await asyncio.gather(*[
-        one(client, url, kind, at, t0, p, m, s) for at, p, m, s in requests])
-    return results, time.monotonic() - t0
+async def drive(url, kind, requests, ssl_context):
+  t0 = time.monotonic()
+  results = await asyncio.gather(*[
+      one(url, kind, at, t0, p, m, s, ssl_context) for at, p, m, s in requests])
+  return results, time.monotonic() - t0
 
 
 def percentile(values, q):
@@ -264,14 +279,21 @@ def report(kind, rate, results, seconds):
 
 
 def bound(model, jit, seed: int = 2):
-  """The library's own chars/s at --max_batch rows (one generate call)."""
+  """The library's own chars/s at --max_batch rows (one generate call), and
+  its CPU seconds per 1,000 characters."""
   import rnnstep  # pylint: disable=g-import-not-at-top
   steps = min(_MAX_TOKENS.value, 500)
   prompts = ["ROMEO:"] * _MAX_BATCH.value
   rnnstep.generate(model, prompts, steps, seed=1, jit_compile=jit)
-  started = time.monotonic()
+  started, cpu = time.monotonic(), time.process_time()
   rnnstep.generate(model, prompts, steps, seed=seed, jit_compile=jit)
-  return _MAX_BATCH.value * steps / (time.monotonic() - started)
+  chars = _MAX_BATCH.value * steps
+  return (chars / (time.monotonic() - started),
+          1000 * (time.process_time() - cpu) / chars)
+
+
+def load() -> str:
+  return "load %.2f" % os.getloadavg()[0]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -300,9 +322,11 @@ def main(argv):
   served_jit = paths.JIT_COMPILE[
       paths.default_path(model, _MAX_BATCH.value) if jit is None
       else paths.from_jit_compile(jit)]
-  bounds = [bound(model, jit)]
-  print(f"library generate at batch {_MAX_BATCH.value}: "
-        f"{bounds[0]:.0f} chars/s", flush=True)
+  ssl_context = ssl.create_default_context()
+  rate, cpu = bound(model, jit)
+  bounds = [rate]
+  print(f"library generate at batch {_MAX_BATCH.value}: {rate:.0f} chars/s, "
+        f"{cpu:.4f} CPU s per 1k chars ({load()})", flush=True)
   for kind in _SERVERS.value:
     process, url = start(kind)
     try:
@@ -311,17 +335,26 @@ def main(argv):
         rates = []
         for repeat in range(_REPEATS.value):
           if repeat and kind == "serve":  # The bound under the same load.
-            bounds.append(bound(model, jit, seed=2 + repeat))
+            bound_rate, cpu = bound(model, jit, seed=2 + repeat)
+            bounds.append(bound_rate)
             print(f"library generate at batch {_MAX_BATCH.value}: "
-                  f"{bounds[-1]:.0f} chars/s", flush=True)
+                  f"{bound_rate:.0f} chars/s, {cpu:.4f} CPU s per 1k chars "
+                  f"({load()})", flush=True)
           client, server = time.process_time(), cpu_seconds(process.pid)
-          results, seconds = asyncio.run(drive(url, kind, requests))
+          results, seconds = asyncio.run(drive(url, kind, requests,
+                                               ssl_context))
           report(kind, rate, results, seconds)
-          rates.append(sum(len(r["text"]) for r in results) / seconds)
-          # Where the two cores went: the server and this client.
-          print(f"  cpu: server {cpu_seconds(process.pid) - server:.1f} s, "
-                f"client {time.process_time() - client:.1f} s, "
-                f"in {seconds:.1f} s", flush=True)
+          chars = sum(len(r["text"]) for r in results)
+          rates.append(chars / seconds)
+          # Where the two cores went: the server and this client; CPU
+          # seconds are robust to other work on the machine, wall-clock
+          # is not.
+          server = cpu_seconds(process.pid) - server
+          client = time.process_time() - client
+          print(f"  cpu: server {server:.1f} s "
+                f"({1000 * server / max(chars, 1):.4f} s per 1k chars), "
+                f"client {client:.1f} s, in {seconds:.1f} s ({load()})",
+                flush=True)
         if _REPEATS.value > 1:
           line = (f"{kind:6s} rate={rate:<5g} median of {_REPEATS.value}: "
                   f"{median(rates):.0f} chars/s")
