@@ -17,6 +17,7 @@ import pytest
 
 import rnnstep
 from rnnstep.cli import export
+from tests.support import forkserver
 from tests.support.cli import ENV, TIMEOUT, command, ok, one_error_line
 from tests.support.cli import Result, run_concurrently, write_model
 
@@ -132,7 +133,7 @@ def test_export_reports_where_and_the_signatures(env):
 
 def test_served_text_equals_the_library_without_rnnstep(env):
   ok(env["results"]["export"])
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, "-c", SERVE, str(env["served"]),
        json.dumps([PROMPTS, CALLS])],
       capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
@@ -159,7 +160,7 @@ def test_tflite_text_equals_the_library_without_tensorflow(env):
   ok(env["results"]["tflite"])
   calls = [dict(args, num_steps=STEPS) for _, args in CALLS]
   calls.append(dict(num_steps=STEPS, temperature=0.0, seed=0))
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, "-c", LITERT, str(env["tmp"] / "litert" / "a"),
        json.dumps([PROMPTS, calls])],
       capture_output=True, text=True, env=ENV, timeout=TIMEOUT)

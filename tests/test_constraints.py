@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import decoding_reference as dr
 from tests.support import cli
+from tests.support import decoding_reference as dr
+from tests.support import forkserver
 from tests.support import reference_models
 from tests.support.tiers import quick_cases
 
@@ -241,7 +242,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
     path = self.create_tempdir().full_path + "/small.npz"
     model_file.write(path, model.config, model.vocab, model.tensors())
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
+    result = forkserver.run(
         [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={path}",
          "--prompt=abc d", "--prompt=e", "--num_samples=2", "--num_steps=20",
          f"--regex={WORDS}", f"--regex={CLAUSE}", "--seed=4",
@@ -252,7 +253,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(texts, rnnstep.generate(
         model, ["abc d", "abc d", "e", "e"], 20, seed=4,
         regex=[WORDS, WORDS, CLAUSE, CLAUSE]))
-    bad = subprocess.run(
+    bad = forkserver.run(
         [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={path}",
          "--prompt=ab", "--regex=(a"], capture_output=True, text=True, timeout=300,
         cwd=root, env=cli.ENV)

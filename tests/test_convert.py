@@ -25,6 +25,7 @@ import pytest
 import rnnstep
 from rnnstep import convert
 from rnnstep.model import model_file
+from tests.support import forkserver
 from tests.support import keras_models as km
 
 # Quick tier (-m "not slow") leaves this file out: real Keras files written in
@@ -277,7 +278,7 @@ def test_every_format_converts_with_keras_unimportable(
 
 def run_cli(*args):
   """The installed console script, as a user runs it."""
-  return subprocess.run(["rnnstep-convert", *args], cwd=REPO,
+  return forkserver.run(["rnnstep-convert", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=300,
                         env=subprocess_env())
 

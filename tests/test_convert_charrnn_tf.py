@@ -18,7 +18,6 @@ import os
 import pathlib
 import pickle
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -26,6 +25,7 @@ import pytest
 
 import rnnstep
 from rnnstep import convert
+from tests.support import forkserver
 from tests.support.cli import Result
 from tests.support.hostile_pickles import RunsCode
 from tests.support.tiers import quick_params
@@ -240,7 +240,7 @@ def test_a_vocabulary_given_for_a_save_directory_is_refused():
 def test_convert_cli_writes_a_model_without_a_vocabulary_flag(tmp_path):
   output = tmp_path / "model.npz"
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
-  run = subprocess.run(
+  run = forkserver.run(
       [sys.executable, "-m", "rnnstep.cli.convert", f"--input={DATA / 'rnn'}",
        f"--output={output}"], env=env, capture_output=True, text=True,
       timeout=600, check=False)

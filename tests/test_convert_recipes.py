@@ -26,6 +26,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.support import forkserver
 from tests.support import keras_models as km
 from tests.support.recipes import GREEDY_STEPS, REPO, TOLERANCE, WINDOW
 from tests.support.recipes import build_all
@@ -171,7 +172,7 @@ def test_a_token_map_is_refused_and_a_token_list_is_a_word_vocabulary(
 def test_generate_cli_names_a_missing_vocab_file_once(one_hot_files, tmp_path):
   missing = tmp_path / "missing.json"
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
-  proc = subprocess.run(
+  proc = forkserver.run(
       [sys.executable, "-m", "rnnstep.cli.generate",
        f"--weights={one_hot_files['files']['keras']}", f"--vocab={missing}",
        "--num_steps=3"], cwd=REPO, capture_output=True, text=True, env=env,

@@ -37,6 +37,7 @@ from rnnstep import convert
 from rnnstep.convert import torch_legacy
 from rnnstep.convert import torch_zip
 from rnnstep.convert import unpickler
+from tests.support import forkserver
 from tests.support.cli import Result
 from tests.support.hostile_pickles import RunsCode
 from tests.support.tiers import quick_params
@@ -454,7 +455,7 @@ def test_cli_errors_name_the_flag(tmp_path):
 
 def _run(module, *args):
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
-  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO,
+  proc = forkserver.run([sys.executable, "-m", module, *args], cwd=REPO,
                         capture_output=True, text=True, timeout=600, env=env,
                         stdin=subprocess.DEVNULL)
   return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -35,6 +35,7 @@ import textwrap
 from absl.testing import parameterized
 import pytest
 
+from tests.support import forkserver
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
 from tests.support.cli import ENV, TIMEOUT, command, run_script
@@ -127,7 +128,7 @@ CLI_JIT_FLAGS = {"graph": ["--nojit_compile"], "xla": ["--jit_compile"],
 @each_cell
 def call_cli(model, prompts, num_steps, path):
   """rnnstep-generate, jsonl out."""
-  result = subprocess.run(
+  result = forkserver.run(
       command("rnnstep-generate", "rnnstep.cli.generate")
       + [f"--weights={model.source}", f"--dtype={model.compute_dtype.name}",
          f"--num_steps={num_steps}", "--temperature=0", "--format=jsonl"]

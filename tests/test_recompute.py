@@ -156,25 +156,25 @@ def test_what_a_recomputed_model_cannot_do_is_refused_in_one_line():
 
 @pytest.mark.slow
 def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
-  """`rnnstep-convert` then `rnnstep-generate`, in one shell; and
+  """`rnnstep-convert` then `rnnstep-generate` on its output; and
   textgenrnn's word-level weights file given to `rnnstep-generate` (its
   vocabulary and config found beside it), with a prefix it writes as typed:
   the prompt and the continuation are textgenrnn's returned string."""
   out = tmp_path / "sonnets.npz"
-  convert_cmd = " ".join(cli.command("rnnstep-convert", "rnnstep.cli.convert"))
-  generate_cmd = " ".join(cli.command("rnnstep-generate",
-                                      "rnnstep.cli.generate"))
+  generate = cli.command("rnnstep-generate", "rnnstep.cli.generate")
   assert WORDS["prefixes"][0].lower() == WORDS["written"][0]
-  result = cli.run_binary(["bash", "-c", (
-      f"{convert_cmd} --input={DATA / SONNETS} "
-      f"--vocab={DATA / 'tokenizer.json'} --output={out} >/dev/null && "
-      f"{generate_cmd} --weights={out} --prompt=\"$0\" "
-      f"--num_steps={STEPS} --temperature=0 && echo --- && "
-      f"{generate_cmd} --weights="
-      f"{TEXTGENRNN_DATA / 'textgenrnn_words' / 'textgenrnn_weights.hdf5'} "
-      f"--prompt=\"$1\" --num_steps={WORDS['steps'][0]} --temperature=0"),
-                           SEEDS[1], WORDS["written"][0]], [])
-  words, textgenrnn_text = cli.ok(result).split("\n---\n")
+  cli.ok(cli.run_binary(
+      cli.command("rnnstep-convert", "rnnstep.cli.convert"),
+      [f"--input={DATA / SONNETS}", f"--vocab={DATA / 'tokenizer.json'}",
+       f"--output={out}"]))
+  words = cli.ok(cli.run_binary(generate, [
+      f"--weights={out}", f"--prompt={SEEDS[1]}", f"--num_steps={STEPS}",
+      "--temperature=0"]))
+  textgenrnn_text = cli.ok(cli.run_binary(generate, [
+      "--weights="
+      f"{TEXTGENRNN_DATA / 'textgenrnn_words' / 'textgenrnn_weights.hdf5'}",
+      f"--prompt={WORDS['written'][0]}", f"--num_steps={WORDS['steps'][0]}",
+      "--temperature=0"]))
   assert words.rstrip("\n") == recipe_texts(SONNETS)[1]
   assert textgenrnn_text.rstrip("\n") == WORDS["texts"][0]
 

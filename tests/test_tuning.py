@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 import tensorflow as tf
 
+from tests.support import forkserver
 from tests.support import keras_reference as kr
 from tests.support.cli import ENV, TIMEOUT, Result, command, ok
 from tests.support.cli import one_error_line, write_model
@@ -322,7 +323,7 @@ class CommandLineTest(TuningTestCase):
     }
 
     def run(args, cache):
-      proc = subprocess.run(args, capture_output=True, text=True,
+      proc = forkserver.run(args, capture_output=True, text=True,
                             stdin=subprocess.DEVNULL, timeout=TIMEOUT,
                             env=dict(ENV, RNNSTEP_CACHE_DIR=cache))
       return Result(proc.returncode, proc.stdout, proc.stderr)

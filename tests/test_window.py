@@ -28,6 +28,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep import errors
 from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
+from tests.support import forkserver
 from tests.support import numpy_reference
 from tests.support.recipes import recipe_text
 from tests.support.tiers import quick_params
@@ -134,7 +135,7 @@ def test_cli_window_flag(recipe):
   model = rnnstep.load(out)
   for flags, kwargs in (([], {}), (["--window=0"], {"window": 0}),
                         (["--window=3"], {"window": 3})):
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "rnnstep.cli.generate", f"--weights={out}",
          f"--prompt={recipe['seed']}", f"--num_steps={STEPS}",
          "--temperature=0", *flags], cwd=REPO, capture_output=True, text=True,

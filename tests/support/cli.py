@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from rnnstep.model import model_file
+from tests.support import forkserver
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 TIMEOUT = 600
@@ -59,7 +60,7 @@ class Result:
 
 def run_binary(cmd, args, tty_stderr=False):
   if not tty_stderr:
-    proc = subprocess.run(cmd + args, capture_output=True, text=True,
+    proc = forkserver.run(cmd + args, capture_output=True, text=True,
                           env=ENV, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
     return Result(proc.returncode, proc.stdout, proc.stderr)
   master, slave = pty.openpty()
@@ -85,7 +86,7 @@ def run_binary(cmd, args, tty_stderr=False):
 def run_script(script: str, *args: str):
   """Runs Python source `script` in a fresh interpreter from the repository
   root, `args` as its argv; returns its last stdout line, read as JSON."""
-  result = subprocess.run(
+  result = forkserver.run(
       [sys.executable, "-c", script, *args], capture_output=True, text=True,
       timeout=TIMEOUT, cwd=REPO, env=ENV, stdin=subprocess.DEVNULL)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,69 @@
+"""tests/support/forkserver.py against a real exec: what a forked child
+sees and returns equals what a fresh interpreter sees and returns."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import cli
+from tests.support import forkserver
+
+pytestmark = pytest.mark.slow  # Subprocesses.
+
+# What a program can observe of how it was started.
+PROBE = r"""
+import json, os, sys
+line = sys.stdin.readline()
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
+                  "env": os.environ.get("PROBE_VALUE"), "stdin": line,
+                  "main": __name__, "tty": [os.isatty(1), os.isatty(2)],
+                  "rnnstep": "rnnstep" in sys.modules}))
+print("to stderr", file=sys.stderr)
+if len(sys.argv) > 1 and sys.argv[1] == "raise":
+  raise ValueError("raised")
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def both(cmd, **kwargs):
+  """(real exec, forked) results of one call."""
+  kwargs = dict(capture_output=True, text=True, timeout=120, **kwargs)
+  return subprocess.run(cmd, **kwargs), forkserver.run(cmd, **kwargs)
+
+
+@pytest.mark.parametrize("args", [[], ["3"], ["raise"]])
+def test_a_script_sees_and_returns_what_a_fresh_interpreter_does(tmp_path,
+                                                                 args):
+  real, forked = both([sys.executable, "-c", PROBE, *args], cwd=tmp_path,
+                      input="a line\n", env=dict(cli.ENV, PROBE_VALUE="x"))
+  assert forked.returncode == real.returncode
+  assert forked.stdout == real.stdout
+  # A traceback names the server's frame too; its last line is the same.
+  assert forked.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
+
+
+def test_a_module_and_a_console_script_run_as_installed(tmp_path):
+  model = tmp_path / "model.npz"
+  cli.write_model(model)
+  flags = [f"--weights={model}", "--prompt=AB", "--num_steps=12",
+           "--temperature=0"]
+  for cmd in (cli.command("rnnstep-generate", "rnnstep.cli.generate"),
+              [sys.executable, "-m", "rnnstep.cli.generate"]):
+    real, forked = both(cmd + flags, env=cli.ENV, stdin=subprocess.DEVNULL)
+    assert (forked.returncode, forked.stdout) == (real.returncode, real.stdout)
+    assert forked.returncode == 0 and forked.stdout.startswith("AB")
+
+
+def test_a_timeout_kills_the_child_and_other_programs_exec():
+  with pytest.raises(subprocess.TimeoutExpired):
+    forkserver.run([sys.executable, "-c", "import time; time.sleep(60)"],
+                   env=cli.ENV, timeout=1)
+  # Not this Python, or an environment TensorFlow reads while importing:
+  # a real exec (the forked children would differ).
+  assert forkserver.run(["sh", "-c", "echo $$"], capture_output=True,
+                        text=True).stdout.strip().isdigit()
+  changed = dict(cli.ENV, TF_CPP_MIN_LOG_LEVEL="1")
+  assert forkserver._server_for(changed) is None  # pylint: disable=protected-access
+  assert forkserver._server_for(cli.ENV) is not None  # pylint: disable=protected-access
