@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(config, items):
   leaves out, and drops `tf.test.TestCase.test_session`, a deprecated stub
   that every tf.test.TestCase subclass inherits and that only ever skips: it added one
   meaningless skip per class (19) to the count, hiding the skips that matter.
-  It is not a test of ours, so it is dropped silently (not "deselected")."""
+  It is not a test of ours, so it is dropped silently (not "deselected").
+  Then it queues the longest files first (`tiers.longest_first`)."""
   del config
 
   def is_stub(item):
@@ -60,7 +61,8 @@ def pytest_collection_modifyitems(config, items):
     return (item.name == "test_session" and method is not None
             and method.__qualname__ == "TensorFlowTestCase.test_session")
 
-  items[:] = [item for item in items if not is_stub(item)]
+  items[:] = tiers.longest_first(
+      [item for item in items if not is_stub(item)])
   # An exhaustive sweep is slow, and so are the cases of a sweep that
   # `tiers.quick_cases` leaves out: `-m "not slow"` (the quick tier) skips them.
   for item in items:

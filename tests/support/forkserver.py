@@ -233,7 +233,10 @@ def _plan(cmd):
     for entry in importlib.metadata.entry_points(group="console_scripts",
                                                  name=name):
       if entry.value.split(".")[0] == "rnnstep":
+        # The script itself, where a shim (pyenv's) is what PATH finds.
         script = os.path.join(os.path.dirname(sys.executable), name)
+        if not os.path.exists(script):
+          script = found
         return "entry_point", [script, entry.value], [str(a) for a in cmd[1:]]
   return None
 
