@@ -28,7 +28,6 @@ import time
 import uuid
 from typing import Optional
 
-from absl import logging
 import numpy as np
 import prometheus_client
 from starlette.applications import Starlette
@@ -107,7 +106,7 @@ def error_response(status: int, message: str, *, param: Optional[str] = None,
 
 
 class _Output:
-  """One request's output, on the event loop (`Server._dispatch` adds to it).
+  """One request's output, on the event loop (`engine.call_sinks` adds to it).
 
   A whole response collects its choices' text, reasons and scores, and
   resolves `done` when the last choice ends; a stream keeps its updates
@@ -344,18 +343,7 @@ class Server:
     Raises:
       RuntimeError: the loop is closed (the engine cancels their rows).
     """
-    self._loop.call_soon_threadsafe(self._dispatch, updates)
-
-  @staticmethod
-  def _dispatch(updates) -> None:
-    """On the loop: each update to its request's `_Output` (one that fails
-    cancels its own request only)."""
-    for completion, update in updates:
-      try:
-        completion.sink(update)
-      except Exception:  # pylint: disable=broad-except
-        logging.exception("dropping an update")
-        completion.cancel()
+    self._loop.call_soon_threadsafe(engine_lib.call_sinks, updates)
 
   def _choice(self, parsed, index: int, text: str, reason, score):
     return {"index": index, "text": text,

@@ -166,9 +166,10 @@ class Stats:
   device_seconds: float = 0.0  # of which inside the compiled call
 
 
-def _call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
-  """The default `deliver`: each sink, on the scheduler thread; a failing
-  sink cancels its own completion only."""
+def call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
+  """Calls each update's completion's sink, where it is called from (the
+  default `deliver`: on the scheduler thread; the server posts it to its
+  event loop); a failing sink cancels its own completion only."""
   for completion, update in updates:
     try:
       completion.sink(update)
@@ -250,7 +251,7 @@ class Engine:
     self._thread = None
     self._stops_cache = {}
     self._template = self._zero_carry()
-    self.deliver = deliver or _call_sinks
+    self.deliver = deliver or call_sinks
     # The round's updates, handed to `deliver` together (`_flush`): one
     # hand-off a chunk, not one a row.
     self._outbox: List[Tuple[Completion, Update]] = []

@@ -151,8 +151,12 @@ while True:
     break  # The parent is gone.
   if listener in readable:
     conn, _ = listener.accept()
-    message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
-    request = json.loads(message)
+    try:
+      message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+      request = json.loads(message)
+    except (OSError, ValueError):  # A client that went away: the next one.
+      conn.close()
+      continue
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
@@ -160,7 +164,10 @@ while True:
     for fd in fds:
       os.close(fd)
     running[pid] = conn
-    conn.send(str(pid).encode())
+    try:
+      conn.send(str(pid).encode())
+    except OSError:  # Its client went away; the child is reaped below.
+      pass
   while running:
     pid, status = os.waitpid(-1, os.WNOHANG)
     if not pid:
