@@ -78,6 +78,34 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
       if temperature == 0:
         self.assertEqual(text, want)  # The runner-up, as a banning reference.
 
+  def test_a_large_projection_at_batch_1_matches_keras_on_every_path(self):
+    """A projection of `UNFUSED_PROJECTION_ELEMENTS` weights, which the xla
+    path keeps out of XLA's output fusion at batch 1 (network.py): greedy
+    text is the Keras loop's, and a sampled text and its score are the same
+    on every path and in the stream."""
+    layers = [kr.layer("gru", 16)]
+    vocab_size = model_lib.UNFUSED_PROJECTION_ELEMENTS // 16
+    keras_model = kr.build(layers, vocab_size=vocab_size, embedding_dim=8,
+                           seed=5)
+    model = kr.rnnstep_model(keras_model, layers)
+    self.assertTrue(model_lib.network_of(
+        model.architecture, model.network_weights(),
+        one_xla_program=True).unfused_projection)
+    prompt = model.decode([7, 4000, 123, 9999])
+    want = model.decode(kr.greedy(keras_model, model.encode(prompt), 24))
+    sampled = {}
+    for jit in PATHS:
+      self.assertEqual(rnnstep.generate(model, prompt, 24, temperature=0.0,
+                                        jit_compile=jit), want, jit)
+      sampled[jit] = rnnstep.generate(model, [prompt], 24, seed=3,
+                                      return_scores=True, jit_compile=jit)
+    streamed = "".join(rnnstep.stream(model, prompt, 24, chunk_size=10,
+                                      seed=3, jit_compile=True))
+    (xla_text,), (xla_score,) = sampled[True]
+    self.assertEqual(streamed, xla_text)
+    for (text,), (score,) in sampled.values():
+      self.assertEqual(text, xla_text)
+      self.assertAllClose(score, xla_score, rtol=1e-5, atol=0)
 
 class BatchTest(tf.test.TestCase, parameterized.TestCase):
   """The batch contract (README "Reproducibility", tests/support/row_contract.py)."""

@@ -112,7 +112,8 @@ class Programs(tf.Module):
   def _network(self, weights):
     return network_lib.network_of(
         self.architecture, weights,
-        compile_elementwise=self.path == paths.ELEMENTWISE)
+        compile_elementwise=self.path == paths.ELEMENTWISE,
+        one_xla_program=self.jit_compile)
 
   def _step_impl(self, weights, ids, state):
     return self._network(weights).step(ids, state)

@@ -37,6 +37,24 @@ StackState = Tuple[Tuple[tf.Tensor, ...], ...]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
+# Output projections of at least this many weights (1 MiB of float32) are
+# kept out of XLA's output fusion on the "xla" path (`Network.output_product`).
+# Below it one thread reads the kernel in a few microseconds, about what
+# handing half of it to another thread costs (the bundled model's 768 x 65:
+# no faster either way, measured).
+UNFUSED_PROJECTION_ELEMENTS = 1 << 18
+
+
+def _optimization_barrier(*tensors):
+  """XLA's `opt-barrier`: its outputs are its inputs, never fused across.
+
+  TensorFlow exposes the op only in its tf2xla module (loaded by `import
+  tensorflow`, so importing it here costs nothing); it exists only inside an
+  XLA program.
+  """
+  from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-import-not-at-top
+  return xla.optimization_barrier(*tensors)
+
 
 class Architecture(NamedTuple):
   """All a compiled program depends on besides the weights' values.
@@ -337,6 +355,9 @@ class Network:
       compute dtype.
     attention: `{"kernel": [W, 1], "embedding": [V, D]}` for a model with
       textgenrnn's attention (`window_logits`), else None.
+    one_xla_program: the network is traced into one XLA program (the "xla"
+      path), where a large output projection is kept out of XLA's output
+      fusion (`output_product`).
 
   Attributes:
     banned: float32 `[V]`, -inf at "[UNK]" (id 0) and 0 elsewhere, which
@@ -345,7 +366,7 @@ class Network:
   """
 
   def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk,
-               backward=None, head=(), attention=None):
+               backward=None, head=(), attention=None, one_xla_program=False):
     self.cells = cells
     self.input_table = input_table
     self.dense_kernel = dense_kernel
@@ -354,6 +375,8 @@ class Network:
     self.head = tuple(head)
     self.attention = attention
     self.vocab_size = int(dense_bias.shape[0])
+    self.unfused_projection = one_xla_program and (
+        dense_kernel.shape.num_elements() >= UNFUSED_PROJECTION_ELEMENTS)
     self.banned = None
     if has_unk:
       self.banned = tf.one_hot(0, self.vocab_size, on_value=-float("inf"),
@@ -372,8 +395,18 @@ class Network:
     for kernel, bias, activation in self.head:
       outputs = HEAD_ACTIVATIONS[activation](
           cells_lib.matmul(outputs, kernel, kernel.dtype) + bias)
-    return cells_lib.matmul(outputs, self.dense_kernel,
-                            self.dense_kernel.dtype, float32_result=False)
+    product = cells_lib.matmul(outputs, self.dense_kernel,
+                               self.dense_kernel.dtype, float32_result=False)
+    if self.unfused_projection:
+      # XLA's CPU backend fuses a matrix-vector product (batch 1) with the
+      # add that consumes it (the bias, `logits_of_product`) into one output
+      # fusion, which it runs as a loop on a single thread; a plain dot runs
+      # on Eigen over the whole intra-op pool. The barrier keeps this dot
+      # plain (it compiles to nothing). Measured at batch 1 over a 33,278-word
+      # vocabulary (nhid 200, 2 cores): 0.81-0.89 -> 0.49-0.66 ms a step,
+      # logits unchanged; batch > 1 is never output-fused, so it is a no-op.
+      (product,) = _optimization_barrier(product)
+    return product
 
   def window_logits(self, ids: tf.Tensor) -> tf.Tensor:
     """The logits after a whole window of ids `[B, k]`, from a zero state.
@@ -657,7 +690,8 @@ assert tuple(HEAD_ACTIVATIONS) == model_file.DENSE_ACTIVATIONS
 
 
 def network_of(architecture: Architecture, weights: dict,
-               compile_elementwise: bool = False) -> Network:
+               compile_elementwise: bool = False,
+               one_xla_program: bool = False) -> Network:
   """The forward pass of an architecture over weight tensors.
 
   Args:
@@ -665,6 +699,8 @@ def network_of(architecture: Architecture, weights: dict,
     weights: tensors (or variables) structured as `Model.network_weights()`.
     compile_elementwise: compile each cell's gate math with XLA, leaving the
       matmuls to TensorFlow (see `cells.py`).
+    one_xla_program: the caller traces the network into one XLA program (see
+      `Network`).
 
   Returns:
     The `Network`.
@@ -699,7 +735,8 @@ def network_of(architecture: Architecture, weights: dict,
   return Network(cells, tf.convert_to_tensor(weights["input_table"]),
                  tf.cast(weights["dense_kernel"], dtype),
                  tf.convert_to_tensor(weights["dense_bias"]),
-                 architecture.has_unk, backward, head, attention)
+                 architecture.has_unk, backward, head, attention,
+                 one_xla_program)
 
 
 def score_function(model: Model) -> BoundFunction:
