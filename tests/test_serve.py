@@ -52,7 +52,8 @@ def server(model_path):
   with serve_process.RemoteServer([
       f"--model={model_path}", f"--max_batch={MAX_BATCH}", "--chunk_steps=8",
       f"--max_queue={MAX_QUEUE}", f"--max_tokens_limit={MAX_TOKENS_LIMIT}",
-      "--max_prompt_chars=256", "--jit_compile=false", "--drain_timeout=20"
+      "--max_prompt_chars=256", "--jit_compile=false", "--drain_timeout=20",
+      "--lanes=2"  # Two schedulers of 4 slots (the default on 2 cores).
   ]) as running:
     yield running
 
@@ -308,7 +309,7 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
   logical CPUs with 3 slots (an odd count: a replica is padded).
   """
   servers = {  # name: (flags, generate's jit_compile)
-      "xla": (["--jit_compile=true", "--max_batch=2"], True),
+      "xla": (["--jit_compile=true", "--max_batch=2", "--lanes=1"], True),
       "elementwise": (["--jit_compile=elementwise", "--max_batch=2"],
                       "elementwise"),
       "strategy": (["--jit_compile=false", "--max_batch=3",

@@ -68,15 +68,23 @@ _DEVICES = flags.DEFINE_list(
     "GPU, else the CPU). More CPUs than the machine has (/cpu:0,/cpu:1) "
     "split its CPU into logical devices, for trying the strategy on a "
     "CPU-only machine.", flag_values=FLAGS)
+_LANES = flags.DEFINE_integer(
+    "lanes", None, "Schedulers, each running its share of the slots in "
+    "compiled calls of its own, on one thread (rnnstep/serve/lanes.py). "
+    "Default: on a CPU, one a core this process may use (at most "
+    "--max_batch); with a GPU or --strategy, 1.", lower_bound=1,
+    flag_values=FLAGS)
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     "intra_op_threads", None, "TensorFlow's threads within one op (a "
-    "matmul's). Default: one fewer than the CPUs this process may use, at "
-    "least 1 (with --strategy: TensorFlow's own), so the event loop, which "
-    "formats and sends every response, keeps a core beside the compiled "
-    "calls; 0: TensorFlow's own.", lower_bound=0, flag_values=FLAGS)
+    "matmul's). Default: 1 with several --lanes (each lane's call on a "
+    "thread of its own); with one, one fewer than the CPUs this process may "
+    "use, at least 1 (with --strategy: TensorFlow's own), so the event loop, "
+    "which formats and sends every response, keeps a core beside the "
+    "compiled calls; 0: TensorFlow's own.", lower_bound=0, flag_values=FLAGS)
 _INTER_OP_THREADS = flags.DEFINE_integer(
     "inter_op_threads", None, "TensorFlow's threads running independent "
-    "ops at once. Default and 0: as --intra_op_threads.", lower_bound=0,
+    "ops at once. Default: --lanes with several, else as "
+    "--intra_op_threads; 0: TensorFlow's own.", lower_bound=0,
     flag_values=FLAGS)
 _DRAIN_TIMEOUT = flags.DEFINE_float(
     "drain_timeout", 30.0, "On SIGTERM, seconds to finish the requests in "
@@ -93,21 +101,39 @@ def _path(model, replicas: int) -> str:
           if path == paths.AUTO else path)
 
 
-def _threads() -> None:
+def _lanes() -> int:
+  """--lanes, or its default: a lane a usable core on a CPU, else one."""
+  if _LANES.value is not None:
+    return min(_LANES.value, _MAX_BATCH.value)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if _STRATEGY.value != "none" or tf.config.list_physical_devices("GPU"):
+    return 1
+  return max(min(len(os.sched_getaffinity(0)), _MAX_BATCH.value), 1)
+
+
+def _threads(lanes: int) -> None:
   """Sets TensorFlow's thread pools (--intra_op_threads, --inter_op_threads).
 
-  On a 2-core machine the graph's own two pools (TensorFlow's default: one
+  With several lanes each lane's call runs on one thread of its own (one
+  intra-op thread: an op runs on the thread that runs it; an inter-op thread
+  a lane, so that the lanes' calls run side by side). With one lane, on a
+  2-core machine the graph's own two pools (TensorFlow's default: one
   thread a core each) contend with the event loop for the cores; one thread
   each runs a chunk in less CPU time (no hand-offs between threads) and
   leaves the other core to the HTTP side. Called before TensorFlow runs
   anything (the pools are fixed then).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  auto = 0 if _STRATEGY.value != "none" else max(
-      len(os.sched_getaffinity(0)) - 1, 1)
-  intra = auto if _INTRA_OP_THREADS.value is None else _INTRA_OP_THREADS.value
-  inter = intra if _INTER_OP_THREADS.value is None else (
-      _INTER_OP_THREADS.value)
+  if lanes > 1:
+    intra_auto, inter_auto = 1, lanes
+  else:
+    intra_auto = 0 if _STRATEGY.value != "none" else max(
+        len(os.sched_getaffinity(0)) - 1, 1)
+    inter_auto = None  # As intra.
+  intra = (intra_auto if _INTRA_OP_THREADS.value is None
+           else _INTRA_OP_THREADS.value)
+  inter = ((intra if inter_auto is None else inter_auto)
+           if _INTER_OP_THREADS.value is None else _INTER_OP_THREADS.value)
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)
 
@@ -157,8 +183,10 @@ def main(argv) -> int:
   import uvicorn
   from rnnstep.serve import app as app_lib
   from rnnstep.serve import engine as engine_lib
+  from rnnstep.serve import lanes as lanes_lib
   # pylint: enable=g-import-not-at-top
-  _threads()
+  lanes = _lanes()
+  _threads(lanes)
   strategy = _strategy()
   try:
     model = common.load_model(_MODEL.value, _DTYPE.value)
@@ -169,12 +197,18 @@ def main(argv) -> int:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
                          "serves stateful models only", common.EXIT_USAGE)
-  engine = engine_lib.Engine(
-      model, path=_path(model, strategy.num_replicas_in_sync if strategy
-                        else 1),
-      max_batch=_MAX_BATCH.value, chunk_steps=_CHUNK_STEPS.value,
-      max_queue=_MAX_QUEUE.value, max_tokens_limit=_MAX_TOKENS_LIMIT.value,
+  # The library's choice for the rows one lane's device runs.
+  path = _path(model, (strategy.num_replicas_in_sync if strategy else 1)
+               * lanes)
+  engines = [engine_lib.Engine(
+      model, path=path, max_batch=slots, chunk_steps=_CHUNK_STEPS.value,
+      max_queue=lanes_lib.lane_queue(_MAX_QUEUE.value, _MAX_BATCH.value,
+                                     slots),
+      max_tokens_limit=_MAX_TOKENS_LIMIT.value,
       max_prompt_chars=_MAX_PROMPT_CHARS.value, strategy=strategy)
+             for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
+  engine = (engines[0] if lanes == 1
+            else lanes_lib.Lanes(engines, _MAX_QUEUE.value))
   server = app_lib.Server(model, engine, model_id=_MODEL.value or "shakespeare",
                           max_body_bytes=max(1 << 20,
                                              8 * _MAX_PROMPT_CHARS.value

@@ -1,0 +1,134 @@
+"""Lanes: the server's slots split over several engines, one CPU core each.
+
+On a GPU one scheduler keeps the device busy: a chunk's matmuls fill it. On a
+CPU the compiled call of one scheduler runs its matmuls on TensorFlow's
+intra-op threads, which hand work to each other at every op of every step;
+at the serving batch sizes that hand-off costs about as much as the second
+core gains (`docs/guide/serving.md`, measured). Two schedulers that each run
+half the slots on one thread of their own use both cores with no hand-off:
+on a 2-core Zen 5, `generate` over 64 rows ran 75k characters a second on
+TensorFlow's two threads, two concurrent calls over 32 rows each, one thread
+apiece, 91k.
+
+`Lanes` holds `n` `engine.Engine`s over the same model and programs (the
+compiled functions are shared: a lane compiles nothing another has) and
+looks like one engine to the server: a request goes whole to the lane with
+the fewest rows running and waiting. Each row's text is its own seed's and
+position's whatever lane runs it (README "Reproducibility"), so lanes change
+no text.
+"""
+
+import threading
+from typing import List, Optional
+
+from rnnstep.serve import engine as engine_lib
+
+
+def split_slots(max_batch: int, lanes: int) -> List[int]:
+  """`max_batch` slots over `lanes` lanes, as evenly as they go (each >= 1).
+
+  Raises:
+    ValueError: fewer slots than lanes.
+  """
+  if lanes < 1 or max_batch < lanes:
+    raise ValueError(f"{max_batch} slots cannot make {lanes} lanes")
+  return [max_batch // lanes + (i < max_batch % lanes) for i in range(lanes)]
+
+
+def lane_queue(max_queue: int, max_batch: int, lane_slots: int) -> int:
+  """A lane's own `max_queue`: room for any request the whole server takes
+  (`Lanes.submit` holds the server to `max_queue` across the lanes)."""
+  return max_queue + max_batch - lane_slots
+
+
+class Lanes:
+  """Several engines behind `Engine`'s interface (see the module docstring).
+
+  Args:
+    engines: the lanes, each an unstarted `engine.Engine` of the same model
+      and path; their `max_batch` add up to the server's slots, and each
+      one's `max_queue` is `lane_queue`'s.
+    max_queue: rows waiting at most beyond the free slots, over all lanes.
+
+  Attributes:
+    engines: the lanes.
+    max_batch: the slots of every lane together (a request may ask for up
+      to this many rows: a lane with fewer slots runs them as they free).
+    max_tokens_limit, max_prompt_chars: the lanes' (equal) limits.
+  """
+
+  def __init__(self, engines: List[engine_lib.Engine], max_queue: int):
+    if not engines:
+      raise ValueError("Lanes needs at least one engine")
+    self.engines = list(engines)
+    self.max_queue = int(max_queue)
+    self._submitting = threading.Lock()
+    first = self.engines[0]
+    self.max_batch = sum(e.max_batch for e in self.engines)
+    self.max_tokens_limit = first.max_tokens_limit
+    self.max_prompt_chars = first.max_prompt_chars
+    self.generator = first.generator
+
+  @property
+  def deliver(self):
+    return self.engines[0].deliver
+
+  @deliver.setter
+  def deliver(self, deliver) -> None:
+    for engine in self.engines:
+      engine.deliver = deliver
+
+  @property
+  def stats(self) -> engine_lib.Stats:
+    """The lanes' counters, summed (read on any thread, as each lane's)."""
+    total = engine_lib.Stats()
+    for engine in self.engines:
+      for field in engine_lib.Stats.__dataclass_fields__:
+        setattr(total, field, getattr(total, field)
+                + getattr(engine.stats, field))
+    return total
+
+  def submit(self, completion: engine_lib.Completion) -> None:
+    """Queues the completion on the lane with the fewest rows.
+
+    Raises:
+      engine.QueueFull: the lanes' waiting rows would exceed `max_queue`
+        beyond their free slots.
+      engine.ShuttingDown: `close` has begun.
+    """
+    with self._submitting:
+      running = [e.stats.running for e in self.engines]
+      waiting = [e.stats.waiting for e in self.engines]
+      free = sum(max(e.max_batch - r, 0)
+                 for e, r in zip(self.engines, running))
+      if sum(waiting) + len(completion.rows) > self.max_queue + free:
+        raise engine_lib.QueueFull()
+      load = [r + w for r, w in zip(running, waiting)]
+      # A lane's own check (`lane_queue`) leaves it room for this request.
+      self.engines[load.index(min(load))].submit(completion)
+
+  def warm_up(self) -> None:
+    """Compiles every program once (the lanes share them), then gives each
+    lane its warm-up calls."""
+    for engine in self.engines:
+      engine.warm_up()
+
+  def start(self) -> None:
+    for engine in self.engines:
+      engine.start()
+
+  def close(self, timeout: Optional[float] = None) -> bool:
+    """Closes every lane at once (each `Engine.close(timeout)`); whether all
+    drained."""
+    drained = [True] * len(self.engines)
+
+    def close(i):
+      drained[i] = self.engines[i].close(timeout)
+
+    threads = [threading.Thread(target=close, args=(i,))
+               for i in range(len(self.engines))]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join()
+    return all(drained)
