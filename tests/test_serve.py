@@ -99,23 +99,23 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
   traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   engine.start()
   cases = [  # (prompts, max_tokens, seed, key, want_scores, options)
-      (["ROMEO:"] * 3, 33, 1, engine_lib.BatchKey(), False,
+      (["ROMEO:"] * 3, 33, 1, engine_lib.Shared(), False,
        dict(temperature=0.8)),
-      (["Hi", "there you"], 23, 2, engine_lib.BatchKey(), False,
+      (["Hi", "there you"], 23, 2, engine_lib.Shared(), False,
        dict(top_k=5)),
-      (["x"], 50, 3, engine_lib.BatchKey(stop=("e",)), False,
+      (["x"], 50, 3, engine_lib.Shared(stop=("e",)), False,
        dict(repetition_penalty=1.3)),
-      (["ab", "b"], 17, 4, engine_lib.BatchKey(), True, dict(top_p=0.9)),
-      (["q"], 30, 5, engine_lib.BatchKey(no_repeat_ngram_size=2), False, {}),
-      (["a"], 30, 6, engine_lib.BatchKey(regex="[a-z ]+\\."), False,
+      (["ab", "b"], 17, 4, engine_lib.Shared(), True, dict(top_p=0.9)),
+      (["q"], 30, 5, engine_lib.Shared(no_repeat_ngram_size=2), False, {}),
+      (["a"], 30, 6, engine_lib.Shared(regex="[a-z ]+\\."), False,
        dict(temperature=0.0)),
       # Prompts longer than a piece (8 characters here), primed across
       # chunks beside short ones; the penalty reads the whole prompt's
       # history (the last 7 characters of it).
       ([PROMPTS[4] * 2, "ab", PROMPTS[3]], 25, 7,
-       engine_lib.BatchKey(repetition_window=7), True,
+       engine_lib.Shared(repetition_window=7), True,
        dict(repetition_penalty=1.3)),
-      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.BatchKey(), False, {}),
+      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.Shared(), False, {}),
   ]
   outputs = []
   for prompts, max_tokens, seed, key, want, options in cases:
@@ -132,7 +132,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
                                    for o in options_lib.PER_ROW})
     engine.submit(engine_lib.Completion(
         [model.encode(p) for p in prompts], [params] * len(prompts),
-        seed=seed, max_tokens=max_tokens, key=key, want_scores=want,
+        seed=seed, max_tokens=max_tokens, shared=key, want_scores=want,
         sink=sink))
     outputs.append((out, done))
     time.sleep(0.005)  # Arrivals between chunks.
@@ -293,6 +293,69 @@ def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
     results = list(pool.map(send, others + long_ones))
   for body, texts in zip(others + long_ones, results):
     assert texts == serve_process.expected(model, body, body["seed"])[0], body
+
+
+def stop_across_a_chunk(text, chunk):
+  """A 3-character stop string of `text` that ends in a later chunk than it
+  starts (a row's chunks end every `chunk` characters), met first there."""
+  for boundary in range(chunk, len(text) - 2, chunk):
+    for start in range(boundary - 2, boundary):
+      if text.find(text[start:start + 3]) == start:
+        return text[start:start + 3]
+  raise AssertionError(f"no stop string across a chunk in {text!r}")
+
+
+@pytest.mark.slow
+def test_rows_of_different_settings_run_in_the_same_chunks(server, model):
+  """Stop lists (one spanning a chunk boundary), regexes, n-gram sizes and
+  windows, and plain rows, arriving together: each is generate's text, and
+  they share chunks rather than wait for each other to drain."""
+  plain = dict(prompt="To be", max_tokens=80, seed=22, temperature=0.9)
+  spanning = stop_across_a_chunk(serve_process.expected(
+      model, plain, 22)[0][0], 8)  # The server's --chunk_steps.
+  bodies = [
+      dict(prompt="ROMEO:", max_tokens=60, seed=21, temperature=0.8),
+      dict(plain, stop=[spanning, "zzz"]),
+      dict(prompt="a", max_tokens=70, seed=23, stop=["e ", "th"]),
+      dict(prompt="a", max_tokens=70, seed=24, regex="[a-z ]+\\.",
+           temperature=0.7),
+      dict(prompt="ROMEO:", max_tokens=70, seed=25,
+           regex="[A-Z][a-z]+(, [a-z]+)*\\n"),
+      dict(prompt="To be", max_tokens=70, seed=26, no_repeat_ngram_size=2),
+      dict(prompt="a", max_tokens=70, seed=27, no_repeat_ngram_size=3,
+           repetition_penalty=1.3, repetition_window=5),
+      dict(prompt="ROMEO:", max_tokens=70, seed=28, repetition_penalty=1.3,
+           repetition_window=12, stop=["\n"]),
+  ]
+  assert len(bodies) == MAX_BATCH
+  chunks = once_idle(server, "rnnstep_chunks")
+  mixed = metric(server, "rnnstep_mixed_settings_chunks")
+  start = threading.Barrier(len(bodies))
+
+  def send(body):
+    start.wait()  # Together.
+    if body is bodies[1]:  # Streamed: its stop string is held back.
+      texts, reasons, _, _ = stream_text(server, body)
+      return texts[0], reasons[0]
+    reply = post(server, body)
+    assert reply.status_code == 200, reply.text
+    return (reply.json()["choices"][0]["text"],
+            reply.json()["choices"][0]["finish_reason"])
+
+  with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+    results = list(pool.map(send, bodies))
+  for body, (text, reason) in zip(bodies, results):
+    want, reasons = serve_process.expected(model, body, body["seed"])
+    assert (text, reason) == (want[0], reasons[0]), body
+  assert results[1][1] == "stop"
+  # Run one settings at a time, each request would need a chunk per 8
+  # characters of its own; together they need about the longest's.
+  generated = [len(serve_process.expected(
+      model, dict(body, include_stop_str_in_output=True), body["seed"])[0][0])
+               for body in bodies]
+  ran = once_idle(server, "rnnstep_chunks") - chunks
+  assert ran < sum(-(-n // 8) for n in generated) / 2, (ran, generated)
+  assert metric(server, "rnnstep_mixed_settings_chunks") - mixed >= 5
 
 
 @pytest.mark.slow

@@ -944,7 +944,7 @@ def test_serve_engine_sends_whole_characters():
     server.submit(engine.Completion(
         [byte_model.encode(prompt)], [options.DEFAULTS._replace(
             temperature=0.0)], seed=1, max_tokens=30,
-        key=engine.BatchKey(stop=(stop,)), want_scores=False, sink=sink))
+        shared=engine.Shared(stop=(stop,)), want_scores=False, sink=sink))
     assert finished.wait(120)
   finally:
     server.close(10)
