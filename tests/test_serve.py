@@ -109,6 +109,9 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
       (["q"], 30, 5, engine_lib.Shared(no_repeat_ngram_size=2), False, {}),
       (["a"], 30, 6, engine_lib.Shared(regex="[a-z ]+\\."), False,
        dict(temperature=0.0)),
+      (["To", "b"], 40, 9, engine_lib.Shared(
+          stop=("th", "e r"), regex="[a-z]+( [a-z]+)*", repetition_window=3,
+          no_repeat_ngram_size=3), False, dict(repetition_penalty=1.2)),
       # Prompts longer than a piece (8 characters here), primed across
       # chunks beside short ones; the penalty reads the whole prompt's
       # history (the last 7 characters of it).
@@ -152,9 +155,49 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
     assert texts == reference
   assert engine.close(timeout=10)
   assert engine.stats.running == 0 and engine.stats.waiting == 0
-  # New prompts, lengths, options, batch sizes: nothing traced after warm_up.
+  # Rows of different stop strings, patterns and look-back settings ran in
+  # the same chunks.
+  assert engine.stats.mixed_chunks > 0
+  # New prompts, lengths, options, batch sizes, stop lists, patterns: nothing
+  # traced after warm_up.
   assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
   ) == traces
+
+
+def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
+  """A row whose stop strings would take the joined table over its limit
+  waits for the running rows to drain (nothing overtakes it), then runs."""
+  from rnnstep.decoding import stopping  # pylint: disable=g-import-not-at-top
+  # Room for 6 states: "abcd" (5) beside the plain row's (1), not "xyz" (4).
+  monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 6 * model.vocab_size * 4)
+  engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
+                             max_queue=8, max_tokens_limit=64,
+                             max_prompt_chars=16)
+  events, done = [], threading.Event()
+  cases = [("abcd",), (), ("xyz",)]
+
+  def sink(update, k):
+    events.append((k, update))
+    if sum(1 for _, u in events if u.finish_reason) == len(cases):
+      done.set()
+
+  for k, stop in enumerate(cases):
+    engine.submit(engine_lib.Completion(
+        [model.encode("ROMEO:")], [options_lib.DEFAULTS], seed=k,
+        max_tokens=30, shared=engine_lib.Shared(stop=stop),
+        want_scores=False, sink=lambda update, k=k: sink(update, k)))
+  engine.start()
+  try:
+    assert done.wait(60)
+  finally:
+    assert engine.close(timeout=10)
+  for k, stop in enumerate(cases):
+    assert "".join(u.text for j, u in events if j == k) == rnnstep.generate(
+        model, "ROMEO:", 30, seed=k, stop=list(stop) or None,
+        jit_compile=False)
+  order = [k for k, _ in events]
+  assert order.index(2) > max(i for i, k in enumerate(order) if k == 0)
+  assert engine.stats.mixed_chunks > 0  # The first two ran together.
 
 
 def test_trim_stop_and_hold_back():
@@ -383,12 +426,16 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
              for name, (flags, _) in servers.items()}
   try:
     # 16 characters: primed in three pieces. Four requests for 2 or 3
-    # slots: rows join and leave while others run.
-    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=["th"],
+    # slots: rows join and leave while others run. Each its own stop
+    # strings, joined in one table (all four fit the warm-up's 16 states:
+    # nothing compiles).
+    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=stop,
                    temperature=temperature)
-              for seed, (prompt, temperature) in enumerate([
-                  ("First Citizen:\nB", 0.8), ("KING RICHARD III", 0.0),
-                  ("ROMEO:\nBut soft,", 1.3), ("To be, or not to", 0.8)])]
+              for seed, (prompt, temperature, stop) in enumerate([
+                  ("First Citizen:\nB", 0.8, ["th"]),
+                  ("KING RICHARD III", 0.0, ["e "]),
+                  ("ROMEO:\nBut soft,", 1.3, ["th", "ou"]),
+                  ("To be, or not to", 0.8, ["o,"])])]
     want = {name: [serve_process.expected(model, body, body["seed"],
                                           jit_compile=jit_compile)[0]
                    for body in bodies]
