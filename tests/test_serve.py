@@ -200,6 +200,25 @@ def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
   assert engine.stats.mixed_chunks > 0  # The first two ran together.
 
 
+def test_engine_tables_keep_one_shape_on_compiling_paths(model):
+  """Under XLA every chunk's joined tables have the warm-up's shapes,
+  whatever stop lists and patterns its rows bring (nothing compiles)."""
+  engine = engine_lib.Engine(model, path="xla", max_batch=4, chunk_steps=8,
+                             max_queue=4, max_tokens_limit=16)
+  shapes = set()
+  for settings in [[()], [("a",), ("bc", "d")],
+                   [("the", "and"), (), ("xyz",), ("q",)]]:
+    for regex in [None, "[a-z]+", "[0-9]+, [A-Z][a-z]*\\."]:
+      rows = [engine_lib.Completion(
+          [model.encode("a")], [options_lib.DEFAULTS], seed=0, max_tokens=1,
+          shared=engine_lib.Shared(stop=stop, regex=regex),
+          want_scores=False, sink=None).rows[0] for stop in settings]
+      tables = engine._tables(rows)  # pylint: disable=protected-access
+      shapes.add((tables.stops.table.shape, tables.dfa.table.shape))
+  assert shapes == {((engine.stop_capacity, model.vocab_size),
+                     (engine.dfa_capacity, model.vocab_size))}
+
+
 def test_trim_stop_and_hold_back():
   assert protocol.trim_stop("abc\n\n", ["\n", "\n\n"]) == "abc"
   assert protocol.trim_stop("abc", ["x"]) == "abc"

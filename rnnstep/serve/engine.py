@@ -38,14 +38,19 @@ strings, look-back settings, regex) as follows (`_tables`):
     row's window counts its own ids, and the n-gram ban runs to the largest
     n, each row banning by its own (none for n = 0).
 
-Under XLA the joined tables' state counts are padded to a power of two (at
-least 16, the warm-up's), so tables of new stop strings or patterns fall in
-a handful of sizes. The joined tables stay within the library's limits
-(`stopping.MAX_TABLE_BYTES`, `constraints.MAX_TABLE_BYTES`): a waiting row
-whose settings would take them over waits until running rows have drained
-(first come, first served: nothing overtakes it), as an LLM server's request
-waits for cache blocks; a request whose own table is over a limit is
-refused when it arrives (400).
+Each joined table has a capacity of states (`stop_capacity`,
+`dfa_capacity`): on the paths that compile per shape (XLA, elementwise) a
+fixed size, to which every call's table is padded, so that the warm-up
+compiles it and new stop lists or patterns compile nothing
+(`TABLE_BYTES` per table, at least 16 states: 512 for a 65-character
+vocabulary); on the graph path the library's limits
+(`stopping.MAX_TABLE_BYTES`, `constraints.MAX_TABLE_BYTES`). A waiting row
+whose settings would take a joined table over its capacity waits until
+running rows have drained (first come, first served: nothing overtakes it),
+as an LLM server's request waits for cache blocks. A row always fits beside
+rows of its own settings; one whose own table is over the capacity runs
+with those alone (its table padded to a power of two: compiled once per
+size); one over the library's limit was refused when it arrived (400).
 
 The batch follows the load through the library's buckets: the carry lives on
 the host between chunks (numpy; on a CPU that is the device's own memory),
@@ -208,6 +213,13 @@ def call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
       completion.cancel()
 
 
+# The bytes of each joined table (stop strings, regex) a call passes on the
+# paths that compile per shape: its fixed state count is this over the
+# vocabulary's row (at least 16). A call copies them whole, so they are kept
+# small: 2 x 128 KiB for a 65-character vocabulary.
+TABLE_BYTES = 256 << 10
+
+
 def _power_of_two_at_least(n: int, minimum: int) -> int:
   return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
 
@@ -270,6 +282,9 @@ class Engine:
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
+    stop_capacity: states of the joined stop table (module docstring).
+    dfa_capacity: states of the joined regex DFA, its 2 shared ones
+      included.
     deliver: as the argument (settable before `start`).
   """
 
@@ -300,6 +315,13 @@ class Engine:
     # the stop and regex tables' sizes) run at bucketed shapes, which the
     # warm-up compiles: no request compiles anything new after it.
     self._bucketed = self.generator.path != paths.GRAPH
+    row_bytes = 4 * self.model.vocab_size
+    if self._bucketed:  # One fixed shape each, which the warm-up compiles.
+      fixed = max(16, 1 << ((TABLE_BYTES // row_bytes).bit_length() - 1))
+      self.stop_capacity = self.dfa_capacity = fixed
+    else:  # No shapes to keep: the library's limits.
+      self.stop_capacity = stopping.MAX_TABLE_BYTES // row_bytes
+      self.dfa_capacity = constraints.MAX_TABLE_BYTES // row_bytes
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
     self._history_length = int(request_lib.bucket(
@@ -515,10 +537,9 @@ class Engine:
     """Pops the waiting rows that fit now, whatever their settings.
 
     A row fits while there is a free slot and the joined tables with its
-    settings stay within the library's limits (`_table_bytes`); the first
-    that does not waits (nothing overtakes it) until rows drain. A row
-    alone always fits (a request over a limit alone was refused before it
-    queued).
+    settings stay within their capacities (`_fits`); the first that does
+    not waits (nothing overtakes it) until rows drain. A row beside rows of
+    its own settings only (or none) always fits.
 
     Args:
       running: how many of `_active`'s rows go on (the first ones kept).
@@ -534,25 +555,22 @@ class Engine:
           {shared.regex} - {None})
       if (stops or patterns) and (more_stops != stops
                                   or more_patterns != patterns):
-        stop_bytes, dfa_bytes = self._table_bytes(more_stops, more_patterns)
-        if (stop_bytes > stopping.MAX_TABLE_BYTES
-            or dfa_bytes > constraints.MAX_TABLE_BYTES):
+        if not self._fits(more_stops, more_patterns):
           break  # It waits for rows to drain; nothing overtakes it.
       stops, patterns = more_stops, more_patterns
       admitted.append(self._waiting.popleft())
     self.stats.waiting = len(self._waiting)
     return admitted
 
-  def _table_bytes(self, stops, patterns) -> Tuple[int, int]:
-    """The joined stop table's and DFA's bytes for these distinct stop
-    lists and patterns, before padding (what the limits bound)."""
-    vocab_size = self.model.vocab_size
+  def _fits(self, stops, patterns) -> bool:
+    """Whether the joined tables of these distinct stop lists and patterns
+    stay within `stop_capacity` and `dfa_capacity`."""
     stop_states = sum(len(self._stops(stop).accept) for stop in stops)
-    dfa_states = sum(self._pattern_states.get_or_make(
+    dfa_states = 2 + sum(self._pattern_states.get_or_make(
         pattern, lambda pattern=pattern: len(constraints.combine(
             self.model, [pattern]).ends) - 2) for pattern in patterns)
-    return (stop_states * vocab_size * 4,
-            ((dfa_states + 2) * vocab_size * 4 if patterns else 0))
+    return (stop_states <= self.stop_capacity
+            and dfa_states <= self.dfa_capacity)
 
   def _hand_out(self, rows: List[Row], result,
                 primes_only: np.ndarray) -> List[Row]:
@@ -631,9 +649,10 @@ class Engine:
     """The joined stop table and regex DFA of a chunk's rows.
 
     Each distinct stop list (pattern) is laid out once, in the order the
-    rows first name it; a layout is made once and kept (`_joined`). Under
-    XLA the state counts are padded to a power of two of at least 16 (the
-    warm-up's size), so that new settings compile few new shapes.
+    rows first name it; a layout is made once and kept (`_joined`). On the
+    paths that compile per shape both tables are padded to their capacity
+    (one shape, which the warm-up compiled; the DFA even when no row has a
+    pattern), or, for rows of one table over it, to a power of two.
     """
     stops = tuple(dict.fromkeys(row.completion.shared.stop for row in rows))
     patterns = tuple(dict.fromkeys(
@@ -642,16 +661,16 @@ class Engine:
 
     def make():
       automaton, offsets = stopping.join([self._stops(s) for s in stops])
-      dfa = (constraints.combine(self.model, patterns) if patterns else None)
+      dfa = (constraints.combine(self.model, patterns)
+             if patterns or self._bucketed else None)
       if self._bucketed:
         automaton = stopping.Automaton(*request_lib.pad_states(
-            automaton.table, automaton.accept, 0,
-            _power_of_two_at_least(len(automaton.accept), 16)))
-        if dfa is not None:
-          table, ends = request_lib.pad_states(
-              dfa.table, dfa.ends, constraints.DEAD,
-              _power_of_two_at_least(len(dfa.ends), 16))
-          dfa = dfa._replace(table=table, ends=ends)
+            automaton.table, automaton.accept, 0, _power_of_two_at_least(
+                len(automaton.accept), self.stop_capacity)))
+        table, ends = request_lib.pad_states(
+            dfa.table, dfa.ends, constraints.DEAD,
+            _power_of_two_at_least(len(dfa.ends), self.dfa_capacity))
+        dfa = dfa._replace(table=table, ends=ends)
       starts = dict(zip(patterns, dfa.start)) if dfa is not None else {}
       return automaton, dict(zip(stops, offsets)), dfa, starts
 
