@@ -317,7 +317,8 @@ class Engine:
     self._bucketed = self.generator.path != paths.GRAPH
     row_bytes = 4 * self.model.vocab_size
     if self._bucketed:  # One fixed shape each, which the warm-up compiles.
-      fixed = max(16, 1 << ((TABLE_BYTES // row_bytes).bit_length() - 1))
+      fixed = max(16, 1 << (max(TABLE_BYTES // row_bytes, 1).bit_length()
+                            - 1))
       self.stop_capacity = self.dfa_capacity = fixed
     else:  # No shapes to keep: the library's limits.
       self.stop_capacity = stopping.MAX_TABLE_BYTES // row_bytes
