@@ -543,12 +543,14 @@ class Engine:
     its own settings only (or none) always fits.
 
     Args:
-      running: how many of `_active`'s rows go on (the first ones kept).
+      running: how many of `_active`'s rows go on (those not cancelled).
     """
     if not self._admitting and not running and not self._waiting:
       return []
-    stops = {row.completion.shared.stop for row in self._active}
-    patterns = {row.completion.shared.regex for row in self._active} - {None}
+    going_on = [row.completion.shared for row in self._active
+                if not row.completion.cancelled]
+    stops = {shared.stop for shared in going_on}
+    patterns = {shared.regex for shared in going_on} - {None}
     admitted = []
     while self._live_waiting() and running + len(admitted) < self.max_batch:
       shared = self._waiting[0].completion.shared
