@@ -450,7 +450,7 @@ class Engine:
         for i, row in enumerate(self._active):
           if row.completion.cancelled:
             self._send(row, Update(row.index, "", "cancelled", 0.0))
-        fresh_rows = self._admit(len(kept))
+        fresh_rows = self._admit([self._active[i] for i in kept])
       self._flush()  # The rows cancelled now, before the call.
       rows = [self._active[i] for i in kept] + fresh_rows
       if not rows:
@@ -534,7 +534,7 @@ class Engine:
     self.stats.waiting = len(self._waiting)
     return bool(self._waiting)
 
-  def _admit(self, running: int) -> List[Row]:
+  def _admit(self, going_on: List[Row]) -> List[Row]:
     """Pops the waiting rows that fit now, whatever their settings.
 
     A row fits while there is a free slot and the joined tables with its
@@ -543,14 +543,13 @@ class Engine:
     its own settings only (or none) always fits.
 
     Args:
-      running: how many of `_active`'s rows go on (those not cancelled).
+      going_on: the running rows that go on into the next chunk.
     """
+    running = len(going_on)
     if not self._admitting and not running and not self._waiting:
       return []
-    going_on = [row.completion.shared for row in self._active
-                if not row.completion.cancelled]
-    stops = {shared.stop for shared in going_on}
-    patterns = {shared.regex for shared in going_on} - {None}
+    stops = {row.completion.shared.stop for row in going_on}
+    patterns = {row.completion.shared.regex for row in going_on} - {None}
     admitted = []
     while self._live_waiting() and running + len(admitted) < self.max_batch:
       shared = self._waiting[0].completion.shared
