@@ -246,10 +246,12 @@ class _Tables(NamedTuple):
   """A chunk's joined tables (`Engine._tables`).
 
   Attributes:
-    stops: the joined `stopping.Automaton` (padded under XLA).
+    stops: the joined `stopping.Automaton` (padded to its capacity on the
+      paths that compile per shape).
     stop_offsets: int32 `[B]`, each row's automaton's start in it.
-    dfa: the joined `constraints.Dfa` (padded under XLA; its `start`, each
-      row's pattern's start, is also its offset), or None: no row has one.
+    dfa: the joined `constraints.Dfa` (padded likewise; its `start`, each
+      row's pattern's start, is also its offset), or None: on the graph
+      path, no row has a pattern.
   """
   stops: stopping.Automaton
   stop_offsets: np.ndarray
