@@ -69,6 +69,26 @@ class RulesTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(got[r], want, rtol=1e-6,
                             msg=f"trial {trial} row {r}: {row} {window} {ngram}")
 
+  @parameterized.parameters("eager", "graph")
+  def test_per_row_settings_match_the_reference(self, mode):
+    """The serving engine's `[B]` look-back settings: each row's window and
+    n-gram size its own (0: off for that row), beside rows of other ones."""
+    rng = np.random.default_rng(1)
+    for trial in range(8):
+      rows = [list(rng.integers(0, V, rng.integers(1, 14))) for _ in range(5)]
+      logits = rng.normal(0, 2, [5, V]).astype(np.float32)
+      theta = rng.choice([1.0, 1.3, 0.7], 5).astype(np.float32)
+      window = rng.choice([0, 1, 3, 8], 5).astype(np.int32)
+      ngram = rng.choice([0, 1, 2, 3, 5], 5).astype(np.int32)
+      ids, lengths = _history(rows, 16, 16, rng)
+      got = _apply(logits, ids, lengths, theta, window, ngram, mode)
+      for r, row in enumerate(rows):
+        want = dr.process(logits[r], row, theta=float(theta[r]),
+                          window=int(window[r]), ngram=int(ngram[r]))
+        self.assertAllClose(got[r], want, rtol=1e-6,
+                            msg=f"trial {trial} row {r}: {row} {window[r]} "
+                            f"{ngram[r]}")
+
   def test_append_moves_the_window(self):
     settings = processors.Settings(tf.constant(3), tf.constant(0),
                                    tf.constant(12))

@@ -21,6 +21,7 @@ import pytest
 import rnnstep
 from rnnstep.decoding import options as options_lib
 from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import protocol
 from tests.support import cli
 from tests.support import serve_process
@@ -100,23 +101,26 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
   traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   engine.start()
   cases = [  # (prompts, max_tokens, seed, key, want_scores, options)
-      (["ROMEO:"] * 3, 33, 1, engine_lib.BatchKey(), False,
+      (["ROMEO:"] * 3, 33, 1, engine_lib.Shared(), False,
        dict(temperature=0.8)),
-      (["Hi", "there you"], 23, 2, engine_lib.BatchKey(), False,
+      (["Hi", "there you"], 23, 2, engine_lib.Shared(), False,
        dict(top_k=5)),
-      (["x"], 50, 3, engine_lib.BatchKey(stop=("e",)), False,
+      (["x"], 50, 3, engine_lib.Shared(stop=("e",)), False,
        dict(repetition_penalty=1.3)),
-      (["ab", "b"], 17, 4, engine_lib.BatchKey(), True, dict(top_p=0.9)),
-      (["q"], 30, 5, engine_lib.BatchKey(no_repeat_ngram_size=2), False, {}),
-      (["a"], 30, 6, engine_lib.BatchKey(regex="[a-z ]+\\."), False,
+      (["ab", "b"], 17, 4, engine_lib.Shared(), True, dict(top_p=0.9)),
+      (["q"], 30, 5, engine_lib.Shared(no_repeat_ngram_size=2), False, {}),
+      (["a"], 30, 6, engine_lib.Shared(regex="[a-z ]+\\."), False,
        dict(temperature=0.0)),
+      (["To", "b"], 40, 9, engine_lib.Shared(
+          stop=("th", "e r"), regex="[a-z]+( [a-z]+)*", repetition_window=3,
+          no_repeat_ngram_size=3), False, dict(repetition_penalty=1.2)),
       # Prompts longer than a piece (8 characters here), primed across
       # chunks beside short ones; the penalty reads the whole prompt's
       # history (the last 7 characters of it).
       ([PROMPTS[4] * 2, "ab", PROMPTS[3]], 25, 7,
-       engine_lib.BatchKey(repetition_window=7), True,
+       engine_lib.Shared(repetition_window=7), True,
        dict(repetition_penalty=1.3)),
-      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.BatchKey(), False, {}),
+      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.Shared(), False, {}),
   ]
   outputs = []
   for prompts, max_tokens, seed, key, want, options in cases:
@@ -133,7 +137,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
                                    for o in options_lib.PER_ROW})
     engine.submit(engine_lib.Completion(
         [model.encode(p) for p in prompts], [params] * len(prompts),
-        seed=seed, max_tokens=max_tokens, key=key, want_scores=want,
+        seed=seed, max_tokens=max_tokens, shared=key, want_scores=want,
         sink=sink))
     outputs.append((out, done))
     time.sleep(0.005)  # Arrivals between chunks.
@@ -153,9 +157,118 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
     assert texts == reference
   assert engine.close(timeout=10)
   assert engine.stats.running == 0 and engine.stats.waiting == 0
-  # New prompts, lengths, options, batch sizes: nothing traced after warm_up.
+  # Rows of different stop strings, patterns and look-back settings ran in
+  # the same chunks.
+  assert engine.stats.mixed_chunks > 0
+  # New prompts, lengths, options, batch sizes, stop lists, patterns: nothing
+  # traced after warm_up.
   assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
   ) == traces
+
+
+def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
+  """A row whose stop strings would take the joined table over its limit
+  waits for the running rows to drain (nothing overtakes it), then runs."""
+  from rnnstep.decoding import stopping  # pylint: disable=g-import-not-at-top
+  # Room for 6 states: "abcd" (5) beside the plain row's (1), not "xyz" (4).
+  monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 6 * model.vocab_size * 4)
+  engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
+                             max_queue=8, max_tokens_limit=64,
+                             max_prompt_chars=16)
+  events, done = [], threading.Event()
+  cases = [("abcd",), (), ("xyz",)]
+
+  def sink(update, k):
+    events.append((k, update))
+    if sum(1 for _, u in events if u.finish_reason) == len(cases):
+      done.set()
+
+  for k, stop in enumerate(cases):
+    engine.submit(engine_lib.Completion(
+        [model.encode("ROMEO:")], [options_lib.DEFAULTS], seed=k,
+        max_tokens=30, shared=engine_lib.Shared(stop=stop),
+        want_scores=False, sink=lambda update, k=k: sink(update, k)))
+  engine.start()
+  try:
+    assert done.wait(60)
+  finally:
+    assert engine.close(timeout=10)
+  for k, stop in enumerate(cases):
+    assert "".join(u.text for j, u in events if j == k) == rnnstep.generate(
+        model, "ROMEO:", 30, seed=k, stop=list(stop) or None,
+        jit_compile=False)
+  order = [k for k, _ in events]
+  assert order.index(2) > max(i for i, k in enumerate(order) if k == 0)
+  assert engine.stats.mixed_chunks > 0  # The first two ran together.
+
+
+def test_engine_tables_keep_one_shape_on_compiling_paths(model):
+  """Under XLA every chunk's joined tables have the warm-up's shapes,
+  whatever stop lists and patterns its rows bring (nothing compiles)."""
+  engine = engine_lib.Engine(model, path="xla", max_batch=4, chunk_steps=8,
+                             max_queue=4, max_tokens_limit=16)
+  shapes = set()
+  for settings in [[()], [("a",), ("bc", "d")],
+                   [("the", "and"), (), ("xyz",), ("q",)]]:
+    for regex in [None, "[a-z]+", "[0-9]+, [A-Z][a-z]*\\."]:
+      rows = [engine_lib.Completion(
+          [model.encode("a")], [options_lib.DEFAULTS], seed=0, max_tokens=1,
+          shared=engine_lib.Shared(stop=stop, regex=regex),
+          want_scores=False, sink=None).rows[0] for stop in settings]
+      tables = engine._tables(rows)  # pylint: disable=protected-access
+      shapes.add((tables.stops.table.shape, tables.dfa.table.shape))
+  assert shapes == {((engine.stop_capacity, model.vocab_size),
+                     (engine.dfa_capacity, model.vocab_size))}
+
+
+def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
+  """Two lanes (rnnstep/serve/lanes.py): a request goes whole to the lane
+  with the fewest rows, the queue limit holds across the lanes, and every
+  row's text is `generate`'s whichever lane ran it."""
+  assert lanes_lib.split_slots(64, 2) == [32, 32]
+  assert lanes_lib.split_slots(7, 3) == [3, 2, 2]
+  with pytest.raises(ValueError):
+    lanes_lib.split_slots(1, 2)
+  engines = [engine_lib.Engine(
+      model, path="graph", max_batch=2, chunk_steps=5,
+      max_queue=lanes_lib.lane_queue(3, 4, 2), max_tokens_limit=64,
+      max_prompt_chars=128) for _ in range(2)]
+  lanes = lanes_lib.Lanes(engines, max_queue=3)
+  assert lanes.max_batch == 4
+  outputs = []
+
+  def submit(prompts, seed):
+    out, done = {}, threading.Event()
+
+    def sink(update, out=out, done=done, count=len(prompts)):
+      out[update.index] = out.get(update.index, "") + update.text
+      if update.finish_reason:
+        out.setdefault("ended", set()).add(update.index)
+      if len(out.get("ended", ())) == count:
+        done.set()
+
+    lanes.submit(engine_lib.Completion(
+        [model.encode(p) for p in prompts],
+        [options_lib.DEFAULTS] * len(prompts), seed=seed, max_tokens=21,
+        shared=engine_lib.Shared(), want_scores=False, sink=sink))
+    outputs.append((prompts, seed, out, done))
+
+  # Nothing runs yet: 4 free slots and 3 queue places take 7 rows in all.
+  submit(["ROMEO:", "To be", "a", "b"], 1)  # 4 rows: the first lane.
+  submit(["KING", "x"], 2)                   # The emptier lane.
+  with pytest.raises(engine_lib.QueueFull):
+    submit(["no", "room"], 3)                # 8 rows > 7.
+  submit(["y"], 4)                           # 7: the second lane again.
+  assert [e.stats.waiting for e in engines] == [4, 3]
+  assert lanes.stats.waiting == 7
+  lanes.warm_up()
+  lanes.start()
+  for prompts, seed, out, done in outputs:
+    assert done.wait(60)
+    assert [out[i] for i in range(len(prompts))] == rnnstep.generate(
+        model, prompts, 21, seed=seed, jit_compile=False)
+  assert lanes.close(timeout=10)
+  assert lanes.stats.running == 0 and lanes.stats.chunks >= 2
 
 
 def test_trim_stop_and_hold_back():
@@ -296,6 +409,69 @@ def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
     assert texts == serve_process.expected(model, body, body["seed"])[0], body
 
 
+def stop_across_a_chunk(text, chunk):
+  """A 3-character stop string of `text` that ends in a later chunk than it
+  starts (a row's chunks end every `chunk` characters), met first there."""
+  for boundary in range(chunk, len(text) - 2, chunk):
+    for start in range(boundary - 2, boundary):
+      if text.find(text[start:start + 3]) == start:
+        return text[start:start + 3]
+  raise AssertionError(f"no stop string across a chunk in {text!r}")
+
+
+@pytest.mark.slow
+def test_rows_of_different_settings_run_in_the_same_chunks(server, model):
+  """Stop lists (one spanning a chunk boundary), regexes, n-gram sizes and
+  windows, and plain rows, arriving together: each is generate's text, and
+  they share chunks rather than wait for each other to drain."""
+  plain = dict(prompt="To be", max_tokens=80, seed=22, temperature=0.9)
+  spanning = stop_across_a_chunk(serve_process.expected(
+      model, plain, 22)[0][0], 8)  # The server's --chunk_steps.
+  bodies = [
+      dict(prompt="ROMEO:", max_tokens=60, seed=21, temperature=0.8),
+      dict(plain, stop=[spanning, "zzz"]),
+      dict(prompt="a", max_tokens=70, seed=23, stop=["e ", "th"]),
+      dict(prompt="a", max_tokens=70, seed=24, regex="[a-z ]+\\.",
+           temperature=0.7),
+      dict(prompt="ROMEO:", max_tokens=70, seed=25,
+           regex="[A-Z][a-z]+(, [a-z]+)*\\n"),
+      dict(prompt="To be", max_tokens=70, seed=26, no_repeat_ngram_size=2),
+      dict(prompt="a", max_tokens=70, seed=27, no_repeat_ngram_size=3,
+           repetition_penalty=1.3, repetition_window=5),
+      dict(prompt="ROMEO:", max_tokens=70, seed=28, repetition_penalty=1.3,
+           repetition_window=12, stop=["\n"]),
+  ]
+  assert len(bodies) == MAX_BATCH
+  chunks = once_idle(server, "rnnstep_chunks")
+  mixed = metric(server, "rnnstep_mixed_settings_chunks")
+  start = threading.Barrier(len(bodies))
+
+  def send(body):
+    start.wait()  # Together.
+    if body is bodies[1]:  # Streamed: its stop string is held back.
+      texts, reasons, _, _ = stream_text(server, body)
+      return texts[0], reasons[0]
+    reply = post(server, body)
+    assert reply.status_code == 200, reply.text
+    return (reply.json()["choices"][0]["text"],
+            reply.json()["choices"][0]["finish_reason"])
+
+  with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+    results = list(pool.map(send, bodies))
+  for body, (text, reason) in zip(bodies, results):
+    want, reasons = serve_process.expected(model, body, body["seed"])
+    assert (text, reason) == (want[0], reasons[0]), body
+  assert results[1][1] == "stop"
+  # Run one settings at a time, each request would need a chunk per 8
+  # characters of its own; together they need about the longest's.
+  generated = [len(serve_process.expected(
+      model, dict(body, include_stop_str_in_output=True), body["seed"])[0][0])
+               for body in bodies]
+  ran = once_idle(server, "rnnstep_chunks") - chunks
+  assert ran < sum(-(-n // 8) for n in generated) / 2, (ran, generated)
+  assert metric(server, "rnnstep_mixed_settings_chunks") - mixed >= 5
+
+
 @pytest.mark.slow
 def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
                                                                   model):
@@ -321,12 +497,16 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
              for name, (flags, _) in servers.items()}
   try:
     # 16 characters: primed in three pieces. Four requests for 2 or 3
-    # slots: rows join and leave while others run.
-    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=["th"],
+    # slots: rows join and leave while others run. Each its own stop
+    # strings, joined in one table (all four fit the warm-up's 16 states:
+    # nothing compiles).
+    bodies = [dict(prompt=prompt, max_tokens=48, seed=seed, stop=stop,
                    temperature=temperature)
-              for seed, (prompt, temperature) in enumerate([
-                  ("First Citizen:\nB", 0.8), ("KING RICHARD III", 0.0),
-                  ("ROMEO:\nBut soft,", 1.3), ("To be, or not to", 0.8)])]
+              for seed, (prompt, temperature, stop) in enumerate([
+                  ("First Citizen:\nB", 0.8, ["th"]),
+                  ("KING RICHARD III", 0.0, ["e "]),
+                  ("ROMEO:\nBut soft,", 1.3, ["th", "ou"]),
+                  ("To be, or not to", 0.8, ["o,"])])]
     want = {name: [serve_process.expected(model, body, body["seed"],
                                           jit_compile=jit_compile)[0]
                    for body in bodies]

@@ -929,27 +929,33 @@ def test_serve_engine_sends_whole_characters():
   prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
   expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
                               jit_compile=False)
-  stop = "caf"
+  # Two requests of different stop strings in one batch (their token
+  # automata joined into one table).
+  stops = ["caf", "eft th"]
   server = engine.Engine(byte_model, path="graph", max_batch=2,
                          chunk_steps=3, max_queue=2, max_tokens_limit=30)
   server.start()
-  pieces, finished = [], threading.Event()
+  pieces, finished = [[], []], [threading.Event(), threading.Event()]
 
-  def sink(update):
-    pieces.append(update.text)
+  def sink(update, k):
+    pieces[k].append(update.text)
     if update.finish_reason:
-      finished.set()
+      finished[k].set()
 
   try:
-    server.submit(engine.Completion(
-        [byte_model.encode(prompt)], [options.DEFAULTS._replace(
-            temperature=0.0)], seed=1, max_tokens=30,
-        key=engine.BatchKey(stop=(stop,)), want_scores=False, sink=sink))
-    assert finished.wait(120)
+    for k, stop in enumerate(stops):
+      server.submit(engine.Completion(
+          [byte_model.encode(prompt)], [options.DEFAULTS._replace(
+              temperature=0.0)], seed=1, max_tokens=30,
+          shared=engine.Shared(stop=(stop,)), want_scores=False,
+          sink=lambda update, k=k: sink(update, k)))
+    assert all(event.wait(120) for event in finished)
   finally:
     server.close(10)
-  assert "".join(pieces) == expected[:expected.find(stop) + len(stop)]
-  assert "😀" in "".join(pieces) and "\ufffd" not in "".join(pieces)
+  for k, stop in enumerate(stops):
+    assert "".join(pieces[k]) == expected[:expected.find(stop) + len(stop)]
+    assert "😀" in "".join(pieces[k]) and "\ufffd" not in "".join(pieces[k])
+  assert server.stats.mixed_chunks > 0
 
 
 def test_seeded_sampling_follows_the_softmax(word_model, word_file):

@@ -79,7 +79,7 @@ def active(params: options.Params, settings: processors.Settings,
 
   Args:
     params: the per-row values, each `[B]`.
-    settings: the per-request look-back values (None: none in use).
+    settings: the look-back values, `[]` or `[B]` (None: none in use).
     vocab_size: V.
   """
   sampled = params.temperature > 0.0
@@ -90,7 +90,10 @@ def active(params: options.Params, settings: processors.Settings,
                                         vocab_size)
       any_[option.name] = tf.reduce_any(rows[option.name])
     elif settings is not None:
-      any_[option.name] = option.active(getattr(settings, option.name))
+      # A request's one value (`[]`), or the serving engine's per row (`[B]`:
+      # the option's transform leaves the rows it is off for as they are).
+      any_[option.name] = tf.reduce_any(
+          option.active(getattr(settings, option.name)))
   return Active(sampled, tf.reduce_any(sampled), rows, any_)
 
 

@@ -30,11 +30,18 @@ import tensorflow as tf
 
 
 class Settings(NamedTuple):
-  """The look-back settings shared by all rows of a request.
+  """The look-back settings: one per request, or one per row.
+
+  The library's requests carry `[]` values (a request's rows share them);
+  the serving engine's carry `[B]` values, so rows of different requests
+  run in one batch (`rnnstep/serve/engine.py`). Every function here takes
+  either: a `[]` value broadcasts over the rows.
 
   Attributes:
-    repetition_window: int32 `[]`, ids the penalty looks back over (0 = all).
-    no_repeat_ngram_size: int32 `[]`, n of the n-gram ban (0 = off).
+    repetition_window: int32 `[]` or `[B]`, ids the penalty looks back over
+      (0 = all).
+    no_repeat_ngram_size: int32 `[]` or `[B]`, n of the n-gram ban
+      (0 = off).
     history_length: int32 `[]`, L, the history buffer's length: at least the
       prompt width plus every step of the generation when a look-back rule is
       in use, else 1. Under XLA it is a compile-time constant.
@@ -73,7 +80,7 @@ def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
     ids = tf.pad(prompt_ids[:, :tf.minimum(width, length)],
                  [[0, 0], [0, tf.maximum(length - width, 0)]])
     position = tf.range(width)[None, :]
-    window = settings.repetition_window
+    window = settings.repetition_window  # [] or [B]: broadcasts either way.
     first = tf.where(window > 0, prompt_lengths - window, 0)[:, None]
     counted = (position < prompt_lengths[:, None]) & (position >= first)
     counts = tf.reduce_sum(
@@ -99,7 +106,7 @@ def append(history: History, new_ids: tf.Tensor, settings: Settings) -> History:
   ids = tf.tensor_scatter_nd_update(history.ids, tf.stack([rows, position], 1),
                                     new_ids)
   counts = history.counts + tf.one_hot(new_ids, vocab_size, dtype=tf.int32)
-  window = settings.repetition_window
+  window = settings.repetition_window  # [] or [B]: broadcasts either way.
   leaving_at = history.length - window
   leaving = tf.gather(ids, tf.clip_by_value(leaving_at, 0, last), batch_dims=1)
   leaves = (window > 0) & (leaving_at >= 0)
@@ -130,7 +137,11 @@ def penalize(logits: tf.Tensor, penalty: tf.Tensor, history: History,
 
 def ban_ngrams(logits: tf.Tensor, n: tf.Tensor, history: History,
                settings: Settings) -> tf.Tensor:
-  """The n-gram ban on logits `[B, V]`: -inf on ids completing a seen n-gram."""
+  """The n-gram ban on logits `[B, V]`: -inf on ids completing a seen n-gram.
+
+  `n` is `[]` (the library: the pipeline runs this only when n > 0) or
+  `[B]` (the serving engine: rows with n = 0 are left as they are).
+  """
   del settings
   return logits + ngram_ban(history, n, logits.shape[-1])
 
@@ -142,9 +153,17 @@ def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:
   `[B, L]` comparison per id of the window); the id that followed a matching
   window is banned.
 
+  Args:
+    history: the rows' `History`.
+    n: int32 `[]` (> 0), or `[B]`, one n per row (0: that row bans nothing).
+    vocab_size: V.
+
   Returns:
     float32 `[B, V]`: 0 or -inf.
   """
+  n = tf.convert_to_tensor(n)
+  if n.shape.rank == 1:
+    return _ngram_ban_per_row(history, n, vocab_size)
   ids, length = history.ids, history.length
   batch, size = tf.shape(ids)[0], tf.shape(ids)[1]
   start = tf.range(size)[None, :]
@@ -158,6 +177,42 @@ def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:
 
   _, match = tf.while_loop(lambda k, _: k < n - 1, body, (tf.constant(0), match))
   follower = tf.gather(ids, tf.minimum(start + n - 1, size - 1)[0], axis=1)
+  rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
+  banned = tf.tensor_scatter_nd_max(
+      tf.zeros([batch, vocab_size], tf.int32),
+      tf.reshape(tf.stack([rows, follower], -1), [-1, 2]),
+      tf.reshape(tf.cast(match, tf.int32), [-1]))
+  return tf.where(banned > 0, -float("inf"), 0.0)
+
+
+def _ngram_ban_per_row(history: History, n: tf.Tensor,
+                       vocab_size: int) -> tf.Tensor:
+  """`ngram_ban` with one n per row (`[B]`; 0 = off for that row).
+
+  The same comparisons as the one-n version, run to the largest n: at
+  comparison k a row whose window is shorter (k >= its n - 1) keeps its
+  match as it is, and a row's follower is the id n_row - 1 after the start.
+  So each row's ban is exactly what `ngram_ban` gives it alone.
+  """
+  ids, length = history.ids, history.length
+  batch, size = tf.shape(ids)[0], tf.shape(ids)[1]
+  start = tf.range(size)[None, :]
+  rows_n = n[:, None]  # [B, 1]
+  match = (start + rows_n - 1 < length[:, None]) & (rows_n > 0)
+
+  def body(k, match):
+    earlier = tf.gather(ids, tf.minimum(start + k, size - 1)[0], axis=1)
+    # Clipped both ways: a row whose window ended before k reads any id
+    # (its match is kept as it is), and an index past L would fail on a CPU.
+    recent = tf.gather(ids, tf.clip_by_value(length - n + 1 + k, 0, size - 1),
+                       batch_dims=1)
+    compared = k < rows_n - 1
+    return k + 1, match & (~compared | (earlier == recent[:, None]))
+
+  _, match = tf.while_loop(lambda k, _: k < tf.reduce_max(n) - 1, body,
+                           (tf.constant(0), match))
+  follower = tf.gather(
+      ids, tf.clip_by_value(start + rows_n - 1, 0, size - 1), batch_dims=1)
   rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
   banned = tf.tensor_scatter_nd_max(
       tf.zeros([batch, vocab_size], tf.int32),

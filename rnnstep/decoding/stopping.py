@@ -8,7 +8,7 @@ never accepts, so the compiled loop is the same either way.
 """
 
 import collections
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -57,6 +57,30 @@ def stop_automaton(stops: Sequence[Sequence[int]], vocab_size: int) -> Automaton
       table[node, token] = child
       queue.append(child)
   return Automaton(table, np.array(accept, bool))
+
+
+def join(automata: Sequence[Automaton]) -> Tuple[Automaton, np.ndarray]:
+  """Several automata as one table, laid end to end (the serving engine's
+  batch of rows from different requests; `constraints.combine` joins regex
+  tables the same way).
+
+  Each automaton's states are renumbered by its offset, so a row started at
+  its automaton's offset moves, accepts and stays within its own states
+  exactly as in its own table: the rows of one table share nothing.
+
+  Args:
+    automata: the `Automaton`s, at least one, over one vocabulary.
+
+  Returns:
+    `(automaton, offsets)`: the joined `Automaton`, and int32 `[len(automata)]`,
+    where each one's state 0 (its start) now lies.
+  """
+  sizes = np.array([len(a.accept) for a in automata], np.int64)
+  offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+  table = np.concatenate([a.table + offset
+                          for a, offset in zip(automata, offsets)])
+  accept = np.concatenate([a.accept for a in automata])
+  return Automaton(table.astype(np.int32), accept), offsets
 
 
 # The largest stop table a request may carry (`[S, V]` int32): with a 33k-word

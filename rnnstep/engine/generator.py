@@ -81,10 +81,13 @@ class Programs(tf.Module):
     # The serving engine's one call per chunk (`rnnstep/serve/engine.py`):
     # rows admitted now are primed and join rows carried from earlier chunks,
     # each row at its own position (`carry_spec(per_row_step=True)`); a long
-    # prompt's rows prime one piece a call (`primes_only`).
+    # prompt's rows prime one piece a call (`primes_only`). Its rows come
+    # from different requests: their look-back settings are per row.
     self.serve_fn = tf.function(
         self._serve_impl, **compiled, input_signature=[
-            weights_spec, request_spec,
+            weights_spec,
+            request_lib.spec(model.vocab_size, state_sizes,
+                             per_row_lookback=True),
             request_lib.carry_spec(state_sizes, model.vocab_size,
                                    per_row_step=True),
             tf.TensorSpec([None], tf.bool, name="fresh"),
@@ -162,13 +165,16 @@ class Programs(tf.Module):
 
     Args:
       weights: the model's weights.
-      request: the `Request` of every row (its `lookback.history_length` the
-        width of `carry.history.ids`; its `initial_state` unused).
+      request: the `Request` of every row (its `lookback` per row, `[B]`,
+        its `history_length` the width of `carry.history.ids`; its
+        `initial_state` unused). Its stop automaton may join several
+        requests' automata, each row starting at its own state.
       carry: the `Carry` (`step` per row). A fresh row's `state` is where its
-        priming starts and its `history` the history after its whole prompt
+        priming starts, its `history` the history after its whole prompt
         (made on the host, `processors.start`'s: a row whose prompt is
-        primed in pieces sees no whole prompt here); its other values are
-        unused.
+        primed in pieces sees no whole prompt here) and its `stop_state`
+        its stop automaton's start in the joined table; its other values
+        are unused.
       fresh: bool `[B]`, the rows whose prompt (or its next piece) starts
         here.
       primes_only: bool `[B]`, fresh rows that only prime (a piece that is
@@ -188,7 +194,9 @@ class Programs(tf.Module):
     merged = request_lib.Carry(
         state=tf.nest.map_structure(pick, started.state, carry.state),
         last_ids=pick(started.last_ids, carry.last_ids),
-        stop_state=pick(started.stop_state, carry.stop_state),
+        # Every row's own: a fresh row's is its start (the host's, which
+        # knows where its automaton lies in the joined table).
+        stop_state=carry.stop_state,
         # A row that only primes is done from the start: it chooses nothing,
         # and a call of such rows alone takes no step.
         done=pick(started.done | primes_only, carry.done),

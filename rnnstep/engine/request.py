@@ -117,8 +117,11 @@ class Request(NamedTuple):
       tuple of float32 `[B, U]` per layer (zeros unless the caller gave one).
     sampling: `sampling_lib.Params`, each `[B]` (per row).
     seeds: the `Seeds` (per row).
-    stops: `stopping.Automaton` (shared by all rows).
-    lookback: `processors.Settings` (shared by all rows).
+    stops: `stopping.Automaton` (shared by all rows; the serving engine
+      joins its rows' automata into one, each row starting at its own
+      state, `Carry.stop_state`).
+    lookback: `processors.Settings` (shared by all rows; per row, `[B]`
+      values, in the serving engine's `Programs.serve_fn`).
     beams: `Beams` (shared; read by the beam search function only).
     want_scores: bool `[]`, accumulate each row's log-likelihood.
     num_steps: int32 `[]`, the steps to run (<= capacity).
@@ -139,12 +142,21 @@ class Request(NamedTuple):
   constraint: constraints.Dfa
 
   def map_rows(self, fn: Callable[[tf.Tensor], tf.Tensor]) -> "Request":
-    """Applies `fn` to every per-row tensor (batch first); the rest is kept."""
+    """Applies `fn` to every per-row tensor (batch first); the rest is kept.
+
+    The look-back settings are per row where they have a rank of 1 (the
+    serving engine's, `spec(per_row_lookback=True)`), else shared.
+    """
+    lookback = self.lookback
+    per_row = lambda x: fn(x) if len(x.shape) == 1 else x
     return self._replace(
         prompts=tf.nest.map_structure(fn, self.prompts),
         initial_state=tf.nest.map_structure(fn, self.initial_state),
         sampling=tf.nest.map_structure(fn, self.sampling),
         seeds=tf.nest.map_structure(fn, self.seeds),
+        lookback=lookback._replace(
+            repetition_window=per_row(lookback.repetition_window),
+            no_repeat_ngram_size=per_row(lookback.no_repeat_ngram_size)),
         constraint=self.constraint._replace(start=fn(self.constraint.start)))
 
 
@@ -206,14 +218,19 @@ def _state_spec(state_sizes):
                      for units in sizes) for sizes in state_sizes)
 
 
-def spec(vocab_size: int, state_sizes) -> Request:
+def spec(vocab_size: int, state_sizes, *,
+         per_row_lookback: bool = False) -> Request:
   """The `Request` of `TensorSpec`s: the compiled functions' signature.
 
   Args:
     vocab_size: V.
     state_sizes: per layer, the widths of its state tensors (`cells.state_sizes`).
+    per_row_lookback: `repetition_window` and `no_repeat_ngram_size` are
+      int32 `[B]`, one per row (the serving engine's rows come from
+      different requests), not one `[]`.
   """
   rows = [None]
+  lookback = rows if per_row_lookback else []
   return Request(
       prompts=Prompts(tf.TensorSpec([None, None], tf.int32, "prompt_ids"),
                       tf.TensorSpec(rows, tf.int32, "prompt_lengths")),
@@ -227,8 +244,8 @@ def spec(vocab_size: int, state_sizes) -> Request:
           tf.TensorSpec([None, vocab_size], tf.int32, "stop_table"),
           tf.TensorSpec([None], tf.bool, "stop_accept")),
       lookback=processors.Settings(
-          tf.TensorSpec([], tf.int32, "repetition_window"),
-          tf.TensorSpec([], tf.int32, "no_repeat_ngram_size"),
+          tf.TensorSpec(lookback, tf.int32, "repetition_window"),
+          tf.TensorSpec(lookback, tf.int32, "no_repeat_ngram_size"),
           tf.TensorSpec([], tf.int32, "history_length")),
       beams=Beams(tf.TensorSpec([], tf.int32, "num_beams"),
                   tf.TensorSpec([], tf.float32, "length_penalty")),
@@ -392,7 +409,9 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
     options: the `Options` whose fields a request holds: `sampling` (scalars,
       every row alike, or `[B]` values), `initial_state`,
       `repetition_window`, `no_repeat_ngram_size`, `num_beams`,
-      `length_penalty` and `return_scores`. Its `seed`, `stop` and `regex`
+      `length_penalty` and `return_scores` (`repetition_window` and
+      `no_repeat_ngram_size` one value, or `[B]` values for the serving
+      engine's per-row signature). Its `seed`, `stop` and `regex`
       reach it as `seeds`, `stops` and `constraint`, which need the model to
       make; `window` and `num_return_sequences` are the caller's.
     seeds: the rows' `Seeds` (int64 `[B]` seeds, int32 `[B]` index).
@@ -423,7 +442,7 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
   if bucket_shapes:
     ids = ops.pad_columns(ids, ops.bucket(ops.columns(ids), MIN_WIDTH))
   ngram = ops.array(options.no_repeat_ngram_size, tf.int32)
-  looks_back = ops.any(params.repetition_penalty != 1.0) | (ngram > 0)
+  looks_back = ops.any(params.repetition_penalty != 1.0) | ops.any(ngram > 0)
   steps = num_steps if total_steps is None else ops.array(total_steps,
                                                           tf.int32)
   history_length = ops.where(
@@ -463,14 +482,25 @@ def pad_stop_states(stops: stopping.Automaton) -> stopping.Automaton:
   shape, so a new set of stop strings then compiles nothing new. A count
   already at a bucket is returned as it is (`bucket` is idempotent).
   """
-  return stopping.Automaton(*_pad_states(stops.table, stops.accept, 0))
+  return stopping.Automaton(*pad_states(stops.table, stops.accept, 0))
 
 
-def _pad_states(table: np.ndarray, flags: np.ndarray, fill: int):
+def pad_states(table: np.ndarray, flags: np.ndarray, fill: int,
+               states: int = 0):
   """A host state table `[S, V]` and its per-state flags `[S]`, padded to
-  `bucket(S, 16)` states whose moves all lead to `fill` and whose flags are
-  False (unchanged when S is a bucket already)."""
-  padding = bucket(len(flags), 16) - len(flags)
+  `states` (default: `bucket(S, 16)`) states whose moves all lead to `fill`
+  and whose flags are False (unchanged when S is that many already).
+
+  Args:
+    table: int32 `[S, V]`.
+    flags: bool `[S]` (accepting, or ending).
+    fill: the state every padding state's moves lead to.
+    states: the padded count (>= S); 0: `bucket(S, 16)`.
+
+  Returns:
+    `(table, flags)`, padded.
+  """
+  padding = (states or bucket(len(flags), 16)) - len(flags)
   if not padding:
     return table, flags
   return (np.concatenate([table, np.full([padding, table.shape[1]], fill,
@@ -497,7 +527,7 @@ def _constraint(ops, dfa, batch, vocab_size: int,
                            ops.broadcast(constraints.FREE, tf.int32, batch))
   table, ends = dfa.table, dfa.ends
   if bucket_shapes:  # A host Dfa; its state count is an XLA shape.
-    table, ends = _pad_states(table, ends, constraints.DEAD)
+    table, ends = pad_states(table, ends, constraints.DEAD)
   return constraints.Dfa(ops.array(table, tf.int32), ops.array(ends, tf.bool),
                          ops.array(dfa.start, tf.int32))
 

@@ -59,6 +59,9 @@ class Metrics:
     waiting.set_function(lambda: engine.stats.waiting)
     for name, field, doc in [
         ("rnnstep_chunks", "chunks", "Device calls (chunks) run."),
+        ("rnnstep_mixed_settings_chunks", "mixed_chunks",
+         "Chunks whose rows held more than one request's shared settings "
+         "(stop strings, look-back, regex)."),
         ("rnnstep_scheduler_busy_seconds", "busy_seconds",
          "Scheduler time spent on chunks, admission to hand-out."),
         ("rnnstep_device_call_seconds", "device_seconds",
@@ -325,7 +328,7 @@ class Server:
         [options_lib.Params(*[field[k].item() for field in params])
          for k in range(len(rows))],
         seed=parsed.seed, max_tokens=parsed.max_tokens,
-        key=engine_lib.BatchKey(
+        shared=engine_lib.Shared(
             stop=parsed.stop, repetition_window=int(options.repetition_window),
             no_repeat_ngram_size=int(options.no_repeat_ngram_size),
             regex=parsed.regex),

@@ -20,11 +20,37 @@ A row's text equals `rnnstep.generate`'s for its prompt, seed and options
 (README "Reproducibility": to float32 rounding of the logits, which the batch
 size can change): its noise is keyed by its own (seed, index) and its own
 position (`Carry.step` per row), never by its slot or the batch's step count.
-Every per-row setting (`options.PER_ROW`, the seed) travels per row. The
-settings a `Request` shares by all its rows (the stop strings, the look-back
-settings, the regex table) form a row's `BatchKey`: rows run together only
-with rows of the same key, so a waiting row of another key waits until the
-running rows have drained (first come, first served: nothing overtakes it).
+Every setting travels per row, so rows of any settings run in one chunk:
+the per-row options (`options.PER_ROW`) and the seed as `[B]` values, and
+the settings a library `Request` shares by all its rows (`Shared`: stop
+strings, look-back settings, regex) as follows (`_tables`):
+
+  - the chunk's stop automata are joined into one table
+    (`stopping.join`), each distinct list once, and each row's carried
+    `stop_state` points into its own part: a row starts at its
+    automaton's offset, and when rows come and go and the table is laid out
+    again between chunks, a carried row's state moves by the difference of
+    its offsets (`Row.stop_offset`);
+  - the regex DFAs likewise (`constraints.combine`, each row starting at its
+    pattern's offset; `Row.dfa_offset`);
+  - `repetition_window` and `no_repeat_ngram_size` are `[B]` values of
+    `processors.Settings` (`Programs.serve_fn`'s per-row look-back): each
+    row's window counts its own ids, and the n-gram ban runs to the largest
+    n, each row banning by its own (none for n = 0).
+
+Each joined table has a capacity of states (`stop_capacity`,
+`dfa_capacity`): on the paths that compile per shape (XLA, elementwise) a
+fixed size, to which every call's table is padded, so that the warm-up
+compiles it and new stop lists or patterns compile nothing
+(`TABLE_BYTES` per table, at least 16 states: 512 for a 65-character
+vocabulary); on the graph path the library's limits
+(`stopping.MAX_TABLE_BYTES`, `constraints.MAX_TABLE_BYTES`). A waiting row
+whose settings would take a joined table over its capacity waits until
+running rows have drained (first come, first served: nothing overtakes it),
+as an LLM server's request waits for cache blocks. A row always fits beside
+rows of its own settings; one whose own table is over the capacity runs
+with those alone (its table padded to a power of two: compiled once per
+size); one over the library's limit was refused when it arrived (400).
 
 The batch follows the load through the library's buckets: the carry lives on
 the host between chunks (numpy; on a CPU that is the device's own memory),
@@ -47,6 +73,7 @@ import tensorflow as tf
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
 from rnnstep.decoding import processors
+from rnnstep.decoding import stopping
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
@@ -54,14 +81,15 @@ from rnnstep.engine import request as request_lib
 from rnnstep.model import network
 
 
-class BatchKey(NamedTuple):
-  """The settings a compiled call shares by all its rows.
+class Shared(NamedTuple):
+  """The settings a request shares by all its rows (a library `Request`'s
+  shared settings), carried per row by the engine (module docstring).
 
   Attributes:
-    stop: the stop strings (one automaton for the batch).
+    stop: the stop strings.
     repetition_window: the repetition penalty's window.
     no_repeat_ngram_size: the n-gram ban's n.
-    regex: the pattern (one table for the batch), or None.
+    regex: the pattern, or None.
   """
   stop: Tuple[str, ...] = ()
   repetition_window: int = 0
@@ -103,6 +131,10 @@ class Row:
     primed: prompt ids its carried state has consumed (while its prompt is
       primed in pieces).
     decoding: its whole prompt is primed; it decodes.
+    stop_offset: where its stop automaton starts in the joined table its
+      carried `stop_state` points into (`Engine._tables`).
+    dfa_offset: where its regex DFA starts in the joined DFA its carried
+      `dfa_state` points into (`constraints.FREE`: no pattern).
   """
   completion: "Completion"
   index: int
@@ -112,6 +144,8 @@ class Row:
   text: Optional[object] = None
   primed: int = 0
   decoding: bool = False
+  stop_offset: int = 0
+  dfa_offset: int = constraints.FREE
 
 
 class Completion:
@@ -122,7 +156,7 @@ class Completion:
     params: per choice, its `options.Params` of scalars.
     seed: the request's seed (choice k uses (seed, k), as `generate`'s row k).
     max_tokens: characters to generate per choice (>= 1).
-    key: the `BatchKey`.
+    shared: its `Shared` settings.
     want_scores: accumulate each choice's log-likelihood.
     sink: called with each `Update`, through the engine's `deliver` (by
       default on the scheduler thread: make it quick and thread-safe).
@@ -130,11 +164,11 @@ class Completion:
 
   def __init__(self, rows_prompt_ids: Sequence[np.ndarray],
                params: Sequence[options_lib.Params], *, seed: int,
-               max_tokens: int, key: BatchKey, want_scores: bool,
+               max_tokens: int, shared: Shared, want_scores: bool,
                sink: Callable[[Update], None]):
     self.seed = int(seed)
     self.max_tokens = int(max_tokens)
-    self.key = key
+    self.shared = shared
     self.want_scores = bool(want_scores)
     self.sink = sink
     self.cancelled = False
@@ -160,6 +194,7 @@ class Stats:
   """Counters the metrics read (updated on the scheduler thread)."""
   chunks: int = 0
   characters: int = 0
+  mixed_chunks: int = 0  # chunks whose rows held more than one `Shared`
   running: int = 0
   waiting: int = 0
   busy_seconds: float = 0.0   # scheduler time from admission to hand-out
@@ -178,8 +213,49 @@ def call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
       completion.cancel()
 
 
+# The bytes of each joined table (stop strings, regex) a call passes on the
+# paths that compile per shape: its fixed state count is this over the
+# vocabulary's row (at least 16). A call copies them whole, so they are kept
+# small: 2 x 128 KiB for a 65-character vocabulary.
+TABLE_BYTES = 256 << 10
+
+
 def _power_of_two_at_least(n: int, minimum: int) -> int:
   return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+class _Lru(collections.OrderedDict):
+  """A dict of the `size` most recently used entries (the engine's tables:
+  a server's clients may send any number of distinct stop lists)."""
+
+  def __init__(self, size: int):
+    super().__init__()
+    self.size = size
+
+  def get_or_make(self, key, make):
+    if key in self:
+      self.move_to_end(key)
+      return self[key]
+    value = self[key] = make()
+    if len(self) > self.size:
+      self.popitem(last=False)
+    return value
+
+
+class _Tables(NamedTuple):
+  """A chunk's joined tables (`Engine._tables`).
+
+  Attributes:
+    stops: the joined `stopping.Automaton` (padded to its capacity on the
+      paths that compile per shape).
+    stop_offsets: int32 `[B]`, each row's automaton's start in it.
+    dfa: the joined `constraints.Dfa` (padded likewise; its `start`, each
+      row's pattern's start, is also its offset), or None: on the graph
+      path, no row has a pattern.
+  """
+  stops: stopping.Automaton
+  stop_offsets: np.ndarray
+  dfa: Optional[constraints.Dfa]
 
 
 class Engine:
@@ -208,6 +284,9 @@ class Engine:
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
+    stop_capacity: states of the joined stop table (module docstring).
+    dfa_capacity: states of the joined regex DFA, its 2 shared ones
+      included.
     deliver: as the argument (settable before `start`).
   """
 
@@ -238,6 +317,14 @@ class Engine:
     # the stop and regex tables' sizes) run at bucketed shapes, which the
     # warm-up compiles: no request compiles anything new after it.
     self._bucketed = self.generator.path != paths.GRAPH
+    row_bytes = 4 * self.model.vocab_size
+    if self._bucketed:  # One fixed shape each, which the warm-up compiles.
+      fixed = max(16, 1 << (max(TABLE_BYTES // row_bytes, 1).bit_length()
+                            - 1))
+      self.stop_capacity = self.dfa_capacity = fixed
+    else:  # No shapes to keep: the library's limits.
+      self.stop_capacity = stopping.MAX_TABLE_BYTES // row_bytes
+      self.dfa_capacity = constraints.MAX_TABLE_BYTES // row_bytes
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
     self._history_length = int(request_lib.bucket(
@@ -249,7 +336,12 @@ class Engine:
     self._admitting = True
     self._stopping = False
     self._thread = None
-    self._stops_cache = {}
+    # Per distinct stop list its automaton, per distinct pattern its state
+    # count, per layout (the distinct settings of a chunk, in order) its
+    # joined tables.
+    self._stops_cache = _Lru(256)
+    self._pattern_states = _Lru(256)
+    self._joined = _Lru(64)
     self._template = self._zero_carry()
     self.deliver = deliver or call_sinks
     # The round's updates, handed to `deliver` together (`_flush`): one
@@ -333,7 +425,7 @@ class Engine:
         for want_scores in (False, True):
           dummy = Completion([np.zeros([width], np.int32)] * batch,
                              [params] * batch, seed=0, max_tokens=1,
-                             key=BatchKey(), want_scores=want_scores,
+                             shared=Shared(), want_scores=want_scores,
                              sink=lambda update: None)
           self._call(dummy.rows, fresh=np.ones([batch], bool),
                      primes_only=np.zeros([batch], bool), carry=None,
@@ -360,7 +452,7 @@ class Engine:
         for i, row in enumerate(self._active):
           if row.completion.cancelled:
             self._send(row, Update(row.index, "", "cancelled", 0.0))
-        fresh_rows = self._admit(len(kept))
+        fresh_rows = self._admit([self._active[i] for i in kept])
       self._flush()  # The rows cancelled now, before the call.
       rows = [self._active[i] for i in kept] + fresh_rows
       if not rows:
@@ -444,21 +536,45 @@ class Engine:
     self.stats.waiting = len(self._waiting)
     return bool(self._waiting)
 
-  def _admit(self, running: int) -> List[Row]:
-    """Pops the waiting rows that fit now (same key as the running rows)."""
+  def _admit(self, going_on: List[Row]) -> List[Row]:
+    """Pops the waiting rows that fit now, whatever their settings.
+
+    A row fits while there is a free slot and the joined tables with its
+    settings stay within their capacities (`_fits`); the first that does
+    not waits (nothing overtakes it) until rows drain. A row beside rows of
+    its own settings only (or none) always fits.
+
+    Args:
+      going_on: the running rows that go on into the next chunk.
+    """
+    running = len(going_on)
     if not self._admitting and not running and not self._waiting:
       return []
-    key = self._active[0].completion.key if running else None
+    stops = {row.completion.shared.stop for row in going_on}
+    patterns = {row.completion.shared.regex for row in going_on} - {None}
     admitted = []
     while self._live_waiting() and running + len(admitted) < self.max_batch:
-      row = self._waiting[0]
-      if key is None:
-        key = row.completion.key
-      if row.completion.key != key:
-        break  # It waits for the running rows to drain; nothing overtakes.
+      shared = self._waiting[0].completion.shared
+      more_stops, more_patterns = stops | {shared.stop}, patterns | (
+          {shared.regex} - {None})
+      if (stops or patterns) and (more_stops != stops
+                                  or more_patterns != patterns):
+        if not self._fits(more_stops, more_patterns):
+          break  # It waits for rows to drain; nothing overtakes it.
+      stops, patterns = more_stops, more_patterns
       admitted.append(self._waiting.popleft())
     self.stats.waiting = len(self._waiting)
     return admitted
+
+  def _fits(self, stops, patterns) -> bool:
+    """Whether the joined tables of these distinct stop lists and patterns
+    stay within `stop_capacity` and `dfa_capacity`."""
+    stop_states = sum(len(self._stops(stop).accept) for stop in stops)
+    dfa_states = 2 + sum(self._pattern_states.get_or_make(
+        pattern, lambda pattern=pattern: len(constraints.combine(
+            self.model, [pattern]).ends) - 2) for pattern in patterns)
+    return (stop_states <= self.stop_capacity
+            and dfa_states <= self.dfa_capacity)
 
   def _hand_out(self, rows: List[Row], result,
                 primes_only: np.ndarray) -> List[Row]:
@@ -490,7 +606,7 @@ class Engine:
       else:
         reason = None
       if row.text is None:
-        row.text = self.model.tokens.stream(completion.key.stop)
+        row.text = self.model.tokens.stream(completion.shared.stop)
       text = row.text.push(new) + (row.text.finish() if reason else "")
       self._send(row, Update(row.index, text, reason, float(scores[r])))
       if reason is None:
@@ -512,7 +628,7 @@ class Engine:
     state stands, at most `prime_chars` of them."""
     return row.prompt_ids[row.primed:row.primed + self.prime_chars]
 
-  def _history(self, row: Row, key: BatchKey) -> processors.History:
+  def _history(self, row: Row) -> processors.History:
     """A one-row `History` after the row's whole prompt, on the host.
 
     `processors.start`'s values for the prompt (which `serve_fn` cannot
@@ -522,22 +638,54 @@ class Engine:
     prompt = row.prompt_ids
     ids = np.zeros([1, self._history_length], np.int32)
     ids[0, :len(prompt)] = prompt
-    first = max(len(prompt) - key.repetition_window, 0) if (
-        key.repetition_window > 0) else 0
+    window = row.completion.shared.repetition_window
+    first = max(len(prompt) - window, 0) if window > 0 else 0
     counts = np.bincount(prompt[first:], minlength=self.model.vocab_size)
     return processors.History(ids, np.array([len(prompt)], np.int32),
                               counts.astype(np.int32)[None, :])
 
-  def _stops(self, stop):
-    """The stop automaton of a key, made once; under XLA its states padded
-    to a bucket here (`request.build` would pad it on every call)."""
-    automaton = self._stops_cache.get(stop)
-    if automaton is None:
-      automaton = host.stop_automaton(self.model, stop)
+  def _stops(self, stop) -> stopping.Automaton:
+    """The stop automaton of a stop list, made once (its own states)."""
+    return self._stops_cache.get_or_make(
+        stop, lambda: host.stop_automaton(self.model, stop))
+
+  def _tables(self, rows: List[Row]) -> _Tables:
+    """The joined stop table and regex DFA of a chunk's rows.
+
+    Each distinct stop list (pattern) is laid out once, in the order the
+    rows first name it; a layout is made once and kept (`_joined`). On the
+    paths that compile per shape both tables are padded to their capacity
+    (one shape, which the warm-up compiled; the DFA even when no row has a
+    pattern), or, for rows of one table over it, to a power of two.
+    """
+    stops = tuple(dict.fromkeys(row.completion.shared.stop for row in rows))
+    patterns = tuple(dict.fromkeys(
+        row.completion.shared.regex for row in rows
+        if row.completion.shared.regex is not None))
+
+    def make():
+      automaton, offsets = stopping.join([self._stops(s) for s in stops])
+      dfa = (constraints.combine(self.model, patterns)
+             if patterns or self._bucketed else None)
       if self._bucketed:
-        automaton = request_lib.pad_stop_states(automaton)
-      self._stops_cache[stop] = automaton
-    return automaton
+        automaton = stopping.Automaton(*request_lib.pad_states(
+            automaton.table, automaton.accept, 0, _power_of_two_at_least(
+                len(automaton.accept), self.stop_capacity)))
+        table, ends = request_lib.pad_states(
+            dfa.table, dfa.ends, constraints.DEAD,
+            _power_of_two_at_least(len(dfa.ends), self.dfa_capacity))
+        dfa = dfa._replace(table=table, ends=ends)
+      starts = dict(zip(patterns, dfa.start)) if dfa is not None else {}
+      return automaton, dict(zip(stops, offsets)), dfa, starts
+
+    automaton, stop_at, dfa, dfa_at = self._joined.get_or_make(
+        (stops, patterns), make)
+    if dfa is not None:
+      dfa = dfa._replace(start=np.array(
+          [dfa_at.get(row.completion.shared.regex, constraints.FREE)
+           for row in rows], np.int32))
+    return _Tables(automaton, np.array(
+        [stop_at[row.completion.shared.stop] for row in rows], np.int32), dfa)
 
   def _call(self, rows: List[Row], *, fresh: np.ndarray,
             primes_only: np.ndarray, carry, steps: int):
@@ -555,7 +703,7 @@ class Engine:
       `((ids, lengths, scores, done) of the rows, their numpy Carry)`.
     """
     batch = len(rows)
-    key = rows[0].completion.key
+    tables = self._tables(rows)
     pieces = {r: self._piece(row) for r, row in enumerate(rows) if fresh[r]}
     longest = max([len(piece) for piece in pieces.values()] + [1])
     ids = np.zeros([batch, self._prompt_width(longest)], np.int32)
@@ -566,20 +714,23 @@ class Engine:
     sampling = options_lib.Params(*[
         np.array([row.params[i] for row in rows])
         for i in range(len(options_lib.PER_ROW))])
+    # Per row (`serve_fn`'s look-back is `[B]`).
     options = request_lib.Options(
-        sampling=sampling, repetition_window=key.repetition_window,
-        no_repeat_ngram_size=key.no_repeat_ngram_size,
+        sampling=sampling,
+        repetition_window=np.array(
+            [row.completion.shared.repetition_window for row in rows],
+            np.int32),
+        no_repeat_ngram_size=np.array(
+            [row.completion.shared.no_repeat_ngram_size for row in rows],
+            np.int32),
         return_scores=any(row.completion.want_scores for row in rows))
     request = request_lib.build(
         request_lib.Prompts(ids, lengths), np.int32(steps), options,
         seeds=request_lib.Seeds(
             np.array([row.completion.seed for row in rows], np.int64),
             np.array([row.index for row in rows], np.int32)),
-        stops=self._stops(key.stop),
-        bucket_shapes=self._bucketed,
-        state_sizes=self.generator.state_sizes(),
-        constraint=(constraints.combine(self.model, [key.regex] * batch)
-                    if key.regex is not None else None),
+        stops=tables.stops, bucket_shapes=self._bucketed,
+        state_sizes=self.generator.state_sizes(), constraint=tables.dfa,
         capacity_steps=self.chunk_steps)
     # One history width for every call: carried rows keep their buffers.
     request = request._replace(lookback=request.lookback._replace(
@@ -597,9 +748,12 @@ class Engine:
     carry = carry._replace(step=np.asarray(carry.step, np.int32))
     for r in pieces:  # A row about to decode starts from its whole prompt's.
       if not primes_only[r]:
-        history = self._history(rows[r], key)
+        history = self._history(rows[r])
         for whole, one in zip(carry.history, history):
           whole[r] = one[0]
+    self._place(rows, fresh, tables, carry)
+    if len({row.completion.shared for row in rows}) > 1:
+      self.stats.mixed_chunks += 1
     called = time.monotonic()
     args = (request, carry, fresh[index], primes_only[index])
     if self.strategy is None:
@@ -610,6 +764,31 @@ class Engine:
     result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
     return ((result.ids, result.lengths, result.scores, result.carry.done),
             result.carry)
+
+  def _place(self, rows: List[Row], fresh: np.ndarray, tables: _Tables,
+             carry) -> None:
+    """Points each row's stop and DFA states into this chunk's tables.
+
+    A fresh row starts at its automaton's offset (its DFA's start is the
+    request's `constraint.start`); a carried row's state moves by the
+    difference between its offsets in the last chunk's tables and in
+    these. The DFA's shared states (`FREE`, `DEAD`) stay where they are.
+    Padding rows (XLA's batch bucket) copy row 0's. `carry` (numpy, the
+    call's rows) is changed in place; each row's offsets are updated.
+    """
+    dfa_start = (tables.dfa.start if tables.dfa is not None else
+                 np.full([len(rows)], constraints.FREE, np.int32))
+    for r, row in enumerate(rows):
+      stop_offset, dfa_offset = int(tables.stop_offsets[r]), int(dfa_start[r])
+      if fresh[r]:
+        carry.stop_state[r] = stop_offset
+      else:
+        carry.stop_state[r] += stop_offset - row.stop_offset
+        if carry.dfa_state[r] >= 2:  # Its own states, not FREE or DEAD.
+          carry.dfa_state[r] += dfa_offset - row.dfa_offset
+      row.stop_offset, row.dfa_offset = stop_offset, dfa_offset
+    carry.stop_state[len(rows):] = carry.stop_state[0]
+    carry.dfa_state[len(rows):] = carry.dfa_state[0]
 
   def _call_distributed(self, args):
     """`serve_fn` over `args` with the rows split over the strategy's

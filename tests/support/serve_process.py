@@ -122,7 +122,10 @@ def expected(model, body, seed, jit_compile=False):
                            stop=body.get("stop"), regex=body.get("regex"),
                            jit_compile=jit_compile, **decoding)
   stops = protocol.stop_strings(body.get("stop"))
+  # The library ends a row early only at a stop string or the regex's end,
+  # which the server calls "stop" alike.
   reasons = ["stop" if stops and protocol.trim_stop(t, stops) != t
+             or body.get("regex") and len(t) < body["max_tokens"]
              else "length" for t in texts]
   if not body.get("include_stop_str_in_output"):
     texts = [protocol.trim_stop(t, stops) if r == "stop" else t

@@ -21,6 +21,9 @@ latency (ITL, streamed responses only), end-to-end latency (p50, p99),
 requests per second and characters per second; and, once, the library's own
 `generate` at --max_batch rows (the bound at saturation). With --check,
 every (c) response is compared with `rnnstep.generate` for its request.
+With --mixed, each request also draws its own stop strings, n-gram size,
+repetition window and regex from a small menu (clients of different
+settings; the baselines take none, so run it with --servers=serve).
 
 The baselines (a) and (b) run in this file (`--serve_baseline=lock|batch`,
 a child process), on the same ASGI stack as (c).
@@ -65,6 +68,35 @@ _SERVERS = flags.DEFINE_list("servers", ["lock", "batch", "serve"],
 _CHECK = flags.DEFINE_bool("check", False,
                            "Compare every (c) response with generate.")
 _SEED = flags.DEFINE_integer("seed", 0, "The request mix's seed.")
+_MIXED = flags.DEFINE_bool(
+    "mixed", False, "Each request draws its own stop strings, n-gram size, "
+    "repetition window and regex (rnnstep-serve only: --servers=serve).")
+
+# --mixed's menus: settings a client might send, chosen to leave most texts
+# their full length (the stop strings rarely appear; the pattern only bars
+# digits), so that runs with and without them compare.
+MIXED_MENU = dict(
+    stop=[None, None, ["\n\n\n"], ["KING HENRY"], ["Exeunt", "zz"],
+          ["ROMEO:", "JULIET:"]],
+    no_repeat_ngram_size=[0, 0, 8, 12],
+    repetition=[None, None, (1.1, 32), (1.05, 0)],
+    regex=[None, None, None, "[^0-9]+"])
+
+
+def mixed_options(rng) -> dict:
+  """One request's --mixed settings (a JSON body's fields, generate's
+  arguments): the stop string kept in the text, so that `generate`'s text
+  is the response's."""
+  options = dict(include_stop_str_in_output=True)
+  for name in ("stop", "no_repeat_ngram_size", "regex"):
+    value = rng.choice(MIXED_MENU[name])
+    if value:
+      options[name] = value
+  repetition = rng.choice(MIXED_MENU["repetition"])
+  if repetition:
+    options.update(repetition_penalty=repetition[0],
+                   repetition_window=repetition[1])
+  return options
 _REPEATS = flags.DEFINE_integer(
     "repeats", 1, "Runs of the bound and of each (server, rate), "
     "alternating the bound with (c)'s runs; medians are reported.")
@@ -200,7 +232,8 @@ def start(kind: str):
 
 
 def workload(rate: float):
-  """[(send time, prompt, max_tokens, seed)]: Poisson arrivals at `rate`."""
+  """[(send time, prompt, max_tokens, seed, options)]: Poisson arrivals at
+  `rate`; options are {} unless --mixed."""
   rng = random.Random(_SEED.value)
   text = open(CORPUS, encoding="utf-8").read()
   at, requests = 0.0, []
@@ -209,11 +242,15 @@ def workload(rate: float):
     begin = rng.randrange(len(text) - 200)
     requests.append((at, text[begin:begin + rng.randint(8, 64)],
                      rng.randint(_MIN_TOKENS.value, _MAX_TOKENS.value),
-                     rng.randrange(2**31)))
+                     rng.randrange(2**31), {}))
+  if _MIXED.value:  # Drawn after: the same prompts, lengths and seeds.
+    mix = random.Random(_SEED.value + 1)
+    requests = [r[:4] + (mixed_options(mix),) for r in requests]
   return requests
 
 
-async def one(url, kind, send_at, t0, prompt, max_tokens, seed, ssl_context):
+async def one(url, kind, send_at, t0, prompt, max_tokens, seed, options,
+              ssl_context):
   """Sends one request; returns its timings and text.
 
   A client (one connection) per request: httpx's pool over a few hundred
@@ -225,7 +262,8 @@ async def one(url, kind, send_at, t0, prompt, max_tokens, seed, ssl_context):
   import httpx  # pylint: disable=g-import-not-at-top
   await asyncio.sleep(max(0.0, t0 + send_at - time.monotonic()))
   sent = time.monotonic()
-  body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed}
+  body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed,
+          **options}
   async with httpx.AsyncClient(timeout=3600, verify=ssl_context) as client:
     if kind != "serve" or not _STREAM.value:
       reply = await client.post(url + "/v1/completions", json=body)
@@ -253,8 +291,19 @@ async def one(url, kind, send_at, t0, prompt, max_tokens, seed, ssl_context):
 async def drive(url, kind, requests, ssl_context):
   t0 = time.monotonic()
   results = await asyncio.gather(*[
-      one(url, kind, at, t0, p, m, s, ssl_context) for at, p, m, s in requests])
+      one(url, kind, at, t0, p, m, s, o, ssl_context)
+      for at, p, m, s, o in requests])
   return results, time.monotonic() - t0
+
+
+def chunk_counts(url) -> str:
+  """rnnstep-serve's chunks run and, where it counts them, mixed ones."""
+  import httpx  # pylint: disable=g-import-not-at-top
+  page = httpx.get(url + "/metrics").text
+  counts = [line for line in page.splitlines()
+            if line.startswith(("rnnstep_chunks ",
+                                "rnnstep_mixed_settings_chunks "))]
+  return ", ".join(counts)
 
 
 def percentile(values, q):
@@ -355,6 +404,8 @@ def main(argv):
                 f"({1000 * server / max(chars, 1):.4f} s per 1k chars), "
                 f"client {client:.1f} s, in {seconds:.1f} s ({load()})",
                 flush=True)
+          if kind == "serve":
+            print(f"  chunks so far: {chunk_counts(url)}", flush=True)
         if _REPEATS.value > 1:
           line = (f"{kind:6s} rate={rate:<5g} median of {_REPEATS.value}: "
                   f"{median(rates):.0f} chars/s")
@@ -364,9 +415,11 @@ def main(argv):
           print(line, flush=True)
         if _CHECK.value and kind == "serve":
           wrong = sum(
-              r["text"] != rnnstep.generate(model, p, m, seed=s,
-                                            jit_compile=served_jit)
-              for r, (_, p, m, s) in zip(results, requests))
+              r["text"] != rnnstep.generate(
+                  model, p, m, seed=s, jit_compile=served_jit, **{
+                      k: v for k, v in o.items()
+                      if k != "include_stop_str_in_output"})
+              for r, (_, p, m, s, o) in zip(results, requests))
           print(f"  check: {len(results) - wrong}/{len(results)} equal "
                 "generate", flush=True)
     finally:
