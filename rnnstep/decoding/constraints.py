@@ -56,7 +56,8 @@ class Dfa(NamedTuple):
 
 def _fixed_states(vocab_size: int):
   """The `FREE` and `DEAD` rows of every table."""
-  table = np.array([[FREE] * vocab_size, [DEAD] * vocab_size], np.int32)
+  table = np.empty([2, vocab_size], np.int32)  # Not from lists: V may be 50k.
+  table[0], table[1] = FREE, DEAD
   return table, np.array([False, False])
 
 
