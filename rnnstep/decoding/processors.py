@@ -165,7 +165,7 @@ def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:
   if n.shape.rank == 1:
     return _ngram_ban_per_row(history, n, vocab_size)
   ids, length = history.ids, history.length
-  batch, size = tf.shape(ids)[0], tf.shape(ids)[1]
+  size = tf.shape(ids)[1]
   start = tf.range(size)[None, :]
   # Windows starting at j whose following id exists: j + n - 1 < length.
   match = start + n - 1 < length[:, None]
@@ -177,12 +177,7 @@ def ngram_ban(history: History, n: tf.Tensor, vocab_size: int) -> tf.Tensor:
 
   _, match = tf.while_loop(lambda k, _: k < n - 1, body, (tf.constant(0), match))
   follower = tf.gather(ids, tf.minimum(start + n - 1, size - 1)[0], axis=1)
-  rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
-  banned = tf.tensor_scatter_nd_max(
-      tf.zeros([batch, vocab_size], tf.int32),
-      tf.reshape(tf.stack([rows, follower], -1), [-1, 2]),
-      tf.reshape(tf.cast(match, tf.int32), [-1]))
-  return tf.where(banned > 0, -float("inf"), 0.0)
+  return _ban_followers(match, follower, vocab_size)
 
 
 def _ngram_ban_per_row(history: History, n: tf.Tensor,
@@ -195,7 +190,7 @@ def _ngram_ban_per_row(history: History, n: tf.Tensor,
   So each row's ban is exactly what `ngram_ban` gives it alone.
   """
   ids, length = history.ids, history.length
-  batch, size = tf.shape(ids)[0], tf.shape(ids)[1]
+  size = tf.shape(ids)[1]
   start = tf.range(size)[None, :]
   rows_n = n[:, None]  # [B, 1]
   match = (start + rows_n - 1 < length[:, None]) & (rows_n > 0)
@@ -213,6 +208,20 @@ def _ngram_ban_per_row(history: History, n: tf.Tensor,
                            (tf.constant(0), match))
   follower = tf.gather(
       ids, tf.clip_by_value(start + rows_n - 1, 0, size - 1), batch_dims=1)
+  return _ban_followers(match, follower, vocab_size)
+
+
+def _ban_followers(match: tf.Tensor, follower: tf.Tensor,
+                   vocab_size: int) -> tf.Tensor:
+  """float32 `[B, V]`: -inf at each row's followers of a matching window.
+
+  Args:
+    match: bool `[B, L]`, the windows (by start) that match the row's last
+      n - 1 ids.
+    follower: int32 `[B, L]`, the id after each window.
+    vocab_size: V.
+  """
+  batch = tf.shape(match)[0]
   rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
   banned = tf.tensor_scatter_nd_max(
       tf.zeros([batch, vocab_size], tf.int32),
