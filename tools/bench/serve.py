@@ -47,6 +47,9 @@ from absl import flags
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 sys.path.insert(0, REPO)
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from rnnstep.serve import main as serve_main  # Its flags' defaults.
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 _MODEL = flags.DEFINE_string("model", None, "Model file (default: bundled).")
 _RATES = flags.DEFINE_list("rates", ["1", "4"], "Requests per second.")
@@ -54,7 +57,9 @@ _NUM_REQUESTS = flags.DEFINE_integer("num_requests", 40, "Requests per rate.")
 _MIN_TOKENS = flags.DEFINE_integer("min_tokens", 20, "Shortest max_tokens.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 2000, "Longest max_tokens.")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Slots / batch size.")
-_CHUNK_STEPS = flags.DEFINE_integer("chunk_steps", 64, "rnnstep-serve chunk.")
+_CHUNK_STEPS = flags.DEFINE_integer(
+    "chunk_steps", serve_main.FLAGS["chunk_steps"].default,
+    "rnnstep-serve chunk (default: rnnstep-serve's).")
 _BATCH_TIMEOUT_MS = flags.DEFINE_float("batch_timeout_ms", 50.0,
                                        "(b)'s batch_timeout_micros / 1000.")
 _JIT_COMPILE = flags.DEFINE_enum(
