@@ -425,10 +425,9 @@ def _check_beams(model, reference, prompts, text_of, num_steps, jit, *,
   return texts
 
 
-# The graph path, and the elementwise path (the other loop's order); XLA's
-# beams run the same loop as the graph's, compared on character models in
-# tests/test_beam_search.py (the token tables are host-side inputs).
-@pytest.mark.parametrize("jit", quick_params([False, "elementwise"], False))
+# Every path: the graph's, the elementwise path (the other loop's order) and
+# XLA (the graph's loop as one program; a few seconds of compiling here).
+@pytest.mark.parametrize("jit", quick_params([False, "elementwise", True], False))
 def test_beams_on_a_word_model_match_the_reference(word_model, word_reference,
                                                    jit):
   prompts = ["the cat", "a dog ran"]
