@@ -103,9 +103,9 @@ def error_response(status: int, message: str, *, param: Optional[str] = None,
                    kind: str = "invalid_request_error",
                    code: Optional[str] = None, headers=None) -> JSONResponse:
   """An OpenAI error body with its HTTP status."""
-  return JSONResponse({"error": {"message": message, "type": kind,
-                                 "param": param, "code": code}},
-                      status_code=status, headers=headers)
+  return JSONResponse(
+      protocol.error_body(message, kind=kind, param=param, code=code),
+      status_code=status, headers=headers)
 
 
 class _Output:
@@ -429,20 +429,19 @@ class Server:
     try:
       if completion is None:  # max_tokens 0: one empty finished chunk each.
         generated = 0
-        yield b"".join(protocol.event(json.dumps(self._envelope(
+        yield b"".join(protocol.json_event(self._envelope(
             request_id, parsed, [self._choice(parsed, k, "", "length", 0.0)]
-        ))) for k in range(count))
+        )) for k in range(count))
       else:
         finished, failed = 0, False
         while finished < count and not failed:
           frames = []
           for update in await output.take():
             if update.finish_reason in ("cancelled", "error"):
-              frames.append(protocol.event(json.dumps({"error": {
-                  "message": "the server shut down before this request "
-                  "finished" if update.finish_reason == "cancelled" else
-                  "generation failed", "type": "server_error",
-                  "param": None, "code": None}})))
+              frames.append(protocol.json_event(protocol.error_body(
+                  "the server shut down before this request finished"
+                  if update.finish_reason == "cancelled" else
+                  "generation failed", kind="server_error")))
               failed = True
               break
             text = pending[update.index] + update.text
@@ -455,18 +454,18 @@ class Server:
               continue
             finished += 1
             text = self._final_text(parsed, text, update.finish_reason)
-            frames.append(protocol.event(json.dumps(self._envelope(
+            frames.append(protocol.json_event(self._envelope(
                 request_id, parsed, [self._choice(
                     parsed, update.index, text, update.finish_reason,
-                    update.score)]))))
+                    update.score)])))
           if frames:
             yield b"".join(frames)
         generated = output.generated
         self.metrics.latency.observe(time.monotonic() - output.arrived)
       tail = []
       if parsed.include_usage:
-        tail.append(protocol.event(json.dumps(self._envelope(
-            request_id, parsed, [], self._usage(parsed, generated)))))
+        tail.append(protocol.json_event(self._envelope(
+            request_id, parsed, [], self._usage(parsed, generated))))
       tail.append(protocol.event("[DONE]"))
       yield b"".join(tail)
     finally:  # Also when the client went away (the generator is cancelled).

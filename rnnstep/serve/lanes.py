@@ -18,6 +18,7 @@ position's whatever lane runs it (README "Reproducibility"), so lanes change
 no text.
 """
 
+import dataclasses
 import threading
 from typing import List, Optional
 
@@ -81,12 +82,9 @@ class Lanes:
   @property
   def stats(self) -> engine_lib.Stats:
     """The lanes' counters, summed (read on any thread, as each lane's)."""
-    total = engine_lib.Stats()
-    for engine in self.engines:
-      for field in engine_lib.Stats.__dataclass_fields__:
-        setattr(total, field, getattr(total, field)
-                + getattr(engine.stats, field))
-    return total
+    return engine_lib.Stats(**{
+        field.name: sum(getattr(e.stats, field.name) for e in self.engines)
+        for field in dataclasses.fields(engine_lib.Stats)})
 
   def submit(self, completion: engine_lib.Completion) -> None:
     """Queues the completion on the lane with the fewest rows.
@@ -108,10 +106,10 @@ class Lanes:
       self.engines[load.index(min(load))].submit(completion)
 
   def warm_up(self) -> None:
-    """Compiles every program once (the lanes share them), then gives each
-    lane its warm-up calls."""
-    for engine in self.engines:
-      engine.warm_up()
+    """Compiles every program a lane can need, once: the lanes share the
+    programs, and the first lane has the most slots (`split_slots`), so its
+    warm-up covers every batch bucket of the others."""
+    max(self.engines, key=lambda e: e.max_batch).warm_up()
 
   def start(self) -> None:
     for engine in self.engines:

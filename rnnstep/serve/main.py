@@ -12,13 +12,13 @@ until warm), GET /metrics (Prometheus). SIGTERM stops admitting (503),
 finishes the requests in flight (up to --drain_timeout s) and exits 0.
 """
 
-import os
 import signal
 import threading
 
 from absl import flags
 
 from rnnstep.cli import common
+from rnnstep.engine import cpu
 
 PROGRAM = "rnnstep-serve"
 FLAGS = flags.FlagValues()
@@ -108,7 +108,7 @@ def _lanes() -> int:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if _STRATEGY.value != "none" or tf.config.list_physical_devices("GPU"):
     return 1
-  return max(min(len(os.sched_getaffinity(0)), _MAX_BATCH.value), 1)
+  return min(cpu.usable_cores(), _MAX_BATCH.value)
 
 
 def _threads(lanes: int) -> None:
@@ -124,16 +124,13 @@ def _threads(lanes: int) -> None:
   anything (the pools are fixed then).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if lanes > 1:
-    intra_auto, inter_auto = 1, lanes
-  else:
-    intra_auto = 0 if _STRATEGY.value != "none" else max(
-        len(os.sched_getaffinity(0)) - 1, 1)
-    inter_auto = None  # As intra.
-  intra = (intra_auto if _INTRA_OP_THREADS.value is None
-           else _INTRA_OP_THREADS.value)
-  inter = ((intra if inter_auto is None else inter_auto)
-           if _INTER_OP_THREADS.value is None else _INTER_OP_THREADS.value)
+  intra = _INTRA_OP_THREADS.value
+  if intra is None:
+    intra = 1 if lanes > 1 else (0 if _STRATEGY.value != "none" else max(
+        cpu.usable_cores() - 1, 1))
+  inter = _INTER_OP_THREADS.value
+  if inter is None:
+    inter = lanes if lanes > 1 else intra
   tf.config.threading.set_intra_op_parallelism_threads(intra)
   tf.config.threading.set_inter_op_parallelism_threads(inter)
 

@@ -235,6 +235,20 @@ def running_chunk(head: str, index: int, text: str) -> bytes:
           'null, "finish_reason": null}]}\r\n\r\n').encode()
 
 
+def error_body(message: str, *, kind: str = "invalid_request_error",
+               param: Optional[str] = None,
+               code: Optional[str] = None) -> Dict[str, Any]:
+  """OpenAI's error object: `{"error": {"message", "type", "param",
+  "code"}}` (an error response's body, or a stream's last event)."""
+  return {"error": {"message": message, "type": kind, "param": param,
+                    "code": code}}
+
+
+def json_event(obj: Any) -> bytes:
+  """`event` of `json.dumps(obj)`."""
+  return event(json.dumps(obj))
+
+
 def event(payload: str) -> bytes:
   """One server-sent event, framed as sse-starlette frames one (CRLF).
 
