@@ -83,11 +83,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
     path keeps out of XLA's output fusion at batch 1 (network.py): greedy
     text is the Keras loop's, and a sampled text and its score are the same
     on every path and in the stream."""
-    layers = [kr.layer("gru", 16)]
-    vocab_size = model_lib.UNFUSED_PROJECTION_ELEMENTS // 16
-    keras_model = kr.build(layers, vocab_size=vocab_size, embedding_dim=8,
-                           seed=5)
-    model = kr.rnnstep_model(keras_model, layers)
+    keras_model, model = reference_models.large_projection_model()
     self.assertTrue(model_lib.network_of(
         model.architecture, model.network_weights(),
         one_xla_program=True).unfused_projection)

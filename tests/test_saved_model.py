@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support import keras_reference as kr
+from tests.support import reference_models
 from tests.support.cli import run_script
 
 import rnnstep
@@ -194,6 +195,20 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(texts, rnnstep.generate(
           self.model, prompts, STEPS, temperature=0.8, seed=5,
           jit_compile=True))
+
+  def test_xla_export_of_a_large_projection_serves_the_library_text(self):
+    # Its projection is kept out of XLA's output fusion at batch 1 by an
+    # optimization barrier (network.py): served without rnnstep, at batch 1
+    # and 3, the text is the library's.
+    _, model = reference_models.large_projection_model()
+    export_dir = os.path.join(tempfile.mkdtemp(prefix="rnnstep_large_"), "1")
+    self.addCleanup(shutil.rmtree, os.path.dirname(export_dir), True)
+    rnnstep.export(model, export_dir, jit_compile=True)
+    batches = (["HELLO"], PROMPTS)
+    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches, 24]))
+    for prompts, texts in zip(batches, served, strict=True):
+      self.assertEqual(texts, rnnstep.generate(
+          model, prompts, 24, temperature=0.8, seed=5, jit_compile=True))
 
   def test_elementwise_bfloat16_export_matches_library(self):
     model = self.bfloat16_model

@@ -5,6 +5,10 @@
   (tests/test_generator.py, tests/test_numpy_reference.py).
 - `sampling_model()`: a 21-id GRU with "[UNK]" as id 0 and a float64 numpy
   reference that bans it (tests/test_sampling.py, tests/test_constraints.py).
+- `large_projection_model()`: a GRU whose output projection has
+  `network.UNFUSED_PROJECTION_ELEMENTS` weights, which the xla path keeps
+  out of XLA's output fusion at batch 1 (tests/test_generator.py,
+  tests/test_saved_model.py).
 
 Each is made once per process (lru_cache), so test files on one worker
 share its traces and compiles.
@@ -17,6 +21,7 @@ from tests.support import numpy_reference as nr
 
 import rnnstep
 from rnnstep.model import model_file
+from rnnstep.model import network
 
 STACKS = {
     "gru_reset_after": [kr.layer("gru", 48, True)],
@@ -50,3 +55,17 @@ def sampling_model():
                         vocab, kr.weights_of(keras_model, SAMPLING_LAYERS))
   return model, nr.Reference(kr.weights_of(keras_model, SAMPLING_LAYERS),
                              SAMPLING_LAYERS, banned=[0])
+
+
+LARGE_PROJECTION_LAYERS = [kr.layer("gru", 16)]
+
+
+@functools.lru_cache(maxsize=None)
+def large_projection_model():
+  """(Keras model, rnnstep model): 16 units over as many characters as make
+  a 16 x V projection of `network.UNFUSED_PROJECTION_ELEMENTS` weights."""
+  layers = LARGE_PROJECTION_LAYERS
+  keras_model = kr.build(
+      layers, vocab_size=network.UNFUSED_PROJECTION_ELEMENTS // 16,
+      embedding_dim=8, seed=5)
+  return keras_model, kr.rnnstep_model(keras_model, layers)
