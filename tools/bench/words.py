@@ -24,7 +24,13 @@ prompt (P - 1 priming steps everywhere):
   floor            the faster of two TensorFlow while_loops (XLA, graph) doing
                    only the step's matmuls: h0@R0, h0@W1, h1@R1 and the
                    [U, V] projection (each gate block summed into the next h,
-                   so that every column is used and steps stay sequential).
+                   so that every column is used), with the projection's argmax
+                   id fed back as a sampled word is: its row of a [V, 4U]
+                   input table (rnnstep's folded embedding) enters the next
+                   step. Without that feedback nothing waits for the
+                   projection, and TF's executor overlapped it with later
+                   steps' recurrence (a while_loop runs up to 10 iterations
+                   at once), which no generation loop can do.
 
 Torch runs as many threads as TensorFlow's intra-op pool (--torch_threads).
 Ratios are paired: each is the median over rounds of that round's ratio. The
@@ -210,7 +216,12 @@ class TorchScriptLoop:
 
 
 class Floor:
-  """Only the step's matmuls, in a while_loop (XLA or graph)."""
+  """Only the step's matmuls, in a while_loop (XLA or graph), step after step.
+
+  Each step's argmax id picks the next step's input-table row, so the
+  projection is on the path from one step to the next, as in generation.
+  The priming steps (P - 1, as everywhere) read id 0's row.
+  """
 
   def __init__(self, settings, units, steps, jit_compile):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -223,24 +234,26 @@ class Floor:
     recurrent0, kernel1, recurrent1 = (weight(units, 4 * units)
                                        for _ in range(3))
     projection = weight(units, settings.words_vocab_size)
+    input_table = weight(settings.words_vocab_size, 4 * units)
     self.steps = np.int32(steps)
     self.priming = np.int32(settings.prompt_len - 1)
 
     def gates_to_h(z):  # Every gate column read: no matmul can be sliced.
       return tf.tanh(tf.reduce_sum(tf.reshape(z, [-1, 4, units]), 1))
 
-    def recur(h0, h1):
-      h0 = gates_to_h(tf.matmul(h0, recurrent0))
+    def recur(h0, h1, ids):
+      h0 = gates_to_h(tf.gather(input_table, ids) + tf.matmul(h0, recurrent0))
       return h0, gates_to_h(tf.matmul(h0, kernel1) + tf.matmul(h1, recurrent1))
 
     def loop(h0, h1, priming, num_steps):
+      ids = tf.zeros([tf.shape(h0)[0]], tf.int32)
       _, h0, h1 = tf.while_loop(lambda t, *_: t < priming,
-                                lambda t, a, b: (t + 1, *recur(a, b)),
+                                lambda t, a, b: (t + 1, *recur(a, b, ids)),
                                 (tf.constant(0), h0, h1))
 
       def body(t, h0, h1, ids):
         ids = tf.argmax(tf.matmul(h1, projection), -1, output_type=tf.int32)
-        return (t + 1, *recur(h0, h1), ids)
+        return (t + 1, *recur(h0, h1, ids), ids)
       return tf.while_loop(lambda t, *_: t < num_steps, body,
                            (tf.constant(0), h0, h1,
                             tf.zeros([tf.shape(h0)[0]], tf.int32)))[-1]
