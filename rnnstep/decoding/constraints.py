@@ -114,28 +114,23 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   full = _token_moves(fsm, states, index, vocab, usable)
   accepting = np.array([state in fsm.finals for state in states])
   # Keep the states reachable from the start that can still reach an
-  # accepting state: a move into any other is a move into DEAD.
-  live = accepting.copy()
-  while True:
-    grown = live | np.any((full >= 0) & live[np.maximum(full, 0)], axis=1)
-    if (grown == live).all():
-      break
-    live = grown
+  # accepting state: a move into any other is a move into DEAD. Both walks
+  # go over the states' graph (each state's distinct successors), not the
+  # [S, V] table: a pattern of n bounded repeats takes n rounds, each of
+  # which over the table cost S x V (a minute at 1,200 states x 33k tokens).
+  successors = _successors(full)
+  live = _reaching(_reverse(successors), np.flatnonzero(accepting))
   start = index[fsm.initial]
   if not live[start]:
     raise refuse("matches no string over the model's vocabulary")
   full = np.where((full >= 0) & live[np.maximum(full, 0)], full, -1)
-  reached, frontier = {start}, [start]
-  while frontier:
-    nxt = {int(s) for s in full[frontier].ravel() if s >= 0} - reached
-    reached |= nxt
-    frontier = sorted(nxt)
-  order = [start] + sorted(reached - {start})
+  reached = _reaching([nexts[live[nexts]] for nexts in successors], [start])
+  order = [start] + [s for s in np.flatnonzero(reached) if s != start]
   if len(order) > MAX_STATES:
     raise refuse(f"needs {len(order)} DFA states, more than the limit of "
                  f"{MAX_STATES}; simplify it (bounded repeats such as "
                  "{m,n} multiply states)")
-  renumber = np.full([len(states)], -1, np.int64)
+  renumber = np.full([len(states)], -1, np.int32)
   renumber[order] = np.arange(len(order))
   table = np.where(full[order] >= 0, renumber[np.maximum(full[order], 0)], -1)
   ends = accepting[order] & ~np.any(table >= 0, axis=1)
@@ -168,25 +163,64 @@ def _token_moves(fsm, states, index, vocab, usable) -> np.ndarray:
     symbol = fsm.alphabet[char]
     columns[char] = len(symbol_of)
     symbol_of.append(symbol)
-  moves = np.full([len(states), len(symbol_of) + 1], -1, np.int64)
+  moves = np.full([len(states), len(symbol_of) + 1], -1, np.int32)
   for state, out in fsm.map.items():
     for column, symbol in enumerate(symbol_of):
       if symbol is not None and symbol in out:
         moves[index[state], column] = index[out[symbol]]
   lengths = np.array([len(t) if t else 0 for t in texts], np.int64)
+  # Tokens longest first, so that the tokens still walking at a position are
+  # a leading slice (a view) and a position costs S x (tokens that long).
+  order = np.argsort(-lengths, kind="stable")
   width = int(lengths.max(initial=0))
-  chars = np.full([len(texts), width], len(symbol_of), np.int64)
-  for v, text in enumerate(texts):
-    if text:
-      chars[v, :len(text)] = [columns[c] for c in text]
-  full = np.repeat(np.arange(len(states), dtype=np.int64)[:, None],
-                   len(texts), axis=1)
-  full[:, lengths == 0] = -1  # Unusable ids and empty pieces: never allowed.
+  chars = np.full([len(texts), width], len(symbol_of), np.int32)
+  for rank, v in enumerate(order):
+    if lengths[v]:
+      chars[rank, :lengths[v]] = [columns[c] for c in texts[v]]
+  walking = np.repeat(np.arange(len(states), dtype=np.int32)[:, None],
+                      len(texts), axis=1)
+  walking[:, lengths[order] == 0] = -1  # Unusable ids, empty pieces: never.
   for position in range(width):
-    moving = (position < lengths)[None, :] & (full >= 0)
-    nxt = moves[np.maximum(full, 0), chars[None, :, position]]
-    full = np.where(moving, nxt, full)
+    count = int(np.count_nonzero(lengths > position))
+    part = walking[:, :count]
+    nxt = moves[np.maximum(part, 0), chars[None, :count, position]]
+    part[...] = np.where(part >= 0, nxt, -1)
+  full = np.empty_like(walking)
+  full[:, order] = walking
   return full
+
+
+def _successors(full: np.ndarray) -> list:
+  """Each state's distinct next states (sorted) in a `[S, V]` move table."""
+  successors, mark = [], np.zeros([len(full) + 1], bool)
+  for row in full:
+    mark[row + 1] = True  # Index 0: -1 (dead), dropped.
+    successors.append(np.flatnonzero(mark[1:]))
+    mark[:] = False
+  return successors
+
+
+def _reverse(successors: list) -> list:
+  """Each state's predecessors, from each state's successors."""
+  sources = [[] for _ in successors]
+  for state, nexts in enumerate(successors):
+    for target in nexts.tolist():
+      sources[target].append(state)
+  return [np.array(s, np.int64) for s in sources]
+
+
+def _reaching(edges: list, seeds) -> np.ndarray:
+  """bool `[S]`: the states reached from `seeds` along `edges` (one array
+  of neighbours per state), the seeds included."""
+  reached = np.zeros([len(edges)], bool)
+  frontier = list(seeds)
+  reached[frontier] = True
+  while frontier:
+    following = np.concatenate([edges[s] for s in frontier]).astype(np.int64)
+    following = np.unique(following[~reached[following]])
+    reached[following] = True
+    frontier = following.tolist()
+  return reached
 
 
 def _opcodes(subpattern):
