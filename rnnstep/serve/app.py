@@ -6,8 +6,10 @@ Routes: `POST /v1/completions` (JSON, or server-sent events with
 (Prometheus).
 
 The device belongs to the engine's thread; a handler only checks the request
-(the library's checks, `protocol.parse` and `api.check_request`), submits a
-`engine.Completion` and awaits its `_Output`. The scheduler thread hands each
+(the library's checks, `protocol.parse` and `api.check_request`, on a
+checking thread: compiling a new `regex` over a large vocabulary takes
+seconds, and the event loop must keep every stream flowing meanwhile),
+submits a `engine.Completion` and awaits its `_Output`. The scheduler thread hands each
 chunk's updates, every row's, to the event loop in one `call_soon_threadsafe`
 (`Server._deliver`), where `_Output.add` takes them: a whole response only
 collects its text until its last choice ends (no wake-up before), a stream's
@@ -23,6 +25,7 @@ with Retry-After when the queue is full, 503 while loading or draining.
 """
 
 import asyncio
+from concurrent import futures
 import json
 import time
 import uuid
@@ -192,6 +195,10 @@ class Server:
     self.created = int(time.time())
     self.metrics = Metrics(engine)
     self._loop = None  # The event loop, when the first request comes.
+    # Two, so that a request's checks seldom wait behind another's regex
+    # compile, and at most two compiles' tables are being built at once.
+    self._checking = futures.ThreadPoolExecutor(
+        max_workers=2, thread_name_prefix="rnnstep-check")
     engine.deliver = self._deliver
     self.app = Starlette(routes=[
         Route("/v1/completions", self.completions, methods=["POST"]),
@@ -262,7 +269,9 @@ class Server:
       return self._answer(error_response(
           400, f"the body is not valid JSON: {e}", param="body"))
     try:
-      parsed, completion, output = self._completion(body, arrived)
+      checked = await asyncio.get_running_loop().run_in_executor(
+          self._checking, self._check, body)
+      parsed, completion, output = self._completion(checked, arrived)
     except errors.ArgumentError as e:
       return self._answer(error_response(
           400, str(e), param=protocol.param_of(e.argument)))
@@ -289,9 +298,14 @@ class Server:
     return self._answer(await self._whole(request, request_id, parsed,
                                           completion, output))
 
-  def _completion(self, body, arrived: float):
-    """Checks a request and makes its `Completion` (None for max_tokens 0)
-    and `_Output`.
+  def _check(self, body):
+    """Checks a request (on a checking thread); what `_completion` takes.
+
+    Args:
+      body: the parsed JSON body.
+
+    Returns:
+      (parsed request, rows' prompts, checked options, prompt ids, lengths).
 
     Raises:
       errors.ArgumentError: naming the field at fault.
@@ -316,6 +330,20 @@ class Server:
     parsed.stop = protocol.stop_strings(parsed.stop)
     host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
     parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
+    return parsed, rows, options, prompt_ids, prompt_lengths
+
+  def _completion(self, checked, arrived: float):
+    """Makes a checked request's `Completion` (None for max_tokens 0) and
+    `_Output` (on the event loop, whose futures the output holds).
+
+    Args:
+      checked: `_check`'s result.
+      arrived: when the request came (`time.monotonic()`).
+
+    Returns:
+      (parsed request, `Completion` or None, `_Output` or None).
+    """
+    parsed, rows, options, prompt_ids, prompt_lengths = checked
     if parsed.max_tokens == 0:
       return parsed, None, None
     self._loop = asyncio.get_running_loop()
