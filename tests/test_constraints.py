@@ -104,8 +104,10 @@ class CompileTest(tf.test.TestCase, parameterized.TestCase):
       ("z+", "matches no string"), ("", "only the empty string"),
       ("a{5000}", "4096"), ("a(?!b)c", "look-around"), ("(?i)a", "flags"),
       ("^a", "not supported"), (["a", 3], "must be a str"),
-      (["a"] * 2, "lists 2 patterns for 1 prompts"))
-  @quick_cases(0, 1, 2, 3, 5, 6, 7, 8, 9)  # 4 builds 4096 states: slow.
+      (["a"] * 2, "lists 2 patterns for 1 prompts"),
+      ("(ab|c){9000}", "has 27000 character positions with its repeats "
+       "expanded, more than the limit of 16384"))
+  @quick_cases(0, 1, 2, 3, 5, 6, 7, 8, 9, 10)  # 4 builds 4096 states: slow.
   def test_bad_patterns_are_refused_in_one_line(self, regex, words):
     model, _ = small()
     for call in (lambda: rnnstep.generate(model, "ab", 3, regex=regex),
@@ -296,6 +298,13 @@ def test_word_vocabulary_tables_are_sized_and_bounded(monkeypatch):
                      r"of 5 states x 33278 tokens \(1 MiB\), more than the "
                      r"limit of 0 MiB"):
     constraints.combine(model, [even])
+  # Compiling walks interegular's states before pruning (" w12 w4" has 7 of
+  # them, inner ones included): bounded as well, refused before the walk.
+  monkeypatch.setattr(constraints, "MAX_COMPILE_BYTES", 6 * size * 4)
+  with pytest.raises(errors.ArgumentError, match=r"regex '\( w1 w4\)' has 7 "
+                     r"DFA states before pruning, a table of 1 MiB over 33278 "
+                     r"tokens to compile, more than the limit of 0 MiB"):
+    constraints.combine(model, ["( w1 w4)"])
 
 if __name__ == "__main__":
   tf.test.main()

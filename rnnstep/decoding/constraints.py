@@ -39,6 +39,16 @@ DEAD = 1
 MAX_STATES = 4096  # Per pattern, after pruning: 4096 x V int32 on device.
 # The whole table's bound, which a large (word) vocabulary reaches first.
 MAX_TABLE_BYTES = 256 << 20
+# Compiling walks every token from every state of interegular's DFA, before
+# the states no token boundary reaches are pruned (most of a word pattern's:
+# they sit inside words); that [S, V] table is bounded too, and so is the
+# size of the pattern handed to interegular (whose time grows with the
+# square of its states: 4 s at 8k, 30 s at 20k).
+MAX_COMPILE_BYTES = 4 * MAX_TABLE_BYTES
+MAX_POSITIONS = 4 * MAX_STATES
+# States walked at once: bounds the walk's temporaries to a few MiB a state
+# block whatever S (at V = 33k, 64 states: 8 MiB an array).
+_WALK_BLOCK = 64
 
 
 class Dfa(NamedTuple):
@@ -100,6 +110,12 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
                  "supported; spell the characters out, e.g. [Aa]")
   if {"ASSERT", "ASSERT_NOT"} & set(_opcodes(parsed)):
     raise refuse("uses look-around, which is not supported")
+  positions = _positions(parsed)
+  if positions > MAX_POSITIONS:
+    raise refuse(f"has {positions} character positions with its repeats "
+                 f"expanded, more than the limit of {MAX_POSITIONS}; "
+                 "simplify it (bounded repeats such as {m,n} multiply "
+                 "states)")
   import interegular  # pylint: disable=g-import-not-at-top
   try:
     fsm = interegular.parse_pattern(pattern).to_fsm().reduce()
@@ -110,8 +126,15 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
                  "regular-expression syntax (no group references or "
                  "look-around)") from None
   states = sorted(fsm.states)
+  working = len(states) * len(vocab) * 4
+  if working > MAX_COMPILE_BYTES:
+    raise refuse(
+        f"has {len(states)} DFA states before pruning, a table of "
+        f"{working / 2**20:.0f} MiB over {len(vocab)} tokens to compile, "
+        f"more than the limit of {MAX_COMPILE_BYTES >> 20} MiB; simplify it "
+        "(bounded repeats such as {m,n} multiply states)")
   index = {state: i for i, state in enumerate(states)}
-  full = _token_moves(fsm, states, index, vocab, usable)
+  full, columns = _token_moves(fsm, states, index, vocab, usable)
   accepting = np.array([state in fsm.finals for state in states])
   # Keep the states reachable from the start that can still reach an
   # accepting state: a move into any other is a move into DEAD. Both walks
@@ -123,16 +146,18 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   start = index[fsm.initial]
   if not live[start]:
     raise refuse("matches no string over the model's vocabulary")
-  full = np.where((full >= 0) & live[np.maximum(full, 0)], full, -1)
   reached = _reaching([nexts[live[nexts]] for nexts in successors], [start])
   order = [start] + [s for s in np.flatnonzero(reached) if s != start]
   if len(order) > MAX_STATES:
     raise refuse(f"needs {len(order)} DFA states, more than the limit of "
                  f"{MAX_STATES}; simplify it (bounded repeats such as "
                  "{m,n} multiply states)")
-  renumber = np.full([len(states)], -1, np.int32)
-  renumber[order] = np.arange(len(order))
-  table = np.where(full[order] >= 0, renumber[np.maximum(full[order], 0)], -1)
+  # Old state + 1 -> new state; -1 (dead) and every state not kept -> -1.
+  # A kept state's live successors are all reached, hence all kept.
+  renumber = np.full([len(states) + 1], -1, np.int32)
+  renumber[np.array(order) + 1] = np.arange(len(order), dtype=np.int32)
+  table = np.empty([len(order), len(vocab)], np.int32)
+  table[:, columns] = renumber[full[order] + 1]
   ends = accepting[order] & ~np.any(table >= 0, axis=1)
   if ends[0]:
     raise refuse("matches only the empty string; give a pattern for at least "
@@ -140,20 +165,26 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   return _Pattern(table.astype(np.int32), ends)
 
 
-def _token_moves(fsm, states, index, vocab, usable) -> np.ndarray:
-  """`[S, V]`: the state after each whole token from each state, -1: dead.
+def _token_moves(fsm, states, index, vocab, usable):
+  """The state after each whole token from each state, -1: dead.
 
   Each token's characters are walked through the character DFA (the idea
   behind outlines' token index): a token is allowed from a state iff every
   character keeps the match alive. A character model's tokens are single
-  characters, so this is its one-step table. All states and tokens advance
-  together, one numpy step per character position.
+  characters, so this is its one-step table. A block of states advances
+  over all tokens together, one numpy step per character position; tokens
+  are taken longest first, so that the ones still walking at a position are
+  a leading slice and a position costs S x (tokens that long).
 
   Args:
     fsm: interegular's reduced FSM.
     states: its states, sorted; `index` maps each to its row.
     vocab: each id's text (None: not text on its own, never allowed).
     usable: bool per id: ids that can be generated.
+
+  Returns:
+    (int32 `[S, V]` with its columns in walking order, `columns`: the id of
+    each column).
   """
   texts = [t if ok and t else None for t, ok in zip(vocab, usable)]
   # Each distinct character's transition symbol (unknown characters share
@@ -169,25 +200,26 @@ def _token_moves(fsm, states, index, vocab, usable) -> np.ndarray:
       if symbol is not None and symbol in out:
         moves[index[state], column] = index[out[symbol]]
   lengths = np.array([len(t) if t else 0 for t in texts], np.int64)
-  # Tokens longest first, so that the tokens still walking at a position are
-  # a leading slice (a view) and a position costs S x (tokens that long).
   order = np.argsort(-lengths, kind="stable")
-  width = int(lengths.max(initial=0))
-  chars = np.full([len(texts), width], len(symbol_of), np.int32)
+  lengths = lengths[order]
+  chars = np.full([len(texts), int(lengths.max(initial=0))], len(symbol_of),
+                  np.int32)
   for rank, v in enumerate(order):
-    if lengths[v]:
-      chars[rank, :lengths[v]] = [columns[c] for c in texts[v]]
-  walking = np.repeat(np.arange(len(states), dtype=np.int32)[:, None],
-                      len(texts), axis=1)
-  walking[:, lengths[order] == 0] = -1  # Unusable ids, empty pieces: never.
-  for position in range(width):
-    count = int(np.count_nonzero(lengths > position))
-    part = walking[:, :count]
-    nxt = moves[np.maximum(part, 0), chars[None, :count, position]]
-    part[...] = np.where(part >= 0, nxt, -1)
-  full = np.empty_like(walking)
-  full[:, order] = walking
-  return full
+    if lengths[rank]:
+      chars[rank, :lengths[rank]] = [columns[c] for c in texts[v]]
+  walking_counts = [int(np.count_nonzero(lengths > position))
+                    for position in range(chars.shape[1])]
+  full = np.empty([len(states), len(texts)], np.int32)
+  full[:, lengths == 0] = -1  # Unusable ids and empty pieces: never allowed.
+  for first in range(0, len(states), _WALK_BLOCK):
+    block = full[first:first + _WALK_BLOCK]
+    block[:, :walking_counts[0] if walking_counts else 0] = np.arange(
+        first, first + len(block), dtype=np.int32)[:, None]
+    for position, count in enumerate(walking_counts):
+      part = block[:, :count]
+      nxt = moves[np.maximum(part, 0), chars[None, :count, position]]
+      part[...] = np.where(part >= 0, nxt, -1)
+  return full, order
 
 
 def _successors(full: np.ndarray) -> list:
@@ -234,6 +266,27 @@ def _opcodes(subpattern):
         yield from _opcodes(item)
       elif isinstance(item, (list, tuple)):
         stack.extend(item)
+
+
+def _positions(subpattern) -> int:
+  """A parsed `re` pattern's character positions (literals and classes,
+  every branch's) with each bounded repeat expanded (an unbounded one
+  counted once past its minimum): a cheap measure of the DFA interegular
+  would build, taken before it builds it."""
+  total = 0
+  for op, argument in subpattern:
+    name = str(op)
+    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+      low, high, item = argument
+      times = low + 1 if high == _re_parser.MAXREPEAT else high
+      total += max(times, 1) * _positions(item)
+    elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+      total += _positions(argument[-1])
+    elif name == "BRANCH":
+      total += sum(_positions(branch) for branch in argument[1])
+    elif name != "AT":
+      total += 1
+  return total
 
 
 def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
