@@ -106,7 +106,7 @@ class CompileTest(tf.test.TestCase, parameterized.TestCase):
       ("^a", "not supported"), (["a", 3], "must be a str"),
       (["a"] * 2, "lists 2 patterns for 1 prompts"),
       ("(ab|c){9000}", "has 27000 character positions with its repeats "
-       "expanded, more than the limit of 16384"))
+       "expanded, more than the limit of 8192"))
   @quick_cases(0, 1, 2, 3, 5, 6, 7, 8, 9, 10)  # 4 builds 4096 states: slow.
   def test_bad_patterns_are_refused_in_one_line(self, regex, words):
     model, _ = small()

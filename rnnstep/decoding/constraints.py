@@ -45,7 +45,7 @@ MAX_TABLE_BYTES = 256 << 20
 # size of the pattern handed to interegular (whose time grows with the
 # square of its states: 4 s at 8k, 30 s at 20k).
 MAX_COMPILE_BYTES = 4 * MAX_TABLE_BYTES
-MAX_POSITIONS = 4 * MAX_STATES
+MAX_POSITIONS = 2 * MAX_STATES
 # States walked at once: bounds the walk's temporaries to a few MiB a state
 # block whatever S (at V = 33k, 64 states: 8 MiB an array).
 _WALK_BLOCK = 64
