@@ -919,12 +919,15 @@ def test_byte_and_bpe_torch_models_match_torch(name, vocab):
 @pytest.mark.slow
 def test_serve_engine_sends_whole_characters():
   """rnnstep-serve's slot engine decodes each row incrementally: no chunk
-  splits a character, and the text is generate's, cut at the stop string."""
+  splits a character, and the text is generate's, cut at the stop string;
+  its updates and the HTTP `usage` count tokens, not characters."""
   byte_model = rnnstep.load(TOKEN_TORCH / "bytes_gru.pt",
                             vocab=TOKEN_TORCH / "bytes.json")
   import threading  # pylint: disable=g-import-not-at-top
   from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  from starlette import testclient  # pylint: disable=g-import-not-at-top
   prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
   expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
                               jit_compile=False)
@@ -935,9 +938,11 @@ def test_serve_engine_sends_whole_characters():
                          chunk_steps=3, max_queue=2, max_tokens_limit=30)
   server.start()
   pieces, finished = [[], []], [threading.Event(), threading.Event()]
+  tokens = [0, 0]
 
   def sink(update, k):
     pieces[k].append(update.text)
+    tokens[k] += update.tokens
     if update.finish_reason:
       finished[k].set()
 
@@ -949,12 +954,27 @@ def test_serve_engine_sends_whole_characters():
           shared=engine.Shared(stop=(stop,)), want_scores=False,
           sink=lambda update, k=k: sink(update, k)))
     assert all(event.wait(120) for event in finished)
+    # The HTTP app on the same engine: `usage` counts tokens (bytes here),
+    # the prompt once for its n choices, not characters ("é" is 2 bytes,
+    # "😀" 4).
+    served = app.Server(byte_model, server, model_id="bytes")
+    served.ready = True
+    with testclient.TestClient(served.app) as client:
+      body = client.post("/v1/completions", json={
+          "prompt": "the café", "n": 2, "max_tokens": 30,
+          "temperature": 0}).json()
   finally:
     server.close(10)
   for k, stop in enumerate(stops):
-    assert "".join(pieces[k]) == expected[:expected.find(stop) + len(stop)]
+    text = expected[:expected.find(stop) + len(stop)]
+    assert "".join(pieces[k]) == text
     assert "😀" in "".join(pieces[k]) and "\ufffd" not in "".join(pieces[k])
+    assert tokens[k] == len(text.encode("utf-8"))  # The row's ids.
   assert server.stats.mixed_chunks > 0
+  assert [c["text"] for c in body["choices"]] == [rnnstep.generate(
+      byte_model, "the café", 30, temperature=0.0, jit_compile=False)] * 2
+  assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2 * 30,
+                           "total_tokens": 9 + 2 * 30}
 
 
 def test_seeded_sampling_follows_the_softmax(word_model, word_file):
