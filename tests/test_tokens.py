@@ -348,6 +348,7 @@ def test_word_language_model_converts(tmp_path):
   summary = convert.convert(WORD_LM / "gru.pt", out,
                             vocab=WORD_LM / "vocab.json")
   assert "13 words" in str(summary)
+  assert "characters" not in str(summary)  # Its ids are words.
   model = rnnstep.load(out)
   assert model.tokens.kind == "words"
   assert model.tokens.rules == {"newline": "<eos>"}

@@ -143,9 +143,13 @@ class Summary:
     lines = [f"input:      {self.input_path}", f"format:     {self.format}",
              "layers:"]
     lines += [f"  {layer}" for layer in self.layers]
-    lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus with "
-                 f"{self.vocab_size} distinct characters, or "
-                 f"{self.vocab_size - 1} plus [UNK] at id 0)")
+    if self.tokens is not None:  # Its ids are words, bytes or pieces.
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows, one a "
+                   "token)")
+    else:
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus "
+                   f"with {self.vocab_size} distinct characters, or "
+                   f"{self.vocab_size - 1} plus [UNK] at id 0)")
     lines.append(f"parameters: {self.num_parameters:,}")
     if self.vocab is not None and self.tokens is not None:
       shown = " ".join(self.vocab)  # Words: shown apart.
