@@ -366,7 +366,8 @@ def define_vocab_flags(flag_values: flags.FlagValues):
       "vocab", None,
       "Instead of --corpus: a vocabulary file, a UTF-8 JSON list of the "
       "characters in id order (optionally \"[UNK]\" first), or of the "
-      "words of a word model.",
+      "words of a word model; or a tokenizer file: a Keras Tokenizer's "
+      "to_json(), a Hugging Face tokenizer.json, {\"kind\": \"bytes\"}.",
       flag_values=flag_values)
   flags.mark_flags_as_mutual_exclusive(["corpus", "vocab"],
                                        flag_values=flag_values)

@@ -387,8 +387,9 @@ def _read_mapped(input_path: str, corpus, vocab):
     if tokens is not None:  # Words: exactly one embedding row each.
       if len(chars) != mapped.vocab_size:
         raise ValueError(
-            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
-            f"the model's embedding has {mapped.vocab_size} rows")
+            f"vocabulary size mismatch: {source} gives {len(chars)} "
+            f"{convert_vocabulary.unit(tokens)} but the model's embedding has "
+            f"{mapped.vocab_size} rows")
       if mapped.config.window and convert_vocabulary.pads_windows(tokens):
         mapped.padding = "pre"
         mapped.notes.append(
@@ -499,6 +500,8 @@ def read_vocabulary(corpus, vocab):
     if convert_vocabulary.is_word_list(data):
       tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
       return list(tokens.vocab), source, tokens
+    if isinstance(data, dict):  # No form above: say which forms are read.
+      raise convert_vocabulary.unknown_object(data, os.fspath(vocab))
     return model_file.validate_vocab(data, os.fspath(vocab)), source, None
   if isinstance(vocab, dict) and textgenrnn.is_vocab(vocab):
     # textgenrnn's vocabulary in memory (`textgen.vocab`, its Tokenizer's

@@ -117,9 +117,32 @@ def load_vocab_json(path):
     data = json.loads(raw.decode("utf-8-sig"))
   except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
     raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
-                     "expected a UTF-8 JSON list of characters like "
-                     '["\\n", " ", "!"]') from None
+                     "expected UTF-8 JSON: a list of the characters or words "
+                     'in id order like ["\\n", " ", "!"], or a tokenizer '
+                     "file (" + TOKENIZER_FILES + ")") from None
   return data
+
+
+# The vocabulary files besides a list, as messages name them.
+TOKENIZER_FILES = ('a Keras Tokenizer\'s to_json(), a Hugging Face '
+                   'tokenizer.json, {"kind": "bytes"}')
+
+
+def unit(tokens: vocabulary_lib.Tokens) -> str:
+  """What a token vocabulary's entries are called in messages."""
+  return "words" if tokens.kind == "words" else "tokens"
+
+
+def unknown_object(data: dict, source: str) -> ValueError:
+  """The error for a JSON object that is no vocabulary file rnnstep reads
+  (a `{token: index}` map, such as GPT-2's `vocab.json`), naming what is."""
+  long = [t for t in data if not isinstance(t, str) or len(t) != 1]
+  found = (f" with multi-character tokens such as {long[0]!r}" if long
+           else "")
+  return ValueError(f"{source}: vocab is a JSON object {{token: index}}"
+                    f"{found}, not a list; give the tokens in id order as a "
+                    f"JSON list (characters or words), or the tokenizer file "
+                    f"itself ({TOKENIZER_FILES})")
 
 
 WORD_LM_FILES = ("train.txt", "valid.txt", "test.txt")
