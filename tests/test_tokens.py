@@ -546,6 +546,9 @@ GRAPH_RULES = [
     (["", "[UNK]", "t", "h", "e", "C", "é", "\u3000"],
      {"text_vectorization": {"standardize": "strip_punctuation",
                              "split": "character"}, "oov": "[UNK]"}),
+    # Keras `Tokenizer(char_level=True)`: lowered, then each character.
+    (["[UNK]", "~", "t", "h", "e", " ", "c", "a", "é", "i", "\u0307", "σ"],
+     {"char_level": True, "lower": True, "oov": "~"}),
 ]
 
 
@@ -774,6 +777,40 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
   probs = np.exp(logits - logits.max())
   np.testing.assert_allclose(probs / probs.sum(), reference["probe_probs"],
                              atol=2e-5)
+
+
+def test_keras_char_level_tokenizer_model_matches_the_recipe(tmp_path):
+  """A legacy `Tokenizer(char_level=True)`'s JSON (Keras char-RNN
+  tutorials): each character a token, lowered, unknown ones its OOV token;
+  logits and the recipe's loop (texts_to_sequences, argmax, append the
+  character) as Keras computes them, on an untrained tiny GRU."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tf_keras.preprocessing.text import Tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = Tokenizer(char_level=True, oov_token="~")
+  tokenizer.fit_on_texts(["The Café, the cat.", "a cat sat; the end!"])
+  size = len(tokenizer.word_index) + 1
+  keras.utils.set_random_seed(1)
+  net = keras.Sequential([keras.Input((None,)),
+                          keras.layers.Embedding(size, 4),
+                          keras.layers.GRU(8, return_sequences=True),
+                          keras.layers.Dense(size)])
+  net.save(tmp_path / "chars.keras")
+  (tmp_path / "tokenizer.json").write_text(tokenizer.to_json())
+  model = rnnstep.load(tmp_path / "chars.keras",
+                       vocab=tmp_path / "tokenizer.json")
+  seed = "THE CAFÉ zz"  # Capitals lowered; "z" is the OOV token.
+  ids = tokenizer.texts_to_sequences([seed])[0]
+  assert model.encode(seed).tolist() == ids
+  np.testing.assert_allclose(rnnstep.logits(model, [ids])[0],
+                             net.predict(np.array([ids]), verbose=0)[0],
+                             atol=2e-5)
+  text = seed
+  for _ in range(6):  # The recipe's loop, its Dense bias at padding aside.
+    logits = net.predict(np.array([tokenizer.texts_to_sequences([text])[0]]),
+                         verbose=0)[0, -1]
+    text += tokenizer.index_word[int(np.argmax(logits[1:])) + 1]
+  assert seed + rnnstep.generate(model, seed, 6, temperature=0.0,
+                                 jit_compile=False) == text
 
 
 # ------------------------------------------- Keras TextVectorization models

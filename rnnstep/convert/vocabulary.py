@@ -229,13 +229,13 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
   """A words vocabulary from a Keras `Tokenizer.to_json()` (decoded JSON).
 
   The rules are the tokenizer's own (`lower`, `filters`, `split`,
-  `oov_token`); id 0 is Keras's padding, recorded as "[UNK]" so that it is
+  `oov_token`; a `char_level` one's characters, lowered where `lower`
+  says); id 0 is Keras's padding, recorded as "[UNK]" so that it is
   never generated; ids 1.. are its `index_word`, up to `num_words` where it
   set one (Keras maps the words past it to the OOV token, or drops them).
 
   Raises:
-    ValueError: a character-level tokenizer, or a config that is not one;
-      naming `source`.
+    ValueError: a config that is not one; naming `source`.
   """
   config = data["config"]
 
@@ -246,9 +246,6 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
                        f"{getattr(kind, '__name__', 'valid value')}")
     return value
 
-  if config.get("char_level"):
-    raise ValueError(f"{source}: a character-level Keras Tokenizer; give the "
-                     "characters as a vocab list instead")
   try:
     index_word = json.loads(field("index_word", str, "{}"))
     words = {int(i): w for i, w in index_word.items()}
@@ -264,10 +261,16 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
                      f"number its words 1..{count}")
   vocab = [UNK_TOKEN] + [words[i] for i in range(1, count + 1)]
   oov = field("oov_token", (str, type(None)), None)
-  rules = {"lower": field("lower", bool, True),
-           "filters": field("filters", str, ""),
-           "split": field("split", str, " "),
-           "oov": oov if oov in vocab else None}
+  if field("char_level", bool, False):
+    # Keras's char_level reads each character as a word: lowered where
+    # `lower` says, neither `filters` nor `split` applied.
+    rules = {"char_level": True, "lower": field("lower", bool, True),
+             "oov": oov if oov in vocab else None}
+  else:
+    rules = {"lower": field("lower", bool, True),
+             "filters": field("filters", str, ""),
+             "split": field("split", str, " "),
+             "oov": oov if oov in vocab else None}
   if rules["oov"] is None:  # texts_to_sequences drops the words it lacks.
     rules["unknown"] = "drop"
   vocab = model_file.validate_vocab(vocab, source, tokens=True)
