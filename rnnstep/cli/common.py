@@ -387,9 +387,11 @@ def load_model(weights, dtype: str, corpus=None, vocab=None):
     return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
   except convert.VocabularyRequired:
     raise Failure(f"--weights={weights}: Keras and PyTorch weights hold no "
-                  "vocabulary; give --corpus=TEXT_FILE (the training text) or "
-                  "--vocab=VOCAB_FILE (a JSON list of characters in id "
-                  "order)") from None
+                  "vocabulary; give --corpus=TEXT_FILE (the training text, or "
+                  "word_language_model's corpus folder) or --vocab=VOCAB_FILE "
+                  "(a JSON list of the characters or words in id order, or a "
+                  "tokenizer file: a Keras Tokenizer's JSON, a Hugging Face "
+                  "tokenizer.json, {\"kind\": \"bytes\"})") from None
   except convert.VocabularyNotAllowed:
     flag = "--corpus" if corpus is not None else "--vocab"
     which = f"={weights}" if weights else " (the bundled model)"

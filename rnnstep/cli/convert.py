@@ -33,7 +33,10 @@ pickles are read as data (an argparse.Namespace and a (chars, vocab) tuple).
 Otherwise the vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
 with "[UNK]" first). If the embedding has one row more than the characters, id 0
-is "[UNK]" (the current TF tutorial's StringLookup). A Keras model whose
+is "[UNK]" (the current TF tutorial's StringLookup). Token models: --corpus=FOLDER
+(word_language_model's data folder), or --vocab with a list of words, a Keras
+Tokenizer's to_json(), a Hugging Face tokenizer.json or {"kind": "bytes"}
+(docs/guide/converting.md). A Keras model whose
 string Input feeds a TextVectorization layer holds its own vocabulary: give
 neither.
 

@@ -380,8 +380,10 @@ def _read_mapped(input_path: str, corpus, vocab):
     elif corpus is None and vocab is None:
       raise VocabularyRequired(
           f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
-          "give the training text (corpus) or a vocabulary file (vocab: a "
-          "JSON list of characters in id order)")
+          "give the training text (corpus, or word_language_model's corpus "
+          "folder) or a vocabulary file (vocab: a JSON list of the "
+          "characters or words in id order, or a tokenizer file: "
+          f"{convert_vocabulary.TOKENIZER_FILES})")
     else:
       chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
