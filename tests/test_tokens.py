@@ -958,10 +958,14 @@ def test_byte_and_bpe_torch_models_match_torch(name, vocab):
 def test_serve_engine_sends_whole_characters():
   """rnnstep-serve's slot engine decodes each row incrementally: no chunk
   splits a character, and the text is generate's, cut at the stop string;
-  its updates and the HTTP `usage` count tokens, not characters."""
+  its updates and the HTTP `usage` count tokens, not characters; a
+  request's checks never hold the HTTP app's event loop."""
   byte_model = rnnstep.load(TOKEN_TORCH / "bytes_gru.pt",
                             vocab=TOKEN_TORCH / "bytes.json")
+  import asyncio  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import httpx  # pylint: disable=g-import-not-at-top
   from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
@@ -1001,6 +1005,33 @@ def test_serve_engine_sends_whole_characters():
       body = client.post("/v1/completions", json={
           "prompt": "the café", "n": 2, "max_tokens": 30,
           "temperature": 0}).json()
+    # A slow check (a long regex's table over a large vocabulary: seconds)
+    # runs off the event loop: /health answers meanwhile.
+    check = rnnstep.api.check_request
+
+    checked = []
+
+    def slow_check(*args, **kwargs):
+      time.sleep(1.0)
+      checked.append(time.monotonic())
+      return check(*args, **kwargs)
+
+    async def health_while_checking():
+      async with httpx.AsyncClient(transport=httpx.ASGITransport(
+          app=served.app), base_url="http://rnnstep") as client:
+        post = asyncio.ensure_future(client.post("/v1/completions", json={
+            "prompt": "the", "max_tokens": 2}))
+        await asyncio.sleep(0.2)
+        health = await client.get("/health")
+        answered = time.monotonic()
+        return (health.status_code, (await post).status_code,
+                answered < checked[0])
+
+    rnnstep.api.check_request = slow_check
+    try:
+      assert asyncio.run(health_while_checking()) == (200, 200, True)
+    finally:
+      rnnstep.api.check_request = check
   finally:
     server.close(10)
   for k, stop in enumerate(stops):

@@ -262,7 +262,12 @@ class Server:
       return self._answer(error_response(
           400, f"the body is not valid JSON: {e}", param="body"))
     try:
-      parsed, completion, output = self._completion(body, arrived)
+      # The checks build the request's stop and regex tables: seconds for a
+      # long pattern over a large vocabulary. On a worker thread, so that
+      # the event loop (every other stream, /health) never waits for them.
+      checked = await asyncio.get_running_loop().run_in_executor(
+          None, self._check, body)
+      parsed, completion, output = self._completion(checked, arrived)
     except errors.ArgumentError as e:
       return self._answer(error_response(
           400, str(e), param=protocol.param_of(e.argument)))
@@ -289,9 +294,12 @@ class Server:
     return self._answer(await self._whole(request, request_id, parsed,
                                           completion, output))
 
-  def _completion(self, body, arrived: float):
-    """Checks a request and makes its `Completion` (None for max_tokens 0)
-    and `_Output`.
+  def _check(self, body):
+    """Checks a request (any thread: it touches no server state).
+
+    Returns:
+      `(parsed, rows, options, prompt_ids, prompt_lengths)` for
+      `_completion`.
 
     Raises:
       errors.ArgumentError: naming the field at fault.
@@ -317,6 +325,12 @@ class Server:
     parsed.prompt_tokens = int(sum(prompt_lengths[::parsed.n]))
     parsed.stop = protocol.stop_strings(parsed.stop)
     host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
+    return parsed, rows, options, prompt_ids, prompt_lengths
+
+  def _completion(self, checked, arrived: float):
+    """Makes a checked request's `Completion` (None for max_tokens 0) and
+    `_Output` (on the event loop)."""
+    parsed, rows, options, prompt_ids, prompt_lengths = checked
     parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
     if parsed.max_tokens == 0:
       return parsed, None, None
