@@ -390,6 +390,38 @@ def test_subword_model_decodes_as_its_tokenizer(bpe_file):
   assert cut == generated[:generated.find(stop) + len(stop)]
 
 
+def test_subword_pieces_continue_text_as_the_tokenizer_decodes():
+  """A Metaspace BPE (sentencepiece's form: a lone "▁" token decodes to
+  nothing alone, to a space after another token) and a WordPiece ("##"):
+  a prompt's text plus the pieces of random ids is `decode(prompt + ids)`."""
+  import random  # pylint: disable=g-import-not-at-top
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("Très bien, merci! 北京 are cities. The naïve señor ate "
+          "jalapeños 🌶️ at the café. I'm sure you don't.\n") * 3
+  metaspace = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+  metaspace.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+  metaspace.decoder = tokenizers.decoders.Metaspace()
+  metaspace.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=90, special_tokens=["<unk>"]))
+  wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+      unk_token="[UNK]"))
+  wordpiece.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  wordpiece.decoder = tokenizers.decoders.WordPiece()
+  wordpiece.train_from_iterator([text], tokenizers.trainers.WordPieceTrainer(
+      vocab_size=90, special_tokens=["[UNK]"]))
+  rng = random.Random(0)
+  for tokenizer in (metaspace, wordpiece):
+    size = tokenizer.get_vocab_size()
+    tokens = vocabulary.Tokens(
+        "subword", [tokenizer.id_to_token(i) for i in range(size)],
+        {"tokenizer": tokenizer.to_str()})
+    prompt = tokenizer.encode("The naïve").ids
+    for _ in range(200):
+      ids = [rng.randrange(size) for _ in range(rng.randint(1, 6))]
+      assert "The naïve" + tokens.text(ids) == tokenizer.decode(
+          prompt + ids), [tokenizer.id_to_token(i) for i in ids]
+
+
 # ------------------------------------------------------ beams and strategy
 
 

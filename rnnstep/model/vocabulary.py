@@ -619,7 +619,9 @@ def _subword_pieces(tokenizer, text: str, size: int) -> List[bytes]:
   for i in range(size):
     one = tokenizer.decode([i])
     two = tokenizer.decode([i, i])
-    out.append((two[len(one):] if two.startswith(one) and one else one
+    # A piece decoded alone may read as nothing (Metaspace's lone "▁"
+    # strips to "") yet add text after another token (" "): `two` says so.
+    out.append((two[len(one):] if two.startswith(one) else one
                 ).encode("utf-8"))
   return out
 
