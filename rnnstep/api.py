@@ -49,11 +49,15 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       dict), read as data with the same checks; None loads the bundled model.
     dtype: 'float32', or 'bfloat16'/'float16' for reduced-precision matmuls.
     corpus: for weights files, which hold no vocabulary: the training text
-      (UTF-8); the vocabulary is `sorted(set(text))`. (A char-rnn-tensorflow
+      (UTF-8); the vocabulary is `sorted(set(text))`. A folder:
+      word_language_model's corpus (its words, numbered as `data.Corpus`
+      numbers them). (A char-rnn-tensorflow
       save directory holds its own, `chars_vocab.pkl`: give neither.)
     vocab: for weights files, instead of `corpus`: a vocabulary file (a JSON
-      list of characters in id order) or a list of characters (or
-      textgenrnn's `{token: index}` dict, `textgen.vocab`). Neither for a
+      list of the characters or words in id order; a Keras `Tokenizer`'s
+      `to_json()`, a Hugging Face `tokenizer.json`, `{"kind": "bytes"}`) or
+      a list of characters or words (or textgenrnn's `{token: index}` dict,
+      `textgen.vocab`). Neither for a
       Keras model with a TextVectorization layer, which holds its own.
 
   Returns:

@@ -158,6 +158,13 @@ def test_a_token_map_is_refused_and_a_token_list_is_a_word_vocabulary(
                      r"'ab', not a list") as info:
     rnnstep.load(one_hot_files["files"]["keras"], vocab=token_map)
   assert "\n" not in str(info.value)
+  # It names the files read besides lists (a GPT-2 vocab.json is such a map).
+  assert "a Hugging Face tokenizer.json" in str(info.value)
+  # A byte vocabulary's entries are tokens, not words.
+  byte_file = tmp_path / "bytes.json"
+  byte_file.write_text(json.dumps({"kind": "bytes"}))
+  with pytest.raises(ValueError, match=r"bytes.json gives 256 tokens but"):
+    rnnstep.load(one_hot_files["files"]["keras"], vocab=byte_file)
   # A list with a multi-character entry is a word vocabulary (#34), one
   # token per id, in the list's order.
   tokens = os.path.join(one_hot_files["dir"], "tokens.json")

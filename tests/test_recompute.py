@@ -167,15 +167,21 @@ def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
       cli.command("rnnstep-convert", "rnnstep.cli.convert"),
       [f"--input={DATA / SONNETS}", f"--vocab={DATA / 'tokenizer.json'}",
        f"--output={out}"]))
-  words = cli.ok(cli.run_binary(generate, [
-      f"--weights={out}", f"--prompt={SEEDS[1]}", f"--num_steps={STEPS}",
-      "--temperature=0"]))
+  # A word the tokenizer lacks is dropped, and said on the tool's stderr
+  # (its fd 2 is /dev/null while it runs).
+  result = cli.run_binary(generate, [
+      f"--weights={out}", f"--prompt=Zebra {SEEDS[1]}", f"--num_steps={STEPS}",
+      "--temperature=0"])
+  assert result.returncode == 0 and result.stderr_lines == [
+      "rnnstep: dropped prompt words the vocabulary lacks ('zebra'), as "
+      "Keras's Tokenizer.texts_to_sequences does"], result
+  words = result.stdout
   textgenrnn_text = cli.ok(cli.run_binary(generate, [
       "--weights="
       f"{TEXTGENRNN_DATA / 'textgenrnn_words' / 'textgenrnn_weights.hdf5'}",
       f"--prompt={WORDS['written'][0]}", f"--num_steps={WORDS['steps'][0]}",
       "--temperature=0"]))
-  assert words.rstrip("\n") == recipe_texts(SONNETS)[1]
+  assert words.rstrip("\n") == "Zebra " + recipe_texts(SONNETS)[1]
   assert textgenrnn_text.rstrip("\n") == WORDS["texts"][0]
 
 

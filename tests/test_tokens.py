@@ -348,6 +348,7 @@ def test_word_language_model_converts(tmp_path):
   summary = convert.convert(WORD_LM / "gru.pt", out,
                             vocab=WORD_LM / "vocab.json")
   assert "13 words" in str(summary)
+  assert "characters" not in str(summary)  # Its ids are words.
   model = rnnstep.load(out)
   assert model.tokens.kind == "words"
   assert model.tokens.rules == {"newline": "<eos>"}
@@ -387,6 +388,38 @@ def test_subword_model_decodes_as_its_tokenizer(bpe_file):
   cut = rnnstep.generate(model, prompt, 24, temperature=0.0, stop=stop,
                          jit_compile=False)
   assert cut == generated[:generated.find(stop) + len(stop)]
+
+
+def test_subword_pieces_continue_text_as_the_tokenizer_decodes():
+  """A Metaspace BPE (sentencepiece's form: a lone "▁" token decodes to
+  nothing alone, to a space after another token) and a WordPiece ("##"):
+  a prompt's text plus the pieces of random ids is `decode(prompt + ids)`."""
+  import random  # pylint: disable=g-import-not-at-top
+  tokenizers = pytest.importorskip("tokenizers")
+  text = ("Très bien, merci! 北京 are cities. The naïve señor ate "
+          "jalapeños 🌶️ at the café. I'm sure you don't.\n") * 3
+  metaspace = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+  metaspace.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+  metaspace.decoder = tokenizers.decoders.Metaspace()
+  metaspace.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
+      vocab_size=90, special_tokens=["<unk>"]))
+  wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+      unk_token="[UNK]"))
+  wordpiece.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  wordpiece.decoder = tokenizers.decoders.WordPiece()
+  wordpiece.train_from_iterator([text], tokenizers.trainers.WordPieceTrainer(
+      vocab_size=90, special_tokens=["[UNK]"]))
+  rng = random.Random(0)
+  for tokenizer in (metaspace, wordpiece):
+    size = tokenizer.get_vocab_size()
+    tokens = vocabulary.Tokens(
+        "subword", [tokenizer.id_to_token(i) for i in range(size)],
+        {"tokenizer": tokenizer.to_str()})
+    prompt = tokenizer.encode("The naïve").ids
+    for _ in range(200):
+      ids = [rng.randrange(size) for _ in range(rng.randint(1, 6))]
+      assert "The naïve" + tokens.text(ids) == tokenizer.decode(
+          prompt + ids), [tokenizer.id_to_token(i) for i in ids]
 
 
 # ------------------------------------------------------ beams and strategy
@@ -545,6 +578,9 @@ GRAPH_RULES = [
     (["", "[UNK]", "t", "h", "e", "C", "é", "\u3000"],
      {"text_vectorization": {"standardize": "strip_punctuation",
                              "split": "character"}, "oov": "[UNK]"}),
+    # Keras `Tokenizer(char_level=True)`: lowered, then each character.
+    (["[UNK]", "~", "t", "h", "e", " ", "c", "a", "é", "i", "\u0307", "σ"],
+     {"char_level": True, "lower": True, "oov": "~"}),
 ]
 
 
@@ -775,6 +811,40 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
                              atol=2e-5)
 
 
+def test_keras_char_level_tokenizer_model_matches_the_recipe(tmp_path):
+  """A legacy `Tokenizer(char_level=True)`'s JSON (Keras char-RNN
+  tutorials): each character a token, lowered, unknown ones its OOV token;
+  logits and the recipe's loop (texts_to_sequences, argmax, append the
+  character) as Keras computes them, on an untrained tiny GRU."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from tf_keras.preprocessing.text import Tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = Tokenizer(char_level=True, oov_token="~")
+  tokenizer.fit_on_texts(["The Café, the cat.", "a cat sat; the end!"])
+  size = len(tokenizer.word_index) + 1
+  keras.utils.set_random_seed(1)
+  net = keras.Sequential([keras.Input((None,)),
+                          keras.layers.Embedding(size, 4),
+                          keras.layers.GRU(8, return_sequences=True),
+                          keras.layers.Dense(size)])
+  net.save(tmp_path / "chars.keras")
+  (tmp_path / "tokenizer.json").write_text(tokenizer.to_json())
+  model = rnnstep.load(tmp_path / "chars.keras",
+                       vocab=tmp_path / "tokenizer.json")
+  seed = "THE CAFÉ zz"  # Capitals lowered; "z" is the OOV token.
+  ids = tokenizer.texts_to_sequences([seed])[0]
+  assert model.encode(seed).tolist() == ids
+  np.testing.assert_allclose(rnnstep.logits(model, [ids])[0],
+                             net.predict(np.array([ids]), verbose=0)[0],
+                             atol=2e-5)
+  text = seed
+  for _ in range(6):  # The recipe's loop, its Dense bias at padding aside.
+    logits = net.predict(np.array([tokenizer.texts_to_sequences([text])[0]]),
+                         verbose=0)[0, -1]
+    text += tokenizer.index_word[int(np.argmax(logits[1:])) + 1]
+  assert seed + rnnstep.generate(model, seed, 6, temperature=0.0,
+                                 jit_compile=False) == text
+
+
 # ------------------------------------------- Keras TextVectorization models
 
 KERAS_TEXT = pathlib.Path(__file__).parent / "data" / "keras_text_vectorization"
@@ -919,12 +989,19 @@ def test_byte_and_bpe_torch_models_match_torch(name, vocab):
 @pytest.mark.slow
 def test_serve_engine_sends_whole_characters():
   """rnnstep-serve's slot engine decodes each row incrementally: no chunk
-  splits a character, and the text is generate's, cut at the stop string."""
+  splits a character, and the text is generate's, cut at the stop string;
+  its updates and the HTTP `usage` count tokens, not characters; a
+  request's checks never hold the HTTP app's event loop."""
   byte_model = rnnstep.load(TOKEN_TORCH / "bytes_gru.pt",
                             vocab=TOKEN_TORCH / "bytes.json")
+  import asyncio  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import httpx  # pylint: disable=g-import-not-at-top
   from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  from starlette import testclient  # pylint: disable=g-import-not-at-top
   prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
   expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
                               jit_compile=False)
@@ -935,9 +1012,11 @@ def test_serve_engine_sends_whole_characters():
                          chunk_steps=3, max_queue=2, max_tokens_limit=30)
   server.start()
   pieces, finished = [[], []], [threading.Event(), threading.Event()]
+  tokens = [0, 0]
 
   def sink(update, k):
     pieces[k].append(update.text)
+    tokens[k] += update.tokens
     if update.finish_reason:
       finished[k].set()
 
@@ -949,12 +1028,54 @@ def test_serve_engine_sends_whole_characters():
           shared=engine.Shared(stop=(stop,)), want_scores=False,
           sink=lambda update, k=k: sink(update, k)))
     assert all(event.wait(120) for event in finished)
+    # The HTTP app on the same engine: `usage` counts tokens (bytes here),
+    # the prompt once for its n choices, not characters ("é" is 2 bytes,
+    # "😀" 4).
+    served = app.Server(byte_model, server, model_id="bytes")
+    served.ready = True
+    with testclient.TestClient(served.app) as client:
+      body = client.post("/v1/completions", json={
+          "prompt": "the café", "n": 2, "max_tokens": 30,
+          "temperature": 0}).json()
+    # A slow check (a long regex's table over a large vocabulary: seconds)
+    # runs off the event loop: /health answers meanwhile.
+    check = rnnstep.api.check_request
+
+    checked = []
+
+    def slow_check(*args, **kwargs):
+      time.sleep(1.0)
+      checked.append(time.monotonic())
+      return check(*args, **kwargs)
+
+    async def health_while_checking():
+      async with httpx.AsyncClient(transport=httpx.ASGITransport(
+          app=served.app), base_url="http://rnnstep") as client:
+        post = asyncio.ensure_future(client.post("/v1/completions", json={
+            "prompt": "the", "max_tokens": 2}))
+        await asyncio.sleep(0.2)
+        health = await client.get("/health")
+        answered = time.monotonic()
+        return (health.status_code, (await post).status_code,
+                answered < checked[0])
+
+    rnnstep.api.check_request = slow_check
+    try:
+      assert asyncio.run(health_while_checking()) == (200, 200, True)
+    finally:
+      rnnstep.api.check_request = check
   finally:
     server.close(10)
   for k, stop in enumerate(stops):
-    assert "".join(pieces[k]) == expected[:expected.find(stop) + len(stop)]
+    text = expected[:expected.find(stop) + len(stop)]
+    assert "".join(pieces[k]) == text
     assert "😀" in "".join(pieces[k]) and "\ufffd" not in "".join(pieces[k])
+    assert tokens[k] == len(text.encode("utf-8"))  # The row's ids.
   assert server.stats.mixed_chunks > 0
+  assert [c["text"] for c in body["choices"]] == [rnnstep.generate(
+      byte_model, "the café", 30, temperature=0.0, jit_compile=False)] * 2
+  assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 2 * 30,
+                           "total_tokens": 9 + 2 * 30}
 
 
 def test_seeded_sampling_follows_the_softmax(word_model, word_file):

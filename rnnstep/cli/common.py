@@ -88,6 +88,9 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
   try:
     with quiet_stderr() as stream, _tensorflow_without_keras():
       _stderr = stream
+      # The library's notices to the user (no TensorFlow imported here).
+      from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
+      vocabulary.notice_stream = stream
       try:
         app.run(functools.partial(_call_main, main), argv=argv,
                 flags_parser=functools.partial(parse_flags, doc, flag_values))
@@ -95,6 +98,7 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
         sys.exit(_exit_status(e))
       finally:
         _stderr = None
+        vocabulary.notice_stream = None
   finally:
     if installed:
       signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
@@ -366,7 +370,8 @@ def define_vocab_flags(flag_values: flags.FlagValues):
       "vocab", None,
       "Instead of --corpus: a vocabulary file, a UTF-8 JSON list of the "
       "characters in id order (optionally \"[UNK]\" first), or of the "
-      "words of a word model.",
+      "words of a word model; or a tokenizer file: a Keras Tokenizer's "
+      "to_json(), a Hugging Face tokenizer.json, {\"kind\": \"bytes\"}.",
       flag_values=flag_values)
   flags.mark_flags_as_mutual_exclusive(["corpus", "vocab"],
                                        flag_values=flag_values)
@@ -386,9 +391,11 @@ def load_model(weights, dtype: str, corpus=None, vocab=None):
     return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
   except convert.VocabularyRequired:
     raise Failure(f"--weights={weights}: Keras and PyTorch weights hold no "
-                  "vocabulary; give --corpus=TEXT_FILE (the training text) or "
-                  "--vocab=VOCAB_FILE (a JSON list of characters in id "
-                  "order)") from None
+                  "vocabulary; give --corpus=TEXT_FILE (the training text, or "
+                  "word_language_model's corpus folder) or --vocab=VOCAB_FILE "
+                  "(a JSON list of the characters or words in id order, or a "
+                  "tokenizer file: a Keras Tokenizer's JSON, a Hugging Face "
+                  "tokenizer.json, {\"kind\": \"bytes\"})") from None
   except convert.VocabularyNotAllowed:
     flag = "--corpus" if corpus is not None else "--vocab"
     which = f"={weights}" if weights else " (the bundled model)"

@@ -33,7 +33,10 @@ pickles are read as data (an argparse.Namespace and a (chars, vocab) tuple).
 Otherwise the vocabulary comes from --corpus (the training text: sorted(set(text))) or
 --vocab (a UTF-8 JSON list of characters, e.g. ["\\n", " ", "!"], optionally
 with "[UNK]" first). If the embedding has one row more than the characters, id 0
-is "[UNK]" (the current TF tutorial's StringLookup). A Keras model whose
+is "[UNK]" (the current TF tutorial's StringLookup). Token models: --corpus=FOLDER
+(word_language_model's data folder), or --vocab with a list of words, a Keras
+Tokenizer's to_json(), a Hugging Face tokenizer.json or {"kind": "bytes"}
+(docs/guide/converting.md). A Keras model whose
 string Input feeds a TextVectorization layer holds its own vocabulary: give
 neither.
 
@@ -61,10 +64,14 @@ flags.DEFINE_string("input", None, "The saved weights: .keras, .weights.h5, "
 flags.DEFINE_string("output", None, "The rnnstep model file to write (.npz). "
                     "Written atomically.", flag_values=FLAGS)
 flags.DEFINE_string("corpus", None, "The training text (UTF-8); the vocabulary "
-                    "is sorted(set(text)).", flag_values=FLAGS)
+                    "is sorted(set(text)). A folder: word_language_model's "
+                    "data (train.txt, valid.txt, test.txt), whose words it "
+                    "numbers as the recipe does.", flag_values=FLAGS)
 flags.DEFINE_string("vocab", None, "A vocabulary file: a UTF-8 JSON list of "
-                    "characters in id order, optionally with \"[UNK]\" first.",
-                    flag_values=FLAGS)
+                    "characters in id order, optionally with \"[UNK]\" first, "
+                    "or of a word model's words; or a tokenizer file: a Keras "
+                    "Tokenizer's to_json(), a Hugging Face tokenizer.json, "
+                    "{\"kind\": \"bytes\"}.", flag_values=FLAGS)
 flags.DEFINE_bool("inspect", False, "Print what the input holds and write "
                   "nothing.", flag_values=FLAGS)
 
@@ -96,6 +103,7 @@ def main(argv):
   """Does the work; errors propagate to common.run, which reports them."""
   common.reject_arguments(argv)
   from rnnstep import convert as convert_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.convert import vocabulary as convert_vocabulary  # pylint: disable=g-import-not-at-top
   if FLAGS.inspect:
     summary = convert_lib.describe(FLAGS.input)
     print(summary)
@@ -106,9 +114,11 @@ def main(argv):
     if tokens is not None:
       if len(chars) != summary.vocab_size:
         raise ValueError(
-            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
-            f"the model's embedding has {summary.vocab_size} rows")
-      print(f"vocabulary: {source} fits: {len(chars)} words")
+            f"vocabulary size mismatch: {source} gives {len(chars)} "
+            f"{convert_vocabulary.unit(tokens)} but the model's embedding has "
+            f"{summary.vocab_size} rows")
+      print(f"vocabulary: {source} fits: {len(chars)} "
+            f"{convert_vocabulary.unit(tokens)}")
     elif chars is not None:
       vocab = convert_lib.resolve_vocab(chars, summary.vocab_size, source)
       unk = " ([UNK] at id 0)" if vocab[0] != chars[0] else ""

@@ -143,9 +143,13 @@ class Summary:
     lines = [f"input:      {self.input_path}", f"format:     {self.format}",
              "layers:"]
     lines += [f"  {layer}" for layer in self.layers]
-    lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus with "
-                 f"{self.vocab_size} distinct characters, or "
-                 f"{self.vocab_size - 1} plus [UNK] at id 0)")
+    if self.tokens is not None:  # Its ids are words, bytes or pieces.
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows, one a "
+                   "token)")
+    else:
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus "
+                   f"with {self.vocab_size} distinct characters, or "
+                   f"{self.vocab_size - 1} plus [UNK] at id 0)")
     lines.append(f"parameters: {self.num_parameters:,}")
     if self.vocab is not None and self.tokens is not None:
       shown = " ".join(self.vocab)  # Words: shown apart.
@@ -376,15 +380,18 @@ def _read_mapped(input_path: str, corpus, vocab):
     elif corpus is None and vocab is None:
       raise VocabularyRequired(
           f"{input_path}: weights files (Keras, PyTorch) hold no vocabulary; "
-          "give the training text (corpus) or a vocabulary file (vocab: a "
-          "JSON list of characters in id order)")
+          "give the training text (corpus, or word_language_model's corpus "
+          "folder) or a vocabulary file (vocab: a JSON list of the "
+          "characters or words in id order, or a tokenizer file: "
+          f"{convert_vocabulary.TOKENIZER_FILES})")
     else:
       chars, source, tokens = read_vocabulary(corpus, vocab)
     if tokens is not None:  # Words: exactly one embedding row each.
       if len(chars) != mapped.vocab_size:
         raise ValueError(
-            f"vocabulary size mismatch: {source} gives {len(chars)} words but "
-            f"the model's embedding has {mapped.vocab_size} rows")
+            f"vocabulary size mismatch: {source} gives {len(chars)} "
+            f"{convert_vocabulary.unit(tokens)} but the model's embedding has "
+            f"{mapped.vocab_size} rows")
       if mapped.config.window and convert_vocabulary.pads_windows(tokens):
         mapped.padding = "pre"
         mapped.notes.append(
@@ -495,6 +502,8 @@ def read_vocabulary(corpus, vocab):
     if convert_vocabulary.is_word_list(data):
       tokens = convert_vocabulary.word_tokens(data, os.fspath(vocab))
       return list(tokens.vocab), source, tokens
+    if isinstance(data, dict):  # No form above: say which forms are read.
+      raise convert_vocabulary.unknown_object(data, os.fspath(vocab))
     return model_file.validate_vocab(data, os.fspath(vocab)), source, None
   if isinstance(vocab, dict) and textgenrnn.is_vocab(vocab):
     # textgenrnn's vocabulary in memory (`textgen.vocab`, its Tokenizer's

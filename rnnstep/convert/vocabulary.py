@@ -117,9 +117,32 @@ def load_vocab_json(path):
     data = json.loads(raw.decode("utf-8-sig"))
   except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
     raise ValueError(f"{path}: not a vocab file ({' '.join(str(e).split())}); "
-                     "expected a UTF-8 JSON list of characters like "
-                     '["\\n", " ", "!"]') from None
+                     "expected UTF-8 JSON: a list of the characters or words "
+                     'in id order like ["\\n", " ", "!"], or a tokenizer '
+                     "file (" + TOKENIZER_FILES + ")") from None
   return data
+
+
+# The vocabulary files besides a list, as messages name them.
+TOKENIZER_FILES = ('a Keras Tokenizer\'s to_json(), a Hugging Face '
+                   'tokenizer.json, {"kind": "bytes"}')
+
+
+def unit(tokens: vocabulary_lib.Tokens) -> str:
+  """What a token vocabulary's entries are called in messages."""
+  return "words" if tokens.kind == "words" else "tokens"
+
+
+def unknown_object(data: dict, source: str) -> ValueError:
+  """The error for a JSON object that is no vocabulary file rnnstep reads
+  (a `{token: index}` map, such as GPT-2's `vocab.json`), naming what is."""
+  long = [t for t in data if not isinstance(t, str) or len(t) != 1]
+  found = (f" with multi-character tokens such as {long[0]!r}" if long
+           else "")
+  return ValueError(f"{source}: vocab is a JSON object {{token: index}}"
+                    f"{found}, not a list; give the tokens in id order as a "
+                    f"JSON list (characters or words), or the tokenizer file "
+                    f"itself ({TOKENIZER_FILES})")
 
 
 WORD_LM_FILES = ("train.txt", "valid.txt", "test.txt")
@@ -206,13 +229,13 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
   """A words vocabulary from a Keras `Tokenizer.to_json()` (decoded JSON).
 
   The rules are the tokenizer's own (`lower`, `filters`, `split`,
-  `oov_token`); id 0 is Keras's padding, recorded as "[UNK]" so that it is
+  `oov_token`; a `char_level` one's characters, lowered where `lower`
+  says); id 0 is Keras's padding, recorded as "[UNK]" so that it is
   never generated; ids 1.. are its `index_word`, up to `num_words` where it
   set one (Keras maps the words past it to the OOV token, or drops them).
 
   Raises:
-    ValueError: a character-level tokenizer, or a config that is not one;
-      naming `source`.
+    ValueError: a config that is not one; naming `source`.
   """
   config = data["config"]
 
@@ -223,9 +246,6 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
                        f"{getattr(kind, '__name__', 'valid value')}")
     return value
 
-  if config.get("char_level"):
-    raise ValueError(f"{source}: a character-level Keras Tokenizer; give the "
-                     "characters as a vocab list instead")
   try:
     index_word = json.loads(field("index_word", str, "{}"))
     words = {int(i): w for i, w in index_word.items()}
@@ -241,10 +261,16 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
                      f"number its words 1..{count}")
   vocab = [UNK_TOKEN] + [words[i] for i in range(1, count + 1)]
   oov = field("oov_token", (str, type(None)), None)
-  rules = {"lower": field("lower", bool, True),
-           "filters": field("filters", str, ""),
-           "split": field("split", str, " "),
-           "oov": oov if oov in vocab else None}
+  if field("char_level", bool, False):
+    # Keras's char_level reads each character as a word: lowered where
+    # `lower` says, neither `filters` nor `split` applied.
+    rules = {"char_level": True, "lower": field("lower", bool, True),
+             "oov": oov if oov in vocab else None}
+  else:
+    rules = {"lower": field("lower", bool, True),
+             "filters": field("filters", str, ""),
+             "split": field("split", str, " "),
+             "oov": oov if oov in vocab else None}
   if rules["oov"] is None:  # texts_to_sequences drops the words it lacks.
     rules["unknown"] = "drop"
   vocab = model_file.validate_vocab(vocab, source, tokens=True)

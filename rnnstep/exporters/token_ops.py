@@ -125,9 +125,6 @@ class GraphTokens(tf.Module):
     if tokens.kind == "bytes":
       self._ids = _table([bytes([b]) for b in range(256)], list(range(256)), -1)
     elif tokens.kind == "words":
-      if tokens.rules.get("char_level") and tokens.rules.get("lower"):
-        raise ValueError("a lower-casing character-level Keras Tokenizer has "
-                         "no string encoding in a graph yet; serve its ids")
       self._vocab = tokens.vocab
       self._ids = _table([t.encode("utf-8") for t in tokens.vocab],
                          list(range(len(tokens.vocab))), -1)
@@ -279,14 +276,14 @@ class GraphTokens(tf.Module):
                                       f"(?s).*{self._lower_refused}.*"),
           False, message=LOWER_DIFFERS))
       return self._textgenrnn_words(prompts)
-    if rules.get("char_level") and not rules.get("lower"):
-      return tf.strings.unicode_split(prompts, "UTF-8")
     if self._lower_refused is not None:
       checks.append(tf.debugging.assert_equal(
           tf.strings.regex_full_match(prompts,
                                       f"(?s).*{self._lower_refused}.*"),
           False, message=LOWER_DIFFERS))
       prompts = tf.strings.lower(prompts, encoding="utf-8")
+    if rules.get("char_level"):  # Keras: lowered, then each character.
+      return tf.strings.unicode_split(prompts, "UTF-8")
     if self._newline is not None:  # Lines apart before anything else.
       lines = tf.strings.split(prompts, "\n")
     else:

@@ -39,6 +39,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 KINDS = ("characters", "words", "bytes", "subword")
+# Where a notice (dropped prompt words) is written; None: sys.stderr. The
+# command lines point it at the real stderr, since theirs (fd 2) is
+# /dev/null while they run, to keep TensorFlow's C++ logging quiet.
+notice_stream = None
 UNK_TOKEN = "[UNK]"
 MAX_TOKENIZER_BYTES = 64 << 20
 # Words rules a file may record, and their types.
@@ -256,7 +260,8 @@ class Tokens:
       self._said_dropped = True
       shown = ", ".join(map(repr, dropped[:5]))
       print(f"rnnstep: dropped prompt words the vocabulary lacks ({shown}), "
-            "as Keras's Tokenizer.texts_to_sequences does", file=sys.stderr)
+            "as Keras's Tokenizer.texts_to_sequences does",
+            file=notice_stream or sys.stderr, flush=True)
     return np.array([i for i in ids if i is not None], np.int32)
 
   def words(self, text: str) -> List[str]:
@@ -614,7 +619,9 @@ def _subword_pieces(tokenizer, text: str, size: int) -> List[bytes]:
   for i in range(size):
     one = tokenizer.decode([i])
     two = tokenizer.decode([i, i])
-    out.append((two[len(one):] if two.startswith(one) and one else one
+    # A piece decoded alone may read as nothing (Metaspace's lone "▁"
+    # strips to "") yet add text after another token (" "): `two` says so.
+    out.append((two[len(one):] if two.startswith(one) else one
                 ).encode("utf-8"))
   return out
 

@@ -144,7 +144,7 @@ class _Output:
   def add(self, update: engine_lib.Update) -> None:
     """Takes one update (the completion's sink, called on the loop)."""
     self.server.observe(update, self.timing, self.arrived)
-    self.generated += len(update.text)
+    self.generated += update.tokens
     if self.stream:
       self.updates.append(update)
       if self.waiter is not None and not self.waiter.done():
@@ -327,6 +327,8 @@ class Server:
       raise protocol.BadRequest("body", str(e)) from None
     # The library's encoding check, in its words ("prompt 0: character ...").
     prompt_ids, prompt_lengths = host.prompt_batch(self.model, rows)
+    # Usage counts ids, as OpenAI's counts tokens: each prompt once, not n.
+    parsed.prompt_tokens = int(sum(prompt_lengths[::parsed.n]))
     parsed.stop = protocol.stop_strings(parsed.stop)
     host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
     parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
@@ -388,7 +390,7 @@ class Server:
     return text
 
   def _usage(self, parsed, generated: int):
-    prompt = sum(len(p) for p in parsed.prompts)
+    prompt = parsed.prompt_tokens
     return {"prompt_tokens": prompt, "completion_tokens": generated,
             "total_tokens": prompt + generated}
 

@@ -108,11 +108,14 @@ class Update(NamedTuple):
       end), "length" (`max_tokens`), "cancelled" (the engine closed first)
       or "error" (its chunk failed).
     score: the row's log-likelihood so far (0.0 unless it wants scores).
+    tokens: the ids generated since the last update (a token model's text
+      has more or fewer characters than ids: the usage counts ids).
   """
   index: int
   text: str
   finish_reason: Optional[str]
   score: float
+  tokens: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -608,7 +611,8 @@ class Engine:
       if row.text is None:
         row.text = self.model.tokens.stream(completion.shared.stop)
       text = row.text.push(new) + (row.text.finish() if reason else "")
-      self._send(row, Update(row.index, text, reason, float(scores[r])))
+      self._send(row, Update(row.index, text, reason, float(scores[r]),
+                             len(new)))
       if reason is None:
         running.append(row)
     return running

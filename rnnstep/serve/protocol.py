@@ -48,7 +48,7 @@ class Parsed:
 
   Attributes:
     prompts: the prompts (a str request is a list of one).
-    max_tokens: characters per choice.
+    max_tokens: tokens (a character model's characters) per choice.
     n: choices per prompt.
     stream: answer with server-sent events.
     include_usage: end a stream with a usage chunk.
@@ -59,6 +59,7 @@ class Parsed:
     regex: a pattern or None.
     decoding: the decoding options given, by name.
     created: the response's `created` time (set when it is answered).
+    prompt_tokens: the prompts' ids, each prompt once (set once encoded).
   """
   prompts: List[str]
   max_tokens: int
@@ -72,6 +73,7 @@ class Parsed:
   regex: Optional[str]
   decoding: Dict[str, Any]
   created: int = 0
+  prompt_tokens: int = 0
 
 
 def _is_int(value) -> bool:
