@@ -27,6 +27,7 @@ import pytest
 
 import rnnstep
 from rnnstep import convert
+from rnnstep import errors
 from rnnstep.decoding import stopping
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary
@@ -298,6 +299,11 @@ def test_byte_model_streams_whole_characters(byte_model):
   # Chunks are whole UTF-8: no U+FFFD but where the bytes are not UTF-8.
   assert sum(c.count("\ufffd") for c in chunks) == text.count("\ufffd")
   assert rnnstep.generate(byte_model, "é", 0) == ""
+  # A pattern's non-ASCII characters: refused in one line saying why.
+  with pytest.raises(errors.ArgumentError, match=r"regex 'caf\u00e9' matches "
+                     r"no string over the model's vocabulary; its non-ASCII "
+                     r"characters are split over tokens \(bytes\)"):
+    rnnstep.generate(byte_model, "a", 4, regex="caf\u00e9")
 
 
 @pytest.mark.slow

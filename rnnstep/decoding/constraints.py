@@ -145,7 +145,15 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   live = _reaching(_reverse(successors), np.flatnonzero(accepting))
   start = index[fsm.initial]
   if not live[start]:
-    raise refuse("matches no string over the model's vocabulary")
+    why = ""
+    if not pattern.isascii() and any(
+        t is None for t, ok in zip(vocab, usable) if ok):
+      # A byte model's (or a byte-level BPE's) multi-byte characters come
+      # in tokens that are not text on their own, which no pattern allows.
+      why = ("; its non-ASCII characters are split over tokens (bytes) "
+             "that are not text on their own, which a pattern cannot "
+             "allow (a byte model matches ASCII patterns only)")
+    raise refuse(f"matches no string over the model's vocabulary{why}")
   reached = _reaching([nexts[live[nexts]] for nexts in successors], [start])
   order = [start] + [s for s in np.flatnonzero(reached) if s != start]
   if len(order) > MAX_STATES:
