@@ -261,16 +261,15 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
                      f"number its words 1..{count}")
   vocab = [UNK_TOKEN] + [words[i] for i in range(1, count + 1)]
   oov = field("oov_token", (str, type(None)), None)
+  rules = {"lower": field("lower", bool, True)}
   if field("char_level", bool, False):
     # Keras's char_level reads each character as a word: lowered where
     # `lower` says, neither `filters` nor `split` applied.
-    rules = {"char_level": True, "lower": field("lower", bool, True),
-             "oov": oov if oov in vocab else None}
+    rules = {"char_level": True, **rules}
   else:
-    rules = {"lower": field("lower", bool, True),
-             "filters": field("filters", str, ""),
-             "split": field("split", str, " "),
-             "oov": oov if oov in vocab else None}
+    rules.update(filters=field("filters", str, ""),
+                 split=field("split", str, " "))
+  rules["oov"] = oov if oov in vocab else None
   if rules["oov"] is None:  # texts_to_sequences drops the words it lacks.
     rules["unknown"] = "drop"
   vocab = model_file.validate_vocab(vocab, source, tokens=True)

@@ -49,6 +49,8 @@ MAX_POSITIONS = 2 * MAX_STATES
 # States walked at once: bounds the walk's temporaries to a few MiB a state
 # block whatever S (at V = 33k, 64 states: 8 MiB an array).
 _WALK_BLOCK = 64
+# The advice of every refusal for size.
+_SIMPLIFY = "simplify it (bounded repeats such as {m,n} multiply states)"
 
 
 class Dfa(NamedTuple):
@@ -114,8 +116,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   if positions > MAX_POSITIONS:
     raise refuse(f"has {positions} character positions with its repeats "
                  f"expanded, more than the limit of {MAX_POSITIONS}; "
-                 "simplify it (bounded repeats such as {m,n} multiply "
-                 "states)")
+                 + _SIMPLIFY)
   import interegular  # pylint: disable=g-import-not-at-top
   try:
     fsm = interegular.parse_pattern(pattern).to_fsm().reduce()
@@ -131,8 +132,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     raise refuse(
         f"has {len(states)} DFA states before pruning, a table of "
         f"{working / 2**20:.0f} MiB over {len(vocab)} tokens to compile, "
-        f"more than the limit of {MAX_COMPILE_BYTES >> 20} MiB; simplify it "
-        "(bounded repeats such as {m,n} multiply states)")
+        f"more than the limit of {MAX_COMPILE_BYTES >> 20} MiB; " + _SIMPLIFY)
   index = {state: i for i, state in enumerate(states)}
   full, columns = _token_moves(fsm, states, index, vocab, usable)
   accepting = np.array([state in fsm.finals for state in states])
@@ -158,8 +158,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   order = [start] + [s for s in np.flatnonzero(reached) if s != start]
   if len(order) > MAX_STATES:
     raise refuse(f"needs {len(order)} DFA states, more than the limit of "
-                 f"{MAX_STATES}; simplify it (bounded repeats such as "
-                 "{m,n} multiply states)")
+                 f"{MAX_STATES}; " + _SIMPLIFY)
   # Old state + 1 -> new state; -1 (dead) and every state not kept -> -1.
   # A kept state's live successors are all reached, hence all kept.
   renumber = np.full([len(states) + 1], -1, np.int32)
@@ -170,7 +169,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   if ends[0]:
     raise refuse("matches only the empty string; give a pattern for at least "
                  "one character")
-  return _Pattern(table.astype(np.int32), ends)
+  return _Pattern(table, ends)  # int32 already: no copy.
 
 
 def _token_moves(fsm, states, index, vocab, usable):

@@ -9,9 +9,9 @@ The device belongs to the engine's thread; a handler only checks the request
 (the library's checks, `protocol.parse` and `api.check_request`, on a
 checking thread: compiling a new `regex` over a large vocabulary takes
 seconds, and the event loop must keep every stream flowing meanwhile),
-submits a `engine.Completion` and awaits its `_Output`. The scheduler thread hands each
-chunk's updates, every row's, to the event loop in one `call_soon_threadsafe`
-(`Server._deliver`), where `_Output.add` takes them: a whole response only
+submits a `engine.Completion` and awaits its `_Output`. The scheduler thread
+hands each chunk's updates, every row's, to the event loop in one
+`call_soon_threadsafe` (`Server._deliver`), where `_Output.add` takes them: a whole response only
 collects its text until its last choice ends (no wake-up before), a stream's
 handler is woken once a chunk and sends that chunk's events as one write, each
 event's bytes formatted directly (`protocol.running_chunk`). A client that
