@@ -83,6 +83,11 @@ def join(automata: Sequence[Automaton]) -> Tuple[Automaton, np.ndarray]:
   return Automaton(table.astype(np.int32), accept), offsets
 
 
+# The stop strings' UTF-8 bytes together, at most: far more than any list of
+# stop strings; it bounds the served graph's build of the automaton, which
+# names each prefix by its text (`exporters/stop_ops.py`).
+MAX_STOP_BYTES = 4096
+
 # The largest stop table a request may carry (`[S, V]` int32): with a 33k-word
 # vocabulary that is about 500 states, far more than any list of stop strings.
 MAX_TABLE_BYTES = 64 << 20

@@ -64,12 +64,19 @@ def stop_automaton(model, stop: Sequence[str]) -> stopping.Automaton:
 
   Raises:
     errors.ArgumentError: an empty stop string, one the model can never
-      generate, or stop strings whose table is over its limit.
+      generate, stop strings longer than `stopping.MAX_STOP_BYTES` together,
+      or whose table is over its limit.
   """
   for text in stop:
     if not text:
       raise errors.ArgumentError(
           "stop", "a stop string is empty; give at least one character")
+  size = sum(len(text.encode("utf-8")) for text in stop)
+  if size > stopping.MAX_STOP_BYTES:
+    raise errors.ArgumentError(
+        "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
+        f"than the limit of {stopping.MAX_STOP_BYTES}; give fewer or shorter "
+        "ones")
   if not model.is_characters:
     if not stop:
       return stopping.stop_automaton([], model.vocab_size)

@@ -418,7 +418,8 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
     stops: the `stopping.Automaton`.
     bucket_shapes: pad the prompt width and the batch to buckets (XLA).
     state_sizes: per layer, the widths of its state tensors.
-    constraint: the rows' `constraints.Dfa` (host arrays; default: none).
+    constraint: the rows' `constraints.Dfa` (host arrays, or tensors in a
+      served graph; default: none).
       Under `bucket_shapes` its states are padded to a bucket (unreachable
       `DEAD` rows), so a new pattern compiles nothing new.
     capacity_steps: the steps the output buffer must hold (default:
@@ -489,7 +490,9 @@ def pad_states(table: np.ndarray, flags: np.ndarray, fill: int,
                states: int = 0):
   """A host state table `[S, V]` and its per-state flags `[S]`, padded to
   `states` (default: `bucket(S, 16)`) states whose moves all lead to `fill`
-  and whose flags are False (unchanged when S is that many already).
+  and whose flags are False (unchanged when S is that many already). A
+  table of tensors (built in a served graph) is padded in TensorFlow ops to
+  `bucket(S, 16)`.
 
   Args:
     table: int32 `[S, V]`.
@@ -500,6 +503,11 @@ def pad_states(table: np.ndarray, flags: np.ndarray, fill: int,
   Returns:
     `(table, flags)`, padded.
   """
+  if isinstance(table, tf.Tensor):  # The SavedModel's: built in its graph.
+    padding = _bucket_tensor(tf.shape(flags)[0], 16) - tf.shape(flags)[0]
+    return (tf.concat([table, tf.fill([padding, tf.shape(table)[1]],
+                                      tf.constant(fill, table.dtype))], 0),
+            tf.concat([flags, tf.zeros([padding], tf.bool)], 0))
   padding = (states or bucket(len(flags), 16)) - len(flags)
   if not padding:
     return table, flags
@@ -510,7 +518,7 @@ def pad_states(table: np.ndarray, flags: np.ndarray, fill: int,
 
 def _stop_states(ops, stops: stopping.Automaton,
                  bucket_shapes) -> stopping.Automaton:
-  """The request's stop automaton (a host one), states bucketed under XLA."""
+  """The request's stop automaton, states bucketed under XLA."""
   if bucket_shapes:
     stops = pad_stop_states(stops)
   return stopping.Automaton(ops.array(stops.table, tf.int32),
@@ -520,13 +528,13 @@ def _stop_states(ops, stops: stopping.Automaton,
 def _constraint(ops, dfa, batch, vocab_size: int,
                 bucket_shapes) -> constraints.Dfa:
   """The request's `constraints.Dfa`: given (host) or none, states bucketed."""
-  if dfa is None:  # Every row FREE (also a graph caller: the SavedModel).
+  if dfa is None:  # Every row FREE.
     free = constraints.unconstrained(1, vocab_size)
     return constraints.Dfa(ops.array(free.table, tf.int32),
                            ops.array(free.ends, tf.bool),
                            ops.broadcast(constraints.FREE, tf.int32, batch))
   table, ends = dfa.table, dfa.ends
-  if bucket_shapes:  # A host Dfa; its state count is an XLA shape.
+  if bucket_shapes:  # Its state count is an XLA shape.
     table, ends = pad_states(table, ends, constraints.DEAD)
   return constraints.Dfa(ops.array(table, tf.int32), ops.array(ends, tf.bool),
                          ops.array(dfa.start, tf.int32))
