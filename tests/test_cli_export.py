@@ -32,6 +32,13 @@ CALLS = [  # (signature, its arguments besides the prompts)
     ("serving_default", {"num_steps": STEPS, "temperature": 0.8, "seed": 11}),
     ("generate_top_k_top_p", {"num_steps": STEPS, "temperature": 1.0,
                               "seed": 3, "top_k": 5, "top_p": 0.9}),
+    # The pattern the export compiled (--regex), and stop strings.
+    ("generate_constrained", {
+        "num_steps": STEPS, "temperature": 0.8, "seed": 11, "top_k": 0,
+        "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+        "repetition_penalty": 1.2, "repetition_window": 0,
+        "no_repeat_ngram_size": 0, "num_beams": 1, "length_penalty": 1.0,
+        "stop": ["e", "th"], "regex": "[a-z ,]+[.!?]"}),
 ]
 
 SERVE = textwrap.dedent("""
@@ -89,7 +96,13 @@ def env(tmp_path_factory):
   (tmp / "full" / "keep.txt").write_text("keep")
   served = tmp / "served" / "1"  # Its parent does not exist yet.
   runs = {
-      "export": ([f"--weights={weights}", f"--output={served}"], False),
+      "export": ([f"--weights={weights}", f"--output={served}",
+                  "--regex=[a-z ,]+[.!?]", "--regex=[0-9]+"], False),
+      "bad_regex": ([f"--weights={weights}", "--regex=[0-9]+", "--regex=(",
+                     f"--output={tmp / 'litert_errors' / 'f'}"], False),
+      "tflite_regex": ([f"--weights={weights}", "--format=tflite",
+                        "--regex=[0-9]+",
+                        f"--output={tmp / 'litert_errors' / 'g'}"], False),
       "missing_weights": ([f"--weights={tmp / 'errors' / 'missing.npz'}",
                            f"--output={tmp / 'errors' / 'new' / '1'}"], False),
       "non_empty": ([f"--weights={weights}", f"--output={tmp / 'full'}"],
@@ -142,6 +155,7 @@ def test_served_text_equals_the_library_without_rnnstep(env):
   model = rnnstep.load(env["weights"])
   assert served == [rnnstep.generate(model, PROMPTS, jit_compile=False, **args)
                     for _, args in CALLS]
+  assert all(len(text) < STEPS for text in served[-1])  # Stopped early.
 
 
 def test_tflite_export_reports_files_and_the_signature(env):
@@ -158,7 +172,8 @@ def test_tflite_text_equals_the_library_without_tensorflow(env):
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   ok(env["results"]["tflite"])
-  calls = [dict(args, num_steps=STEPS) for _, args in CALLS]
+  calls = [dict(args, num_steps=STEPS) for name, args in CALLS
+           if name != "generate_constrained"]  # LiteRT's options only.
   calls.append(dict(num_steps=STEPS, temperature=0.0, seed=0))
   proc = forkserver.run(
       [sys.executable, "-c", LITERT, str(env["tmp"] / "litert" / "a"),
@@ -188,6 +203,8 @@ def test_web_export_reports_the_files(env):
     ("tflite_non_empty", 1, "not an empty directory"),
     ("bad_format", 2, "--format=onnx"),
     ("web_jit", 2, "--jit_compile applies to --format=saved_model only"),
+    ("tflite_regex", 2, "--regex applies to --format=saved_model only"),
+    ("bad_regex", 2, "--regex: "),
 ])
 def test_tflite_bad_values_are_one_line_and_create_nothing(env, run, status,
                                                           words):

@@ -57,10 +57,11 @@ SCRIPT = textwrap.dedent("""
     import tensorflow as tf
     prompts = tf.constant(json.loads(sys.argv[1]))
     steps = tf.constant(int(sys.argv[2]))
-    DECODING_CASES = json.loads(sys.argv[3])
+    CASES = json.loads(sys.argv[3])  # {export_dir: {name: options}}
     DECODING_DTYPES = json.loads(sys.argv[4])
+    DECODING_DEFAULTS = json.loads(sys.argv[5])
     results = {}
-    for export_dir in sys.argv[5:]:
+    for export_dir, DECODING_CASES in CASES.items():
       loaded = tf.saved_model.load(export_dir)
       serve = loaded.signatures["serving_default"]
       def text(signature, **kwargs):
@@ -76,11 +77,31 @@ SCRIPT = textwrap.dedent("""
                              seed=tf.constant(9, tf.int64),
                              top_k=tf.constant(5), top_p=tf.constant(0.9))
       decoding = loaded.signatures["generate_decoding"]
+      constrained = loaded.signatures["generate_constrained"]
+      def constraints(stop=(), regex=""):
+        return dict(stop=tf.constant(stop, tf.string, [len(stop)]),
+                    regex=tf.constant(regex))
       for name, options in DECODING_CASES.items():
+        options = dict(options)
+        stop, regex = options.pop("stop", None), options.pop("regex", None)
         args = {k: tf.constant(v, DECODING_DTYPES[k]) for k, v in options.items()}
-        got = decoding(prompts=prompts, num_steps=steps, **args)
+        if stop is None and regex is None:
+          got = decoding(prompts=prompts, num_steps=steps, **args)
+        else:
+          got = constrained(prompts=prompts, num_steps=steps, **args,
+                            **constraints(stop or (), regex or ""))
         out[name] = ([t.decode() for t in got["text"].numpy()],
                      got["logprob"].numpy().tolist())
+      for name, bad in (("unknown_regex", dict(regex="Q+")),
+                        ("bad_stop", dict(stop=["ok"])))[:len(DECODING_CASES)]:
+        try:
+          constrained(prompts=prompts, num_steps=steps, **{
+              k: tf.constant(v, DECODING_DTYPES[k])
+              for k, v in DECODING_DEFAULTS.items()},
+                      **constraints(**bad))
+          out[name] = None
+        except tf.errors.InvalidArgumentError as e:
+          out[name] = e.message
       try:
         serve(prompts=tf.constant(["hello"]), num_steps=tf.constant(5),
               temperature=tf.constant(1.0), seed=tf.constant(1, tf.int64))
@@ -88,7 +109,7 @@ SCRIPT = textwrap.dedent("""
       except tf.errors.InvalidArgumentError as e:
         out["error"] = e.message
       try:
-        bad = dict(DECODING_CASES["typical"], typical_p=0.0)
+        bad = dict(DECODING_DEFAULTS, typical_p=0.0)
         decoding(prompts=prompts, num_steps=steps, **{
             k: tf.constant(v, DECODING_DTYPES[k]) for k, v in bad.items()})
         out["typical_error"] = None
@@ -120,11 +141,34 @@ SAMPLED_SCRIPT = textwrap.dedent("""
 EXPORT_PATHS = (False, True, "elementwise")
 
 
-def serve(export_dirs, prompts=PROMPTS, steps=STEPS):
-  """Runs SCRIPT on the exports; returns {export_dir: outputs}."""
+# The patterns every export here serves (generate_constrained's regex), over
+# the test vocabulary (" " to "`": capitals, no lowercase).
+PATTERNS = ["[A-Z]+( [A-Z]+)*[.!]", "(YES|NO)!"]
+
+
+def constrained_cases(sampled):
+  """generate_constrained's cases: stop strings taken from the rows' sampled
+  text (temperature 0.8, seed 5), so that each row meets one and stops
+  early, alone and with a pattern, penalties and beams."""
+  stops = [sampled[0][10:12], sampled[1][20:23], sampled[2][30:31]]
+  sampled_case = dict(DECODING_DEFAULTS, temperature=0.8, seed=5)
+  return {
+      "stopped": dict(sampled_case, stop=stops),
+      "stopped_pattern_penalized": dict(
+          sampled_case, stop=stops[1:], regex=PATTERNS[0],
+          repetition_penalty=1.3, no_repeat_ngram_size=3),
+      "stopped_beams": dict(DECODING_CASES["beams"], stop=stops,
+                            regex=PATTERNS[1]),
+  }
+
+
+def serve(cases, prompts=PROMPTS, steps=STEPS):
+  """Runs SCRIPT on the exports, `{export_dir: {case name: options}}` (the
+  generate_decoding or generate_constrained calls besides the basic ones);
+  returns {export_dir: outputs}."""
   return run_script(SCRIPT, json.dumps(prompts), str(steps),
-                    json.dumps(DECODING_CASES), json.dumps(DECODING_DTYPES),
-                    *export_dirs)
+                    json.dumps(cases), json.dumps(DECODING_DTYPES),
+                    json.dumps(DECODING_DEFAULTS))
 
 
 class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
@@ -148,11 +192,17 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     cls.export_dirs = {}
     for jit in EXPORT_PATHS:
       cls.export_dirs[jit] = os.path.join(root, f"served_{jit}")
-      rnnstep.export(cls.model, cls.export_dirs[jit], jit_compile=jit)
+      rnnstep.export(cls.model, cls.export_dirs[jit], jit_compile=jit,
+                     regex=PATTERNS)
     cls.bfloat16_dir = os.path.join(root, "served_bfloat16")
     rnnstep.export(cls.bfloat16_model, cls.bfloat16_dir,
                    jit_compile="elementwise")
-    cls.served = serve(list(cls.export_dirs.values()) + [cls.bfloat16_dir])
+    cls.cases = dict(DECODING_CASES, **constrained_cases(rnnstep.generate(
+        cls.model, PROMPTS, STEPS, temperature=0.8, seed=5,
+        jit_compile=False)))
+    # The bfloat16 export's test checks the basic signatures only.
+    cls.served = serve(dict({d: cls.cases for d in cls.export_dirs.values()},
+                            **{cls.bfloat16_dir: {}}))
 
   def test_every_export_path_serves_the_library_text(self):
     dirs, served = self.export_dirs, self.served
@@ -176,13 +226,20 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
             jit_compile=library_path))
         self.assertIn("not in the vocabulary", out["error"])
         self.assertIn("typical_p must be in (0, 1]", out["typical_error"])
-        for name, options in DECODING_CASES.items():
+        self.assertIn("regex: not one of the 2 patterns",
+                      out["unknown_regex"])
+        self.assertIn("stop: a stop string can never be generated",
+                      out["bad_stop"])
+        for name, options in self.cases.items():
           texts, scores = out[name]
           want_texts, want_scores = rnnstep.generate(
               model, PROMPTS, STEPS, return_scores=True,
               jit_compile=library_path, **options)
           self.assertEqual(texts, want_texts, name)
           self.assertAllClose(scores, want_scores, rtol=1e-5, msg=name)
+        # The stop strings end every row early (each is in its row's text).
+        for text in out["stopped"][0]:
+          self.assertLess(len(text), STEPS)
 
   def test_xla_export_serves_batches_across_buckets(self):
     # Batches of 1, 3 and 5 rows pad to 1, 4 and 8 rows under XLA; the served

@@ -207,6 +207,83 @@ def test_stop_table_matches_a_search_of_the_text():
     assert ended == expected, (ids, text)
 
 
+def _random_stops(rng, alphabet, count):
+  """Up to `count` stop strings over `alphabet`, with repeats and prefixes
+  of one another (states the automaton shares)."""
+  stops = ["".join(rng.choice(list(alphabet), rng.integers(1, 7)))
+           for _ in range(rng.integers(0, count + 1))]
+  if stops and rng.random() < 0.4:
+    stops.append(stops[0][:max(1, len(stops[0]) // 2)])
+  if stops and rng.random() < 0.3:
+    stops.append(stops[-1])
+  return stops
+
+
+def _graph_stops(model):
+  """The SavedModel's stop tables of `model`, as a traced function."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import saved_model  # pylint: disable=g-import-not-at-top
+  module = saved_model.ServingModule(model)
+  return module.stops, tf.function(
+      lambda stops: module.stops.automaton(stops)[0], autograph=False,
+      input_signature=[tf.TensorSpec([None], tf.string)])
+
+
+def test_served_stop_automaton_is_the_host_s(word_model, byte_model):
+  """The SavedModel builds the stop automaton in graph ops from the strings;
+  its tables equal the host's (`host.stop_automaton`), state for state, for
+  characters (over ids), words and bytes (over each token's bytes)."""
+  from rnnstep.engine import host  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  for model, alphabet in ((rnnstep.load(), "the cat:\nROME!"),
+                          (word_model, "the cat\nsw1"),
+                          (byte_model, "ab é\n\x01")):
+    _, automaton = _graph_stops(model)
+    for _ in range(25):
+      stops = _random_stops(rng, alphabet, 4)
+      got = automaton([s.encode() for s in stops] or np.zeros([0], bytes))
+      want = host.stop_automaton(model, stops)
+      np.testing.assert_array_equal(got.table.numpy(), want.table, str(stops))
+      np.testing.assert_array_equal(got.accept.numpy(), want.accept)
+
+
+def test_served_stop_cut_is_str_find_s(word_model):
+  """The SavedModel cuts a token row's text where `str.find` finds the first
+  stop string's end, the row ending (as on device) at the token it ends in."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tables, automaton = _graph_stops(word_model)
+  pieces = word_model.tokens.pieces
+  rng = np.random.default_rng(6)
+  for _ in range(30):
+    stops = _random_stops(rng, "the cat\nsw1", 3) or ["at"]
+    table = automaton([s.encode() for s in stops])
+    ids = rng.integers(0, 9, size=[4, 8])
+    ids[rng.random(ids.shape) < 0.3] = 0
+    lengths = []
+    for row in ids:  # The device's end: the token a stop ends in.
+      state, length = 0, len(row)
+      for t, token in enumerate(row):
+        state = int(table.table[state, token])
+        if table.accept[state]:
+          length = t + 1
+          break
+      lengths.append(length)
+    joined = [b"".join(pieces[i] for i in row[:n])
+              for row, n in zip(ids, lengths)]
+    got = tables.cut(tf.constant(joined), tf.constant(ids, tf.int32),
+                     tf.constant(lengths, tf.int32), tf.constant(stops))
+    want = [_cut(text.decode(), stops) for text in joined]
+    assert [t.decode() for t in got.numpy()] == want, stops
+
+
+def test_stop_strings_over_their_length_limit_are_refused(word_model):
+  # The bound that keeps the served graph's automaton build small.
+  with pytest.raises(errors.ArgumentError, match=r"^the stop strings are "
+                     r"4097 bytes of UTF-8 together, more than the limit of "
+                     r"4096; give fewer or shorter ones$"):
+    rnnstep.generate(word_model, ["the"], 1, stop=["cat " * 1023, "abc", "é"])
+
+
 def test_stop_table_over_its_limit_is_refused(monkeypatch):
   monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 1000)
   with pytest.raises(ValueError, match=r"^the stop strings need a table of "
@@ -641,7 +718,7 @@ import json, os, sys
 for name in ("rnnstep", "keras", "tf_keras"):
   sys.modules[name] = None
 import tensorflow as tf
-words_dir, bpe_dir, options, dtypes = json.loads(sys.argv[1])
+words_dir, bpe_dir, options, dtypes, constrained = json.loads(sys.argv[1])
 def decoding(**kwargs):
   return {k: tf.constant(v, dtypes[k]) for k, v in dict(options, **kwargs).items()}
 out = {}
@@ -665,6 +742,16 @@ ids = words.signatures["generate_ids"](
                              vocab["vocab"].index("dog")]]),
     prompt_lengths=tf.constant([2]), num_steps=steps, **decoding(seed=7))
 out["ids"] = [ids["ids"].numpy().tolist(), texts(ids["text"])]
+def constraints(stop, regex):
+  return dict(stop=tf.constant(stop, tf.string, [len(stop)]),
+              regex=tf.constant(regex))
+out["constrained"] = []
+for case, stop, regex in constrained["words"]:
+  got = words.signatures["generate_constrained"](
+      prompts=prompts, num_steps=steps, **decoding(**case),
+      **constraints(stop, regex))
+  out["constrained"].append([texts(got["text"]),
+                             got["logprob"].numpy().tolist()])
 try:
   words.signatures["serving_default"](
       prompts=tf.constant(["the zebra"]), num_steps=steps,
@@ -684,6 +771,14 @@ got = served(prompt_ids=tf.constant([e + [0] * (width - len(e)) for e in encoded
              prompt_lengths=tf.constant([len(e) for e in encoded]),
              num_steps=steps, **decoding(seed=2, top_k=20))
 out["bpe"] = [texts(got["text"]), [bpe.decode(row) for row in got["ids"].numpy().tolist()]]
+out["bpe_constrained"] = []
+for case, stop, regex in constrained["bpe"]:
+  got = loaded.signatures["generate_ids_constrained"](
+      prompt_ids=tf.constant([e + [0] * (width - len(e)) for e in encoded]),
+      prompt_lengths=tf.constant([len(e) for e in encoded]),
+      num_steps=steps, **decoding(**case), **constraints(stop, regex))
+  out["bpe_constrained"].append([texts(got["text"]),
+                                 got["logprob"].numpy().tolist()])
 print(json.dumps(out))
 """
 
@@ -696,14 +791,44 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
   from tests import test_saved_model as sm  # pylint: disable=g-import-not-at-top
   bpe_model = rnnstep.load(bpe_file[2])
   dirs = [str(tmp_path / name) for name in ("words", "bpe")]
-  for model, export_dir in zip((word_model, bpe_model), dirs):
-    rnnstep.export(model, export_dir)
-  out = cli.run_script(SERVE_SCRIPT, json.dumps(
-      dirs + [sm.DECODING_DEFAULTS, sm.DECODING_DTYPES]))
+  patterns = {"words": "( (the|a|cat|dog|sat|on|mat|ran|w[0-9]))+",
+              "bpe": "[a-z ]+[.]"}
+  for model, export_dir, name in zip((word_model, bpe_model), dirs,
+                                     patterns):
+    rnnstep.export(model, export_dir, regex=patterns[name])
   prompts = ["the cat\nsat", "a dog ran", "on"]
+  bpe_prompts = ["the cat sat", "a dog"]
   library = functools.partial(rnnstep.generate, word_model, prompts, 12,
                               jit_compile=False)
-  assert out["signatures"] == ["generate_decoding", "generate_ids",
+  bpe_library = functools.partial(rnnstep.generate, bpe_model, bpe_prompts,
+                                  12, jit_compile=False)
+  # Stop strings spanning tokens, from each row's own sampled text (so that
+  # each row meets one): sampled with penalties, then with the pattern, and
+  # with beams and the pattern.
+  sampled = dict(temperature=0.9, seed=3, repetition_penalty=1.3,
+                 no_repeat_ngram_size=2)
+  constrained = {}
+  for name, generate in (("words", library), ("bpe", bpe_library)):
+    stops = [text[len(text) // 2 - 1:len(text) // 2 + 2]
+             for text in generate(**sampled)]
+    constrained[name] = [[sampled, stops, ""],
+                         [sampled, stops, patterns[name]],
+                         [dict(num_beams=3), stops, patterns[name]]]
+  out = cli.run_script(SERVE_SCRIPT, json.dumps(
+      dirs + [sm.DECODING_DEFAULTS, sm.DECODING_DTYPES, constrained]))
+  for name, generate in (("words", library), ("bpe", bpe_library)):
+    key = "constrained" if name == "words" else "bpe_constrained"
+    for (case, stops, regex), got in zip(constrained[name], out[key],
+                                         strict=True):
+      texts, scores = generate(**case, stop=stops, regex=regex or None,
+                               return_scores=True)
+      assert got[0] == texts, (name, case)
+      np.testing.assert_allclose(got[1], scores, rtol=1e-5)
+    # Each row met a stop string: its text ends with one.
+    assert all(any(text.endswith(s) for s in constrained[name][0][1])
+               for text in out[key][0][0] if text), out[key][0][0]
+  assert out["signatures"] == ["generate_constrained", "generate_decoding",
+                               "generate_ids", "generate_ids_constrained",
                                "generate_top_k_top_p", "serving_default"]
   assert out["greedy"] == library(temperature=0.0)
   texts, scores = library(temperature=0.9, seed=3, repetition_penalty=1.4,
@@ -716,7 +841,8 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
                                   jit_compile=False)
   assert [WORDS[i] for i in ids[0]] == _words_of(text[0])
   assert "not in the vocabulary" in out["error"]
-  assert out["bpe_signatures"] == ["generate_ids", "serving_default"]
+  assert out["bpe_signatures"] == ["generate_ids", "generate_ids_constrained",
+                                   "serving_default"]
   want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
                           top_k=20, jit_compile=False)
   assert out["bpe"] == [want, want]  # The tokenizers library agrees.

@@ -2,6 +2,7 @@
 
 USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite|web]
                       [--weights=NPZ] [--dtype=...] [--jit_compile]
+                      [--regex=PATTERN ...]
        [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --weights)]
 
   rnnstep-export --output=served/1                     # the bundled model
@@ -17,10 +18,16 @@ rnnstep or Keras. Its signatures:
   serving_default(prompts: string [B], num_steps: int32, temperature: float32,
                   seed: int64) -> {"text": string [B]}
   generate_top_k_top_p(the same + top_k: int32, top_p: float32) -> the same
+  generate_decoding(prompts, num_steps, seed + every served decoding option)
+                  -> {"text", "logprob"}
+  generate_constrained(generate_decoding's inputs + stop: string [K],
+                  regex: string) -> the same, with stop strings and one of
+                  the --regex patterns ("" for none)
 Row i of a call uses the seed pair (seed, i), as rnnstep.generate(...,
 seed=seed) does, so both give the same text. A token model (words, bytes,
 subword) also has generate_ids (prompt_ids int32 [B, T], prompt_lengths
-int32 [B] -> ids, lengths, text, logprob) and its vocabulary in assets/; a
+int32 [B] -> ids, lengths, text, logprob), generate_ids_constrained (the same
++ stop, regex) and its vocabulary in assets/; a
 subword model's tokenizer does not run in a graph, so it takes ids only
 (docs/guide/serving.md).
 
@@ -56,6 +63,7 @@ from absl import flags
 
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
 import rnnstep  # pylint: disable=g-bad-import-order
+from rnnstep import errors  # pylint: disable=g-bad-import-order
 
 PROGRAM = "rnnstep-export"
 
@@ -78,6 +86,12 @@ _JIT_COMPILE = flags.DEFINE_boolean(
     "Mark the generation body for XLA compilation (--format=saved_model "
     "only). Off by default: every TensorFlow runtime can run the plain graph.",
     flag_values=FLAGS)
+_REGEX = flags.DEFINE_multi_string(
+    "regex", [],
+    "A pattern (Python syntax; repeatable) the SavedModel serves: "
+    "generate_constrained's regex input names one. Each is compiled now, "
+    "over the model's vocabulary; a graph cannot compile one when serving.",
+    flag_values=FLAGS)
 flags.mark_flag_as_required("output", flag_values=FLAGS)
 common.forbid_empty(FLAGS, "output")
 
@@ -87,9 +101,10 @@ def main(argv):
   output = _OUTPUT.value
   litert = _FORMAT.value == "tflite"
   web = _FORMAT.value == "web"
-  if (litert or web) and FLAGS["jit_compile"].present:
-    raise common.Failure("--jit_compile applies to --format=saved_model only; "
-                         "drop it", common.EXIT_USAGE)
+  for name in ("jit_compile", "regex"):
+    if (litert or web) and FLAGS[name].present:
+      raise common.Failure(f"--{name} applies to --format=saved_model only; "
+                           "drop it", common.EXIT_USAGE)
   if (litert or web) and _DTYPE.value != "float32":
     raise common.Failure(f"--dtype={_DTYPE.value}: --format={_FORMAT.value} "
                          "exports float32 models only; drop --dtype",
@@ -108,7 +123,11 @@ def main(argv):
       elif web:
         rnnstep.export(model, tmp, format="web")
       else:
-        rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value)
+        try:
+          rnnstep.export(model, tmp, jit_compile=_JIT_COMPILE.value,
+                         regex=_REGEX.value)
+        except errors.ArgumentError as e:  # A pattern, named by the error.
+          raise common.Failure(f"--regex: {e}", common.EXIT_USAGE) from None
   weights = _WEIGHTS.value or "the bundled model"
   if web:
     print(f"wrote a web export of {weights} (float32) to {output}: "

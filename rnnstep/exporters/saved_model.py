@@ -15,9 +15,22 @@ Keras) can serve it. Signatures:
                   top_k, top_p, min_p, typical_p, num_beams, length_penalty)
                   -> {"text": string [B], "logprob": float32 [B]}
 
+  generate_constrained(generate_decoding's inputs + stop: string [K],
+                  regex: string []) -> {"text": string [B],
+                  "logprob": float32 [B]}
+
 `generate_decoding` with num_beams > 1 returns each prompt's best beam;
 "logprob" is the model's log-likelihood of the returned text (natural log,
 raw logits), as `rnnstep.generate(..., return_scores=True)` gives.
+
+`generate_constrained` adds `rnnstep.generate`'s `stop=` and `regex=`. The
+stop automaton is built in the graph from the strings
+(`stop_ops.StopTables`), so any stop strings serve; a token model's text is
+cut at its stop string's end, as the library cuts it. A graph cannot
+compile a regular expression, so the patterns are compiled at export
+(`export(..., regex=[...])`, `rnnstep-export --regex`) and `regex` names one
+of them ("": none; another fails the call); `assets/patterns.json` lists
+them.
 
 A token model (words, bytes, subword) also has
 
@@ -26,7 +39,8 @@ A token model (words, bytes, subword) also has
                generate_decoding) -> {"ids": int32 [B, N], "lengths": int32
                [B], "text": string [B], "logprob": float32 [B]}
 
-and its vocabulary as assets: `assets/tokens.json` (the kind, its rules and
+and `generate_ids_constrained` (the same + `stop`, `regex`), and its
+vocabulary as assets: `assets/tokens.json` (the kind, its rules and
 the tokens in id order, the form `rnnstep.load(..., vocab=)` reads) and, for
 a subword model, `assets/tokenizer.json` (its Hugging Face `tokenizers`
 file). The string signatures tokenize a prompt as `Tokens.encode` does, in
@@ -48,6 +62,7 @@ default; beam search, which steps a model statefully, then fails the call
 with InvalidArgumentError naming num_beams.
 """
 
+import json
 import os
 import tempfile
 
@@ -57,6 +72,8 @@ import tensorflow as tf
 from tensorflow.python.trackable import data_structures  # pylint: disable=g-direct-tensorflow-import
 
 from rnnstep import staging
+from rnnstep import errors
+from rnnstep.decoding import constraints
 from rnnstep.decoding import options
 from rnnstep.decoding import sampling
 from rnnstep.decoding import stopping
@@ -64,6 +81,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
+from rnnstep.exporters import stop_ops
 from rnnstep.exporters import token_ops
 from rnnstep.model import vocabulary
 
@@ -92,9 +110,16 @@ _IDS_INPUTS = [tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
                tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
                tf.TensorSpec([], tf.int32, name="num_steps"),
                tf.TensorSpec([], tf.int64, name="seed")] + _OPTION_INPUTS
+# The two signatures above with stop strings and a pattern added.
+CONSTRAINED_SIGNATURE = "generate_constrained"
+IDS_CONSTRAINED_SIGNATURE = "generate_ids_constrained"
+_CONSTRAINT_INPUTS = [tf.TensorSpec([None], tf.string, name="stop"),
+                      tf.TensorSpec([], tf.string, name="regex")]
 # The vocabulary's assets of a token model's export.
 TOKENS_ASSET = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_ASSET = vocabulary.Tokens.TOKENIZER_FILE
+# The patterns `generate_constrained`'s regex input may name (a JSON list).
+PATTERNS_ASSET = "patterns.json"
 
 
 class ServingModule(tf.Module):
@@ -106,14 +131,18 @@ class ServingModule(tf.Module):
       can run it), True (the generation body is one XLA program) or
       "elementwise" (a graph loop with XLA-compiled gate math; for bfloat16 at
       large batches). The last two need XLA where the model is served.
+    regex: the patterns the constrained signatures serve (see `export`).
 
   Raises:
-    ValueError: a bad jit_compile value.
+    ValueError: a bad jit_compile value, or a bad pattern
+      (`errors.ArgumentError`).
   """
 
-  def __init__(self, model, jit_compile=False):
+  def __init__(self, model, jit_compile=False, regex=()):
     super().__init__(name="rnnstep_serving")
     path = paths.from_jit_compile(jit_compile)
+    self.patterns = data_structures.NoDependency(
+        _check_patterns(model, regex))
     self.model = model
     # Not tracked: saving would trace and store every compiled function of
     # the Generator's programs (continuations, the server's, `step`), which
@@ -134,6 +163,9 @@ class ServingModule(tf.Module):
     else:
       self.tokens = token_ops.GraphTokens(model.tokens)
       strings = self.tokens.strings
+    self.stops = stop_ops.StopTables(
+        model, self.char_table if model.is_characters else None)
+    self._add_patterns(self.patterns)
     # Traced without autograph: their control flow is explicit (tf.cond), as
     # the Generator's.
     if strings:
@@ -146,10 +178,37 @@ class ServingModule(tf.Module):
       self.serve_decoding = tf.function(self._serve_decoding,
                                         input_signature=_DECODING_INPUTS,
                                         autograph=False)
+      self.serve_constrained = tf.function(
+          self._serve_constrained,
+          input_signature=_DECODING_INPUTS + _CONSTRAINT_INPUTS,
+          autograph=False)
     if not model.is_characters:
       self.serve_ids = tf.function(self._serve_ids,
                                    input_signature=_IDS_INPUTS,
                                    autograph=False)
+      self.serve_ids_constrained = tf.function(
+          self._serve_ids_constrained,
+          input_signature=_IDS_INPUTS + _CONSTRAINT_INPUTS, autograph=False)
+
+  def _add_patterns(self, patterns):
+    """The exported patterns' combined `Dfa` (as variables) and the map from
+    a pattern to its start state ("": none, `FREE`)."""
+    dfa = (constraints.combine(self.model, list(patterns)) if patterns
+           else constraints.unconstrained(0, self.model.vocab_size))
+    self.regex_table = tf.Variable(dfa.table, trainable=False,
+                                   name="regex_table")
+    self.regex_ends = tf.Variable(dfa.ends, trainable=False,
+                                  name="regex_ends")
+    self.regex_starts = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant([""] + list(patterns)),
+            tf.constant([constraints.FREE] + dfa.start.tolist(), tf.int32)),
+        default_value=-1)
+    self._unknown_pattern = (
+        f"regex: not one of the {len(patterns)} patterns this SavedModel was "
+        f"exported with (assets/{PATTERNS_ASSET} lists them; a pattern is "
+        "compiled when the model is exported: rnnstep-export --regex); "
+        "an empty regex is none")
 
   def served_signatures(self) -> dict:
     """{signature name: tf.function}, what `export` saves: the string
@@ -160,9 +219,11 @@ class ServingModule(tf.Module):
     if hasattr(self, "serve"):
       out = {"serving_default": self.serve,
              "generate_top_k_top_p": self.serve_top_k_top_p,
-             DECODING_SIGNATURE: self.serve_decoding}
+             DECODING_SIGNATURE: self.serve_decoding,
+             CONSTRAINED_SIGNATURE: self.serve_constrained}
     if hasattr(self, "serve_ids"):
       out[IDS_SIGNATURE] = self.serve_ids
+      out[IDS_CONSTRAINED_SIGNATURE] = self.serve_ids_constrained
       out.setdefault("serving_default", self.serve_ids)
     return out
 
@@ -181,15 +242,16 @@ class ServingModule(tf.Module):
                                                message="a prompt is empty"))
     return ids.to_tensor(), lengths, checks
 
-  def _decode(self, ids, lengths):
-    """string `[B]`: the rows' texts."""
+  def _decode(self, ids, lengths, stop=None):
+    """string `[B]`: the rows' texts (a token model's cut at `stop`)."""
     if not self.model.is_characters:
-      return self.tokens.decode(ids, lengths)
+      return self.tokens.decode(ids, lengths, cut=None if stop is None else (
+          lambda text: self.stops.cut(text, ids, lengths, stop)))
     pieces = tf.gather(self.id_to_char, ids)
     pieces = tf.RaggedTensor.from_tensor(pieces, lengths=lengths)
     return tf.strings.reduce_join(pieces, axis=1)
 
-  def _text(self, prompts, num_steps, seed, values):
+  def _text(self, prompts, num_steps, seed, values, stop=None, regex=None):
     """Generates for string prompts; returns {"text", "logprob"} (see module).
 
     Args:
@@ -198,23 +260,27 @@ class ServingModule(tf.Module):
       seed: int64 `[]`.
       values: {option name: scalar tensor or Python value} for some of the
         declared options (the rest take their defaults).
+      stop: string `[K]`, the stop strings; None: none.
+      regex: string `[]`, an exported pattern ("": none); None: none.
     """
     prompt_ids, lengths, checks = self._encode(prompts)
     ids, out_lengths, scores = self._generate(prompt_ids, lengths, num_steps,
-                                              seed, values, checks)
+                                              seed, values, checks, stop,
+                                              regex)
     if not self.model.is_characters and self.model.tokens.rules.get(
         "recipe") == "textgenrnn":  # Its text starts from the prompt's words.
       return {"text": self.tokens.continuation(prompts, ids, out_lengths),
               "logprob": scores}
-    return {"text": self._decode(ids, out_lengths), "logprob": scores}
+    return {"text": self._decode(ids, out_lengths, stop), "logprob": scores}
 
-  def _generate(self, prompt_ids, lengths, num_steps, seed, values, checks):
+  def _generate(self, prompt_ids, lengths, num_steps, seed, values, checks,
+                stop=None, regex=None):
     """The generation itself, for prompts as right-padded ids.
 
     Args:
       prompt_ids: int32 `[B, T]`.
       lengths: int32 `[B]`.
-      num_steps, seed, values: as for `_text`.
+      num_steps, seed, values, stop, regex: as for `_text`.
       checks: the assertions the prompts' encoding made.
 
     Returns:
@@ -243,9 +309,27 @@ class ServingModule(tf.Module):
           num_beams, 1, message=f"num_beams > 1: this model reads windows of "
           f"{window} characters, and {window_lib.BEAMS_STEP_STATEFULLY}; "
           "pass num_beams=1"))
+    stops, constraint = self._no_stop, None
+    if stop is not None:
+      stops, stop_checks = self.stops.automaton(stop)
+      start = self.regex_starts.lookup(regex)
+      checks += stop_checks + [
+          tf.debugging.assert_non_negative(start,
+                                           message=self._unknown_pattern)]
+      recipe = self.model.tokens.rules.get("recipe")
+      if recipe:  # As the library refuses them (`api._check_arguments`).
+        checks.append(tf.debugging.assert_equal(
+            (tf.size(stop) > 0) | (regex != ""), False, message=(
+                f"stop, regex: neither acts on a {recipe} word-level model's "
+                "text, which is re-spaced after the words are chosen; stop by "
+                "num_steps")))
     with tf.control_dependencies(checks):
       prompt_ids = tf.identity(prompt_ids)
     batch = tf.shape(prompt_ids)[0]
+    if stop is not None:
+      constraint = constraints.Dfa(
+          tf.convert_to_tensor(self.regex_table),
+          tf.convert_to_tensor(self.regex_ends), tf.fill([batch], start))
     generator = self._generator
     served = request_lib.Options(
         sampling=settings, repetition_window=values["repetition_window"],
@@ -256,8 +340,8 @@ class ServingModule(tf.Module):
     request = request_lib.build(
         request_lib.Prompts(prompt_ids, lengths), num_steps, served,
         seeds=request_lib.Seeds(tf.fill([batch], seed), tf.range(batch)),
-        stops=self._no_stop, bucket_shapes=generator.jit_compile,
-        state_sizes=generator.state_sizes())
+        stops=stops, bucket_shapes=generator.jit_compile,
+        state_sizes=generator.state_sizes(), constraint=constraint)
 
     def sample():
       result = (generator.window_fn(request, tf.constant(window)) if window
@@ -293,7 +377,20 @@ class ServingModule(tf.Module):
     return self._text(prompts, num_steps, seed, {
         option.name: value for option, value in zip(_SERVED, values)})
 
-  def _serve_ids(self, prompt_ids, prompt_lengths, num_steps, seed, *values):
+  def _serve_constrained(self, prompts, num_steps, seed, *values):
+    *values, stop, regex = values
+    return self._text(prompts, num_steps, seed, {
+        option.name: value for option, value in zip(_SERVED, values)},
+                      stop, regex)
+
+  def _serve_ids_constrained(self, prompt_ids, prompt_lengths, num_steps,
+                             seed, *values):
+    *values, stop, regex = values
+    return self._serve_ids(prompt_ids, prompt_lengths, num_steps, seed,
+                           *values, stop=stop, regex=regex)
+
+  def _serve_ids(self, prompt_ids, prompt_lengths, num_steps, seed, *values,
+                 stop=None, regex=None):
     width = tf.shape(prompt_ids)[1]
     checks = [
         tf.debugging.assert_positive(prompt_lengths, message="a prompt is "
@@ -313,21 +410,47 @@ class ServingModule(tf.Module):
     ids, lengths, scores = self._generate(
         prompt_ids, prompt_lengths, num_steps, seed,
         {option.name: value for option, value in zip(_SERVED, values)},
-        checks)
+        checks, stop, regex)
+    text = self._decode(ids, lengths, stop)
     # num_steps columns (the buffer is a bucket wide), zeros past a row's end.
     ids = ids[:, :tf.maximum(num_steps, 0)]
     ids = tf.where(tf.range(tf.shape(ids)[1])[None, :] < lengths[:, None],
                    ids, 0)
-    return {"ids": ids, "lengths": lengths,
-            "text": self.tokens.decode(ids, lengths), "logprob": scores}
+    return {"ids": ids, "lengths": lengths, "text": text, "logprob": scores}
+
+
+def _check_patterns(model, regex) -> tuple:
+  """The export's `regex=` as a tuple of distinct non-empty patterns.
+
+  Raises:
+    errors.ArgumentError: not a str or list of str, an empty or repeated
+      pattern, a model whose text the patterns would not act on, or one
+      that does not compile (`constraints.combine`, naming it).
+  """
+  patterns = (regex,) if isinstance(regex, str) else regex
+  if not isinstance(patterns, (list, tuple)) or not all(
+      isinstance(p, str) and p for p in patterns):
+    raise errors.ArgumentError(
+        "regex", f"regex must be a pattern or a list of non-empty patterns, "
+        f"got {regex!r}")
+  if len(set(patterns)) != len(patterns):
+    raise errors.ArgumentError("regex", "regex lists a pattern twice; give "
+                               "each once")
+  recipe = model.tokens.rules.get("recipe")
+  if patterns and recipe:
+    raise errors.ArgumentError(
+        "regex", f"regex with a {recipe} word-level model: its text is "
+        "re-spaced after the words are chosen, so a pattern does not act on "
+        "the text it returns")
+  return tuple(patterns)
 
 
 FORMATS = ("saved_model", "web", "tflite")
 
 
 # `format` is the keyword the issue and the CLI flag use.
-def export(model, export_dir, *, jit_compile=False,
-           format="saved_model") -> str:  # pylint: disable=redefined-builtin
+def export(model, export_dir, *, jit_compile=False, format="saved_model",
+           regex=()) -> str:  # pylint: disable=redefined-builtin
   """Writes `model` as a SavedModel with string signatures (see module doc),
   or (`format=`) as a web export or a LiteRT model.
 
@@ -336,6 +459,9 @@ def export(model, export_dir, *, jit_compile=False,
     export_dir: the directory to create; it must not exist yet or be empty.
     jit_compile: False or None (graph), True or "elementwise" (see
       `ServingModule`); SavedModel only.
+    regex: the patterns a SavedModel serves (`generate_constrained`'s
+      `regex` input names one), each compiled now: a graph cannot compile
+      one at serving time. A str or a list of str; SavedModel only.
     format: "saved_model"; "web" (`rnnstep.exporters.web.export_web`: a
       page and ES module that generate in the browser); "tflite"
       (`rnnstep.export_litert`).
@@ -345,7 +471,8 @@ def export(model, export_dir, *, jit_compile=False,
 
   Raises:
     ValueError: export_dir exists and is not empty, an unknown format,
-      jit_compile with another format, or a model that format refuses.
+      jit_compile or regex with another format, a bad pattern
+      (`errors.ArgumentError`), or a model that format refuses.
   """
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
@@ -354,6 +481,9 @@ def export(model, export_dir, *, jit_compile=False,
     if jit_compile:
       raise ValueError(f"jit_compile applies to format='saved_model' only, "
                        f"not {format!r}; drop it")
+    if regex:
+      raise ValueError(f"regex applies to format='saved_model' only, not "
+                       f"{format!r}; drop it")
     # pylint: disable=g-import-not-at-top
     if format == "web":
       from rnnstep.exporters import web
@@ -362,8 +492,12 @@ def export(model, export_dir, *, jit_compile=False,
     return litert.export_litert(model, export_dir)
   export_dir = os.fspath(export_dir)
   staging.require_new_directory(export_dir, "choose a new --output")
-  module = ServingModule(model, jit_compile=jit_compile)
+  module = ServingModule(model, jit_compile=jit_compile, regex=regex)
   with tempfile.TemporaryDirectory(prefix="rnnstep_assets_") as assets:
+    patterns = os.path.join(assets, PATTERNS_ASSET)
+    with open(patterns, "w", encoding="utf-8") as f:
+      json.dump(list(module.patterns), f, ensure_ascii=False, indent=0)
+    module.patterns_file = tf.saved_model.Asset(patterns)
     if not model.is_characters:  # The vocabulary, for clients' tokenizers.
       files = model.tokens.write_files(assets)
       module.tokens_file = tf.saved_model.Asset(files[TOKENS_ASSET])

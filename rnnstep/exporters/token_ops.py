@@ -144,20 +144,26 @@ class GraphTokens(tf.Module):
 
   # ------------------------------------------------------------- ids to text
 
-  def decode(self, ids: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
-    """string `[B]`: each row's first `lengths` ids as text (`Tokens.text`
-    without stop strings).
+  def decode(self, ids: tf.Tensor, lengths: tf.Tensor,
+             cut=None) -> tf.Tensor:
+    """string `[B]`: each row's first `lengths` ids as text (`Tokens.text`).
 
     Args:
       ids: int32 `[B, N]`.
       lengths: int32 `[B]`.
+      cut: None, or a function of the rows' bytes (string `[B]`) that cuts
+        them at their stop strings (`stop_ops.StopTables.cut`), applied
+        before they are decoded as UTF-8.
     """
     if self._kind == "words" and self._recipe == "textgenrnn":
       return self.continuation(tf.fill(tf.shape(lengths), ""), ids, lengths)
     pieces = tf.RaggedTensor.from_tensor(tf.gather(self.pieces, ids),
                                          lengths=lengths)
+    data = tf.strings.reduce_join(pieces, axis=1)
+    if cut is not None:
+      data = cut(data)
     return tf.strings.unicode_transcode(
-        tf.strings.reduce_join(pieces, axis=1), "UTF-8", "UTF-8",
+        data, "UTF-8", "UTF-8",
         errors="replace", replacement_char=0xFFFD,
         replace_control_characters=False)
 
