@@ -100,7 +100,15 @@ def _fail(path, problem: str, advice: str = "") -> ValueError:
 
 def unknown_words(words: Sequence[str]) -> str:
   """The one-line refusal of prompt words a vocabulary without an OOV token
-  lacks: the first `SHOWN_UNKNOWN` distinct ones, and how many more."""
+  lacks.
+
+  Args:
+    words: the unknown words in prompt order (repeats allowed).
+
+  Returns:
+    The message, naming the first `SHOWN_UNKNOWN` distinct words and how
+    many more there are.
+  """
   distinct = list(dict.fromkeys(words))
   shown = ", ".join(map(repr, distinct[:SHOWN_UNKNOWN]))
   if len(distinct) > SHOWN_UNKNOWN:
@@ -247,8 +255,9 @@ class Tokens:
     """Maps text to int32 ids by the kind's rules.
 
     Raises:
-      ValueError: a word that is not in the vocabulary (where there is no OOV
-        token), or a character a characters vocabulary lacks; naming it.
+      ValueError: words that are not in the vocabulary (where there is no
+        OOV token: `unknown_words`, naming the first few), or a character a
+        characters vocabulary lacks; naming it.
     """
     if self.kind == "characters":
       ids = []
