@@ -124,18 +124,22 @@ def test_sampling_is_the_same_on_a_strategy_and_alone():
                           **kwargs) == alone
 
 
-def test_unknown_prompt_words_are_dropped_as_texts_to_sequences_does(capsys):
-  """Said once on stderr; the window is the recipe's without them."""
+def test_unknown_prompt_words_are_refused_naming_them(capsys):
+  """The recipe's Tokenizer has no oov_token: where texts_to_sequences drops
+  the words it lacks, rnnstep refuses the prompt in one line naming them
+  (issue #34: a prompt is never silently changed), by generate and by
+  stream, and says nothing else."""
   model = rnnstep.load(DATA / BIDI, vocab=DATA / "tokenizer.json")
-  seed = "From zebra fairest unicorn"
-  for _ in range(2):
-    text = rnnstep.generate(model, seed, STEPS, temperature=0,
-                            jit_compile=False)
-  assert SEEDS[0] + text == recipe_texts(BIDI)[0]
-  said = capsys.readouterr().err.splitlines()
-  assert [line for line in said if "dropped" in line] == [
-      "rnnstep: dropped prompt words the vocabulary lacks ('zebra', "
-      "'unicorn'), as Keras's Tokenizer.texts_to_sequences does"]
+  assert "unknown" not in model.tokens.rules
+  for call in (rnnstep.generate, lambda *a: list(rnnstep.stream(*a))):
+    with pytest.raises(errors.ArgumentError) as e:
+      call(model, ["From fairest", "From zebra fairest unicorn"], STEPS)
+    assert e.value.argument == "prompts"
+    assert str(e.value) == (
+        "prompt 1: words 'zebra', 'unicorn' are not in the model's "
+        "vocabulary (which has no out-of-vocabulary token); remove or "
+        "replace them")
+  assert capsys.readouterr().err == ""
 
 
 def test_what_a_recomputed_model_cannot_do_is_refused_in_one_line():
@@ -167,21 +171,15 @@ def test_the_command_lines_convert_then_generate_the_recipe_words(tmp_path):
       cli.command("rnnstep-convert", "rnnstep.cli.convert"),
       [f"--input={DATA / SONNETS}", f"--vocab={DATA / 'tokenizer.json'}",
        f"--output={out}"]))
-  # A word the tokenizer lacks is dropped, and said on the tool's stderr
-  # (its fd 2 is /dev/null while it runs).
-  result = cli.run_binary(generate, [
-      f"--weights={out}", f"--prompt=Zebra {SEEDS[1]}", f"--num_steps={STEPS}",
-      "--temperature=0"])
-  assert result.returncode == 0 and result.stderr_lines == [
-      "rnnstep: dropped prompt words the vocabulary lacks ('zebra'), as "
-      "Keras's Tokenizer.texts_to_sequences does"], result
-  words = result.stdout
+  words = cli.ok(cli.run_binary(generate, [
+      f"--weights={out}", f"--prompt={SEEDS[1]}", f"--num_steps={STEPS}",
+      "--temperature=0"]))
   textgenrnn_text = cli.ok(cli.run_binary(generate, [
       "--weights="
       f"{TEXTGENRNN_DATA / 'textgenrnn_words' / 'textgenrnn_weights.hdf5'}",
       f"--prompt={WORDS['written'][0]}", f"--num_steps={WORDS['steps'][0]}",
       "--temperature=0"]))
-  assert words.rstrip("\n") == "Zebra " + recipe_texts(SONNETS)[1]
+  assert words.rstrip("\n") == recipe_texts(SONNETS)[1]
   assert textgenrnn_text.rstrip("\n") == WORDS["texts"][0]
 
 

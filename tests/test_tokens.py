@@ -142,6 +142,20 @@ def test_word_rules_split_as_the_recipes_do():
     lm.encode("a c")
   assert "\n" not in str(e.value)
   assert lm.decode([1, 2, 0, 1]) == " a b\n a"
+  # Several: the first five distinct ones, then how many more; one line.
+  with pytest.raises(ValueError, match=r"^words 'c', 'd', 'e', 'f', 'g' and "
+                     r"2 more are not in the model's vocabulary \(which has "
+                     r"no out-of-vocabulary token\); remove or replace them$"):
+    lm.encode("a c d c e f\ng h i")
+  # A file converted before #34 records the rule "unknown": "drop" for a
+  # Keras Tokenizer without oov_token: it loads, refuses the same, and the
+  # rule is not written again.
+  old = vocabulary.Tokens.from_json(
+      {"kind": "words", "lower": True, "filters": "!", "split": " ",
+       "oov": None, "unknown": "drop"}, ["[UNK]", "hello"], "old.npz")
+  with pytest.raises(ValueError, match=r"^word 'zebra' is not in the model's"):
+    old.encode("Hello zebra!")
+  assert "unknown" not in old.to_json() and "unknown" not in old.file_json()
 
 
 def test_bad_tokens_rules_are_refused_in_one_line():
@@ -702,6 +716,11 @@ def test_graph_tokenizer_encodes_and_decodes_as_the_host():
       with pytest.raises(tf.errors.InvalidArgumentError):
         encode(tf.constant([text]))
       refused += 1
+    if rules is not None and "oov" not in rules:  # Named, as the host does.
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=re.escape(token_ops.UNKNOWN_WORD)
+                         + r"\] \[zebra unicorn\]"):
+        encode(tf.constant(["the zebra cat\nunicorn zebra", "the cat"]))
     ids = np.random.default_rng(0).integers(0, len(tokens.vocab), [40, 7])
     lengths = np.random.default_rng(1).integers(0, 8, [40])
     texts = graph.decode(ids.astype(np.int32), lengths.astype(np.int32))
@@ -840,7 +859,8 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
   assert text == rnnstep.generate(word_model, ["a dog"], 12, seed=7,
                                   jit_compile=False)
   assert [WORDS[i] for i in ids[0]] == _words_of(text[0])
-  assert "not in the vocabulary" in out["error"]
+  from rnnstep.exporters import token_ops  # pylint: disable=g-import-not-at-top
+  assert f"{token_ops.UNKNOWN_WORD}] [zebra]" in out["error"]
   assert out["bpe_signatures"] == ["generate_ids", "generate_ids_constrained",
                                    "serving_default"]
   want = rnnstep.generate(bpe_model, ["the cat sat", "a dog"], 12, seed=2,
@@ -876,7 +896,9 @@ def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
   # A word the vocabulary lacks: the TensorFlow path, with its own error.
   unknown = test_fast_path.cli(tmp_path, [
       f"--weights={word_file}", "--prompt=the zebra", "--verbose"])
-  assert unknown.returncode != 0 and "'zebra'" in unknown.stderr
+  assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+  assert ("--prompt='the zebra': word 'zebra' is not in the model's "
+          "vocabulary") in unknown.stderr, unknown.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -1116,6 +1138,34 @@ def test_byte_and_bpe_torch_models_match_torch(name, vocab):
     assert text == str(reference["bytes_text"])
   else:
     assert prompt + text == str(reference["bpe_text"])
+
+
+def test_serve_refuses_unknown_words_naming_them_then_serves(word_model):
+  """rnnstep-serve's HTTP app on a word model without an OOV token: a prompt
+  word it lacks is a 400 naming the field `prompt` and the word, in one
+  line; the next request is answered (max_tokens 0: nothing to run, so the
+  engine is never started and nothing compiles)."""
+  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed")
+  from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  from starlette import testclient  # pylint: disable=g-import-not-at-top
+  served = app.Server(word_model, engine.Engine(
+      word_model, path="graph", max_batch=2, chunk_steps=4, max_queue=2,
+      max_tokens_limit=8), model_id="words")
+  served.ready = True
+  with testclient.TestClient(served.app) as client:
+    refused = client.post("/v1/completions", json={
+        "prompt": ["the cat", "the zebra\nunicorn"], "max_tokens": 4})
+    answered = client.post("/v1/completions", json={
+        "prompt": "the cat", "max_tokens": 0})
+  assert refused.status_code == 400, refused.text
+  assert refused.json()["error"]["param"] == "prompt"
+  assert refused.json()["error"]["message"] == (
+      "prompt 1: words 'zebra', 'unicorn' are not in the model's vocabulary "
+      "(which has no out-of-vocabulary token); remove or replace them")
+  assert answered.status_code == 200, answered.text
 
 
 @pytest.mark.slow

@@ -88,9 +88,6 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
   try:
     with quiet_stderr() as stream, _tensorflow_without_keras():
       _stderr = stream
-      # The library's notices to the user (no TensorFlow imported here).
-      from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
-      vocabulary.notice_stream = stream
       try:
         app.run(functools.partial(_call_main, main), argv=argv,
                 flags_parser=functools.partial(parse_flags, doc, flag_values))
@@ -98,7 +95,6 @@ def run(program: str, doc: str, flag_values: flags.FlagValues, main,
         sys.exit(_exit_status(e))
       finally:
         _stderr = None
-        vocabulary.notice_stream = None
   finally:
     if installed:
       signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)

@@ -232,7 +232,8 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
   `oov_token`; a `char_level` one's characters, lowered where `lower`
   says); id 0 is Keras's padding, recorded as "[UNK]" so that it is
   never generated; ids 1.. are its `index_word`, up to `num_words` where it
-  set one (Keras maps the words past it to the OOV token, or drops them).
+  set one (Keras maps the words past it to the OOV token, or drops them;
+  rnnstep refuses them where there is no OOV token).
 
   Raises:
     ValueError: a config that is not one; naming `source`.
@@ -269,9 +270,9 @@ def keras_tokenizer(data, source: str) -> vocabulary_lib.Tokens:
   else:
     rules.update(filters=field("filters", str, ""),
                  split=field("split", str, " "))
+  # Without an OOV token a prompt word the index lacks is refused, where
+  # texts_to_sequences drops it: a prompt is never silently changed.
   rules["oov"] = oov if oov in vocab else None
-  if rules["oov"] is None:  # texts_to_sequences drops the words it lacks.
-    rules["unknown"] = "drop"
   vocab = model_file.validate_vocab(vocab, source, tokens=True)
   return vocabulary_lib.Tokens("words", vocab, rules, source)
 

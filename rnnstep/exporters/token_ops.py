@@ -21,8 +21,8 @@ a SavedModel serves strings without rnnstep:
     TensorFlow's). A Keras `TextVectorization`'s `standardize` and `split`
     are the layer's own ops (`tf.strings.lower`, its punctuation regex,
     `tf.strings.split`, `tf.strings.unicode_split`). Then a table from words
-    to ids, the OOV token for the rest (or a failed call naming no word: a
-    graph's error is a constant).
+    to ids, the OOV token for the rest (or a failed call whose message names
+    the first unknown words, the assertion's data).
   - **textgenrnn's word level** (the `recipe` rule): its prefix split
     (`_textgenrnn_words`) and its text, the words joined and re-spaced by
     its regexes after the prompt as it writes it (`continuation`), in RE2.
@@ -44,8 +44,11 @@ from rnnstep.model import vocabulary as vocabulary_lib
 
 # Messages of the graph's checks (tests match them).
 NOT_UTF8 = "a prompt is not UTF-8 text"
-UNKNOWN_WORD = ("a prompt word is not in the vocabulary of the model (which "
-                "has no out-of-vocabulary token)")
+# Followed, in the error, by the first unknown words: `[zebra unicorn]` (the
+# host's refusal is `vocabulary.unknown_words`). No quote marks: TensorFlow's
+# Assert escapes them in its message (model\'s, \'zebra\').
+UNKNOWN_WORD = ("prompt words are not in the vocabulary of the model (which "
+                "has no out-of-vocabulary token); remove or replace them:")
 NO_TOKENS = "a prompt gives no tokens"
 LOWER_DIFFERS = ("a prompt holds a character whose lowercase differs between "
                  "this TensorFlow's and the exporting Python's Unicode "
@@ -242,11 +245,13 @@ class GraphTokens(tf.Module):
         prompts, message=NOT_UTF8)]
     words = self._words(prompts, checks)
     ids = tf.ragged.map_flat_values(self._ids.lookup, words)
-    if self._rules.get("unknown") == "drop":  # As `Tokens.encode`.
-      ids = tf.ragged.boolean_mask(ids, ids >= 0)
-    elif self._oov is None:
-      checks.append(tf.debugging.assert_non_negative(ids.flat_values,
-                                                     message=UNKNOWN_WORD))
+    if self._oov is None:  # The words themselves in the error, as the host's.
+      unknown = tf.unique(tf.boolean_mask(words.flat_values,
+                                          ids.flat_values < 0)).y
+      checks.append(tf.debugging.Assert(
+          tf.size(unknown) == 0,
+          [UNKNOWN_WORD, unknown[:vocabulary_lib.SHOWN_UNKNOWN]],
+          summarize=vocabulary_lib.SHOWN_UNKNOWN))
     else:
       ids = tf.ragged.map_flat_values(
           lambda x: tf.where(x < 0, self._oov, x), ids)

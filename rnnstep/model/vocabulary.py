@@ -33,16 +33,11 @@ import codecs
 import json
 import os
 import re
-import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 KINDS = ("characters", "words", "bytes", "subword")
-# Where a notice (dropped prompt words) is written; None: sys.stderr. The
-# command lines point it at the real stderr, since theirs (fd 2) is
-# /dev/null while they run, to keep TensorFlow's C++ logging quiet.
-notice_stream = None
 UNK_TOKEN = "[UNK]"
 MAX_TOKENIZER_BYTES = 64 << 20
 # Words rules a file may record, and their types.
@@ -54,11 +49,18 @@ _WORD_RULES = {"lower": bool, "filters": str, "split": (str, type(None)),
 # lowered where `lower` says, no filters, no split; its tokens join without
 # spaces). `start`: a token every prompt starts with, which adds no text
 # (textgenrnn's meta token `<s>`, which starts every text it generates).
-# What a words vocabulary without an OOV token does with a word it lacks
-# (its `unknown` rule): "error" (the default: the recipe has no OOV token,
-# e.g. word_language_model) or "drop" (Keras `Tokenizer.texts_to_sequences`
-# drops it silently; rnnstep says so once on stderr).
+# A words vocabulary without an OOV token refuses a prompt word it lacks, in
+# one line naming it (issue #34: a prompt is never silently changed, although
+# Keras's `Tokenizer.texts_to_sequences` drops such words). Files converted
+# before carry an `unknown` rule ("drop" for a Keras `Tokenizer` without
+# `oov_token`): still checked against these values, so that those files load,
+# and then ignored.
 UNKNOWN_WORDS = ("error", "drop")
+# The refusal's words, and how many unknown words it names (the SavedModel's
+# graph check names as many, `token_ops.UNKNOWN_WORD`).
+NOT_IN_VOCABULARY = ("not in the model's vocabulary (which has no "
+                     "out-of-vocabulary token)")
+SHOWN_UNKNOWN = 5
 # `recipe`: a recipe whose own code splits prompts and joins words, where no
 # rule above says it. "textgenrnn": textgenrnn's word-level
 # `textgenrnn_generate` (minimaxir/textgenrnn, textgenrnn/utils.py), its
@@ -96,6 +98,26 @@ def _fail(path, problem: str, advice: str = "") -> ValueError:
   return ValueError(f"{where}{problem}{'; ' + advice if advice else ''}")
 
 
+def unknown_words(words: Sequence[str]) -> str:
+  """The one-line refusal of prompt words a vocabulary without an OOV token
+  lacks.
+
+  Args:
+    words: the unknown words in prompt order (repeats allowed).
+
+  Returns:
+    The message, naming the first `SHOWN_UNKNOWN` distinct words and how
+    many more there are.
+  """
+  distinct = list(dict.fromkeys(words))
+  shown = ", ".join(map(repr, distinct[:SHOWN_UNKNOWN]))
+  if len(distinct) > SHOWN_UNKNOWN:
+    shown += f" and {len(distinct) - SHOWN_UNKNOWN} more"
+  if len(distinct) == 1:
+    return f"word {shown} is {NOT_IN_VOCABULARY}; remove or replace it"
+  return f"words {shown} are {NOT_IN_VOCABULARY}; remove or replace them"
+
+
 class Tokens:
   """A vocabulary of tokens and the rules of its kind.
 
@@ -130,7 +152,6 @@ class Tokens:
     self.rules = dict(rules or {})
     self._ids = {t: i for i, t in enumerate(self.vocab)}
     self._tokenizer = None
-    self._said_dropped = False
     if kind == "words":
       unknown = sorted(set(self.rules) - set(_WORD_RULES))
       if unknown:
@@ -148,6 +169,7 @@ class Tokens:
       if self.rules.get("unknown", "error") not in UNKNOWN_WORDS:
         raise _fail(path, f"tokens rule unknown must be one of "
                     f"{UNKNOWN_WORDS}, got {self.rules['unknown']!r}"[:200])
+      self.rules.pop("unknown", None)  # Read and ignored: see UNKNOWN_WORDS.
       if self.rules.get("recipe", "textgenrnn") not in RECIPES:
         raise _fail(path, f"tokens rule recipe must be one of {RECIPES}, got "
                     f"{self.rules['recipe']!r}"[:200])
@@ -233,8 +255,9 @@ class Tokens:
     """Maps text to int32 ids by the kind's rules.
 
     Raises:
-      ValueError: a word that is not in the vocabulary (where there is no OOV
-        token), or a character a characters vocabulary lacks; naming it.
+      ValueError: words that are not in the vocabulary (where there is no
+        OOV token: `unknown_words`, naming the first few), or a character a
+        characters vocabulary lacks; naming it.
     """
     if self.kind == "characters":
       ids = []
@@ -253,16 +276,14 @@ class Tokens:
     words = self.words(text)
     if "start" in self.rules:
       words.insert(0, self.rules["start"])
-    ids = [self._word_id(w) for w in words]
-    dropped = [w for w, i in zip(words, ids) if i is None]
-    if dropped and not self._said_dropped:
-      # Once per vocabulary: a prompt loop would repeat it at every call.
-      self._said_dropped = True
-      shown = ", ".join(map(repr, dropped[:5]))
-      print(f"rnnstep: dropped prompt words the vocabulary lacks ({shown}), "
-            "as Keras's Tokenizer.texts_to_sequences does",
-            file=notice_stream or sys.stderr, flush=True)
-    return np.array([i for i in ids if i is not None], np.int32)
+    ids = [self._ids.get(w) for w in words]
+    if None in ids:
+      oov = self.rules.get("oov")
+      if oov is None:
+        raise ValueError(unknown_words(
+            [w for w, i in zip(words, ids) if i is None]))
+      ids = [self._ids[oov] if i is None else i for i in ids]
+    return np.array(ids, np.int32)
 
   def words(self, text: str) -> List[str]:
     """A words vocabulary's split of `text`, as its recipe splits it.
@@ -298,18 +319,6 @@ class Tokens:
       line = line.translate({ord(c): split or " " for c in filters})
     words = line.split(split) if split is not None else line.split()
     return [w for w in words if w]
-
-  def _word_id(self, word: str) -> int:
-    found = self._ids.get(word)
-    if found is not None:
-      return found
-    oov = self.rules.get("oov")
-    if oov is not None:
-      return self._ids[oov]
-    if self.rules.get("unknown") == "drop":
-      return None
-    raise ValueError(f"word {word!r} is not in the model's vocabulary (which "
-                     "has no out-of-vocabulary token); remove or replace it")
 
   # ------------------------------------------------------------- ids to text
 
