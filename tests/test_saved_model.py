@@ -226,8 +226,8 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
             jit_compile=library_path))
         self.assertIn("not in the vocabulary", out["error"])
         self.assertIn("typical_p must be in (0, 1]", out["typical_error"])
-        self.assertIn("regex: not one of the 2 patterns",
-                      out["unknown_regex"])
+        self.assertIn("regex: not a pattern this SavedModel was exported "
+                      "with (it has 2,", out["unknown_regex"])
         self.assertIn("stop: a stop string can never be generated",
                       out["bad_stop"])
         for name, options in self.cases.items():

@@ -261,6 +261,17 @@ def test_served_stop_automaton_is_the_host_s(word_model, byte_model):
       np.testing.assert_array_equal(got.accept.numpy(), want.accept)
 
 
+def test_served_stop_table_over_its_limit_fails_the_call(word_model,
+                                                        monkeypatch):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 3100)
+  _, automaton = _graph_stops(word_model)
+  automaton([b"at"])  # 3 states x 256 tokens x 4 bytes fit; 4 states not.
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"stop: the stop "
+                     r"strings need a table of\] \[4\] \[states x\] \[256"):
+    automaton([b"abc"])
+
+
 def test_served_stop_cut_is_str_find_s(word_model):
   """The SavedModel cuts a token row's text where `str.find` finds the first
   stop string's end, the row ending (as on device) at the token it ends in."""

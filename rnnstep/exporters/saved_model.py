@@ -205,10 +205,9 @@ class ServingModule(tf.Module):
             tf.constant([constraints.FREE] + dfa.start.tolist(), tf.int32)),
         default_value=-1)
     self._unknown_pattern = (
-        f"regex: not one of the {len(patterns)} patterns this SavedModel was "
-        f"exported with (assets/{PATTERNS_ASSET} lists them; a pattern is "
-        "compiled when the model is exported: rnnstep-export --regex); "
-        "an empty regex is none")
+        f"regex: not a pattern this SavedModel was exported with (it has "
+        f"{len(patterns)}, listed in assets/{PATTERNS_ASSET}; rnnstep-export "
+        "--regex compiles one); an empty regex is none")
 
   def served_signatures(self) -> dict:
     """{signature name: tf.function}, what `export` saves: the string
