@@ -163,7 +163,9 @@ def test_tflite_export_reports_files_and_the_signature(env):
   lines = ok(env["results"]["tflite"]).splitlines()
   assert lines[0].startswith("wrote a LiteRT model of ")
   assert str(directory) in lines[0]
-  assert lines[-1].strip().startswith("generate(prompt_ids: int32[?][?], ")
+  assert lines[-2].strip().startswith("generate(prompt_ids: int32[?][?], ")
+  assert lines[-1].startswith("it lacks repetition_penalty, ")
+  assert "num_beams" in lines[-1] and "stop, regex (" in lines[-1]
   assert sorted(os.listdir(directory)) == ["model.tflite", "vocab.json"]
   assert os.listdir(directory.parent) == ["a"]  # No temp directory left.
 

@@ -141,6 +141,8 @@ def main(argv):
           f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")
     print(f"  {lib.signature_text()}")
+    print(f"it lacks {', '.join(lib.lacks())} (--format=saved_model serves "
+          "them; a stop string can be cut from the text on the host)")
     return 0
   print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
         f"jit_compile={_JIT_COMPILE.value}) to {output}")

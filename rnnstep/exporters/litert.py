@@ -35,7 +35,8 @@ top-p; "[UNK]" never drawn) are the library's own (`Model.network()`,
 `rnnstep.generate(..., seed=seed)` does, so the two give the same text
 (greedy: the same text as Keras). The seed is int32, not int64: LiteRT has no
 int64 bitwise ops to split a 64-bit seed (see `row_keys`). Stop strings are not
-part of the export (cut the decoded text on the host).
+part of the export (cut the decoded text on the host), nor are the other
+options the SavedModel serves (`lacks`; `rnnstep-export` names them).
 
 Only float32 models are exported: LiteRT has no bfloat16 matmul, so a model
 loaded with dtype bfloat16/float16 is refused rather than silently changed.
@@ -50,6 +51,7 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
+from rnnstep.decoding import options
 from rnnstep.decoding import pipeline
 from rnnstep.decoding import sampling
 from rnnstep.engine import loop
@@ -116,6 +118,15 @@ class GenerateModule(tf.Module):
         lambda t, *_: t < steps, decode,
         (tf.constant(0), state, last_ids, tf.zeros([steps, batch], tf.int32)))
     return {"ids": tf.transpose(ids)}
+
+
+def lacks() -> list:
+  """What the SavedModel serves and the LiteRT signature does not: the
+  served decoding options it has no input for (from their declarations),
+  and stop strings and patterns."""
+  inputs = {spec.name for spec in GenerateModule.generate.input_signature}
+  return [option.name for option in options.OPTIONS
+          if option.served and option.name not in inputs] + ["stop", "regex"]
 
 
 def signature_text() -> str:
