@@ -47,6 +47,18 @@ SCRIPT = textwrap.dedent("""
     # "Reproducibility"), so each path's two-replica run is compared with it
     # rather than with the same path on one device (a program less each).
     one_device = {}
+    beams = dict(num_beams=3, num_return_sequences=2)
+    penalties = dict(seed=3, min_p=0.05, repetition_penalty=1.3,
+                     repetition_window=8, no_repeat_ngram_size=3,
+                     return_scores=True)
+    window = dict(seed=3, top_k=8, window=4)
+    regex = dict(seed=3, regex=["[A-Z]+", None, "([A-Z]+ )+[.]", "[A-H]+[.]",
+                                "[A-Z]+"])
+    DECODING_RUNS = {False: (beams, penalties, regex),
+                     True: (penalties, window, beams),
+                     "elementwise": (window, regex)}
+    INITIAL_STATE_RUNS = {False: (dict(seed=3),), True: (dict(num_beams=3),),
+                          "elementwise": (dict(seed=3), dict(num_beams=3))}
 
     def alone(**kwargs):
       key = repr(sorted(kwargs.items()))
@@ -71,14 +83,10 @@ SCRIPT = textwrap.dedent("""
           if kwargs.get("temperature") == 0.0:
             assert two == keras_greedy, (name, jit, two, keras_greedy)
         if name == "outside":
-          # The decoding strategies split over replicas too.
-          for kwargs in (dict(num_beams=3, num_return_sequences=2),
-                         dict(seed=3, min_p=0.05, repetition_penalty=1.3,
-                              repetition_window=8, no_repeat_ngram_size=3,
-                              return_scores=True),
-                         dict(seed=3, top_k=8, window=4),
-                         dict(seed=3, regex=["[A-Z]+", None, "([A-Z]+ )+[.]",
-                                             "[A-H]+[.]", "[A-Z]+"])):
+          # The decoding strategies split over replicas too, each on two of
+          # the paths in turn (each path's own decoding is tests/test_paths'
+          # and the decoding tests'; the split is the same on every path).
+          for kwargs in DECODING_RUNS[jit]:
             one = alone(**kwargs)
             two = rnnstep.generate(model, prompts, 40, jit_compile=jit,
                                    strategy=strategy, **kwargs)
@@ -91,7 +99,7 @@ SCRIPT = textwrap.dedent("""
           # One state per row, split over the replicas with its row.
           state = [{k: v[:, -1] for k, v in layer.items()} for layer in
                    rnnstep.hidden_states(outside, ["AB", "C", "DEF", "G", "HI"])]
-          for kwargs in (dict(seed=3), dict(num_beams=3)):
+          for kwargs in INITIAL_STATE_RUNS[jit]:
             one = alone(initial_state=state, **kwargs)
             two = rnnstep.generate(model, prompts, 40, jit_compile=jit,
                                    strategy=strategy, initial_state=state,

@@ -146,19 +146,15 @@ EXPORT_PATHS = (False, True, "elementwise")
 PATTERNS = ["[A-Z]+( [A-Z]+)*[.!]", "(YES|NO)!"]
 
 
-def constrained_cases(sampled):
-  """generate_constrained's cases: stop strings taken from the rows' sampled
-  text (temperature 0.8, seed 5), so that each row meets one and stops
-  early, alone and with a pattern, penalties and beams."""
-  stops = [sampled[0][10:12], sampled[1][20:23], sampled[2][30:31]]
-  sampled_case = dict(DECODING_DEFAULTS, temperature=0.8, seed=5)
+def constrained_cases(penalized):
+  """generate_constrained's cases: stop strings taken from the rows'
+  "penalized" text, so that each row meets one and stops early; and with
+  beams and a pattern."""
+  stops = [penalized[0][10:12], penalized[1][20:23], penalized[2][30:31]]
   return {
-      "stopped": dict(sampled_case, stop=stops),
-      "stopped_pattern_penalized": dict(
-          sampled_case, stop=stops[1:], regex=PATTERNS[0],
-          repetition_penalty=1.3, no_repeat_ngram_size=3),
-      "stopped_beams": dict(DECODING_CASES["beams"], stop=stops,
-                            regex=PATTERNS[1]),
+      "stopped_penalized": dict(DECODING_CASES["penalized"], stop=stops),
+      "stopped_beams_pattern": dict(DECODING_CASES["beams"], stop=stops,
+                                    regex=PATTERNS[1]),
   }
 
 
@@ -198,8 +194,8 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     rnnstep.export(cls.bfloat16_model, cls.bfloat16_dir,
                    jit_compile="elementwise")
     cls.cases = dict(DECODING_CASES, **constrained_cases(rnnstep.generate(
-        cls.model, PROMPTS, STEPS, temperature=0.8, seed=5,
-        jit_compile=False)))
+        cls.model, PROMPTS, STEPS, jit_compile=False,
+        **DECODING_CASES["penalized"])))
     # The bfloat16 export's test checks the basic signatures only.
     cls.served = serve(dict({d: cls.cases for d in cls.export_dirs.values()},
                             **{cls.bfloat16_dir: {}}))
@@ -238,7 +234,7 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
           self.assertEqual(texts, want_texts, name)
           self.assertAllClose(scores, want_scores, rtol=1e-5, msg=name)
         # The stop strings end every row early (each is in its row's text).
-        for text in out["stopped"][0]:
+        for text in out["stopped_penalized"][0]:
           self.assertLess(len(text), STEPS)
 
   def test_xla_export_serves_batches_across_buckets(self):

@@ -880,6 +880,44 @@ def test_saved_model_serves_token_models_without_rnnstep(word_model, bpe_file,
 
 
 @pytest.mark.slow
+def test_cli_stops_patterns_penalties_and_beams_on_token_models(word_file,
+                                                                bpe_file):
+  """rnnstep-generate on a word and a BPE model: stop strings spanning
+  tokens with a pattern and penalties (streamed in chunks), and beams with
+  the pattern, give `rnnstep.generate`'s texts."""
+  runs, expected = {}, {}
+  for name, path, prompts, pattern in (
+      ("words", word_file, ["the cat", "a dog ran"], r"( [a-z0-9]+)+"),
+      ("bpe", bpe_file[2], ["the cat", "a dog"], r"[a-z .]+")):
+    model = rnnstep.load(path)
+    library = functools.partial(rnnstep.generate, model, prompts, 12,
+                                jit_compile=False)
+    sampled = dict(seed=4, temperature=0.9, repetition_penalty=1.3,
+                   no_repeat_ngram_size=2, regex=pattern)
+    stops = [text[len(text) // 2 - 1:len(text) // 2 + 2]
+             for text in library(**sampled)]
+    cases = {"sampled": dict(sampled, stop=stops),
+             "beams": dict(num_beams=3, regex=pattern, stop=stops)}
+    for case, options in cases.items():
+      flags = [f"--weights={path}", "--num_steps=12", "--nojit_compile",
+               "--format=jsonl", *(f"--prompt={p}" for p in prompts),
+               *(f"--stop={s}" for s in options["stop"])]
+      flags += [f"--{k}={v}" for k, v in options.items() if k != "stop"]
+      if case == "sampled":
+        flags += ["--stream", "--chunk_size=3"]
+      runs[f"{name}_{case}"] = (flags, False)
+      expected[f"{name}_{case}"] = library(**options)
+    # Each row's stop string is from its own text: every row stops at one.
+    assert all(text.endswith(tuple(stops))
+               for text in expected[f"{name}_sampled"]), name
+  results = cli.run_concurrently(
+      cli.command("rnnstep-generate", "rnnstep.cli.generate"), runs)
+  for run, want in expected.items():
+    records = [json.loads(line) for line in cli.ok(results[run]).splitlines()]
+    assert [r["text"] for r in records] == want, run
+
+
+@pytest.mark.slow
 def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
                                                           tmp_path,
                                                           monkeypatch):

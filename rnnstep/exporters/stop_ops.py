@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 
 from rnnstep.decoding import stopping
-from rnnstep.model import vocabulary as vocabulary_lib
 
 # The host's messages (`host.stop_automaton`), prefixed with the input.
 EMPTY_STOP = "stop: a stop string is empty; give at least one character"
@@ -84,19 +83,29 @@ def trie_automaton(stops: tf.Tensor, unit: str, symbols: tf.RaggedTensor,
       tf.range(num_states) == 0, tf.int32)[:, None]
 
   def fill_depth(d, table, fail, accept):
-    here = tf.equal(depth, d)
+    # Only the states at depth d: the whole build stays O(S * A), as the
+    # host's (a stop string of 4,096 units has 4,096 depths).
+    here = tf.where(tf.equal(depth, d))
+
+    def into(tensor, values):
+      return tf.tensor_scatter_nd_update(tensor, here, values)
+
+    index = here[:, 0]
     # fail(child of s by c) = table[fail(s), c]: a shallower, complete row.
     deeper_fail = tf.gather_nd(table, tf.stack(
-        [tf.gather(fail, parent), symbol], 1))
-    fail = tf.where(here, tf.where(d > 1, deeper_fail, 0), fail)
+        [tf.gather(fail, tf.gather(parent, index)),
+         tf.gather(symbol, index)], 1))
+    new_fail = deeper_fail * tf.cast(d > 1, tf.int32)
     # Missing edges fall back along the failure link, as on the host.
-    row = tf.where(children >= 0, children, tf.gather(table, fail))
-    table = tf.where(here[:, None], row, table)
-    accept = tf.where(here, is_end | tf.gather(accept, fail), accept)
-    return d + 1, table, fail, accept
+    own = tf.gather(children, index)
+    rows = tf.where(own >= 0, own, tf.gather(table, new_fail))
+    return (d + 1, into(table, rows), into(fail, new_fail),
+            into(accept, tf.gather(is_end, index)
+                 | tf.gather(accept, new_fail)))
 
+  deepest = tf.reduce_max(depth)
   _, table, _, accept = tf.while_loop(
-      lambda d, *_: d <= tf.reduce_max(depth), fill_depth,
+      lambda d, *_: d <= deepest, fill_depth,
       (tf.constant(1), table, tf.zeros([num_states], tf.int32),
        tf.zeros([num_states], tf.bool)))
   return table, accept
