@@ -24,6 +24,7 @@ from rnnstep.engine import window as window_lib
 from rnnstep import errors
 from rnnstep.model import cells
 from rnnstep.model import network as model_lib
+from rnnstep.model import vocabulary
 
 BUNDLED_MODEL = "shakespeare.npz"
 
@@ -589,12 +590,8 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
   recipe = model.tokens.rules.get("recipe")
   for name, given in (("stop", stops), ("regex", patterns)):
     if recipe and given and any(given):
-      # They act on the tokens' raw text (" " + word each), which the
-      # recipe's re-spacing changes afterwards.
-      raise errors.ArgumentError(
-          name, f"{name}= with a {recipe} word-level model: its text is "
-          "re-spaced after the words are chosen, so neither acts on the text "
-          "it returns; stop by num_steps")
+      raise errors.ArgumentError(name, vocabulary.recipe_refuses(name,
+                                                                 recipe))
   if patterns:
     constraints.combine(model, patterns)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]

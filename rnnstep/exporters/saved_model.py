@@ -116,10 +116,6 @@ IDS_CONSTRAINED_SIGNATURE = "generate_ids_constrained"
 _CONSTRAINT_INPUTS = [tf.TensorSpec([None], tf.string, name="stop"),
                       tf.TensorSpec([], tf.string, name="regex")]
 
-
-def _no_constraints():
-  """The constrained signatures' inputs for none: no stop, no pattern."""
-  return tf.zeros([0], tf.string), tf.constant("")
 # The vocabulary's assets of a token model's export.
 TOKENS_ASSET = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_ASSET = vocabulary.Tokens.TOKENIZER_FILE
@@ -323,10 +319,8 @@ class ServingModule(tf.Module):
       recipe = self.model.tokens.rules.get("recipe")
       if recipe:  # As the library refuses them (`api._check_arguments`).
         checks.append(tf.debugging.assert_equal(
-            (tf.size(stop) > 0) | (regex != ""), False, message=(
-                f"stop, regex: neither acts on a {recipe} word-level model's "
-                "text, which is re-spaced after the words are chosen; stop by "
-                "num_steps")))
+            (tf.size(stop) > 0) | (regex != ""), False,
+            message=vocabulary.recipe_refuses("stop", recipe)))
     with tf.control_dependencies(checks):
       prompt_ids = tf.identity(prompt_ids)
     batch = tf.shape(prompt_ids)[0]
@@ -446,11 +440,14 @@ def _check_patterns(model, regex) -> tuple:
                                "each once")
   recipe = model.tokens.rules.get("recipe")
   if patterns and recipe:
-    raise errors.ArgumentError(
-        "regex", f"regex with a {recipe} word-level model: its text is "
-        "re-spaced after the words are chosen, so a pattern does not act on "
-        "the text it returns")
+    raise errors.ArgumentError("regex", vocabulary.recipe_refuses("regex",
+                                                                  recipe))
   return tuple(patterns)
+
+
+def _no_constraints():
+  """The constrained signatures' inputs for none: no stop, no pattern."""
+  return tf.zeros([0], tf.string), tf.constant("")
 
 
 FORMATS = ("saved_model", "web", "tflite")

@@ -69,6 +69,15 @@ SHOWN_UNKNOWN = 5
 # `vocab.get(x, 0)` makes them), each word lowered; the words joined with
 # " " and re-spaced around punctuation (`respace_textgenrnn`).
 RECIPES = ("textgenrnn",)
+
+
+def recipe_refuses(name: str, recipe: str) -> str:
+  """The refusal of `stop`/`regex` (`name`) with a `recipe` vocabulary: they
+  act on the tokens' raw text (" " + word each), which the recipe re-spaces
+  afterwards."""
+  return (f"{name}= with a {recipe} word-level model: its text is re-spaced "
+          "after the words are chosen, so neither acts on the text it "
+          "returns; stop by num_steps")
 TEXTGENRNN_PREFIX_PUNCT = '!"#$%&()*+,-./:;<=>?@[\\]^_`{|}~\\n\\t\'‘’“”’–—'
 TEXTGENRNN_LEFT = "!%),.:;?@\\]_}\\n\\t'"
 TEXTGENRNN_RIGHT = "$(\\[_\\n\\t'"
