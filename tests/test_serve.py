@@ -564,7 +564,7 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server):
     assert error["message"] and "\n" not in error["message"]
   import openai  # pylint: disable=g-import-not-at-top
   with pytest.raises(openai.BadRequestError, match="top_p"):
-    server.openai_client().completions.create(model="m", prompt="a",
+    server.openai_client().completions.create(model="tiny", prompt="a",
                                               max_tokens=3, top_p=7)
   # An oversized body is refused from its length, before it is parsed.
   reply = httpx.post(server.url("/v1/completions"),

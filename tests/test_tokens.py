@@ -34,31 +34,20 @@ from rnnstep.model import vocabulary
 from tests.support import cli
 from tests.support import decoding_reference
 from tests.support import numpy_reference
+from tests.support import token_models
 from tests.support.tiers import quick_params
 
 WORD_LM = pathlib.Path(__file__).parent / "data" / "word_lm"
 KERAS_WORDS = pathlib.Path(__file__).parent / "data" / "keras_words"
 TOKEN_TORCH = pathlib.Path(__file__).parent / "data" / "token_torch"
-CONFIG = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
-WORDS = (["<eos>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
-         + [f"w{i}" for i in range(247)])
-
-
-def _tensors(seed, scale=1.5):
-  rng = np.random.default_rng(seed)
-  return {k: (rng.normal(size=s) * scale).astype(np.float32)
-          for k, s in CONFIG.expected_shapes(256).items()}
-
-
-def _write(path, tokens, seed):
-  model_file.write(path, CONFIG, list(tokens.vocab), _tensors(seed), tokens)
-  return str(path)
+CONFIG = token_models.CONFIG
+WORDS = token_models.WORDS
 
 
 @pytest.fixture(scope="module")
 def word_file(tmp_path_factory):
-  tokens = vocabulary.Tokens("words", WORDS, {"newline": "<eos>"})
-  return _write(tmp_path_factory.mktemp("tokens") / "words.npz", tokens, 3)
+  return token_models.write_words(tmp_path_factory.mktemp("tokens")
+                                  / "words.npz")
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +57,8 @@ def word_model(word_file):
 
 @pytest.fixture(scope="module")
 def byte_model(tmp_path_factory):
-  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
-  return rnnstep.load(_write(tmp_path_factory.mktemp("tokens") / "bytes.npz",
-                             tokens, 4))
+  return rnnstep.load(token_models.write_bytes(
+      tmp_path_factory.mktemp("tokens") / "bytes.npz"))
 
 
 @pytest.fixture(scope="module")
@@ -80,31 +68,14 @@ def word_reference(word_file):
 
 
 def _train_bpe():
-  """A byte-level BPE (the `tokenizers` library) of 256 tokens: trained on a
-  small text, padded with added tokens to the tests' shared vocabulary size
-  (and so their compiled programs)."""
-  tokenizers = pytest.importorskip("tokenizers")
-  text = ("the cat sat on the mat. the dog ran to the cat. naïve café, "
-          "a cat and a dog.\n") * 4
-  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
-      add_prefix_space=False)
-  bpe.decoder = tokenizers.decoders.ByteLevel()
-  bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(
-      vocab_size=200))
-  trained = bpe.get_vocab_size()
-  bpe.add_tokens([f"<x{i}>" for i in range(256 - trained)])
-  return bpe, trained
+  return token_models.train_bpe(pytest.importorskip("tokenizers"))
 
 
 @pytest.fixture(scope="module")
 def bpe_file(tmp_path_factory):
   """`(tokenizer, trained tokens, model file)` of a subword model."""
-  bpe, trained = _train_bpe()
-  vocab = [bpe.id_to_token(i) for i in range(256)]
-  tokens = vocabulary.Tokens("subword", vocab, {"tokenizer": bpe.to_str()})
-  return bpe, trained, _write(tmp_path_factory.mktemp("tokens") / "bpe.npz",
-                              tokens, 2)
+  return token_models.write_bpe(tmp_path_factory.mktemp("tokens") / "bpe.npz",
+                                pytest.importorskip("tokenizers"))
 
 
 def _words_of(text):
@@ -319,7 +290,7 @@ def test_stop_table_over_its_limit_is_refused(monkeypatch):
 def test_model_file_versions(tmp_path, word_file):
   # A character model is still format 1, with no tokens member.
   chars = [chr(c) for c in range(32, 32 + 256)]
-  model_file.write(tmp_path / "c.npz", CONFIG, chars, _tensors(1))
+  model_file.write(tmp_path / "c.npz", CONFIG, chars, token_models.tensors(1))
   with np.load(tmp_path / "c.npz") as z:
     assert int(z["format_version"]) == 1 and "tokens" not in z.files
   with np.load(word_file) as z:

@@ -7,11 +7,17 @@
 Every choice's text equals rnnstep.generate(model, prompt, max_tokens,
 seed=seed, **options) for the same request (choice k of a list of prompts, or
 of n > 1, is row k of generate over the prompts each repeated n times), under
-any load. Routes: POST /v1/completions, GET /v1/models, GET /health (503
-until warm), GET /metrics (Prometheus). SIGTERM stops admitting (503),
-finishes the requests in flight (up to --drain_timeout s) and exits 0.
+any load. Routes: POST /v1/completions, GET /v1/models, POST /tokenize and
+/detokenize, GET /health (503 until warm), GET /metrics (Prometheus), GET
+/openapi.json. With --api_key (or --api_key_file, or RNNSTEP_API_KEY) every
+route but /health, /metrics and /openapi.json needs `Authorization: Bearer
+KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
+--drain_timeout s) and exits 0; a failed warm-up exits 1, saying why.
 """
 
+import ipaddress
+import os
+import pathlib
 import signal
 import threading
 
@@ -49,11 +55,44 @@ _MAX_QUEUE = flags.DEFINE_integer(
 _MAX_TOKENS_LIMIT = flags.DEFINE_integer(
     "max_tokens_limit", 2048, "The largest max_tokens a request may ask.",
     lower_bound=1, upper_bound=1 << 20, flag_values=FLAGS)
-_MAX_PROMPT_CHARS = flags.DEFINE_integer(
-    "max_prompt_chars", 1024, "The longest prompt served (a prompt longer "
-    "than a chunk is primed a chunk's worth of characters a call).",
-    lower_bound=1,
+_MAX_PROMPT_TOKENS = flags.DEFINE_integer(
+    "max_prompt_tokens", 1024, "The longest prompt served, in the model's "
+    "ids (a character model's characters; a byte model's bytes): every "
+    "buffer is sized from it, and a longer prompt gets 400. A prompt longer "
+    "than a chunk is primed a chunk's worth of ids a call.", lower_bound=1,
     upper_bound=1 << 20, flag_values=FLAGS)
+flags.DEFINE_alias("max_prompt_chars", "max_prompt_tokens", flag_values=FLAGS)
+_MAX_BODY_BYTES = flags.DEFINE_integer(
+    "max_body_bytes", 1 << 20, "The largest request body read (larger: "
+    "413, refused before it is parsed).", lower_bound=1 << 10,
+    upper_bound=256 << 20, flag_values=FLAGS)
+_BODY_TIMEOUT = flags.DEFINE_float(
+    "body_timeout", 30.0, "Seconds a client has to send its request body "
+    "(later: 408).", lower_bound=0.1, flag_values=FLAGS)
+_CHECK_TIMEOUT = flags.DEFINE_float(
+    "check_timeout", 10.0, "Seconds a request's checks may take (compiling "
+    "its regex, its stop strings): past them, 400 naming the field.",
+    lower_bound=0.1, flag_values=FLAGS)
+_SERVED_MODEL_NAME = flags.DEFINE_string(
+    "served_model_name", None, "The model's name in /v1/models and in "
+    "responses; a request naming another gets 404 (model_not_found). "
+    "Default: the model file's stem (shakespeare for the bundled model).",
+    flag_values=FLAGS)
+_API_KEY = flags.DEFINE_multi_string(
+    "api_key", [], "A key clients must send as `Authorization: Bearer KEY` "
+    "(repeatable; also RNNSTEP_API_KEY and --api_key_file). Without any, "
+    "anyone who reaches the port may use the server.", flag_values=FLAGS)
+_API_KEY_FILE = flags.DEFINE_string(
+    "api_key_file", None, "A file of API keys, one a line (blank lines and "
+    "lines starting with # are skipped).", flag_values=FLAGS)
+_ALLOWED_ORIGINS = flags.DEFINE_list(
+    "allowed_origins", [], "Origins whose web pages may read the server's "
+    "answers (CORS; e.g. https://app.example.com, or * for any). Default: "
+    "none.", flag_values=FLAGS)
+_ALLOWED_HOSTS = flags.DEFINE_list(
+    "allowed_hosts", None, "Host headers answered (others: 400), against DNS "
+    "rebinding; * for any. Default: localhost and 127.0.0.1 when --host is "
+    "a loopback address, else any.", flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_enum(
     "jit_compile", "auto", ["auto", "true", "false", "elementwise"],
     "Execution path, as generate's jit_compile (auto: the library's choice "
@@ -174,8 +213,55 @@ def _strategy():
                          common.EXIT_USAGE) from None
 
 
+def _api_keys():
+  """The keys of --api_key, --api_key_file and RNNSTEP_API_KEY.
+
+  Raises:
+    common.Failure: --api_key_file cannot be read, or a key is unusable.
+  """
+  keys = list(_API_KEY.value)
+  if os.environ.get("RNNSTEP_API_KEY"):
+    keys.append(os.environ["RNNSTEP_API_KEY"])
+  if _API_KEY_FILE.value:
+    try:
+      with open(_API_KEY_FILE.value, encoding="utf-8") as f:
+        text = f.read(1 << 20)
+    except (OSError, UnicodeDecodeError) as e:
+      raise common.Failure(f"--api_key_file: cannot read "
+                           f"{_API_KEY_FILE.value}: {e}", common.EXIT_USAGE)
+    keys += [line.strip() for line in text.splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+      raise common.Failure(f"--api_key_file: {_API_KEY_FILE.value} holds no "
+                           "key", common.EXIT_USAGE)
+  for key in keys:
+    if not key.strip() or not key.isprintable() or not key.isascii() or (
+        len(key.split()) != 1):
+      raise common.Failure("--api_key: a key must be printable ASCII "
+                           "without spaces", common.EXIT_USAGE)
+  return [key.strip() for key in keys]
+
+
+def _allowed_hosts():
+  """--allowed_hosts, or its default: loopback names on a loopback address."""
+  if _ALLOWED_HOSTS.value is not None:
+    return _ALLOWED_HOSTS.value or ["*"]
+  try:
+    loopback = ipaddress.ip_address(_HOST.value).is_loopback
+  except ValueError:
+    loopback = _HOST.value == "localhost"
+  return ["localhost", "127.0.0.1"] if loopback else ["*"]
+
+
+def _model_name() -> str:
+  if _SERVED_MODEL_NAME.value:
+    return _SERVED_MODEL_NAME.value
+  return pathlib.Path(_MODEL.value).stem if _MODEL.value else "shakespeare"
+
+
 def main(argv) -> int:
   common.reject_arguments(argv)
+  api_keys = _api_keys()  # Before the model loads: a bad key file is quick.
   # pylint: disable=g-import-not-at-top
   import uvicorn
   from rnnstep.serve import app as app_lib
@@ -202,28 +288,23 @@ def main(argv) -> int:
       max_queue=lanes_lib.lane_queue(_MAX_QUEUE.value, _MAX_BATCH.value,
                                      slots),
       max_tokens_limit=_MAX_TOKENS_LIMIT.value,
-      max_prompt_chars=_MAX_PROMPT_CHARS.value, strategy=strategy)
+      max_prompt_tokens=_MAX_PROMPT_TOKENS.value, strategy=strategy)
              for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
   engine = (engines[0] if lanes == 1
             else lanes_lib.Lanes(engines, _MAX_QUEUE.value))
-  server = app_lib.Server(model, engine, model_id=_MODEL.value or "shakespeare",
-                          max_body_bytes=max(1 << 20,
-                                             8 * _MAX_PROMPT_CHARS.value
-                                             * _MAX_BATCH.value))
-
-  def warm():
-    engine.warm_up()
-    engine.start()
-    server.ready = True
-    common.stderr().write(f"{PROGRAM}: ready on "
-                          f"http://{_HOST.value}:{_PORT.value}\n")
-    common.stderr().flush()
+  server = app_lib.Server(
+      model, engine, model_id=_model_name(),
+      max_body_bytes=_MAX_BODY_BYTES.value, api_keys=api_keys,
+      allowed_origins=_ALLOWED_ORIGINS.value,
+      allowed_hosts=_allowed_hosts(), body_seconds=_BODY_TIMEOUT.value,
+      check_seconds=_CHECK_TIMEOUT.value, max_queue=_MAX_QUEUE.value)
+  failed = []  # Why the warm-up failed.
 
   class Uvicorn(uvicorn.Server):
     """Answers 503 from the first SIGTERM on, while uvicorn drains."""
 
     def handle_exit(self, sig, frame):
-      server.draining = True
+      server.shutdown()
       super().handle_exit(sig, frame)
 
   # The drain lets streams finish (uvicorn cancels what is left after
@@ -231,11 +312,30 @@ def main(argv) -> int:
   http = Uvicorn(uvicorn.Config(
       server.app, host=_HOST.value, port=_PORT.value, log_level="warning",
       timeout_graceful_shutdown=_DRAIN_TIMEOUT.value, lifespan="off"))
+
+  def warm():
+    try:
+      engine.warm_up()
+      engine.start()
+    except BaseException as e:  # pylint: disable=broad-except
+      failed.append(f"{type(e).__name__}: {e}".splitlines()[0][:500])
+      http.should_exit = True
+      return
+    server.ready = True
+    out = common.stderr()
+    out.write(f"{PROGRAM}: ready on http://{_HOST.value}:{_PORT.value}\n")
+    if not api_keys:
+      out.write(f"{PROGRAM}: no API key (--api_key): anyone who reaches "
+                f"port {_PORT.value} may use this server\n")
+    out.flush()
+
   threading.Thread(target=warm, name="rnnstep-warm-up", daemon=True).start()
   # uvicorn handles SIGTERM while it runs (drain, then return) and re-raises
   # it afterwards: ignored then, so a drained server exits 0.
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   http.run()
+  if failed:
+    raise common.Failure(f"warm-up failed: {failed[0]}")
   engine.close(timeout=_DRAIN_TIMEOUT.value)
   return 0
 

@@ -1,32 +1,41 @@
-"""The OpenAI completions request: its fields, their checks, and stop-string trimming.
+"""The OpenAI requests (pydantic models), their errors, and stop-string trimming.
 
-The decoding options a request may set are read from `options.OPTIONS` (those
-a served graph takes and `stream` accepts, minus `window`, which belongs to the
-model): the server keeps no second list of them. Every value is checked by
-the library's own checks (`api.check_request`), whose `ArgumentError` names
-the argument; `param_of` turns that name into the request's field name.
+A completion request is a pydantic model (vLLM's way), built from the option
+declarations: its decoding fields are read from `options.OPTIONS` (those a
+served graph takes and `stream` accepts, minus `window`, which belongs to the
+model), each with its type and bounds from the option's `Range`, so the
+server keeps no second list of them and `/openapi.json` describes them. The
+model checks the JSON types, the bounds and the server's limits
+(`max_tokens`, `n` x prompts); the library's own checks
+(`api.check_request`, whose `ArgumentError` names the argument: `param_of`
+turns that name into the request's field) then check what depends on the
+model (its vocabulary, stop strings, the pattern).
+
+The body is decoded by Python's `json` (which keeps a lone surrogate, so that
+the field holding one is the one named) after its size was bounded; a body
+nested past the interpreter's recursion limit is refused as invalid JSON.
+Every refusal is one line naming the field (`BadRequest`).
 
 Nothing here imports TensorFlow.
 """
 
 import dataclasses
 import json
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import pydantic
 
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
 
 # OpenAI's default (vLLM's too).
 DEFAULT_MAX_TOKENS = 16
+# OpenAI's limit on `logprobs` for completions.
+MAX_LOGPROBS = 5
 
 DECODING_OPTIONS = tuple(
     option for option in options_lib.OPTIONS
     if option.served and option.streams and option.stage != options_lib.WINDOW)
-
-# The request's own fields (besides the decoding options), OpenAI's names.
-FIELDS = ("model", "prompt", "max_tokens", "stop", "seed", "n", "stream",
-          "stream_options", "user", "logprobs", "include_stop_str_in_output",
-          "regex") + tuple(option.name for option in DECODING_OPTIONS)
 
 # The library's argument names that a request spells otherwise.
 _PARAM_OF = {"prompts": "prompt", "num_steps": "max_tokens",
@@ -42,9 +51,112 @@ class BadRequest(errors.ArgumentError):
   """A bad request field (HTTP 400), naming it as `argument`."""
 
 
+_STRICT = pydantic.ConfigDict(strict=True, extra="forbid")
+
+
+def _unicode(text: str) -> str:
+  """`text` if it is valid Unicode: JSON may hold a lone surrogate
+  (`"\\ud800"`), which no vocabulary or pattern can use."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise ValueError(f"a lone surrogate at character {e.start} is not valid "
+                     "Unicode") from None
+  return text
+
+
+# A JSON string that must be valid Unicode.
+Text = Annotated[str, pydantic.AfterValidator(_unicode)]
+
+
+class StreamOptions(pydantic.BaseModel):
+  """OpenAI's `stream_options`."""
+  model_config = _STRICT
+  include_usage: Optional[bool] = False
+
+
+def _option_type(option: options_lib.Option):
+  """The pydantic type of a decoding option's one value: its `Range`."""
+  valid = option.valid
+  bounds = {}
+  if valid.low is not None:
+    bounds["gt" if valid.low_open else "ge"] = valid.low
+  if valid.high is not None:
+    bounds["lt" if valid.high_open else "le"] = valid.high
+  if valid.integer:
+    return Annotated[int, pydantic.Field(**bounds)]
+  return Annotated[float, pydantic.Field(allow_inf_nan=False, **bounds)]
+
+
+class CompletionFields(pydantic.BaseModel):
+  """OpenAI's completions request, as this server takes it (the decoding
+  options are added by `completion_request`)."""
+  model_config = _STRICT
+  model: Optional[Text] = pydantic.Field(
+      None, description="The served model's name (--served_model_name); "
+      "another gets 404.")
+  prompt: Union[Text, Annotated[List[Text], pydantic.Field(min_length=1)]] = (
+      pydantic.Field(description="A prompt, or a list (token ids are not "
+                     "taken)."))
+  max_tokens: Optional[Annotated[int, pydantic.Field(ge=0)]] = pydantic.Field(
+      DEFAULT_MAX_TOKENS, description="Tokens (the model's ids) to generate "
+      "per choice.")
+  stop: Optional[Union[Text, List[Text]]] = None
+  seed: Optional[int] = None
+  n: Optional[Annotated[int, pydantic.Field(ge=1)]] = 1
+  stream: Optional[bool] = False
+  stream_options: Optional[StreamOptions] = None
+  user: Optional[Text] = None
+  logprobs: Optional[Union[bool, Annotated[int, pydantic.Field(
+      ge=0, le=MAX_LOGPROBS)]]] = pydantic.Field(
+          None, description="k: each token's log-probability and the k most "
+          "likely alternatives (OpenAI's shape); true is 0.")
+  echo: Optional[bool] = pydantic.Field(
+      False, description="Put the prompt in front of the text (and, with "
+      "logprobs, its tokens' log-probabilities, the first null).")
+  include_stop_str_in_output: Optional[bool] = False
+  regex: Optional[Text] = pydantic.Field(
+      None, description="A regular expression the text must match.")
+
+
+def completion_request(max_tokens_limit: int):
+  """The request model of a server with these limits (in its schema too).
+
+  Args:
+    max_tokens_limit: the largest `max_tokens` served.
+
+  Returns:
+    A pydantic model class: `CompletionFields` with `max_tokens` bounded and
+    one optional field per decoding option.
+  """
+  fields = {option.name: (Optional[_option_type(option)], pydantic.Field(
+      None, description=option.doc)) for option in DECODING_OPTIONS}
+  fields["max_tokens"] = (
+      Optional[Annotated[int, pydantic.Field(ge=0, le=max_tokens_limit)]],
+      pydantic.Field(DEFAULT_MAX_TOKENS, description="Tokens (the model's "
+                     "ids) to generate per choice."))
+
+  return pydantic.create_model("CompletionRequest",
+                               __base__=CompletionFields, **fields)
+
+
+class TokenizeRequest(pydantic.BaseModel):
+  """vLLM's `/tokenize` request (completions form)."""
+  model_config = _STRICT
+  model: Optional[Text] = None
+  prompt: Text
+
+
+class DetokenizeRequest(pydantic.BaseModel):
+  """vLLM's `/detokenize` request."""
+  model_config = _STRICT
+  model: Optional[Text] = None
+  tokens: List[int]
+
+
 @dataclasses.dataclass
 class Parsed:
-  """A request's fields, their JSON types checked (values: the library's checks).
+  """A checked completion request, as the server runs it.
 
   Attributes:
     prompts: the prompts (a str request is a list of one).
@@ -52,130 +164,122 @@ class Parsed:
     n: choices per prompt.
     stream: answer with server-sent events.
     include_usage: end a stream with a usage chunk.
-    logprobs: whether to return each choice's log-likelihood.
+    logprobs: None, or k: per-token log-probabilities with k alternatives.
+    echo: the prompt goes in front of each choice's text.
     include_stop_str_in_output: keep a matched stop string in `text`.
     seed: the seed, or None.
     stop: as given (None, a str or a list).
     regex: a pattern or None.
+    model: the model it names, or None.
     decoding: the decoding options given, by name.
     created: the response's `created` time (set when it is answered).
     prompt_tokens: the prompts' ids, each prompt once (set once encoded).
+    prompt_ids: per choice, its prompt's ids (set once encoded).
   """
   prompts: List[str]
   max_tokens: int
   n: int
   stream: bool
   include_usage: bool
-  logprobs: bool
+  logprobs: Optional[int]
+  echo: bool
   include_stop_str_in_output: bool
   seed: Optional[int]
   stop: Any
   regex: Optional[str]
+  model: Optional[str]
   decoding: Dict[str, Any]
   created: int = 0
   prompt_tokens: int = 0
+  prompt_ids: Optional[list] = None
 
 
-def _is_int(value) -> bool:
-  return options_lib.is_int(value)
-
-
-def parse(body: Any, *, max_tokens_limit: int, max_batch: int,
-          max_prompt_chars: int) -> Parsed:
-  """Checks a decoded JSON body's fields and their JSON types.
-
-  Args:
-    body: the decoded JSON.
-    max_tokens_limit: the largest max_tokens served.
-    max_batch: n x prompts may not exceed it (a request's rows run together).
-    max_prompt_chars: the longest prompt served.
-
-  Returns:
-    The `Parsed` request.
+def decode_body(raw: bytes) -> Any:
+  """The request body's JSON.
 
   Raises:
-    BadRequest: naming the field at fault.
+    BadRequest: naming `body`: not UTF-8, not JSON, or nested too deep.
   """
-  if not isinstance(body, dict):
-    raise BadRequest("body", "the request body must be a JSON object")
-  for name in body:
-    if name not in FIELDS:
-      raise BadRequest(name, f"unknown field {name!r}; this server takes "
-                       f"{', '.join(FIELDS)}")
-  if not isinstance(body.get("model", ""), str):
-    raise BadRequest("model", "model must be a string")
-  if not isinstance(body.get("user", ""), (str, type(None))):
-    raise BadRequest("user", "user must be a string")
-  prompt = body.get("prompt")
-  if isinstance(prompt, str):
-    prompts = [prompt]
-  elif (isinstance(prompt, list) and prompt
-        and all(isinstance(p, str) for p in prompt)):
-    prompts = list(prompt)
-  else:
-    raise BadRequest("prompt", "prompt must be a string or a non-empty list "
-                     f"of strings (token ids are not taken), got {prompt!r:.80}")
-  for i, text in enumerate(prompts):
-    if len(text) > max_prompt_chars:
-      raise BadRequest("prompt", f"prompt {i} has {len(text)} characters; "
-                       f"this server takes at most {max_prompt_chars}")
-  max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-  if max_tokens is None:
-    max_tokens = DEFAULT_MAX_TOKENS
-  if not _is_int(max_tokens) or max_tokens < 0:
-    raise BadRequest("max_tokens", "max_tokens must be a non-negative integer "
-                     f"(characters), got {max_tokens!r}")
-  if max_tokens > max_tokens_limit:
-    raise BadRequest("max_tokens", f"max_tokens={max_tokens} is over this "
-                     f"server's limit of {max_tokens_limit} characters")
-  n = body.get("n", 1)
-  if n is None:
-    n = 1
-  if not _is_int(n) or n < 1:
-    raise BadRequest("n", f"n must be a positive integer, got {n!r}")
+  try:
+    return json.loads(raw)
+  except RecursionError:
+    raise BadRequest("body", "the body is not valid JSON: nested too "
+                     "deeply") from None
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, huge ints.
+    raise BadRequest("body", f"the body is not valid JSON: {e}"[:300]) from None
+
+
+def validate(model_class, body: Any):
+  """`model_class.model_validate(body)`, its first error as a `BadRequest`.
+
+  Raises:
+    BadRequest: naming the field at fault (`body` for the whole), in one
+      line.
+  """
+  try:
+    return model_class.model_validate(body)
+  except pydantic.ValidationError as e:
+    raise _bad_request(model_class, e) from None
+
+
+def _bad_request(model_class, error: pydantic.ValidationError) -> BadRequest:
+  found = error.errors(include_url=False)
+  # Of a union's errors, the one past its type check (`logprobs: 9`: over
+  # the bound, rather than "not a boolean").
+  first = next((e for e in found if e["loc"][:1] == found[0]["loc"][:1]
+                and not e["type"].endswith("_type")), found[0])
+  loc = first["loc"]
+  if not loc:
+    return BadRequest("body", "the request body must be a JSON object")
+  name = str(loc[0])
+  if first["type"] == "extra_forbidden" and len(loc) == 1:
+    return BadRequest(name, f"unknown field {name!r}; this server takes "
+                      f"{', '.join(model_class.model_fields)}"[:600])
+  message = first["msg"].removeprefix("Value error, ")
+  if name == "prompt" and first["type"] != "value_error":
+    return BadRequest(name, "prompt must be a string or a non-empty list of "
+                      "strings (token ids are not taken), got "
+                      f"{first['input']!r:.80}")
+  # The union's branch names (loc[1:]) say nothing a client can act on.
+  return BadRequest(name, f"{name}: {message}, got "
+                    f"{json.dumps(first['input'])[:80]}".replace("\n", " "))
+
+
+def parsed(request, max_batch: int) -> Parsed:
+  """The `Parsed` form of a validated `completion_request` instance.
+
+  Args:
+    request: the validated request.
+    max_batch: `n` x prompts may not exceed it (a request's rows run
+      together).
+
+  Raises:
+    BadRequest: naming `n`, for more choices than `max_batch`.
+  """
+  prompts = ([request.prompt] if isinstance(request.prompt, str)
+             else list(request.prompt))
+  n = request.n or 1
   if n * len(prompts) > max_batch:
     raise BadRequest("n", f"n x prompts = {n} x {len(prompts)} = "
                      f"{n * len(prompts)} choices; this server runs at most "
                      f"{max_batch} (--max_batch) at once")
-  flags = {}
-  for name in ("stream", "include_stop_str_in_output"):
-    value = body.get(name, False)
-    if value is None:
-      value = False
-    if not isinstance(value, bool):
-      raise BadRequest(name, f"{name} must be true or false, got {value!r}")
-    flags[name] = value
-  stream_options = body.get("stream_options") or {}
-  if not isinstance(stream_options, dict) or any(
-      key != "include_usage" or not isinstance(value, bool)
-      for key, value in stream_options.items()):
-    raise BadRequest("stream_options", "stream_options must be "
-                     '{"include_usage": true|false}')
-  logprobs = body.get("logprobs")
-  if logprobs is not None and not (isinstance(logprobs, bool) or (
-      _is_int(logprobs) and 0 <= logprobs <= 5)):
-    raise BadRequest("logprobs", "logprobs must be null, true/false or an "
-                     f"integer from 0 to 5, got {logprobs!r}")
-  regex = body.get("regex")
-  if regex is not None and not isinstance(regex, str):
-    raise BadRequest("regex", f"regex must be a string, got {regex!r:.80}")
-  decoding = {}
-  for option in DECODING_OPTIONS:
-    value = body.get(option.name)
-    if value is None:
-      continue
-    if isinstance(value, (list, dict, str, bool)):  # A per-row list is not
-      raise BadRequest(option.name, f"{option.name} must be a number, got "
-                       f"{value!r:.80}")  # OpenAI's: one value per request.
-    decoding[option.name] = value
-  return Parsed(prompts=prompts, max_tokens=max_tokens, n=n,
-                stream=flags["stream"],
-                include_usage=bool(stream_options.get("include_usage")),
-                logprobs=bool(logprobs) if logprobs is not None else False,
-                include_stop_str_in_output=flags[
-                    "include_stop_str_in_output"],
-                seed=body.get("seed"), stop=body.get("stop"), regex=regex,
-                decoding=decoding)
+  logprobs = request.logprobs
+  if isinstance(logprobs, bool):  # true: the tokens' own, no alternatives.
+    logprobs = 0 if logprobs else None
+  decoding = {option.name: getattr(request, option.name)
+              for option in DECODING_OPTIONS
+              if getattr(request, option.name) is not None}
+  return Parsed(
+      prompts=prompts,
+      max_tokens=(DEFAULT_MAX_TOKENS if request.max_tokens is None
+                  else request.max_tokens),
+      n=n, stream=bool(request.stream),
+      include_usage=bool(request.stream_options
+                         and request.stream_options.include_usage),
+      logprobs=logprobs, echo=bool(request.echo),
+      include_stop_str_in_output=bool(request.include_stop_str_in_output),
+      seed=request.seed, stop=request.stop, regex=request.regex,
+      model=request.model, decoding=decoding)
 
 
 def stop_strings(stop) -> Tuple[str, ...]:
@@ -218,23 +322,26 @@ def chunk_head(envelope: Dict[str, Any]) -> str:
   return text[:-2] + '{"index": '
 
 
-def running_chunk(head: str, index: int, text: str) -> bytes:
+def running_chunk(head: str, index: int, text: str,
+                  logprobs: Optional[Dict[str, Any]] = None) -> bytes:
   """One server-sent event: a running choice's new text.
 
   Formatted directly rather than building and encoding the whole object per
-  event: only the text is encoded here.
+  event: only the text (and the log-probabilities) are encoded here.
 
   Args:
     head: the request's `chunk_head`.
     index: the choice's index.
     text: its new characters.
+    logprobs: its new tokens' `logprobs` object, or None.
 
   Returns:
     `event` of `json.dumps` of the envelope with the one choice `{"index",
-    "text", "logprobs": null, "finish_reason": null}`, byte for byte.
+    "text", "logprobs", "finish_reason": null}`, byte for byte.
   """
   return (f'data: {head}{index}, "text": {json.dumps(text)}, "logprobs": '
-          'null, "finish_reason": null}]}\r\n\r\n').encode()
+          f'{json.dumps(logprobs)}, "finish_reason": null}}]}}\r\n\r\n'
+          ).encode()
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error",
