@@ -125,7 +125,7 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
 
 def run_decode(network, request: request_lib.Request,
                carry: request_lib.Carry, chooses_first: bool,
-               steps_loop=None) -> request_lib.Result:
+               steps_loop=None, logprobs: bool = False) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
 
   (Not `decode`: `Model.decode` turns ids into text.)
@@ -137,6 +137,9 @@ def run_decode(network, request: request_lib.Request,
     chooses_first: the elementwise path's loop (`choose_then_consume`).
     steps_loop: another loop of the same signature in place of either
       (`window.windows_loop`).
+    logprobs: also record each step's log-probabilities
+      (`pipeline.StepLogprobs`, written where the request wants scores) into
+      the result's `logprobs`.
 
   Returns:
     The `Result`.
@@ -149,7 +152,9 @@ def run_decode(network, request: request_lib.Request,
   progress = pipeline.RowProgress(
       carry.stop_state, carry.done,
       tf.zeros(tf.shape(carry.last_ids), tf.int32), carry.history,
-      carry.scores, carry.dfa_state)
+      carry.scores, carry.dfa_state,
+      pipeline.step_logprobs(request.capacity, tf.shape(carry.last_ids)[0],
+                             network.vocab_size) if logprobs else ())
 
   def run(tail):
     # A fixed-size buffer on every path: under XLA `capacity` is a
@@ -166,6 +171,9 @@ def run_decode(network, request: request_lib.Request,
   done = end.progress
   return request_lib.Result(
       ids=end.ids, lengths=done.lengths, scores=done.scores,
+      logprobs=tf.nest.map_structure(  # Rows first, as `ids`.
+          lambda x: tf.transpose(x, [1, 0] + list(range(2, x.shape.rank))),
+          done.logprobs),
       carry=request_lib.Carry(end.state, end.last_ids, done.stop_state,
                               done.done, start + end.step, done.history,
                               done.scores, done.dfa_state))

@@ -202,7 +202,7 @@ def main(argv) -> int:
       max_queue=lanes_lib.lane_queue(_MAX_QUEUE.value, _MAX_BATCH.value,
                                      slots),
       max_tokens_limit=_MAX_TOKENS_LIMIT.value,
-      max_prompt_chars=_MAX_PROMPT_CHARS.value, strategy=strategy)
+      max_prompt_tokens=_MAX_PROMPT_CHARS.value, strategy=strategy)
              for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
   engine = (engines[0] if lanes == 1
             else lanes_lib.Lanes(engines, _MAX_QUEUE.value))
