@@ -344,9 +344,14 @@ class _Prepared(NamedTuple):
 
 
 def _describe(error: Exception) -> str:
-  """An exception in one line (its first), for an `Update.message`."""
-  lines = str(error).strip().splitlines()
-  return type(error).__name__ + (f": {lines[0]}" if lines else "")
+  """An exception in one line, for an `Update.message`: its type and the
+  first line of its message that says what failed (a TensorFlow error's
+  message opens with its graph's call stack)."""
+  lines = [line for line in str(error).splitlines()
+           if line.strip() and not line.startswith((" ", "\t"))
+           and not line.startswith(("Graph execution error",
+                                    "Detected at node"))]
+  return type(error).__name__ + (f": {lines[0][:300]}" if lines else "")
 
 
 class Engine:
