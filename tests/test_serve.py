@@ -258,6 +258,8 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   submit(["KING", "x"], 2)                   # The emptier lane.
   with pytest.raises(engine_lib.QueueFull):
     submit(["no", "room"], 3)                # 8 rows > 7.
+  with pytest.raises(ValueError, match="prompt"):
+    submit(["x" * 129], 5)                   # Over max_prompt_tokens.
   submit(["y"], 4)                           # 7: the second lane again.
   assert [e.stats.waiting for e in engines] == [4, 3]
   assert lanes.stats.waiting == 7

@@ -14,7 +14,26 @@ touches the device), it
     8) is primed a piece a call, its state carried between them like a
     decoding row's, so that no call primes more than a piece and a long
     prompt holds the other rows up by no more than one chunk's worth;
-  - hands each row's new characters to its `Completion`'s sink.
+  - hands each row's new ids and characters to its `Completion`'s sink,
+    with their log-probabilities where it asks (`Completion.logprobs`:
+    recorded inside the same call, `pipeline.StepLogprobs`, under the
+    condition that computes scores, so a call no row of which asks pays
+    nothing; `Completion.prompt_logprobs`: one more call, a TF graph of any
+    shape, per distinct prompt when its rows are admitted).
+
+Limits are in the model's ids: `max_prompt_tokens` and `max_tokens_limit`
+size every buffer (the history holds a prompt and its whole continuation),
+and `submit` refuses a prompt of more ids (the server refuses it first).
+
+One row's failure retires that row only (its `Update` says "error", with a
+`message`); the other rows carry on, each with the text it would have had.
+Each row's host work (its piece, history and tables; its text's decoding)
+runs on its own, and a failed call is run again over each half of its rows
+(`_attempt`), down to the row it fails for: the carry is on the host, and
+a row's text depends on its own seed, index and position only, so a row
+runs the same in any subset. The scheduler thread never dies: an
+unexpected failure of a round fails that round's rows, and the next round
+starts afresh.
 
 A row's text equals `rnnstep.generate`'s for its prompt, seed and options
 (README "Reproducibility": to float32 rounding of the logits, which the batch

@@ -91,6 +91,10 @@ class Lanes:
         field.name: sum(getattr(e.stats, field.name) for e in self.engines)
         for field in dataclasses.fields(engine_lib.Stats)})
 
+  def check(self, completion: engine_lib.Completion) -> None:
+    """`Engine.check` (the lanes' limits are equal)."""
+    self.engines[0].check(completion)
+
   def submit(self, completion: engine_lib.Completion) -> None:
     """Queues the completion on the lane with the fewest rows.
 
@@ -100,7 +104,7 @@ class Lanes:
         beyond their free slots.
       engine.ShuttingDown: `close` has begun.
     """
-    self.engines[0].check(completion)  # Before the queue's count.
+    self.check(completion)  # Before the queue's count.
     with self._submitting:
       running = [e.stats.running for e in self.engines]
       waiting = [e.stats.waiting for e in self.engines]
