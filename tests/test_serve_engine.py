@@ -313,3 +313,38 @@ def test_logprobs_beyond_five_are_refused(model):
     engine_lib.Completion([model.encode("a")], [options_lib.DEFAULTS],
                           seed=0, max_tokens=1, shared=engine_lib.Shared(),
                           want_scores=False, sink=None, logprobs=6)
+
+
+def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
+  """A failure outside any row (here the admission) fails no running row
+  the first time: the thread goes on, and the rows run as `generate`'s;
+  failing again before any row ran, it retires the first waiting row, so
+  that a persistent failure cannot hold the queue."""
+  engine = make_engine(model)
+  admit = engine._admit  # pylint: disable=protected-access
+  failures = []
+
+  def failing(going_on):
+    if len(failures) < failures_wanted[0]:
+      failures.append(1)
+      raise RuntimeError("admission exploded")
+    return admit(going_on)
+
+  failures_wanted = [1]
+  monkeypatch.setattr(engine, "_admit", failing)
+  sink = submit(engine, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
+  engine.start()
+  try:
+    assert sink.done.wait(60)
+    assert failures == [1]
+    assert [sink.text(i) for i in range(2)] == reference(
+        model, ["ROMEO:", "a"], 14, 3)
+    failures.clear()
+    failures_wanted[0] = 2
+    sink = submit(engine, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
+    assert sink.done.wait(60)
+  finally:
+    assert engine.close(timeout=10)
+  assert sink.reason(0) == "error"
+  assert "admission exploded" in sink.updates[0][-1].message
+  assert sink.text(1) == reference(model, ["ROMEO:", "a"], 14, 3)[1]

@@ -593,12 +593,21 @@ class Engine:
     """The scheduler: rounds until `close`. It never dies of a failure: one
     row's retires that row (`_fail`); anything else fails the round's rows
     and the next round starts afresh."""
+    failed_rounds = 0
     while not self._stopped:
       try:
         self._round()
+        failed_rounds = 0
       except Exception as e:  # pylint: disable=broad-except
         logging.exception("a scheduler round failed: %s", e)
-        for row in dict.fromkeys(self._round_rows + self._active):
+        failed = list(dict.fromkeys(self._round_rows + self._active))
+        failed_rounds += 1
+        if not failed and failed_rounds > 1:
+          # Failing again before any row ran: the first waiting row may be
+          # the cause, and each round retires one at least.
+          with self._condition:
+            failed = [self._waiting.popleft()] if self._waiting else []
+        for row in failed:
           self._send(row, _ended(row, "error",
                                  f"the scheduler failed: {_describe(e)}"))
         self._active, self._carry, self._round_rows = [], None, []
