@@ -156,18 +156,25 @@ def run_decode(network, request: request_lib.Request,
       pipeline.step_logprobs(request.capacity, tf.shape(carry.last_ids)[0],
                              network.vocab_size) if logprobs else ())
 
-  def run(tail):
+  def run(tail, scores):
     # A fixed-size buffer on every path: under XLA `capacity` is a
     # compile-time constant; in graph mode unwritten slots stack as zeros.
     ids = tf.TensorArray(tf.int32, size=request.capacity, element_shape=[None])
-    end = loop(network, tail, num_steps, carry, progress, ids)
-    return end._replace(ids=tf.transpose(end.ids.stack()))
+    # The plain tail scores nothing: its loop carries no log-probabilities
+    # (the zeros are returned as they are).
+    end = loop(network, tail, num_steps, carry,
+               progress if scores else progress._replace(logprobs=()), ids)
+    return end._replace(ids=tf.transpose(end.ids.stack()),
+                        progress=end.progress._replace(
+                            logprobs=end.progress.logprobs if scores
+                            else progress.logprobs))
 
   plain_tail, general_tail = pipeline.tails(inv)
   # When no row asks for an option the plain tail lacks, or for scores, the
   # loop whose step has no conditionals runs: XLA fuses its tail whole, and
   # default settings pay nothing for the options they do not use.
-  end = tf.cond(inv.plain, lambda: run(plain_tail), lambda: run(general_tail))
+  end = tf.cond(inv.plain, lambda: run(plain_tail, False),
+                lambda: run(general_tail, True))
   done = end.progress
   return request_lib.Result(
       ids=end.ids, lengths=done.lengths, scores=done.scores,
