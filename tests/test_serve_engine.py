@@ -228,7 +228,7 @@ def _check_top(top_ids, top_values, distribution, k):
     np.testing.assert_allclose(row[ids], values, atol=1e-5)
 
 
-def _logprobs_case(model, path):
+def _logprobs_case(model, path, which=(0, 1, 2, 3)):
   """Rows of sampled, filtered, penalized, stopped and greedy decoding
   asking for `logprobs` (and one not): each id's log-probability is the raw
   model's, teacher-forced (`rnnstep.logits`), the top-k numpy's, their sum
@@ -247,12 +247,13 @@ def _logprobs_case(model, path):
        engine_lib.Shared(), 0, True),
       (["x"], 11, 4, {}, engine_lib.Shared(), None, False),
   ]
+  cases = [cases[i] for i in which]
+  sinks = [submit(engine, model, prompts, seed=seed, max_tokens=n,
+                  options=options, shared=shared, logprobs=k,
+                  prompt_logprobs=echo)
+           for prompts, n, seed, options, shared, k, echo in cases]
   engine.start()
   try:
-    sinks = [submit(engine, model, prompts, seed=seed, max_tokens=n,
-                    options=options, shared=shared, logprobs=k,
-                    prompt_logprobs=echo)
-             for prompts, n, seed, options, shared, k, echo in cases]
     for sink in sinks:
       assert sink.done.wait(120)
   finally:
@@ -305,7 +306,7 @@ def test_logprobs_are_the_raw_model_s_per_id_graph(model):
 
 @pytest.mark.slow
 def test_logprobs_are_the_raw_model_s_per_id_xla(model):
-  _logprobs_case(model, "xla")
+  _logprobs_case(model, "xla", which=(0, 2))  # Fewer batch sizes to compile.
 
 
 def test_logprobs_beyond_five_are_refused(model):
