@@ -209,7 +209,7 @@ def test_a_failing_row_retires_alone_and_the_others_equal_generate(
   assert engine.stats.running == 0 and engine.stats.waiting == 0
 
 
-# -- log-probabilities ----------------------------------------------------------
+# -- log-probabilities -------------------------------------------------------
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
