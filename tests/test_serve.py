@@ -96,7 +96,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
   """Rows admitted at different chunks, in any slot, with per-row options."""
   engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
                              max_queue=64, max_tokens_limit=64,
-                             max_prompt_chars=128)
+                             max_prompt_tokens=128)
   engine.warm_up()
   traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   engine.start()
@@ -174,7 +174,7 @@ def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
   monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 6 * model.vocab_size * 4)
   engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
                              max_queue=8, max_tokens_limit=64,
-                             max_prompt_chars=16)
+                             max_prompt_tokens=16)
   events, done = [], threading.Event()
   cases = [("abcd",), (), ("xyz",)]
 
@@ -232,7 +232,7 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   engines = [engine_lib.Engine(
       model, path="graph", max_batch=2, chunk_steps=5,
       max_queue=lanes_lib.lane_queue(3, 4, 2), max_tokens_limit=64,
-      max_prompt_chars=128) for _ in range(2)]
+      max_prompt_tokens=128) for _ in range(2)]
   lanes = lanes_lib.Lanes(engines, max_queue=3)
   assert lanes.max_batch == 4
   outputs = []
@@ -258,6 +258,8 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   submit(["KING", "x"], 2)                   # The emptier lane.
   with pytest.raises(engine_lib.QueueFull):
     submit(["no", "room"], 3)                # 8 rows > 7.
+  with pytest.raises(ValueError, match="prompt"):
+    submit(["x" * 129], 5)                   # Over max_prompt_tokens.
   submit(["y"], 4)                           # 7: the second lane again.
   assert [e.stats.waiting for e in engines] == [4, 3]
   assert lanes.stats.waiting == 7

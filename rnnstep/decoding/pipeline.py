@@ -19,6 +19,10 @@ the logits to a tail made here, which applies the declared options
   4. the history, the scores (the raw logits' log-likelihood), the stop
      automaton and the constraint DFA advance (`RowProgress`); a row whose DFA
      state accepts with no live continuation is done, as at a stop string.
+     Where the caller keeps per-step log-probabilities (`StepLogprobs`: the
+     serving engine, for OpenAI's `logprobs`), the same step also records
+     each chosen id's raw log-probability and the `TOP_LOGPROBS` most likely
+     ids', under the scores' condition.
 
 What a request needs is loop-invariant, so it is computed once per call
 (`invariants`): which rows each option acts on, whether any does, and whether
@@ -38,6 +42,54 @@ from rnnstep.decoding import sampling
 from rnnstep.decoding import stopping
 
 
+# The most alternatives a step records (OpenAI's `logprobs` is at most 5).
+TOP_LOGPROBS = 5
+
+
+class StepLogprobs(NamedTuple):
+  """Per-step log-probabilities of the raw model distribution, time-major
+  buffers of a call's `capacity` steps (what `log_probability` scores: the
+  values of a row's ids add up to its score).
+
+  Attributes:
+    chosen: float32 `[C, B]`, each step's chosen id's.
+    top_ids: int32 `[C, B, K]`, each step's K most likely ids (K =
+      `TOP_LOGPROBS`, or V where it is smaller), most likely first (ties: the
+      lower id first).
+    top_logprobs: float32 `[C, B, K]`, theirs.
+  """
+  chosen: tf.Tensor
+  top_ids: tf.Tensor
+  top_logprobs: tf.Tensor
+
+
+def step_logprobs(capacity, batch, vocab_size: int) -> StepLogprobs:
+  """Zeroed `StepLogprobs` buffers of `capacity` steps over `batch` rows."""
+  top = min(TOP_LOGPROBS, vocab_size)
+  return StepLogprobs(tf.zeros([capacity, batch], tf.float32),
+                      tf.zeros([capacity, batch, top], tf.int32),
+                      tf.zeros([capacity, batch, top], tf.float32))
+
+
+def record_logprobs(logprobs: StepLogprobs, t: tf.Tensor, raw: tf.Tensor,
+                    token: tf.Tensor) -> StepLogprobs:
+  """`logprobs` with step `t`'s values written.
+
+  Args:
+    logprobs: the buffers.
+    t: int32 `[]`, the call's step.
+    raw: float32 `[B, V]`, the model's logits.
+    token: float32 `[B]`, the chosen ids' `log_probability`.
+  """
+  top_ids, top_values = top_logprobs(raw, logprobs.top_ids.shape[-1])
+  at = tf.reshape(t, [1, 1])
+  return StepLogprobs(
+      tf.tensor_scatter_nd_update(logprobs.chosen, at, token[None]),
+      tf.tensor_scatter_nd_update(logprobs.top_ids, at, top_ids[None]),
+      tf.tensor_scatter_nd_update(logprobs.top_logprobs, at,
+                                  top_values[None]))
+
+
 class RowProgress(NamedTuple):
   """Each row's progress through a decode: what every step advances.
 
@@ -49,6 +101,8 @@ class RowProgress(NamedTuple):
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
     dfa_state: int32 `[B]`, the row's `constraints.Dfa` state.
+    logprobs: the call's `StepLogprobs` (written where the request wants
+      scores), or `()`: not kept (every caller but the serving engine).
   """
   stop_state: tf.Tensor
   done: tf.Tensor
@@ -56,6 +110,7 @@ class RowProgress(NamedTuple):
   history: processors.History
   scores: tf.Tensor
   dfa_state: tf.Tensor
+  logprobs: Any = ()
 
 
 class Active(NamedTuple):
@@ -278,6 +333,18 @@ def log_probability(logits: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
           - tf.reduce_logsumexp(logits, axis=-1))
 
 
+def top_logprobs(logits: tf.Tensor, k: int):
+  """The k most likely ids of log softmax(logits) and their values, over the
+  last axis (most likely first; ties: the lower id first), computed as
+  `log_probability` computes one id's.
+
+  Returns:
+    `(int32 ids, float32 values)`, each `logits.shape[:-1] + [k]`.
+  """
+  top, ids = tf.math.top_k(logits, k=k)
+  return ids, top - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+
+
 def _advance_stops(chosen, t, progress: RowProgress, stops) -> RowProgress:
   stop_state = tf.gather_nd(stops.table,
                             tf.stack([progress.stop_state, chosen], 1))
@@ -332,15 +399,23 @@ def tails(inv: Invariants):
         inv.looks_back,
         lambda: processors.append(progress.history, chosen, inv.settings),
         lambda: progress.history)
-    scores = tf.cond(
-        inv.want_scores,
-        lambda: progress.scores + tf.where(progress.done, 0.0,
-                                           log_probability(raw, chosen)),
-        lambda: progress.scores)
+
+    def scored():
+      token = log_probability(raw, chosen)
+      logprobs = progress.logprobs
+      if logprobs:  # Kept by the caller: this step's values recorded.
+        logprobs = record_logprobs(logprobs, t, raw, token)
+      return (progress.scores + tf.where(progress.done, 0.0, token),
+              logprobs)
+
+    scores, logprobs = tf.cond(
+        inv.want_scores, scored,
+        lambda: (progress.scores, progress.logprobs))
     dfa_state = tf.gather_nd(inv.constraint.table,
                              tf.stack([progress.dfa_state, chosen], 1))
     progress = _advance_stops(chosen, t, progress._replace(
-        history=history, scores=scores, dfa_state=dfa_state), inv.stops)
+        history=history, scores=scores, dfa_state=dfa_state,
+        logprobs=logprobs), inv.stops)
     # A row whose continuation can only end here is done (its `lengths`
     # already counts this id: `_advance_stops` reads the old `done`).
     progress = progress._replace(

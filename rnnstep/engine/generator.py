@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 
 import tensorflow as tf
 
+from rnnstep.decoding import pipeline
 from rnnstep.engine import beams
 from rnnstep.engine import host
 from rnnstep.engine import loop
@@ -206,7 +207,8 @@ class Programs(tf.Module):
         dfa_state=pick(started.dfa_state, carry.dfa_state))
 
     def decode():
-      result = loop.run_decode(network, request, merged, self._chooses_first)
+      result = loop.run_decode(network, request, merged, self._chooses_first,
+                               logprobs=True)
       # The loop steps every row's cells, done or not: a priming row's state
       # is the one priming left.
       primed = tf.nest.map_structure(
@@ -221,7 +223,10 @@ class Programs(tf.Module):
       return request_lib.Result(
           ids=tf.zeros([rows, request.capacity], tf.int32),
           lengths=tf.zeros([rows], tf.int32), scores=merged.scores,
-          carry=merged)
+          carry=merged,
+          # Zeros, rows first (`[B, C]`, `[B, C, K]`) as `decode`'s.
+          logprobs=pipeline.step_logprobs(rows, request.capacity,
+                                          network.vocab_size))
 
     return tf.cond(tf.reduce_all(primes_only), prime_only, decode)
 
@@ -246,6 +251,42 @@ def state_sizes_of(config):
   if config.recomputes:
     return recompute.state_sizes()
   return [cells.state_sizes(layer) for layer in config.layers]
+
+
+def prompt_logprobs_function(model) -> network_lib.BoundFunction:
+  """The compiled teacher-forced log-probabilities of prompts (the serving
+  engine's `echo` with `logprobs`).
+
+  Of ids `[B, T]` (T >= 2; right-padded rows' values past their length are
+  meaningless), `(chosen [B, T-1], top_ids [B, T-1, K], top_logprobs [B, T-1,
+  K])`: at t, the log-probability of id t+1 after ids 0..t from a zero
+  state, and the K (`pipeline.TOP_LOGPROBS`, or V where smaller) most likely
+  ids' (`pipeline.top_logprobs`). Raw model values, as `generate`'s scores.
+
+  A TF graph on every path (no XLA: any batch and length, one trace), built
+  once per architecture; the model's weights are passed at each call.
+  """
+  architecture = model.architecture
+  top = min(pipeline.TOP_LOGPROBS, model.vocab_size)
+
+  def build():
+    def prompt_logprobs(weights, ids):
+      network = network_lib.network_of(architecture, weights)
+      batch, length = tf.shape(ids)[0], tf.shape(ids)[1] - 1
+      outputs, _ = network.unroll(ids[:, :-1], network.zero_state(batch))
+      logits = tf.reshape(network.logits(outputs), [batch * length, -1])
+      chosen = pipeline.log_probability(logits,
+                                        tf.reshape(ids[:, 1:], [-1]))
+      top_ids, top_values = pipeline.top_logprobs(logits, top)
+      return (tf.reshape(chosen, [batch, length]),
+              tf.reshape(top_ids, [batch, length, top]),
+              tf.reshape(top_values, [batch, length, top]))
+    return tf.function(prompt_logprobs, autograph=False, input_signature=[
+        model.weights_spec(), tf.TensorSpec([None, None], tf.int32)])
+
+  return network_lib.BoundFunction(
+      network_lib.shared_function(architecture, "prompt_logprobs", build),
+      model.network_weights)
 
 
 def programs_for(model, path: str) -> Programs:

@@ -125,7 +125,7 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
 
 def run_decode(network, request: request_lib.Request,
                carry: request_lib.Carry, chooses_first: bool,
-               steps_loop=None) -> request_lib.Result:
+               steps_loop=None, logprobs: bool = False) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
 
   (Not `decode`: `Model.decode` turns ids into text.)
@@ -137,6 +137,9 @@ def run_decode(network, request: request_lib.Request,
     chooses_first: the elementwise path's loop (`choose_then_consume`).
     steps_loop: another loop of the same signature in place of either
       (`window.windows_loop`).
+    logprobs: also record each step's log-probabilities
+      (`pipeline.StepLogprobs`, written where the request wants scores) into
+      the result's `logprobs`.
 
   Returns:
     The `Result`.
@@ -149,23 +152,35 @@ def run_decode(network, request: request_lib.Request,
   progress = pipeline.RowProgress(
       carry.stop_state, carry.done,
       tf.zeros(tf.shape(carry.last_ids), tf.int32), carry.history,
-      carry.scores, carry.dfa_state)
+      carry.scores, carry.dfa_state,
+      pipeline.step_logprobs(request.capacity, tf.shape(carry.last_ids)[0],
+                             network.vocab_size) if logprobs else ())
 
-  def run(tail):
+  def run(tail, scores):
     # A fixed-size buffer on every path: under XLA `capacity` is a
     # compile-time constant; in graph mode unwritten slots stack as zeros.
     ids = tf.TensorArray(tf.int32, size=request.capacity, element_shape=[None])
-    end = loop(network, tail, num_steps, carry, progress, ids)
-    return end._replace(ids=tf.transpose(end.ids.stack()))
+    # The plain tail scores nothing: its loop carries no log-probabilities
+    # (the zeros are returned as they are).
+    end = loop(network, tail, num_steps, carry,
+               progress if scores else progress._replace(logprobs=()), ids)
+    return end._replace(ids=tf.transpose(end.ids.stack()),
+                        progress=end.progress._replace(
+                            logprobs=end.progress.logprobs if scores
+                            else progress.logprobs))
 
   plain_tail, general_tail = pipeline.tails(inv)
   # When no row asks for an option the plain tail lacks, or for scores, the
   # loop whose step has no conditionals runs: XLA fuses its tail whole, and
   # default settings pay nothing for the options they do not use.
-  end = tf.cond(inv.plain, lambda: run(plain_tail), lambda: run(general_tail))
+  end = tf.cond(inv.plain, lambda: run(plain_tail, False),
+                lambda: run(general_tail, True))
   done = end.progress
   return request_lib.Result(
       ids=end.ids, lengths=done.lengths, scores=done.scores,
+      logprobs=tf.nest.map_structure(  # Rows first, as `ids`.
+          lambda x: tf.transpose(x, [1, 0] + list(range(2, x.shape.rank))),
+          done.logprobs),
       carry=request_lib.Carry(end.state, end.last_ids, done.stop_state,
                               done.done, start + end.step, done.history,
                               done.scores, done.dfa_state))

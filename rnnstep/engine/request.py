@@ -199,11 +199,15 @@ class Result(NamedTuple):
     scores: float32 `[B]`, each row's log-likelihood of its ids (see
       `Carry.scores`).
     carry: the `Carry` for a continuation.
+    logprobs: the serving engine's per-step log-probabilities, rows first
+      (`pipeline.StepLogprobs` of `[B, capacity]` and `[B, capacity, K]`;
+      written where `want_scores`), or `()` (every other caller).
   """
   ids: tf.Tensor
   lengths: tf.Tensor
   scores: tf.Tensor
   carry: Carry
+  logprobs: Any = ()
 
 
 # A state width that stands for a recomputed window's ids (`recompute.py`):

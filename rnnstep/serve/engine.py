@@ -14,7 +14,26 @@ touches the device), it
     8) is primed a piece a call, its state carried between them like a
     decoding row's, so that no call primes more than a piece and a long
     prompt holds the other rows up by no more than one chunk's worth;
-  - hands each row's new characters to its `Completion`'s sink.
+  - hands each row's new ids and characters to its `Completion`'s sink,
+    with their log-probabilities where it asks (`Completion.logprobs`:
+    recorded inside the same call, `pipeline.StepLogprobs`, under the
+    condition that computes scores, so a call no row of which asks pays
+    nothing; `Completion.prompt_logprobs`: one more call, a TF graph of any
+    shape, per distinct prompt when its rows are admitted).
+
+Limits are in the model's ids: `max_prompt_tokens` and `max_tokens_limit`
+size every buffer (the history holds a prompt and its whole continuation),
+and `submit` refuses a prompt of more ids (the server refuses it first).
+
+One row's failure retires that row only (its `Update` says "error", with a
+`message`); the other rows carry on, each with the text it would have had.
+Each row's host work (its piece, history and tables; its text's decoding)
+runs on its own, and a failed call is run again over each half of its rows
+(`_attempt`), down to the row it fails for: the carry is on the host, and
+a row's text depends on its own seed, index and position only, so a row
+runs the same in any subset. The scheduler thread never dies: an
+unexpected failure of a round fails that round's rows, and the next round
+starts afresh.
 
 A row's text equals `rnnstep.generate`'s for its prompt, seed and options
 (README "Reproducibility": to float32 rounding of the logits, which the batch
@@ -72,6 +91,7 @@ import tensorflow as tf
 
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
+from rnnstep.decoding import pipeline
 from rnnstep.decoding import processors
 from rnnstep.decoding import stopping
 from rnnstep.engine import generator as generator_lib
@@ -79,6 +99,9 @@ from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.model import network
+
+# The most alternatives a `logprobs` request may ask per id (OpenAI's limit).
+TOP_LOGPROBS = pipeline.TOP_LOGPROBS
 
 
 class Shared(NamedTuple):
@@ -105,17 +128,52 @@ class Update(NamedTuple):
     text: the characters generated since the last update (the library's text:
       a row that met a stop string ends with it).
     finish_reason: None while running; "stop" (a stop string or the regex's
-      end), "length" (`max_tokens`), "cancelled" (the engine closed first)
-      or "error" (its chunk failed).
+      end), "length" (`max_tokens`), "cancelled" (the engine closed first,
+      or the client went away) or "error" (the row failed: `message` says
+      how; the other rows carry on).
     score: the row's log-likelihood so far (0.0 unless it wants scores).
     tokens: the ids generated since the last update (a token model's text
       has more or fewer characters than ids: the usage counts ids).
+    ids: int32 `[tokens]`, those ids (always; empty on a cancelled or failed
+      row's last update). A token model's `text` may hold back an id's
+      characters until the next update (a character split across ids).
+    token_logprobs: float32 `[tokens]`, each id's log-probability under the
+      raw model distribution (log softmax of the model's logits before any
+      decoding option: what `score` sums), or None: the completion did not
+      ask (`Completion.logprobs` None).
+    top_ids: int32 `[tokens, k]`, per id the k most likely ids of that same
+      distribution (most likely first; ties: the lower id first), or None.
+    top_logprobs: float32 `[tokens, k]`, their log-probabilities, or None.
+    prompt_logprobs: float32 `[len(prompt) - 1]`, the log-probability of
+      prompt id t + 1 after ids 0..t (id 0 has none), on the row's first
+      update that carries output, where the completion asked
+      (`Completion.prompt_logprobs`); else None.
+    prompt_top_ids: int32 `[len(prompt) - 1, k]`, per prompt id t + 1 the k
+      most likely ids after ids 0..t, or None.
+    prompt_top_logprobs: float32 `[len(prompt) - 1, k]`, theirs, or None.
+    message: with finish_reason "error", what failed (for the server's log).
   """
   index: int
   text: str
   finish_reason: Optional[str]
   score: float
   tokens: int = 0
+  ids: Optional[np.ndarray] = None
+  token_logprobs: Optional[np.ndarray] = None
+  top_ids: Optional[np.ndarray] = None
+  top_logprobs: Optional[np.ndarray] = None
+  prompt_logprobs: Optional[np.ndarray] = None
+  prompt_top_ids: Optional[np.ndarray] = None
+  prompt_top_logprobs: Optional[np.ndarray] = None
+  message: Optional[str] = None
+
+
+_NO_IDS = np.zeros([0], np.int32)
+
+
+def _ended(row: "Row", reason: str, message: Optional[str] = None) -> Update:
+  """The last update of a row that ends with nothing more to hand out."""
+  return Update(row.index, "", reason, 0.0, 0, _NO_IDS, message=message)
 
 
 @dataclasses.dataclass(eq=False)
@@ -138,6 +196,8 @@ class Row:
       carried `stop_state` points into (`Engine._tables`).
     dfa_offset: where its regex DFA starts in the joined DFA its carried
       `dfa_state` points into (`constraints.FREE`: no pattern).
+    prompt_scores: its prompt's `(logprobs, top_ids, top_logprobs)` until
+      its first update carries them (`Completion.prompt_logprobs`).
   """
   completion: "Completion"
   index: int
@@ -149,6 +209,7 @@ class Row:
   decoding: bool = False
   stop_offset: int = 0
   dfa_offset: int = constraints.FREE
+  prompt_scores: Optional[tuple] = None
 
 
 class Completion:
@@ -158,22 +219,42 @@ class Completion:
     rows_prompt_ids: per choice, the prompt's ids.
     params: per choice, its `options.Params` of scalars.
     seed: the request's seed (choice k uses (seed, k), as `generate`'s row k).
-    max_tokens: characters to generate per choice (>= 1).
+    max_tokens: ids to generate per choice (>= 1).
     shared: its `Shared` settings.
     want_scores: accumulate each choice's log-likelihood.
     sink: called with each `Update`, through the engine's `deliver` (by
       default on the scheduler thread: make it quick and thread-safe).
+    logprobs: None (no per-id values), or k in 0..`TOP_LOGPROBS`: each
+      update carries its ids' log-probabilities and the k most likely ids'
+      (`Update.token_logprobs`, `top_ids`, `top_logprobs`).
+    prompt_logprobs: each row's first update carries its prompt's
+      log-probabilities, with the k (`logprobs`, 0 where None) most likely
+      ids' at each position (`Update.prompt_logprobs`, ...): one more call
+      on the scheduler thread when its rows are admitted.
+
+  Raises:
+    ValueError: `logprobs` outside 0..`TOP_LOGPROBS`.
   """
 
   def __init__(self, rows_prompt_ids: Sequence[np.ndarray],
                params: Sequence[options_lib.Params], *, seed: int,
                max_tokens: int, shared: Shared, want_scores: bool,
-               sink: Callable[[Update], None]):
+               sink: Callable[[Update], None],
+               logprobs: Optional[int] = None,
+               prompt_logprobs: bool = False):
+    if logprobs is not None and not 0 <= int(logprobs) <= TOP_LOGPROBS:
+      raise ValueError(f"logprobs must lie in 0..{TOP_LOGPROBS}, got "
+                       f"{logprobs}")
     self.seed = int(seed)
     self.max_tokens = int(max_tokens)
     self.shared = shared
     self.want_scores = bool(want_scores)
     self.sink = sink
+    self.logprobs = None if logprobs is None else int(logprobs)
+    self.prompt_logprobs = bool(prompt_logprobs)
+    # Per distinct prompt (its bytes), its prompt log-probabilities: the
+    # rows of a prompt's n choices share one computation.
+    self.prompt_scores = {}
     self.cancelled = False
     self.submitted_at = time.monotonic()
     self.rows = [Row(self, k, np.asarray(ids, np.int32), p)
@@ -182,6 +263,11 @@ class Completion:
   def cancel(self) -> None:
     """Retires its rows at the next chunk boundary (any thread)."""
     self.cancelled = True
+
+  @property
+  def scored(self) -> bool:
+    """Whether its calls compute log-probabilities (scores or `logprobs`)."""
+    return self.want_scores or self.logprobs is not None
 
 
 class QueueFull(Exception):
@@ -261,6 +347,32 @@ class _Tables(NamedTuple):
   dfa: Optional[constraints.Dfa]
 
 
+class _Prepared(NamedTuple):
+  """A row's host work for a call (`Engine._prepare`).
+
+  Attributes:
+    piece: int32, the prompt ids it primes in this call (`Engine._piece`),
+      or None: it decodes on from its carried state.
+    history: its one-row `processors.History` after its whole prompt,
+      where its last piece starts here (`Engine._history`), else None.
+    primes_only: its piece is not its prompt's last: it only primes.
+  """
+  piece: Optional[np.ndarray]
+  history: Optional[processors.History]
+  primes_only: bool
+
+
+def _describe(error: Exception) -> str:
+  """An exception in one line, for an `Update.message`: its type and the
+  first line of its message that says what failed (a TensorFlow error's
+  message opens with its graph's call stack)."""
+  lines = [line for line in str(error).splitlines()
+           if line.strip() and not line.startswith((" ", "\t"))
+           and not line.startswith(("Graph execution error",
+                                    "Detected at node"))]
+  return type(error).__name__ + (f": {lines[0][:300]}" if lines else "")
+
+
 class Engine:
   """The slots, the waiting queue and the scheduler thread.
 
@@ -272,8 +384,9 @@ class Engine:
     max_queue: rows waiting at most beyond the free slots; more is
       `QueueFull`.
     max_tokens_limit: the largest `max_tokens` a request may ask.
-    max_prompt_chars: the longest prompt (the history buffer holds a prompt
-      and its whole continuation).
+    max_prompt_tokens: the longest prompt, in the model's ids (every buffer
+      is sized from it: the history holds a prompt and its whole
+      continuation); `submit` refuses a longer one.
     strategy: None, or a `tf.distribute.Strategy` over which each chunk's
       rows are split evenly (`rnnstep.generate`'s `strategy=`): the slots
       spread over its devices, every row's text unchanged.
@@ -291,11 +404,12 @@ class Engine:
     dfa_capacity: states of the joined regex DFA, its 2 shared ones
       included.
     deliver: as the argument (settable before `start`).
+    max_prompt_tokens: as the argument.
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
                max_queue: int, max_tokens_limit: int,
-               max_prompt_chars: int = 1024, strategy=None,
+               max_prompt_tokens: int = 1024, strategy=None,
                deliver: Optional[Callable[
                    [List[Tuple["Completion", Update]]], None]] = None):
     if strategy is not None:  # Its weights on every replica, as generate's.
@@ -307,7 +421,7 @@ class Engine:
     self.chunk_steps = int(chunk_steps)
     self.max_queue = int(max_queue)
     self.max_tokens_limit = int(max_tokens_limit)
-    self.max_prompt_chars = int(max_prompt_chars)
+    self.max_prompt_tokens = int(max_prompt_tokens)
     self.stats = Stats()
     # A piece as long as a chunk: priming a piece costs about what the
     # chunk's decode steps cost, so a long prompt at most doubles one call.
@@ -331,13 +445,15 @@ class Engine:
     # History width: a prompt and every step a row may take (it may run up
     # to a chunk past its max_tokens before it is retired).
     self._history_length = int(request_lib.bucket(
-        self.max_prompt_chars + self.max_tokens_limit + self.chunk_steps, 16))
+        self.max_prompt_tokens + self.max_tokens_limit + self.chunk_steps, 16))
     self._waiting = collections.deque()
     self._active: List[Row] = []
     self._carry = None  # numpy Carry of `_active`'s rows, in order.
     self._condition = threading.Condition()
     self._admitting = True
     self._stopping = False
+    self._stopped = False
+    self._round_rows: List[Row] = []  # A round's rows, until handed out.
     self._thread = None
     # Per distinct stop list its automaton, per distinct pattern its state
     # count, per layout (the distinct settings of a chunk, in order) its
@@ -346,6 +462,9 @@ class Engine:
     self._pattern_states = _Lru(256)
     self._joined = _Lru(64)
     self._template = self._zero_carry()
+    # Alternatives per id the calls record (`pipeline.step_logprobs`).
+    self._top = min(TOP_LOGPROBS, self.model.vocab_size)
+    self._prompt_logprobs = generator_lib.prompt_logprobs_function(model)
     self.deliver = deliver or call_sinks
     # The round's updates, handed to `deliver` together (`_flush`): one
     # hand-off a chunk, not one a row.
@@ -353,13 +472,39 @@ class Engine:
 
   # -- any thread ------------------------------------------------------------
 
+  def check(self, completion: Completion) -> None:
+    """Refuses a completion the engine cannot run (a defensive check: the
+    server refuses such requests before, naming the field).
+
+    Raises:
+      ValueError: a prompt of no ids, of more than `max_prompt_tokens`,
+        or of ids outside the vocabulary; `max_tokens` outside 1..
+        `max_tokens_limit`; `logprobs` over the model's alternatives.
+    """
+    for row in completion.rows:
+      ids = row.prompt_ids
+      if ids.ndim != 1 or not 1 <= len(ids) <= self.max_prompt_tokens:
+        raise ValueError(
+            f"prompt: {len(ids)} ids; this engine takes 1 to "
+            f"{self.max_prompt_tokens}")
+      if ids.min() < 0 or ids.max() >= self.model.vocab_size:
+        raise ValueError(f"prompt: ids outside [0, {self.model.vocab_size})")
+    if not 1 <= completion.max_tokens <= self.max_tokens_limit:
+      raise ValueError(f"max_tokens: {completion.max_tokens}; this engine "
+                       f"takes 1 to {self.max_tokens_limit}")
+    if (completion.logprobs or 0) > self._top:
+      raise ValueError(f"logprobs: {completion.logprobs}; this model has "
+                       f"{self._top} alternatives")
+
   def submit(self, completion: Completion) -> None:
     """Queues a completion's rows.
 
     Raises:
+      ValueError: a completion `check` refuses (none of its rows queue).
       QueueFull: the waiting queue has no room for all its rows.
       ShuttingDown: `close` has begun.
     """
+    self.check(completion)
     with self._condition:
       if not self._admitting:
         raise ShuttingDown()
@@ -414,14 +559,16 @@ class Engine:
     with and without scores: the elementwise path compiles the decode
     step of the plain and the general tail (`loop.run_decode`'s two
     branches) when a call first takes each. A call over carried rows, or
-    over a long prompt's pieces, has the same shapes.
+    over a long prompt's pieces, has the same shapes. The prompts'
+    log-probabilities (`Completion.prompt_logprobs`) are a TF graph of any
+    shape: traced once.
     """
     batches, widths = [1], [1]  # The graph path: one trace fits all.
     if self._bucketed:
       batches = sorted({request_lib.batch_bucket(n)
                         for n in range(1, self.max_batch + 1)})
       widths = sorted({self._prompt_width(1), self._prompt_width(
-          min(self.prime_chars, self.max_prompt_chars))})
+          min(self.prime_chars, self.max_prompt_tokens))})
     params = options_lib.DEFAULTS
     for batch in batches:
       for width in widths:
@@ -430,89 +577,167 @@ class Engine:
                              [params] * batch, seed=0, max_tokens=1,
                              shared=Shared(), want_scores=want_scores,
                              sink=lambda update: None)
-          self._call(dummy.rows, fresh=np.ones([batch], bool),
-                     primes_only=np.zeros([batch], bool), carry=None,
-                     steps=1)
+          self._call(dummy.rows, [self._prepare(row) for row in dummy.rows],
+                     carry=None, steps=1)
+    self._prompt_logprobs(np.zeros([1, 2], np.int32))
 
   # -- the scheduler thread --------------------------------------------------
 
   def _run(self) -> None:
-    while True:
-      self._flush()  # The last round's updates (outside the lock).
-      with self._condition:
-        while (not self._stopping and not self._active
-               and not self._live_waiting()):
-          self._condition.wait()
-        if self._stopping:
-          for row in list(self._waiting) + self._active:
-            self._send(row, Update(row.index, "", "cancelled", 0.0))
-          self._waiting.clear()
-          self._active, self._carry = [], None
-          self._flush()
-          return
-        kept = [i for i, row in enumerate(self._active)
-                if not row.completion.cancelled]
-        for i, row in enumerate(self._active):
-          if row.completion.cancelled:
-            self._send(row, Update(row.index, "", "cancelled", 0.0))
-        fresh_rows = self._admit([self._active[i] for i in kept])
-      self._flush()  # The rows cancelled now, before the call.
-      rows = [self._active[i] for i in kept] + fresh_rows
-      if not rows:
-        self._active, self._carry = [], None
-        self.stats.running = 0
-        continue
-      carry = None
-      if self._carry is not None and kept:
-        carry = tf.nest.map_structure(lambda x: x[kept], self._carry)
-      # Admitted rows, and carried rows whose prompt is still being primed,
-      # start their prompt's next piece; a piece that is not the last only
-      # primes.
-      fresh = np.array([not row.decoding for row in rows])
-      primes_only = np.array([
-          not row.decoding
-          and len(row.prompt_ids) - row.primed > self.prime_chars
-          for row in rows])
-      steps = self.chunk_steps
-      decoding = [row for row, only in zip(rows, primes_only) if not only]
-      if decoding:
-        # No row needs more than its own characters: when they all end
-        # within the chunk, the call stops there (a row's text depends on
-        # its own seed and position only, so cutting the call changes none).
-        steps = min(steps, max(row.completion.max_tokens - row.produced
-                               for row in decoding))
-      scored = [row for row in decoding if row.completion.want_scores]
-      if scored:
-        # A row's score counts only its own characters: such a chunk ends at
-        # the first of their limits.
-        steps = min([steps] + [row.completion.max_tokens - row.produced
-                               for row in scored])
-      started = time.monotonic()
+    """The scheduler: rounds until `close`. It never dies of a failure: one
+    row's retires that row (`_fail`); anything else fails the round's rows
+    and the next round starts afresh."""
+    failed_rounds = 0
+    while not self._stopped:
       try:
-        result, self._carry = self._call(rows, fresh=fresh,
-                                         primes_only=primes_only, carry=carry,
-                                         steps=steps)
+        self._round()
+        failed_rounds = 0
       except Exception as e:  # pylint: disable=broad-except
-        # Not expected (requests are checked before they queue); the rows
-        # fail, the server goes on serving.
-        logging.exception("a chunk failed: %s", e)
-        for row in rows:
-          self._send(row, Update(row.index, "", "error", 0.0))
+        logging.exception("a scheduler round failed: %s", e)
+        failed = list(dict.fromkeys(self._round_rows + self._active))
+        failed_rounds += 1
+        if not failed and failed_rounds > 1:
+          # Failing again before any row ran: the first waiting row may be
+          # the cause, and each round retires one at least.
+          with self._condition:
+            failed = [self._waiting.popleft()] if self._waiting else []
+        for row in failed:
+          self._send(row, _ended(row, "error",
+                                 f"the scheduler failed: {_describe(e)}"))
+        self._active, self._carry, self._round_rows = [], None, []
+        self.stats.running = 0
+        try:
+          self._flush()
+        except Exception:  # pylint: disable=broad-except
+          logging.exception("dropping a failed round's updates")
+
+  def _round(self) -> None:
+    """Retires, admits, prepares, runs one call and hands out its output."""
+    self._flush()  # The last round's updates (outside the lock).
+    with self._condition:
+      while (not self._stopping and not self._active
+             and not self._live_waiting()):
+        self._condition.wait()
+      if self._stopping:
+        for row in list(self._waiting) + self._active:
+          self._send(row, _ended(row, "cancelled"))
+        self._waiting.clear()
         self._active, self._carry = [], None
-        continue
-      for row, only in zip(rows, primes_only):
-        if only:  # The piece's characters but the unconsumed ones.
-          row.primed += self.prime_chars - self._unconsumed
+        self._flush()
+        self._stopped = True
+        return
+      going_on = []
+      for row in self._active:
+        if row.completion.cancelled:
+          self._send(row, _ended(row, "cancelled"))
         else:
-          row.decoding = True
-      self._active = self._hand_out(rows, result, primes_only)
-      self.stats.busy_seconds += time.monotonic() - started
-      self.stats.chunks += 1
-      self.stats.running = len(self._active)
-      if self._carry is not None and len(self._active) < len(rows):
-        survivors = [i for i, row in enumerate(rows) if row in self._active]
-        self._carry = tf.nest.map_structure(lambda x: x[survivors],
-                                            self._carry)
+          going_on.append(row)
+      fresh_rows = self._admit(going_on)
+    self._round_rows = going_on + fresh_rows
+    self._flush()  # The rows cancelled or failed now, before the call.
+    position = {row: i for i, row in enumerate(self._active)}
+    started = time.monotonic()
+    fresh_rows = self._with_prompt_scores(fresh_rows)
+    # Each row's host work on its own: a row it fails for is retired, the
+    # others go on.
+    rows, prepared = [], []
+    for row in going_on + fresh_rows:
+      try:
+        prepared.append(self._prepare(row))
+        rows.append(row)
+      except Exception as e:  # pylint: disable=broad-except
+        self._fail(row, "preparing its call", e)
+    carried = [position[row] for row in rows if row in position]
+    carry = None
+    if carried:  # Carried rows come first, in `_active`'s order.
+      carry = tf.nest.map_structure(lambda x: x[carried], self._carry)
+    steps = self.chunk_steps
+    decoding = [row for row, p in zip(rows, prepared) if not p.primes_only]
+    if decoding:
+      # No row needs more than its own ids: when they all end within the
+      # chunk, the call stops there (a row's text depends on its own seed
+      # and position only, so cutting the call changes none).
+      steps = min(steps, max(row.completion.max_tokens - row.produced
+                             for row in decoding))
+    scored = [row for row in decoding if row.completion.want_scores]
+    if scored:
+      # A row's score counts only its own ids: such a chunk ends at the
+      # first of their limits.
+      steps = min([steps] + [row.completion.max_tokens - row.produced
+                             for row in scored])
+    ran, result, self._carry = (self._attempt(rows, prepared, carry, steps)
+                                if rows else ([], None, None))
+    primes_only = {row: p.primes_only for row, p in zip(rows, prepared)}
+    for row in ran:
+      if primes_only[row]:  # The piece's ids but the unconsumed ones.
+        row.primed += self.prime_chars - self._unconsumed
+      else:
+        row.decoding = True
+    self._active = self._hand_out(ran, result,
+                                  [primes_only[row] for row in ran])
+    self._round_rows = []
+    self.stats.busy_seconds += time.monotonic() - started
+    self.stats.chunks += bool(ran)
+    self.stats.running = len(self._active)
+    if not self._active:
+      self._carry = None
+    elif len(self._active) < len(ran):
+      survivors = [i for i, row in enumerate(ran) if row in self._active]
+      self._carry = tf.nest.map_structure(lambda x: x[survivors],
+                                          self._carry)
+
+  def _fail(self, row: Row, what: str, error: Exception) -> None:
+    """Retires one row whose own work failed: its completion gets an
+    "error" update saying what failed; the other rows carry on."""
+    message = f"{what}: {_describe(error)}"
+    logging.warning("row %d of a completion failed %s", row.index, message)
+    self._send(row, _ended(row, "error", message))
+
+  def _attempt(self, rows: List[Row], prepared: List["_Prepared"], carry,
+               steps: int):
+    """Runs `_call` over the rows; where it fails, over each half of them
+    in turn, down to the row(s) it fails for, which are retired (`_fail`).
+
+    The carry is on the host and a row's text depends only on its own
+    seed, index and position, so a row's output is the same in any subset.
+
+    Args:
+      rows: the rows, carried ones first.
+      prepared: their `_Prepared` host work.
+      carry: the numpy `Carry` of the carried rows (None: none).
+      steps: the steps to run.
+
+    Returns:
+      `(rows that ran, their result, their numpy Carry)` (`_call`'s, the
+      rows in order), or `([], None, None)`.
+    """
+    try:
+      result, new_carry = self._call(rows, prepared, carry=carry, steps=steps)
+      return rows, result, new_carry
+    except Exception as e:  # pylint: disable=broad-except
+      if len(rows) == 1:
+        logging.exception("a call of one row failed")
+        self._fail(rows[0], "its device call", e)
+        return [], None, None
+      logging.warning("a call of %d rows failed (%s): running its halves",
+                      len(rows), _describe(e))
+    half, carried = len(rows) // 2, 0 if carry is None else len(
+        carry.last_ids)
+    parts = []
+    for lo, hi in ((0, half), (half, len(rows))):
+      part = None
+      if min(hi, carried) > lo:
+        part = tf.nest.map_structure(
+            lambda x, lo=lo, hi=hi: x[lo:min(hi, carried)], carry)
+      ran = self._attempt(rows[lo:hi], prepared[lo:hi], part, steps)
+      if ran[0]:
+        parts.append(ran)
+    if len(parts) < 2:
+      return parts[0] if parts else ([], None, None)
+    (rows_a, result_a, carry_a), (rows_b, result_b, carry_b) = parts
+    join = lambda a, b: np.concatenate([a, b])
+    return (rows_a + rows_b, tf.nest.map_structure(join, result_a, result_b),
+            tf.nest.map_structure(join, carry_a, carry_b))
 
   def _send(self, row: Row, update: Update) -> None:
     """Queues an update for this round's `deliver`."""
@@ -535,7 +760,7 @@ class Engine:
   def _live_waiting(self) -> bool:
     while self._waiting and self._waiting[0].completion.cancelled:
       row = self._waiting.popleft()
-      self._send(row, Update(row.index, "", "cancelled", 0.0))
+      self._send(row, _ended(row, "cancelled"))
     self.stats.waiting = len(self._waiting)
     return bool(self._waiting)
 
@@ -558,6 +783,13 @@ class Engine:
     admitted = []
     while self._live_waiting() and running + len(admitted) < self.max_batch:
       shared = self._waiting[0].completion.shared
+      try:  # Its own tables (made once per distinct setting, and kept).
+        self._stops(shared.stop)
+        if shared.regex is not None:
+          self._pattern_size(shared.regex)
+      except Exception as e:  # pylint: disable=broad-except
+        self._fail(self._waiting.popleft(), "making its tables", e)
+        continue
       more_stops, more_patterns = stops | {shared.stop}, patterns | (
           {shared.regex} - {None})
       if (stops or patterns) and (more_stops != stops
@@ -573,51 +805,124 @@ class Engine:
     """Whether the joined tables of these distinct stop lists and patterns
     stay within `stop_capacity` and `dfa_capacity`."""
     stop_states = sum(len(self._stops(stop).accept) for stop in stops)
-    dfa_states = 2 + sum(self._pattern_states.get_or_make(
-        pattern, lambda pattern=pattern: len(constraints.combine(
-            self.model, [pattern]).ends) - 2) for pattern in patterns)
+    dfa_states = 2 + sum(self._pattern_size(pattern) for pattern in patterns)
     return (stop_states <= self.stop_capacity
             and dfa_states <= self.dfa_capacity)
 
+  def _pattern_size(self, pattern: str) -> int:
+    """A pattern's own DFA states (its shared ones aside), counted once."""
+    return self._pattern_states.get_or_make(
+        pattern, lambda: len(constraints.combine(self.model, [pattern]).ends)
+        - 2)
+
   def _hand_out(self, rows: List[Row], result,
-                primes_only: np.ndarray) -> List[Row]:
-    """Sends each row its new characters; returns the rows still running.
+                primes_only: Sequence[bool]) -> List[Row]:
+    """Sends each row its new ids and characters; returns the rows still
+    running. A row whose hand-out fails (its text's decoding) is retired.
 
     Args:
       rows: the call's rows.
-      result: its `(ids, lengths, scores, done)`.
-      primes_only: bool per row: it only primed (nothing to send yet).
+      result: its `(ids, lengths, scores, done, logprobs)` (`_call`'s).
+      primes_only: per row: it only primed (nothing to send yet).
 
     Returns:
       The rows that go on, in order.
     """
-    ids, lengths, scores, done = result
     running = []
     for r, row in enumerate(rows):
       if primes_only[r]:
         running.append(row)
         continue
-      completion = row.completion
-      room = completion.max_tokens - row.produced
-      new = ids[r, :min(int(lengths[r]), room)]
-      row.produced += len(new)
-      self.stats.characters += len(new)
-      if done[r] and int(lengths[r]) <= room:
-        reason = "stop"
-      elif row.produced >= completion.max_tokens:
-        reason = "length"
-      else:
-        reason = None
-      if row.text is None:
-        row.text = self.model.tokens.stream(completion.shared.stop)
-      text = row.text.push(new) + (row.text.finish() if reason else "")
-      self._send(row, Update(row.index, text, reason, float(scores[r]),
-                             len(new)))
-      if reason is None:
+      try:
+        update = self._update(row, r, result)
+      except Exception as e:  # pylint: disable=broad-except
+        self._fail(row, "handing out its output", e)
+        continue
+      self._send(row, update)
+      if update.finish_reason is None:
         running.append(row)
     return running
 
+  def _update(self, row: Row, r: int, result) -> Update:
+    """Row `row` (the call's row `r`)'s update from the call's result."""
+    ids, lengths, scores, done, logprobs = result
+    completion = row.completion
+    room = completion.max_tokens - row.produced
+    new = ids[r, :min(int(lengths[r]), room)]
+    if done[r] and int(lengths[r]) <= room:
+      reason = "stop"
+    elif row.produced + len(new) >= completion.max_tokens:
+      reason = "length"
+    else:
+      reason = None
+    if row.text is None:
+      row.text = self.model.tokens.stream(completion.shared.stop)
+    text = row.text.push(new) + (row.text.finish() if reason else "")
+    extra = {}
+    k = completion.logprobs
+    if k is not None:  # Copies: the call's buffers are not held.
+      extra.update(
+          token_logprobs=logprobs.chosen[r, :len(new)].copy(),
+          top_ids=logprobs.top_ids[r, :len(new), :k].copy(),
+          top_logprobs=logprobs.top_logprobs[r, :len(new), :k].copy())
+    if row.prompt_scores is not None:
+      extra.update(zip(("prompt_logprobs", "prompt_top_ids",
+                        "prompt_top_logprobs"), row.prompt_scores))
+      row.prompt_scores = None
+    row.produced += len(new)
+    self.stats.characters += len(new)
+    return Update(row.index, text, reason,
+                  float(scores[r]) if completion.want_scores else 0.0,
+                  len(new), new.copy(), **extra)
+
   # -- one device call -------------------------------------------------------
+
+  def _prepare(self, row: Row) -> "_Prepared":
+    """A row's host work for the next call (its own: a failure here is its
+    own, `_round` retires it alone)."""
+    self._stops(row.completion.shared.stop)
+    if row.completion.shared.regex is not None:
+      self._pattern_size(row.completion.shared.regex)
+    if row.decoding:
+      return _Prepared(None, None, False)
+    primes_only = len(row.prompt_ids) - row.primed > self.prime_chars
+    return _Prepared(self._piece(row), None if primes_only else
+                     self._history(row), primes_only)
+
+  def _with_prompt_scores(self, rows: List[Row]) -> List[Row]:
+    """Gives the admitted rows that want them their prompts'
+    log-probabilities (`Row.prompt_scores`), one call per distinct prompt
+    not yet computed (its completion keeps them: a prompt's n choices
+    share one); returns the rows whose prompt's call did not fail (the
+    others are retired)."""
+    kept = []
+    for row in rows:
+      completion = row.completion
+      if not completion.prompt_logprobs:
+        kept.append(row)
+        continue
+      key = row.prompt_ids.tobytes()
+      try:
+        values = completion.prompt_scores.get(key)
+        if values is None:
+          values = completion.prompt_scores[key] = self._prompt_scores(
+              row.prompt_ids)
+      except Exception as e:  # pylint: disable=broad-except
+        self._fail(row, "scoring its prompt", e)
+        continue
+      k = completion.logprobs or 0
+      row.prompt_scores = (values[0], values[1][:, :k], values[2][:, :k])
+      kept.append(row)
+    return kept
+
+  def _prompt_scores(self, prompt: np.ndarray):
+    """`(logprobs [L-1], top_ids [L-1, K], top_logprobs [L-1, K])` of a
+    prompt of L ids (`generator.prompt_logprobs_function`: one call)."""
+    if len(prompt) < 2:
+      return (np.zeros([0], np.float32), np.zeros([0, self._top], np.int32),
+              np.zeros([0, self._top], np.float32))
+    return tuple(np.asarray(x)[0] for x in self._prompt_logprobs(
+        np.asarray(prompt, np.int32)[None, :]))
 
   def _prompt_width(self, longest: int) -> int:
     """The prompt ids' width: under XLA one of two, so widths compile twice."""
@@ -625,7 +930,7 @@ class Engine:
       return longest
     narrow = request_lib.MIN_WIDTH  # What `request.build` pads to anyway.
     return narrow if longest <= narrow else _power_of_two_at_least(
-        min(self.prime_chars, self.max_prompt_chars), narrow)
+        min(self.prime_chars, self.max_prompt_tokens), narrow)
 
   def _piece(self, row: Row) -> np.ndarray:
     """The ids a fresh row primes in this call: its prompt from where its
@@ -691,24 +996,32 @@ class Engine:
     return _Tables(automaton, np.array(
         [stop_at[row.completion.shared.stop] for row in rows], np.int32), dfa)
 
-  def _call(self, rows: List[Row], *, fresh: np.ndarray,
-            primes_only: np.ndarray, carry, steps: int):
+  def _call(self, rows: List[Row], prepared: List["_Prepared"], *, carry,
+            steps: int):
     """Runs `serve_fn` once over `rows`.
+
+    The rows' own values (`Row.stop_offset`, `Row.dfa_offset`) change only
+    once the call has returned: a failed call can be run again over a
+    subset of its rows (`_attempt`).
 
     Args:
       rows: the rows, carried ones first.
-      fresh: bool per row: its prompt (or its prompt's next piece, `_piece`)
-        starts here.
-      primes_only: bool per row: a fresh row whose piece is not its last.
+      prepared: their `_Prepared` host work: a fresh row's prompt (or its
+        prompt's next piece, `_piece`) starts here.
       carry: the numpy `Carry` of the carried rows (None: none).
       steps: steps to run (<= chunk_steps).
 
     Returns:
-      `((ids, lengths, scores, done) of the rows, their numpy Carry)`.
+      `((ids, lengths, scores, done, logprobs) of the rows, their numpy
+      Carry)`; `logprobs` the `pipeline.StepLogprobs`, rows first (written
+      where a row is `Completion.scored`).
     """
     batch = len(rows)
+    fresh = np.array([p.piece is not None for p in prepared])
+    primes_only = np.array([p.primes_only for p in prepared])
     tables = self._tables(rows)
-    pieces = {r: self._piece(row) for r, row in enumerate(rows) if fresh[r]}
+    pieces = {r: p.piece for r, p in enumerate(prepared)
+              if p.piece is not None}
     longest = max([len(piece) for piece in pieces.values()] + [1])
     ids = np.zeros([batch, self._prompt_width(longest)], np.int32)
     lengths = np.ones([batch], np.int32)
@@ -727,7 +1040,8 @@ class Engine:
         no_repeat_ngram_size=np.array(
             [row.completion.shared.no_repeat_ngram_size for row in rows],
             np.int32),
-        return_scores=any(row.completion.want_scores for row in rows))
+        # Scores and per-id log-probabilities: one condition in the call.
+        return_scores=any(row.completion.scored for row in rows))
     request = request_lib.build(
         request_lib.Prompts(ids, lengths), np.int32(steps), options,
         seeds=request_lib.Seeds(
@@ -750,12 +1064,11 @@ class Engine:
           lambda x, y: np.concatenate([x, y]), carry, fillers)
     carry = tf.nest.map_structure(lambda x: x[index], fillers)  # Copies.
     carry = carry._replace(step=np.asarray(carry.step, np.int32))
-    for r in pieces:  # A row about to decode starts from its whole prompt's.
-      if not primes_only[r]:
-        history = self._history(rows[r])
-        for whole, one in zip(carry.history, history):
+    for r, p in enumerate(prepared):  # A row about to decode starts from
+      if p.history is not None:       # its whole prompt's.
+        for whole, one in zip(carry.history, p.history):
           whole[r] = one[0]
-    self._place(rows, fresh, tables, carry)
+    offsets = self._place(rows, fresh, tables, carry)
     if len({row.completion.shared for row in rows}) > 1:
       self.stats.mixed_chunks += 1
     called = time.monotonic()
@@ -766,11 +1079,14 @@ class Engine:
       result = self._call_distributed(args)
     self.stats.device_seconds += time.monotonic() - called
     result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
-    return ((result.ids, result.lengths, result.scores, result.carry.done),
-            result.carry)
+    # The call ran: each row's states now point into these tables.
+    for row, (stop_offset, dfa_offset) in zip(rows, offsets):
+      row.stop_offset, row.dfa_offset = stop_offset, dfa_offset
+    return ((result.ids, result.lengths, result.scores, result.carry.done,
+             result.logprobs), result.carry)
 
   def _place(self, rows: List[Row], fresh: np.ndarray, tables: _Tables,
-             carry) -> None:
+             carry) -> List[Tuple[int, int]]:
     """Points each row's stop and DFA states into this chunk's tables.
 
     A fresh row starts at its automaton's offset (its DFA's start is the
@@ -778,10 +1094,14 @@ class Engine:
     difference between its offsets in the last chunk's tables and in
     these. The DFA's shared states (`FREE`, `DEAD`) stay where they are.
     Padding rows (XLA's batch bucket) copy row 0's. `carry` (numpy, the
-    call's rows) is changed in place; each row's offsets are updated.
+    call's rows) is changed in place.
+
+    Returns:
+      Per row, its `(stop_offset, dfa_offset)` in these tables.
     """
     dfa_start = (tables.dfa.start if tables.dfa is not None else
                  np.full([len(rows)], constraints.FREE, np.int32))
+    offsets = []
     for r, row in enumerate(rows):
       stop_offset, dfa_offset = int(tables.stop_offsets[r]), int(dfa_start[r])
       if fresh[r]:
@@ -790,9 +1110,10 @@ class Engine:
         carry.stop_state[r] += stop_offset - row.stop_offset
         if carry.dfa_state[r] >= 2:  # Its own states, not FREE or DEAD.
           carry.dfa_state[r] += dfa_offset - row.dfa_offset
-      row.stop_offset, row.dfa_offset = stop_offset, dfa_offset
+      offsets.append((stop_offset, dfa_offset))
     carry.stop_state[len(rows):] = carry.stop_state[0]
     carry.dfa_state[len(rows):] = carry.dfa_state[0]
+    return offsets
 
   def _call_distributed(self, args):
     """`serve_fn` over `args` with the rows split over the strategy's

@@ -55,7 +55,7 @@ class Lanes:
     engines: the lanes.
     max_batch: the slots of every lane together (a request may ask for up
       to this many rows: a lane with fewer slots runs them as they free).
-    max_tokens_limit, max_prompt_chars: the lanes' (equal) limits.
+    max_tokens_limit, max_prompt_tokens: the lanes' (equal) limits.
   """
 
   def __init__(self, engines: List[engine_lib.Engine], max_queue: int):
@@ -67,7 +67,7 @@ class Lanes:
     first = self.engines[0]
     self.max_batch = sum(e.max_batch for e in self.engines)
     self.max_tokens_limit = first.max_tokens_limit
-    self.max_prompt_chars = first.max_prompt_chars
+    self.max_prompt_tokens = first.max_prompt_tokens
     self.generator = first.generator
 
   @property
@@ -86,14 +86,20 @@ class Lanes:
         field.name: sum(getattr(e.stats, field.name) for e in self.engines)
         for field in dataclasses.fields(engine_lib.Stats)})
 
+  def check(self, completion: engine_lib.Completion) -> None:
+    """`Engine.check` (the lanes' limits are equal)."""
+    self.engines[0].check(completion)
+
   def submit(self, completion: engine_lib.Completion) -> None:
     """Queues the completion on the lane with the fewest rows.
 
     Raises:
+      ValueError: a completion `Engine.check` refuses.
       engine.QueueFull: the lanes' waiting rows would exceed `max_queue`
         beyond their free slots.
       engine.ShuttingDown: `close` has begun.
     """
+    self.check(completion)  # Before the queue's count.
     with self._submitting:
       running = [e.stats.running for e in self.engines]
       waiting = [e.stats.waiting for e in self.engines]
