@@ -53,7 +53,7 @@ def server(model_path):
   with serve_process.RemoteServer([
       f"--model={model_path}", f"--max_batch={MAX_BATCH}", "--chunk_steps=8",
       f"--max_queue={MAX_QUEUE}", f"--max_tokens_limit={MAX_TOKENS_LIMIT}",
-      "--max_prompt_chars=256", "--jit_compile=false", "--drain_timeout=20",
+      "--max_prompt_tokens=256", "--jit_compile=false", "--drain_timeout=20",
       "--lanes=2"  # Two schedulers of 4 slots (the default on 2 cores).
   ]) as running:
     yield running
@@ -497,7 +497,7 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
   }
   running = {name: serve_process.RemoteServer([
       f"--model={model_path}", "--chunk_steps=8", "--max_queue=8",
-      "--max_tokens_limit=48", "--max_prompt_chars=16"] + flags, wait=False)
+      "--max_tokens_limit=48", "--max_prompt_tokens=16"] + flags, wait=False)
              for name, (flags, _) in servers.items()}
   try:
     # 16 characters: primed in three pieces. Four requests for 2 or 3

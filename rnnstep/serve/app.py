@@ -604,7 +604,7 @@ class Server:
           pool, self._check, parsed)
     except errors.ArgumentError as e:
       raise _bad_request(e) from None
-    except constraints.Abandoned:
+    except constraints.Cancelled:
       raise Refused(error_response(
           503, "the server is shutting down",
           kind="service_unavailable")) from None
@@ -622,10 +622,10 @@ class Server:
 
     Raises:
       errors.ArgumentError: naming the field at fault.
-      constraints.Abandoned: the server is shutting down.
+      constraints.Cancelled: the server is shutting down.
     """
-    with constraints.limits(seconds=self.check_seconds,
-                            abandon=self._abandon):
+    with constraints.limits(deadline=time.monotonic() + self.check_seconds,
+                            cancelled=self._abandon):
       return self._check_within_limits(parsed)
 
   def _check_within_limits(self, parsed: protocol.Parsed):

@@ -219,7 +219,8 @@ class Completion:
     rows_prompt_ids: per choice, the prompt's ids.
     params: per choice, its `options.Params` of scalars.
     seed: the request's seed (choice k uses (seed, k), as `generate`'s row k).
-    max_tokens: ids to generate per choice (>= 1).
+    max_tokens: ids to generate per choice (>= 1; 0 with `prompt_logprobs`:
+      the prompt is only scored).
     shared: its `Shared` settings.
     want_scores: accumulate each choice's log-likelihood.
     sink: called with each `Update`, through the engine's `deliver` (by
@@ -479,7 +480,8 @@ class Engine:
     Raises:
       ValueError: a prompt of no ids, of more than `max_prompt_tokens`,
         or of ids outside the vocabulary; `max_tokens` outside 1..
-        `max_tokens_limit`; `logprobs` over the model's alternatives.
+        `max_tokens_limit` (0 too where it wants the prompt's
+        log-probabilities); `logprobs` over the model's alternatives.
     """
     for row in completion.rows:
       ids = row.prompt_ids
@@ -489,9 +491,11 @@ class Engine:
             f"{self.max_prompt_tokens}")
       if ids.min() < 0 or ids.max() >= self.model.vocab_size:
         raise ValueError(f"prompt: ids outside [0, {self.model.vocab_size})")
-    if not 1 <= completion.max_tokens <= self.max_tokens_limit:
+    # 0 only to score the prompt (OpenAI's echo with max_tokens 0).
+    least = 0 if completion.prompt_logprobs else 1
+    if not least <= completion.max_tokens <= self.max_tokens_limit:
       raise ValueError(f"max_tokens: {completion.max_tokens}; this engine "
-                       f"takes 1 to {self.max_tokens_limit}")
+                       f"takes {least} to {self.max_tokens_limit}")
     if (completion.logprobs or 0) > self._top:
       raise ValueError(f"logprobs: {completion.logprobs}; this model has "
                        f"{self._top} alternatives")
@@ -912,6 +916,11 @@ class Engine:
         continue
       k = completion.logprobs or 0
       row.prompt_scores = (values[0], values[1][:, :k], values[2][:, :k])
+      if completion.max_tokens == 0:  # Only the prompt scored: it ends here.
+        self._send(row, _ended(row, "length")._replace(**dict(zip(
+            ("prompt_logprobs", "prompt_top_ids", "prompt_top_logprobs"),
+            row.prompt_scores))))
+        continue
       kept.append(row)
     return kept
 
