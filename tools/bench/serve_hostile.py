@@ -428,7 +428,7 @@ class Client:
         await self.hostile(outcome)
     except httpx.TimeoutException:
       outcome.problem = "no answer in time"
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
       outcome.problem = f"{type(e).__name__}: {e}"[:200]
     # From its scheduled arrival: a late send counts against the server.
     outcome.seconds = time.monotonic() - (t0 + planned.at)
@@ -603,7 +603,11 @@ class Checker:
               f"{str(outcome.reply)[:200]}")
     if outcome.status != 200:
       return _error_body_problem(outcome.reply, expect)
-    return self._check_hostile(outcome)
+    try:
+      return self._check_hostile(outcome)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+      return (f"not a completion ({type(e).__name__}: {e}): "
+              f"{str(outcome.reply)[:200]}")
 
   def _check_hostile(self, outcome: Outcome) -> str:
     """A hostile case answered 200: its text (and shape) as it should be."""
