@@ -32,7 +32,8 @@ def test_hostile_clients_get_their_4xx_and_valid_ones_generate_s_text(
   cases = len(serve_hostile.HOSTILE)
   report = serve_hostile.run(serve_hostile.Settings(
       model=path, num_requests=5 * cases, max_tokens=40, max_batch=8,
-      chunk_steps=8, saturation_requests=16, slow_pieces=3, slow_pause=0.1),
+      chunk_steps=8, saturation_requests=16, slow_pieces=3, slow_pause=0.1,
+      timeout=120),
                              log=lambda line: None)
   assert report.failures(timing=False) == [], report.summary()
   mixed = [o.planned.kind for o in report.runs[1].outcomes]

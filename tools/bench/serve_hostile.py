@@ -10,7 +10,8 @@ disconnect_mid_stream                             # a server without keys
 Starts a real `rnnstep-serve` (with `--api_key` and `--served_model_name`;
 default model: a tiny random GRU), measures its saturation (requests per
 second it completes while `2 x --max_batch` clients send
-`--saturation_requests` random requests back to back; or takes `--rate`),
+`--saturation_requests` random requests back to back, after as many as a
+warm-up; or takes `--rate`),
 then sends `--num_requests` requests at `--load` times that rate
 (Poisson arrivals, one connection per request, as many open at once as the
 backlog makes), in two runs on the same server, `--repeats` times each:
@@ -148,6 +149,7 @@ class Settings:
   slow_pieces: int = 8
   slow_pause: float = 0.25
   hostile_timeout: float = 60.0
+  timeout: float = 600.0  # A valid request's wait for its answer.
   repeats: int = 1
   rss_slack_mib: float = 64.0
   p99_bound: float = 1.25
@@ -367,9 +369,10 @@ class Client:
       outcome.texts, outcome.reasons = {}, {}
       if outcome.planned.streamed:
         await self.stream(outcome, json.dumps(dict(
-            outcome.planned.body, stream=True)).encode(), self.headers(), 600)
+            outcome.planned.body, stream=True)).encode(), self.headers(),
+                          self.settings.timeout)
       else:
-        await self.post(outcome, body, self.headers(), 600)
+        await self.post(outcome, body, self.headers(), self.settings.timeout)
         if outcome.status == 200:
           answer = outcome.reply
           outcome.seed = answer["seed"]
@@ -760,9 +763,13 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> Report:
         f"{rss_mib(pid):.0f} MiB")
     rate = settings.rate
     if not rate:
-      saturation = asyncio.run(client.saturation(valid_bodies(
-          random.Random(settings.seed + 1), settings,
-          settings.saturation_requests)))
+      # Twice: the first requests after the start run slower (the first
+      # call of each program, the first arrivals of each option), so the
+      # first burst is a warm-up.
+      rng = random.Random(settings.seed + 1)
+      for _ in range(2):
+        saturation = asyncio.run(client.saturation(valid_bodies(
+            rng, settings, settings.saturation_requests)))
       rate = settings.load * saturation
       log(f"saturation: {saturation:.1f} requests/s; sending at "
           f"{rate:.1f}/s")
@@ -832,6 +839,8 @@ def define_flags() -> None:
                      "Seconds between a slow upload's pieces.")
   flags.DEFINE_float("hostile_timeout", d.hostile_timeout,
                      "Seconds a hostile request waits for its answer.")
+  flags.DEFINE_float("timeout", d.timeout,
+                     "Seconds a valid request waits for its answer.")
   flags.DEFINE_integer("repeats", d.repeats, "Clean and mixed runs each.")
   flags.DEFINE_float("rss_slack_mib", d.rss_slack_mib,
                      "MiB the server's RSS may pass the first clean run's "
