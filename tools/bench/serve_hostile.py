@@ -188,6 +188,8 @@ class Run:
   outcomes: List[Outcome]
   seconds: float
   rss: List[float]  # MiB, every 0.1 s.
+  server_cpu: float  # The server's CPU seconds in the run.
+  client_cpu: float  # This process's.
   left_running: float = 0.0  # Rows still running well after the run.
 
   def valid_seconds(self) -> List[float]:
@@ -208,6 +210,13 @@ def rss_mib(pid: int) -> float:
       if line.startswith("VmRSS:"):
         return int(line.split()[1]) / 1024
   return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+  """A process's user + system CPU seconds so far (Linux /proc)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def enabled_cases(settings: Settings) -> List[str]:
@@ -696,10 +705,14 @@ class Report:
           f"{len(run.outcomes) - len(valid)} hostile in {run.seconds:.1f} s; "
           f"valid latency p50 {percentile(valid, 50):.2f} s, p99 "
           f"{percentile(valid, 99):.2f} s; 429s retried {retries}; RSS "
-          f"{min(run.rss):.0f}-{max(run.rss):.0f} MiB")
+          f"{min(run.rss):.0f}-{max(run.rss):.0f} MiB; CPU s: server "
+          f"{run.server_cpu:.1f}, client {run.client_cpu:.1f}")
     if self.pairs():
       lines.append(f"valid p99 mixed/clean: {self.p99_ratio():.2f} (median "
-                   f"of {len(self.pairs())}; bound {s.p99_bound})")
+                   f"of {len(self.pairs())}; bound {s.p99_bound}); server "
+                   "CPU seconds mixed/clean: " + ", ".join(
+                       f"{m.server_cpu / c.server_cpu:.2f}"
+                       for c, m in self.pairs()))
     lines.append("hostile case: statuses, slowest answer")
     by_case = collections.defaultdict(list)
     for run in self.runs:
@@ -780,8 +793,11 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> Report:
     for repeat in range(settings.repeats):
       for name in ("clean", "mixed"):
         sent = [p for p in planned if name == "mixed" or p.kind == "valid"]
+        cpu_before = cpu_seconds(pid), time.process_time()
         outcomes, seconds, samples = asyncio.run(client.drive(sent, pid))
         runs.append(Run(name, outcomes, seconds, samples,
+                        cpu_seconds(pid) - cpu_before[0],
+                        time.process_time() - cpu_before[1],
                         running_rows(server.url())))
         log(f"{name} {repeat + 1}: {len(sent)} requests in {seconds:.1f} s, "
             f"valid p99 {percentile(runs[-1].valid_seconds(), 99):.2f} s, "
