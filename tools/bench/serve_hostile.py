@@ -58,7 +58,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional,
+                    Sequence)
 
 from absl import app
 from absl import flags
@@ -74,23 +75,12 @@ from tests.support import serve_process
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
-class Expect:
-  """What a hostile request must get.
-
-  Args:
-    status: its HTTP status.
-    param: the error's `param` (None: not checked).
-    code: the error's `code` (None: not checked).
-  """
-
-  def __init__(self, status: int, param: Optional[str] = None,
-               code: Optional[str] = None):
-    self.status = status
-    self.param = param
-    self.code = code
-
-  def __repr__(self):
-    return f"Expect({self.status}, {self.param!r}, {self.code!r})"
+class Expect(NamedTuple):
+  """What a hostile request must get: its HTTP status, and an error's
+  `param` and `code` (None: not checked)."""
+  status: int
+  param: Optional[str] = None
+  code: Optional[str] = None
 
 
 # Every hostile case and the answer it must get: the one table to adjust.
