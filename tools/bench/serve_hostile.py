@@ -38,7 +38,11 @@ first clean run's peak by more than `--rss_slack_mib`; the server is idle
 after each run (no row left running: the disconnected ones retired); and
 the valid requests' p99 latency (from each one's scheduled arrival to its
 last byte) in the mixed run is within `--p99_bound` of the clean run's
-(the median over `--repeats` pairs).
+(the median over `--repeats` pairs). It also reports each run's CPU
+seconds, the server's and its own: on a shared machine the p99 moves with
+other work (at twice saturation it is the backlog), CPU seconds much less.
+A server without keys or names: `--api_key= --served_model_name=` drop the
+cases that need them (`NEEDS`); `--cases` picks cases.
 
 `tests/test_serve_hostile.py` runs a small version (`run` with small
 `Settings`) in the slow tier, with every check but the latency ratio.
