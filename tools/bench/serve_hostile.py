@@ -11,10 +11,10 @@ Starts a real `rnnstep-serve` (with `--api_key` and `--served_model_name`;
 default model: a tiny random GRU), measures its saturation (requests per
 second it completes while `2 x --max_batch` clients send
 `--saturation_requests` random requests back to back, after as many as a
-warm-up; or takes `--rate`),
-then sends `--num_requests` requests at `--load` times that rate
-(Poisson arrivals, one connection per request, as many open at once as the
-backlog makes), in two runs on the same server, `--repeats` times each:
+warm-up; or takes `--rate`), then sends `--num_requests` requests at
+`--load` times that rate (Poisson arrivals, one connection per request, as
+many open at once as the backlog makes), in two runs on the same server,
+`--repeats` times each:
 
   clean: only the valid requests (`serve_process.random_body`: prompts,
     lists, n, stop strings, penalties, filters, seeds; half of the
