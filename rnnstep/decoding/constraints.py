@@ -159,8 +159,13 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   if parsed.state.flags & ~re.UNICODE:
     raise refuse("sets inline flags such as (?i) or (?s), which are not "
                  "supported; spell the characters out, e.g. [Aa]")
-  if {"ASSERT", "ASSERT_NOT"} & {name for name, _ in _nodes(parsed)}:
+  names = {name for name, _ in _nodes(parsed)}
+  if {"ASSERT", "ASSERT_NOT"} & names:
     raise refuse("uses look-around, which is not supported")
+  if {"ATOMIC_GROUP", "POSSESSIVE_REPEAT"} & names:  # Python >= 3.11.
+    # They change the language (no backtracking: "a*+a" matches nothing).
+    raise refuse("uses an atomic group or a possessive repeat, which is not "
+                 "supported; use a plain group or repeat")
   positions = _positions(parsed)
   if positions > MAX_POSITIONS:
     raise refuse(f"has {positions} character positions with its repeats "
@@ -180,6 +185,8 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     raise refuse(f"{e}; " + _SIMPLIFY) from None
   except regex_dfa.TimeUp as e:
     raise refuse(f"{e}; " + _SIMPLIFY) from None
+  except regex_dfa.Cancelled:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     # interegular's own errors (Unsupported, InvalidSyntax), its recursion.
     detail = " ".join(str(e).split()) or type(e).__name__
@@ -400,11 +407,11 @@ def _positions(subpattern) -> int:
   total = 0
   for op, argument in subpattern:
     name = str(op)
-    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+    if name in ("MAX_REPEAT", "MIN_REPEAT"):
       low, high, item = argument
       times = low + 1 if high == _re_parser.MAXREPEAT else high
       total += max(times, 1) * _positions(item)
-    elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+    elif name == "SUBPATTERN":
       total += _positions(argument[-1])
     elif name == "BRANCH":
       total += sum(_positions(branch) for branch in argument[1])
