@@ -428,8 +428,10 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
 
   Raises:
     errors.ArgumentError: a pattern that does not compile, matches nothing
-      (or only the empty string) over the vocabulary, or exceeds
-      `MAX_STATES`; naming it.
+      (or only the empty string) over the vocabulary, passes a bound
+      (`MAX_STATES`, those of its build) or this thread's `limits` deadline;
+      naming it.
+    Cancelled: this thread's `limits` event was set.
   """
   vocab = tuple(model.vocab if model.is_characters else model.tokens.texts)
   usable = tuple(not (model.has_unk and i == 0) for i in range(len(vocab)))

@@ -226,17 +226,19 @@ class _Positions:
       TooLarge: past the positions or the work.
       ValueError: a node interegular would not build (its message).
     """
+    # interegular's node classes are private: read as its to_fsm reads them.
+    # pylint: disable=protected-access
     ip = self._patterns
     if isinstance(node, ip.Pattern):
-      flags = ip._combine_flags(flags, node.added_flags, node.removed_flags)  # pylint: disable=protected-access
+      flags = ip._combine_flags(flags, node.added_flags, node.removed_flags)
       nullable, first, last = False, 0, 0
       for option in node.options:
         n, f, l = self.walk(option, flags)
         nullable, first, last = nullable or n, first | f, last | l
       return nullable, first, last
-    if isinstance(node, ip._Concatenation):  # pylint: disable=protected-access
+    if isinstance(node, ip._Concatenation):
       return self._sequence([self.walk(part, flags) for part in node.parts])
-    if isinstance(node, ip._Repeated):  # pylint: disable=protected-access
+    if isinstance(node, ip._Repeated):
       items = [self.walk(node.base, flags) for _ in range(node.min)]
       if node.max is None:
         _, first, last = self.walk(node.base, flags)
@@ -250,7 +252,7 @@ class _Positions:
           tail = (True, first, last)
         items.append(tail)
       return self._sequence(items)
-    if isinstance(node, ip._CharGroup):  # pylint: disable=protected-access
+    if isinstance(node, ip._CharGroup):
       chars = node.chars
       if flags & ip.REFlags.CASE_INSENSITIVE:  # As _CharGroup.to_fsm.
         chars = frozenset({*(c.lower() for c in chars),
@@ -258,11 +260,11 @@ class _Positions:
       if flags & ~ip.REFlags.CASE_INSENSITIVE & ~ip.REFlags.SINGLE_LINE:
         raise ValueError(f"{flags} is not implemented")
       return self._position(chars, node.negated)
-    if node is ip._DOT:  # pylint: disable=protected-access
+    if node is ip._DOT:
       single_line = bool(flags & ip.REFlags.SINGLE_LINE)
       return self._position(frozenset() if single_line else frozenset("\n"),
                             True)
-    if node is ip._EMPTY:  # pylint: disable=protected-access
+    if node is ip._EMPTY:
       return True, 0, 0
     raise ValueError(f"{type(node).__name__} is not implemented")
 
