@@ -154,6 +154,22 @@ def test_a_small_automaton_interegular_cannot_reduce_compiles():
     assert not dfa.ends[state]
 
 
+def test_the_deepest_nesting_allowed_compiles_from_a_deep_stack():
+  """The parsers recurse on groups: `MAX_NESTING` leaves a caller (a
+  server's thread) 300 frames and more of Python's 1000."""
+  model = _model("characters", "")
+  depth = constraints.MAX_NESTING
+  pattern = "(" * depth + "ab" + ")" * depth
+
+  def nested(frames):
+    return nested(frames - 1) if frames else constraints.combine(
+        model, [pattern])
+
+  assert nested(300).table.shape[0] == 2 + 3
+  refusal("regex", lambda: constraints.combine(
+      model, ["(" + pattern + ")"]))
+
+
 @pytest.mark.parametrize("argument", ["prompts", "stop", "regex"])
 def test_lone_surrogates_are_refused_naming_their_argument(model, argument):
   text = "a\ud800b"

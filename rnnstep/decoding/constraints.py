@@ -60,11 +60,11 @@ MAX_COMPILE_BYTES = 4 * MAX_TABLE_BYTES
 MAX_POSITIONS = 2 * MAX_STATES
 # Bounds checked before any parser runs: a pattern's length (each position
 # takes a character or a few), how deep its groups nest (the parsers recurse
-# on them: `re`'s overflows Python's stack near 500), and the characters its
-# classes name (interegular lays each one out: 1.1 million for
-# [\x00-\U0010ffff], a minute and GiBs).
+# on them, interegular's about ten frames a group: 50 leaves a caller 500 of
+# Python's 1000), and the characters its classes name (interegular lays each
+# one out: 1.1 million for [\x00-\U0010ffff], a minute and GiBs).
 MAX_PATTERN_CHARS = 2 * MAX_POSITIONS
-MAX_NESTING = 100
+MAX_NESTING = 50
 MAX_CLASS_CHARS = 1 << 16
 # The subset construction stops as soon as it has made this many states (a
 # DFA of 2^n states, such as [ab]*a[ab]{n}'s, is refused while being built)
