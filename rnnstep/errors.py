@@ -26,3 +26,22 @@ class ArgumentError(ValueError):
   def __init__(self, argument: str, message: str):
     super().__init__(message)
     self.argument = argument
+
+
+def not_text(text: str) -> str:
+  """What in `text` is not text, or "" if nothing is.
+
+  A str can hold lone surrogates (JSON's "\\ud800" decodes to one), which
+  have no UTF-8 encoding: every check of user text refuses them in its own
+  argument's name before anything encodes them.
+
+  Returns:
+    e.g. "a lone surrogate U+D800 at position 2, which is not text (it has
+    no UTF-8 encoding)", or "".
+  """
+  try:
+    text.encode("utf-8")
+    return ""
+  except UnicodeEncodeError as e:
+    return (f"a lone surrogate U+{ord(text[e.start]):04X} at position "
+            f"{e.start}, which is not text (it has no UTF-8 encoding)")

@@ -19,6 +19,12 @@ Two states come first:
 
 `ends[s]` is True where state s accepts and no id leads on to a live state:
 a row that reaches one is finished (its continuation fully matches).
+
+Compiling is bounded whatever the pattern (a server compiles what anyone
+sends): the pattern's length, nesting and classes before it is parsed, its
+positions before its automaton is built, and the automaton's states while it
+is built (`regex_dfa`), each refused with `errors.ArgumentError` naming
+`regex`. `limits` adds a deadline and a cancellation event, per thread.
 """
 
 import functools
@@ -33,6 +39,12 @@ except ImportError:  # pragma: no cover
   import sre_parse as _re_parser  # pylint: disable=deprecated-module
 
 from rnnstep import errors
+from rnnstep.decoding import regex_dfa
+
+# The bounds of a build's time (per thread), and the exception a
+# cancelled build raises: see `regex_dfa.limits`.
+limits = regex_dfa.limits
+Cancelled = regex_dfa.Cancelled
 
 FREE = 0
 DEAD = 1
@@ -46,6 +58,20 @@ MAX_TABLE_BYTES = 256 << 20
 # square of its states: 4 s at 8k, 30 s at 20k).
 MAX_COMPILE_BYTES = 4 * MAX_TABLE_BYTES
 MAX_POSITIONS = 2 * MAX_STATES
+# Bounds checked before any parser runs: a pattern's length (each position
+# takes a character or a few), how deep its groups nest (the parsers recurse
+# on them, interegular's about ten frames a group: 50 leaves a caller 500 of
+# Python's 1000), and the characters its classes name (interegular lays each
+# one out: 1.1 million for [\x00-\U0010ffff], a minute and GiBs).
+MAX_PATTERN_CHARS = 2 * MAX_POSITIONS
+MAX_NESTING = 50
+MAX_CLASS_CHARS = 1 << 16
+# The subset construction stops as soon as it has made this many states (a
+# DFA of 2^n states, such as [ab]*a[ab]{n}'s, is refused while being built)
+# or done this much work (a unit: a position or key visited): about a second
+# each on one Zen 3 core. `_build_states` takes less for a large vocabulary.
+MAX_BUILD_STATES = 4 * MAX_STATES
+MAX_BUILD_WORK = 1 << 21
 # States walked at once: bounds the walk's temporaries to a few MiB a state
 # block whatever S (at V = 33k, 64 states: 8 MiB an array).
 _WALK_BLOCK = 64
@@ -89,6 +115,11 @@ class _Pattern(NamedTuple):
 def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   """Compiles one pattern over a vocabulary (state 0 of the result: start).
 
+  Every step is bounded before or while it runs, whatever the pattern: its
+  length, nesting and character classes before any parser sees it, its
+  positions before its automaton is built, and the automaton's states and
+  work as they are made (`regex_dfa`), within this thread's `limits`.
+
   Args:
     pattern: the regular expression (Python syntax, `re.fullmatch` sense).
     vocab: each id's text, by id: the model's characters, or its tokens'
@@ -97,45 +128,83 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
 
   Raises:
     errors.ArgumentError: naming the pattern.
+    Cancelled: the check was cancelled (`limits`).
   """
-  def refuse(why):
-    return errors.ArgumentError("regex", f"regex {pattern!r} {why}")
+  shown = (repr(pattern) if len(pattern) <= 200 else
+           f"{pattern[:160]!r}... ({len(pattern)} characters)")
 
+  def refuse(why):
+    return errors.ArgumentError("regex", f"regex {shown} {why}")
+
+  if len(pattern) > MAX_PATTERN_CHARS:
+    raise refuse(f"is {len(pattern)} characters long, more than the limit "
+                 f"of {MAX_PATTERN_CHARS}; " + _SIMPLIFY)
+  not_text = errors.not_text(pattern)
+  if not_text:
+    raise refuse(f"contains {not_text}")
+  depth = _nesting(pattern)
+  if depth > MAX_NESTING:
+    raise refuse(f"nests groups {depth} deep, more than the limit of "
+                 f"{MAX_NESTING}; " + _SIMPLIFY)
   try:
     parsed = _re_parser.parse(pattern)
   except re.error as e:
     raise refuse(f"does not compile: {' '.join(str(e).split())}") from None
+  except (OverflowError, RecursionError, ValueError) as e:
+    # A repeat count over re's maximum, and what else its parser refuses.
+    detail = " ".join(str(e).split()) or type(e).__name__
+    raise refuse(f"does not compile: {detail}") from None
   # interegular reads these its own way, not as `re` does: refused rather
   # than constrain to another language than the user's.
   if parsed.state.flags & ~re.UNICODE:
     raise refuse("sets inline flags such as (?i) or (?s), which are not "
                  "supported; spell the characters out, e.g. [Aa]")
-  if {"ASSERT", "ASSERT_NOT"} & set(_opcodes(parsed)):
+  names = {name for name, _ in _nodes(parsed)}
+  if {"ASSERT", "ASSERT_NOT"} & names:
     raise refuse("uses look-around, which is not supported")
+  if {"ATOMIC_GROUP", "POSSESSIVE_REPEAT"} & names:  # Python >= 3.11.
+    # They change the language (no backtracking: "a*+a" matches nothing).
+    raise refuse("uses an atomic group or a possessive repeat, which is not "
+                 "supported; use a plain group or repeat")
   positions = _positions(parsed)
   if positions > MAX_POSITIONS:
     raise refuse(f"has {positions} character positions with its repeats "
                  f"expanded, more than the limit of {MAX_POSITIONS}; "
                  + _SIMPLIFY)
+  class_chars = _class_chars(parsed)
+  if class_chars > MAX_CLASS_CHARS:
+    raise refuse(f"names {class_chars} characters in its classes, more than "
+                 f"the limit of {MAX_CLASS_CHARS}; use a negated class such "
+                 "as [^\\n] for \"almost anything\"")
   import interegular  # pylint: disable=g-import-not-at-top
   try:
-    fsm = interegular.parse_pattern(pattern).to_fsm().reduce()
+    tree = interegular.parse_pattern(pattern)
+    dfa = regex_dfa.build(tree, MAX_POSITIONS, _build_states(len(vocab)),
+                          MAX_BUILD_WORK)
+  except regex_dfa.TooLarge as e:
+    raise refuse(f"{e}; " + _SIMPLIFY) from None
+  except regex_dfa.TimeUp as e:
+    raise refuse(f"{e}; " + _SIMPLIFY) from None
+  except regex_dfa.Cancelled:
+    raise
   except Exception as e:  # pylint: disable=broad-except
-    # interegular's own errors (Unsupported, InvalidSyntax) and its limits.
+    # interegular's own errors (Unsupported, InvalidSyntax), its recursion.
     detail = " ".join(str(e).split()) or type(e).__name__
     raise refuse(f"is not supported ({detail}); use plain "
                  "regular-expression syntax (no group references or "
                  "look-around)") from None
-  states = sorted(fsm.states)
-  working = len(states) * len(vocab) * 4
+  count = len(dfa.finals)
+  working = count * len(vocab) * 4
   if working > MAX_COMPILE_BYTES:
     raise refuse(
-        f"has {len(states)} DFA states before pruning, a table of "
+        f"has {count} DFA states before pruning, a table of "
         f"{working / 2**20:.0f} MiB over {len(vocab)} tokens to compile, "
         f"more than the limit of {MAX_COMPILE_BYTES >> 20} MiB; " + _SIMPLIFY)
-  index = {state: i for i, state in enumerate(states)}
-  full, columns = _token_moves(fsm, states, index, vocab, usable)
-  accepting = np.array([state in fsm.finals for state in states])
+  try:
+    full, columns = _token_moves(dfa, vocab, usable)
+  except regex_dfa.TimeUp as e:
+    raise refuse(f"{e}; " + _SIMPLIFY) from None
+  accepting = dfa.finals
   # Keep the states reachable from the start that can still reach an
   # accepting state: a move into any other is a move into DEAD. Both walks
   # go over the states' graph (each state's distinct successors), not the
@@ -143,7 +212,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   # which over the table cost S x V (a minute at 1,200 states x 33k tokens).
   successors = _successors(full)
   live = _reaching(_reverse(successors), np.flatnonzero(accepting))
-  start = index[fsm.initial]
+  start = 0
   if not live[start]:
     why = ""
     if not pattern.isascii() and any(
@@ -161,7 +230,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
                  f"{MAX_STATES}; " + _SIMPLIFY)
   # Old state + 1 -> new state; -1 (dead) and every state not kept -> -1.
   # A kept state's live successors are all reached, hence all kept.
-  renumber = np.full([len(states) + 1], -1, np.int32)
+  renumber = np.full([count + 1], -1, np.int32)
   renumber[np.array(order) + 1] = np.arange(len(order), dtype=np.int32)
   table = np.empty([len(order), len(vocab)], np.int32)
   table[:, columns] = renumber[full[order] + 1]
@@ -172,7 +241,16 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   return _Pattern(table, ends)  # int32 already: no copy.
 
 
-def _token_moves(fsm, states, index, vocab, usable):
+def _build_states(vocab_size: int) -> int:
+  """The subset construction's state budget over a vocabulary: four times
+  the states whose `[S, V]` walk `MAX_COMPILE_BYTES` allows (the automaton
+  before minimization has more states than after), at most
+  `MAX_BUILD_STATES` (its time)."""
+  return min(MAX_BUILD_STATES,
+             4 * max(MAX_COMPILE_BYTES // (4 * max(vocab_size, 1)), 1))
+
+
+def _token_moves(dfa, vocab, usable):
   """The state after each whole token from each state, -1: dead.
 
   Each token's characters are walked through the character DFA (the idea
@@ -184,58 +262,60 @@ def _token_moves(fsm, states, index, vocab, usable):
   a leading slice and a position costs S x (tokens that long).
 
   Args:
-    fsm: interegular's reduced FSM.
-    states: its states, sorted; `index` maps each to its row.
+    dfa: the pattern's `regex_dfa.Automaton`.
     vocab: each id's text (None: not text on its own, never allowed).
     usable: bool per id: ids that can be generated.
 
   Returns:
     (int32 `[S, V]` with its columns in walking order, `columns`: the id of
     each column).
+
+  Raises:
+    regex_dfa.TimeUp, Cancelled: as this thread's `limits` say.
   """
   texts = [t if ok and t else None for t, ok in zip(vocab, usable)]
-  # Each distinct character's transition symbol (unknown characters share
-  # `anything_else`'s), as a dense column of `moves`.
-  columns, symbol_of = {}, []
+  # Each distinct character's key in the DFA's alphabet (characters the
+  # pattern does not name share one), as a dense column of `moves`.
+  columns, keys = {}, []
   for char in sorted({c for t in texts if t for c in t}):
-    symbol = fsm.alphabet[char]
-    columns[char] = len(symbol_of)
-    symbol_of.append(symbol)
-  moves = np.full([len(states), len(symbol_of) + 1], -1, np.int32)
-  for state, out in fsm.map.items():
-    for column, symbol in enumerate(symbol_of):
-      if symbol is not None and symbol in out:
-        moves[index[state], column] = index[out[symbol]]
+    columns[char] = len(keys)
+    keys.append(dfa.key(char))
+  count = len(dfa.finals)
+  moves = np.full([count, len(keys) + 1], -1, np.int32)
+  moves[:, :len(keys)] = dfa.table[:, np.array(keys, np.int64)]
   lengths = np.array([len(t) if t else 0 for t in texts], np.int64)
   order = np.argsort(-lengths, kind="stable")
   lengths = lengths[order]
-  chars = np.full([len(texts), int(lengths.max(initial=0))], len(symbol_of),
+  chars = np.full([len(texts), int(lengths.max(initial=0))], len(keys),
                   np.int32)
   for rank, v in enumerate(order):
     if lengths[rank]:
       chars[rank, :lengths[rank]] = [columns[c] for c in texts[v]]
   walking_counts = [int(np.count_nonzero(lengths > position))
                     for position in range(chars.shape[1])]
-  full = np.empty([len(states), len(texts)], np.int32)
+  full = np.empty([count, len(texts)], np.int32)
   full[:, lengths == 0] = -1  # Unusable ids and empty pieces: never allowed.
-  for first in range(0, len(states), _WALK_BLOCK):
+  for first in range(0, count, _WALK_BLOCK):
+    regex_dfa.poll()  # A block takes milliseconds at 33k tokens.
     block = full[first:first + _WALK_BLOCK]
     block[:, :walking_counts[0] if walking_counts else 0] = np.arange(
         first, first + len(block), dtype=np.int32)[:, None]
-    for position, count in enumerate(walking_counts):
-      part = block[:, :count]
-      nxt = moves[np.maximum(part, 0), chars[None, :count, position]]
+    for position, count_walking in enumerate(walking_counts):
+      part = block[:, :count_walking]
+      nxt = moves[np.maximum(part, 0), chars[None, :count_walking, position]]
       part[...] = np.where(part >= 0, nxt, -1)
   return full, order
 
 
 def _successors(full: np.ndarray) -> list:
   """Each state's distinct next states (sorted) in a `[S, V]` move table."""
-  successors, mark = [], np.zeros([len(full) + 1], bool)
-  for row in full:
-    mark[row + 1] = True  # Index 0: -1 (dead), dropped.
-    successors.append(np.flatnonzero(mark[1:]))
-    mark[:] = False
+  successors = []
+  for first in range(0, len(full), _WALK_BLOCK):  # A few MiB at a time.
+    moves = np.sort(full[first:first + _WALK_BLOCK], axis=1)
+    keep = moves >= 0  # -1: dead, dropped.
+    keep[:, 1:] &= moves[:, 1:] != moves[:, :-1]
+    ends = np.cumsum(np.count_nonzero(keep, axis=1))
+    successors += np.split(moves[keep].astype(np.int64), ends[:-1])
   return successors
 
 
@@ -262,17 +342,61 @@ def _reaching(edges: list, seeds) -> np.ndarray:
   return reached
 
 
-def _opcodes(subpattern):
-  """The names of every opcode in a parsed `re` pattern, nested ones too."""
+def _nodes(subpattern):
+  """Every (opcode name, argument) of a parsed `re` pattern, nested ones
+  too (its depth is bounded by `MAX_NESTING` before it is parsed)."""
   for op, argument in subpattern:
-    yield str(op)
+    yield str(op), argument
     stack = [argument]
     while stack:
       item = stack.pop()
       if isinstance(item, _re_parser.SubPattern):
-        yield from _opcodes(item)
+        yield from _nodes(item)
       elif isinstance(item, (list, tuple)):
         stack.extend(item)
+
+
+def _class_chars(subpattern) -> int:
+  """The characters a parsed `re` pattern's classes name, each class once
+  (interegular lays out every character of a class, and `[^...]` as the
+  characters it excludes); a category (`\\w`) counts as 64."""
+  total = 0
+  for name, argument in _nodes(subpattern):
+    if name == "IN":
+      for op, value in argument:
+        op = str(op)
+        if op == "RANGE":
+          total += value[1] - value[0] + 1
+        elif op == "CATEGORY":
+          total += 64
+        elif op != "NEGATE":
+          total += 1
+  return total
+
+
+def _nesting(pattern: str) -> int:
+  """How deep a pattern's groups nest, read as `re` reads it (escapes,
+  classes and comments skipped), before any recursive parser sees it."""
+  depth = deepest = i = 0
+  while i < len(pattern):
+    char = pattern[i]
+    if char == "\\":
+      i += 1
+    elif char == "[":
+      i += 1 + (pattern[i + 1:i + 2] == "^")
+      i += pattern[i:i + 1] == "]"  # A leading "]" is a literal one.
+      while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    elif pattern.startswith("(?#", i):
+      end = pattern.find(")", i)
+      i = len(pattern) if end < 0 else end
+    elif char == "(":
+      depth += 1
+      deepest = max(deepest, depth)
+    elif char == ")":
+      depth -= 1
+    i += 1
+  return deepest
 
 
 def _positions(subpattern) -> int:
@@ -283,11 +407,11 @@ def _positions(subpattern) -> int:
   total = 0
   for op, argument in subpattern:
     name = str(op)
-    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+    if name in ("MAX_REPEAT", "MIN_REPEAT"):
       low, high, item = argument
       times = low + 1 if high == _re_parser.MAXREPEAT else high
       total += max(times, 1) * _positions(item)
-    elif name in ("SUBPATTERN", "ATOMIC_GROUP"):
+    elif name == "SUBPATTERN":
       total += _positions(argument[-1])
     elif name == "BRANCH":
       total += sum(_positions(branch) for branch in argument[1])
@@ -304,8 +428,10 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
 
   Raises:
     errors.ArgumentError: a pattern that does not compile, matches nothing
-      (or only the empty string) over the vocabulary, or exceeds
-      `MAX_STATES`; naming it.
+      (or only the empty string) over the vocabulary, passes a bound
+      (`MAX_STATES`, those of its build) or this thread's `limits` deadline;
+      naming it.
+    Cancelled: this thread's `limits` event was set.
   """
   vocab = tuple(model.vocab if model.is_characters else model.tokens.texts)
   usable = tuple(not (model.has_unk and i == 0) for i in range(len(vocab)))

@@ -63,14 +63,19 @@ def stop_automaton(model, stop: Sequence[str]) -> stopping.Automaton:
   (`stopping.token_automaton`).
 
   Raises:
-    errors.ArgumentError: an empty stop string, one the model can never
-      generate, stop strings longer than `stopping.MAX_STOP_BYTES` together,
-      or whose table is over its limit.
+    errors.ArgumentError: an empty stop string, one that is not text (a lone
+      surrogate), one the model can never generate, stop strings longer
+      than `stopping.MAX_STOP_BYTES` together, or whose table is over its
+      limit.
   """
-  for text in stop:
+  for index, text in enumerate(stop):
     if not text:
       raise errors.ArgumentError(
           "stop", "a stop string is empty; give at least one character")
+    not_text = errors.not_text(text)
+    if not_text:  # Before anything encodes it.
+      raise errors.ArgumentError(
+          "stop", f"stop string {index} contains {not_text}; remove it")
   size = sum(len(text.encode("utf-8")) for text in stop)
   if size > stopping.MAX_STOP_BYTES:
     raise errors.ArgumentError(

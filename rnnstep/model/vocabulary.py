@@ -37,6 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rnnstep import errors
+
 KINDS = ("characters", "words", "bytes", "subword")
 UNK_TOKEN = "[UNK]"
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -265,9 +267,13 @@ class Tokens:
 
     Raises:
       ValueError: words that are not in the vocabulary (where there is no
-        OOV token: `unknown_words`, naming the first few), or a character a
-        characters vocabulary lacks; naming it.
+        OOV token: `unknown_words`, naming the first few), a character a
+        characters vocabulary lacks, or a lone surrogate (not text: no
+        tokenizer takes it); naming it.
     """
+    not_text = errors.not_text(text)
+    if not_text:
+      raise ValueError(f"the text contains {not_text}; remove it")
     if self.kind == "characters":
       ids = []
       for position, char in enumerate(text):
