@@ -51,11 +51,11 @@ DEAD = 1
 MAX_STATES = 4096  # Per pattern, after pruning: 4096 x V int32 on device.
 # The whole table's bound, which a large (word) vocabulary reaches first.
 MAX_TABLE_BYTES = 256 << 20
-# Compiling walks every token from every state of interegular's DFA, before
-# the states no token boundary reaches are pruned (most of a word pattern's:
-# they sit inside words); that [S, V] table is bounded too, and so is the
-# size of the pattern handed to interegular (whose time grows with the
-# square of its states: 4 s at 8k, 30 s at 20k).
+# Compiling walks every token from every state of the pattern's minimal DFA,
+# before the states no token boundary reaches are pruned (most of a word
+# pattern's: they sit inside words); that [S, V] table is bounded too, and
+# so are the pattern's character positions, repeats expanded, before its DFA
+# is built.
 MAX_COMPILE_BYTES = 4 * MAX_TABLE_BYTES
 MAX_POSITIONS = 2 * MAX_STATES
 # Bounds checked before any parser runs: a pattern's length (each position
@@ -148,10 +148,9 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
                  f"{MAX_NESTING}; " + _SIMPLIFY)
   try:
     parsed = _re_parser.parse(pattern)
-  except re.error as e:
-    raise refuse(f"does not compile: {' '.join(str(e).split())}") from None
-  except (OverflowError, RecursionError, ValueError) as e:
-    # A repeat count over re's maximum, and what else its parser refuses.
+  except Exception as e:  # pylint: disable=broad-except
+    # re.error; OverflowError (a repeat count over re's maximum); a warning
+    # ("possible nested set") where warnings are errors.
     detail = " ".join(str(e).split()) or type(e).__name__
     raise refuse(f"does not compile: {detail}") from None
   # interegular reads these its own way, not as `re` does: refused rather
@@ -181,9 +180,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
     tree = interegular.parse_pattern(pattern)
     dfa = regex_dfa.build(tree, MAX_POSITIONS, _build_states(len(vocab)),
                           MAX_BUILD_WORK)
-  except regex_dfa.TooLarge as e:
-    raise refuse(f"{e}; " + _SIMPLIFY) from None
-  except regex_dfa.TimeUp as e:
+  except (regex_dfa.TooLarge, regex_dfa.TimeUp) as e:
     raise refuse(f"{e}; " + _SIMPLIFY) from None
   except regex_dfa.Cancelled:
     raise
