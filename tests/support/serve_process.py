@@ -74,8 +74,8 @@ class RemoteServer:
 
   def openai_client(self, **kwargs):
     import openai  # pylint: disable=g-import-not-at-top
-    return openai.OpenAI(base_url=self.url("/v1"), api_key="unused",
-                         max_retries=0, **kwargs)
+    kwargs.setdefault("api_key", "unused")  # A server without keys.
+    return openai.OpenAI(base_url=self.url("/v1"), max_retries=0, **kwargs)
 
   def terminate(self, timeout: float = 60.0) -> int:
     """SIGTERM; returns the exit status."""
