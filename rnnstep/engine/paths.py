@@ -239,9 +239,10 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   A lane runs up to `rows` rows in calls of its own on `threads` intra-op
   threads while `lanes - 1` other lanes run theirs (`rnnstep-serve`'s lanes).
   A call on several threads is what the library's table measured
-  (`default_path`); on one thread, `lane_table_path` answers (on a GPU, XLA
-  as always; a reduced dtype without its arithmetic is noted as by
-  `default_path`).
+  (`default_path`). On one thread, a winner `rnnstep-tune --lanes` measured
+  here for as many lanes comes first (`tuning_cache.cached_path`), then
+  `lane_table_path` (on a GPU, XLA as always; a reduced dtype without its
+  arithmetic is noted as by `default_path`).
 
   Args:
     model: the `rnnstep.Model` (its compute dtype).
@@ -254,10 +255,13 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   """
   if threads != 1 or gpu_visible():
     return default_path(model, rows)
-  del lanes  # The table's bands hold for a lane a core (as measured).
   dtype = model.compute_dtype.name
   if slower_dtype_note(dtype):
     _warn_no_faster_than_float32(dtype)
+  measured = tuning_cache.cached_path(model, rows, lanes=lanes)
+  if measured is not None:
+    return measured
+  # The table's bands hold for a lane a core, as measured.
   return lane_table_path(dtype, rows)
 
 

@@ -26,7 +26,20 @@ repetition window and regex from a small menu (clients of different
 settings; the baselines take none, so run it with --servers=serve).
 
 The baselines (a) and (b) run in this file (`--serve_baseline=lock|batch`,
-a child process), on the same ASGI stack as (c).
+a child process), on the same ASGI stack as (c). (c) runs on its own path
+(what a user who starts it gets: `auto`, the path for one of its lanes)
+unless --jit_compile names one; the baselines run the graph path unless it
+does.
+
+    python tools/bench/serve.py --targets [--also_serve=--jit_compile=false]
+
+measures issue 47's two targets instead, side by side in interleaved rounds:
+`rnnstep-serve --max_batch=64` (no other flag) at saturation (128 requests
+of 600 characters from 64 clients) against the library's fastest path for
+64 rows of 600 characters (target: within 1.25x), and a burst of 64 requests
+of 200 characters sent at once against that path's one call of 64 x 200
+(target: within 2x); medians over --rounds, with the server's CPU seconds
+per 1,000 characters (see --targets).
 """
 
 import asyncio
