@@ -184,13 +184,8 @@ def served_path(model, serve_args) -> str:
   from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
   flags_of = serve_main.FLAGS
-  absl_log = logging.getLogger("absl")
-  level = absl_log.level
-  absl_log.setLevel(logging.WARNING)  # unparse_flags says so at INFO.
-  try:
-    flags_of.unparse_flags()
-  finally:
-    absl_log.setLevel(level)
+  for name in flags_of:  # Back to the defaults (unparse_flags logs).
+    flags_of[name].unparse()
   flags_of(["rnnstep-serve", *serve_args])
   jit = serve_main.FLAGS["jit_compile"].value
   if jit != "auto":
@@ -490,10 +485,14 @@ def run_targets(model) -> None:
   library_jobs = [(path, scenario) for scenario in sizes
                   for path in paths.CONCRETE]
 
+  library_cpu = {}  # (path, scenario): [CPU s per 1k chars], warm-ups too.
+
   def library(path, scenario):
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     rnnstep.generate(model, prompts[:rows], sizes[scenario],
                      seed=seeds[:rows], jit_compile=paths.JIT_COMPILE[path])
+    library_cpu.setdefault((path, scenario), []).append(
+        1e3 * (time.process_time() - cpu) / (rows * sizes[scenario]))
     return time.monotonic() - started
 
   for job in library_jobs:  # Compile and warm every path and length.
@@ -571,7 +570,8 @@ def run_targets(model) -> None:
     for path in paths.CONCRETE:
       mark = " (fastest)" if path == fastest else ""
       print(f"{f'library {path}, {rows} x {sizes[scenario]}{mark}':<58} "
-            f"{rates[path]:>9.0f}")
+            f"{rates[path]:>9.0f} {'':>6} {'':>7} "
+            f"{median(library_cpu[(path, scenario)][1:]):>9.4f}")
     for name in servers:
       rate = median(served[(name, scenario)])
       print(f"{f'server {name}: {what}':<58} {rate:>9.0f} "
