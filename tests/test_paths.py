@@ -173,12 +173,17 @@ class LanePathTest(tf.test.TestCase):
 
   def test_measured_bands(self):
     # Zen 3, float32 (the lanes section, two lanes): XLA while a step is
-    # bound by dispatch, oneDNN's matmul from 17 rows.
+    # bound by dispatch, oneDNN's matmul from 17 rows, at 64 and 128 too
+    # (where one call on both cores takes XLA).
     for rows in (1, 4, 8, 16):
       self.assertEqual(paths.lane_table_path("float32", rows, "avx2"), "xla")
-    for rows in (32, 64):
+    for rows in (17, 32, 48, 64, 128, 256):
       self.assertEqual(paths.lane_table_path("float32", rows, "avx2"),
                        "elementwise")
+    self.assertEqual(paths.table_path("float32", 64, "avx2"), "xla")
+    # No bf16 arithmetic: XLA, which computes it in float32 registers.
+    for rows in (1, 16, 32, 128):
+      self.assertEqual(paths.lane_table_path("bfloat16", rows, "avx2"), "xla")
 
   def test_unmeasured_kinds_fall_back_to_the_graph_path(self):
     # What the Zen 4 server of issue 47 was fast on; XLA at a few rows.

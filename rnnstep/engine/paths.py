@@ -210,17 +210,25 @@ def _band_path(bands, batch_size: int) -> str:
 # as many concurrent `generate` calls as cores, each on one thread
 # (`python tools/benchmark.py --sections=lanes` prints the table these come
 # from; benchmarks/results/serve-epyc-zen3-2026-12.md has it):
-#   - "avx2" (AMD EPYC Zen 3), float32: PROVISIONAL.
+#   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.3-2.2x
+#     faster than the others at 4-8 rows, the step bound by per-op
+#     dispatch; 16 rows split the runs), then the elementwise path: the
+#     fastest at 32-128 rows in two runs of the bundled GRU 768 (XLA up to
+#     1.78x slower at 128), where the library's table says XLA from 64;
+#     bfloat16 (no bf16 arithmetic): XLA by 1.5-1.9x at 16-128 rows, as in
+#     the library's table; float16 (not measured) follows the library's
+#     table there too.
 # The kinds nobody measured this way take `_UNMEASURED_LANES`: XLA while a
-# step is bound by its per-op dispatch (few rows: XLA runs a step as one
-# program), then the graph path, which ran within 6% of the fastest at
-# 17-128 rows on Zen 3 and is what the Zen 4 server above was fast on.
+# step is bound by its per-op dispatch (up to 8 rows), then the graph path,
+# the path the Zen 4 server above was fast on (on Zen 3 it ran 1.08-1.4x
+# the fastest's time at 16-128 rows, never the slowest by much, and it
+# compiles nothing per batch size).
 _UNMEASURED_LANES = {dtype: ((8, XLA), (None, GRAPH))
                      for dtype in ("float32", "float16", "bfloat16")}
 _AVX2_LANES = {
-    "float32": ((16, XLA), (64, ELEMENTWISE), (None, XLA)),
-    "float16": _UNMEASURED_LANES["float16"],
-    "bfloat16": _UNMEASURED_LANES["bfloat16"],
+    "float32": ((16, XLA), (None, ELEMENTWISE)),
+    "float16": ((None, XLA),),
+    "bfloat16": ((None, XLA),),
 }
 LANE_PATHS = {
     "amx": _UNMEASURED_LANES,
@@ -230,7 +238,7 @@ LANE_PATHS = {
     "other": _UNMEASURED_LANES,
 }
 # The kinds (and dtypes) whose lane bands were measured.
-MEASURED_LANE_KINDS = {"avx2": ("float32",)}
+MEASURED_LANE_KINDS = {"avx2": ("float32", "bfloat16")}
 
 
 def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
