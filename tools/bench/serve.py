@@ -130,7 +130,7 @@ _SERVE_ARGS = flags.DEFINE_list(
 _TARGETS = flags.DEFINE_bool(
     "targets", False, "Instead of the rate sweep, issue 47's two targets "
     "side by side: rnnstep-serve started with no flag but --max_batch (and "
-    "--serve_args) at saturation (--saturation_requests requests of "
+    "--jit_compile, --serve_args where given) at saturation (--saturation_requests requests of "
     "--saturation_chars characters from --clients clients, each sending its "
     "next request when the last ends) against the library's fastest path "
     "for --max_batch rows of that length (each path timed, the fastest "
@@ -497,7 +497,8 @@ def run_targets(model) -> None:
 
   for job in library_jobs:  # Compile and warm every path and length.
     library(*job)
-  configs = {"default": [f"--max_batch={rows}", *_SERVE_ARGS.value]}
+  configs = {"default": [f"--max_batch={rows}", *_path_flag(),
+                         *_SERVE_ARGS.value]}
   for extra in _ALSO_SERVE.value:
     configs[extra] = configs["default"] + extra.split()
   servers = {}
