@@ -16,7 +16,9 @@ or None); inside the library only these names travel.
 This module owns the choice `jit_compile=None` makes: the winner `rnnstep.tune`
 measured on this machine (read through `tuning_cache`, which needs no
 TensorFlow), else a built-in table measured on a CPU of this kind
-(`cpu.kind`). It imports no measuring code: `tuning.py` sits above the API.
+(`cpu.kind`). A server's lanes, each on one thread beside the others, take
+their own table (`lane_path`). It imports no measuring code: `tuning.py`
+sits above the API.
 """
 
 import functools
@@ -211,8 +213,8 @@ def _band_path(bands, batch_size: int) -> str:
 # (`python tools/benchmark.py --sections=lanes` prints the table these come
 # from; benchmarks/results/serve-epyc-zen3-2026-12.md has it):
 #   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.3-2.2x
-#     faster than the others at 4-8 rows, the step bound by per-op
-#     dispatch; 16 rows split the runs), then the elementwise path: the
+#     faster than the others at 4-8 rows on the bundled model, the step
+#     bound by per-op dispatch; 16 rows split the runs), then the elementwise path: the
 #     fastest at 32-128 rows in two runs of the bundled GRU 768 (XLA up to
 #     1.78x slower at 128), where the library's table says XLA from 64;
 #     bfloat16 (no bf16 arithmetic): XLA by 1.5-1.9x at 16-128 rows, as in
