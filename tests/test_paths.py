@@ -172,14 +172,15 @@ class LanePathTest(tf.test.TestCase):
                         paths.CONCRETE)
 
   def test_measured_bands(self):
-    # Zen 3, float32 (the lanes section, two lanes): XLA while a step is
-    # bound by dispatch, oneDNN's matmul from 17 rows, at 64 and 128 too
-    # (where one call on both cores takes XLA).
+    # Zen 3, float32 (the lanes section and the server, two lanes): XLA
+    # while a step is bound by dispatch, the graph path from 17 rows, where
+    # one call on both cores takes the elementwise path or XLA.
     for rows in (1, 4, 8, 16):
       self.assertEqual(paths.lane_table_path("float32", rows, "avx2"), "xla")
     for rows in (17, 32, 48, 64, 128, 256):
       self.assertEqual(paths.lane_table_path("float32", rows, "avx2"),
-                       "elementwise")
+                       "graph")
+    self.assertEqual(paths.table_path("float32", 32, "avx2"), "elementwise")
     self.assertEqual(paths.table_path("float32", 64, "avx2"), "xla")
     # No bf16 arithmetic: XLA, which computes it in float32 registers.
     for rows in (1, 16, 32, 128):

@@ -212,11 +212,15 @@ def _band_path(bands, batch_size: int) -> str:
 # as many concurrent `generate` calls as cores, each on one thread
 # (`python tools/benchmark.py --sections=lanes` prints the table these come
 # from; benchmarks/results/serve-epyc-zen3-2026-12.md has it):
-#   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.3-2.2x
-#     faster than the others at 4-8 rows on the bundled model, the step
-#     bound by per-op dispatch; 16 rows split the runs), then the elementwise path: the
-#     fastest at 32-128 rows in two runs of the bundled GRU 768 (XLA up to
-#     1.78x slower at 128), where the library's table says XLA from 64;
+#   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.2-2.2x
+#     faster than the graph path at 4-16 rows on the bundled model, the
+#     step bound by per-op dispatch), then the graph path. There `generate`
+#     ran the elementwise path 1.0-1.15x faster than the graph path (XLA up
+#     to 1.78x slower), but the server itself, whose compiled paths also
+#     carry the padded stop and regex tables every step, spent 11-30% less
+#     CPU a character on the graph path than on the elementwise one in
+#     each of three saturation runs (32 rows a lane), and served more in
+#     two of them;
 #     bfloat16 (no bf16 arithmetic): XLA by 1.5-1.9x at 16-128 rows, as in
 #     the library's table; float16 (not measured) follows the library's
 #     table there too.
@@ -228,7 +232,7 @@ def _band_path(bands, batch_size: int) -> str:
 _UNMEASURED_LANES = {dtype: ((8, XLA), (None, GRAPH))
                      for dtype in ("float32", "float16", "bfloat16")}
 _AVX2_LANES = {
-    "float32": ((16, XLA), (None, ELEMENTWISE)),
+    "float32": ((16, XLA), (None, GRAPH)),
     "float16": ((None, XLA),),
     "bfloat16": ((None, XLA),),
 }
