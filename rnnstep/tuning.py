@@ -25,6 +25,7 @@ import datetime
 import math
 import numbers
 import statistics
+import threading
 import time
 from typing import Callable, Iterable, Optional
 
@@ -76,10 +77,45 @@ def _check_positive_int(name, value, allow_none=False):
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _concurrently(lanes: int, call: Callable[[int], None]) -> None:
+  """Runs call(0) ... call(lanes - 1) at once, a thread each (as a server's
+  lanes run their calls); re-raises the first failure."""
+  failures = []
+
+  def lane(i):
+    try:
+      call(i)
+    except BaseException as e:  # pylint: disable=broad-except
+      failures.append(e)
+
+  threads = [threading.Thread(target=lane, args=(i,)) for i in range(lanes)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  if failures:
+    raise failures[0]
+
+
+def _check_lanes(lanes) -> None:
+  """Lanes are measured as a server runs them: one intra-op thread a call."""
+  _check_positive_int("lanes", lanes, allow_none=True)
+  if lanes is None:
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if tf.config.threading.get_intra_op_parallelism_threads() != 1:
+    raise ValueError(
+        "lanes: each lane runs on one thread; tune them in a process whose "
+        "TensorFlow has one intra-op thread (rnnstep-tune --lanes sets it; "
+        "or tf.config.threading.set_intra_op_parallelism_threads(1) before "
+        "TensorFlow runs anything)")
+
+
 def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
          num_steps: Optional[int] = None, rounds: Optional[int] = None,
          budget_seconds: float = DEFAULT_BUDGET_SECONDS, save: bool = True,
-         progress: Optional[Callable[[str], None]] = None) -> dict:
+         progress: Optional[Callable[[str], None]] = None,
+         lanes: Optional[int] = None) -> dict:
   """Measures every path for `model` at each batch size; remembers the winners.
 
   Per batch size: one warm-up call per path (traces and compiles it), then
@@ -102,6 +138,11 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
       Ignored (never
       written) when RNNSTEP_TUNING is off.
     progress: called with a line of text before each measurement step.
+    lanes: measure for `rnnstep-serve`'s lanes instead of one call: each
+      timed call is `lanes` concurrent `generate` calls of the batch size
+      (a lane's rows), one thread each, and the winners are kept for lanes
+      (`paths.lane_path`). The process must run TensorFlow on one intra-op
+      thread. None: one call, for `generate` (`paths.default_path`).
 
   Returns:
     {"cache_file": the file written or None, "cache_error": why it could not
@@ -109,9 +150,10 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
     `tuning_cache.model_key()`, "results": [per batch size, in order:
     {"batch_size", "batch_range",
     "num_steps", "rounds", "ms_per_1000_steps": {path: median ms per 1000
-    steps of the whole batch}, "round_seconds": {path: [seconds per timed
-    call]}, "fastest": path, "previous_default": the path jit_compile=None
-    took before}]}.
+    steps of the whole batch (with lanes, of the lanes together)},
+    "round_seconds": {path: [seconds per timed call]}, "fastest": path,
+    "previous_default": the path jit_compile=None took before}], "lanes":
+    `lanes`}.
 
   Raises:
     ValueError: a bad argument.
@@ -123,6 +165,7 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
     _check_positive_int("batch_sizes", batch)
   _check_positive_int("num_steps", num_steps, allow_none=True)
   _check_positive_int("rounds", rounds, allow_none=True)
+  _check_lanes(lanes)
   if (not isinstance(budget_seconds, numbers.Real)
       or isinstance(budget_seconds, bool) or not math.isfinite(budget_seconds)
       or budget_seconds <= 0):
@@ -133,14 +176,20 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
   machine = tuning_cache.machine_key("gpu" if paths.gpu_visible() else "cpu")
   results, new_entries = [], {}
   for batch in batch_sizes:
-    previous = paths.default_path(model, batch)
+    previous = (paths.default_path(model, batch) if lanes is None
+                else paths.lane_path(model, batch, lanes))
     steps = num_steps or default_num_steps(batch)
     prompts = [prompt] * batch
 
     def call(path, prompts=prompts, steps=steps):
       start = time.perf_counter()
-      api.generate(model, prompts, steps, temperature=1.0, seed=1,
-                   jit_compile=paths.JIT_COMPILE[path])
+      one = lambda lane: api.generate(model, prompts, steps, temperature=1.0,
+                                      seed=1 + lane,
+                                      jit_compile=paths.JIT_COMPILE[path])
+      if lanes is None:
+        one(0)
+      else:
+        _concurrently(lanes, one)
       return time.perf_counter() - start
 
     say(f"batch {batch}: warming up (compiling) {', '.join(paths.CONCRETE)}")
@@ -171,7 +220,7 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
            "round_seconds": samples, "fastest": fastest,
            "previous_default": previous}
     results.append(row)
-    new_entries[tuning_cache.cache_key(model, batch, machine)] = {
+    new_entries[tuning_cache.cache_key(model, batch, machine, lanes)] = {
         "path": fastest, "batch_size": batch, "num_steps": steps,
         "rounds": done, "ms_per_1000_steps": ms,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -188,4 +237,5 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
       # This process still uses what it measured.
       tuning_cache.remember(path, new_entries)
   return {"cache_file": written, "cache_error": error, "machine": machine,
-          "model": tuning_cache.model_key(model), "results": results}
+          "model": tuning_cache.model_key(model), "results": results,
+          "lanes": lanes}

@@ -147,6 +147,91 @@ class TablePathTest(tf.test.TestCase):
                        paths.table_path("float32", batch, cpu.kind()))
 
 
+class LanePathTest(tf.test.TestCase):
+  """The path for one of rnnstep-serve's lanes (one thread, beside others)."""
+
+  def setUp(self):
+    super().setUp()
+    if paths.gpu_visible():
+      self.skipTest("with a GPU the default is XLA at every batch")
+    env = mock.patch.dict(os.environ, {
+        "RNNSTEP_CACHE_DIR": os.path.join(self.create_tempdir().full_path,
+                                          "cache")})
+    env.start()
+    self.addCleanup(env.stop)
+    tuning_cache.reload()
+    self.addCleanup(tuning_cache.reload)
+
+  def test_every_kind_and_dtype_has_bands_without_gaps(self):
+    self.assertEqual(set(paths.LANE_PATHS), set(cpu.KINDS))
+    self.assertLessEqual(set(paths.MEASURED_LANE_KINDS), set(cpu.KINDS))
+    for kind in cpu.KINDS:
+      for dtype in ("float32", "float16", "bfloat16"):
+        for rows in range(1, 600):
+          self.assertIn(paths.lane_table_path(dtype, rows, kind),
+                        paths.CONCRETE)
+
+  def test_measured_bands(self):
+    # Zen 3, float32 (the lanes section and the server, two lanes): XLA
+    # while a step is bound by dispatch, the graph path from 17 rows, where
+    # one call on both cores takes the elementwise path or XLA.
+    for rows in (1, 4, 8, 16):
+      self.assertEqual(paths.lane_table_path("float32", rows, "avx2"), "xla")
+    for rows in (17, 32, 48, 64, 128, 256):
+      self.assertEqual(paths.lane_table_path("float32", rows, "avx2"),
+                       "graph")
+    self.assertEqual(paths.table_path("float32", 32, "avx2"), "elementwise")
+    self.assertEqual(paths.table_path("float32", 64, "avx2"), "xla")
+    # No bf16 arithmetic: XLA, which computes it in float32 registers.
+    for rows in (1, 16, 32, 128):
+      self.assertEqual(paths.lane_table_path("bfloat16", rows, "avx2"), "xla")
+
+  def test_unmeasured_kinds_fall_back_to_the_graph_path(self):
+    # What the Zen 4 server of issue 47 was fast on; XLA at a few rows.
+    for kind in ("amx", "avx512_bf16", "avx512", "other"):
+      for dtype in ("float32", "float16", "bfloat16"):
+        self.assertEqual(paths.lane_table_path(dtype, 4, kind), "xla")
+        for rows in (16, 32, 64, 128, 256):
+          self.assertEqual(paths.lane_table_path(dtype, rows, kind), "graph")
+
+  def test_lanes_on_one_thread_take_the_lane_table(self):
+    full, half = small_models()
+    for rows in (1, 4, 16, 32, 48, 64, 128):
+      for lanes in (1, 2, 4):
+        self.assertEqual(paths.lane_path(full, rows, lanes),
+                         paths.lane_table_path("float32", rows), rows)
+        self.assertEqual(paths.lane_path(half, rows, lanes, threads=1),
+                         paths.lane_table_path("bfloat16", rows), rows)
+      # A call on several threads is what the library's table measured.
+      self.assertEqual(paths.lane_path(full, rows, 1, threads=2),
+                       paths.default_path(full, rows))
+    # The 2-core Zen 4 of issue 47: 64 slots over two lanes of 32 rows ran
+    # XLA (the library's path for 32 rows), at half the graph path's speed.
+    with mock.patch.object(cpu, "info", return_value=ZEN4):
+      self.assertEqual(paths.table_path("float32", 32), "xla")
+      self.assertEqual(paths.lane_path(full, 32, 2), "graph")
+    with mock.patch.object(paths, "gpu_visible", return_value=True):
+      self.assertEqual(paths.lane_path(full, 32, 2), "xla")
+
+  def test_the_server_takes_the_lane_path(self):
+    from rnnstep.serve import main as serve_main  # pylint: disable=g-import-not-at-top
+    full, _ = small_models()
+    self.addCleanup(serve_main.FLAGS.unparse_flags)
+    threading = tf.config.threading
+    for argv, lanes, threads, expected in (
+        # Two lanes, one thread each (the default on two cores): 32 rows.
+        (["--max_batch=64"], 2, 1, paths.lane_table_path("float32", 32)),
+        (["--max_batch=64"], 2, 2, paths.default_path(full, 32)),
+        (["--max_batch=8"], 2, 1, paths.lane_table_path("float32", 4)),
+        (["--max_batch=64", "--jit_compile=false"], 2, 1, "graph"),
+        (["--max_batch=64", "--jit_compile=true"], 2, 1, "xla")):
+      serve_main.FLAGS.unparse_flags()
+      serve_main.FLAGS(["rnnstep-serve", *argv])
+      with mock.patch.object(threading, "get_intra_op_parallelism_threads",
+                             return_value=threads):
+        self.assertEqual(serve_main._path(full, lanes), expected, argv)  # pylint: disable=protected-access
+
+
 class DefaultPathTest(tf.test.TestCase):
 
   def setUp(self):

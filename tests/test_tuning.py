@@ -127,6 +127,24 @@ class KeyTest(TuningTestCase):
       self.assertIsNone(tuning_cache.cached_path(other, 1), tuning_cache.model_key(other))
     self.assertIsNone(tuning_cache.cached_path(self.model, 2))  # Another bucket.
 
+  def test_lanes_are_keyed_apart(self):
+    """A winner for a server's lanes answers only for as many lanes, one
+    thread each (`paths.lane_path`); one call's answers only `generate`."""
+    lanes_key = tuning_cache.cache_key(self.model, 32, lanes=2)
+    write_cache(self.cache_dir, {lanes_key: {"path": "graph"}})
+    self.assertEqual(tuning_cache.cached_path(self.model, 32, lanes=2),
+                     "graph")
+    self.assertEqual(paths.lane_path(self.model, 32, 2), "graph")
+    self.assertIsNone(tuning_cache.cached_path(self.model, 32))
+    self.assertIsNone(tuning_cache.cached_path(self.model, 32, lanes=3))
+    self.assertEqual(paths.default_path(self.model, 32),
+                     paths.table_path("float32", 32))
+    self.assertEqual(paths.lane_path(self.model, 32, 3),
+                     paths.lane_table_path("float32", 32))
+    # On several threads a lane is one call: the library's answer.
+    self.assertEqual(paths.lane_path(self.model, 32, 2, threads=2),
+                     paths.default_path(self.model, 32))
+
 
 class CacheReadTest(TuningTestCase):
 
@@ -288,6 +306,9 @@ class TuneTest(TuningTestCase):
         (dict(num_steps=0), "num_steps must be a positive integer"),
         (dict(rounds=True), "rounds must be a positive integer"),
         (dict(budget_seconds=float("nan")), "budget_seconds must be"),
+        (dict(lanes=0), "lanes must be a positive integer"),
+        # This process runs TensorFlow's own pools, not a lane's one thread.
+        (dict(lanes=2), "lanes: each lane runs on one thread"),
     ]:
       with self.assertRaisesRegex(ValueError, pattern):
         tuning.tune(self.model, **kwargs)
@@ -315,6 +336,9 @@ class CommandLineTest(TuningTestCase):
         "tune": (tune_cmd + [f"--weights={weights}", "--batch_sizes=1,2",
                              "--num_steps=6", "--rounds=2"], tune_dir),
         "bad_batch": (tune_cmd + ["--batch_sizes=1,x"], tune_dir + "_bad"),
+        "lanes": (tune_cmd + [f"--weights={weights}", "--batch_sizes=2",
+                              "--num_steps=6", "--rounds=1", "--lanes=2"],
+                  tune_dir + "_lanes"),
         # --nocache: the compiled-artifact cache (its own directory entry,
         # written by a detached child) is tests/test_fast_path.py's.
         "generate": (generate_cmd + [f"--weights={weights}", "--num_steps=20",
@@ -328,7 +352,7 @@ class CommandLineTest(TuningTestCase):
                             env=dict(ENV, RNNSTEP_CACHE_DIR=cache))
       return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
       futures = {name: pool.submit(run, *spec) for name, spec in runs.items()}
       results = {name: future.result() for name, future in futures.items()}
     tuned = results["tune"]
@@ -350,6 +374,13 @@ class CommandLineTest(TuningTestCase):
     self.assertEqual(out[-1], f"saved to {tune_dir}/tuning.json")
     with open(os.path.join(tune_dir, "tuning.json")) as f:
       self.assertLen(json.load(f)["entries"], 2)
+    # --lanes: two concurrent calls on one thread each, kept for lanes.
+    lanes = results["lanes"]
+    self.assertEqual(lanes.returncode, 0, lanes)
+    self.assertIn("2 lanes at once, one thread each", lanes.stdout)
+    with open(os.path.join(tune_dir + "_lanes", "tuning.json")) as f:
+      (key,) = json.load(f)["entries"]
+    self.assertEqual(json.loads(key)["lanes"], 2)
     one_error_line(results["bad_batch"], 2)
     self.assertIn("--batch_sizes", results["bad_batch"].stderr_lines[0])
     self.assertFalse(os.path.exists(tune_dir + "_bad"))

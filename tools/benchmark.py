@@ -16,7 +16,7 @@ taken this way hold up on a busy machine far better than absolute numbers do.
 
 Layout: this file is the entry (flags are parsed here, sections run in
 order); each section is a module of tools/bench/ (speed.py, dtype.py,
-paths.py, floors.py, latency.py, cli.py, window.py, words.py) with `run(ctx, results)`; shared
+paths.py, lanes.py, floors.py, latency.py, cli.py, window.py, words.py) with `run(ctx, results)`; shared
 parts are bench/settings.py (every flag), machine.py (the header),
 weights.py, runners.py (rnnstep on a path, the matmul floor), keras_loops.py,
 torch_loops.py and timing.py. The Keras models come from the tests' builders
@@ -69,6 +69,10 @@ Other sections:
   paths    every execution path (xla, graph, elementwise) for float32 and each
            `--dtype` at each of `--path_batch_sizes`: the fastest, and the one
            `jit_compile=None` picks (the evidence for `paths.default_path`).
+  lanes    every path as rnnstep-serve's lanes run it: `--lanes` concurrent
+           calls (default: the usable cores), one thread each, in a child
+           process with the server's thread pools, at each of `--lane_rows`
+           rows a lane (the evidence for `paths.lane_path`).
   floors   for each --floor_cases dtype:batch (float32 at 1, 16, 32, 64, 256
            and bfloat16 at 256): the floor (min of the XLA and graph matmul
            loops), each explicit path, the fastest, the default
@@ -117,6 +121,7 @@ from bench import cli
 from bench import decoding
 from bench import dtype
 from bench import floors
+from bench import lanes
 from bench import latency
 from bench import machine
 from bench import paths
@@ -129,7 +134,7 @@ from bench import words
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 SECTION_MODULES = {"speed": speed, "dtype": dtype, "paths": paths,
-                   "floors": floors, "decoding": decoding, "latency": latency,
+                   "lanes": lanes, "floors": floors, "decoding": decoding, "latency": latency,
                    "cli": cli, "window": window, "words": words}
 assert tuple(SECTION_MODULES) == cfg.SECTIONS
 

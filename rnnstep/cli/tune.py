@@ -17,6 +17,11 @@ takes the winner for that range; nothing else measures. The cache is tuning.json
 else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep; RNNSTEP_TUNING=off makes
 rnnstep ignore it (this command then measures and prints, saving nothing).
 
+With --lanes=N it measures for rnnstep-serve's lanes instead: TensorFlow on
+one intra-op thread, each timed call N concurrent generations of the batch
+size, one thread each (give each lane's rows: --max_batch / lanes); the
+winners are kept apart, for a server with N lanes (docs/guide/serving.md).
+
 Prints one row per batch size: ms per 1000 steps of the whole batch (median)
 per path, the fastest, and the path the default took before.
 
@@ -51,6 +56,12 @@ _SECONDS = flags.DEFINE_float(
     "Seconds of timed rounds per batch size when --rounds=0 (compiling each "
     "path first comes on top).", flag_values=FLAGS)
 
+_LANES = flags.DEFINE_integer(
+    "lanes", 0, "Measure for rnnstep-serve with this many lanes (concurrent "
+    "calls of --batch_sizes rows, one thread each); 0: one call on "
+    "TensorFlow's threads, for rnnstep.generate.", lower_bound=0,
+    flag_values=FLAGS)
+
 
 def _batch_sizes_valid(values):
   try:
@@ -75,6 +86,11 @@ flags.register_validator("seconds", lambda s: 0 < s < float("inf"),
 def main(argv):
   common.reject_arguments(argv)
   from rnnstep import tuning  # pylint: disable=g-import-not-at-top
+  if _LANES.value:
+    # rnnstep-serve's pools with lanes, before TensorFlow runs anything.
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(_LANES.value)
   model = common.load_model(_WEIGHTS.value, _DTYPE.value)
   out = common.stderr()
 
@@ -85,7 +101,8 @@ def main(argv):
   report = tuning.tune(
       model, [int(b) for b in _BATCH_SIZES.value],
       num_steps=_NUM_STEPS.value or None, rounds=_ROUNDS.value or None,
-      budget_seconds=_SECONDS.value, progress=progress)
+      budget_seconds=_SECONDS.value, progress=progress,
+      lanes=_LANES.value or None)
   print(format_report(report))
   if report["cache_error"]:
     raise common.Failure(report["cache_error"])
@@ -103,7 +120,9 @@ def format_report(report) -> str:
       f"{machine['tensorflow']} | {machine['device']}",
       f"model: vocab {model['vocab_size']}, embedding {model['embedding_dim']}, "
       f"{layers}, {model['dtype']}",
-      "ms per 1000 steps of the whole batch (median of rounds)",
+      "ms per 1000 steps of the whole batch (median of rounds)"
+      + (f", {report['lanes']} lanes at once, one thread each (batch: a "
+         "lane's rows)" if report.get("lanes") else ""),
   ]
   header = (f"{'batch':>5} {'range':>7} {'steps':>5} {'rounds':>6} "
             + " ".join(f"{p:>11}" for p in paths)

@@ -16,7 +16,9 @@ or None); inside the library only these names travel.
 This module owns the choice `jit_compile=None` makes: the winner `rnnstep.tune`
 measured on this machine (read through `tuning_cache`, which needs no
 TensorFlow), else a built-in table measured on a CPU of this kind
-(`cpu.kind`). It imports no measuring code: `tuning.py` sits above the API.
+(`cpu.kind`). A server's lanes, each on one thread beside the others, take
+their own table (`lane_path`). It imports no measuring code: `tuning.py`
+sits above the API.
 """
 
 import functools
@@ -179,7 +181,11 @@ def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
   Returns:
     One of CONCRETE.
   """
-  bands = FASTEST_PATHS[kind or cpu.kind()][dtype]
+  return _band_path(FASTEST_PATHS[kind or cpu.kind()][dtype], batch_size)
+
+
+def _band_path(bands, batch_size: int) -> str:
+  """The path of the band holding `batch_size`, with the padding rule."""
   for largest, path in bands:
     if largest is None or batch_size <= largest:
       break
@@ -191,6 +197,100 @@ def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
       > _MOST_XLA_PADDING * batch_size):
     return ELEMENTWISE
   return path
+
+
+# -- the path for a server's lane ----------------------------------------------
+
+# `rnnstep-serve` on a CPU splits its slots over lanes, one a core, each
+# running its compiled calls on ONE thread while the other lanes run theirs
+# (rnnstep/serve/lanes.py). FASTEST_PATHS was measured for one call on all
+# the cores, where XLA's dots split over the intra-op threads; on one thread
+# beside other lanes the ranking differs (a 2-core Zen 4 server at 32 rows a
+# lane: XLA, the table's path there, served half the characters a second of
+# the graph path). So lanes take their own table, per CPU kind and compute
+# dtype, as (largest rows a lane, path) bands, measured on 2-core VMs with
+# as many concurrent `generate` calls as cores, each on one thread
+# (`python tools/benchmark.py --sections=lanes` prints the table these come
+# from; benchmarks/results/serve-epyc-zen3-2026-12.md has it):
+#   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.2-2.2x
+#     faster than the graph path at 4-16 rows on the bundled model, the
+#     step bound by per-op dispatch), then the graph path. There `generate`
+#     ran the elementwise path 1.0-1.15x faster than the graph path (XLA up
+#     to 1.78x slower), but the server itself, whose compiled paths also
+#     carry the padded stop and regex tables every step, spent 11-30% less
+#     CPU a character on the graph path than on the elementwise one in
+#     each of three saturation runs (32 rows a lane), and served more in
+#     two of them;
+#     bfloat16 (no bf16 arithmetic): XLA by 1.5-1.9x at 16-128 rows, as in
+#     the library's table; float16 (not measured) follows the library's
+#     table there too.
+# The kinds nobody measured this way take `_UNMEASURED_LANES`: XLA while a
+# step is bound by its per-op dispatch (up to 8 rows), then the graph path,
+# the path the Zen 4 server above was fast on (on Zen 3 it ran 1.08-1.4x
+# the fastest's time at 16-128 rows, never the slowest by much, and it
+# compiles nothing per batch size).
+_UNMEASURED_LANES = {dtype: ((8, XLA), (None, GRAPH))
+                     for dtype in ("float32", "float16", "bfloat16")}
+_AVX2_LANES = {
+    "float32": ((16, XLA), (None, GRAPH)),
+    "float16": ((None, XLA),),
+    "bfloat16": ((None, XLA),),
+}
+LANE_PATHS = {
+    "amx": _UNMEASURED_LANES,
+    "avx512_bf16": _UNMEASURED_LANES,
+    "avx512": _UNMEASURED_LANES,
+    "avx2": _AVX2_LANES,
+    "other": _UNMEASURED_LANES,
+}
+# The kinds (and dtypes) whose lane bands were measured.
+MEASURED_LANE_KINDS = {"avx2": ("float32", "bfloat16")}
+
+
+def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
+  """The path `jit_compile=None` takes for one lane of a server.
+
+  A lane runs up to `rows` rows in calls of its own on `threads` intra-op
+  threads while `lanes - 1` other lanes run theirs (`rnnstep-serve`'s lanes).
+  A call on several threads is what the library's table measured
+  (`default_path`). On one thread, a winner `rnnstep-tune --lanes` measured
+  here for as many lanes comes first (`tuning_cache.cached_path`), then
+  `lane_table_path` (on a GPU, XLA as always; a reduced dtype without its
+  arithmetic is noted as by `default_path`).
+
+  Args:
+    model: the `rnnstep.Model` (its compute dtype).
+    rows: the most rows one lane runs together.
+    lanes: the lanes running at once (1 or more).
+    threads: each lane's intra-op threads (TensorFlow's).
+
+  Returns:
+    One of CONCRETE.
+  """
+  if threads != 1 or gpu_visible():
+    return default_path(model, rows)
+  dtype = model.compute_dtype.name
+  if slower_dtype_note(dtype):
+    _warn_no_faster_than_float32(dtype)
+  measured = tuning_cache.cached_path(model, rows, lanes=lanes)
+  if measured is not None:
+    return measured
+  # The table's bands hold for a lane a core, as measured.
+  return lane_table_path(dtype, rows)
+
+
+def lane_table_path(dtype: str, rows: int, kind: str = None) -> str:
+  """The lane table's path for a compute dtype, rows a lane and CPU kind.
+
+  Args:
+    dtype: "float32", "bfloat16" or "float16".
+    rows: the rows one lane runs together.
+    kind: one of `cpu.KINDS`; None: this machine's (`cpu.kind()`).
+
+  Returns:
+    One of CONCRETE.
+  """
+  return _band_path(LANE_PATHS[kind or cpu.kind()][dtype], rows)
 
 
 # A process that runs a single generation (`rnnstep-generate`) pays XLA's

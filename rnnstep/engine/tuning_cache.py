@@ -14,7 +14,10 @@ $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep. Each entry is keyed by
   - the batch range: 1, 2-4, 5-8, 9-16, 17-32, 33-64, 65-128, 129-256 or
     >256 (the winner measured at one batch size stands for its range; the
     bounds follow the places where the winner changed on the machines
-    measured: 16/17, 32/48, 64).
+    measured: 16/17, 32/48, 64);
+  - for a server's lanes only (`rnnstep-tune --lanes=N`): "lanes": N, the
+    calls that ran at once, each on one thread (the batch range is then a
+    lane's rows). A key without it is one call on TensorFlow's threads.
 A different CPU, core count, TensorFlow version or model shape misses and the
 built-in table answers. The cache is JSON only (never pickle); a missing,
 unreadable or corrupt file is ignored, and it is replaced atomically (temp
@@ -117,26 +120,34 @@ def model_key(model) -> dict:
           "dtype": model.compute_dtype.name}
 
 
-def cache_key(model, batch_size: int, machine: Optional[dict] = None) -> str:
-  """The cache entry's key: machine, model shape, dtype and batch range."""
-  return json.dumps({"machine": machine or machine_key(),
-                     "model": model_key(model),
-                     "batch_range": batch_range(batch_size)},
-                    sort_keys=True, separators=(",", ":"))
+def cache_key(model, batch_size: int, machine: Optional[dict] = None,
+              lanes: Optional[int] = None) -> str:
+  """The cache entry's key: machine, model shape, dtype and batch range.
+
+  `lanes`: for a server's lanes, the calls running at once, one thread each
+  (`batch_size` is then a lane's rows); None: one call.
+  """
+  key = {"machine": machine or machine_key(), "model": model_key(model),
+         "batch_range": batch_range(batch_size)}
+  if lanes is not None:
+    key["lanes"] = int(lanes)
+  return json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def cached_path(model, batch_size: int) -> Optional[str]:
+def cached_path(model, batch_size: int,
+                lanes: Optional[int] = None) -> Optional[str]:
   """The path measured fastest for this model and batch range, or None.
 
   None when tuning is off, nothing was measured for this key, or the cache
   cannot be read. Reads the cache file once per process; never measures.
+  `lanes` as `cache_key`'s.
   """
   if not enabled():
     return None
   found = entries(cache_file())
   if not found:  # The common case, nothing tuned: no key to build.
     return None
-  entry = found.get(cache_key(model, batch_size))
+  entry = found.get(cache_key(model, batch_size, lanes=lanes))
   return entry["path"] if entry else None
 
 

@@ -95,8 +95,8 @@ _ALLOWED_HOSTS = flags.DEFINE_list(
     "a loopback address, else any.", flag_values=FLAGS)
 _JIT_COMPILE = flags.DEFINE_enum(
     "jit_compile", "auto", ["auto", "true", "false", "elementwise"],
-    "Execution path, as generate's jit_compile (auto: the library's choice "
-    "for --max_batch rows).", flag_values=FLAGS)
+    "Execution path, as generate's jit_compile (auto: the fastest for the "
+    "rows one lane runs on its threads, paths.lane_path).", flag_values=FLAGS)
 _STRATEGY = flags.DEFINE_enum(
     "strategy", "none", ["none", "mirrored"],
     "mirrored: spread the slots over --devices (tf.distribute."
@@ -131,13 +131,33 @@ _DRAIN_TIMEOUT = flags.DEFINE_float(
 
 
 def _path(model, replicas: int) -> str:
-  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  """--jit_compile's path; auto: the path for what one lane runs.
+
+  Args:
+    model: the served `rnnstep.Model`.
+    replicas: the schedulers' devices together: the lanes, or the
+      strategy's replicas (with --strategy there is one lane).
+
+  Returns:
+    One of `paths.CONCRETE`.
+  """
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from rnnstep.engine import paths
+  # pylint: enable=g-import-not-at-top
   jit_compile = {"auto": None, "true": True, "false": False,
                  "elementwise": paths.ELEMENTWISE}[_JIT_COMPILE.value]
   path = paths.from_jit_compile(jit_compile)
-  # The library's choice for the rows one device runs, as generate's.
-  return (paths.default_path(model, -(-_MAX_BATCH.value // replicas))
-          if path == paths.AUTO else path)
+  if path != paths.AUTO:
+    return path
+  # A lane's rows, on the intra-op threads `_threads` set (0: TensorFlow's
+  # own, one a core), beside the other lanes' calls: one thread a lane ranks
+  # the paths otherwise than the library's one call on every core.
+  rows = -(-_MAX_BATCH.value // replicas)
+  threads = (tf.config.threading.get_intra_op_parallelism_threads()
+             or cpu.usable_cores())
+  lanes = replicas if _STRATEGY.value == "none" else 1
+  return paths.lane_path(model, rows, lanes, threads)
 
 
 def _lanes() -> int:

@@ -26,7 +26,20 @@ repetition window and regex from a small menu (clients of different
 settings; the baselines take none, so run it with --servers=serve).
 
 The baselines (a) and (b) run in this file (`--serve_baseline=lock|batch`,
-a child process), on the same ASGI stack as (c).
+a child process), on the same ASGI stack as (c). (c) runs on its own path
+(what a user who starts it gets: `auto`, the path for one of its lanes)
+unless --jit_compile names one; the baselines run the graph path unless it
+does.
+
+    python tools/bench/serve.py --targets [--also_serve=--jit_compile=false]
+
+measures issue 47's two targets instead, side by side in interleaved rounds:
+`rnnstep-serve --max_batch=64` (no other flag) at saturation (128 requests
+of 600 characters from 64 clients) against the library's fastest path for
+64 rows of 600 characters (target: within 1.25x), and a burst of 64 requests
+of 200 characters sent at once against that path's one call of 64 x 200
+(target: within 2x); medians over --rounds, with the server's CPU seconds
+per 1,000 characters (see --targets).
 """
 
 import asyncio
@@ -63,11 +76,13 @@ _CHUNK_STEPS = flags.DEFINE_integer(
 _BATCH_TIMEOUT_MS = flags.DEFINE_float("batch_timeout_ms", 50.0,
                                        "(b)'s batch_timeout_micros / 1000.")
 _JIT_COMPILE = flags.DEFINE_enum(
-    "jit_compile", "false", ["auto", "true", "false", "elementwise"],
-    "Path, for all three and the bound. Default: the graph path, which "
-    "compiles nothing per shape; under XLA the baselines compile once per "
-    "length bucket (and batch) as requests arrive, which they would pay in "
-    "the measurement.")
+    "jit_compile", None, ["auto", "true", "false", "elementwise"],
+    "Path, for all three and the bound. Default: rnnstep-serve's own (no "
+    "--jit_compile passed: what a user who starts it gets), the bound's "
+    "the library's default at --max_batch rows, and the graph path for the "
+    "baselines, which compiles nothing per shape (under XLA they would "
+    "compile once per length bucket, and batch, as requests arrive, and pay "
+    "it in the measurement).")
 _SERVERS = flags.DEFINE_list("servers", ["lock", "batch", "serve"],
                              "Which servers to run.")
 _CHECK = flags.DEFINE_bool("check", False,
@@ -112,6 +127,32 @@ _STREAM = flags.DEFINE_bool(
 _SERVE_ARGS = flags.DEFINE_list(
     "serve_args", [], "More rnnstep-serve flags for (c), e.g. "
     "--serve_args=--intra_op_threads=0 (TensorFlow's own thread pools).")
+_TARGETS = flags.DEFINE_bool(
+    "targets", False, "Instead of the rate sweep, issue 47's two targets "
+    "side by side: rnnstep-serve started with no flag but --max_batch (and "
+    "--jit_compile, --serve_args where given) at saturation (--saturation_requests requests of "
+    "--saturation_chars characters from --clients clients, each sending its "
+    "next request when the last ends) against the library's fastest path "
+    "for --max_batch rows of that length (each path timed, the fastest "
+    "median taken), and a burst of --burst_requests requests of "
+    "--burst_chars characters sent at once against that path's one call; "
+    "--rounds rounds, the library and the servers interleaved, medians.")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "--targets: rounds (medians).",
+                               lower_bound=1)
+_SATURATION_REQUESTS = flags.DEFINE_integer(
+    "saturation_requests", 128, "--targets: saturation requests.")
+_SATURATION_CHARS = flags.DEFINE_integer(
+    "saturation_chars", 600, "--targets: characters a saturation request.")
+_CLIENTS = flags.DEFINE_integer("clients", 64,
+                                "--targets: concurrent saturation clients.")
+_BURST_REQUESTS = flags.DEFINE_integer(
+    "burst_requests", 64, "--targets: requests of the burst.")
+_BURST_CHARS = flags.DEFINE_integer(
+    "burst_chars", 200, "--targets: characters a burst request.")
+_ALSO_SERVE = flags.DEFINE_multi_string(
+    "also_serve", [], "--targets: another rnnstep-serve measured in the same "
+    "rounds, its flags beside --max_batch joined by spaces (e.g. "
+    "--also_serve=--jit_compile=false); repeatable.")
 _SERVE_BASELINE = flags.DEFINE_enum("serve_baseline", None, ["lock", "batch"],
                                     "(internal) run baseline server (a)/(b).")
 _PORT = flags.DEFINE_integer("port", 0, "(internal) the baseline's port.")
@@ -123,6 +164,38 @@ CORPUS = os.path.join(REPO, "tests", "data",
 def _jit(value: str):
   return {"auto": None, "true": True, "false": False,
           "elementwise": "elementwise"}[value]
+
+
+def _baseline_jit():
+  """The baselines' path: --jit_compile, else the graph path (see its help)."""
+  return False if _JIT_COMPILE.value is None else _jit(_JIT_COMPILE.value)
+
+
+def _path_flag() -> list:
+  """rnnstep-serve's --jit_compile, only when one was asked for."""
+  return ([] if _JIT_COMPILE.value is None
+          else [f"--jit_compile={_JIT_COMPILE.value}"])
+
+
+def served_path(model, serve_args) -> str:
+  """The path rnnstep-serve runs with `serve_args` (for --check): its
+  `_path` with the lanes and intra-op threads its defaults give, without
+  setting this process's thread pools."""
+  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  flags_of = serve_main.FLAGS
+  for name in flags_of:  # Back to the defaults (unparse_flags logs).
+    flags_of[name].unparse()
+  flags_of(["rnnstep-serve", *serve_args])
+  jit = serve_main.FLAGS["jit_compile"].value
+  if jit != "auto":
+    return paths.from_jit_compile(_jit(jit))
+  lanes = serve_main._lanes()  # pylint: disable=protected-access
+  threads = flags_of["intra_op_threads"].value
+  if threads is None:  # `_threads`' default.
+    threads = 1 if lanes > 1 else max(cpu.usable_cores() - 1, 1)
+  return paths.lane_path(model, -(-flags_of["max_batch"].value // lanes),
+                         lanes, threads or cpu.usable_cores())
 
 
 def free_port() -> int:
@@ -144,7 +217,7 @@ def serve_baseline(kind: str, port: int) -> None:
   import rnnstep
   # pylint: enable=g-import-not-at-top
   model = rnnstep.load(_MODEL.value)
-  jit = _jit(_JIT_COMPILE.value)
+  jit = _baseline_jit()
   lock = threading.Lock()
   pending = []  # (prompt, max_tokens, seed, future, loop)
   arrived = threading.Condition()
@@ -204,24 +277,32 @@ def serve_baseline(kind: str, port: int) -> None:
 # -- the client ---------------------------------------------------------------
 
 
-def start(kind: str):
-  """Starts server `kind`; returns (process, base url) once healthy."""
+def serve_flags() -> list:
+  """rnnstep-serve's flags for (c) in the rate sweep (but --model, --port)."""
+  return [f"--max_batch={_MAX_BATCH.value}",
+          f"--chunk_steps={_CHUNK_STEPS.value}",
+          f"--max_tokens_limit={_MAX_TOKENS.value}",
+          f"--max_queue={10 * _NUM_REQUESTS.value}",
+          *_path_flag(), *_SERVE_ARGS.value]
+
+
+def start(kind: str, serve_args=None):
+  """Starts server `kind`; returns (process, base url) once healthy.
+
+  `serve_args`: rnnstep-serve's flags (default: `serve_flags()`)."""
   import httpx  # pylint: disable=g-import-not-at-top
   port = free_port()
   model = [f"--model={_MODEL.value}"] if _MODEL.value else []
   if kind == "serve":
     cmd = [sys.executable, "-m", "rnnstep.serve.main", *model,
-           f"--port={port}", f"--max_batch={_MAX_BATCH.value}",
-           f"--chunk_steps={_CHUNK_STEPS.value}",
-           f"--max_tokens_limit={_MAX_TOKENS.value}",
-           f"--max_queue={10 * _NUM_REQUESTS.value}",
-           f"--jit_compile={_JIT_COMPILE.value}", *_SERVE_ARGS.value]
+           f"--port={port}",
+           *(serve_flags() if serve_args is None else serve_args)]
   else:
     cmd = [sys.executable, os.path.abspath(__file__), *model,
            f"--serve_baseline={kind}", f"--port={port}",
            f"--max_batch={_MAX_BATCH.value}",
            f"--batch_timeout_ms={_BATCH_TIMEOUT_MS.value}",
-           f"--jit_compile={_JIT_COMPILE.value}"]
+           f"--jit_compile={_JIT_COMPILE.value or 'false'}"]
   process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
   url = f"http://127.0.0.1:{port}"
@@ -362,20 +443,159 @@ def median(values):
   return values[len(values) // 2]
 
 
+# -- --targets ----------------------------------------------------------------
+
+
+def target_prompts(count: int, seed: int):
+  """`count` prompts of 8-64 characters cut from the corpus, and seeds."""
+  rng = random.Random(seed)
+  text = open(CORPUS, encoding="utf-8").read()
+  prompts = []
+  for _ in range(count):
+    begin = rng.randrange(len(text) - 200)
+    prompts.append(text[begin:begin + rng.randint(8, 64)])
+  return prompts, [rng.randrange(2**31) for _ in range(count)]
+
+
+async def closed_loop(url, requests, clients, ssl_context):
+  """`clients` clients, each sending its share of `requests` one after
+  another; returns the results and the seconds from start to last end."""
+  results = []
+
+  async def client(i):
+    for prompt, max_tokens, seed in requests[i::clients]:
+      results.append(await one(url, "serve", 0.0, time.monotonic(), prompt,
+                               max_tokens, seed, {}, ssl_context))
+
+  t0 = time.monotonic()
+  await asyncio.gather(*[client(i) for i in range(clients)])
+  return results, time.monotonic() - t0
+
+
+def run_targets(model) -> None:
+  """--targets: see its help. Prints each round, then the medians."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  rows = _MAX_BATCH.value
+  ssl_context = ssl.create_default_context()
+  sizes = {"saturation": _SATURATION_CHARS.value, "burst": _BURST_CHARS.value}
+  prompts, seeds = target_prompts(
+      max(_SATURATION_REQUESTS.value, _BURST_REQUESTS.value, rows),
+      _SEED.value)
+  library_jobs = [(path, scenario) for scenario in sizes
+                  for path in paths.CONCRETE]
+
+  library_cpu = {}  # (path, scenario): [CPU s per 1k chars], warm-ups too.
+
+  def library(path, scenario):
+    started, cpu = time.monotonic(), time.process_time()
+    rnnstep.generate(model, prompts[:rows], sizes[scenario],
+                     seed=seeds[:rows], jit_compile=paths.JIT_COMPILE[path])
+    library_cpu.setdefault((path, scenario), []).append(
+        1e3 * (time.process_time() - cpu) / (rows * sizes[scenario]))
+    return time.monotonic() - started
+
+  for job in library_jobs:  # Compile and warm every path and length.
+    library(*job)
+  configs = {"default": [f"--max_batch={rows}", *_path_flag(),
+                         *_SERVE_ARGS.value]}
+  for extra in _ALSO_SERVE.value:
+    configs[extra] = configs["default"] + extra.split()
+  servers = {}
+  try:
+    for name, args in configs.items():
+      servers[name] = start("serve", args)
+      print(f"server {name}: rnnstep-serve {' '.join(args)} (path "
+            f"{served_path(model, args)})", flush=True)
+    saturation = [(prompts[i % len(prompts)], sizes["saturation"],
+                   seeds[i % len(seeds)])
+                  for i in range(_SATURATION_REQUESTS.value)]
+    burst = [(prompts[i], sizes["burst"], seeds[i])
+             for i in range(_BURST_REQUESTS.value)]
+    library_seconds = {job: [] for job in library_jobs}
+    served = {(name, scenario): [] for name in servers for scenario in sizes}
+    served_cpu = {key: [] for key in served}
+    loads = []
+
+    def serve_round():
+      for name, (process, url) in servers.items():
+        for scenario in sizes:
+          cpu = cpu_seconds(process.pid)
+          if scenario == "saturation":
+            results, seconds = asyncio.run(closed_loop(
+                url, saturation, _CLIENTS.value, ssl_context))
+          else:
+            results, seconds = asyncio.run(drive(
+                url, "serve", [(0.0, p, m, s, {}) for p, m, s in burst],
+                ssl_context))
+          chars = sum(len(r["text"]) for r in results)
+          served[(name, scenario)].append(chars / seconds)
+          served_cpu[(name, scenario)].append(
+              1000 * (cpu_seconds(process.pid) - cpu) / max(chars, 1))
+
+    for r in range(_ROUNDS.value):
+      loads.append(os.getloadavg()[0])
+      # Which side goes first alternates from round to round.
+      for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+        if side == 0:
+          for job in library_jobs:
+            library_seconds[job].append(library(*job))
+        else:
+          serve_round()
+      line = ", ".join(
+          f"{name} {scenario} {served[(name, scenario)][-1]:.0f}"
+          for name, scenario in served)
+      lib = ", ".join(
+          f"{path} {scenario} "
+          f"{rows * sizes[scenario] / library_seconds[(path, scenario)][-1]:.0f}"
+          for path, scenario in library_jobs)
+      print(f"round {r + 1}/{_ROUNDS.value} (load {loads[-1]:.2f}): chars/s "
+            f"served: {line}; library: {lib}", flush=True)
+    loads.append(os.getloadavg()[0])
+  finally:
+    for process, _ in servers.values():
+      process.terminate()
+      process.wait()
+
+  print(f"\n## targets: medians of {_ROUNDS.value} rounds, {rows} rows "
+        f"(load average {min(loads):.2f}-{max(loads):.2f})")
+  print(f"{'what':<58} {'chars/s':>9} {'x':>6} {'target':>7} "
+        f"{'cpu s/1k':>9}")
+  for scenario, target in (("saturation", 1.25), ("burst", 2.0)):
+    rates = {path: rows * sizes[scenario] / median(
+        library_seconds[(path, scenario)]) for path in paths.CONCRETE}
+    fastest = max(rates, key=rates.get)
+    what = (f"{_SATURATION_REQUESTS.value} x {sizes[scenario]} from "
+            f"{_CLIENTS.value} clients" if scenario == "saturation" else
+            f"burst of {_BURST_REQUESTS.value} x {sizes[scenario]}")
+    for path in paths.CONCRETE:
+      mark = " (fastest)" if path == fastest else ""
+      print(f"{f'library {path}, {rows} x {sizes[scenario]}{mark}':<58} "
+            f"{rates[path]:>9.0f} {'':>6} {'':>7} "
+            f"{median(library_cpu[(path, scenario)][1:]):>9.4f}")
+    for name in servers:
+      rate = median(served[(name, scenario)])
+      print(f"{f'server {name}: {what}':<58} {rate:>9.0f} "
+            f"{rates[fastest] / rate:>5.2f}x {target:>6.2f}x "
+            f"{median(served_cpu[(name, scenario)]):>9.4f}")
+
+
 def main(argv):
   del argv
   logging.getLogger("httpx").setLevel(logging.WARNING)
   if _SERVE_BASELINE.value:
     serve_baseline(_SERVE_BASELINE.value, _PORT.value)
     return
+  if _TARGETS.value:
+    import rnnstep  # pylint: disable=g-import-not-at-top
+    run_targets(rnnstep.load(_MODEL.value))
+    return
   import rnnstep  # pylint: disable=g-import-not-at-top
   model = rnnstep.load(_MODEL.value)
-  jit = _jit(_JIT_COMPILE.value)
+  jit = None if _JIT_COMPILE.value is None else _jit(_JIT_COMPILE.value)
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  # The path rnnstep-serve runs (its auto is the library's at --max_batch).
-  served_jit = paths.JIT_COMPILE[
-      paths.default_path(model, _MAX_BATCH.value) if jit is None
-      else paths.from_jit_compile(jit)]
+  # The path rnnstep-serve runs (its auto: the path for one of its lanes).
+  served_jit = paths.JIT_COMPILE[served_path(model, serve_flags())]
   ssl_context = ssl.create_default_context()
   rate, cpu = bound(model, jit)
   bounds = [rate]

@@ -16,8 +16,8 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "rnnstep_xla", "floor", "floor_graph", "torch_gru",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
-SECTIONS = ("speed", "dtype", "paths", "floors", "decoding", "latency", "cli",
-            "window", "words")
+SECTIONS = ("speed", "dtype", "paths", "lanes", "floors", "decoding",
+            "latency", "cli", "window", "words")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
 PATHS = paths.JIT_COMPILE
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
@@ -82,6 +82,13 @@ DTYPE_MODES = flags.DEFINE_list(
 PATH_BATCH_SIZES = flags.DEFINE_list(
     "path_batch_sizes", ["1", "8", "16", "32", "64", "128", "256"],
     "Batch sizes of the paths section.")
+LANE_ROWS = flags.DEFINE_list(
+    "lane_rows", ["4", "8", "16", "32", "64", "128"],
+    "Rows a lane of the lanes section (rnnstep-serve's --max_batch 8-256 "
+    "over two lanes).")
+LANES = flags.DEFINE_integer(
+    "lanes", None, "Concurrent calls in the lanes section, one thread each "
+    "(default: the usable cores, as rnnstep-serve's --lanes).", lower_bound=1)
 PATH_CHARS = flags.DEFINE_integer(
     "path_chars", 300, "Characters per row in the paths section.", lower_bound=1)
 CLI_RUNS = flags.DEFINE_integer("cli_runs", 3, "Runs of the CLI (median).",
@@ -169,6 +176,13 @@ class Settings:
     self.path_batch_sizes = ([1, 4] if quick else
                              [int(b) for b in PATH_BATCH_SIZES.value])
     self.path_chars = self.num_chars if quick else PATH_CHARS.value
+    self.lane_rows = ([1, 4] if quick else
+                      [int(r) for r in LANE_ROWS.value])
+    if LANES.value is None:
+      from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
+      self.lanes = cpu.usable_cores()
+    else:
+      self.lanes = LANES.value
     self.floor_cases = (["float32:1", "float32:4", "bfloat16:4"] if quick
                         else [c for c in FLOOR_CASES.value if c])
     self.floor_cases = [_floor_case(c) for c in self.floor_cases]
@@ -195,8 +209,8 @@ class Settings:
     self.latency_runs = LATENCY_RUNS.value
     self.sections = [s for s in SECTIONS_FLAG.value if s]
     if quick and not flags.FLAGS["sections"].present:
-      # The latency and cli sections start fresh TensorFlow processes (seconds
-      # each): asked for explicitly only.
+      # The latency, lanes and cli sections start fresh TensorFlow processes
+      # (seconds each): asked for explicitly only.
       self.sections = ["speed", "dtype", "paths", "floors", "decoding",
                        "words"]
     for s in self.sections:
