@@ -64,8 +64,11 @@ LONGEST_FIRST = (
     "test_matrix.py",           # 95
     "test_window.py",           # 86
     "test_convert.py",          # 84
+    "test_serve_network.py",    # 75
     "test_constraints.py",      # 72
+    "test_serve_engine.py",     # 60
     "test_serve.py",            # 59
+    "test_serve_hostile.py",    # 37
     "test_convert_torch.py",    # 55
     "test_fast_path.py",        # 53
     "test_cli_generate.py",     # 49
