@@ -49,14 +49,6 @@ PROMPTS = ["ROMEO:", "To be", "a", "First Citizen:\nBefore we proceed",
            "KING RICHARD III:\nNow is the winter"]
 
 
-def rss_mib(pid: int) -> float:
-  with open(f"/proc/{pid}/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1]) / 1024
-  return float("nan")
-
-
 def send(server, body, streamed):
   """(seed, {index: text}, {index: finish_reason}), retrying after a 429."""
   while True:
@@ -110,7 +102,7 @@ def main(argv):
       f"--jit_compile={_JIT_COMPILE.value}"]) as server:
     pid = server.process.pid
     print(f"ready after {time.monotonic() - started:.1f} s; "
-          f"RSS {rss_mib(pid):.0f} MiB", flush=True)
+          f"RSS {serve_process.rss_mib(pid):.0f} MiB", flush=True)
     lock, done, samples = threading.Lock(), [0], []
 
     def one(i):
@@ -118,7 +110,7 @@ def main(argv):
       with lock:
         done[0] += 1
         if done[0] % _EVERY.value == 0:
-          samples.append((done[0], rss_mib(pid)))
+          samples.append((done[0], serve_process.rss_mib(pid)))
           print(f"{done[0]} responses, RSS {samples[-1][1]:.0f} MiB",
                 flush=True)
       return got

@@ -97,6 +97,15 @@ class RemoteServer:
     self.close()
 
 
+def rss_mib(pid: int) -> float:
+  """A process's resident memory (VmRSS), MiB (nan where /proc lacks it)."""
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
+  return float("nan")
+
+
 def stack_installed() -> bool:
   """Whether the serving stack and its test clients are installed."""
   return all(importlib.util.find_spec(name) is not None for name in (

@@ -197,15 +197,6 @@ def percentile(values, q: float) -> float:
   return values[min(len(values) - 1, int(q / 100 * len(values)))]
 
 
-def rss_mib(pid: int) -> float:
-  """A process's resident memory (VmRSS), MiB."""
-  with open(f"/proc/{pid}/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1]) / 1024
-  return float("nan")
-
-
 def cpu_seconds(pid: int) -> float:
   """A process's user + system CPU seconds so far (Linux /proc)."""
   with open(f"/proc/{pid}/stat") as f:
@@ -474,7 +465,7 @@ class Client:
 
     async def sample():
       while not stop.is_set():
-        samples.append(rss_mib(pid))
+        samples.append(serve_process.rss_mib(pid))
         try:
           await asyncio.wait_for(stop.wait(), 0.1)
         except asyncio.TimeoutError:
@@ -767,7 +758,7 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> Report:
     pid = server.process.pid
     client = Client(server.url(), settings)
     log(f"ready after {time.monotonic() - started:.1f} s; RSS "
-        f"{rss_mib(pid):.0f} MiB")
+        f"{serve_process.rss_mib(pid):.0f} MiB")
     rate = settings.rate
     if not rate:
       # Twice: the first requests after the start run slower (the first
