@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 
 import rnnstep
+from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
+from rnnstep.engine import host
+from rnnstep.engine import paths
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary
 from rnnstep.serve import engine as engine_lib
@@ -233,9 +236,9 @@ def _logprobs_case(model, path, which=(0, 1, 2, 3)):
   asking for `logprobs` (and one not): each id's log-probability is the raw
   model's, teacher-forced (`rnnstep.logits`), the top-k numpy's, their sum
   `generate`'s score; the prompt's (echo) likewise."""
-  jit = path == "xla"
+  jit = paths.JIT_COMPILE[path]
   engine = make_engine(model, path=path, max_batch=4, chunk_steps=6)
-  if not jit:
+  if path == paths.GRAPH:  # The others compile per shape: warm-up is long.
     engine.warm_up()
   traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
   cases = [  # (prompts, max_tokens, seed, options, shared, logprobs, echo)
@@ -295,7 +298,7 @@ def _logprobs_case(model, path, which=(0, 1, 2, 3)):
         assert all(u.prompt_logprobs is None for u in sink.updates[i][1:])
       else:
         assert first.prompt_logprobs is None
-  if not jit:  # New k, echo or not: nothing traced after warm_up.
+  if path == paths.GRAPH:  # New k, echo or not: nothing traced after warm_up.
     assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
     ) == traces
 
@@ -307,6 +310,36 @@ def test_logprobs_are_the_raw_model_s_per_id_graph(model):
 @pytest.mark.slow
 def test_logprobs_are_the_raw_model_s_per_id_xla(model):
   _logprobs_case(model, "xla", which=(0, 2))  # Fewer batch sizes to compile.
+
+
+@pytest.mark.slow
+def test_logprobs_are_the_raw_model_s_per_id_elementwise(model):
+  _logprobs_case(model, "elementwise", which=(0, 2))
+
+
+def test_a_checked_pattern_is_not_compiled_again_by_the_scheduler(model):
+  """The server's check compiles a pattern within its limits and hands it
+  over with the stop automaton (`Completion(pattern=, stop_automaton=)`):
+  the scheduler lays it out as it is, without compiling it again (outside
+  any limit) once the compile cache has let it go; the text is the
+  library's."""
+  prompts = ["ROMEO:", "a"]
+  shared = engine_lib.Shared(stop=("xq",), regex="[a-z ]{3,12}\\.")
+  pattern = constraints.compile_pattern(model, shared.regex)
+  automaton = host.stop_automaton(model, shared.stop)
+  constraints._compile.cache_clear()  # pylint: disable=protected-access
+  engine = make_engine(model)
+  sink = submit(engine, model, prompts, seed=5, max_tokens=14, shared=shared,
+                stop_automaton=automaton, pattern=pattern)
+  engine.start()
+  try:
+    assert sink.done.wait(120)
+  finally:
+    assert engine.close(timeout=10)
+  # pylint: disable-next=protected-access
+  assert constraints._compile.cache_info().misses == 0
+  texts = reference(model, prompts, 14, 5, shared=shared)
+  assert [sink.text(i) for i in range(len(prompts))] == texts
 
 
 def test_logprobs_beyond_five_are_refused(model):

@@ -29,7 +29,7 @@ is built (`regex_dfa`), each refused with `errors.ArgumentError` naming
 
 import functools
 import re
-from typing import NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -105,14 +105,14 @@ def unconstrained(batch_size: int, vocab_size: int) -> Dfa:
   return Dfa(table, ends, np.full([batch_size], FREE, np.int32))
 
 
-class _Pattern(NamedTuple):
+class Pattern(NamedTuple):
   """One compiled pattern: `table [S, V]` with local ids (-1: dead), `ends`."""
   table: np.ndarray
   ends: np.ndarray
 
 
 @functools.lru_cache(maxsize=64)
-def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
+def _compile(pattern: str, vocab: tuple, usable: tuple) -> Pattern:
   """Compiles one pattern over a vocabulary (state 0 of the result: start).
 
   Every step is bounded before or while it runs, whatever the pattern: its
@@ -235,7 +235,7 @@ def _compile(pattern: str, vocab: tuple, usable: tuple) -> _Pattern:
   if ends[0]:
     raise refuse("matches only the empty string; give a pattern for at least "
                  "one character")
-  return _Pattern(table, ends)  # int32 already: no copy.
+  return Pattern(table, ends)  # int32 already: no copy.
 
 
 def _build_states(vocab_size: int) -> int:
@@ -417,11 +417,34 @@ def _positions(subpattern) -> int:
   return total
 
 
-def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
+def _vocabulary(model):
+  """`_compile`'s `vocab` and `usable` of a model."""
+  vocab = tuple(model.vocab if model.is_characters else model.tokens.texts)
+  usable = tuple(not (model.has_unk and i == 0) for i in range(len(vocab)))
+  return vocab, usable
+
+
+def compile_pattern(model, pattern: str) -> Pattern:
+  """One pattern compiled over a model's vocabulary (kept for reuse).
+
+  A caller that compiles on a thread of its own, within `limits` (a
+  server's request check), hands the result to `combine` (`compiled=`), so
+  the thread that lays out the table never compiles it again, unbounded,
+  after the cache has let it go.
+
+  Raises:
+    as `combine`.
+  """
+  return _compile(pattern, *_vocabulary(model))
+
+
+def combine(model, regex: Sequence[Optional[str]],
+            compiled: Optional[Mapping[str, Pattern]] = None) -> Dfa:
   """The combined `Dfa` of one pattern (or None: free) per row.
 
   Each distinct pattern is compiled once and laid out once; rows with the
-  same pattern share its states.
+  same pattern share its states. `compiled` maps patterns already compiled
+  (`compile_pattern`) to their result: those are not compiled again.
 
   Raises:
     errors.ArgumentError: a pattern that does not compile, matches nothing
@@ -430,8 +453,8 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
       naming it.
     Cancelled: this thread's `limits` event was set.
   """
-  vocab = tuple(model.vocab if model.is_characters else model.tokens.texts)
-  usable = tuple(not (model.has_unk and i == 0) for i in range(len(vocab)))
+  vocab, usable = _vocabulary(model)
+  compiled = compiled or {}
   tables, ends = map(lambda x: [x], _fixed_states(len(vocab)))
   offsets, size = {}, 2
   start = np.full([len(regex)], FREE, np.int32)
@@ -439,12 +462,12 @@ def combine(model, regex: Sequence[Optional[str]]) -> Dfa:
     if pattern is None:
       continue
     if pattern not in offsets:
-      compiled = _compile(pattern, vocab, usable)
+      one = compiled.get(pattern) or _compile(pattern, vocab, usable)
       offsets[pattern] = size
-      tables.append(np.where(compiled.table >= 0, compiled.table + size,
+      tables.append(np.where(one.table >= 0, one.table + size,
                              DEAD).astype(np.int32))
-      ends.append(compiled.ends)
-      size += len(compiled.ends)
+      ends.append(one.ends)
+      size += len(one.ends)
     start[row] = offsets[pattern]
   need = size * len(vocab) * 4
   if need > MAX_TABLE_BYTES:

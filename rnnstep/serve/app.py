@@ -22,8 +22,10 @@ automaton) runs on a checking thread within a deadline and a bounded
 queue: requests being checked count toward `--max_queue` with the rows
 waiting (429 past it), requests with a pattern are checked on threads of
 their own (so a pattern that takes long to refuse delays no plain request),
-and shutdown abandons any check (`constraints.limits`). The event loop only
-parses, formats and sends.
+and shutdown abandons any check (`constraints.limits`). What the check
+builds (the stop automaton, the compiled pattern) travels with the
+completion: the scheduler never builds it again, unbounded. The event loop
+only parses, formats and sends.
 
 The device belongs to the engine's thread; a handler submits a checked
 `engine.Completion` and awaits its `_Output`. The scheduler thread hands each
@@ -663,7 +665,11 @@ class Server:
                          zip(prompt_ids, prompt_lengths)
                          for _ in range(parsed.n)]
     parsed.stop = protocol.stop_strings(parsed.stop)
-    host.stop_automaton(self.model, parsed.stop)  # Its checks: empty, unknown.
+    # Built here, within the check's limits, once: the scheduler takes
+    # them as they are (`engine.Completion`).
+    parsed.stop_automaton = host.stop_automaton(self.model, parsed.stop)
+    if parsed.regex is not None:  # Compiled by the check: a cache hit.
+      parsed.pattern = constraints.compile_pattern(self.model, parsed.regex)
     parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
     return parsed, rows, options
 
@@ -698,7 +704,8 @@ class Server:
             no_repeat_ngram_size=int(options.no_repeat_ngram_size),
             regex=parsed.regex),
         want_scores=parsed.logprobs is not None, logprobs=parsed.logprobs,
-        prompt_logprobs=prompt_logprobs, sink=output.add)
+        prompt_logprobs=prompt_logprobs, sink=output.add,
+        stop_automaton=parsed.stop_automaton, pattern=parsed.pattern)
     return completion, output
 
   def _deliver(self, updates) -> None:

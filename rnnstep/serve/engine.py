@@ -232,6 +232,13 @@ class Completion:
       log-probabilities, with the k (`logprobs`, 0 where None) most likely
       ids' at each position (`Update.prompt_logprobs`, ...): one more call
       on the scheduler thread when its rows are admitted.
+    stop_automaton: `shared.stop`'s `stopping.Automaton`, where the caller
+      built it already (None: the scheduler builds it).
+    pattern: `shared.regex` compiled (`constraints.compile_pattern`), where
+      the caller compiled it already, on a thread of its own within
+      `constraints.limits` (a server's check): the scheduler then never
+      compiles it, unbounded, once the compile cache has let it go (None:
+      the scheduler compiles it).
 
   Raises:
     ValueError: `logprobs` outside 0..`TOP_LOGPROBS`.
@@ -242,7 +249,9 @@ class Completion:
                max_tokens: int, shared: Shared, want_scores: bool,
                sink: Callable[[Update], None],
                logprobs: Optional[int] = None,
-               prompt_logprobs: bool = False):
+               prompt_logprobs: bool = False,
+               stop_automaton: Optional[stopping.Automaton] = None,
+               pattern: Optional[constraints.Pattern] = None):
     if logprobs is not None and not 0 <= int(logprobs) <= TOP_LOGPROBS:
       raise ValueError(f"logprobs must lie in 0..{TOP_LOGPROBS}, got "
                        f"{logprobs}")
@@ -253,6 +262,8 @@ class Completion:
     self.sink = sink
     self.logprobs = None if logprobs is None else int(logprobs)
     self.prompt_logprobs = bool(prompt_logprobs)
+    self.stop_automaton = stop_automaton
+    self.pattern = pattern
     # Per distinct prompt (its bytes), its prompt log-probabilities: the
     # rows of a prompt's n choices share one computation.
     self.prompt_scores = {}
@@ -786,11 +797,12 @@ class Engine:
     patterns = {row.completion.shared.regex for row in going_on} - {None}
     admitted = []
     while self._live_waiting() and running + len(admitted) < self.max_batch:
-      shared = self._waiting[0].completion.shared
+      first = self._waiting[0].completion
+      shared = first.shared
       try:  # Its own tables (made once per distinct setting, and kept).
-        self._stops(shared.stop)
+        self._stops(shared.stop, first.stop_automaton)
         if shared.regex is not None:
-          self._pattern_size(shared.regex)
+          self._pattern_size(shared.regex, first.pattern)
       except Exception as e:  # pylint: disable=broad-except
         self._fail(self._waiting.popleft(), "making its tables", e)
         continue
@@ -813,11 +825,13 @@ class Engine:
     return (stop_states <= self.stop_capacity
             and dfa_states <= self.dfa_capacity)
 
-  def _pattern_size(self, pattern: str) -> int:
-    """A pattern's own DFA states (its shared ones aside), counted once."""
+  def _pattern_size(self, pattern: str,
+                    compiled: Optional[constraints.Pattern] = None) -> int:
+    """A pattern's own DFA states (its shared ones aside), counted once
+    (`compiled`: the pattern compiled already, see `Completion`)."""
     return self._pattern_states.get_or_make(
-        pattern, lambda: len(constraints.combine(self.model, [pattern]).ends)
-        - 2)
+        pattern, lambda: len((compiled or constraints.compile_pattern(
+            self.model, pattern)).ends))
 
   def _hand_out(self, rows: List[Row], result,
                 primes_only: Sequence[bool]) -> List[Row]:
@@ -884,9 +898,10 @@ class Engine:
   def _prepare(self, row: Row) -> "_Prepared":
     """A row's host work for the next call (its own: a failure here is its
     own, `_round` retires it alone)."""
-    self._stops(row.completion.shared.stop)
-    if row.completion.shared.regex is not None:
-      self._pattern_size(row.completion.shared.regex)
+    completion = row.completion
+    self._stops(completion.shared.stop, completion.stop_automaton)
+    if completion.shared.regex is not None:
+      self._pattern_size(completion.shared.regex, completion.pattern)
     if row.decoding:
       return _Prepared(None, None, False)
     primes_only = len(row.prompt_ids) - row.primed > self.prime_chars
@@ -962,10 +977,12 @@ class Engine:
     return processors.History(ids, np.array([len(prompt)], np.int32),
                               counts.astype(np.int32)[None, :])
 
-  def _stops(self, stop) -> stopping.Automaton:
-    """The stop automaton of a stop list, made once (its own states)."""
+  def _stops(self, stop, built: Optional[stopping.Automaton] = None
+             ) -> stopping.Automaton:
+    """The stop automaton of a stop list, made once (its own states;
+    `built`: made already, see `Completion`)."""
     return self._stops_cache.get_or_make(
-        stop, lambda: host.stop_automaton(self.model, stop))
+        stop, lambda: built or host.stop_automaton(self.model, stop))
 
   def _tables(self, rows: List[Row]) -> _Tables:
     """The joined stop table and regex DFA of a chunk's rows.
@@ -981,9 +998,15 @@ class Engine:
         row.completion.shared.regex for row in rows
         if row.completion.shared.regex is not None))
 
+    built = {row.completion.shared.stop: row.completion.stop_automaton
+             for row in rows}
+    compiled = {row.completion.shared.regex: row.completion.pattern
+                for row in rows if row.completion.pattern is not None}
+
     def make():
-      automaton, offsets = stopping.join([self._stops(s) for s in stops])
-      dfa = (constraints.combine(self.model, patterns)
+      automaton, offsets = stopping.join([self._stops(s, built[s])
+                                          for s in stops])
+      dfa = (constraints.combine(self.model, patterns, compiled)
              if patterns or self._bucketed else None)
       if self._bucketed:
         automaton = stopping.Automaton(*request_lib.pad_states(

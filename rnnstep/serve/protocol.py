@@ -175,6 +175,8 @@ class Parsed:
     created: the response's `created` time (set when it is answered).
     prompt_tokens: the prompts' ids, each prompt once (set once encoded).
     prompt_ids: per choice, its prompt's ids (set once encoded).
+    stop_automaton: the stop strings' automaton (set once checked).
+    pattern: `regex` compiled (set once checked; None without one).
   """
   prompts: List[str]
   max_tokens: int
@@ -192,6 +194,8 @@ class Parsed:
   created: int = 0
   prompt_tokens: int = 0
   prompt_ids: Optional[list] = None
+  stop_automaton: Any = None
+  pattern: Any = None
 
 
 def decode_body(raw: bytes) -> Any:
