@@ -486,20 +486,22 @@ class Server:
       Refused: 413 over `max_body_bytes` (from its Content-Length, or as it
         arrives), 408 past `body_seconds`.
     """
-    too_big = Refused(error_response(
-        413, f"the request body is over {self.max_body_bytes} bytes "
-        "(--max_body_bytes)", param="body", code="request_too_large"))
+    def too_big():  # Made only when it is the answer.
+      return Refused(error_response(
+          413, f"the request body is over {self.max_body_bytes} bytes "
+          "(--max_body_bytes)", param="body", code="request_too_large"))
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and (
         int(declared) > self.max_body_bytes):
-      raise too_big
+      raise too_big()
 
     async def read():
       chunks, size = [], 0
       async for chunk in request.stream():
         size += len(chunk)
         if size > self.max_body_bytes:
-          raise too_big
+          raise too_big()
         chunks.append(chunk)
       return b"".join(chunks)
 
