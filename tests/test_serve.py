@@ -16,6 +16,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 import rnnstep
@@ -479,7 +480,8 @@ def test_rows_of_different_settings_run_in_the_same_chunks(server, model):
 @pytest.mark.slow
 def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
                                                                   model):
-  """The other two paths through the server, and its slots over 2 devices.
+  """The other two paths through the server, and its slots over 2 devices,
+  with and without `logprobs`.
 
   Kept cheap for CI: few shapes, so few compiles (2 slots: batch buckets 1
   and 2; pieces of 8: one prompt width); the three servers start at once
@@ -527,6 +529,24 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
 
       with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         assert list(pool.map(send, bodies)) == want[name], name
+    # `logprobs` on every path and over the strategy's replicas: each
+    # token's is the raw model's, teacher-forced (`rnnstep.logits`).
+    probe = dict(prompt="ROMEO:", max_tokens=12, seed=7, temperature=0.9,
+                 logprobs=2)
+    start = len(model.encode(probe["prompt"]))
+    for name, server in running.items():
+      reply = post(server, probe)
+      assert reply.status_code == 200, reply.text
+      choice = reply.json()["choices"][0]
+      assert "".join(choice["logprobs"]["tokens"]) == choice["text"], name
+      ids = model.encode(probe["prompt"] + choice["text"])
+      logits = rnnstep.logits(model, ids[None])[0].astype(np.float64)
+      logits -= logits.max(axis=-1, keepdims=True)
+      log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+      np.testing.assert_allclose(
+          choice["logprobs"]["token_logprobs"],
+          log_softmax[np.arange(start - 1, len(ids) - 1), ids[start:]],
+          atol=1e-4, err_msg=name)
   finally:
     for server in running.values():
       server.close()
