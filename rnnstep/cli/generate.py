@@ -77,6 +77,7 @@ from absl import flags
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
 from rnnstep.cli import compiled_cache
 from rnnstep.decoding import options as options_lib
+from rnnstep.exporters import litert_runner
 from rnnstep import errors
 import rnnstep  # pylint: disable=g-bad-import-order
 
@@ -395,9 +396,9 @@ def _generate_fast(rows, seed, decoding) -> bool:
   one = {name: (decoding[name][0] if isinstance(decoding[name], list)
                 else decoding[name]) for name in _ARTIFACT_OPTIONS}
   try:
-    texts = compiled_cache.run_artifact(flatbuffer, vocab, prompts,
-                                        _NUM_STEPS.value, seed=seed,
-                                        tokens=tokens, **one)
+    texts = litert_runner.run_artifact(flatbuffer, vocab, prompts,
+                                       _NUM_STEPS.value, seed=seed,
+                                       tokens=tokens, **one)
   except (ImportError, ValueError, RuntimeError) as e:
     raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                      f"{e})") from None
