@@ -1,8 +1,10 @@
 """The compiled-artifact cache's background child: builds one entry.
 
-`python -m rnnstep.cli.cache_fill MODEL_PATH KEY_JSON`, started detached by
-`compiled_cache.spawn_fill` after a cold rnnstep-generate run has written its
-text; the work is `compiled_cache.fill`.
+Started detached by `compiled_cache.spawn_fill` after a cold rnnstep-generate
+run has written its text, isolated (`python -I`, in the cache folder, its
+sys.path set by `compiled_cache.child_path`); by hand and by the tools:
+`python -m rnnstep.cli.cache_fill MODEL_PATH KEY_JSON`. The work is
+`compiled_cache.fill`.
 """
 
 import contextlib
@@ -13,8 +15,8 @@ import sys
 from rnnstep.cli import compiled_cache
 
 
-def _main(argv) -> int:
-  """`python -m rnnstep.cli.cache_fill MODEL_PATH KEY_JSON` (the child)."""
+def main(argv) -> int:
+  """The child: `argv` is [program, MODEL_PATH, KEY_JSON]."""
   with contextlib.suppress(AttributeError, OSError):
     os.nice(10)  # Background work: the user's next command comes first.
   try:
@@ -28,4 +30,4 @@ def _main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(_main(sys.argv))
+  sys.exit(main(sys.argv))

@@ -190,6 +190,15 @@ _CACHE = flags.DEFINE_boolean(
     "LiteRT export of the model without importing TensorFlow (same text), and "
     "a run that finds none builds it in the background for the next run. "
     "--nocache neither reads nor writes it.", flag_values=FLAGS)
+_CACHE_INFO = flags.DEFINE_boolean(
+    "cache_info", False,
+    "List the compiled-artifact cache's entries (size, last use, what each "
+    "holds, the model it was built from), its folder and its cap "
+    "($RNNSTEP_CACHE_MAX_MB), then exit.", flag_values=FLAGS)
+_CACHE_CLEAR = flags.DEFINE_boolean(
+    "cache_clear", False,
+    "Remove every entry of the compiled-artifact cache (recorded failures "
+    "included, so they are tried again), then exit.", flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_boolean(
     "verbose", False,
     "Say on stderr which path generated the text (the cached compiled "
@@ -233,6 +242,8 @@ _validate("stop", lambda stops: not stops or all(stops),
 
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
+  if _CACHE_INFO.value or _CACHE_CLEAR.value:
+    return _cache_command()
   _check_beam_flags()
   seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
   beams = _DECODING["num_beams"].value
@@ -268,6 +279,37 @@ def main(argv):
     _flush_outputs()
     compiled_cache.spawn_fill(_model_path(), fill_key)
   return 0
+
+
+def _cache_command() -> int:
+  """--cache_info (list) or --cache_clear (remove, then list what is left)."""
+  out = sys.stdout
+  folder = compiled_cache.directory()
+  if _CACHE_CLEAR.value:
+    count, size = compiled_cache.clear()
+    out.write(f"removed {_entries(count)} ({_megabytes(size)}) from "
+              f"{folder}\n")
+    if not _CACHE_INFO.value:
+      return 0
+  found = compiled_cache.entries()
+  out.write(f"compiled-artifact cache: {folder}, cap "
+            f"{_megabytes(compiled_cache.max_bytes())} "
+            f"(${compiled_cache.MAX_MB_ENV})\n")
+  for entry in found:
+    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
+    out.write(f"  {entry.name}  {_megabytes(entry.bytes):>9}  used {used}  "
+              f"{entry.status}  {entry.model}\n")
+  out.write(f"{_entries(len(found))}, "
+            f"{_megabytes(sum(e.bytes for e in found))}\n")
+  return 0
+
+
+def _entries(count: int) -> str:
+  return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
+def _megabytes(size: int) -> str:
+  return f"{size / (1 << 20):.1f} MB"
 
 
 class _NotServed(Exception):
@@ -371,6 +413,8 @@ def _generate_fast(rows, seed, decoding) -> bool:
   except OSError as e:
     raise _NotServed(f"cannot read the model file ({common.reason(e)})"
                      ) from None
+  except ValueError as e:  # A folder too large to hash on every run.
+    raise _NotServed(str(e)) from None
   try:
     flatbuffer, manifest = compiled_cache.lookup(key)
   except compiled_cache.Miss as e:
