@@ -2,8 +2,8 @@
 destination that replaces it only once it is complete.
 
 Every writer of the library uses `staged_path` (the model file, the tuning
-cache, the LiteRT export); `cli/common.py` wraps it with one-line errors that
-name the flag.
+cache, the compiled-artifact cache, the SavedModel, LiteRT and web exports);
+`cli/common.py` wraps it with one-line errors that name the flag.
 """
 
 import contextlib

@@ -313,6 +313,7 @@ def test_pickles_are_read_with_a_bounded_read(tmp_path, monkeypatch, member):
   real = os.path.getsize
   monkeypatch.setattr(os.path, "getsize", lambda p: 0 if os.fspath(p).endswith(
       member) else real(p))
-  with pytest.raises(ValueError, match=f"more than {limit} bytes") as info:
+  with pytest.raises(ValueError, match=f"{member}: more than {limit} bytes"
+                     ) as info:
     convert.describe(directory)
   assert "\n" not in str(info.value)

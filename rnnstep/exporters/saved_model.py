@@ -472,11 +472,17 @@ def export_saved_model(model, export_dir, *, jit_compile=False,
   Raises:
     ValueError: export_dir exists and is not empty, or a bad pattern
       (`errors.ArgumentError`).
+    OSError: the folder cannot be written; nothing is left.
   """
   export_dir = os.fspath(export_dir)
   staging.require_new_directory(export_dir, "choose a new --output")
   module = ServingModule(model, jit_compile=jit_compile, regex=regex)
-  with tempfile.TemporaryDirectory(prefix="rnnstep_assets_") as assets:
+  os.makedirs(os.path.dirname(os.path.abspath(export_dir)), exist_ok=True)
+  # Staged: written to a temp sibling renamed into place whole, so a server
+  # polling the parent (TF Serving's model base path) never loads a version
+  # being written, and a failed export leaves nothing.
+  with tempfile.TemporaryDirectory(prefix="rnnstep_assets_") as assets, \
+      staging.staged_path(export_dir, directory=True) as staged:
     patterns = os.path.join(assets, PATTERNS_ASSET)
     with open(patterns, "w", encoding="utf-8") as f:
       json.dump(list(module.patterns), f, ensure_ascii=False, indent=0)
@@ -486,6 +492,6 @@ def export_saved_model(model, export_dir, *, jit_compile=False,
       module.tokens_file = tf.saved_model.Asset(files[TOKENS_ASSET])
       if TOKENIZER_ASSET in files:
         module.tokenizer_file = tf.saved_model.Asset(files[TOKENIZER_ASSET])
-    tf.saved_model.save(module, export_dir,
+    tf.saved_model.save(module, staged,
                         signatures=module.served_signatures())
   return export_dir
