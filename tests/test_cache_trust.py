@@ -237,6 +237,30 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
   assert not miss.value.rebuild
 
 
+def test_verbose_names_a_recorded_failure_and_nothing_is_rebuilt(
+    cache, weights, monkeypatch):
+  """What rnnstep-generate does with a recorded failure, decided before
+  TensorFlow would load: the TensorFlow path, the reason, no new child."""
+  from rnnstep.cli import generate  # pylint: disable=g-import-not-at-top
+  pytest.importorskip("ai_edge_litert")
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  compiled_cache.ensure_directory()
+  compiled_cache.write_entry(the_key, failed="RuntimeError: converter crashed")
+  generate.FLAGS.unparse_flags()
+  generate.FLAGS(["rnnstep-generate", f"--weights={weights}", "--seed=1",
+                  "--num_steps=5"])
+  try:
+    decoding = {option.name: generate._option_value(option, 1, 1)  # pylint: disable=protected-access
+                for option in generate.options_lib.OPTIONS}
+    with pytest.raises(generate._NotServed) as why:  # pylint: disable=protected-access
+      generate._generate_fast([(0, 0, "ROMEO:")], 1, decoding)  # pylint: disable=protected-access
+  finally:
+    generate.FLAGS.unparse_flags()
+  assert "export failed (RuntimeError: converter crashed)" in str(why.value)
+  assert why.value.fill_key is None
+
+
 def test_cache_info_lists_and_clear_removes(cache):
   plant(fake_key(1), size=3000)
   plant(fake_key(2), size=5000)

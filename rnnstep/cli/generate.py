@@ -53,7 +53,10 @@ look-back and min-p/typical-p filters; one --temperature/--top_k/--top_p for
 all rows; float32; up to 40,000 characters x rows) run it with the
 ai_edge_litert interpreter instead, in a fraction of a second and with the
 same text. --verbose says which path ran and why; --nocache turns the cache
-off.
+off. The cache is keyed on every file the model is read from, the TensorFlow,
+rnnstep and ai_edge_litert versions and the CPU, holds at most
+$RNNSTEP_CACHE_MAX_MB (default 512) MB, least recently used entries removed
+first; --cache_info lists it, --cache_clear empties it.
 
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
 1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C,
