@@ -173,6 +173,41 @@ def test_one_changed_byte_of_rnnstep_s_sources_misses(tmp_path):
   assert compiled_cache.sources_digest(str(root)) != before
 
 
+def test_a_remembered_digest_still_sees_one_changed_byte(cache, weights,
+                                                        monkeypatch):
+  """Digests are remembered by the file's stat (a warm run does not re-hash
+  unchanged files); a write changes the ctime, which `touch -r` cannot set
+  back, so a changed byte with its old mtime restored still misses."""
+  compiled_cache.ensure_directory()
+  # The file was just written (and its ctime cannot be set back): remember
+  # it all the same, as if the racy window were over.
+  monkeypatch.setattr(compiled_cache, "_RACY_SECONDS", -1.0)
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(weights, runtime)
+  with open(os.path.join(compiled_cache.directory(),
+                         compiled_cache.DIGESTS_FILE), encoding="utf-8") as f:
+    assert os.path.abspath(weights) in json.load(f)
+  old = os.stat(weights)
+  flip_a_byte(weights, os.path.getsize(weights) // 3)
+  os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns))
+  assert compiled_cache.key(weights, runtime) != before
+
+
+def test_a_digests_file_others_can_write_is_ignored(cache, weights):
+  folder = compiled_cache.ensure_directory()
+  st = os.stat(weights)
+  stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+  path = os.path.join(folder, compiled_cache.DIGESTS_FILE)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({os.path.abspath(weights): [stamp, "0" * 64]}, f)
+  os.chmod(path, 0o600)
+  assert compiled_cache.model_digest(weights, compiled_cache._Digests()) == [  # pylint: disable=protected-access
+      ["", "0" * 64]]  # Trusted, so used: the check below means something.
+  os.chmod(path, 0o666)
+  assert compiled_cache.model_digest(weights, compiled_cache._Digests()) == [  # pylint: disable=protected-access
+      ["", compiled_cache.file_sha256(weights)]]
+
+
 # ------------------------------------------------------- bounded and clean
 
 
@@ -209,7 +244,8 @@ def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
   monkeypatch.setattr(compiled_cache, "_export",
                       lambda path: (b"flatbuffer", ["a"], None), raising=False)
   assert compiled_cache.fill(weights, the_key) == "built"
-  assert sorted(os.listdir(os.path.dirname(base))) == [
+  assert sorted(set(os.listdir(os.path.dirname(base))) - {
+      compiled_cache.DIGESTS_FILE}) == [
       os.path.basename(base) + ".json", os.path.basename(base) + ".tflite"]
   stale = compiled_cache.entry_base(fake_key(9)) + ".lock"
   with open(stale, "w"):
@@ -386,6 +422,6 @@ def test_two_children_filling_one_entry_leave_one_good_entry(cache, weights):
   flatbuffer, manifest = compiled_cache.lookup(the_key)
   assert len(flatbuffer) == manifest["tflite_bytes"]
   name = compiled_cache.entry_name(the_key)
-  assert sorted(os.listdir(os.path.dirname(
-      compiled_cache.entry_base(the_key)))) == [f"{name}.json",
-                                                f"{name}.tflite"]
+  assert sorted(set(os.listdir(os.path.dirname(
+      compiled_cache.entry_base(the_key)))) - {compiled_cache.DIGESTS_FILE}
+                ) == [f"{name}.json", f"{name}.tflite"]
