@@ -533,13 +533,13 @@ def fill(model_path: str, the_key: dict) -> str:
       fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       return "another process is building this entry"
+    if _replaced(lock, base + ".lock"):  # Its builder finished meanwhile.
+      return "another process is building this entry"
     try:
-      if _replaced(lock, base + ".lock"):  # Its builder finished meanwhile.
-        return "another process is building this entry"
       return _fill_locked(model_path, the_key, base)
     finally:
       with contextlib.suppress(OSError):
-        os.unlink(base + ".lock")  # Still held: a waiter opened no other.
+        os.unlink(base + ".lock")  # Still ours and held: removed whole.
 
 
 def _replaced(lock, path: str) -> bool:
