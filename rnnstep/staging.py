@@ -2,8 +2,8 @@
 destination that replaces it only once it is complete.
 
 Every writer of the library uses `staged_path` (the model file, the tuning
-cache, the LiteRT export); `cli/common.py` wraps it with one-line errors that
-name the flag.
+cache, the compiled-artifact cache, the SavedModel, LiteRT and web exports);
+`cli/common.py` wraps it with one-line errors that name the flag.
 """
 
 import contextlib
@@ -28,18 +28,19 @@ def require_new_directory(path, advice: str = "choose a new one") -> str:
 
 
 @contextlib.contextmanager
-def staged_path(path, *, directory: bool = False, prefix=None):
+def staged_path(path, *, directory: bool = False, prefix=None, mode=None):
   """Yields a new temp file (or empty directory) that becomes `path` on success.
 
   The temp `.NAME.XXXXXXXX.tmp` (or `PREFIX...tmp`) is created in `path`'s
-  directory, so the rename is atomic. On success it gets the mode `open(path,
-  'w')` (or `os.mkdir(path)`) would give and replaces `path`. On any failure,
-  Ctrl-C or SIGTERM it is removed.
+  directory, so the rename is atomic. On success it gets `mode`, else the
+  mode `open(path, 'w')` (or `os.mkdir(path)`) would give, and replaces
+  `path`. On any failure, Ctrl-C or SIGTERM it is removed.
 
   Args:
     path: the destination.
     directory: stage a directory instead of a file.
     prefix: the temp name's prefix (default: `.NAME.`).
+    mode: the permission bits to give it (default: see above).
 
   Raises:
     OSError: the temp cannot be created, or the rename fails.
@@ -54,7 +55,7 @@ def staged_path(path, *, directory: bool = False, prefix=None):
     os.close(fd)
   try:
     yield tmp
-    os.chmod(tmp, new_mode(target, directory))
+    os.chmod(tmp, new_mode(target, directory) if mode is None else mode)
     os.replace(tmp, target)
   except BaseException:
     with contextlib.suppress(OSError):

@@ -250,3 +250,70 @@ def test_convert_cli_writes_a_model_without_a_vocabulary_flag(tmp_path):
   model, ref = rnnstep.load(output), _reference("rnn")
   logits = rnnstep.logits(model, model.encode(ref["logits_text"]))[0]
   assert np.abs(logits - ref["logits"]).max() < TOLERANCE
+
+
+def _rescaled(directory, factor):
+  """Rewrites `directory`'s model.ckpt-599 with every tensor times `factor`
+  (the original folder training on after it was copied)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  prefix = str(directory / "model.ckpt-599")
+  reader = tf.train.load_checkpoint(prefix)
+  names = sorted(reader.get_variable_to_shape_map())
+  tensors = [reader.get_tensor(n) for n in names]
+  for old in directory.glob("model.ckpt-599.*"):
+    old.unlink()
+  tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                    shape_and_slices=[""] * len(names),
+                    tensors=[t * factor if t.dtype.kind == "f" else t
+                             for t in tensors])
+
+
+def _same_tensors(a, b):
+  return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_named_folder_s_checkpoint_wins_over_a_recorded_path(tmp_path):
+  """A copy whose `checkpoint` records the original's absolute path (TF1's
+  Saver writes one when --save_dir was absolute) reads its own weights, not
+  the original's newer ones beside the copy's config and vocabulary."""
+  original = _copy(tmp_path)
+  copy = tmp_path / "copy"
+  shutil.copytree(original, copy)
+  (copy / "checkpoint").write_text(
+      f'model_checkpoint_path: "{original}/model.ckpt-599"\n')
+  _rescaled(original, 2.0)
+  assert _same_tensors(rnnstep.load(copy).tensors(), _model("gru").tensors())
+  assert not _same_tensors(rnnstep.load(original).tensors(),
+                           _model("gru").tensors())
+
+
+def test_a_recorded_path_outside_is_followed_only_where_the_folder_lacks_it(
+    tmp_path):
+  original = _copy(tmp_path)
+  copy = tmp_path / "copy"
+  shutil.copytree(original, copy)
+  for weights in copy.glob("model.ckpt-599.*"):
+    weights.unlink()
+  (copy / "checkpoint").write_text(
+      f'model_checkpoint_path: "{original}/model.ckpt-599"\n')
+  summary = convert.describe(copy)
+  assert f"model.ckpt-599 in {original}" in summary.format or any(
+      str(original) in note for note in summary.notes), summary
+  assert _same_tensors(rnnstep.load(copy).tensors(), _model("gru").tensors())
+
+
+@pytest.mark.parametrize("member", ["config.pkl", "chars_vocab.pkl"])
+def test_pickles_are_read_with_a_bounded_read(tmp_path, monkeypatch, member):
+  """The size check is the read itself, not a `getsize` before it (a file
+  that grows in between, or a special file whose size says 0)."""
+  from rnnstep.convert import tf1_charrnn  # pylint: disable=g-import-not-at-top
+  directory = _copy(tmp_path)
+  limit = os.path.getsize(directory / member) - 1
+  monkeypatch.setattr(tf1_charrnn, "MAX_PICKLE_BYTES", limit)
+  real = os.path.getsize
+  monkeypatch.setattr(os.path, "getsize", lambda p: 0 if os.fspath(p).endswith(
+      member) else real(p))
+  with pytest.raises(ValueError, match=f"{member}: more than {limit} bytes"
+                     ) as info:
+    convert.describe(directory)
+  assert "\n" not in str(info.value)

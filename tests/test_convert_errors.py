@@ -459,3 +459,19 @@ def test_fuzzed_checkpoint_index_is_refused_in_one_line(tmp_path, index):
     with pytest.raises(ValueError, match="not a readable TF checkpoint") as info:
       read(tmp_path / "ckpt_1")
     assert "\n" not in str(info.value)
+
+
+def test_a_vocabulary_json_is_read_with_a_bounded_read(tmp_path, monkeypatch):
+  """A JSON sidecar longer than the limit is refused by the read itself,
+  whatever `getsize` said before it (a file that grew, a special file):
+  a prefix of it is never parsed as if it were the whole."""
+  from rnnstep.convert import vocabulary  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "vocab.json"
+  path.write_text('["a", "b"]' + " " * 200)
+  monkeypatch.setattr(vocabulary, "MAX_VOCAB_FILE_BYTES", 100)
+  real = os.path.getsize
+  monkeypatch.setattr(os.path, "getsize", lambda p: 0 if os.fspath(p) == str(
+      path) else real(p))
+  with pytest.raises(ValueError, match="more than 100 bytes") as info:
+    vocabulary.load_vocab_json(path)
+  assert "\n" not in str(info.value)

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tests.support import keras_reference as kr
 from tests.support import reference_models
+from tests.support import cli as cli_support
 from tests.support.cli import run_script
 
 import rnnstep
@@ -290,3 +291,31 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+def test_the_export_is_staged_and_a_failure_leaves_nothing(tmp_path,
+                                                           monkeypatch):
+  """tf.saved_model.save writes into a temp sibling that is renamed into
+  place: a server polling `served/` never sees a half-written `1`, and a
+  failed export leaves no folder (which the next export would refuse)."""
+  path = str(tmp_path / "m.npz")
+  cli_support.write_model(path, seed=1)
+  model = rnnstep.load(path)
+  target = tmp_path / "served" / "1"
+  seen = []
+
+  def half_written(module, export_dir, **kwargs):
+    del module, kwargs
+    seen.append((os.fspath(export_dir), target.exists()))
+    os.makedirs(export_dir, exist_ok=True)
+    with open(os.path.join(export_dir, "saved_model.pb"), "wb") as f:
+      f.write(b"half")
+    raise RuntimeError("disk full")
+  monkeypatch.setattr(tf.saved_model, "save", half_written)
+  with pytest.raises(RuntimeError, match="disk full"):
+    rnnstep.export(model, target)
+  [(written, target_existed)] = seen
+  assert not target_existed
+  assert os.path.dirname(written) == str(target.parent) != written
+  assert not target.exists()
+  assert os.listdir(target.parent) == []

@@ -7,76 +7,121 @@ and TF's teardown. The loop it runs can also be a LiteRT flatbuffer
 call, the library's text for the same seed), which the `ai_edge_litert`
 interpreter runs from a process that imports only numpy: ~0.3-0.5 s in all.
 
-So the command keeps one exported flatbuffer per model file here, and a run
-whose request the flatbuffer serves (`servable` in cli/generate.py) runs it
-instead of TensorFlow. A run that finds no valid entry generates on the
-TensorFlow path as before and, once its text is written, starts a detached
-child (`python -m rnnstep.cli.compiled_cache`, `spawn_fill`) that builds the
-entry for the next run; the user's command does not wait for it.
+So the command keeps one exported flatbuffer per model here, and a run
+whose request the flatbuffer serves (`_request_refusal` in cli/generate.py)
+runs it instead of TensorFlow. A run that finds no valid entry generates on
+the TensorFlow path as before and, once its text is written, starts a
+detached child (`rnnstep.cli.cache_fill`, `spawn_fill`) that builds the
+entry for the next run; the user's command does not wait for it. The
+flatbuffer is run by `rnnstep.exporters.litert_runner`.
 
 Entries live in `<cache dir>/litert/` (the tuning cache's directory:
-$RNNSTEP_CACHE_DIR, else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep), one
-per key, named by the key's sha256:
+$RNNSTEP_CACHE_DIR, else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep;
+both folders made 0700), one per key, named by the key's sha256:
 
   NAME.tflite   the flatbuffer
   NAME.json     the manifest: the full key, the flatbuffer's sha256 and size,
                 the vocabulary (and a token model's kind and rules,
                 `Tokens.to_json`, so that a warm run tokenizes and decodes
                 as the library does); or, for a model the export refuses (a
-                model recording a window), {"unsupported": reason}
-  NAME.lock     held (flock) by the child that builds the entry
+                model recording a window), {"unsupported": reason}; or, for
+                an export that failed, {"failed": reason}. Neither is
+                retried until the key changes (`--cache_clear` forgets them).
+  NAME.lock     held (flock) by the child that builds the entry, removed by
+                it when done
 
 The key (`key`) is everything the artifact's bytes or validity depend on:
-the model file's sha256, rnnstep's version and a digest of its sources
-(outside cli/: a changed loop or sampler is a different artifact even before
-a release), the runtime (ai_edge_litert's version), the CPU (model name and
-the features of `cpu.FEATURES`) and the export's options. Another version,
-CPU or model file names another entry, and an entry whose manifest holds
-another key is not used.
+the sha256 of every file the loader reads (`model_files`: a folder's every
+file, e.g. a char-rnn-tensorflow save folder's config.pkl, chars_vocab.pkl,
+`checkpoint` and weights), the TensorFlow version (its converter writes the
+bytes), rnnstep's version and a digest of its sources (outside cli/: a
+changed loop or sampler is a different artifact even before a release), the
+runtime (ai_edge_litert's version), the CPU (model name and the features of
+`cpu.FEATURES`) and the export's options. Another version, CPU or model
+names another entry, and an entry whose manifest holds another key is not
+used.
 
-Nothing here is trusted: `lookup` reads the manifest (JSON only, size-capped),
-checks its key, reads the flatbuffer and checks its sha256 against the
-manifest before the interpreter sees a byte; anything missing, corrupt or
-stale is a miss, and the next cold run rebuilds it. Writes are atomic
-(`staging.staged_path`: temp file + os.replace), flatbuffer first and manifest
-last, so a reader never sees a manifest whose artifact is not complete; two
-children filling one entry are serialised by the lock (the second one exits),
-and the export is reproducible (the same bytes from a fresh process), so even
-last-writer-wins would leave identical content.
+The cache is bounded: after each fill, entries are removed least recently
+used first (a warm run's lookup touches its manifest) until they hold at
+most $RNNSTEP_CACHE_MAX_MB (default `DEFAULT_MAX_MB`); locks and temp files
+left by killed children are removed too. `rnnstep-generate --cache_info`
+lists the entries, `--cache_clear` removes them.
+
+Nothing here is trusted: `lookup` ignores an entry (and the folder) owned by
+another user or writable by group or others (on a shared $RNNSTEP_CACHE_DIR
+anyone could otherwise plant an artifact: the manifest's sha256 proves
+integrity, not origin), reads the manifest (JSON only, size-capped), checks
+its key, reads the flatbuffer and checks its sha256 against the manifest
+before the interpreter sees a byte; anything missing, corrupt or stale is a
+miss, and the next cold run rebuilds it. Writes are atomic
+(`staging.staged_path`: temp file + os.replace, mode 0600), flatbuffer first
+and manifest last, so a reader never sees a manifest whose artifact is not
+complete; two children filling one entry are serialised by the lock (the
+second one exits), and the export is reproducible (the same bytes from a
+fresh process), so even last-writer-wins would leave identical content. The
+child runs isolated (`python -I`, its working directory the cache folder,
+its sys.path the parent's less the working directory), so a stray
+`numpy.py` where the user ran the command is not imported.
 
 This module imports neither TensorFlow nor the interpreter at module level:
-the fast path (`run_artifact`) imports `ai_edge_litert` and numpy only
-(and, for a token model, `rnnstep.model.vocabulary`, which imports no
-TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow to
-export.
+the fast path (`litert_runner.run_artifact`) imports `ai_edge_litert` and
+numpy only (and, for a token model, `rnnstep.model.vocabulary`, which imports
+no TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow
+to export.
 """
 
+import collections
 import contextlib
 import hashlib
-import importlib.metadata
 import json
 import os
-import subprocess
+import re
 import sys
-from typing import Optional, Tuple
+import time
+from typing import List, Optional, Tuple
 
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
+from rnnstep.exporters import litert_runner
 import rnnstep
 from rnnstep import staging
 
 FORMAT = "rnnstep-litert-cache"
-VERSION = 1
+# 2: the key names every file the loader reads and the TensorFlow version.
+VERSION = 2
 SUBDIR = "litert"
-# The export's options: what `exporters.litert.convert` is asked for. A change
-# to the export (its signature, its dtype) changes this, and so every key.
-EXPORT_OPTIONS = {"exporter": "litert", "signature": "generate",
-                  "dtype": "float32", "inputs": ["prompt_ids", "prompt_lengths",
-                                                 "num_steps", "temperature",
-                                                 "top_k", "top_p", "seed"]}
 RUNTIME_DISTRIBUTION = "ai-edge-litert"
 MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
+# The cap on the entries' total size, in MB, unless $RNNSTEP_CACHE_MAX_MB says
+# otherwise: ~64 artifacts of the bundled model's size (7.6 MB).
+DEFAULT_MAX_MB = 512
+MAX_MB_ENV = "RNNSTEP_CACHE_MAX_MB"
+# A model folder with more files or bytes than this is not cached (hashing it
+# would cost each warm run more than it saves).
+MAX_MODEL_FILES = 1000
+MAX_MODEL_BYTES = 4 << 30
+# The files textgenrnn saves beside `<name>_weights.hdf5`, which the converter
+# reads (`convert.textgenrnn.vocab_beside`, its `_config.json`).
+TEXTGENRNN_WEIGHTS = "_weights.hdf5"
+TEXTGENRNN_SIDECARS = ("_vocab.json", "_config.json")
+# A TF checkpoint's files (`convert.tf_checkpoint.is_checkpoint_file`).
+_CHECKPOINT_FILE = re.compile(r"\.index$|\.data-\d+-of-\d+$")
+# An entry's files: the key's sha256 (40 hex digits) and a suffix.
+_ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|lock)$")
+# Temp files older than this are left by a killed writer.
+_STALE_TEMP_SECONDS = 3600
 _CHUNK = 1 << 20
+DIGESTS_FILE = "digests.json"
+MAX_DIGESTS = 2000
+# A file changed less than this before its digest was taken may change again
+# within the same timestamp tick: its digest is not remembered ("racy git").
+_RACY_SECONDS = 2.0
+# The child's program: the parent's sys.path (less its working directory)
+# first, then the fill. `-I` ignores PYTHON* variables and the user's site,
+# and, with -c, adds no script folder (3.11+; before, '': the cache folder).
+_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+          "from rnnstep.cli import cache_fill; "
+          "sys.exit(cache_fill.main(sys.argv))")
 
 
 class Miss(Exception):
@@ -84,7 +129,7 @@ class Miss(Exception):
 
   Attributes:
     rebuild: whether building the entry would help (False when the export
-      refuses this model, as its manifest records).
+      refuses this model or failed, as its manifest records).
   """
 
   def __init__(self, reason: str, rebuild: bool = True):
@@ -100,9 +145,82 @@ def file_sha256(path) -> str:
   return digest.hexdigest()
 
 
-def sources_digest() -> str:
-  """sha256 over rnnstep's own sources outside cli/ (the export's code)."""
-  root = os.path.dirname(os.path.abspath(rnnstep.__file__))
+def model_files(model_path: str) -> List[Tuple[str, str]]:
+  """(name in the key, path) of every file the loader reads for `model_path`.
+
+  Found by name, without importing the converters (which import
+  TensorFlow):
+    - a folder (a char-rnn-tensorflow save folder, a TF checkpoint folder, an
+      unzipped .keras): every file in it, by its path inside;
+    - a TF checkpoint prefix or one of its files: every file in its folder
+      (the checkpoint's shards, the `checkpoint` file, a char-rnn-tensorflow
+      folder's config.pkl and chars_vocab.pkl);
+    - textgenrnn's `<name>_weights.hdf5`: it, and `<name>_vocab.json` and
+      `<name>_config.json` where they exist;
+    - any other file: itself, named "" (so a copy keys as the original).
+
+  Raises:
+    OSError: `model_path` or a file of it cannot be read.
+    ValueError: a folder with more than MAX_MODEL_FILES files or
+      MAX_MODEL_BYTES bytes.
+  """
+  path = os.path.abspath(model_path)
+  if os.path.isdir(path):
+    return _folder_files(path)
+  directory, name = os.path.split(path)
+  if _CHECKPOINT_FILE.search(name) or (not os.path.exists(path) and
+                                       os.path.isfile(path + ".index")):
+    return [(f"{name}:", path)] + _folder_files(directory, recursive=False)
+  files = [("", path)]
+  if name.endswith(TEXTGENRNN_WEIGHTS):
+    stem = name[:-len(TEXTGENRNN_WEIGHTS)]
+    files += [(suffix, os.path.join(directory, stem + suffix))
+              for suffix in TEXTGENRNN_SIDECARS
+              if os.path.isfile(os.path.join(directory, stem + suffix))]
+  return files
+
+
+def _folder_files(folder: str, recursive: bool = True
+                  ) -> List[Tuple[str, str]]:
+  """Every regular file under `folder` (or only in it), not into linked
+  folders, sorted; raises ValueError past the limits of `model_files`."""
+  found = []
+  total = 0
+  for directory, subdirs, files in os.walk(folder):
+    subdirs[:] = sorted(subdirs) if recursive else []
+    for name in sorted(files):
+      path = os.path.join(directory, name)
+      if not os.path.isfile(path):
+        continue
+      total += os.path.getsize(path)
+      found.append((os.path.relpath(path, folder).replace(os.sep, "/"), path))
+      if len(found) > MAX_MODEL_FILES or total > MAX_MODEL_BYTES:
+        raise ValueError(f"{folder} holds more than {MAX_MODEL_FILES} files "
+                         f"or {MAX_MODEL_BYTES >> 30} GB: not cached")
+  return found
+
+
+def model_digest(model_path: str, digests=None) -> list:
+  """[[name, sha256], ...] of `model_files(model_path)`; a prefix's entry
+  (the checkpoint named) has no sha256. Raises as `model_files`.
+
+  Args:
+    model_path: as `model_files`'.
+    digests: a `_Digests` that remembers files' digests, or None.
+  """
+  sha256 = digests.sha256 if digests else file_sha256
+  return [[name, "" if name.endswith(":") else sha256(path)]
+          for name, path in model_files(model_path)]
+
+
+def sources_digest(root: Optional[str] = None, digests=None) -> str:
+  """sha256 over rnnstep's own sources outside cli/ (the export's code).
+
+  Args:
+    root: the package folder; default: the rnnstep imported.
+    digests: a `_Digests` that remembers files' digests, or None.
+  """
+  root = root or os.path.dirname(os.path.abspath(rnnstep.__file__))
   digest = hashlib.sha256()
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs
@@ -110,28 +228,34 @@ def sources_digest() -> str:
     for name in sorted(f for f in files if f.endswith(".py")):
       path = os.path.join(directory, name)
       digest.update(os.path.relpath(path, root).encode() + b"\0")
-      with open(path, "rb") as f:
-        digest.update(hashlib.sha256(f.read()).digest())
+      digest.update(bytes.fromhex(digests.sha256(path) if digests
+                                  else file_sha256(path)))
   return digest.hexdigest()
 
 
 def runtime_version() -> Optional[str]:
   """ai_edge_litert's version, or None when it is not installed."""
-  try:
-    return importlib.metadata.version(RUNTIME_DISTRIBUTION)
-  except importlib.metadata.PackageNotFoundError:
-    return None
+  return tuning_cache.installed_version(RUNTIME_DISTRIBUTION)
 
 
 def key(model_path: str, runtime: str) -> dict:
-  """The cache key of the artifact for the model file at `model_path`."""
+  """The cache key of the artifact for the model at `model_path`.
+
+  Raises:
+    OSError, ValueError: as `model_files`.
+  """
   this = cpu.info()
-  return {"format": FORMAT, "version": VERSION,
-          "model_sha256": file_sha256(model_path),
-          "rnnstep": rnnstep.__version__, "rnnstep_sources": sources_digest(),
-          "runtime": f"{RUNTIME_DISTRIBUTION} {runtime}",
-          "cpu": this.name, "cpu_flags": list(this.features),
-          "export": EXPORT_OPTIONS}
+  digests = _Digests()
+  the_key = {"format": FORMAT, "version": VERSION,
+             "model": model_digest(model_path, digests),
+             "tensorflow": tuning_cache.installed_tensorflow_version(),
+             "rnnstep": rnnstep.__version__,
+             "rnnstep_sources": sources_digest(digests=digests),
+             "runtime": f"{RUNTIME_DISTRIBUTION} {runtime}",
+             "cpu": this.name, "cpu_flags": list(this.features),
+             "export": litert_runner.EXPORT_OPTIONS}
+  digests.save()
+  return the_key
 
 
 def entry_name(the_key: dict) -> str:
@@ -139,16 +263,78 @@ def entry_name(the_key: dict) -> str:
   return hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
 
 
+def directory() -> str:
+  """The folder holding the entries."""
+  return os.path.join(tuning_cache.cache_dir(), SUBDIR)
+
+
 def entry_base(the_key: dict) -> str:
   """The entry's path without its suffix (.tflite, .json, .lock)."""
-  return os.path.join(tuning_cache.cache_dir(), SUBDIR, entry_name(the_key))
+  return os.path.join(directory(), entry_name(the_key))
+
+
+def ensure_directory() -> str:
+  """Makes the cache folder and its `litert/`, each 0700; returns the latter.
+
+  Raises:
+    OSError: it cannot be made.
+  """
+  inner = directory()
+  outer = os.path.dirname(inner)
+  os.makedirs(os.path.dirname(outer) or ".", exist_ok=True)
+  for folder in (outer, inner):
+    with contextlib.suppress(FileExistsError):
+      os.mkdir(folder, 0o700)
+  return inner
+
+
+def _user() -> int:
+  """The user whose entries are trusted: the one running."""
+  return os.getuid()
+
+
+def _check_trusted(st: os.stat_result, what: str):
+  """Raises Miss unless `st` is the running user's and not writable by
+  group or others (POSIX only: elsewhere, where `fill` cannot lock, no entry
+  is written)."""
+  if os.name != "posix":
+    return
+  if st.st_uid != _user():
+    raise Miss(f"{what} is owned by another user (uid {st.st_uid}): not "
+               "trusted")
+  if st.st_mode & 0o022:
+    raise Miss(f"{what} is writable by others (mode "
+               f"{oct(st.st_mode & 0o777)}): not trusted")
+
+
+def _check_directory(folder: str):
+  try:
+    st = os.stat(folder)
+  except FileNotFoundError:
+    raise Miss("no compiled artifact for this model yet") from None
+  except OSError as e:
+    raise Miss(f"cache folder unreadable ({e.strerror or e})") from None
+  _check_trusted(st, f"the cache folder {folder}")
+
+
+def _read_trusted(path: str, limit: int, what: str) -> bytes:
+  """At most `limit` + 1 bytes of `path`, once its owner and mode pass.
+
+  Raises:
+    FileNotFoundError: no such file.
+    OSError: unreadable.
+    Miss: not trusted.
+  """
+  with open(path, "rb") as f:
+    _check_trusted(os.fstat(f.fileno()), what)
+    return f.read(limit + 1)
 
 
 def read_manifest(base: str, the_key: dict) -> dict:
   """The entry's manifest, checked against `the_key`; raises Miss."""
   try:
-    with open(base + ".json", "rb") as f:
-      raw = f.read(MAX_MANIFEST_BYTES + 1)
+    raw = _read_trusted(base + ".json", MAX_MANIFEST_BYTES,
+                        "the cache manifest")
   except FileNotFoundError:
     raise Miss("no compiled artifact for this model yet") from None
   except OSError as e:
@@ -164,6 +350,10 @@ def read_manifest(base: str, the_key: dict) -> dict:
   if "unsupported" in manifest:
     raise Miss(f"the compiled artifact cannot serve this model: "
                f"{manifest['unsupported']}", rebuild=False)
+  if "failed" in manifest:
+    raise Miss(f"the compiled artifact's export failed ({manifest['failed']})"
+               "; not retried until the model, rnnstep, TensorFlow or the "
+               "runtime changes (--cache_clear retries)", rebuild=False)
   vocab = manifest.get("vocab")
   if (not isinstance(manifest.get("tflite_sha256"), str)
       or not isinstance(manifest.get("tflite_bytes"), int)
@@ -172,6 +362,58 @@ def read_manifest(base: str, the_key: dict) -> dict:
       or not isinstance(manifest.get("tokens"), (str, type(None)))):
     raise Miss("cache manifest corrupt")
   return manifest
+
+
+class _Digests:
+  """sha256 of files, remembered by their stat in `litert/digests.json`.
+
+  A warm run keys on ~75 source files and the model's files: reading and
+  hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3. A
+  remembered digest is used only while the file's size, mtime, ctime,
+  inode and device are those it was taken with; a write changes the ctime
+  (which no user call can set back), and a file modified within
+  `_RACY_SECONDS` of hashing is not remembered, so one changed byte is
+  always seen. The file is trusted as an entry is (owner, mode) and written
+  atomically; a lost update only costs a re-hash.
+  """
+
+  def __init__(self):
+    self.path = os.path.join(directory(), DIGESTS_FILE)
+    self.known = {}
+    self.added = {}
+    with contextlib.suppress(OSError, ValueError, Miss):
+      raw = _read_trusted(self.path, MAX_MANIFEST_BYTES, "the digests file")
+      data = json.loads(raw.decode("utf-8"))
+      if isinstance(data, dict):
+        self.known = data
+
+  def sha256(self, path: str) -> str:
+    st = os.stat(path)
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    found = self.known.get(path)
+    if (isinstance(found, list) and len(found) == 2 and found[0] == stamp
+        and isinstance(found[1], str)):
+      return found[1]
+    digest = file_sha256(path)
+    newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
+    if time.time() - newest > _RACY_SECONDS:
+      self.added[path] = [stamp, digest]
+    return digest
+
+  def save(self):
+    """Writes the digests learnt, where the cache folder exists and is
+    trusted; errors are ignored."""
+    if not self.added:
+      return
+    with contextlib.suppress(OSError, Miss):
+      _check_directory(os.path.dirname(self.path))
+      merged = dict(self.known)
+      merged.update(self.added)
+      kept = list(merged.items())[-MAX_DIGESTS:]
+      with staging.staged_path(self.path, mode=0o600) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+          json.dump(dict(kept), f)
+      self.known, self.added = dict(kept), {}
 
 
 def tokens_of(manifest: dict):
@@ -198,143 +440,290 @@ def enabled() -> bool:
 
 
 def lookup(the_key: dict) -> Tuple[bytes, dict]:
-  """(flatbuffer bytes, manifest) of a valid entry; raises Miss."""
+  """(flatbuffer bytes, manifest) of a valid entry; raises Miss.
+
+  A hit marks the entry used (its manifest's mtime), for the cap's LRU.
+  """
   base = entry_base(the_key)
+  _check_directory(os.path.dirname(base))
   manifest = read_manifest(base, the_key)
   try:
-    with open(base + ".tflite", "rb") as f:
-      flatbuffer = f.read(manifest["tflite_bytes"] + 1)
+    flatbuffer = _read_trusted(base + ".tflite", manifest["tflite_bytes"],
+                               "the compiled artifact")
   except OSError as e:
     raise Miss(f"compiled artifact unreadable ({e.strerror or e})") from None
   if (len(flatbuffer) != manifest["tflite_bytes"]
       or hashlib.sha256(flatbuffer).hexdigest() != manifest["tflite_sha256"]):
     raise Miss("compiled artifact does not match its manifest's sha256 "
                "(corrupt or truncated)")
+  with contextlib.suppress(OSError):
+    os.utime(base + ".json")
   return flatbuffer, manifest
 
 
-def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
-                 temperature: float, top_k: int, top_p: float, seed: int,
-                 tokens=None):
-  """The continuations of `prompts` from the flatbuffer's `generate`.
-
-  Args:
-    flatbuffer, vocab, prompts, num_steps, temperature, top_k, top_p, seed:
-      the artifact, its vocabulary and the request.
-    tokens: a token model's `vocabulary.Tokens` (`tokens_of`), which
-      encodes the prompts and decodes the ids as the library does; None for
-      a character model.
-
-  Raises:
-    KeyError: a prompt character outside `vocab` (the caller checks first).
-    ValueError: a prompt a token model cannot encode.
-    ImportError: no ai_edge_litert.
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  # pylint: disable-next=g-import-not-at-top
-  from ai_edge_litert import interpreter as interpreter_lib
-  if tokens is not None:
-    encoded = [tokens.encode(prompt).tolist() for prompt in prompts]
-    if not all(encoded):
-      raise ValueError("a prompt gives no tokens")
-  else:
-    char_to_id = {c: i for i, c in enumerate(vocab)}
-    encoded = [[char_to_id[c] for c in prompt] for prompt in prompts]
-  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
-  for row, prompt_ids in enumerate(encoded):
-    ids[row, :len(prompt_ids)] = prompt_ids
-  runner = interpreter_lib.Interpreter(
-      model_content=flatbuffer).get_signature_runner(EXPORT_OPTIONS["signature"])
-  out = runner(prompt_ids=ids,
-               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
-               num_steps=np.int32(num_steps),
-               temperature=np.float32(temperature), top_k=np.int32(top_k),
-               top_p=np.float32(top_p), seed=np.int32(seed))["ids"]
-  if out.shape != (len(prompts), num_steps):
-    raise ValueError(f"the artifact returned ids of shape {out.shape}")
-  if tokens is not None:
-    return [tokens.text(row) for row in out]
-  return ["".join(vocab[i] for i in row) for row in out.tolist()]
+def child_path() -> List[str]:
+  """The background child's sys.path: the folder this rnnstep was imported
+  from, then the parent's sys.path less '' and relative entries and less
+  the working directory (where a stray `numpy.py` may lie)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(rnnstep.__file__)))
+  try:
+    here = os.path.realpath(os.getcwd())
+  except OSError:
+    here = None
+  out = [root]
+  for entry in sys.path:
+    if (entry and os.path.isabs(entry) and entry not in out
+        and os.path.realpath(entry) != here):
+      out.append(entry)
+  return out
 
 
 def spawn_fill(model_path: str, the_key: dict):
   """Starts the detached child that builds the entry; does not wait.
 
   Its own session (Ctrl-C at the terminal does not reach it), no stdio, low
-  priority. Errors starting it are ignored: the next run tries again.
+  priority, isolated (`python -I`, its working directory the cache folder:
+  see `child_path`). Errors starting it are ignored: the next run tries
+  again.
   """
-  base = entry_base(the_key)
   with contextlib.suppress(OSError):
-    os.makedirs(os.path.dirname(base), exist_ok=True)
+    folder = ensure_directory()
+    import subprocess  # pylint: disable=g-import-not-at-top
     subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "rnnstep.cli.compiled_cache", model_path,
-         json.dumps(the_key, sort_keys=True)],
+        [sys.executable, "-I", "-c", _CHILD, json.dumps(child_path()),
+         model_path, json.dumps(the_key, sort_keys=True)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        cwd=folder, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def _export(model_path: str):
+  """(flatbuffer, vocab, tokens JSON or None) of the model (imports TF).
+
+  Raises:
+    ValueError: the export refuses the model (e.g. one recording a window).
+    Exception: anything loading or converting raises.
+  """
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(model_path)
+  return (litert.convert(model), list(model.vocab),
+          None if model.is_characters else model.tokens.to_json())
 
 
 def fill(model_path: str, the_key: dict) -> str:
   """Builds the entry for `the_key` (the child's work); returns what it did.
 
   Holds the entry's lock while it works: a second child finds it held and
-  leaves. An entry already valid is kept. The model file must still hash to
-  the key's sha256 (before and after loading), else nothing is written.
+  leaves; the lock file is removed when done. An entry already valid is
+  kept. The key must still be this process's key for `model_path` (before
+  and after loading), else nothing is written. An export that fails is
+  recorded with its reason (`read_manifest` then misses without rebuild).
   """
   import fcntl  # pylint: disable=g-import-not-at-top
   base = entry_base(the_key)
-  directory = os.path.dirname(base)
-  if not os.path.isdir(directory):  # Made by the parent; gone: cache removed.
+  folder = os.path.dirname(base)
+  if not os.path.isdir(folder):  # Made by the parent; gone: cache removed.
     return "no cache directory"
+  try:
+    _check_directory(folder)
+  except Miss as e:
+    return str(e)
   with open(base + ".lock", "a+b") as lock:
     try:
       fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       return "another process is building this entry"
+    if _replaced(lock, base + ".lock"):  # Its builder finished meanwhile.
+      return "another process is building this entry"
     try:
-      lookup(the_key)
-      return "already valid"
-    except Miss:
-      pass
-    if file_sha256(model_path) != the_key["model_sha256"]:
-      return "model file changed"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
-    model = rnnstep.load(model_path)
-    if file_sha256(model_path) != the_key["model_sha256"]:
-      return "model file changed"
-    manifest = {"format": FORMAT, "version": VERSION, "key": the_key}
-    try:
-      flatbuffer = litert.convert(model)
-    except ValueError as e:  # E.g. a model that records a window.
-      manifest["unsupported"] = str(e)
-    else:
-      with staging.staged_path(base + ".tflite") as tmp:
-        with open(tmp, "wb") as f:
-          f.write(flatbuffer)
-      manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
-                      tflite_bytes=len(flatbuffer), vocab=list(model.vocab),
-                      tokens=(None if model.is_characters
-                              else model.tokens.to_json()))
-    with staging.staged_path(base + ".json") as tmp:
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
-    return "unsupported" if "unsupported" in manifest else "built"
+      return _fill_locked(model_path, the_key, base)
+    finally:
+      with contextlib.suppress(OSError):
+        os.unlink(base + ".lock")  # Still ours and held: removed whole.
 
 
-def _main(argv) -> int:
-  """`python -m rnnstep.cli.compiled_cache MODEL_PATH KEY_JSON` (the child)."""
-  with contextlib.suppress(AttributeError, OSError):
-    os.nice(10)  # Background work: the user's next command comes first.
+def _replaced(lock, path: str) -> bool:
+  """Whether the lock file at `path` is no longer the one `lock` holds."""
   try:
-    model_path, the_key = argv[1], json.loads(argv[2])
-    print(fill(model_path, the_key))
-    return 0
+    return os.stat(path).st_ino != os.fstat(lock.fileno()).st_ino
+  except OSError:
+    return True
+
+
+def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
+  try:
+    lookup(the_key)
+    return "already valid"
+  except Miss as e:
+    if not e.rebuild:
+      return "already recorded"
+  if key(model_path, runtime_version() or "") != the_key:
+    return "key changed (model, rnnstep, TensorFlow or runtime)"
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  fields = {}
+  try:
+    flatbuffer, vocab, tokens = _export(model_path)
+  except ValueError as e:  # E.g. a model that records a window.
+    fields["unsupported"] = _one_line(e)
   except Exception as e:  # pylint: disable=broad-except
-    # Detached, with no one to tell: the next cold run tries again.
-    print(f"failed: {type(e).__name__}: {e}", file=sys.stderr)
-    return 1
+    fields["failed"] = f"{type(e).__name__}: {_one_line(e)}"
+  else:
+    fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens)
+    if len(flatbuffer) > max_bytes():  # It would be evicted at once.
+      fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "
+                f"exceed the cache's cap ({MAX_MB_ENV}={max_bytes() >> 20})"}
+  if model_digest(model_path) != the_key["model"]:
+    return "model file changed"
+  write_entry(the_key, model_path=model_path, **fields)
+  return ("unsupported" if "unsupported" in fields
+          else "failed" if "failed" in fields else "built")
 
 
-if __name__ == "__main__":
-  sys.exit(_main(sys.argv))
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split())[:500] or type(error).__name__
+
+
+def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
+                vocab=None, tokens: Optional[str] = None,
+                unsupported: Optional[str] = None,
+                failed: Optional[str] = None, model_path: str = ""):
+  """Writes an entry (flatbuffer first, manifest last, each atomically and
+  0600), then trims the cache to its cap (`prune`)."""
+  base = entry_base(the_key)
+  manifest = {"format": FORMAT, "version": VERSION, "key": the_key,
+              "model_path": model_path}
+  if unsupported is not None:
+    manifest["unsupported"] = unsupported
+  elif failed is not None:
+    manifest["failed"] = failed
+  else:
+    with staging.staged_path(base + ".tflite", mode=0o600) as tmp:
+      with open(tmp, "wb") as f:
+        f.write(flatbuffer)
+    manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
+                    tflite_bytes=len(flatbuffer), vocab=list(vocab),
+                    tokens=tokens)
+  with staging.staged_path(base + ".json", mode=0o600) as tmp:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
+  prune()
+
+
+def max_bytes() -> int:
+  """The cap on the entries' total size: $RNNSTEP_CACHE_MAX_MB (a number
+  >= 0; another value is ignored) or DEFAULT_MAX_MB, in bytes."""
+  try:
+    megabytes = float(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB))
+  except ValueError:
+    megabytes = DEFAULT_MAX_MB
+  if not megabytes >= 0:  # Negative or NaN.
+    megabytes = DEFAULT_MAX_MB
+  return int(megabytes * (1 << 20))
+
+
+Entry = collections.namedtuple("Entry", "name bytes last_used status model")
+
+
+def entries() -> List[Entry]:
+  """The cache's entries, most recently used first (`--cache_info`).
+
+  `status`: "built", "unsupported: why", "failed: why" or "unreadable".
+  """
+  folder = directory()
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return []
+  found = []
+  for name in names:
+    match = _ENTRY_FILE.match(name)
+    if not match or match.group(2) != "json":
+      continue
+    base = os.path.join(folder, match.group(1))
+    size = 0
+    for suffix in (".json", ".tflite"):
+      with contextlib.suppress(OSError):
+        size += os.path.getsize(base + suffix)
+    try:
+      last_used = os.path.getmtime(base + ".json")
+      with open(base + ".json", "rb") as f:
+        manifest = json.loads(f.read(MAX_MANIFEST_BYTES).decode("utf-8"))
+      status = ("built" if "tflite_sha256" in manifest else
+                f"unsupported: {manifest['unsupported']}"
+                if "unsupported" in manifest else
+                f"failed: {manifest.get('failed')}")
+      model = str(manifest.get("model_path", ""))
+    except (OSError, ValueError, AttributeError, TypeError):
+      last_used, status, model = 0.0, "unreadable", ""
+    found.append(Entry(match.group(1), size, last_used, status, model))
+  return sorted(found, key=lambda e: e.last_used, reverse=True)
+
+
+def _remove(base: str):
+  for suffix in (".json", ".tflite", ".lock"):
+    with contextlib.suppress(OSError):
+      os.unlink(base + suffix)
+
+
+def _held(base: str) -> bool:
+  """Whether a child is building this entry now (its lock is held)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  try:
+    with open(base + ".lock", "rb") as lock:
+      try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError:
+        return True
+      return False
+  except OSError:
+    return False
+
+
+def prune(cap: Optional[int] = None) -> List[str]:
+  """Trims the cache to `cap` bytes (default `max_bytes()`): removes the
+  least recently used entries first, then locks no child holds whose entry
+  is gone and temp files left by killed writers. Returns the names removed.
+  """
+  cap = max_bytes() if cap is None else cap
+  folder = directory()
+  removed = []
+  total = 0
+  for entry in entries():
+    total += entry.bytes
+    if total > cap and not _held(os.path.join(folder, entry.name)):
+      _remove(os.path.join(folder, entry.name))
+      removed.append(entry.name)
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return removed
+  now = time.time()
+  for name in names:
+    path = os.path.join(folder, name)
+    match = _ENTRY_FILE.match(name)
+    with contextlib.suppress(OSError):
+      if match and match.group(2) == "lock":
+        base = path[:-len(".lock")]
+        if not os.path.exists(base + ".json") and not _held(base):
+          os.unlink(path)
+      elif (name.startswith(".") and name.endswith(".tmp")
+            and now - os.path.getmtime(path) > _STALE_TEMP_SECONDS):
+        os.unlink(path)
+  return removed
+
+
+def clear() -> Tuple[int, int]:
+  """Removes every entry no child is building, and the remembered digests;
+  returns (entries, bytes) removed."""
+  folder = directory()
+  count = size = 0
+  for entry in entries():
+    base = os.path.join(folder, entry.name)
+    if not _held(base):
+      _remove(base)
+      count += 1
+      size += entry.bytes
+  with contextlib.suppress(OSError):
+    os.unlink(os.path.join(folder, DIGESTS_FILE))
+  prune()
+  return count, size

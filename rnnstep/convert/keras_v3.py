@@ -100,12 +100,7 @@ def read_directory(path) -> contents.Contents:
 
 
 def _read_small_file(path, limit, label) -> bytes:
-  size = os.path.getsize(path)
-  if size > limit:
-    raise safe_io.fail(label, f"{os.path.basename(path)} is {size} bytes, more "
-                       f"than the {limit} allowed")
-  with open(path, "rb") as f:
-    return f.read(limit + 1)
+  return safe_io.read_file(path, limit, f"{label}: {os.path.basename(path)}")
 
 
 def _read(label, config_bytes, metadata_bytes, weights, kind, asset):

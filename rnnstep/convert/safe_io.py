@@ -97,6 +97,30 @@ def member_names(archive: zipfile.ZipFile) -> List[str]:
   return [info.filename for info in archive.infolist()]
 
 
+def read_file(path, limit: int, label=None, advice: str = "") -> bytes:
+  """A whole file of at most `limit` bytes, by a read that stops there.
+
+  The read is the check: no `getsize` before it that a growing file, a FIFO
+  or a device (whose size says 0) would get past.
+
+  Args:
+    path: the file.
+    limit: the most bytes it may hold.
+    label: how the message names it (default: `path`).
+    advice: appended to the refusal (why the limit is enough).
+
+  Raises:
+    OSError: it cannot be opened or read.
+    ValueError: it holds more than `limit` bytes, in one line.
+  """
+  with open(path, "rb") as f:
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    raise fail(label or os.fspath(path), f"more than {limit} bytes"
+               + (f"; {advice}" if advice else " (refused)"))
+  return data
+
+
 def read_member(archive: zipfile.ZipFile, name: str, limit: int, label) -> bytes:
   """Reads one member by its fixed name, after checking what it declares.
 

@@ -168,6 +168,11 @@ def read(path) -> contents.Contents:
                                       num_layers, vocab_size, prefix)
   notes = [f"{VOCAB_FILE}: {len(chars)} characters, sorted by frequency as "
            "utils.TextLoader sorts them"]
+  if os.path.isdir(path) and os.path.dirname(os.path.abspath(prefix)) != (
+      os.path.abspath(directory)):
+    notes.append(f"the weights are read from {prefix}, which this folder's "
+                 "'checkpoint' file names: the folder holds no "
+                 f"{os.path.basename(prefix)}")
   if specs[1].kind == "lstm":
     notes.append(f"{cell_class}'s forget_bias={FORGET_BIAS} (added at run time "
                  "by TF1, not stored) is folded into the stored forget-gate "
@@ -186,12 +191,9 @@ def read(path) -> contents.Contents:
 def _load_pickle(path: str):
   """One pickle file through the restricted unpickler (one-line errors)."""
   try:
-    size = os.path.getsize(path)
-    if size > MAX_PICKLE_BYTES:
-      raise safe_io.fail(path, f"{size} bytes; char-rnn-tensorflow's pickles "
-                         f"are small (refused above {MAX_PICKLE_BYTES})")
-    with open(path, "rb") as f:
-      data = f.read()
+    data = safe_io.read_file(path, MAX_PICKLE_BYTES, path,
+                             "char-rnn-tensorflow's pickles are small "
+                             "(refused)")
   except OSError as e:
     raise safe_io.fail(path, f"cannot read it ({e.strerror or e})") from None
   if not data:
@@ -311,10 +313,12 @@ def _check_config(config, path) -> Tuple[str, int, int, int]:
 def _prefix(path: str, directory: str) -> str:
   """The checkpoint prefix: the one given, or the directory's latest.
 
-  The `checkpoint` file of a directory copied from another machine names
-  the prefix where it was written (train.py saves under its --save_dir, and
-  older TFs wrote absolute paths); the same file name in this directory is
-  taken then.
+  The `checkpoint` file names the prefix where it was written (train.py
+  saves under its --save_dir; TF1's Saver records an absolute path when that
+  was absolute). The same file name in this directory wins: a copy of the
+  folder reads its own weights, never the original's (newer ones, beside
+  the copy's config and vocabulary). The recorded path is followed only
+  where this directory lacks the file (`read` notes it).
   """
   if not os.path.isdir(path):
     return tf_checkpoint.resolve(path)[0]
@@ -324,7 +328,7 @@ def _prefix(path: str, directory: str) -> str:
     raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
                        f"({tf_checkpoint.message(e)})") from None
   named = state.model_checkpoint_path if state is not None else ""
-  for candidate in (named, os.path.join(path, os.path.basename(named))):
+  for candidate in (os.path.join(path, os.path.basename(named)), named):
     if named and os.path.isfile(candidate + ".index"):
       return candidate
   found = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))

@@ -21,6 +21,7 @@ import json
 import os
 from typing import List, Sequence
 
+from rnnstep.convert import safe_io
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary as vocabulary_lib
 
@@ -108,11 +109,8 @@ def load_vocab_json(path):
   path = os.fspath(path)
   if os.path.isdir(path):
     raise IsADirectoryError(f"{path}: the vocab file is a directory")
-  size = os.path.getsize(path)
-  if size > MAX_VOCAB_FILE_BYTES:
-    raise ValueError(f"{path}: vocab file of {size} bytes is too large")
-  with open(path, "rb") as f:
-    raw = f.read(MAX_VOCAB_FILE_BYTES + 1)
+  raw = safe_io.read_file(path, MAX_VOCAB_FILE_BYTES, path,
+                          "too large for a vocab file")
   try:
     data = json.loads(raw.decode("utf-8-sig"))
   except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:

@@ -11,7 +11,6 @@ says "other".
 
 import functools
 import os
-import platform
 from typing import NamedTuple, Tuple
 
 # The features that change which matmul kernels TF and XLA use, as
@@ -46,7 +45,9 @@ def info() -> Info:
           break
   except OSError:  # Not Linux, or no /proc: the name alone is known.
     pass
-  name = name or platform.processor() or platform.machine() or "unknown"
+  if not name:  # Imported only here: a warm rnnstep-generate reads this.
+    import platform  # pylint: disable=g-import-not-at-top
+    name = platform.processor() or platform.machine() or "unknown"
   return Info(name, tuple(f for f in FEATURES if f in flags), usable_cores())
 
 

@@ -25,7 +25,6 @@ file + os.replace). RNNSTEP_TUNING=off (or 0/false/no) turns it off: the
 cache is neither read nor written, and only the table answers.
 """
 
-import importlib.metadata
 import json
 import os
 import sys
@@ -87,16 +86,66 @@ def batch_range(batch_size: int) -> str:
   return f">{BATCH_RANGE_BOUNDS[-1]}"
 
 
+# The distributions TensorFlow is installed as.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tf-nightly")
+
+
 def _tensorflow_version() -> str:
   loaded = sys.modules.get("tensorflow")
   if loaded is not None and hasattr(loaded, "__version__"):
     return loaded.__version__
-  for distribution in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
-    try:
-      return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-      continue
+  return installed_tensorflow_version()
+
+
+def installed_tensorflow_version() -> str:
+  """The installed TensorFlow's version, without importing it; "unknown"."""
+  for distribution in TENSORFLOW_DISTRIBUTIONS:
+    version = installed_version(distribution)
+    if version is not None:
+      return version
   return "unknown"
+
+
+def _normalized(name: str) -> str:
+  """A distribution's name as PEP 503 compares them (a dist-info folder
+  writes `-` and `.` as `_`)."""
+  return name.lower().replace("-", "_").replace(".", "_")
+
+
+def installed_version(distribution: str) -> Optional[str]:
+  """An installed distribution's version, or None.
+
+  Read from the name of its `NAME-VERSION.dist-info` folder on sys.path (the
+  first, as `importlib.metadata` finds it), else by `importlib.metadata`
+  (an egg or other layout): importing that costs a warm rnnstep-generate
+  ~20 ms of its ~0.2 s on a 2-vCPU Zen 3.
+  """
+  wanted = _normalized(distribution)
+  for entry in sys.path:
+    for name in _dist_infos(entry or "."):
+      found, _, version = name[:-len(".dist-info")].partition("-")
+      if _normalized(found) == wanted and version:
+        return version
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  try:
+    return importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+_dist_info_memo: Dict[str, tuple] = {}
+
+
+def _dist_infos(entry: str) -> tuple:
+  """The `*.dist-info` names in a sys.path folder (listed once a process)."""
+  if entry not in _dist_info_memo:
+    try:
+      names = os.listdir(entry)
+    except OSError:  # Not a folder (a zip), or gone.
+      names = []
+    _dist_info_memo[entry] = tuple(n for n in names
+                                   if n.endswith(".dist-info"))
+  return _dist_info_memo[entry]
 
 
 def machine_key(device: str = "cpu") -> dict:

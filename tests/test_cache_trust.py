@@ -1,0 +1,427 @@
+"""The compiled-artifact cache can be trusted: keyed on every byte it depends
+on, bounded, and isolated (rnnstep/cli/compiled_cache.py, issue 48).
+
+Most checks run in this process on entries written without TensorFlow
+(`compiled_cache.write_entry` with made-up flatbuffer bytes: nothing here runs
+them). The background child runs for real in three slow tests: two at once
+on one entry, one beside a planted `numpy.py`, and `--cache_info`.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import cli as cli_support
+import rnnstep
+from rnnstep.cli import compiled_cache
+from rnnstep.engine import cpu
+from rnnstep.engine import tuning_cache
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHARRNN = os.path.join(REPO, "tests", "data", "charrnn_tf", "gru")
+FILL_TIMEOUT = 300
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  directory = tmp_path / "cache"
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(directory))
+  monkeypatch.delenv("RNNSTEP_CACHE_MAX_MB", raising=False)
+  return directory
+
+
+@pytest.fixture
+def weights(tmp_path):
+  path = str(tmp_path / "model.npz")
+  cli_support.write_model(path, seed=3)
+  return path
+
+
+def flip_a_byte(path, offset=0):
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    byte = f.read(1)
+    f.seek(offset)
+    f.write(bytes([byte[0] ^ 1]))
+
+
+def plant(the_key, size=1000, vocab=("a", "b")):
+  """A valid-looking entry for `the_key` (its flatbuffer bytes never run),
+  written as `fill` writes one, then pruned to the cap as `fill` does."""
+  flatbuffer = os.urandom(size)
+  base = compiled_cache.entry_base(the_key)
+  os.makedirs(os.path.dirname(base), mode=0o700, exist_ok=True)
+  with open(base + ".tflite", "wb") as f:
+    f.write(flatbuffer)
+  with open(base + ".json", "w", encoding="utf-8") as f:
+    json.dump({"format": compiled_cache.FORMAT,
+               "version": compiled_cache.VERSION, "key": the_key,
+               "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
+               "tflite_bytes": size, "vocab": list(vocab), "tokens": None}, f)
+  for suffix in (".json", ".tflite"):
+    os.chmod(base + suffix, 0o600)
+  if hasattr(compiled_cache, "prune"):
+    compiled_cache.prune()
+  return base
+
+
+def fake_key(n):
+  return {"format": compiled_cache.FORMAT, "test": n}
+
+
+# ------------------------------------------------------------------ the key
+
+
+def test_one_changed_byte_of_the_model_file_misses(weights):
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.entry_name(compiled_cache.key(weights, runtime))
+  flip_a_byte(weights, os.path.getsize(weights) // 2)
+  assert compiled_cache.entry_name(compiled_cache.key(weights, runtime)) != (
+      before)
+
+
+@pytest.mark.parametrize("member", ["config.pkl", "chars_vocab.pkl",
+                                    "checkpoint", "model.ckpt-599.index",
+                                    "model.ckpt-599.data-00000-of-00001"])
+@pytest.mark.parametrize("given", ["folder", "prefix"])
+def test_every_file_of_a_char_rnn_folder_is_keyed(tmp_path, member, given):
+  """A folder is cached, and its vocabulary, config, `checkpoint` and
+  weights are all in the key: a changed vocabulary beside unchanged weights
+  is another entry (it served the old artifact before)."""
+  folder = tmp_path / "save"
+  shutil.copytree(CHARRNN, folder)
+  path = str(folder if given == "folder" else folder / "model.ckpt-599")
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(path, runtime)
+  assert compiled_cache.key(path, runtime) == before
+  flip_a_byte(folder / member, 1)
+  assert compiled_cache.entry_name(compiled_cache.key(path, runtime)) != (
+      compiled_cache.entry_name(before))
+
+
+def test_a_copied_folder_keys_as_the_original(tmp_path):
+  runtime = compiled_cache.runtime_version()
+  copy = tmp_path / "copy"
+  shutil.copytree(CHARRNN, copy)
+  assert compiled_cache.key(str(copy), runtime) == compiled_cache.key(
+      CHARRNN, runtime)
+
+
+def test_a_textgenrnn_vocabulary_beside_the_weights_is_keyed(tmp_path):
+  weights = tmp_path / "textgen_weights.hdf5"
+  weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+  vocab = tmp_path / "textgen_vocab.json"
+  vocab.write_text('{"a": 1}')
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(str(weights), runtime)
+  flip_a_byte(vocab, 2)
+  assert compiled_cache.key(str(weights), runtime) != before
+
+
+def test_the_key_finds_the_files_the_converter_reads(tmp_path):
+  """The cache lists a model's files by name, without importing the
+  converters (which import TensorFlow); it finds what they read."""
+  from rnnstep.convert import textgenrnn  # pylint: disable=g-import-not-at-top
+  weights = tmp_path / "x_weights.hdf5"
+  weights.write_bytes(b"weights")
+  (tmp_path / "x_vocab.json").write_text("{}")
+  (tmp_path / "unrelated.txt").write_text("not read")
+  assert [path for _, path in compiled_cache.model_files(str(weights))] == [
+      str(weights), textgenrnn.vocab_beside(str(weights))]
+
+
+def test_the_tensorflow_version_is_keyed(weights, monkeypatch):
+  """TensorFlow's converter writes the artifact's bytes."""
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(weights, runtime)
+  assert before["tensorflow"] == tuning_cache.installed_tensorflow_version()
+  monkeypatch.setattr(tuning_cache, "installed_tensorflow_version",
+                      lambda: "0.0.test", raising=False)
+  assert compiled_cache.key(weights, runtime) != before
+
+
+def test_the_runtime_cpu_and_rnnstep_are_keyed(weights, monkeypatch):
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(weights, runtime)
+  assert compiled_cache.key(weights, runtime + ".1") != before
+  real = cpu.info()
+  monkeypatch.setattr(cpu, "info", lambda: real._replace(name="Another CPU"))
+  assert compiled_cache.key(weights, runtime) != before
+  monkeypatch.setattr(cpu, "info", lambda: real._replace(
+      features=tuple(real.features)[:-1]))
+  assert compiled_cache.key(weights, runtime) != before
+  monkeypatch.undo()
+  monkeypatch.setattr(rnnstep, "__version__", "9.9.9")
+  assert compiled_cache.key(weights, runtime) != before
+
+
+def test_one_changed_byte_of_rnnstep_s_sources_misses(tmp_path):
+  root = tmp_path / "rnnstep"
+  shutil.copytree(os.path.dirname(rnnstep.__file__), root,
+                  ignore=shutil.ignore_patterns("__pycache__", "data"))
+  before = compiled_cache.sources_digest(str(root))
+  assert before == compiled_cache.sources_digest()
+  flip_a_byte(root / "decoding" / "sampling.py", 100)
+  assert compiled_cache.sources_digest(str(root)) != before
+
+
+def test_a_remembered_digest_still_sees_one_changed_byte(cache, weights,
+                                                        monkeypatch):
+  """Digests are remembered by the file's stat (a warm run does not re-hash
+  unchanged files); a write changes the ctime, which `touch -r` cannot set
+  back, so a changed byte with its old mtime restored still misses."""
+  compiled_cache.ensure_directory()
+  # The file was just written (and its ctime cannot be set back): remember
+  # it all the same, as if the racy window were over.
+  monkeypatch.setattr(compiled_cache, "_RACY_SECONDS", -1.0)
+  runtime = compiled_cache.runtime_version()
+  before = compiled_cache.key(weights, runtime)
+  with open(os.path.join(compiled_cache.directory(),
+                         compiled_cache.DIGESTS_FILE), encoding="utf-8") as f:
+    assert os.path.abspath(weights) in json.load(f)
+  old = os.stat(weights)
+  flip_a_byte(weights, os.path.getsize(weights) // 3)
+  os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns))
+  assert compiled_cache.key(weights, runtime) != before
+
+
+def test_a_digests_file_others_can_write_is_ignored(cache, weights):
+  folder = compiled_cache.ensure_directory()
+  st = os.stat(weights)
+  stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+  path = os.path.join(folder, compiled_cache.DIGESTS_FILE)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump({os.path.abspath(weights): [stamp, "0" * 64]}, f)
+  os.chmod(path, 0o600)
+  assert compiled_cache.model_digest(weights, compiled_cache._Digests()) == [  # pylint: disable=protected-access
+      ["", "0" * 64]]  # Trusted, so used: the check below means something.
+  os.chmod(path, 0o666)
+  assert compiled_cache.model_digest(weights, compiled_cache._Digests()) == [  # pylint: disable=protected-access
+      ["", compiled_cache.file_sha256(weights)]]
+
+
+# ------------------------------------------------------- bounded and clean
+
+
+def test_the_cap_evicts_the_least_recently_used_first(cache, monkeypatch):
+  keys = [fake_key(n) for n in range(4)]
+  for n, the_key in enumerate(keys[:3]):
+    base = plant(the_key, size=400_000)
+    os.utime(base + ".json", (1000 + n, 1000 + n))  # Used in order 0, 1, 2.
+  compiled_cache.lookup(keys[0])  # Now 0 is the most recently used.
+  monkeypatch.setenv("RNNSTEP_CACHE_MAX_MB", "1")  # Room for two.
+  plant(keys[3], size=400_000)
+  kept = [n for n, the_key in enumerate(keys)
+          if os.path.exists(compiled_cache.entry_base(the_key) + ".json")]
+  assert kept == [0, 3]
+  assert not os.path.exists(compiled_cache.entry_base(keys[1]) + ".tflite")
+  total = sum(e.bytes for e in compiled_cache.entries())
+  assert total <= 1 << 20
+
+
+def test_the_default_cap_is_a_few_hundred_megabytes(monkeypatch):
+  monkeypatch.delenv("RNNSTEP_CACHE_MAX_MB", raising=False)
+  assert 200 << 20 <= compiled_cache.max_bytes() <= 1 << 30
+  monkeypatch.setenv("RNNSTEP_CACHE_MAX_MB", "64")
+  assert compiled_cache.max_bytes() == 64 << 20
+
+
+def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
+                                                          monkeypatch):
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  base = compiled_cache.entry_base(the_key)
+  os.makedirs(os.path.dirname(base), mode=0o700)
+  with open(base + ".lock", "w"):
+    pass  # An old run's lock, not held.
+  monkeypatch.setattr(compiled_cache, "_export",
+                      lambda path: (b"flatbuffer", ["a"], None), raising=False)
+  assert compiled_cache.fill(weights, the_key) == "built"
+  assert sorted(set(os.listdir(os.path.dirname(base))) - {
+      compiled_cache.DIGESTS_FILE}) == [
+      os.path.basename(base) + ".json", os.path.basename(base) + ".tflite"]
+  stale = compiled_cache.entry_base(fake_key(9)) + ".lock"
+  with open(stale, "w"):
+    pass
+  compiled_cache.prune()
+  assert not os.path.exists(stale)
+
+
+def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
+                                                     monkeypatch):
+  """Any exception, not only ValueError: recorded with its reason (what
+  --verbose shows), and the miss asks for no rebuild."""
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
+
+  def broken(path):
+    raise RuntimeError("converter crashed")
+  monkeypatch.setattr(compiled_cache, "_export", broken, raising=False)
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(litert, "convert", broken)
+  assert compiled_cache.fill(weights, the_key) == "failed"
+  with pytest.raises(compiled_cache.Miss,
+                     match="RuntimeError: converter crashed") as miss:
+    compiled_cache.lookup(the_key)
+  assert not miss.value.rebuild
+
+
+def test_verbose_names_a_recorded_failure_and_nothing_is_rebuilt(
+    cache, weights, monkeypatch):
+  """What rnnstep-generate does with a recorded failure, decided before
+  TensorFlow would load: the TensorFlow path, the reason, no new child."""
+  from rnnstep.cli import generate  # pylint: disable=g-import-not-at-top
+  pytest.importorskip("ai_edge_litert")
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  compiled_cache.ensure_directory()
+  compiled_cache.write_entry(the_key, failed="RuntimeError: converter crashed")
+  generate.FLAGS.unparse_flags()
+  generate.FLAGS(["rnnstep-generate", f"--weights={weights}", "--seed=1",
+                  "--num_steps=5"])
+  try:
+    decoding = {option.name: generate._option_value(option, 1, 1)  # pylint: disable=protected-access
+                for option in generate.options_lib.OPTIONS}
+    with pytest.raises(generate._NotServed) as why:  # pylint: disable=protected-access
+      generate._generate_fast([(0, 0, "ROMEO:")], 1, decoding)  # pylint: disable=protected-access
+  finally:
+    generate.FLAGS.unparse_flags()
+  assert "export failed (RuntimeError: converter crashed)" in str(why.value)
+  assert why.value.fill_key is None
+
+
+def test_cache_info_lists_and_clear_removes(cache):
+  plant(fake_key(1), size=3000)
+  plant(fake_key(2), size=5000)
+  listed = compiled_cache.entries()
+  assert sorted(e.bytes > 4000 for e in listed) == [False, True]
+  assert {e.name for e in listed} == {
+      compiled_cache.entry_name(fake_key(n)) for n in (1, 2)}
+  assert compiled_cache.clear() == (2, sum(e.bytes for e in listed))
+  assert compiled_cache.entries() == []
+
+
+@pytest.mark.slow  # Two fresh interpreters, no TensorFlow.
+def test_the_cache_info_and_cache_clear_flags(cache):
+  plant(fake_key(1), size=3000)
+  env = dict(os.environ, PYTHONPATH=REPO, RNNSTEP_COMPILED_CACHE="on")
+  run = lambda *args: subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate", *args],
+      capture_output=True, text=True, env=env, timeout=120, check=False)
+  info = run("--cache_info")
+  assert info.returncode == 0, info.stderr
+  assert compiled_cache.entry_name(fake_key(1)) in info.stdout
+  assert "1 entry" in info.stdout and str(cache) in info.stdout
+  cleared = run("--cache_clear")
+  assert cleared.returncode == 0, cleared.stderr
+  assert "removed 1 entry" in cleared.stdout
+  assert compiled_cache.entries() == []
+
+
+# ------------------------------------------------------------------ isolated
+
+
+def test_cache_folders_are_private(cache):
+  directory = compiled_cache.ensure_directory()
+  assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+  base = plant(fake_key(1))
+  for suffix in (".json", ".tflite"):
+    assert stat.S_IMODE(os.stat(base + suffix).st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("target", [".json", ".tflite", "folder"])
+def test_an_entry_others_can_write_is_ignored(cache, target):
+  base = plant(fake_key(1))
+  compiled_cache.lookup(fake_key(1))
+  path = os.path.dirname(base) if target == "folder" else base + target
+  os.chmod(path, os.stat(path).st_mode | 0o022)
+  with pytest.raises(compiled_cache.Miss, match="writable by others"):
+    compiled_cache.lookup(fake_key(1))
+
+
+def test_an_entry_another_user_owns_is_ignored(cache, monkeypatch):
+  """Ownership is checked against the user running (`_user`): the test
+  pretends to be another user; `os.chown` needs root (the next test)."""
+  base = plant(fake_key(1))
+  compiled_cache.lookup(fake_key(1))
+  owner = os.stat(base + ".json").st_uid
+  monkeypatch.setattr(compiled_cache, "_user", lambda: owner + 1,
+                      raising=False)
+  with pytest.raises(compiled_cache.Miss, match="owned by another user"):
+    compiled_cache.lookup(fake_key(1))
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0,
+                    reason="os.chown to another user needs root")
+@pytest.mark.parametrize("target", [".json", ".tflite"])
+def test_an_entry_chowned_to_another_user_is_ignored(cache, target):
+  base = plant(fake_key(1))
+  os.chown(base + target, 12345, -1)
+  with pytest.raises(compiled_cache.Miss, match="owned by another user"):
+    compiled_cache.lookup(fake_key(1))
+
+
+def _wait(predicate, what):
+  deadline = time.monotonic() + FILL_TIMEOUT
+  while not predicate():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"timed out waiting for {what}")
+    time.sleep(0.5)
+
+
+@pytest.mark.slow  # A background export (TensorFlow) in a fresh interpreter.
+def test_the_child_runs_isolated_from_the_working_directory(
+    cache, weights, tmp_path, monkeypatch):
+  """A `numpy.py` in the directory a cold run starts in is not imported by
+  the background child (it was: `python -m` put the directory first)."""
+  work = tmp_path / "work"
+  work.mkdir()
+  marker = tmp_path / "planted_numpy_ran"
+  (work / "numpy.py").write_text(
+      f"open({str(marker)!r}, 'w').close()\n"
+      "raise ImportError('planted numpy.py imported')\n")
+  monkeypatch.chdir(work)
+  monkeypatch.setenv("PYTHONPATH", REPO)
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+
+  def valid():
+    try:
+      compiled_cache.lookup(the_key)
+      return True
+    except compiled_cache.Miss:
+      return marker.exists()
+  compiled_cache.spawn_fill(weights, the_key)
+  _wait(valid, "the background child")
+  assert not marker.exists()
+  compiled_cache.lookup(the_key)
+
+
+@pytest.mark.slow  # Two background exports at once.
+def test_two_children_filling_one_entry_leave_one_good_entry(cache, weights):
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  compiled_cache.ensure_directory()
+  env = dict(os.environ, PYTHONPATH=REPO)
+  command = [sys.executable, "-m", "rnnstep.cli.cache_fill", weights,
+             json.dumps(the_key, sort_keys=True)]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(lambda _: subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=600,
+        check=False), range(2)))
+  said = sorted(r.stdout.strip() for r in results)
+  assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+  assert said[0] in ("already valid", "another process is building this "
+                     "entry", "built"), said
+  assert "built" in said
+  flatbuffer, manifest = compiled_cache.lookup(the_key)
+  assert len(flatbuffer) == manifest["tflite_bytes"]
+  name = compiled_cache.entry_name(the_key)
+  assert sorted(set(os.listdir(os.path.dirname(
+      compiled_cache.entry_base(the_key)))) - {compiled_cache.DIGESTS_FILE}
+                ) == [f"{name}.json", f"{name}.tflite"]
