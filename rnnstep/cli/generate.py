@@ -375,6 +375,8 @@ def _run_job() -> int:
       options=fingerprint,
       base_seed=None if scoring else (
           secrets.randbelow(2**31) if _SEED.value is None else _SEED.value))
+  output = jobs.Output(job, _OVERWRITE.value)
+  output.check()
   model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
                             _VOCAB.value)
   say = lambda line: print(f"{PROGRAM}: {line}", file=common.stderr(),
@@ -384,7 +386,6 @@ def _run_job() -> int:
   records = jobs.check_records(lines, check, _INPUT.value,
                                _SKIP_BAD_LINES.value, say)
   skipped = len(lines) - len(records)
-  output = jobs.Output(job, _OVERWRITE.value)
   if scoring:
     run_batch = jobs.scoring_batch(model, _JIT_COMPILE.value,
                                    options["window"])

@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import time
 from typing import Any, Dict, List, Optional
 
@@ -56,6 +57,10 @@ SCORE_BATCH = 1024
 # The per-record decoding options a generation record may carry.
 RECORD_OPTIONS = tuple(option.name for option in options_lib.PER_ROW)
 GENERATE_FIELDS = ("prompt", "seed", "key") + RECORD_OPTIONS
+# Test-only (tests/test_jobs.py): RNNSTEP_TEST_JOB_CRASH=N:BYTES makes a job
+# write BYTES bytes of its batch N+1 (after N whole ones) and SIGKILL
+# itself: a crash in the middle of a write, at a chosen byte.
+CRASH_VARIABLE = "RNNSTEP_TEST_JOB_CRASH"
 
 
 class BadLine(ValueError):
@@ -248,21 +253,34 @@ class Output:
     self.job_path = self.path + JOB_SUFFIX
     self._fd = None
     self._overwrite = overwrite
+    self._appended = 0
+    self._crash = tuple(int(part) for part in os.environ.get(
+        CRASH_VARIABLE, "").split(":") if part) or None
+
+  def check(self):
+    """Checks, reading only, that OUT is new or this job's (before the model
+    loads: a refused rerun answers at once).
+
+    Raises:
+      common.Failure: OUT is a directory, another job's, or not a job's
+        output.
+    """
+    flag = f"--output={self.path}"
+    if os.path.isdir(self.path):
+      raise common.Failure(f"{flag}: is a directory")
+    if os.path.exists(self.path) and not self._overwrite:
+      self._check_same_job(flag)
 
   def open(self, known_indices) -> Dict[int, int]:
     """Opens OUT for appending; returns {index: 1} of the records it holds.
 
     Raises:
-      common.Failure: OUT is another job's, or not a job's output, or
-        another process is writing it, or it holds a line that is not one
-        of this job's records.
+      common.Failure: as `check`, or another process is writing OUT, or it
+        holds a line that is not one of this job's records.
     """
     flag = f"--output={self.path}"
-    if os.path.isdir(self.path):
-      raise common.Failure(f"{flag}: is a directory")
+    self.check()
     exists = os.path.exists(self.path)
-    if exists and not self._overwrite:
-      self._check_same_job(flag)
     try:
       self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND,
                          0o666)
@@ -348,6 +366,12 @@ class Output:
     """Appends the lines with one write, then flushes them to disk."""
     data = "".join(json.dumps(line, ensure_ascii=False) + "\n"
                    for line in lines).encode("utf-8")
+    self._appended += 1
+    if self._crash and self._appended == self._crash[0] + 1:
+      # Test-only: a crash partway through this batch's write.
+      os.write(self._fd, data[:self._crash[1]])
+      os.fsync(self._fd)
+      os.kill(os.getpid(), signal.SIGKILL)
     view = memoryview(data)
     while view:
       view = view[os.write(self._fd, view):]
@@ -376,8 +400,10 @@ class Progress:
       tty = False
     if tty and total:
       import tqdm  # pylint: disable=g-import-not-at-top
+      # The width is read once: tqdm's dynamic_ncols prints nothing where a
+      # terminal reports 0 columns (a pty no one sized).
       self._bar = tqdm.tqdm(total=total, unit="rec", file=stream,
-                            dynamic_ncols=True, leave=False)
+                            leave=False)
 
   def update(self, records: int, chars: int):
     self._chars += chars
