@@ -10,6 +10,7 @@ import rnnstep
 from rnnstep import errors
 from rnnstep.engine import paths
 from rnnstep.engine import scoring
+from rnnstep.engine import tuning_cache
 from rnnstep.model import model_file
 from tests.support import cli
 from tests.support import numpy_reference as nr
@@ -187,3 +188,25 @@ def test_record_seed_is_splitmix64():
   for bad in [(1.5, 0), (0, -1), (2**64, 0), (0, True)]:
     with pytest.raises(errors.ArgumentError):
       rnnstep.record_seed(*bad)
+
+
+def test_bulk_batch_size_is_the_tuned_fastest(char_model, tmp_path,
+                                               monkeypatch):
+  model, _ = char_model
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path))
+  tuning_cache.reload()
+  try:
+    assert paths.bulk_batch_size(model) == paths.BULK_BATCH_SIZE
+    # Rows a second at the fastest path: 64 rows in 300 ms beat 256 in 1,400
+    # and 16 in 100; another model's and a server lane's entries are not
+    # this job's.
+    entries = {tuning_cache.cache_key(model, batch): {
+        "path": "graph", "batch_size": batch,
+        "ms_per_1000_steps": {"graph": ms, "xla": ms * 2}}
+               for batch, ms in ((16, 100), (64, 300), (256, 1400))}
+    entries[tuning_cache.cache_key(model, 128, lanes=2)] = {
+        "path": "xla", "batch_size": 128, "ms_per_1000_steps": {"xla": 1}}
+    tuning_cache.write(tuning_cache.cache_file(), entries)
+    assert paths.bulk_batch_size(model) == 64
+  finally:
+    tuning_cache.reload()
