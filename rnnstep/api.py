@@ -135,8 +135,9 @@ def loglikelihood(model: model_lib.Model, pairs: Sequence[Pair], *,
                   window=None) -> List[Tuple[float, bool]]:
   """Log-likelihoods of continuations given contexts (lm-evaluation-harness).
 
-      rnnstep.loglikelihood(model, [("ROMEO:", " O"), ("To be, or ", "not")])
-      # [(-3.61..., False), (-2.05..., True)]
+      rnnstep.loglikelihood(model, [("To be, or ", "not"),
+                                    ("To be, or ", "the")])
+      # The bundled model: [(-4.566, False), (-3.530, True)]
 
   For each `(context, continuation)`: the sum of the continuation's token
   log-probabilities (natural log of the softmax of the raw logits, as

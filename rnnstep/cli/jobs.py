@@ -222,13 +222,12 @@ def scoring_check(model):
       if not isinstance(text, str):
         raise BadLine(f'"{name}" must be a string, got '
                       f"{json.dumps(text)[:60]}")
-    import rnnstep  # pylint: disable=g-import-not-at-top
+    from rnnstep import api  # pylint: disable=g-import-not-at-top
     try:  # The scoring functions' own checks, on this one record.
       if "text" in fields:
-        rnnstep.api.check_rolling(model, [fields["text"]])
+        api.check_rolling(model, [fields["text"]])
       else:
-        rnnstep.api.check_pairs(model, [(fields["context"],
-                                         fields["continuation"])])
+        api.check_pairs(model, [(fields["context"], fields["continuation"])])
     except errors.ArgumentError as e:
       raise BadLine(str(e).replace("pairs[0]", "the pair").replace(
           "texts[0]", '"text"')) from None

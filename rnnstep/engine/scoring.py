@@ -139,8 +139,8 @@ def batches(lengths: Sequence[int], vocab_size: int, xla: bool):
   order = np.argsort(np.asarray(lengths), kind="stable")
   groups = {}
   for index in order.tolist():
-    groups.setdefault(
-        request_lib.bucket(lengths[index], request_lib.MIN_WIDTH), []).append(index)
+    width = request_lib.bucket(lengths[index], request_lib.MIN_WIDTH)
+    groups.setdefault(width, []).append(index)
   calls = []
   for width, members in groups.items():
     fits = max(1, LOGITS_PER_CALL // (width * vocab_size))

@@ -38,7 +38,8 @@ def _texts(weights, count, low, high, seed):
 def run(ctx, results_out):
   """Times the bulk job and batched scoring against their baselines."""
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from rnnstep.cli import generate as generate_cli  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from rnnstep.cli import generate as generate_cli
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
   settings, weights, tmpdir = ctx.settings, ctx.weights, ctx.tmpdir
   model = weights.rnnstep_model("float32")
