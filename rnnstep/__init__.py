@@ -3,6 +3,9 @@
 Public API:
   load(path=None, dtype='float32') -> Model     read a model file (None: bundled)
   logits(model, ids, initial_state=None)        teacher-forced scoring [B, T, V]
+  loglikelihood(model, [(context, continuation)])  (logprob, is_greedy) per pair
+  loglikelihood_rolling(model, texts)           each whole text's log-likelihood
+  record_seed(base_seed, index)                 a bulk job's seed for record i
   hidden_states(model, texts_or_ids)            every layer's state at every position
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
@@ -33,6 +36,9 @@ _EXPORTS = {
     "hidden_states": "rnnstep.api",
     "load": "rnnstep.api",
     "logits": "rnnstep.api",
+    "loglikelihood": "rnnstep.api",
+    "loglikelihood_rolling": "rnnstep.api",
+    "record_seed": "rnnstep.engine.host",
     "stream": "rnnstep.api",
     "tune": "rnnstep.tuning",
 }

@@ -10,7 +10,7 @@ compiled or allocated; the compiled work lives in `generator.py`.
 
 import importlib.resources
 import os
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request
+from rnnstep.engine import scoring
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
 from rnnstep.model import cells
@@ -124,6 +125,174 @@ def logits(model: model_lib.Model, ids, initial_state=None, *,
   _, result = model_lib.sequence_function(model)(
       array, np.ones(array.shape, bool), state)
   return result.numpy()
+
+
+Pair = Tuple[str, str]
+
+
+def loglikelihood(model: model_lib.Model, pairs: Sequence[Pair], *,
+                  jit_compile: Union[None, bool, str] = None,
+                  window=None) -> List[Tuple[float, bool]]:
+  """Log-likelihoods of continuations given contexts (lm-evaluation-harness).
+
+      rnnstep.loglikelihood(model, [("To be, or ", "not"),
+                                    ("To be, or ", "the")])
+      # The bundled model: [(-4.566, False), (-3.530, True)]
+
+  For each `(context, continuation)`: the sum of the continuation's token
+  log-probabilities (natural log of the softmax of the raw logits, as
+  `generate`'s scores) after the context, from a zero state, and whether
+  greedy decoding (`temperature=0`) from the context would produce exactly
+  the continuation's tokens. The tokens are lm-evaluation-harness's split:
+  the continuation's are those of `encode(context + continuation)` past the
+  `len(encode(context))` tokens of the context (for a character model, its
+  characters), scored after the context's own tokens. Every pair, of any
+  lengths, in few compiled calls: one per length bucket and batch.
+
+  Args:
+    model: the Model.
+    pairs: a list of `(context, continuation)` str pairs. A context must
+      give at least one token: the model reads its first token from the
+      zero state and predicts from there (score a whole text with
+      `loglikelihood_rolling`). An empty continuation scores `(0.0, True)`.
+    jit_compile: the path, as for `generate` (None: the library's choice).
+    window: as for `generate` and `logits`: k > 0 scores each token after
+      the last k tokens from a zero state; None (default) the model's
+      recorded window, else 0 (the whole text).
+
+  Returns:
+    One `(logprob, is_greedy)` per pair, in order: a float (nats) and a bool.
+
+  Raises:
+    errors.ArgumentError: naming `pairs[i]`: not a pair of str, a token the
+      vocabulary lacks, an empty context; or a bad `jit_compile`/`window`;
+      or a text too long for memory.
+  """
+  rows = check_pairs(model, pairs)
+  scores = _score(model, rows, jit_compile, window, "pairs")
+  return list(zip(scores.logprobs, scores.greedy))
+
+
+def loglikelihood_rolling(model: model_lib.Model, texts: Sequence[str], *,
+                          jit_compile: Union[None, bool, str] = None,
+                          window=None) -> List[float]:
+  """Log-likelihoods of whole texts (lm-evaluation-harness's rolling one).
+
+      rnnstep.loglikelihood_rolling(model, ["To be, or not to be"])
+
+  For each text, the sum of log p(token t | tokens before t) over its tokens
+  after the first: the model reads the first from the zero state (as
+  `logits` scores, and as the model was trained), so it has no probability
+  of its own. (lm-evaluation-harness conditions the first token on an
+  end-of-text token; these models have none.) The mean negative of it per
+  scored token is the cross-entropy, `exp` of that the perplexity.
+
+  Args:
+    model: the Model.
+    texts: a list of str (any lengths, each at least one token; a single
+      token scores 0.0).
+    jit_compile: the path, as for `generate`.
+    window: as for `loglikelihood`.
+
+  Returns:
+    One float (nats) per text, in order.
+
+  Raises:
+    errors.ArgumentError: naming `texts[i]`: not a str, empty, a token the
+      vocabulary lacks; a bad `jit_compile`/`window`; a text too long for
+      memory.
+  """
+  rows = check_rolling(model, texts)
+  return _score(model, rows, jit_compile, window, "texts").logprobs
+
+
+def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
+                ) -> List[scoring.Row]:
+  """`loglikelihood`'s checks of its pairs, for front ends that run them in
+  pieces (a bulk job checks every record before it runs any).
+
+  Returns:
+    One `scoring.Row` per pair: the context's and continuation's ids, and
+    where the continuation starts.
+
+  Raises:
+    errors.ArgumentError: as `loglikelihood`, naming `pairs[i]`.
+  """
+  if not isinstance(pairs, (list, tuple)) or not pairs:
+    raise errors.ArgumentError(
+        "pairs", "pairs must be a non-empty list of (context, continuation) "
+        f"str pairs, got {_kind_of(pairs)}")
+  rows = []
+  for i, pair in enumerate(pairs):
+    where = f"pairs[{i}]"
+    if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+        or not all(isinstance(text, str) for text in pair)):
+      raise errors.ArgumentError(
+          "pairs", f"{where} must be a (context, continuation) pair of str, "
+          f"got {_kind_of(pair)}")
+    context, continuation = pair
+    context_ids = _encode(model, context, f"{where} (the context)")
+    whole = _encode(model, context + continuation, f"{where}")
+    if not len(context_ids):
+      raise errors.ArgumentError(
+          "pairs", f"{where}: the context gives no tokens; the model reads "
+          "its first token from the zero state and predicts from there, so "
+          "give at least one (or score the whole text with "
+          "loglikelihood_rolling)")
+    ids = np.concatenate([context_ids, whole[len(context_ids):]])
+    rows.append(scoring.Row(ids.astype(np.int32), len(context_ids)))
+  return rows
+
+
+def check_rolling(model: model_lib.Model, texts: Sequence[str]
+                  ) -> List[scoring.Row]:
+  """`loglikelihood_rolling`'s checks of its texts (as `check_pairs`).
+
+  Returns:
+    One `scoring.Row` per text, scored from its second token.
+
+  Raises:
+    errors.ArgumentError: as `loglikelihood_rolling`, naming `texts[i]`.
+  """
+  if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or (
+      not texts):
+    raise errors.ArgumentError(
+        "texts", f"texts must be a non-empty list of str, got "
+        f"{_kind_of(texts)}")
+  rows = []
+  for i, text in enumerate(texts):
+    if not isinstance(text, str):
+      raise errors.ArgumentError(
+          "texts", f"texts[{i}] must be a str, got {_kind_of(text)}")
+    ids = _encode(model, text, f"texts[{i}]")
+    if not len(ids):
+      raise errors.ArgumentError(
+          "texts", f"texts[{i}] gives no tokens; give at least one")
+    rows.append(scoring.Row(ids.astype(np.int32), 1))
+  return rows
+
+
+def _kind_of(value) -> str:
+  """A value for an error message: its type, and a short repr."""
+  return f"{type(value).__name__} {repr(value)[:60]}"
+
+
+def _encode(model, text: str, where: str) -> np.ndarray:
+  """`model.encode(text)`, its refusal naming `where` (an argument's item)."""
+  try:
+    return model.encode(text)
+  except ValueError as e:
+    raise errors.ArgumentError(where.split("[")[0], f"{where}: {e}") from None
+
+
+def _score(model, rows, jit_compile, window, name) -> scoring.Scores:
+  """The checks both scoring functions share, then `scoring.score`."""
+  window = window_lib.resolve(model, options_lib.check("window", window))
+  scoring.check_fits(model, max(len(row.ids) for row in rows), name)
+  # The batch a call runs at: the generation table's band for it.
+  batch = min(len(rows), scoring.MAX_BATCH)
+  return scoring.score(model, _path(model, jit_compile, batch, window), rows,
+                       window)
 
 
 def _check_ids(model, ids, name: str) -> np.ndarray:

@@ -36,7 +36,8 @@ OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "format", "stream", "chunk_size", "min_p", "repetition_penalty",
              "repetition_window", "no_repeat_ngram_size", "num_beams",
              "length_penalty", "num_return_sequences", "corpus", "vocab",
-             "typical_p", "regex", "cache", "verbose"]
+             "typical_p", "regex", "cache", "verbose", "input", "overwrite",
+             "skip_bad_lines", "score", "batch_size"]
 
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).

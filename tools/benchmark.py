@@ -16,7 +16,8 @@ taken this way hold up on a busy machine far better than absolute numbers do.
 
 Layout: this file is the entry (flags are parsed here, sections run in
 order); each section is a module of tools/bench/ (speed.py, dtype.py,
-paths.py, lanes.py, floors.py, latency.py, cli.py, window.py, words.py) with `run(ctx, results)`; shared
+paths.py, lanes.py, floors.py, latency.py, cli.py, window.py, words.py,
+bulk.py) with `run(ctx, results)`; shared
 parts are bench/settings.py (every flag), machine.py (the header),
 weights.py, runners.py (rnnstep on a path, the matmul floor), keras_loops.py,
 torch_loops.py and timing.py. The Keras models come from the tests' builders
@@ -98,6 +99,12 @@ Other sections:
            recipe's own generate.py loop, a TorchScript loop of the same
            model, and the matmul floor, in words per second, with the issue's
            targets (tools/bench/words.py).
+  bulk     `rnnstep-generate --input` (the resumable jsonl job) over
+           --bulk_records prompts of --bulk_chars characters against the
+           library's batched generate over the same prompts and seeds (one
+           call, and the job's batches), and rnnstep.loglikelihood over
+           --bulk_pairs pairs against a per-pair rnnstep.logits loop
+           (tools/bench/bulk.py).
 """
 
 import collections
@@ -117,6 +124,7 @@ if _ROOT not in sys.path:
   sys.path.append(_ROOT)
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
+from bench import bulk
 from bench import cli
 from bench import decoding
 from bench import dtype
@@ -135,7 +143,7 @@ from bench import words
 
 SECTION_MODULES = {"speed": speed, "dtype": dtype, "paths": paths,
                    "lanes": lanes, "floors": floors, "decoding": decoding, "latency": latency,
-                   "cli": cli, "window": window, "words": words}
+                   "cli": cli, "window": window, "words": words, "bulk": bulk}
 assert tuple(SECTION_MODULES) == cfg.SECTIONS
 
 # What every section's `run(ctx, results)` gets.

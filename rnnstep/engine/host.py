@@ -325,3 +325,55 @@ def seed_rows(seed, batch_size: int):
         "seed", f"seed lists {seeds.size} seeds for {batch_size} prompts; "
         "give one int, or one per prompt")
   return seeds, np.zeros([batch_size], np.int32)
+
+
+# SplitMix64's constants (Steele, Lea and Flood, "Fast splittable
+# pseudorandom number generators", OOPSLA 2014; Vigna's splitmix64.c).
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_MIX = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+_UINT64 = (1 << 64) - 1
+
+
+def record_seed(base_seed: int, index: int) -> int:
+  """The seed of record `index` of a bulk job that gave it none.
+
+  A job over many records (`rnnstep-generate --input`, `rnnstep.beam`) runs
+  each record as the one-row `generate(model, prompt, n, seed=s)` call; a
+  record without its own seed gets `s = record_seed(base_seed, index)`, so
+  that a rerun, a resumed run or another runner gives it the same text
+  whatever batch it lands in.
+
+  It is output `index + 1` of SplitMix64 started at `base_seed` (as an
+  unsigned 64-bit state), shifted right by one bit: a non-negative int
+  below 2**63. In Python:
+
+      z = (base_seed + (index + 1) * 0x9E3779B97F4A7C15) % 2**64
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+      seed = (z ^ (z >> 31)) >> 1
+
+  Args:
+    base_seed: the job's seed, a 64-bit integer (negative allowed).
+    index: the record's index in the job, counted from 0.
+
+  Returns:
+    The record's seed, in [0, 2**63).
+
+  Raises:
+    errors.ArgumentError: a base seed outside 64 bits, or a negative or
+      non-integer index.
+  """
+  def is_int(value):
+    return (isinstance(value, (int, np.integer))
+            and not isinstance(value, (bool, np.bool_)))
+
+  if not is_int(base_seed) or not -2**63 <= base_seed < 2**64:
+    raise errors.ArgumentError(
+        "base_seed", f"base_seed must be a 64-bit integer, got {base_seed!r}")
+  if not is_int(index) or index < 0:
+    raise errors.ArgumentError(
+        "index", f"index must be a non-negative integer, got {index!r}")
+  z = (int(base_seed) + (int(index) + 1) * _GOLDEN_GAMMA) & _UINT64
+  z = ((z ^ (z >> 30)) * _MIX[0]) & _UINT64
+  z = ((z ^ (z >> 27)) * _MIX[1]) & _UINT64
+  return (z ^ (z >> 31)) >> 1

@@ -17,7 +17,7 @@ DEFAULT_VARIANTS = ("eager_keras", "onestep_keras", "rnnstep", "rnnstep_graph",
                     "torch_fused")
 TORCH_VARIANTS = ("torch_gru", "torch_fused")
 SECTIONS = ("speed", "dtype", "paths", "lanes", "floors", "decoding",
-            "latency", "cli", "window", "words")
+            "latency", "cli", "window", "words", "bulk")
 # rnnstep's execution paths, by their `jit_compile` value (rnnstep/paths.py).
 PATHS = paths.JIT_COMPILE
 RNNSTEP_VARIANTS = ("rnnstep", "rnnstep_graph", "rnnstep_xla",
@@ -142,6 +142,18 @@ WORDS_RECIPE_STEPS = flags.DEFINE_integer(
     "words_recipe_steps", 50,
     "Words the recipe's generate.py loop runs in the words section (timed "
     "per step like the others).", lower_bound=1)
+BULK_RECORDS = flags.DEFINE_integer(
+    "bulk_records", 10_000, "bulk: prompts of the jsonl job (one record each).",
+    lower_bound=1)
+BULK_CHARS = flags.DEFINE_integer(
+    "bulk_chars", 50, "bulk: characters generated per record.", lower_bound=1)
+BULK_PAIRS = flags.DEFINE_integer(
+    "bulk_pairs", 10_000, "bulk: (context, continuation) pairs scored.",
+    lower_bound=1)
+BULK_LOOP_PAIRS = flags.DEFINE_integer(
+    "bulk_loop_pairs", 500,
+    "bulk: pairs the per-pair rnnstep.logits loop is timed over (its time is "
+    "scaled to --bulk_pairs).", lower_bound=1)
 WINDOW_PREDICT_STEPS = flags.DEFINE_integer(
     "window_predict_steps", 10,
     "Characters the recipe's model.predict loop runs (scaled to "
@@ -203,6 +215,11 @@ class Settings:
                               [int(b) for b in WORDS_BATCH_SIZES.value])
     self.words_steps = 10 if quick else WORDS_STEPS.value
     self.words_recipe_steps = 3 if quick else WORDS_RECIPE_STEPS.value
+    self.bulk_records = 40 if quick else BULK_RECORDS.value
+    self.bulk_chars = 10 if quick else BULK_CHARS.value
+    self.bulk_pairs = 40 if quick else BULK_PAIRS.value
+    self.bulk_loop_pairs = min(10 if quick else BULK_LOOP_PAIRS.value,
+                               self.bulk_pairs)
     self.weights_path = WEIGHTS.value
     self.dtype_modes = [m for m in DTYPE_MODES.value if m]
     self.cli_runs = CLI_RUNS.value

@@ -1,0 +1,203 @@
+"""`rnnstep-generate --input=IN.jsonl --output=OUT.jsonl`: resumable bulk jobs.
+
+Jobs are killed (SIGKILL) at chosen bytes of a batch's write and at a
+random moment, then run again: OUT must end with every record exactly once,
+each text equal to the library's one-row `rnnstep.generate` call with the
+record's seed (same path, computed in this process). Scores equal
+`rnnstep.loglikelihood`'s. Every run here is a process, so the file is slow.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+import rnnstep
+from rnnstep.cli import jobs
+from tests.support import cli
+
+pytestmark = pytest.mark.slow
+
+COMMAND = cli.command("rnnstep-generate", "rnnstep.cli.generate")
+STEPS = 12
+PROMPTS = ["ROMEO:", "To be", "KING", "Hark", "What", "O", "Now, ", "Lord"]
+
+
+def records():
+  """Eleven records: keys, a few seeds of their own, a per-record option."""
+  out = []
+  for i in range(11):
+    record = {"prompt": PROMPTS[i % len(PROMPTS)], "key": f"k{i}"}
+    if i % 4 == 1:
+      record["seed"] = 1000 + i
+    if i == 2:
+      record["temperature"] = 0.5
+    out.append(record)
+  return out
+
+
+def write_jsonl(path, lines):
+  with open(path, "w", encoding="utf-8") as f:
+    for line in lines:
+      f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("jobs")
+  model_path = str(root / "model.npz")
+  cli.write_model(model_path, seed=5)
+  return root, model_path, rnnstep.load(model_path)
+
+
+def job_args(model_path, source, out, *extra):
+  return [f"--weights={model_path}", f"--input={source}", f"--output={out}",
+          f"--num_steps={STEPS}", "--seed=9", "--stop=.", "--batch_size=3",
+          "--nojit_compile", *extra]
+
+
+def run(args, env=None):
+  result = cli.forkserver.run(
+      COMMAND + args, capture_output=True, text=True,
+      env=dict(cli.ENV, **(env or {})), stdin=subprocess.DEVNULL,
+      timeout=cli.TIMEOUT)
+  return cli.Result(result.returncode, result.stdout, result.stderr)
+
+
+def read_out(path):
+  with open(path, "rb") as f:
+    data = f.read()
+  return data, [json.loads(line) for line in data.decode().splitlines()
+                if line.endswith("}")]
+
+
+def library_text(model, record, seed):
+  options = {k: v for k, v in record.items() if k == "temperature"}
+  return rnnstep.generate(model, record["prompt"], STEPS, seed=seed, stop=".",
+                          jit_compile=False, **options)
+
+
+def test_killed_job_resumes_with_every_record_once(setup):
+  root, model_path, model = setup
+  source = write_jsonl(root / "in.jsonl", records())
+  out = str(root / "out.jsonl")
+  args = job_args(model_path, source, out)
+  # Killed 37 bytes into its second batch (inside a line).
+  killed = run(args, {jobs.CRASH_VARIABLE: "1:37"})
+  assert killed.returncode == -signal.SIGKILL, killed
+  data, lines = read_out(out)
+  assert len(lines) == 3 and not data.endswith(b"\n")
+  # Killed with all of its second batch written but the last line's end.
+  killed = run(args, {jobs.CRASH_VARIABLE: "1:-1"})
+  assert killed.returncode == -signal.SIGKILL, killed
+  data, _ = read_out(out)
+  assert data.endswith(b"}")
+  # Killed at a random moment once it has written something (maybe after
+  # its end: any moment will do).
+  size = len(data)
+  process = subprocess.Popen(COMMAND + args, env=cli.ENV,
+                             stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + cli.TIMEOUT
+  while os.path.getsize(out) <= size and process.poll() is None:
+    assert time.monotonic() < deadline
+    time.sleep(0.005)
+  time.sleep(random.uniform(0, 0.02))
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  finished = run(args)
+  assert finished.returncode == 0 and finished.stdout == "", finished
+  assert finished.stderr_lines[-1].startswith("rnnstep-generate: "), finished
+  data, lines = read_out(out)
+  assert data.endswith(b"\n")
+  assert [line["index"] for line in lines] == list(range(11))
+  for record, line in zip(records(), lines):
+    seed = record.get("seed", rnnstep.record_seed(9, line["index"]))
+    assert line["seed"] == seed and line["key"] == record["key"]
+    assert line["prompt"] == record["prompt"]
+    assert line["text"] == library_text(model, record, seed), line
+    assert line["stopped"] == line["text"].endswith(".")
+  # An unchanged rerun writes nothing.
+  again = run(args)
+  assert again.returncode == 0 and read_out(out)[0] == data, again
+  assert again.stderr_lines[-1].startswith(
+      "rnnstep-generate: 0 records written"), again
+  # A changed option, or a changed input, is refused in one line.
+  changed = run(job_args(model_path, source, out, "--temperature=0.7"))
+  assert "--temperature changed" in cli.one_error_line(changed, 1)
+  write_jsonl(source, records()[:5])
+  changed = run(args)
+  assert "--input's contents changed" in cli.one_error_line(changed, 1)
+  assert read_out(out)[0] == data
+  restarted = run(args + ["--overwrite"])
+  assert restarted.returncode == 0, restarted
+  assert [line["index"] for line in read_out(out)[1]] == list(range(5))
+
+
+def test_bad_lines_and_scoring(setup):
+  root, model_path, model = setup
+  good = records()[:4]
+  bad_lines = [good[0], '{"prompt": "To be", "key": 1', good[1],
+               {"prompt": "caf\u00e9"}, {"prompt": "x", "temperature": -1},
+               {"prompt": "x", "temprature": 1}, "", good[2]]
+  bad = write_jsonl(root / "bad.jsonl", bad_lines)
+  pairs = [{"context": "ROMEO:", "continuation": " O Romeo", "key": "a"},
+           {"text": "To be, or not to be"},
+           {"context": "K", "continuation": "ING"},
+           {"context": "Lord", "continuation": ""}]
+  scored = write_jsonl(root / "pairs.jsonl", pairs)
+  results = cli.run_concurrently(COMMAND, {
+      "refused": (job_args(model_path, bad, root / "refused.jsonl"), False),
+      "skipped": (job_args(model_path, bad, root / "skipped.jsonl",
+                           "--skip_bad_lines"), True),
+      "no_output": ([f"--weights={model_path}", f"--input={bad}"], False),
+      "prompt": (job_args(model_path, bad, root / "p.jsonl",
+                          "--prompt=ROMEO:"), False),
+  })
+  line = cli.one_error_line(results["refused"], 1)
+  assert "line 2: not JSON" in line and "--skip_bad_lines" in line
+  assert not os.path.exists(root / "refused.jsonl")
+  skipped = results["skipped"]
+  assert skipped.returncode == 0, skipped
+  said = "\n".join(skipped.stderr_lines)
+  for number, words in ((2, "not JSON"), (4, "'\u00e9'"), (5, "temperature"),
+                        (6, "unknown field 'temprature'")):
+    assert f"line {number}: skipped: " in said and words in said, said
+  assert "4 bad lines skipped" in said and "0/3 [" in said  # The bar.
+  _, lines = read_out(root / "skipped.jsonl")
+  assert [line["index"] for line in lines] == [0, 2, 7]
+  for line in lines:
+    record = bad_lines[line["index"]]
+    seed = record.get("seed", rnnstep.record_seed(9, line["index"]))
+    assert line["text"] == library_text(model, record, seed)
+  # Scoring resumes the same way.
+  score_args = [f"--weights={model_path}", f"--input={scored}",
+                f"--output={root / 'scores.jsonl'}", "--score",
+                "--batch_size=2", "--nojit_compile"]
+  killed = run(score_args, {jobs.CRASH_VARIABLE: "1:10"})
+  assert killed.returncode == -signal.SIGKILL, killed
+  finished = run(score_args)
+  assert finished.returncode == 0 and "2 already there" in (
+      finished.stderr_lines[-1]), finished
+  _, lines = read_out(root / "scores.jsonl")
+  assert [line["index"] for line in lines] == [0, 1, 2, 3]
+  want_pairs = rnnstep.loglikelihood(
+      model, [(p["context"], p["continuation"]) for p in pairs
+              if "context" in p], jit_compile=False)
+  want_text = rnnstep.loglikelihood_rolling(model, [pairs[1]["text"]],
+                                            jit_compile=False)
+  got = [(line["logprob"], line["is_greedy"]) for line in lines
+         if "context" in line]
+  # Equal to float32 rounding: the batches differ (README "Reproducibility").
+  assert [g for _, g in got] == [g for _, g in want_pairs]
+  assert [v for v, _ in got] == pytest.approx([v for v, _ in want_pairs],
+                                              abs=1e-4)
+  assert lines[1]["logprob"] == pytest.approx(want_text[0], abs=1e-4)
+  assert lines[0]["key"] == "a"
+  assert "--output=FILE" in cli.one_error_line(results["no_output"], 2)
+  assert "--prompt with --input" in cli.one_error_line(results["prompt"], 2)
