@@ -48,12 +48,12 @@ Warm runs need no TensorFlow: the first run on a model file generates with
 TensorFlow and then, in a detached background process, exports the model's
 generation loop to a LiteRT flatbuffer kept in the cache directory
 ($RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep); later runs whose request it
-serves (--format=text without --stream, --stop, --regex, beams or the
-look-back and min-p/typical-p filters; one --temperature/--top_k/--top_p for
-all rows; float32; up to 40,000 characters x rows) run it with the
+serves (every decoding option, --stop and --regex, per-row values included;
+not --num_beams > 1, --format=jsonl, --stream, --window, other dtypes than
+float32, or more than 40,000 characters x rows) run it with the
 ai_edge_litert interpreter instead, in a fraction of a second and with the
-same text. --verbose says which path ran and why; --nocache turns the cache
-off.
+same text. --verbose says which path ran and why, and what still takes
+TensorFlow; --nocache turns the cache off.
 
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
 1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C,
@@ -204,9 +204,6 @@ _VERBOSE = flags.DEFINE_boolean(
 # 40,000 char-rows at B=1 and about the same at larger batches (7.7 s / ~0.15
 # ms), so past this the TensorFlow path is used.
 FAST_PATH_MAX_CHAR_ROWS = 40_000
-# The LiteRT signature's per-batch sampling inputs; every other decoding
-# option must be at its default for the artifact to serve a request.
-_ARTIFACT_OPTIONS = ("temperature", "top_k", "top_p")
 # rnnstep.api.BUNDLED_MODEL, spelled out here so that finding it imports no
 # TensorFlow (tests/test_fast_path.py checks the two agree).
 BUNDLED_MODEL = os.path.join("data", "shakespeare.npz")
@@ -246,6 +243,7 @@ def main(argv):
   why_tensorflow = "TensorFlow path"
   try:
     if _generate_fast(rows, seed, decoding):
+      _say_tensorflow_only()
       return 0
   except _NotServed as e:
     fill_key = e.fill_key
@@ -263,6 +261,7 @@ def main(argv):
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
     _generate(model, rows, seed, decoding, printer, why_tensorflow)
+  _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
     compiled_cache.spawn_fill(_model_path(), fill_key)
@@ -287,6 +286,12 @@ def _say(message: str):
     print(f"{PROGRAM}: {message}", file=common.stderr(), flush=True)
 
 
+def _say_tensorflow_only():
+  """--verbose's second line: what the compiled artifact does not serve."""
+  _say(f"TensorFlow only: {', '.join(TENSORFLOW_ONLY)}; the compiled "
+       "artifact serves the rest")
+
+
 def _flush_outputs():
   for stream in (sys.stdout, common.stderr()):
     with contextlib.suppress(OSError, ValueError):
@@ -301,13 +306,23 @@ def _model_path() -> str:
                       BUNDLED_MODEL)
 
 
+# What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
+# sends there (the compiled artifact serves every other decoding option).
+TENSORFLOW_ONLY = ("--num_beams > 1", "--format=jsonl (its logprob)",
+                   "--stream", "--dtype other than float32",
+                   "--jit_compile/--nojit_compile", "--corpus/--vocab",
+                   "--window > 0 or a model recording a window",
+                   "a --seed outside int32",
+                   f"over {FAST_PATH_MAX_CHAR_ROWS:,} characters x rows")
+
+
 def _request_refusal(rows, seed, decoding):
   """Why the compiled artifact cannot serve this request, or None.
 
-  The artifact (exporters/litert.py) takes prompts, num_steps, one
-  temperature, top_k and top_p for the batch and an int32 seed, and returns
-  ids: no scores (jsonl's logprob), stop strings, regexes, beams, look-back
-  rules, min-p, typical-p or windows, and float32 only.
+  The artifact (exporters/litert.py) takes prompts, num_steps, an int32
+  seed, every decoding option but beams (per-row ones one value per row),
+  stop strings and patterns, and returns ids: no scores (jsonl's logprob),
+  beams or windows, and float32 only (`TENSORFLOW_ONLY`).
   """
   if not _CACHE.value:
     return "--nocache"
@@ -324,19 +339,10 @@ def _request_refusal(rows, seed, decoding):
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
-  if _STOP.value:
-    return "--stop: the compiled artifact has no stop strings"
-  if _REGEX.value:
-    return "--regex: the compiled artifact has no constraints"
-  for option in options_lib.OPTIONS:
-    value = decoding[option.name]
-    values = value if isinstance(value, list) else [value]
-    if option.name in _ARTIFACT_OPTIONS:
-      if any(v != values[0] for v in values):
-        return (f"--{option.name} differs between rows: the compiled "
-                "artifact takes one value for the batch")
-    elif any(v != option.default for v in values):
-      return f"--{option.name}: the compiled artifact has no {option.name}"
+  if decoding["num_beams"] > 1:
+    return "--num_beams: the compiled artifact has no beam search"
+  if decoding["window"]:
+    return "--window: the compiled artifact steps the model statefully"
   if not -2**31 <= seed < 2**31:
     return f"--seed={seed}: the compiled artifact's seed is int32"
   if _NUM_STEPS.value * len(rows) > FAST_PATH_MAX_CHAR_ROWS:
@@ -392,19 +398,25 @@ def _generate_fast(rows, seed, decoding) -> bool:
     except ValueError:
       raise _NotServed("a --prompt the model's vocabulary cannot encode"
                        ) from None
-  one = {name: (decoding[name][0] if isinstance(decoding[name], list)
-                else decoding[name]) for name in _ARTIFACT_OPTIONS}
+  # The artifact's inputs: every decoding option it has (beams' are off).
+  values = {name: value for name, value in decoding.items()
+            if name in compiled_cache.ARTIFACT_OPTIONS}
+  stops = _STOP.value or []
   try:
-    texts = compiled_cache.run_artifact(flatbuffer, vocab, prompts,
-                                        _NUM_STEPS.value, seed=seed,
-                                        tokens=tokens, **one)
+    texts = compiled_cache.run_artifact(
+        flatbuffer, vocab, prompts, _NUM_STEPS.value, seed=seed,
+        tokens=tokens, stop=stops,
+        regex=_regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value)),
+        **values)
+  except errors.ArgumentError as e:  # The library's refusal, with its flag.
+    raise _NotServed(f"--{e.argument}: {e}") from None
   except (ImportError, ValueError, RuntimeError) as e:
     raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                      f"{e})") from None
   _say(f"fast path: compiled artifact "
        f"{compiled_cache.entry_base(key)}.tflite (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
-    printer = Printer(out, rows, seed, [], "text")
+    printer = Printer(out, rows, seed, stops, "text")
     printer.add(texts)
     printer.finish()
   return True

@@ -2,10 +2,13 @@
 
 `export_litert(model, export_dir)` writes
 
-  export_dir/model.tflite   one signature, "generate":
-      prompt_ids int32 [B, T] (right-padded), prompt_lengths int32 [B],
-      num_steps int32 [], temperature float32 [], top_k int32 [],
-      top_p float32 [], seed int32 []  ->  ids int32 [B, num_steps]
+  export_dir/model.tflite   one signature, "generate": the prompts as
+      right-padded ids, num_steps, an int32 seed, every decoding option of
+      `rnnstep.generate` but beam search's (per-row ones [B], or [1] for
+      every row), the stop automaton and the regex DFA as tables ->
+      ids int32 [B, num_steps], lengths int32 [B]
+      (`litert_inputs`: the inputs, their "off" values, and the tables
+      built on the host with numpy)
   export_dir/vocab.json     the characters (or tokens) in id order (a JSON
                             list)
   export_dir/tokens.json    a token model's vocabulary with its kind and
@@ -14,29 +17,27 @@
   export_dir/tokenizer.json (its Hugging Face `tokenizers` file)
 
 The flatbuffer holds only builtin LiteRT ops (no TF "Flex" ops), so the plain
-`ai_edge_litert` interpreter runs it, with no TensorFlow installed.
+`ai_edge_litert` interpreter runs it, with no TensorFlow installed. One
+flatbuffer serves every request: an option at its "off" value costs nothing
+a step (the library's plain tail runs, as in `rnnstep.generate`).
 
-The loop is written for the converter rather than shared with `Generator`
-(whose TensorArrays become TensorList ops, which need Flex or static shapes):
+The loop is the library's (`loop.run_decode` over `pipeline.tails`: the same
+options in the same order), with two changes for the converter:
 
   - prime: `loop.prime` stepwise, a while loop over the prompt columns, each
     row's state advanced only while the column is before its last character
-    (masked, as generation's priming is);
-  - decode: a while loop over steps whose ids go into a `[num_steps, B]`
-    buffer, row t written by a dynamic update slice (LiteRT's builtin
-    DYNAMIC_UPDATE_SLICE; 13-20% faster than `tensor_scatter_nd_update`,
-    which becomes SCATTER_ND + SELECT, at B=1 x 5000 and B=64 x 500 steps).
-    That op has TF kernels only under XLA: the function is meant for the
-    converter, not to be called in TensorFlow.
+    (masked, as generation's priming is), not layer by layer;
+  - the ids go into a `[num_steps, B]` tensor written by a dynamic update
+    slice (`SliceBuffer`), not a TensorArray, whose TensorList ops need Flex.
 
-The cells, the projection and the sampling (greedy, temperature, top-k,
-top-p; "[UNK]" never drawn) are the library's own (`Model.network()`,
-`pipeline.choose`): row i of a call uses the noise key (seed, i), as
+A graph cannot compile stop strings or a regular expression, so the stop
+automaton and the regex DFA are inputs (`litert_inputs.build` makes them as
+`rnnstep.generate` does). Row i of a call uses the noise key (seed, i), as
 `rnnstep.generate(..., seed=seed)` does, so the two give the same text
 (greedy: the same text as Keras). The seed is int32, not int64: LiteRT has no
-int64 bitwise ops to split a 64-bit seed (see `row_keys`). Stop strings are not
-part of the export (cut the decoded text on the host), nor are the other
-options the SavedModel serves (`lacks`; `rnnstep-export` names them).
+int64 bitwise ops to split a 64-bit seed (see `row_keys`). With num_beams
+k > 1 the call is `engine/beams.py`'s search instead (a conditional in the
+flatbuffer), and each prompt's k hypotheses come back as k rows, best first.
 
 Only float32 models are exported: LiteRT has no bfloat16 matmul, so a model
 loaded with dtype bfloat16/float16 is refused rather than silently changed.
@@ -58,6 +59,7 @@ from rnnstep.decoding import pipeline
 from rnnstep.decoding import processors
 from rnnstep.decoding import sampling
 from rnnstep.decoding import stopping
+from rnnstep.engine import beams
 from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep.exporters import litert_inputs
@@ -151,21 +153,26 @@ class GenerateModule(tf.Module):
         constraint=constraints.Dfa(values["regex_table"],
                                    values["regex_ends"],
                                    rows(values["regex_start"])))
-    carry = loop.start_carry(
-        network, request, 1,
-        state=loop.prime(network, prompts, unconsumed=1, stepwise=True))
-    result = loop.run_decode(network, request, carry, chooses_first=False,
-                             keys=row_keys(seed, index),
-                             ids_buffer=SliceBuffer.make)
-    ids = tf.where(tf.range(steps)[None, :] < result.lengths[:, None],
-                   result.ids, 0)
-    return {"ids": ids, "lengths": result.lengths}
+    primed = loop.prime(network, prompts, unconsumed=1, stepwise=True)
+    num_beams = values["num_beams"]
 
+    def sample():
+      carry = loop.start_carry(network, request, 1, state=primed)
+      result = loop.run_decode(network, request, carry, chooses_first=False,
+                               keys=row_keys(seed, index),
+                               ids_buffer=SliceBuffer.make)
+      return result.ids, result.lengths
 
-def lacks() -> list:
-  """What the SavedModel serves and the LiteRT signature does not (beam
-  search's options)."""
-  return list(litert_inputs.LACKS)
+    def beam_search():
+      # Each prompt's k hypotheses as k rows, best first.
+      best = beams.search(network, request._replace(beams=request_lib.Beams(
+          num_beams, values["length_penalty"])), primed=primed)
+      return (tf.reshape(best.ids, [-1, steps]),
+              tf.reshape(best.lengths, [-1]))
+
+    ids, lengths = tf.cond(num_beams > 1, beam_search, sample)
+    ids = tf.where(tf.range(steps)[None, :] < lengths[:, None], ids, 0)
+    return {"ids": ids, "lengths": lengths}
 
 
 def signature_text() -> str:

@@ -1,8 +1,8 @@
 """The LiteRT export's inputs, declared once and built on the host with numpy.
 
 The `generate` signature of `rnnstep.exporters.litert` takes every decoding
-option of `rnnstep.generate` but beams, so that one flatbuffer per model
-serves every request (rnnstep-generate's compiled-artifact cache keeps one
+option the SavedModel serves, beam search's included, so that one flatbuffer
+per model serves every request (rnnstep-generate's compiled-artifact cache keeps one
 entry per model, not one per set of flags). Its inputs (`INPUTS`, in this
 order) are
 
@@ -13,17 +13,21 @@ order) are
   one per served per-row option   float32 or int32 [B] or [1] (one for all
                                   rows): repetition_penalty, temperature,
                                   top_k, top_p, min_p, typical_p
-  one per served shared option    int32 []: no_repeat_ngram_size,
-                                  repetition_window
+  one per served shared option    no_repeat_ngram_size,
+                                  repetition_window, num_beams int32 [];
+                                  length_penalty float32 []
   stop_table int32 [S, V]         the stop automaton (`stopping.Automaton`)
   stop_accept bool [S]
   regex_table int32 [R, V]        the regex DFA (`constraints.Dfa`)
   regex_ends bool [R]
   regex_start int32 [B] or [1]    each row's start state
 
-and it returns `ids` int32 [B, num_steps] (zeros past a row's end) and
-`lengths` int32 [B] (a row ends with its stop string, or where its pattern
-can go no further). Every option's "off" value (`off_inputs`) is its
+and it returns `ids` int32 [R, num_steps] (zeros past a row's end) and
+`lengths` int32 [R] (a row ends with its stop string, or where its pattern
+can go no further). Sampling (num_beams 1) returns a row per prompt, R = B;
+beam search (num_beams k > 1) k rows per prompt, R = B x k, prompt p's
+hypotheses in rows p*k to p*k + k - 1, best first (`rnnstep.generate(...,
+num_beams=k, num_return_sequences=k)`'s). Every option's "off" value (`off_inputs`) is its
 declared `off` (`options.py`), no stop string (one state that never
 accepts) and no pattern (every row `FREE`).
 
@@ -48,13 +52,9 @@ from rnnstep.model import vocabulary as vocabulary_lib
 
 SIGNATURE = "generate"
 
-# The options the signature takes: every served one but beam search's, in
+# The options the signature takes: every one the SavedModel serves, in
 # their declaration order (`options.OPTIONS`).
-OPTIONS = tuple(o for o in options.OPTIONS
-                if o.served and o.stage != options.BEAM)
-# What the SavedModel serves and this signature does not.
-LACKS = tuple(o.name for o in options.OPTIONS
-              if o.served and o.stage == options.BEAM)
+OPTIONS = tuple(o for o in options.OPTIONS if o.served)
 
 
 class Input(NamedTuple):
@@ -81,6 +81,11 @@ INPUTS = (
 )
 OUTPUTS = (Input("ids", "int32", (None, None)),
            Input("lengths", "int32", (None,)))
+
+
+def usable_vocabulary(vocabulary) -> int:
+  """The ids a row can generate (all but `[UNK]`): the most beams."""
+  return vocabulary.vocab_size - int(vocabulary.has_unk)
 
 
 class Vocabulary:
@@ -146,12 +151,17 @@ def build(vocabulary, prompt_ids: Sequence[Sequence[int]], num_steps: int,
   for name, value in values.items():
     if name not in by_name:
       raise errors.ArgumentError(
-          name, f"{name}: the LiteRT export has no such input (it lacks "
-          f"{', '.join(LACKS)})")
+          name, f"{name}: the LiteRT export has no such input")
     option = by_name[name]
     value = option.check(value, batch)
     array = np.asarray(value, option.dtype)
     inputs[name] = array.reshape([-1]) if option.per_row else array
+  usable = usable_vocabulary(vocabulary)
+  if int(inputs["num_beams"]) > usable:  # As `rnnstep.generate` refuses it.
+    raise errors.ArgumentError(
+        "num_beams", f"num_beams must be an integer from 1 (no beam search) "
+        f"to {usable} (the model's usable vocabulary), got "
+        f"{int(inputs['num_beams'])}")
   if not -2**31 <= seed < 2**31:
     raise errors.ArgumentError("seed", f"the LiteRT export's seed is int32, "
                                f"got {seed}")
