@@ -27,7 +27,7 @@ _EXPORTS = {
     "Generator": "rnnstep.engine.generator",
     "Model": "rnnstep.model.network",
     "bundled_model_path": "rnnstep.api",
-    "export": "rnnstep.exporters.saved_model",
+    "export": "rnnstep.exporters",
     "export_litert": "rnnstep.exporters.litert",
     "generate": "rnnstep.api",
     "hidden_states": "rnnstep.api",

@@ -31,10 +31,10 @@ from rnnstep.model import model_file
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "rnnstep"
 # The converter reads their files as data; the package never imports them.
 FOREIGN_FRAMEWORKS = ("torch", "safetensors", "ai_edge_litert")
-# Except: rnnstep-generate's compiled-artifact cache runs the LiteRT
-# interpreter (an optional import inside a function; without it the command
-# takes the TensorFlow path).
-RUNS_THE_INTERPRETER = PACKAGE / "cli" / "compiled_cache.py"
+# Except: rnnstep-generate's warm path runs the LiteRT interpreter (an
+# optional import inside a function; without it the command takes the
+# TensorFlow path).
+RUNS_THE_INTERPRETER = PACKAGE / "exporters" / "litert_runner.py"
 
 SCRIPT = textwrap.dedent("""
     import json, sys

@@ -11,8 +11,9 @@ So the command keeps one exported flatbuffer per model file here, and a run
 whose request the flatbuffer serves (`servable` in cli/generate.py) runs it
 instead of TensorFlow. A run that finds no valid entry generates on the
 TensorFlow path as before and, once its text is written, starts a detached
-child (`python -m rnnstep.cli.compiled_cache`, `spawn_fill`) that builds the
-entry for the next run; the user's command does not wait for it.
+child (`python -m rnnstep.cli.cache_fill`, `spawn_fill`) that builds the
+entry for the next run; the user's command does not wait for it. The
+flatbuffer is run by `rnnstep.exporters.litert_runner`.
 
 Entries live in `<cache dir>/litert/` (the tuning cache's directory:
 $RNNSTEP_CACHE_DIR, else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep), one
@@ -45,10 +46,10 @@ and the export is reproducible (the same bytes from a fresh process), so even
 last-writer-wins would leave identical content.
 
 This module imports neither TensorFlow nor the interpreter at module level:
-the fast path (`run_artifact`) imports `ai_edge_litert` and numpy only
-(and, for a token model, `rnnstep.model.vocabulary`, which imports no
-TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow to
-export.
+the fast path (`litert_runner.run_artifact`) imports `ai_edge_litert` and
+numpy only (and, for a token model, `rnnstep.model.vocabulary`, which imports
+no TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow
+to export.
 """
 
 import contextlib
@@ -62,18 +63,13 @@ from typing import Optional, Tuple
 
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
+from rnnstep.exporters import litert_runner
 import rnnstep
 from rnnstep import staging
 
 FORMAT = "rnnstep-litert-cache"
 VERSION = 1
 SUBDIR = "litert"
-# The export's options: what `exporters.litert.convert` is asked for. A change
-# to the export (its signature, its dtype) changes this, and so every key.
-EXPORT_OPTIONS = {"exporter": "litert", "signature": "generate",
-                  "dtype": "float32", "inputs": ["prompt_ids", "prompt_lengths",
-                                                 "num_steps", "temperature",
-                                                 "top_k", "top_p", "seed"]}
 RUNTIME_DISTRIBUTION = "ai-edge-litert"
 MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
 _CHUNK = 1 << 20
@@ -131,7 +127,7 @@ def key(model_path: str, runtime: str) -> dict:
           "rnnstep": rnnstep.__version__, "rnnstep_sources": sources_digest(),
           "runtime": f"{RUNTIME_DISTRIBUTION} {runtime}",
           "cpu": this.name, "cpu_flags": list(this.features),
-          "export": EXPORT_OPTIONS}
+          "export": litert_runner.EXPORT_OPTIONS}
 
 
 def entry_name(the_key: dict) -> str:
@@ -213,50 +209,6 @@ def lookup(the_key: dict) -> Tuple[bytes, dict]:
   return flatbuffer, manifest
 
 
-def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
-                 temperature: float, top_k: int, top_p: float, seed: int,
-                 tokens=None):
-  """The continuations of `prompts` from the flatbuffer's `generate`.
-
-  Args:
-    flatbuffer, vocab, prompts, num_steps, temperature, top_k, top_p, seed:
-      the artifact, its vocabulary and the request.
-    tokens: a token model's `vocabulary.Tokens` (`tokens_of`), which
-      encodes the prompts and decodes the ids as the library does; None for
-      a character model.
-
-  Raises:
-    KeyError: a prompt character outside `vocab` (the caller checks first).
-    ValueError: a prompt a token model cannot encode.
-    ImportError: no ai_edge_litert.
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  # pylint: disable-next=g-import-not-at-top
-  from ai_edge_litert import interpreter as interpreter_lib
-  if tokens is not None:
-    encoded = [tokens.encode(prompt).tolist() for prompt in prompts]
-    if not all(encoded):
-      raise ValueError("a prompt gives no tokens")
-  else:
-    char_to_id = {c: i for i, c in enumerate(vocab)}
-    encoded = [[char_to_id[c] for c in prompt] for prompt in prompts]
-  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
-  for row, prompt_ids in enumerate(encoded):
-    ids[row, :len(prompt_ids)] = prompt_ids
-  runner = interpreter_lib.Interpreter(
-      model_content=flatbuffer).get_signature_runner(EXPORT_OPTIONS["signature"])
-  out = runner(prompt_ids=ids,
-               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
-               num_steps=np.int32(num_steps),
-               temperature=np.float32(temperature), top_k=np.int32(top_k),
-               top_p=np.float32(top_p), seed=np.int32(seed))["ids"]
-  if out.shape != (len(prompts), num_steps):
-    raise ValueError(f"the artifact returned ids of shape {out.shape}")
-  if tokens is not None:
-    return [tokens.text(row) for row in out]
-  return ["".join(vocab[i] for i in row) for row in out.tolist()]
-
-
 def spawn_fill(model_path: str, the_key: dict):
   """Starts the detached child that builds the entry; does not wait.
 
@@ -267,7 +219,7 @@ def spawn_fill(model_path: str, the_key: dict):
   with contextlib.suppress(OSError):
     os.makedirs(os.path.dirname(base), exist_ok=True)
     subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "rnnstep.cli.compiled_cache", model_path,
+        [sys.executable, "-m", "rnnstep.cli.cache_fill", model_path,
          json.dumps(the_key, sort_keys=True)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
@@ -320,21 +272,3 @@ def fill(model_path: str, the_key: dict) -> str:
       with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
     return "unsupported" if "unsupported" in manifest else "built"
-
-
-def _main(argv) -> int:
-  """`python -m rnnstep.cli.compiled_cache MODEL_PATH KEY_JSON` (the child)."""
-  with contextlib.suppress(AttributeError, OSError):
-    os.nice(10)  # Background work: the user's next command comes first.
-  try:
-    model_path, the_key = argv[1], json.loads(argv[2])
-    print(fill(model_path, the_key))
-    return 0
-  except Exception as e:  # pylint: disable=broad-except
-    # Detached, with no one to tell: the next cold run tries again.
-    print(f"failed: {type(e).__name__}: {e}", file=sys.stderr)
-    return 1
-
-
-if __name__ == "__main__":
-  sys.exit(_main(sys.argv))

@@ -48,9 +48,9 @@ Warm runs need no TensorFlow: the first run on a model file generates with
 TensorFlow and then, in a detached background process, exports the model's
 generation loop to a LiteRT flatbuffer kept in the cache directory
 ($RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep); later runs whose request it
-serves (every decoding option, --stop and --regex, per-row values included;
-not --num_beams > 1, --format=jsonl, --stream, --window, other dtypes than
-float32, or more than 40,000 characters x rows) run it with the
+serves (every decoding option, --stop, --regex and beams, per-row values
+included; not --format=jsonl, --stream, --window, other dtypes than float32,
+or more than 40,000 characters x rows) run it with the
 ai_edge_litert interpreter instead, in a fraction of a second and with the
 same text. --verbose says which path ran and why, and what still takes
 TensorFlow; --nocache turns the cache off.
@@ -77,6 +77,7 @@ from absl import flags
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
 from rnnstep.cli import compiled_cache
 from rnnstep.decoding import options as options_lib
+from rnnstep.exporters import litert_runner
 from rnnstep import errors
 import rnnstep  # pylint: disable=g-bad-import-order
 
@@ -308,7 +309,7 @@ def _model_path() -> str:
 
 # What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
 # sends there (the compiled artifact serves every other decoding option).
-TENSORFLOW_ONLY = ("--num_beams > 1", "--format=jsonl (its logprob)",
+TENSORFLOW_ONLY = ("--format=jsonl (its logprob)",
                    "--stream", "--dtype other than float32",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
@@ -320,9 +321,9 @@ def _request_refusal(rows, seed, decoding):
   """Why the compiled artifact cannot serve this request, or None.
 
   The artifact (exporters/litert.py) takes prompts, num_steps, an int32
-  seed, every decoding option but beams (per-row ones one value per row),
-  stop strings and patterns, and returns ids: no scores (jsonl's logprob),
-  beams or windows, and float32 only (`TENSORFLOW_ONLY`).
+  seed, every decoding option (per-row ones one value per row, beams
+  included), stop strings and patterns, and returns ids: no scores (jsonl's
+  logprob), no windows, float32 only (`TENSORFLOW_ONLY`).
   """
   if not _CACHE.value:
     return "--nocache"
@@ -339,8 +340,6 @@ def _request_refusal(rows, seed, decoding):
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
-  if decoding["num_beams"] > 1:
-    return "--num_beams: the compiled artifact has no beam search"
   if decoding["window"]:
     return "--window: the compiled artifact steps the model statefully"
   if not -2**31 <= seed < 2**31:
@@ -398,21 +397,29 @@ def _generate_fast(rows, seed, decoding) -> bool:
     except ValueError:
       raise _NotServed("a --prompt the model's vocabulary cannot encode"
                        ) from None
-  # The artifact's inputs: every decoding option it has (beams' are off).
+  # The artifact's inputs: every decoding option it has.
   values = {name: value for name, value in decoding.items()
-            if name in compiled_cache.ARTIFACT_OPTIONS}
+            if name in litert_runner.ARTIFACT_OPTIONS}
+  regex = _regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value))
   stops = _STOP.value or []
+  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
+  if beams > 1:  # As `_generate`: one search per prompt, its rows its best.
+    prompts = list(_PROMPT.value)
+    values = {name: (value[::returned] if isinstance(value, list) else value)
+              for name, value in values.items()}
+    regex = regex[::returned] if isinstance(regex, list) else regex
   try:
-    texts = compiled_cache.run_artifact(
+    texts = litert_runner.run_artifact(
         flatbuffer, vocab, prompts, _NUM_STEPS.value, seed=seed,
-        tokens=tokens, stop=stops,
-        regex=_regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value)),
-        **values)
-  except errors.ArgumentError as e:  # The library's refusal, with its flag.
+        tokens=tokens, stop=stops, regex=regex, **values)
+  except errors.ArgumentError as e:  # The library refuses it too: its words.
     raise _NotServed(f"--{e.argument}: {e}") from None
   except (ImportError, ValueError, RuntimeError) as e:
     raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                      f"{e})") from None
+  if beams > 1:
+    texts = [text for p in range(len(prompts))
+             for text in texts[p * beams:p * beams + returned]]
   _say(f"fast path: compiled artifact "
        f"{compiled_cache.entry_base(key)}.tflite (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:

@@ -450,51 +450,29 @@ def _no_constraints():
   return tf.zeros([0], tf.string), tf.constant("")
 
 
-FORMATS = ("saved_model", "web", "tflite")
+def export_saved_model(model, export_dir, *, jit_compile=False,
+                       regex=()) -> str:
+  """Writes `model` as a SavedModel with string signatures (see module doc).
 
-
-# `format` is the keyword the issue and the CLI flag use.
-def export(model, export_dir, *, jit_compile=False, format="saved_model",
-           regex=()) -> str:  # pylint: disable=redefined-builtin
-  """Writes `model` as a SavedModel with string signatures (see module doc),
-  or (`format=`) as a web export or a LiteRT model.
+  `rnnstep.export` (the exporters' package front) dispatches here for
+  format="saved_model".
 
   Args:
     model: an `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
     jit_compile: False or None (graph), True or "elementwise" (see
-      `ServingModule`); SavedModel only.
-    regex: the patterns a SavedModel serves (`generate_constrained`'s
+      `ServingModule`).
+    regex: the patterns the SavedModel serves (`generate_constrained`'s
       `regex` input names one), each compiled now: a graph cannot compile
-      one at serving time. A str or a list of str; SavedModel only.
-    format: "saved_model"; "web" (`rnnstep.exporters.web.export_web`: a
-      page and ES module that generate in the browser); "tflite"
-      (`rnnstep.export_litert`).
+      one at serving time. A str or a list of str.
 
   Returns:
     The export directory.
 
   Raises:
-    ValueError: export_dir exists and is not empty, an unknown format,
-      jit_compile or regex with another format, a bad pattern
-      (`errors.ArgumentError`), or a model that format refuses.
+    ValueError: export_dir exists and is not empty, or a bad pattern
+      (`errors.ArgumentError`).
   """
-  if format not in FORMATS:
-    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
-                     f"{format!r}")
-  if format != "saved_model":
-    if jit_compile:
-      raise ValueError(f"jit_compile applies to format='saved_model' only, "
-                       f"not {format!r}; drop it")
-    if regex:
-      raise ValueError(f"regex applies to format='saved_model' only, not "
-                       f"{format!r}; drop it")
-    # pylint: disable=g-import-not-at-top
-    if format == "web":
-      from rnnstep.exporters import web
-      return web.export_web(model, export_dir)
-    from rnnstep.exporters import litert
-    return litert.export_litert(model, export_dir)
   export_dir = os.fspath(export_dir)
   staging.require_new_directory(export_dir, "choose a new --output")
   module = ServingModule(model, jit_compile=jit_compile, regex=regex)

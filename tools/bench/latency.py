@@ -91,7 +91,7 @@ def _fill_artifact(model_path, env, cache_dir):
   timing.log("[latency] building the compiled artifact ...")
   key = json.dumps(compiled_cache.key(model_path, runtime), sort_keys=True)
   proc = subprocess.run(
-      [sys.executable, "-m", "rnnstep.cli.compiled_cache", model_path, key],
+      [sys.executable, "-m", "rnnstep.cli.cache_fill", model_path, key],
       capture_output=True, text=True, env=env, check=False)
   if proc.stdout.strip() != "built":
     return f"building it said {(proc.stdout + proc.stderr).strip()[-300:]!r}"

@@ -51,6 +51,7 @@ def _litert(model_path, num_chars, clock):
   from ai_edge_litert import interpreter
   clock("import_runtime")
   from rnnstep.cli import compiled_cache
+  from rnnstep.exporters import litert_runner
   # pylint: enable=g-import-not-at-top,unused-import
   clock("import_rnnstep")
   key = compiled_cache.key(model_path, compiled_cache.runtime_version())
@@ -58,9 +59,9 @@ def _litert(model_path, num_chars, clock):
   clock("load")
   vocab = manifest["vocab"]
   for seed, phase in ((1, "first_call"), (2, "second_call")):
-    compiled_cache.run_artifact(flatbuffer, vocab, [probe_prompt(vocab)],
-                                num_chars, temperature=1.0, top_k=0, top_p=1.0,
-                                seed=seed)
+    litert_runner.run_artifact(flatbuffer, vocab, [probe_prompt(vocab)],
+                               num_chars, temperature=1.0, top_k=0, top_p=1.0,
+                               seed=seed)
     clock(phase)
   if "tensorflow" in sys.modules:
     raise RuntimeError("the fast path imported TensorFlow")
