@@ -2,34 +2,36 @@
 
 The `generate` signature of `rnnstep.exporters.litert` takes every decoding
 option the SavedModel serves, beam search's included, so that one flatbuffer
-per model serves every request (rnnstep-generate's compiled-artifact cache keeps one
-entry per model, not one per set of flags). Its inputs (`INPUTS`, in this
-order) are
+per model serves every request (rnnstep-generate's compiled-artifact cache
+keeps one entry per model, not one per set of flags). Its inputs (`INPUTS`:
+the options in their declaration order) are
 
   prompt_ids int32 [B, T]         right-padded ids
   prompt_lengths int32 [B]        each >= 1
   num_steps int32 []
   seed int32 []                   row i draws with the key (seed, i)
-  one per served per-row option   float32 or int32 [B] or [1] (one for all
-                                  rows): repetition_penalty, temperature,
-                                  top_k, top_p, min_p, typical_p
-  one per served shared option    no_repeat_ngram_size,
-                                  repetition_window, num_beams int32 [];
-                                  length_penalty float32 []
+  repetition_penalty float32 [B]  the per-row options, each [B] or [1] (one
+  temperature float32 [B]         value for every row)
+  top_k int32 [B]
+  top_p, min_p, typical_p float32 [B]
+  no_repeat_ngram_size int32 []   the shared options
+  repetition_window int32 []
+  num_beams int32 []
+  length_penalty float32 []
   stop_table int32 [S, V]         the stop automaton (`stopping.Automaton`)
   stop_accept bool [S]
   regex_table int32 [R, V]        the regex DFA (`constraints.Dfa`)
   regex_ends bool [R]
   regex_start int32 [B] or [1]    each row's start state
 
-and it returns `ids` int32 [R, num_steps] (zeros past a row's end) and
-`lengths` int32 [R] (a row ends with its stop string, or where its pattern
-can go no further). Sampling (num_beams 1) returns a row per prompt, R = B;
-beam search (num_beams k > 1) k rows per prompt, R = B x k, prompt p's
+and it returns `ids` int32 [N, num_steps] (zeros past a row's end) and
+`lengths` int32 [N] (a row ends with its stop string, or where its pattern
+can go no further). Sampling (num_beams 1) returns a row per prompt, N = B;
+beam search (num_beams k > 1) k rows per prompt, N = B x k, prompt p's
 hypotheses in rows p*k to p*k + k - 1, best first (`rnnstep.generate(...,
-num_beams=k, num_return_sequences=k)`'s). Every option's "off" value (`off_inputs`) is its
-declared `off` (`options.py`), no stop string (one state that never
-accepts) and no pattern (every row `FREE`).
+num_beams=k, num_return_sequences=k)`'s). Every option's "off" value
+(`off_inputs`) is its declared `off` (`options.py`); no stop string is one
+state that never accepts, no pattern every row at `constraints.FREE`.
 
 A graph cannot compile a regular expression or stop strings, so the tables
 are inputs, built here as `rnnstep.generate` builds them
@@ -42,13 +44,13 @@ made from its `vocabulary.Tokens` (a warm run has no `Model`).
 
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
-
 from rnnstep import errors
-from rnnstep.decoding import constraints
 from rnnstep.decoding import options
-from rnnstep.decoding import stopping
-from rnnstep.model import vocabulary as vocabulary_lib
+
+# The declarations import nothing more: rnnstep-generate reads them (the
+# cache's key) before it knows whether it runs the artifact, and --help
+# should not wait for numpy. The builders import numpy, the tables' modules
+# and the vocabulary on first use.
 
 SIGNATURE = "generate"
 
@@ -97,19 +99,26 @@ class Vocabulary:
       for a character model).
   """
 
-  def __init__(self, tokens: vocabulary_lib.Tokens):
+  def __init__(self, tokens):
+    # pylint: disable-next=g-import-not-at-top
+    from rnnstep.model import vocabulary as vocabulary_lib
     self.tokens = tokens
     self.vocab = tuple(tokens.vocab)
     self.vocab_size = len(self.vocab)
     self.is_characters = tokens.kind == "characters"
     self.has_unk = self.vocab[0] == vocabulary_lib.UNK_TOKEN
 
-  def encode(self, text: str) -> np.ndarray:
+  def encode(self, text: str):
     return self.tokens.encode(text)
 
 
-def off_inputs(vocab_size: int, batch: int = 1) -> Dict[str, np.ndarray]:
+def off_inputs(vocab_size: int) -> Dict[str, "np.ndarray"]:
   """Every input but the prompts, num_steps and seed, at "off"."""
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from rnnstep.decoding import constraints
+  from rnnstep.decoding import stopping
+  # pylint: enable=g-import-not-at-top
   out = {}
   for option in OPTIONS:
     value = np.asarray(option.off, option.dtype)
@@ -118,14 +127,13 @@ def off_inputs(vocab_size: int, batch: int = 1) -> Dict[str, np.ndarray]:
   free = constraints.unconstrained(1, vocab_size)
   out.update(stop_table=stops.table, stop_accept=stops.accept,
              regex_table=free.table, regex_ends=free.ends,
-             regex_start=np.full([1 if batch else 0], constraints.FREE,
-                                 np.int32))
+             regex_start=np.full([1], constraints.FREE, np.int32))
   return out
 
 
 def build(vocabulary, prompt_ids: Sequence[Sequence[int]], num_steps: int,
           seed: int, *, stop: Sequence[str] = (),
-          regex=None, **values) -> Dict[str, np.ndarray]:
+          regex=None, **values) -> Dict[str, "np.ndarray"]:
   """The signature's inputs for a request, as `rnnstep.generate` takes it.
 
   Args:
@@ -145,8 +153,13 @@ def build(vocabulary, prompt_ids: Sequence[Sequence[int]], num_steps: int,
     errors.ArgumentError: a value out of its range, an option the
       signature lacks, a bad stop string or pattern (naming it).
   """
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from rnnstep.decoding import constraints
+  from rnnstep.decoding import stopping
+  # pylint: enable=g-import-not-at-top
   batch = len(prompt_ids)
-  inputs = off_inputs(vocabulary.vocab_size, batch)
+  inputs = off_inputs(vocabulary.vocab_size)
   by_name = {o.name: o for o in OPTIONS}
   for name, value in values.items():
     if name not in by_name:
@@ -182,7 +195,7 @@ def build(vocabulary, prompt_ids: Sequence[Sequence[int]], num_steps: int,
   return inputs
 
 
-def texts(vocabulary, ids: np.ndarray, lengths: np.ndarray,
+def texts(vocabulary, ids, lengths,
           stop: Sequence[str] = (), prompts: Optional[Sequence[str]] = None):
   """The rows' texts from the signature's outputs, as `rnnstep.generate`
   decodes them (a token model's cut at its stop string's end; a `recipe`
