@@ -114,6 +114,14 @@ def test_the_warm_runner_gives_the_library_s_text(artifact, case):
     assert any(text.endswith(tuple(options["stop"])) for text in got)
 
 
+def test_zero_steps_give_empty_rows(artifact):
+  _, model, flatbuffer, tokens = artifact
+  for beams in (1, 2):
+    assert litert_runner.run_artifact(
+        flatbuffer, list(model.vocab), ["a", "b"], 0, seed=0, tokens=tokens,
+        num_beams=beams, stop=["e"]) == [""] * 2 * beams
+
+
 def test_refusals_are_the_library_s(artifact):
   _, model, flatbuffer, tokens = artifact
   vocab = list(model.vocab)

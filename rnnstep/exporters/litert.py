@@ -4,11 +4,11 @@
 
   export_dir/model.tflite   one signature, "generate": the prompts as
       right-padded ids, num_steps, an int32 seed, every decoding option of
-      `rnnstep.generate` but beam search's (per-row ones [B], or [1] for
+      `rnnstep.generate`, beams included (per-row ones [B], or [1] for
       every row), the stop automaton and the regex DFA as tables ->
-      ids int32 [B, num_steps], lengths int32 [B]
-      (`litert_inputs`: the inputs, their "off" values, and the tables
-      built on the host with numpy)
+      ids int32 [N, num_steps], lengths int32 [N] (N: B rows, or B x k
+      with k beams) (`litert_inputs`: the inputs, their "off" values, and
+      the tables built on the host with numpy)
   export_dir/vocab.json     the characters (or tokens) in id order (a JSON
                             list)
   export_dir/tokens.json    a token model's vocabulary with its kind and
@@ -22,7 +22,8 @@ flatbuffer serves every request: an option at its "off" value costs nothing
 a step (the library's plain tail runs, as in `rnnstep.generate`).
 
 The loop is the library's (`loop.run_decode` over `pipeline.tails`: the same
-options in the same order), with two changes for the converter:
+options in the same order; `beams.search` for num_beams > 1), with two
+changes for the converter:
 
   - prime: `loop.prime` stepwise, a while loop over the prompt columns, each
     row's state advanced only while the column is before its last character
@@ -92,17 +93,21 @@ class SliceBuffer(NamedTuple):
   converter, not to be called in TensorFlow.
   """
   ids: tf.Tensor
+  capacity: tf.Tensor
 
   @classmethod
   def make(cls, capacity, batch) -> "SliceBuffer":
-    return cls(tf.zeros([capacity, batch], tf.int32))
+    # At least one row: the interpreter prepares the loop's update of a
+    # [1, B] row even for zero steps, and refuses it into a [0, B] buffer.
+    return cls(tf.zeros([tf.maximum(capacity, 1), batch], tf.int32),
+               capacity)
 
   def write(self, step, chosen) -> "SliceBuffer":
-    return SliceBuffer(xla.dynamic_update_slice(
+    return self._replace(ids=xla.dynamic_update_slice(
         self.ids, chosen[None, :], tf.stack([step, 0])))
 
   def stack(self) -> tf.Tensor:
-    return self.ids
+    return self.ids[:self.capacity]
 
 
 class GenerateModule(tf.Module):
@@ -167,8 +172,9 @@ class GenerateModule(tf.Module):
       # Each prompt's k hypotheses as k rows, best first.
       best = beams.search(network, request._replace(beams=request_lib.Beams(
           num_beams, values["length_penalty"])), primed=primed)
-      return (tf.reshape(best.ids, [-1, steps]),
-              tf.reshape(best.lengths, [-1]))
+      rows_out = batch * num_beams  # Not -1: zero steps leave no size.
+      return (tf.reshape(best.ids, [rows_out, steps]),
+              tf.reshape(best.lengths, [rows_out]))
 
     ids, lengths = tf.cond(num_beams > 1, beam_search, sample)
     ids = tf.where(tf.range(steps)[None, :] < lengths[:, None], ids, 0)
