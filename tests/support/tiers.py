@@ -71,6 +71,7 @@ LONGEST_FIRST = (
     "test_serve_hostile.py",    # 37
     "test_convert_torch.py",    # 55
     "test_fast_path.py",        # 53
+    "test_litert_options.py",   # ~50 (three LiteRT conversions)
     "test_cli_generate.py",     # 49
     "test_beam_search.py",      # 48
     "test_processors.py",       # 45
