@@ -115,11 +115,11 @@ def test_the_warm_runner_gives_the_library_s_text(artifact, case):
 
 
 def test_zero_steps_give_empty_rows(artifact):
-  _, model, flatbuffer, tokens = artifact
+  kind, model, flatbuffer, tokens = artifact
   for beams in (1, 2):
     assert litert_runner.run_artifact(
-        flatbuffer, list(model.vocab), ["a", "b"], 0, seed=0, tokens=tokens,
-        num_beams=beams, stop=["e"]) == [""] * 2 * beams
+        flatbuffer, list(model.vocab), PROMPTS[kind], 0, seed=0,
+        tokens=tokens, num_beams=beams, stop=["e"]) == [""] * 2 * beams
 
 
 def test_refusals_are_the_library_s(artifact):
