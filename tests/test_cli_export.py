@@ -80,8 +80,10 @@ LITERT = textwrap.dedent("""
                length_penalty=1.0)
     texts = []
     for args in calls:
+      # Per-row inputs (a list above) are [B] or [1]; the others scalars.
       values = {k: np.array(args.get(k, v), np.float32 if isinstance(
-          v[0] if isinstance(v, list) else v, float) else np.int32)
+          v[0] if isinstance(v, list) else v, float) else np.int32).reshape(
+              [-1] if isinstance(v, list) else [])
                 for k, v in off.items()}
       out = runner(prompt_ids=ids,
                    prompt_lengths=np.array([len(p) for p in prompts], np.int32),
@@ -190,8 +192,8 @@ def test_tflite_text_equals_the_library_without_tensorflow(env):
            if name != "generate_constrained"]  # No stop tables to build.
   calls.append(dict(num_steps=STEPS, temperature=0.0, seed=0))
   calls.append(dict(num_steps=STEPS, temperature=[0.5, 1.0, 1.5], seed=4,
-                    repetition_penalty=[1.3], no_repeat_ngram_size=2,
-                    min_p=[0.05]))
+                    repetition_penalty=1.3, no_repeat_ngram_size=2,
+                    min_p=0.05))
   proc = forkserver.run(
       [sys.executable, "-c", LITERT, str(env["tmp"] / "litert" / "a"),
        json.dumps([PROMPTS, calls])],
