@@ -71,16 +71,31 @@ LITERT = textwrap.dedent("""
       ids[row, :len(prompt)] = [index[c] for c in prompt]
     runner = Interpreter(os.path.join(directory, "model.tflite")
                          ).get_signature_runner("generate")
+    size = len(vocab)
+    # Every option off (a client's defaults) but those a call gives; no stop
+    # string (one state, never accepting), no pattern (every row FREE).
+    off = dict(temperature=[1.0], top_k=[0], top_p=[1.0], min_p=[0.0],
+               typical_p=[1.0], repetition_penalty=[1.0],
+               repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
+               length_penalty=1.0)
     texts = []
     for args in calls:
+      # Per-row inputs (a list above) are [B] or [1]; the others scalars.
+      values = {k: np.array(args.get(k, v), np.float32 if isinstance(
+          v[0] if isinstance(v, list) else v, float) else np.int32).reshape(
+              [-1] if isinstance(v, list) else [])
+                for k, v in off.items()}
       out = runner(prompt_ids=ids,
                    prompt_lengths=np.array([len(p) for p in prompts], np.int32),
                    num_steps=np.int32(args["num_steps"]),
-                   temperature=np.float32(args["temperature"]),
-                   top_k=np.int32(args.get("top_k", 0)),
-                   top_p=np.float32(args.get("top_p", 1.0)),
-                   seed=np.int32(args["seed"]))["ids"]
-      texts.append(["".join(vocab[i] for i in row) for row in out])
+                   seed=np.int32(args["seed"]),
+                   stop_table=np.zeros([1, size], np.int32),
+                   stop_accept=np.zeros([1], bool),
+                   regex_table=np.array([[0] * size, [1] * size], np.int32),
+                   regex_ends=np.zeros([2], bool),
+                   regex_start=np.zeros([1], np.int32), **values)
+      texts.append(["".join(vocab[i] for i in row[:n])
+                    for row, n in zip(out["ids"], out["lengths"])])
     print(json.dumps(texts))
 """)
 
@@ -164,8 +179,7 @@ def test_tflite_export_reports_files_and_the_signature(env):
   assert lines[0].startswith("wrote a LiteRT model of ")
   assert str(directory) in lines[0]
   assert lines[-2].strip().startswith("generate(prompt_ids: int32[?][?], ")
-  assert lines[-1].startswith("it lacks repetition_penalty, ")
-  assert "num_beams" in lines[-1] and "stop, regex (" in lines[-1]
+  assert lines[-1].startswith("every decoding option is an input")
   assert sorted(os.listdir(directory)) == ["model.tflite", "vocab.json"]
   assert os.listdir(directory.parent) == ["a"]  # No temp directory left.
 
@@ -175,8 +189,11 @@ def test_tflite_text_equals_the_library_without_tensorflow(env):
                       reason="ai_edge_litert is not installed")
   ok(env["results"]["tflite"])
   calls = [dict(args, num_steps=STEPS) for name, args in CALLS
-           if name != "generate_constrained"]  # LiteRT's options only.
+           if name != "generate_constrained"]  # No stop tables to build.
   calls.append(dict(num_steps=STEPS, temperature=0.0, seed=0))
+  calls.append(dict(num_steps=STEPS, temperature=[0.5, 1.0, 1.5], seed=4,
+                    repetition_penalty=1.3, no_repeat_ngram_size=2,
+                    min_p=0.05))
   proc = forkserver.run(
       [sys.executable, "-c", LITERT, str(env["tmp"] / "litert" / "a"),
        json.dumps([PROMPTS, calls])],

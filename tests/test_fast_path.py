@@ -67,10 +67,18 @@ ONE_SHOT_GRAPH = ("graph path: 40 steps in float32, where compiling XLA would "
                   "cost this one run more than it saves")
 
 
+# --verbose's last line: what the compiled artifact leaves to TensorFlow.
+TENSORFLOW_ONLY = ("rnnstep-generate: TensorFlow only: "
+                   + ", ".join(generate.TENSORFLOW_ONLY)
+                   + "; the compiled artifact serves the rest")
+
+
 def verbose_line(result):
+  """--verbose's line saying which path ran (its last says what takes
+  TensorFlow)."""
   lines = [l for l in result.stderr.splitlines()
            if l.startswith("rnnstep-generate: ")]
-  assert len(lines) == 1, result.stderr[-3000:]
+  assert len(lines) == 2 and lines[1] == TENSORFLOW_ONLY, result.stderr[-3000:]
   return lines[0]
 
 
@@ -116,8 +124,8 @@ def env(tmp_path_factory):
   runs = {
       "cold": (tmp / "cache", BASE),
       "nocache": (tmp / "nocache", BASE + ["--nocache"]),
-      # An option the artifact lacks, on an otherwise served request.
-      "min_p": (tmp / "min_p", BASE + ["--min_p=0.05"]),
+      # A request the artifact does not serve (it generates in one call).
+      "stream": (tmp / "stream", BASE + ["--stream"]),
       # The environment's switch (what tests/conftest.py sets for the suite).
       "switch_off": (tmp / "switch_off", BASE),
   }
@@ -185,6 +193,45 @@ def test_warm_text_equals_the_library_for_options_and_seeds(env, warm, args,
   assert result.stdout == render(want, kwargs["seed"])
 
 
+def test_warm_runs_every_option_without_tensorflow(env, warm):
+  """--stop, --regex, the penalties and window, the n-gram ban, min-p,
+  typical-p and per-row temperatures together, warm: the library's text,
+  and no TensorFlow imported."""
+  options = dict(regex="[A-Za-z ,.:]+", repetition_penalty=1.3,
+                 repetition_window=16, no_repeat_ngram_size=3, min_p=0.05,
+                 typical_p=0.95, temperature=[0.5, 0.9, 1.2, 0.7])
+  # Two rows' own text halfway: they stop there.
+  plain = rnnstep.generate(env["model"], env["rows"], 40, seed=5, **options)
+  stops = [plain[0][20:22], plain[3][20:22]]
+  args = [f"--{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+          for k, v in options.items()]
+  result = cli(warm, [f"--weights={env['weights']}", "--prompt=ROMEO:",
+                      "--prompt=To be", "--num_samples=2", "--num_steps=40",
+                      "--seed=5", "--verbose", *(f"--stop={s}" for s in stops),
+                      *args], importtime=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "fast path" in verbose_line(result)
+  imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert not [m for m in imported if m.split(".")[0] in ("tensorflow", "keras")]
+  want = rnnstep.generate(env["model"], env["rows"], 40, seed=5, stop=stops,
+                          **options)
+  assert any(text.endswith(tuple(stops)) for text in want)  # Stops in use.
+  assert result.stdout == render(want, 5)
+
+
+def test_warm_beam_search_is_the_library_s(env, warm):
+  result = cli(warm, [f"--weights={env['weights']}", "--prompt=ROMEO:",
+                      "--prompt=To be", "--num_beams=3",
+                      "--num_return_sequences=2", "--num_steps=30",
+                      "--seed=7", "--stop=e ", "--verbose"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "fast path" in verbose_line(result)
+  want = rnnstep.generate(env["model"], PROMPTS, 30, num_beams=3,
+                          num_return_sequences=2, stop="e ")
+  assert result.stdout == render([t for texts in want for t in texts], 7)
+
+
 def test_warm_single_sample_to_an_output_file(env, warm, tmp_path):
   target = tmp_path / "out.txt"
   result = cli(warm, [f"--weights={env['weights']}", "--prompt=KING",
@@ -197,17 +244,16 @@ def test_warm_single_sample_to_an_output_file(env, warm, tmp_path):
   assert os.listdir(tmp_path) == ["out.txt"]
 
 
-def test_an_option_the_artifact_lacks_falls_back_with_the_reason(env):
-  result = env["results"]["min_p"]
+def test_a_request_the_artifact_does_not_serve_falls_back_with_the_reason(
+    env):
+  result = env["results"]["stream"]
   assert result.returncode == 0, result.stderr[-3000:]
   assert verbose_line(result) == (
-      "rnnstep-generate: TensorFlow path: --min_p: the compiled artifact has "
-      f"no min_p ({ONE_SHOT_GRAPH})")
-  want = rnnstep.generate(env["model"], env["rows"], 40, seed=7,
-                          temperature=0.8, top_k=20, min_p=0.05)
-  assert result.stdout == render(want, 7)
+      "rnnstep-generate: TensorFlow path: --stream: the compiled artifact "
+      f"generates in one call ({ONE_SHOT_GRAPH})")
+  assert result.stdout == env["text"]
   # Nothing to build for a request the artifact would not serve.
-  assert entry_files(env["tmp"] / "min_p") == []
+  assert entry_files(env["tmp"] / "stream") == []
 
 
 def refusal(*args):
@@ -235,18 +281,19 @@ def refusal(*args):
     (["--temperature=0.3,0.3", "--top_p=0.5", "--top_k=3"], None),
     (["--num_steps=10000"], None),  # 4 rows: 40,000 char-rows.
     (["--format=jsonl"], "--format=jsonl"),
+    # Every decoding option, stop strings and patterns are served.
+    (["--stop=e", "--regex=[a-z]+", "--repetition_penalty=1.2",
+      "--repetition_window=3", "--no_repeat_ngram_size=2", "--min_p=0.1",
+      "--typical_p=0.9", "--temperature=0.5,1.0", "--top_k=3,0,5,9"], None),
+    (["--num_beams=2", "--num_samples=1", "--length_penalty=0.5"], None),
+    (["--window=0"], None),
     (["--stream"], "--stream"),
-    (["--stop=e"], "--stop"),
-    (["--regex=[a-z]+"], "--regex"),
     (["--dtype=bfloat16"], "--dtype=bfloat16"),
     (["--nojit_compile"], "--jit_compile"),
     (["--vocab=v.json"], "--corpus/--vocab"),
     (["--nocache"], "--nocache"),
-    (["--num_beams=2"], "--num_beams: the compiled artifact has no num_beams"),
-    (["--repetition_penalty=1.2"], "--repetition_penalty"),
-    (["--typical_p=0.9"], "--typical_p"),
-    (["--window=0"], "--window"),
-    (["--temperature=0.5,1.0"], "--temperature differs between rows"),
+    (["--window=4"], "--window: the compiled artifact steps the model "
+     "statefully"),
     (["--num_steps=10001"], "10001 characters x 4 rows is past the "
      "compiled artifact's crossover"),
     ([f"--seed={2**31}"],

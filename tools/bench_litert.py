@@ -38,10 +38,10 @@ _THREADS = flags.DEFINE_integer("num_threads", 2,
 
 def main(argv):
   del argv
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
   import rnnstep  # pylint: disable=g-import-not-at-top
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import litert_inputs  # pylint: disable=g-import-not-at-top
 
   model = rnnstep.load(_WEIGHTS.value)
   steps, batch = _NUM_CHARS.value, _BATCH.value
@@ -53,15 +53,13 @@ def main(argv):
     path = os.path.join(export_dir, "model.tflite")
     size = os.path.getsize(path)
     interpreter = Interpreter(model_path=path, num_threads=_THREADS.value)
-  runner = interpreter.get_signature_runner("generate")
-  ids = np.stack([model.encode(p) for p in prompts])
-  lengths = np.full([batch], ids.shape[1], np.int32)
+  runner = interpreter.get_signature_runner(litert_inputs.SIGNATURE)
+  encoded = [model.encode(p) for p in prompts]
 
   def litert(temperature):
-    out = runner(prompt_ids=ids, prompt_lengths=lengths,
-                 num_steps=np.int32(steps), temperature=np.float32(temperature),
-                 top_k=np.int32(0), top_p=np.float32(1.0), seed=np.int32(1))
-    return [model.decode(row) for row in out["ids"]]
+    out = runner(**litert_inputs.build(model, encoded, steps, 1,
+                                       temperature=temperature))
+    return litert_inputs.texts(model, out["ids"], out["lengths"])
 
   def library(temperature):
     return rnnstep.generate(model, prompts, steps, temperature=temperature,

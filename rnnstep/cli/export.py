@@ -141,8 +141,9 @@ def main(argv):
           f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")
     print(f"  {lib.signature_text()}")
-    print(f"it lacks {', '.join(lib.lacks())} (--format=saved_model serves "
-          "them; a stop string can be cut from the text on the host)")
+    print("every decoding option is an input (off: its default); the stop "
+          "and regex tables are built on the host "
+          "(rnnstep.exporters.litert_inputs)")
     return 0
   print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
         f"jit_compile={_JIT_COMPILE.value}) to {output}")

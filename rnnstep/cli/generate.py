@@ -48,13 +48,14 @@ Warm runs need no TensorFlow: the first run on a model file generates with
 TensorFlow and then, in a detached background process, exports the model's
 generation loop to a LiteRT flatbuffer kept in the cache directory
 ($RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep); later runs whose request it
-serves (--format=text without --stream, --stop, --regex, beams or the
-look-back and min-p/typical-p filters; one --temperature/--top_k/--top_p for
-all rows; float32; up to 40,000 characters x rows) run it with the
+serves (every decoding option, --stop, --regex and beams, per-row values
+included; not --format=jsonl, --stream, --window, other dtypes than float32,
+or more than 40,000 characters x rows) run it with the
 ai_edge_litert interpreter instead, in a fraction of a second and with the
-same text. --verbose says which path ran and why; --nocache turns the cache
-off. The cache is keyed on every file the model is read from, the TensorFlow,
-rnnstep and ai_edge_litert versions and the CPU, holds at most
+same text. --verbose says which path ran and why, and what still takes
+TensorFlow; --nocache turns the cache off. The cache is keyed on every file
+the model is read from, the TensorFlow, rnnstep and ai_edge_litert versions
+and the CPU, holds at most
 $RNNSTEP_CACHE_MAX_MB (default 512) MB, least recently used entries removed
 first; --cache_info lists it, --cache_clear empties it.
 
@@ -262,9 +263,6 @@ _VERBOSE = flags.DEFINE_boolean(
 # 40,000 char-rows at B=1 and about the same at larger batches (7.7 s / ~0.15
 # ms), so past this the TensorFlow path is used.
 FAST_PATH_MAX_CHAR_ROWS = 40_000
-# The LiteRT signature's per-batch sampling inputs; every other decoding
-# option must be at its default for the artifact to serve a request.
-_ARTIFACT_OPTIONS = ("temperature", "top_k", "top_p")
 # rnnstep.api.BUNDLED_MODEL, spelled out here so that finding it imports no
 # TensorFlow (tests/test_fast_path.py checks the two agree).
 BUNDLED_MODEL = os.path.join("data", "shakespeare.npz")
@@ -312,6 +310,7 @@ def main(argv):
   why_tensorflow = "TensorFlow path"
   try:
     if _generate_fast(rows, seed, decoding):
+      _say_tensorflow_only()
       return 0
   except _NotServed as e:
     fill_key = e.fill_key
@@ -329,6 +328,7 @@ def main(argv):
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
     _generate(model, rows, seed, decoding, printer, why_tensorflow)
+  _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
     compiled_cache.spawn_fill(_model_path(), fill_key)
@@ -479,6 +479,12 @@ def _say(message: str):
     print(f"{PROGRAM}: {message}", file=common.stderr(), flush=True)
 
 
+def _say_tensorflow_only():
+  """--verbose's second line: what the compiled artifact does not serve."""
+  _say(f"TensorFlow only: {', '.join(TENSORFLOW_ONLY)}; the compiled "
+       "artifact serves the rest")
+
+
 def _flush_outputs():
   for stream in (sys.stdout, common.stderr()):
     with contextlib.suppress(OSError, ValueError):
@@ -493,13 +499,23 @@ def _model_path() -> str:
                       BUNDLED_MODEL)
 
 
+# What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
+# sends there (the compiled artifact serves every other decoding option).
+TENSORFLOW_ONLY = ("--format=jsonl (its logprob)",
+                   "--stream", "--dtype other than float32",
+                   "--jit_compile/--nojit_compile", "--corpus/--vocab",
+                   "--window > 0 or a model recording a window",
+                   "a --seed outside int32",
+                   f"over {FAST_PATH_MAX_CHAR_ROWS:,} characters x rows")
+
+
 def _request_refusal(rows, seed, decoding):
   """Why the compiled artifact cannot serve this request, or None.
 
-  The artifact (exporters/litert.py) takes prompts, num_steps, one
-  temperature, top_k and top_p for the batch and an int32 seed, and returns
-  ids: no scores (jsonl's logprob), stop strings, regexes, beams, look-back
-  rules, min-p, typical-p or windows, and float32 only.
+  The artifact (exporters/litert.py) takes prompts, num_steps, an int32
+  seed, every decoding option (per-row ones one value per row, beams
+  included), stop strings and patterns, and returns ids: no scores (jsonl's
+  logprob), no windows, float32 only (`TENSORFLOW_ONLY`).
   """
   if not _CACHE.value:
     return "--nocache"
@@ -516,19 +532,8 @@ def _request_refusal(rows, seed, decoding):
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
-  if _STOP.value:
-    return "--stop: the compiled artifact has no stop strings"
-  if _REGEX.value:
-    return "--regex: the compiled artifact has no constraints"
-  for option in options_lib.OPTIONS:
-    value = decoding[option.name]
-    values = value if isinstance(value, list) else [value]
-    if option.name in _ARTIFACT_OPTIONS:
-      if any(v != values[0] for v in values):
-        return (f"--{option.name} differs between rows: the compiled "
-                "artifact takes one value for the batch")
-    elif any(v != option.default for v in values):
-      return f"--{option.name}: the compiled artifact has no {option.name}"
+  if decoding["window"]:
+    return "--window: the compiled artifact steps the model statefully"
   if not -2**31 <= seed < 2**31:
     return f"--seed={seed}: the compiled artifact's seed is int32"
   if _NUM_STEPS.value * len(rows) > FAST_PATH_MAX_CHAR_ROWS:
@@ -586,19 +591,33 @@ def _generate_fast(rows, seed, decoding) -> bool:
     except ValueError:
       raise _NotServed("a --prompt the model's vocabulary cannot encode"
                        ) from None
-  one = {name: (decoding[name][0] if isinstance(decoding[name], list)
-                else decoding[name]) for name in _ARTIFACT_OPTIONS}
+  # The artifact's inputs: every decoding option it has.
+  values = {name: value for name, value in decoding.items()
+            if name in litert_runner.ARTIFACT_OPTIONS}
+  regex = _regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value))
+  stops = _STOP.value or []
+  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
+  if beams > 1:  # As `_generate`: one search per prompt, its rows its best.
+    prompts = list(_PROMPT.value)
+    values = {name: (value[::returned] if isinstance(value, list) else value)
+              for name, value in values.items()}
+    regex = regex[::returned] if isinstance(regex, list) else regex
   try:
-    texts = litert_runner.run_artifact(flatbuffer, vocab, prompts,
-                                       _NUM_STEPS.value, seed=seed,
-                                       tokens=tokens, **one)
+    texts = litert_runner.run_artifact(
+        flatbuffer, vocab, prompts, _NUM_STEPS.value, seed=seed,
+        tokens=tokens, stop=stops, regex=regex, **values)
+  except errors.ArgumentError as e:  # The library refuses it too: its words.
+    raise _NotServed(f"--{e.argument}: {e}") from None
   except (ImportError, ValueError, RuntimeError) as e:
     raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                      f"{e})") from None
+  if beams > 1:
+    texts = [text for p in range(len(prompts))
+             for text in texts[p * beams:p * beams + returned]]
   _say(f"fast path: compiled artifact "
        f"{compiled_cache.entry_base(key)}.tflite (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
-    printer = Printer(out, rows, seed, [], "text")
+    printer = Printer(out, rows, seed, stops, "text")
     printer.add(texts)
     printer.finish()
   return True

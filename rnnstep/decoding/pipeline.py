@@ -195,8 +195,9 @@ class Invariants(NamedTuple):
   constrained: tf.Tensor
 
 
-def invariants(network, request, start) -> Invariants:
-  """The `Invariants` of a request on a network, from global step `start`."""
+def invariants(network, request, start, keys=None) -> Invariants:
+  """The `Invariants` of a request on a network, from global step `start`
+  (`keys`: the rows' noise keys, default from the request's seeds)."""
   parts = active(request.sampling, request.lookback, network.vocab_size)
   back = looks_back(parts)
   # Options the plain tail does not run: any row using one takes the general.
@@ -206,7 +207,8 @@ def invariants(network, request, start) -> Invariants:
   plain = ~(_any_of(parts, general) | request.want_scores | constrained)
   return Invariants(
       params=request.sampling, parts=parts,
-      keys=sampling.row_keys(request.seeds.seeds, request.seeds.index),
+      keys=(sampling.row_keys(request.seeds.seeds, request.seeds.index)
+            if keys is None else keys),
       start=start, stops=request.stops, settings=request.lookback,
       looks_back=back, want_scores=request.want_scores, plain=plain,
       table=network.input_table, banned=network.banned,

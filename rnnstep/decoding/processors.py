@@ -83,9 +83,10 @@ def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
     window = settings.repetition_window  # [] or [B]: broadcasts either way.
     first = tf.where(window > 0, prompt_lengths - window, 0)[:, None]
     counted = (position < prompt_lengths[:, None]) & (position >= first)
+    # expand_dims, not [:, :, None]: LiteRT's STRIDED_SLICE has no new axis.
     counts = tf.reduce_sum(
         tf.one_hot(prompt_ids, vocab_size, dtype=tf.int32)
-        * tf.cast(counted, tf.int32)[:, :, None], axis=1)
+        * tf.expand_dims(tf.cast(counted, tf.int32), -1), axis=1)
     return ids, counts
 
   def empty():
@@ -223,8 +224,11 @@ def _ban_followers(match: tf.Tensor, follower: tf.Tensor,
   """
   batch = tf.shape(match)[0]
   rows = tf.broadcast_to(tf.range(batch)[:, None], tf.shape(follower))
-  banned = tf.tensor_scatter_nd_max(
-      tf.zeros([batch, vocab_size], tf.int32),
-      tf.reshape(tf.stack([rows, follower], -1), [-1, 2]),
-      tf.reshape(tf.cast(match, tf.int32), [-1]))
-  return tf.where(banned > 0, -float("inf"), 0.0)
+  # A segment max over (row, id), not `tensor_scatter_nd_max`, which LiteRT
+  # has no builtin for (UNSORTED_SEGMENT_MAX it has): an id no window
+  # precedes gets the lowest int32, as unbanned as 0.
+  banned = tf.math.unsorted_segment_max(
+      tf.reshape(tf.cast(match, tf.int32), [-1]),
+      tf.reshape(rows * vocab_size + follower, [-1]), batch * vocab_size)
+  return tf.where(tf.reshape(banned, [batch, vocab_size]) > 0,
+                  -float("inf"), 0.0)

@@ -12,6 +12,8 @@ from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 
+from rnnstep import errors
+
 
 class Automaton(NamedTuple):
   """The stop automaton: `table` int32 `[S, V]`, `accept` bool `[S]`."""
@@ -143,3 +145,49 @@ def token_automaton(stops: Sequence[bytes], pieces: Sequence[bytes]
   # has ended); the table still stays within it.
   table = np.where(matched, done, state).astype(np.int32)
   return Automaton(table, chars.accept.copy())
+
+
+def compile_stops(model, stop: Sequence[str]) -> Automaton:
+  """Compiles stop strings for this model's vocabulary.
+
+  `model` is an `rnnstep.Model`, or anything with its `is_characters`,
+  `vocab_size`, `tokens` and `encode` (`litert_inputs.Vocabulary`).
+
+  A character model's stop strings are id sequences; a token model's are
+  matched over its tokens' bytes, so one may span tokens
+  (`token_automaton`).
+
+  Raises:
+    errors.ArgumentError: an empty stop string, one that is not text (a lone
+      surrogate), one the model can never generate, stop strings longer
+      than `MAX_STOP_BYTES` together, or whose table is over its limit.
+  """
+  for index, text in enumerate(stop):
+    if not text:
+      raise errors.ArgumentError(
+          "stop", "a stop string is empty; give at least one character")
+    not_text = errors.not_text(text)
+    if not_text:  # Before anything encodes it.
+      raise errors.ArgumentError(
+          "stop", f"stop string {index} contains {not_text}; remove it")
+  size = sum(len(text.encode("utf-8")) for text in stop)
+  if size > MAX_STOP_BYTES:
+    raise errors.ArgumentError(
+        "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
+        f"than the limit of {MAX_STOP_BYTES}; give fewer or shorter ones")
+  if not model.is_characters:
+    if not stop:
+      return stop_automaton([], model.vocab_size)
+    try:
+      return token_automaton([s.encode("utf-8") for s in stop],
+                             model.tokens.pieces)
+    except ValueError as e:
+      raise errors.ArgumentError("stop", str(e)) from None
+  sequences = []
+  for text in stop:
+    try:
+      sequences.append(model.encode(text))
+    except ValueError as e:
+      raise errors.ArgumentError(
+          "stop", f"stop string {text!r} can never be generated: {e}") from None
+  return stop_automaton(sequences, model.vocab_size)

@@ -165,12 +165,15 @@ class _Candidates(NamedTuple):
   state: tuple
 
 
-def search(network, request: request_lib.Request) -> BeamResult:
+def search(network, request: request_lib.Request,
+           primed=None) -> BeamResult:
   """Runs beam search for a request (see the module docstring).
 
   Args:
     network: the model's `Network` (its `banned` ids are never chosen).
     request: the `Request`; `request.beams.num_beams` is k.
+    primed: each prompt's state after priming (`loop.prime`), where the
+      caller primes (the LiteRT loop primes stepwise); None: primed here.
 
   Returns:
     The `BeamResult`.
@@ -182,7 +185,7 @@ def search(network, request: request_lib.Request) -> BeamResult:
     return (s.step < num_steps) & ~tf.reduce_all(s.done)
 
   (end,) = tf.while_loop(cond, lambda s: (_step(setup, s),),
-                         (_start(setup, request),))
+                         (_start(setup, request, primed),))
   return _best_first(setup, end)
 
 
@@ -207,7 +210,8 @@ def _setup(network, request: request_lib.Request) -> _Setup:
                                  for name, rows in parts.rows.items()}))
 
 
-def _start(setup: _Setup, request: request_lib.Request) -> BeamState:
+def _start(setup: _Setup, request: request_lib.Request,
+           primed=None) -> BeamState:
   """The first `BeamState`: each prompt primed once, then copied to its beams.
 
   Only beam 0 of each prompt is live at first, so the first step's k best
@@ -215,8 +219,9 @@ def _start(setup: _Setup, request: request_lib.Request) -> BeamState:
   """
   network, prompts, k, rows = setup.network, setup.prompts, setup.k, setup.rows
   prompt_ids, prompt_lengths = request.prompts
-  state = loop.prime(network, request.prompts, unconsumed=1,
-                     initial_state=request.initial_state)
+  state = primed if primed is not None else loop.prime(
+      network, request.prompts, unconsumed=1,
+      initial_state=request.initial_state)
   history = processors.start(prompt_ids, prompt_lengths, network.vocab_size,
                              request.lookback, setup.looks_back)
   return BeamState(
@@ -313,7 +318,9 @@ def _pool_finished(setup: _Setup, s: BeamState, candidates: _Candidates,
                           & ~s.done[:, None], scores, _NEG_INF)
   fin_scores, fin_index = tf.math.top_k(new_finished, k)
   fin_parent, fin_id = _parents_and_ids(setup, fin_index)
-  fin_ids = tf.where(column, fin_id[..., None], tf.gather(s.out, fin_parent))
+  # expand_dims, not [..., None]: LiteRT's STRIDED_SLICE has no new axis.
+  fin_ids = tf.where(column, tf.expand_dims(fin_id, -1),
+                     tf.gather(s.out, fin_parent))
   fin_raw = (tf.gather(s.raw_scores, fin_parent)
              + tf.gather_nd(candidates.raw_log_p,
                             tf.stack([fin_parent, fin_id], -1)))

@@ -55,49 +55,9 @@ def check_output_fits(batch_size: int, num_steps: int) -> None:
         "fewer rows or steps, or stream the output in chunks")
 
 
-def stop_automaton(model, stop: Sequence[str]) -> stopping.Automaton:
-  """Compiles stop strings for this model's vocabulary.
-
-  A character model's stop strings are id sequences; a token model's are
-  matched over its tokens' bytes, so one may span tokens
-  (`stopping.token_automaton`).
-
-  Raises:
-    errors.ArgumentError: an empty stop string, one that is not text (a lone
-      surrogate), one the model can never generate, stop strings longer
-      than `stopping.MAX_STOP_BYTES` together, or whose table is over its
-      limit.
-  """
-  for index, text in enumerate(stop):
-    if not text:
-      raise errors.ArgumentError(
-          "stop", "a stop string is empty; give at least one character")
-    not_text = errors.not_text(text)
-    if not_text:  # Before anything encodes it.
-      raise errors.ArgumentError(
-          "stop", f"stop string {index} contains {not_text}; remove it")
-  size = sum(len(text.encode("utf-8")) for text in stop)
-  if size > stopping.MAX_STOP_BYTES:
-    raise errors.ArgumentError(
-        "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
-        f"than the limit of {stopping.MAX_STOP_BYTES}; give fewer or shorter "
-        "ones")
-  if not model.is_characters:
-    if not stop:
-      return stopping.stop_automaton([], model.vocab_size)
-    try:
-      return stopping.token_automaton([s.encode("utf-8") for s in stop],
-                                      model.tokens.pieces)
-    except ValueError as e:
-      raise errors.ArgumentError("stop", str(e)) from None
-  sequences = []
-  for text in stop:
-    try:
-      sequences.append(model.encode(text))
-    except ValueError as e:
-      raise errors.ArgumentError(
-          "stop", f"stop string {text!r} can never be generated: {e}") from None
-  return stopping.stop_automaton(sequences, model.vocab_size)
+# Stop strings to the automaton over a model's ids: TensorFlow-free, so that
+# rnnstep-generate's warm path builds the same tables (`litert_inputs`).
+stop_automaton = stopping.compile_stops
 
 
 def prompt_batch(model, prompts: Sequence[str]):

@@ -125,7 +125,8 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
 
 def run_decode(network, request: request_lib.Request,
                carry: request_lib.Carry, chooses_first: bool,
-               steps_loop=None, logprobs: bool = False) -> request_lib.Result:
+               steps_loop=None, logprobs: bool = False, keys=None,
+               ids_buffer=None) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
 
   (Not `decode`: `Model.decode` turns ids into text.)
@@ -140,13 +141,19 @@ def run_decode(network, request: request_lib.Request,
     logprobs: also record each step's log-probabilities
       (`pipeline.StepLogprobs`, written where the request wants scores) into
       the result's `logprobs`.
+    keys: the rows' uint32 noise keys (default: from `request.seeds`; the
+      LiteRT loop derives them from int32 seeds, `litert.row_keys`).
+    ids_buffer: `ids_buffer(capacity, batch)` makes the buffer of chosen
+      ids, an object with `write(step, ids [B])` (returning the buffer
+      written) and `stack()` (`[C, B]`); default: a TensorArray. The LiteRT
+      loop's has no TensorList ops (`litert.SliceBuffer`).
 
   Returns:
     The `Result`.
   """
   start = carry.step
   num_steps = tf.minimum(request.num_steps, request.capacity)
-  inv = pipeline.invariants(network, request, start)
+  inv = pipeline.invariants(network, request, start, keys)
   loop = steps_loop or (choose_then_consume if chooses_first
                         else consume_then_choose)
   progress = pipeline.RowProgress(
@@ -159,7 +166,9 @@ def run_decode(network, request: request_lib.Request,
   def run(tail, scores):
     # A fixed-size buffer on every path: under XLA `capacity` is a
     # compile-time constant; in graph mode unwritten slots stack as zeros.
-    ids = tf.TensorArray(tf.int32, size=request.capacity, element_shape=[None])
+    ids = (tf.TensorArray(tf.int32, size=request.capacity,
+                          element_shape=[None]) if ids_buffer is None
+           else ids_buffer(request.capacity, tf.shape(carry.last_ids)[0]))
     # The plain tail scores nothing: its loop carries no log-probabilities
     # (the zeros are returned as they are).
     end = loop(network, tail, num_steps, carry,

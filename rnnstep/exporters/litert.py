@@ -2,10 +2,13 @@
 
 `export_litert(model, export_dir)` writes
 
-  export_dir/model.tflite   one signature, "generate":
-      prompt_ids int32 [B, T] (right-padded), prompt_lengths int32 [B],
-      num_steps int32 [], temperature float32 [], top_k int32 [],
-      top_p float32 [], seed int32 []  ->  ids int32 [B, num_steps]
+  export_dir/model.tflite   one signature, "generate": the prompts as
+      right-padded ids, num_steps, an int32 seed, every decoding option of
+      `rnnstep.generate`, beams included (per-row ones [B], or [1] for
+      every row), the stop automaton and the regex DFA as tables ->
+      ids int32 [N, num_steps], lengths int32 [N] (N: B rows, or B x k
+      with k beams) (`litert_inputs`: the inputs, their "off" values, and
+      the tables built on the host with numpy)
   export_dir/vocab.json     the characters (or tokens) in id order (a JSON
                             list)
   export_dir/tokens.json    a token model's vocabulary with its kind and
@@ -14,29 +17,28 @@
   export_dir/tokenizer.json (its Hugging Face `tokenizers` file)
 
 The flatbuffer holds only builtin LiteRT ops (no TF "Flex" ops), so the plain
-`ai_edge_litert` interpreter runs it, with no TensorFlow installed.
+`ai_edge_litert` interpreter runs it, with no TensorFlow installed. One
+flatbuffer serves every request: an option at its "off" value costs nothing
+a step (the library's plain tail runs, as in `rnnstep.generate`).
 
-The loop is written for the converter rather than shared with `Generator`
-(whose TensorArrays become TensorList ops, which need Flex or static shapes):
+The loop is the library's (`loop.run_decode` over `pipeline.tails`: the same
+options in the same order; `beams.search` for num_beams > 1), with two
+changes for the converter:
 
   - prime: `loop.prime` stepwise, a while loop over the prompt columns, each
     row's state advanced only while the column is before its last character
-    (masked, as generation's priming is);
-  - decode: a while loop over steps whose ids go into a `[num_steps, B]`
-    buffer, row t written by a dynamic update slice (LiteRT's builtin
-    DYNAMIC_UPDATE_SLICE; 13-20% faster than `tensor_scatter_nd_update`,
-    which becomes SCATTER_ND + SELECT, at B=1 x 5000 and B=64 x 500 steps).
-    That op has TF kernels only under XLA: the function is meant for the
-    converter, not to be called in TensorFlow.
+    (masked, as generation's priming is), not layer by layer;
+  - the ids go into a `[num_steps, B]` tensor written by a dynamic update
+    slice (`SliceBuffer`), not a TensorArray, whose TensorList ops need Flex.
 
-The cells, the projection and the sampling (greedy, temperature, top-k,
-top-p; "[UNK]" never drawn) are the library's own (`Model.network()`,
-`pipeline.choose`): row i of a call uses the noise key (seed, i), as
+A graph cannot compile stop strings or a regular expression, so the stop
+automaton and the regex DFA are inputs (`litert_inputs.build` makes them as
+`rnnstep.generate` does). Row i of a call uses the noise key (seed, i), as
 `rnnstep.generate(..., seed=seed)` does, so the two give the same text
 (greedy: the same text as Keras). The seed is int32, not int64: LiteRT has no
-int64 bitwise ops to split a 64-bit seed (see `row_keys`). Stop strings are not
-part of the export (cut the decoded text on the host), nor are the other
-options the SavedModel serves (`lacks`; `rnnstep-export` names them).
+int64 bitwise ops to split a 64-bit seed (see `row_keys`). With num_beams
+k > 1 the call is `engine/beams.py`'s search instead (a conditional in the
+flatbuffer), and each prompt's k hypotheses come back as k rows, best first.
 
 Only float32 models are exported: LiteRT has no bfloat16 matmul, so a model
 loaded with dtype bfloat16/float16 is refused rather than silently changed.
@@ -45,25 +47,67 @@ loaded with dtype bfloat16/float16 is refused rather than silently changed.
 import json
 import os
 import tempfile
+from typing import NamedTuple
 
 import tensorflow as tf
 # XlaDynamicUpdateSlice, which the converter maps to LiteRT's builtin
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
+from rnnstep.decoding import constraints
 from rnnstep.decoding import options
 from rnnstep.decoding import pipeline
+from rnnstep.decoding import processors
 from rnnstep.decoding import sampling
+from rnnstep.decoding import stopping
+from rnnstep.engine import beams
 from rnnstep.engine import loop
-from rnnstep.engine import request
+from rnnstep.engine import request as request_lib
+from rnnstep.exporters import litert_inputs
 from rnnstep import staging
 from rnnstep.model import vocabulary
 
-SIGNATURE = "generate"
+SIGNATURE = litert_inputs.SIGNATURE
 MODEL_FILE = "model.tflite"
 VOCAB_FILE = "vocab.json"
 TOKENS_FILE = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_FILE = vocabulary.Tokens.TOKENIZER_FILE
+
+
+def _spec(declared: litert_inputs.Input) -> tf.TensorSpec:
+  shape = [None if d in (None, litert_inputs.ROWS) else d
+           for d in declared.shape]
+  return tf.TensorSpec(shape, tf.as_dtype(declared.dtype), name=declared.name)
+
+
+INPUT_SIGNATURE = [_spec(declared) for declared in litert_inputs.INPUTS]
+
+
+class SliceBuffer(NamedTuple):
+  """The decode loop's ids, `[C, B]`, with no TensorList ops: step t's row
+  is written by a dynamic update slice (`loop.run_decode`'s `ids_buffer`).
+
+  LiteRT's builtin DYNAMIC_UPDATE_SLICE is 13-20% faster than
+  `tensor_scatter_nd_update` (SCATTER_ND + SELECT) at B=1 x 5000 and B=64 x
+  500 steps. It has TF kernels only under XLA: the loop is for the
+  converter, not to be called in TensorFlow.
+  """
+  ids: tf.Tensor
+  capacity: tf.Tensor
+
+  @classmethod
+  def make(cls, capacity, batch) -> "SliceBuffer":
+    # At least one row: the interpreter prepares the loop's update of a
+    # [1, B] row even for zero steps, and refuses it into a [0, B] buffer.
+    return cls(tf.zeros([tf.maximum(capacity, 1), batch], tf.int32),
+               capacity)
+
+  def write(self, step, chosen) -> "SliceBuffer":
+    return self._replace(ids=xla.dynamic_update_slice(
+        self.ids, chosen[None, :], tf.stack([step, 0])))
+
+  def stack(self) -> tf.Tensor:
+    return self.ids[:self.capacity]
 
 
 class GenerateModule(tf.Module):
@@ -77,66 +121,74 @@ class GenerateModule(tf.Module):
     super().__init__(name="rnnstep_litert")
     self.model = model
 
-  @tf.function(autograph=False, input_signature=[
-      tf.TensorSpec([None, None], tf.int32, name="prompt_ids"),
-      tf.TensorSpec([None], tf.int32, name="prompt_lengths"),
-      tf.TensorSpec([], tf.int32, name="num_steps"),
-      tf.TensorSpec([], tf.float32, name="temperature"),
-      tf.TensorSpec([], tf.int32, name="top_k"),
-      tf.TensorSpec([], tf.float32, name="top_p"),
-      tf.TensorSpec([], tf.int32, name="seed")])
-  def generate(self, prompt_ids, prompt_lengths, num_steps, temperature, top_k,
-               top_p, seed):
-    """Continues each prompt by `num_steps` ids (see the module docstring)."""
+  @tf.function(autograph=False, input_signature=INPUT_SIGNATURE)
+  def generate(self, *inputs):
+    """Continues each prompt by up to `num_steps` ids (see the module doc)."""
+    values = dict(zip((i.name for i in litert_inputs.INPUTS), inputs))
     network = self.model.network()
+    prompt_ids = values["prompt_ids"]
     batch = tf.shape(prompt_ids)[0]
     width = tf.shape(prompt_ids)[1]
     # Out-of-range lengths are clamped (the interpreter has no assertions): an
     # empty row primes nothing and starts from its first column.
-    lengths = tf.clip_by_value(prompt_lengths, 1, width)
-    prompts = request.Prompts(prompt_ids, lengths)
-    state = loop.prime(network, prompts, unconsumed=1, stepwise=True)
-    last_ids = tf.gather(prompt_ids, lengths - 1, batch_dims=1)
+    lengths = tf.clip_by_value(values["prompt_lengths"], 1, width)
+    prompts = request_lib.Prompts(prompt_ids, lengths)
+    steps = tf.maximum(values["num_steps"], 0)
 
-    settings = sampling.DEFAULTS._replace(temperature=temperature, top_k=top_k,
-                                          top_p=top_p)
-    params = sampling.Params(*[tf.fill([batch], tf.cast(value, dtype))
-                               for value, dtype in zip(
-                                   settings, sampling.PARAM_DTYPES)])
-    parts = pipeline.active(params, None, network.vocab_size)
-    keys = row_keys(tf.fill([batch], seed), tf.range(batch))
-    steps = tf.maximum(num_steps, 0)
+    def rows(value):  # [1] or [B] -> [B].
+      return tf.broadcast_to(value, [batch])
 
-    def decode(t, state, inputs, ids):
-      logits, state = network.step(inputs, state)
-      chosen = pipeline.choose(pipeline.ban(logits, network.banned), params,
-                               parts, keys, t)
-      return t + 1, state, chosen, xla.dynamic_update_slice(
-          ids, chosen[None, :], tf.stack([t, 0]))
+    params = sampling.Params(*[rows(values[o.name]) for o in options.PER_ROW])
+    settings = processors.Settings(values["repetition_window"],
+                                   values["no_repeat_ngram_size"], 1)
+    looks_back = pipeline.looks_back(
+        pipeline.active(params, settings, network.vocab_size))
+    # The history holds the prompt and every step (no XLA bucket here).
+    settings = settings._replace(
+        history_length=tf.where(looks_back, width + steps, 1))
+    seed = tf.fill([batch], values["seed"])
+    index = tf.range(batch)
+    request = request_lib.Request(
+        prompts=prompts, initial_state=(), sampling=params,
+        seeds=request_lib.Seeds(seed, index),
+        stops=stopping.Automaton(values["stop_table"], values["stop_accept"]),
+        lookback=settings,
+        beams=request_lib.Beams(tf.constant(1), tf.constant(1.0)),
+        want_scores=tf.constant(False), num_steps=steps, capacity=steps,
+        constraint=constraints.Dfa(values["regex_table"],
+                                   values["regex_ends"],
+                                   rows(values["regex_start"])))
+    primed = loop.prime(network, prompts, unconsumed=1, stepwise=True)
+    num_beams = values["num_beams"]
 
-    _, _, _, ids = tf.while_loop(
-        lambda t, *_: t < steps, decode,
-        (tf.constant(0), state, last_ids, tf.zeros([steps, batch], tf.int32)))
-    return {"ids": tf.transpose(ids)}
+    def sample():
+      carry = loop.start_carry(network, request, 1, state=primed)
+      result = loop.run_decode(network, request, carry, chooses_first=False,
+                               keys=row_keys(seed, index),
+                               ids_buffer=SliceBuffer.make)
+      return result.ids, result.lengths
 
+    def beam_search():
+      # Each prompt's k hypotheses as k rows, best first.
+      best = beams.search(network, request._replace(beams=request_lib.Beams(
+          num_beams, values["length_penalty"])), primed=primed)
+      rows_out = batch * num_beams  # Not -1: zero steps leave no size.
+      return (tf.reshape(best.ids, [rows_out, steps]),
+              tf.reshape(best.lengths, [rows_out]))
 
-def lacks() -> list:
-  """What the SavedModel serves and the LiteRT signature does not: the
-  served decoding options it has no input for (from their declarations),
-  and stop strings and patterns."""
-  inputs = {spec.name for spec in GenerateModule.generate.input_signature}
-  return [option.name for option in options.OPTIONS
-          if option.served and option.name not in inputs] + ["stop", "regex"]
+    ids, lengths = tf.cond(num_beams > 1, beam_search, sample)
+    ids = tf.where(tf.range(steps)[None, :] < lengths[:, None], ids, 0)
+    return {"ids": ids, "lengths": lengths}
 
 
 def signature_text() -> str:
   """The `generate` signature as one line: 'generate(name: dtype[dims], ...)'."""
-  def spec(tensor_spec):
-    dims = "".join(f"[{'?' if d is None else d}]" for d in tensor_spec.shape)
-    return f"{tensor_spec.name}: {tensor_spec.dtype.name}{dims}"
-  inputs = GenerateModule.generate.input_signature
-  return (f"{SIGNATURE}({', '.join(spec(s) for s in inputs)}) -> "
-          "ids: int32[?][?]")
+  def spec(declared):
+    dims = "".join(f"[{'?' if d in (None, litert_inputs.ROWS) else d}]"
+                   for d in declared.shape)
+    return f"{declared.name}: {declared.dtype}{dims}"
+  return (f"{SIGNATURE}({', '.join(map(spec, litert_inputs.INPUTS))}) -> "
+          f"{', '.join(map(spec, litert_inputs.OUTPUTS))}")
 
 
 def row_keys(seeds, index):

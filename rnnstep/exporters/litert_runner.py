@@ -2,62 +2,74 @@
 
 `exporters.litert` writes the flatbuffer (with TensorFlow's converter); this
 module calls it with the `ai_edge_litert` interpreter from a process that
-imports only numpy (and, for a token model, `rnnstep.model.vocabulary`,
-which imports no TensorFlow; a subword model's `tokenizers`). The
+imports no TensorFlow: numpy and rnnstep's TensorFlow-free modules (the
+vocabulary, and `litert_inputs` with the stop and regex tables;
+`interegular` for a pattern, a subword model's `tokenizers`). The
 compiled-artifact cache (`rnnstep/cli/compiled_cache.py`) keeps one
-flatbuffer per model and keys it on `EXPORT_OPTIONS`.
-
-Nothing here is imported at module level beyond the standard library.
+flatbuffer per model and keys it on `EXPORT_OPTIONS`. The interpreter is
+imported on first use.
 """
+
+from rnnstep.exporters import litert_inputs
 
 # The export's options: what `exporters.litert.convert` is asked for and the
 # signature `run_artifact` calls. A change to the export (its signature, its
 # dtype) changes this, and so every key of the compiled-artifact cache.
-EXPORT_OPTIONS = {"exporter": "litert", "signature": "generate",
-                  "dtype": "float32", "inputs": ["prompt_ids", "prompt_lengths",
-                                                 "num_steps", "temperature",
-                                                 "top_k", "top_p", "seed"]}
+EXPORT_OPTIONS = {"exporter": "litert", "signature": litert_inputs.SIGNATURE,
+                  "dtype": "float32",
+                  "inputs": [i.name for i in litert_inputs.INPUTS]}
+# The decoding options the artifact takes (every one the SavedModel serves).
+ARTIFACT_OPTIONS = tuple(o.name for o in litert_inputs.OPTIONS)
 
 
 def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
-                 temperature: float, top_k: int, top_p: float, seed: int,
-                 tokens=None):
+                 seed: int, tokens=None, stop=(), regex=None, **values):
   """The continuations of `prompts` from the flatbuffer's `generate`.
 
+  The inputs are built as `rnnstep.generate` builds its request
+  (`litert_inputs.build`: the stop and regex tables with numpy), and the
+  texts decoded as it decodes them (a token model's cut at its stop
+  string's end).
+
   Args:
-    flatbuffer, vocab, prompts, num_steps, temperature, top_k, top_p, seed:
-      the artifact, its vocabulary and the request.
-    tokens: a token model's `vocabulary.Tokens` (the cache's `tokens_of`),
-      which encodes the prompts and decodes the ids as the library does;
+    flatbuffer, vocab, prompts, num_steps, seed: the artifact, its
+      vocabulary and the request.
+    tokens: a token model's `vocabulary.Tokens` (the cache's `tokens_of`);
       None for a character model.
+    stop: stop strings.
+    regex: None, a pattern, or one (or None) per prompt.
+    **values: decoding options by name (`ARTIFACT_OPTIONS`; per-row ones
+      one value or a list with one per prompt).
+
+  Returns:
+    One text per row: per prompt, or with num_beams k > 1 each prompt's k
+    hypotheses, best first (k rows per prompt).
 
   Raises:
-    KeyError: a prompt character outside `vocab` (the caller checks first).
-    ValueError: a prompt a token model cannot encode.
+    errors.ArgumentError: a value, stop string or pattern the library
+      refuses too (naming it).
+    ValueError: a prompt the vocabulary cannot encode (the caller checks
+      first), or an artifact that returns other shapes.
     ImportError: no ai_edge_litert.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from ai_edge_litert import interpreter as interpreter_lib
-  if tokens is not None:
-    encoded = [tokens.encode(prompt).tolist() for prompt in prompts]
-    if not all(encoded):
-      raise ValueError("a prompt gives no tokens")
-  else:
-    char_to_id = {c: i for i, c in enumerate(vocab)}
-    encoded = [[char_to_id[c] for c in prompt] for prompt in prompts]
-  ids = np.zeros([len(prompts), max(map(len, encoded))], np.int32)
-  for row, prompt_ids in enumerate(encoded):
-    ids[row, :len(prompt_ids)] = prompt_ids
+  from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
+  view = litert_inputs.Vocabulary(tokens or vocabulary.characters(vocab))
+  encoded = [view.encode(prompt) for prompt in prompts]
+  if not all(len(e) for e in encoded):
+    raise ValueError("a prompt gives no tokens")
+  inputs = litert_inputs.build(view, encoded, num_steps, seed, stop=stop,
+                               regex=regex, **values)
   runner = interpreter_lib.Interpreter(
       model_content=flatbuffer).get_signature_runner(EXPORT_OPTIONS["signature"])
-  out = runner(prompt_ids=ids,
-               prompt_lengths=np.array([len(e) for e in encoded], np.int32),
-               num_steps=np.int32(num_steps),
-               temperature=np.float32(temperature), top_k=np.int32(top_k),
-               top_p=np.float32(top_p), seed=np.int32(seed))["ids"]
-  if out.shape != (len(prompts), num_steps):
-    raise ValueError(f"the artifact returned ids of shape {out.shape}")
-  if tokens is not None:
-    return [tokens.text(row) for row in out]
-  return ["".join(vocab[i] for i in row) for row in out.tolist()]
+  out = runner(**inputs)
+  per_prompt = max(int(inputs["num_beams"]), 1)
+  rows = len(prompts) * per_prompt
+  if (out["ids"].shape != (rows, num_steps)
+      or out["lengths"].shape != (rows,)
+      or not np.all((0 <= out["lengths"]) & (out["lengths"] <= num_steps))):
+    raise ValueError(f"the artifact returned ids of shape {out['ids'].shape}")
+  return litert_inputs.texts(view, out["ids"], out["lengths"], stop,
+                             [p for p in prompts for _ in range(per_prompt)])

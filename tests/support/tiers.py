@@ -73,6 +73,7 @@ LONGEST_FIRST = (
     "test_fast_path.py",        # 53
     "test_cache_trust.py",      # ~50 (three background exports)
     "test_jobs.py",             # ~50 (est.: 180 at load 12)
+    "test_litert_options.py",   # ~50 (three LiteRT conversions)
     "test_cli_generate.py",     # 49
     "test_beam_search.py",      # 48
     "test_processors.py",       # 45

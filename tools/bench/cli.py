@@ -7,8 +7,10 @@ Keras 3, OneStep), rnnstep-generate on TensorFlow (--nocache), and the
 compiled-artifact cache (rnnstep/cli/compiled_cache.py) in a fresh cache
 directory each round: "cold" is its first run (TensorFlow, then a detached
 export, which is waited for before the next timed run), "warm" the run after
-the export is in place (LiteRT, no TensorFlow import). Each row's ratio to
-the tutorial's script is the median of the per-round ratios.
+the export is in place (LiteRT, no TensorFlow import), then warm runs with
+decoding options (`WARM_OPTIONS`: each of --stop, --regex, the penalties,
+the n-gram ban, min-p, typical-p alone, and all six together). Each row's
+ratio to the tutorial's script is the median of the per-round ratios.
 """
 
 import json
@@ -25,6 +27,19 @@ from bench import weights as weights_lib
 
 TUTORIAL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                "tutorial_script.py")
+
+
+# The warm runs with decoding options (one artifact serves them all): each
+# option alone, then all together.
+WARM_OPTIONS = {
+    "--stop": ["--stop=\n\n"],
+    "--regex": ["--regex=[A-Za-z ,.;:'!?\n-]+"],
+    "--repetition_penalty": ["--repetition_penalty=1.3"],
+    "--no_repeat_ngram_size": ["--no_repeat_ngram_size=3"],
+    "--min_p": ["--min_p=0.05"],
+    "--typical_p": ["--typical_p=0.9"],
+}
+WARM_OPTIONS["all six"] = [f for flags in WARM_OPTIONS.values() for f in flags]
 
 
 def run(ctx, results_out):
@@ -59,20 +74,22 @@ def run(ctx, results_out):
   tutorial = [sys.executable, TUTORIAL_SCRIPT, model_path,
               str(settings.num_chars), *prompts[:1]]
   labels = ("tutorial OneStep script", "--nocache (TF path)", "cache cold",
-            "cache warm")
+            "cache warm") + tuple(f"warm {name}" for name in WARM_OPTIONS)
   runs = {label: [] for label in labels}
   for _ in range(settings.cli_runs):
     cache_env = dict(env, RNNSTEP_CACHE_DIR=tempfile.mkdtemp(
         prefix="bench_cli_cache_", dir=tmpdir))
+    warm = [(f"warm {name}", base + flags + ["--verbose"], cache_env,
+             "fast path") for name, flags in WARM_OPTIONS.items()]
     for label, cmd, run_env, expect in (
         (labels[0], tutorial, env, None),
         (labels[1], base + ["--nocache"], env, None),
         (labels[2], base, cache_env, None),
-        (labels[3], base + ["--verbose"], cache_env, "fast path")):
+        (labels[3], base + ["--verbose"], cache_env, "fast path"), *warm):
       if label == labels[3] and not _wait_for_entry(
           cache_env["RNNSTEP_CACHE_DIR"]):
         print("  cache warm: skipped (no compiled artifact appeared in 600 s)")
-        continue
+        break
       timing.log(f"[cli] {label}")
       seconds, peak, returncode, stderr = _run(cmd, run_env)
       if returncode != 0 or (expect and expect not in stderr):
@@ -90,7 +107,7 @@ def run(ctx, results_out):
     peak = statistics.median(peaks) if None not in peaks else None
     ratio = (statistics.median(t / s for t, s in zip(times, script))
              if len(script) == len(times) else None)
-    print(f"  {label:<24} {statistics.median(times):6.2f} s "
+    print(f"  {label:<28} {statistics.median(times):6.2f} s "
           + (f"{peak:7.0f} MB" if peak is not None else "      ? MB")
           + (f"   {ratio:5.2f}x the tutorial's script" if ratio else ""))
     results_out.append({"section": "cli", "mode": label,
