@@ -222,12 +222,18 @@ class LoadedModel:
         return _refuse(e.argument, where, str(e))
     return _refuse(error.argument, _describe(rows[0]), str(error))
 
-  def score(self, rows: List[Union[Tuple[str, str], str]], rolling: bool,
+  def score(self, rows: List[Union[Tuple[str, str], str]],
             jit_compile, window) -> List[Tuple[float, Optional[bool]]]:
-    """`loglikelihood` (or `loglikelihood_rolling`) over checked records.
+    """Scores pairs (`loglikelihood`) and texts (`loglikelihood_rolling`).
+
+    Args:
+      rows: `(context, continuation)` tuples and whole texts (str), checked
+        for their types; one call per kind.
+      jit_compile: as for `loglikelihood`.
+      window: as for `loglikelihood`.
 
     Returns:
-      `(logprob, is_greedy)` per row (is_greedy None when rolling).
+      `(logprob, is_greedy)` per row (is_greedy None for a text), in order.
 
     Raises:
       errors.ArgumentError: naming the record at fault.
@@ -235,7 +241,7 @@ class LoadedModel:
     # pylint: disable-next=g-import-not-at-top
     from rnnstep import api
     for row in rows:  # Named here: the library names an index of the batch.
-      texts = ({"text": row} if rolling else
+      texts = ({"text": row} if isinstance(row, str) else
                {"context": row[0], "context + continuation": row[0] + row[1]})
       for field, text in texts.items():
         try:
@@ -247,11 +253,20 @@ class LoadedModel:
           raise _refuse(field, _describe(row), f"the {field} gives no tokens; "
                         "the model reads the first token from the zero state, "
                         "so give at least one")
-    if rolling:
-      return [(logprob, None) for logprob in api.loglikelihood_rolling(
-          self.model, list(rows), jit_compile=jit_compile, window=window)]
-    return api.loglikelihood(self.model, [tuple(row) for row in rows],
-                             jit_compile=jit_compile, window=window)
+    out = [None] * len(rows)
+    pairs = [i for i, row in enumerate(rows) if not isinstance(row, str)]
+    texts = [i for i, row in enumerate(rows) if isinstance(row, str)]
+    if pairs:
+      for i, score in zip(pairs, api.loglikelihood(
+          self.model, [rows[i] for i in pairs], jit_compile=jit_compile,
+          window=window)):
+        out[i] = score
+    if texts:
+      for i, logprob in zip(texts, api.loglikelihood_rolling(
+          self.model, [rows[i] for i in texts], jit_compile=jit_compile,
+          window=window)):
+        out[i] = (logprob, None)
+    return out
 
 
 class _Handler(base.ModelHandler):
@@ -461,21 +476,21 @@ class CompletionsModelHandler(_Handler):
 
 
 class LoglikelihoodModelHandler(_Handler):
-  """Scores given continuations (or whole texts), for RunInference.
+  """Scores given continuations, or whole texts, for RunInference.
 
-  The meaning is lm-evaluation-harness's, as `rnnstep.loglikelihood`'s. A
-  record is a `(context, continuation)` pair (a tuple or list, or a dict
-  `{"context", "continuation"}`); the result is `PredictionResult(record,
-  inference={"logprob": the continuation's log-likelihood after the context
-  (nats), "is_greedy": whether greedy decoding from the context gives
-  exactly it})`. With `rolling=True` a record is a text (a str, or a dict
-  `{"text"}`), scored whole as `rnnstep.loglikelihood_rolling` does, and
-  the result is `{"logprob"}`. A batch is one `loglikelihood` call (a few
-  compiled calls, one per length bucket).
+  The meaning is lm-evaluation-harness's, as `rnnstep.loglikelihood`'s and
+  `rnnstep.loglikelihood_rolling`'s. A record is a `(context,
+  continuation)` pair (a tuple or list, or a dict `{"context",
+  "continuation"}`), scored as `PredictionResult(record, inference=
+  {"logprob": the continuation's log-likelihood after the context (nats),
+  "is_greedy": whether greedy decoding from the context gives exactly
+  it})`; or a text (a str, or a dict `{"text"}`), scored whole as
+  `{"logprob"}`. A batch is one call per kind (each a few compiled calls,
+  one per length bucket).
   """
 
   def __init__(self, model_path: Optional[str] = None, *,
-               rolling: bool = False, dtype: str = "float32",
+               dtype: str = "float32",
                jit_compile: Union[None, bool, str] = None,
                window: Optional[int] = None,
                min_batch_size: Optional[int] = None,
@@ -486,7 +501,6 @@ class LoglikelihoodModelHandler(_Handler):
 
     Args:
       model_path: as `CompletionsModelHandler`'s.
-      rolling: score whole texts (`loglikelihood_rolling`) instead of pairs.
       dtype: the compute dtype the workers load the model with.
       jit_compile: the path, as for `loglikelihood`.
       window: as for `loglikelihood` (None: the model's recorded window).
@@ -499,40 +513,37 @@ class LoglikelihoodModelHandler(_Handler):
     super().__init__(model_path, dtype, jit_compile, min_batch_size,
                      max_batch_size, max_batch_duration_secs, large_model,
                      model_copies)
-    if not isinstance(rolling, bool):
-      raise errors.ArgumentError(
-          "rolling", f"rolling must be True or False, got {rolling!r}")
-    self._rolling = rolling
     self._window = _option("window", window, "LoglikelihoodModelHandler")
 
-  def _text(self, record) -> Union[str, Tuple[str, str]]:
-    """A record's text (rolling) or (context, continuation) pair."""
-    fields = ("text",) if self._rolling else ("context", "continuation")
+  @staticmethod
+  def record(record) -> Union[str, Tuple[str, str]]:
+    """A record as a text (str) or a (context, continuation) tuple.
+
+    Raises:
+      errors.ArgumentError: naming the record and the field.
+    """
     if isinstance(record, Mapping):
-      values = tuple(record.get(name) for name in fields)
-      unknown = sorted(set(record) - set(fields))
-      if unknown:
-        raise _refuse(unknown[0], _describe(record), f"unknown field "
-                      f"{unknown[0]!r}; a record has {', '.join(fields)}")
-    elif self._rolling:
-      values = (record,)
+      names = sorted(record)
+      fields = (("text",) if names == ["text"] else
+                ("context", "continuation")
+                if names == ["context", "continuation"] else None)
+      values = None if fields is None else tuple(record[n] for n in fields)
     elif isinstance(record, (list, tuple)) and len(record) == 2:
-      values = tuple(record)
+      fields, values = ("context", "continuation"), tuple(record)
     else:
-      values = None
-    if values is None or not all(isinstance(v, str) for v in values):
-      form = ("a text (str) or a dict {\"text\"}" if self._rolling else
-              "a (context, continuation) pair of str or a dict {\"context\", "
-              "\"continuation\"}")
+      fields, values = ("text",), (record,)
+    if fields is None or not all(isinstance(v, str) for v in values):
       raise errors.ArgumentError(
-          fields[0], f"{_describe(record)}: a record must be {form}")
-    return values[0] if self._rolling else values
+          (fields or ("text",))[0], f"{_describe(record)}: a record must be "
+          "a (context, continuation) pair of str (or a dict {\"context\", "
+          "\"continuation\"}), or a text: a str (or a dict {\"text\"})")
+    return values[0] if len(values) == 1 else values
 
   def run_inference(self, batch: Sequence[Union[str, Pair]],
                     model: LoadedModel,
                     inference_args: Optional[Dict[str, Any]] = None
                     ) -> Iterable[base.PredictionResult]:
-    """Scores a batch in one `loglikelihood` call.
+    """Scores a batch: one call for its pairs, one for its texts.
 
     Args:
       batch: records, as described on the class.
@@ -546,13 +557,169 @@ class LoglikelihoodModelHandler(_Handler):
       errors.ArgumentError: a bad record, naming it and the field.
     """
     del inference_args  # validate_inference_args refuses any.
-    rows = [self._text(record) for record in batch]
-    scores = model.score(rows, self._rolling, self._jit_compile, self._window)
+    rows = [self.record(record) for record in batch]
+    scores = model.score(rows, self._jit_compile, self._window)
     return [base.PredictionResult(
-        record, {"logprob": float(logprob)} if self._rolling else
+        record, {"logprob": float(logprob)} if greedy is None else
         {"logprob": float(logprob), "is_greedy": bool(greedy)},
         model_id=self._model_path)
             for record, (logprob, greedy) in zip(batch, scores)]
 
   def get_num_bytes(self, batch) -> int:
     return sum(len(str(record)) for record in batch)
+
+
+# -- The pipeline: python -m rnnstep.beam ------------------------------------
+
+
+def _arguments(argv):
+  """(rnnstep's arguments, Beam's pipeline arguments) of the command line."""
+  # pylint: disable-next=g-import-not-at-top
+  import argparse
+  parser = argparse.ArgumentParser(
+      prog="python -m rnnstep.beam", description=_PIPELINE_DOC,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--input", required=True,
+                      help="Files of records, one a line (a glob; any path "
+                      "the runner reads: gs://, s3://, hdfs://).")
+  parser.add_argument("--output", required=True,
+                      help="Output prefix: files PREFIX-SSSSS-of-NNNNN.jsonl.")
+  parser.add_argument("--model", default=None,
+                      help="Model or weights file (default: the bundled "
+                      "model); a path the workers can read.")
+  parser.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
+                      help="jsonl: a JSON record a line; text: a prompt a "
+                      "line.")
+  parser.add_argument("--score", action="store_true",
+                      help="Score records instead of generating "
+                      "(LoglikelihoodModelHandler): {\"context\", "
+                      "\"continuation\"} lines, or {\"text\"}.")
+  parser.add_argument("--max_tokens", type=int, default=200,
+                      help="Tokens to generate per record.")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="Base seed of records without one (default: "
+                      "drawn once, reported per record).")
+  parser.add_argument("--stop", action="append", default=None,
+                      help="A stop string (repeatable).")
+  parser.add_argument("--regex", default=None)
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--jit_compile", default="auto",
+                      choices=("auto", "true", "false", "elementwise"))
+  parser.add_argument("--min_batch_size", type=int, default=None)
+  parser.add_argument("--max_batch_size", type=int, default=None)
+  parser.add_argument("--large_model", action="store_true",
+                      help="One model per machine, shared by its processes.")
+  for option in options_lib.OPTIONS:
+    if option.name not in _REFUSED:
+      parser.add_argument(f"--{option.name}", default=None,
+                          type=float if option.dtype == "float32" else int,
+                          help=option.doc.replace("%", "%%"))
+  return parser.parse_known_args(argv)
+
+
+_PIPELINE_DOC = """\
+Generates (or scores) the records of files with rnnstep.beam's handlers, as
+an Apache Beam pipeline: on the DirectRunner here, or on Dataflow, Flink or
+Spark with Beam's own flags (--runner=..., and that runner's flags), which
+pass through unchanged. Output lines: {"key", "prompt", "seed", "text",
+"logprob", "stopped"} (a record's "key" as given, else null); with --score,
+the record's fields and "logprob" (and "is_greedy").
+"""
+
+
+def _keyed(record):
+  """A parsed jsonl record as (key, the handler's record)."""
+  if isinstance(record, dict) and "key" in record:
+    record = dict(record)
+    return record.pop("key"), record
+  return None, record
+
+
+def _line(keyed) -> str:
+  """(key, PredictionResult) as one output line, as the jsonl job writes it
+  (less its "index": a pipeline has no order)."""
+  # pylint: disable-next=g-import-not-at-top
+  import json
+  key, result = keyed
+  record = result.example
+  if isinstance(record, Mapping):
+    fields = {name: record[name] for name in _ECHOED if name in record}
+  elif isinstance(record, str):
+    fields = {"prompt" if "text" in result.inference else "text": record}
+  else:
+    fields = dict(zip(("context", "continuation"), record))
+  inference = dict(result.inference)
+  if "seed" in inference:  # The job's order: prompt, seed, text, ...
+    fields["seed"] = inference.pop("seed")
+  return json.dumps({"key": key, **fields, **inference}, ensure_ascii=False)
+
+
+# A record's fields an output line repeats (as the jsonl job's lines do).
+_ECHOED = ("prompt", "context", "continuation", "text")
+
+
+def run(argv=None, save_main_session=False):
+  """Builds and runs the pipeline of `python -m rnnstep.beam` (its --help).
+
+  Args:
+    argv: the command line (None: sys.argv[1:]); what rnnstep does not
+      know goes to Beam's `PipelineOptions`.
+    save_main_session: as Beam's option (not needed: the steps live here).
+
+  Returns:
+    The finished `PipelineResult` (its metrics: RunInference's).
+  """
+  # pylint: disable=g-import-not-at-top
+  import json
+  import apache_beam as beam
+  from apache_beam.options import pipeline_options
+  # pylint: enable=g-import-not-at-top
+  known, beam_args = _arguments(argv)
+  options = pipeline_options.PipelineOptions(beam_args)
+  options.view_as(pipeline_options.SetupOptions).save_main_session = (
+      save_main_session)
+  jit_compile = {"auto": None, "true": True, "false": False,
+                 "elementwise": "elementwise"}[known.jit_compile]
+  common = dict(dtype=known.dtype, jit_compile=jit_compile,
+                min_batch_size=known.min_batch_size,
+                max_batch_size=known.max_batch_size,
+                large_model=known.large_model)
+  if known.score:
+    handler = LoglikelihoodModelHandler(known.model, window=known.window,
+                                        **common)
+  else:
+    decoding = {option.name: getattr(known, option.name)
+                for option in options_lib.OPTIONS
+                if option.name not in _REFUSED
+                and getattr(known, option.name) is not None}
+    handler = CompletionsModelHandler(
+        known.model, max_tokens=known.max_tokens, seed=known.seed,
+        stop=known.stop, regex=known.regex, **common, **decoding)
+  parse = json.loads if known.format == "jsonl" else str
+  pipeline = beam.Pipeline(options=options)
+  _ = (pipeline
+       | "Read" >> beam.io.ReadFromText(known.input)
+       | "Parse" >> beam.Map(lambda line: _keyed(parse(line)))
+       | "RunInference" >> base.RunInference(base.KeyedModelHandler(handler))
+       | "Format" >> beam.Map(_line)
+       | "Write" >> beam.io.WriteToText(known.output,
+                                        file_name_suffix=".jsonl"))
+  result = pipeline.run()
+  result.wait_until_finish()
+  return result
+
+
+def main(argv=None) -> int:
+  """`run`, with a bad argument said in one line (exit status 2)."""
+  # pylint: disable-next=g-import-not-at-top
+  import sys
+  try:
+    run(argv)
+  except errors.ArgumentError as e:
+    print(f"python -m rnnstep.beam: --{e.argument}: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -133,21 +133,22 @@ def test_a_batch_gives_each_record_its_one_row_text(env):
 def test_scoring_equals_the_librarys(env):
   handler = rnnstep_beam.LoglikelihoodModelHandler(env["path"],
                                                    jit_compile=False)
-  batch = [PAIRS[0], list(PAIRS[1]),
-           {"context": PAIRS[2][0], "continuation": PAIRS[2][1]}, PAIRS[3]]
-  want = rnnstep.loglikelihood(env["model"], PAIRS, jit_compile=False)
+  batch = [PAIRS[0], TEXTS[0], list(PAIRS[1]),
+           {"context": PAIRS[2][0], "continuation": PAIRS[2][1]},
+           {"text": TEXTS[1]}, PAIRS[3], TEXTS[2]]
+  pairs = rnnstep.loglikelihood(env["model"], PAIRS, jit_compile=False)
+  texts = rnnstep.loglikelihood_rolling(env["model"], TEXTS,
+                                        jit_compile=False)
+  want = [pairs[0], texts[0], pairs[1], pairs[2], texts[1], pairs[3],
+          texts[2]]
   got = handler.run_inference(batch, env["loaded"])
   assert [r.example for r in got] == batch
-  for result, (logprob, greedy) in zip(got, want):
-    assert result.inference == {"logprob": pytest.approx(logprob, rel=1e-6),
-                                "is_greedy": greedy}
-  rolling = rnnstep_beam.LoglikelihoodModelHandler(
-      env["path"], rolling=True, jit_compile=False)
-  got = rolling.run_inference([TEXTS[0], {"text": TEXTS[1]}, TEXTS[2]],
-                              env["loaded"])
-  want = rnnstep.loglikelihood_rolling(env["model"], TEXTS, jit_compile=False)
-  assert [r.inference for r in got] == [
-      {"logprob": pytest.approx(w, rel=1e-6)} for w in want]
+  for result, score in zip(got, want):
+    if isinstance(score, tuple):
+      assert result.inference == {
+          "logprob": pytest.approx(score[0], rel=1e-6), "is_greedy": score[1]}
+    else:
+      assert result.inference == {"logprob": pytest.approx(score, rel=1e-6)}
 
 
 @pytest.mark.parametrize("record, argument, words", [
@@ -179,21 +180,21 @@ def test_a_bad_record_fails_its_batch_naming_record_and_field(
   assert words in str(raised.value) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("rolling, record, argument, words", [
-    (False, ("", "A"), "context", "the context gives no tokens"),
-    (False, ("A", "~"), "context", "context + continuation: character '~'"),
-    (False, "AB", "context", "a record must be a (context, continuation)"),
-    (False, {"context": "A", "x": "B"}, "x", "unknown field 'x'"),
-    (True, ("A", "B"), "text", "a record must be a text (str)"),
-    (True, "A~", "text", "the record 'A~': text: character '~'"),
+@pytest.mark.parametrize("record, argument, words", [
+    (("", "A"), "context", "the context gives no tokens"),
+    (("A", "~"), "context", "context + continuation: character '~'"),
+    ("A~", "text", "the record 'A~': text: character '~'"),
+    ("", "text", "the text gives no tokens"),
+    ({"context": "A", "x": "B"}, "text", "a record must be a (context, "
+     "continuation) pair of str"),
+    (("A", 3), "context", "a record must be"),
+    (3, "text", "a record must be"),
 ])
 def test_a_bad_scoring_record_names_record_and_field(
-    env, rolling, record, argument, words):
-  handler = rnnstep_beam.LoglikelihoodModelHandler(env["path"],
-                                                   rolling=rolling)
-  good = "AB" if rolling else ("A", "B")
+    env, record, argument, words):
+  handler = rnnstep_beam.LoglikelihoodModelHandler(env["path"])
   with pytest.raises(errors.ArgumentError) as raised:
-    handler.run_inference([good, record], env["loaded"])
+    handler.run_inference(["AB", ("A", "B"), record], env["loaded"])
   assert raised.value.argument == argument and words in str(raised.value)
 
 
@@ -228,57 +229,71 @@ def test_handler_arguments():
   assert (error.argument, str(error)) == ("seed", "bad")
 
 
-def _as_line(kind):
-  """A pipeline step: (key, PredictionResult) -> a JSON line with the pid."""
-  def line(keyed):
-    key, result = keyed
-    return json.dumps([kind, key, result.inference, os.getpid()])
-  return line
+def read_lines(prefix):
+  """The JSON lines of a pipeline's output files PREFIX-*.jsonl."""
+  folder = prefix.parent
+  return [json.loads(line) for name in sorted(os.listdir(folder))
+          if name.startswith(prefix.name) and name.endswith(".jsonl")
+          for line in (folder / name).read_text().splitlines()]
+
+
+def test_the_scoring_pipeline_in_process(env):
+  # `python -m rnnstep.beam --score` on the DirectRunner in this process.
+  source = env["tmp"] / "pairs.jsonl"
+  records = ([{"key": i, "context": c, "continuation": t}
+              for i, (c, t) in enumerate(PAIRS)]
+             + [{"key": f"t{i}", "text": t} for i, t in enumerate(TEXTS)])
+  source.write_text("".join(json.dumps(r) + "\n" for r in records))
+  out = env["tmp"] / "scored" / "out"
+  assert rnnstep_beam.main([f"--input={source}", f"--output={out}",
+                            f"--model={env['path']}", "--score",
+                            "--jit_compile=false"]) == 0
+  lines = sorted(read_lines(out), key=lambda line: str(line["key"]))
+  pairs = rnnstep.loglikelihood(env["model"], PAIRS, jit_compile=False)
+  texts = rnnstep.loglikelihood_rolling(env["model"], TEXTS,
+                                        jit_compile=False)
+  assert lines == [
+      {"key": i, "context": c, "continuation": t,
+       "logprob": pytest.approx(pairs[i][0], rel=1e-6),
+       "is_greedy": pairs[i][1]} for i, (c, t) in enumerate(PAIRS)] + [
+           {"key": f"t{i}", "text": t,
+            "logprob": pytest.approx(texts[i], rel=1e-6)}
+           for i, t in enumerate(TEXTS)]
+
+
+def test_a_bad_flag_is_one_line(env, capsys):
+  assert rnnstep_beam.main(["--input=x", "--output=y", "--top_p=3"]) == 2
+  assert capsys.readouterr().err == (
+      "python -m rnnstep.beam: --top_p: CompletionsModelHandler: top_p must "
+      "be in (0, 1] (1 = off), got 3.0\n")
 
 
 @pytest.mark.slow  # Two worker processes, each importing TensorFlow.
 def test_a_pipeline_on_two_worker_processes_gives_the_librarys_texts(env):
+  # `python -m rnnstep.beam`: files of jsonl records in, jsonl out.
   keyed = records(240)
-  pairs = [(f"pair{i}", PAIRS[i % len(PAIRS)]) for i in range(40)]
-  handler = rnnstep_beam.CompletionsModelHandler(
-      env["path"], max_batch_size=32, **HANDLER)
-  scorer = rnnstep_beam.LoglikelihoodModelHandler(
-      env["path"], jit_compile=False, max_batch_size=16)
-  out = env["tmp"] / "pipeline"
-  options = pipeline_options.PipelineOptions(
-      direct_num_workers=2, direct_running_mode="multi_processing")
-  pipeline = beam.Pipeline(options=options)
-  generated = (pipeline | "Records" >> beam.Create(keyed)
-               | "Generate" >> base.RunInference(
-                   base.KeyedModelHandler(handler))
-               | "GenerateLine" >> beam.Map(_as_line("text")))
-  scored = (pipeline | "Pairs" >> beam.Create(pairs)
-            | "Score" >> base.RunInference(base.KeyedModelHandler(scorer))
-            | "ScoreLine" >> beam.Map(_as_line("score")))
-  ((generated, scored) | beam.Flatten()
-   | beam.io.WriteToText(str(out / "results")))
-  result = pipeline.run()
-  result.wait_until_finish()
-
-  lines = [json.loads(line) for name in sorted(os.listdir(out))
-           for line in (out / name).read_text().splitlines()]
-  texts = {key: inference for kind, key, inference, _ in lines
-           if kind == "text"}
-  assert sorted(texts) == sorted(key for key, _ in keyed)  # Each once.
+  source = env["tmp"] / "records.jsonl"
+  source.write_text("".join(
+      json.dumps(dict({"prompt": record} if isinstance(record, str)
+                      else record, key=key)) + "\n"
+      for key, record in keyed))
+  out = env["tmp"] / "generated" / "out"
+  result = rnnstep_beam.run([
+      f"--input={source}", f"--output={out}", f"--model={env['path']}",
+      f"--max_tokens={STEPS}", f"--seed={SEED}",
+      f"--temperature={TEMPERATURE}", "--jit_compile=false",
+      "--max_batch_size=32", "--direct_num_workers=2",
+      "--direct_running_mode=multi_processing"])
+  lines = read_lines(out)
+  assert sorted(line["key"] for line in lines) == sorted(
+      key for key, _ in keyed)  # Each record once.
   want = expected(env["model"], keyed)
-  for key in texts:
-    assert_inference(texts[key], want[key])
-  scores = {key: inference for kind, key, inference, _ in lines
-            if kind == "score"}
-  assert len(scores) == len(pairs)
-  for key, pair in pairs:
-    logprob, greedy = rnnstep.loglikelihood(env["model"], [pair],
-                                            jit_compile=False)[0]
-    assert scores[key] == {"logprob": pytest.approx(logprob, rel=1e-5),
-                           "is_greedy": greedy}
-  # Two worker processes, neither this one; each loaded each model once.
-  pids = {pid for *_, pid in lines}
-  assert len(pids) == 2 and os.getpid() not in pids
+  for line in lines:
+    assert_inference(line, want[line["key"]])
+    record = dict(keyed)[line["key"]]
+    assert line["prompt"] == (record if isinstance(record, str)
+                              else record["prompt"])
+  # Two worker processes (not this one), each loading the model once.
   loads = [m.committed.count for m in result.metrics().query()["distributions"]
            if m.key.metric.name == "load_model_latency_milli_secs"]
-  assert sorted(loads) == [2, 2], loads
+  assert loads == [2], loads
