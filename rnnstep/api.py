@@ -167,29 +167,7 @@ def loglikelihood(model: model_lib.Model, pairs: Sequence[Pair], *,
       vocabulary lacks, an empty context; or a bad `jit_compile`/`window`;
       or a text too long for memory.
   """
-  if not isinstance(pairs, (list, tuple)) or not pairs:
-    raise errors.ArgumentError(
-        "pairs", "pairs must be a non-empty list of (context, continuation) "
-        f"str pairs, got {_kind_of(pairs)}")
-  rows = []
-  for i, pair in enumerate(pairs):
-    where = f"pairs[{i}]"
-    if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-        or not all(isinstance(text, str) for text in pair)):
-      raise errors.ArgumentError(
-          "pairs", f"{where} must be a (context, continuation) pair of str, "
-          f"got {_kind_of(pair)}")
-    context, continuation = pair
-    context_ids = _encode(model, context, f"{where} (the context)")
-    whole = _encode(model, context + continuation, f"{where}")
-    if not len(context_ids):
-      raise errors.ArgumentError(
-          "pairs", f"{where}: the context gives no tokens; the model reads "
-          "its first token from the zero state and predicts from there, so "
-          "give at least one (or score the whole text with "
-          "loglikelihood_rolling)")
-    ids = np.concatenate([context_ids, whole[len(context_ids):]])
-    rows.append(scoring.Row(ids.astype(np.int32), len(context_ids)))
+  rows = check_pairs(model, pairs)
   scores = _score(model, rows, jit_compile, window, "pairs")
   return list(zip(scores.logprobs, scores.greedy))
 
@@ -223,6 +201,58 @@ def loglikelihood_rolling(model: model_lib.Model, texts: Sequence[str], *,
       vocabulary lacks; a bad `jit_compile`/`window`; a text too long for
       memory.
   """
+  rows = check_rolling(model, texts)
+  return _score(model, rows, jit_compile, window, "texts").logprobs
+
+
+def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
+                ) -> List[scoring.Row]:
+  """`loglikelihood`'s checks of its pairs, for front ends that run them in
+  pieces (a bulk job checks every record before it runs any).
+
+  Returns:
+    One `scoring.Row` per pair: the context's and continuation's ids, and
+    where the continuation starts.
+
+  Raises:
+    errors.ArgumentError: as `loglikelihood`, naming `pairs[i]`.
+  """
+  if not isinstance(pairs, (list, tuple)) or not pairs:
+    raise errors.ArgumentError(
+        "pairs", "pairs must be a non-empty list of (context, continuation) "
+        f"str pairs, got {_kind_of(pairs)}")
+  rows = []
+  for i, pair in enumerate(pairs):
+    where = f"pairs[{i}]"
+    if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+        or not all(isinstance(text, str) for text in pair)):
+      raise errors.ArgumentError(
+          "pairs", f"{where} must be a (context, continuation) pair of str, "
+          f"got {_kind_of(pair)}")
+    context, continuation = pair
+    context_ids = _encode(model, context, f"{where} (the context)")
+    whole = _encode(model, context + continuation, f"{where}")
+    if not len(context_ids):
+      raise errors.ArgumentError(
+          "pairs", f"{where}: the context gives no tokens; the model reads "
+          "its first token from the zero state and predicts from there, so "
+          "give at least one (or score the whole text with "
+          "loglikelihood_rolling)")
+    ids = np.concatenate([context_ids, whole[len(context_ids):]])
+    rows.append(scoring.Row(ids.astype(np.int32), len(context_ids)))
+  return rows
+
+
+def check_rolling(model: model_lib.Model, texts: Sequence[str]
+                  ) -> List[scoring.Row]:
+  """`loglikelihood_rolling`'s checks of its texts (as `check_pairs`).
+
+  Returns:
+    One `scoring.Row` per text, scored from its second token.
+
+  Raises:
+    errors.ArgumentError: as `loglikelihood_rolling`, naming `texts[i]`.
+  """
   if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or (
       not texts):
     raise errors.ArgumentError(
@@ -238,7 +268,7 @@ def loglikelihood_rolling(model: model_lib.Model, texts: Sequence[str], *,
       raise errors.ArgumentError(
           "texts", f"texts[{i}] gives no tokens; give at least one")
     rows.append(scoring.Row(ids.astype(np.int32), 1))
-  return _score(model, rows, jit_compile, window, "texts").logprobs
+  return rows
 
 
 def _kind_of(value) -> str:

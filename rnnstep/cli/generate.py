@@ -55,6 +55,24 @@ ai_edge_litert interpreter instead, in a fraction of a second and with the
 same text. --verbose says which path ran and why; --nocache turns the cache
 off.
 
+Bulk jobs: --input=IN.jsonl --output=OUT.jsonl reads one record a line,
+  {"prompt": "...", "seed": <int, optional>, "key": <anything, optional>,
+   "temperature" (or another per-row option): <optional, this record's>},
+and appends {"index", "key", "prompt", "seed", "text", "logprob", "stopped"}
+per record to OUT ("index": its line in IN, from 0), in batches (--batch_size;
+default: the fastest rnnstep-tune measured, else 256), each appended whole
+and flushed to disk. A record's text is the one-row library call's,
+rnnstep.generate(model, prompt, num_steps, seed=seed, ...); a record without
+a seed uses rnnstep.record_seed(--seed, index) (without --seed the job draws
+one and keeps it in OUT.job.json). Run the same command again after a crash
+or a kill and it continues: OUT ends with every record once. A changed IN,
+model or option is refused (--overwrite starts again). Every line is checked
+before anything runs: a bad line is an error naming it (--skip_bad_lines:
+reported and skipped). --score scores instead: records {"context",
+"continuation"} (rnnstep.loglikelihood: "logprob", "is_greedy") or {"text"}
+(rnnstep.loglikelihood_rolling: "logprob"). A bar on stderr (a terminal)
+shows progress; a summary line ends the job.
+
 Errors are reported as one line on stderr naming the flag. Exit status: 0 success,
 1 failure (model file, output file, generation), 2 bad command line, 130 Ctrl-C,
 143 SIGTERM.
@@ -189,6 +207,34 @@ _CACHE = flags.DEFINE_boolean(
     "LiteRT export of the model without importing TensorFlow (same text), and "
     "a run that finds none builds it in the background for the next run. "
     "--nocache neither reads nor writes it.", flag_values=FLAGS)
+_INPUT = flags.DEFINE_string(
+    "input", None,
+    "A bulk job: read records from this jsonl file, one JSON object a line "
+    '({"prompt": ..., "seed"?: ..., "key"?: ..., per-row options?}; with '
+    '--score {"context": ..., "continuation": ...} or {"text": ...}), and '
+    "append one result line per record to --output, a batch at a time. Run "
+    "the same command again after a crash and it continues (see Bulk jobs "
+    "above).", flag_values=FLAGS)
+_OVERWRITE = flags.DEFINE_boolean(
+    "overwrite", False,
+    "With --input: start the job again, replacing --output, even when it "
+    "holds another job's results.", flag_values=FLAGS)
+_SKIP_BAD_LINES = flags.DEFINE_boolean(
+    "skip_bad_lines", False,
+    "With --input: report each bad line (not JSON, a missing or bad field, "
+    "a token the model lacks, a bad option value) on stderr and skip it, "
+    "instead of refusing the job.", flag_values=FLAGS)
+_SCORE = flags.DEFINE_boolean(
+    "score", False,
+    "With --input: score the records instead of generating "
+    "(rnnstep.loglikelihood for context/continuation pairs, "
+    "rnnstep.loglikelihood_rolling for texts).", flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None,
+    "With --input: records per batch (each batch is one library call, then "
+    "appended). Default: the batch size rnnstep-tune measured fastest here, "
+    "else 256 (generation) or 1024 (--score).", lower_bound=1,
+    flag_values=FLAGS)
 _VERBOSE = flags.DEFINE_boolean(
     "verbose", False,
     "Say on stderr which path generated the text (the cached compiled "
@@ -232,6 +278,12 @@ _validate("stop", lambda stops: not stops or all(stops),
 
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
+  if _INPUT.value is not None:
+    return _run_job()
+  for name in _JOB_FLAGS:
+    if FLAGS[name].present:
+      raise common.Failure(f"--{name} applies to a job: give --input too",
+                           common.EXIT_USAGE)
   _check_beam_flags()
   seed = secrets.randbelow(2**31) if _SEED.value is None else _SEED.value
   beams = _DECODING["num_beams"].value
@@ -266,6 +318,93 @@ def main(argv):
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
     compiled_cache.spawn_fill(_model_path(), fill_key)
+  return 0
+
+
+# Flags that only a --input job reads.
+_JOB_FLAGS = ("overwrite", "skip_bad_lines", "score", "batch_size")
+# Flags a job cannot honour: one line per record, records hold the prompts.
+_NOT_IN_JOBS = {
+    "prompt": "records hold the prompts",
+    "num_samples": "a record is one sample (repeat a record for more)",
+    "num_return_sequences": "a record gets one text",
+    "stream": "a job appends whole batches",
+    "format": "a job writes jsonl",
+}
+
+
+def _run_job() -> int:
+  """`--input`: a resumable jsonl job (`jobs.py`)."""
+  from rnnstep.cli import jobs  # pylint: disable=g-import-not-at-top
+  for name, why in _NOT_IN_JOBS.items():
+    if FLAGS[name].present and not (name == "format"
+                                    and _FORMAT.value == "jsonl"):
+      raise common.Failure(f"--{name} with --input: {why}", common.EXIT_USAGE)
+  jobs.check_output_flag(_OUTPUT.value)
+  if len(_REGEX.value or []) > 1:
+    raise common.Failure("--regex with --input: give one pattern for every "
+                         "record", common.EXIT_USAGE)
+  scoring = _SCORE.value
+  options = {}
+  for option in options_lib.OPTIONS:
+    holder = _DECODING[option.name]
+    if option.per_row:
+      if len(holder.value) > 1:
+        raise common.Failure(
+            f"--{option.name} with --input: give one value (a record may "
+            f'carry its own "{option.name}")', common.EXIT_USAGE)
+      parse = int if option.dtype.startswith("int") else float
+      options[option.name] = parse(holder.value[0])
+    else:
+      options[option.name] = holder.value
+  if scoring:  # Only the window decides a score.
+    fingerprint = {"window": options["window"], "dtype": _DTYPE.value}
+  else:
+    fingerprint = dict(options, num_steps=_NUM_STEPS.value,
+                       stop=_STOP.value or [], regex=_REGEX.value or [],
+                       dtype=_DTYPE.value, seed=_SEED.value)
+  lines = jobs.read_lines(_INPUT.value)
+  try:
+    model_hash = jobs.sha256_of([_model_path(), _CORPUS.value, _VOCAB.value])
+  except OSError as e:
+    raise common.Failure(f"--weights: {common.reason(e)}") from None
+  job = jobs.Job(
+      kind="score" if scoring else "generate", input_path=_INPUT.value,
+      output_path=_OUTPUT.value,
+      input_sha256=jobs.sha256_of([_INPUT.value]), model_sha256=model_hash,
+      options=fingerprint,
+      base_seed=None if scoring else (
+          secrets.randbelow(2**31) if _SEED.value is None else _SEED.value))
+  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
+                            _VOCAB.value)
+  say = lambda line: print(f"{PROGRAM}: {line}", file=common.stderr(),
+                           flush=True)
+  check = (jobs.scoring_check(model) if scoring
+           else jobs.generation_check(model))
+  records = jobs.check_records(lines, check, _INPUT.value,
+                               _SKIP_BAD_LINES.value, say)
+  skipped = len(lines) - len(records)
+  output = jobs.Output(job, _OVERWRITE.value)
+  if scoring:
+    run_batch = jobs.scoring_batch(model, _JIT_COMPILE.value,
+                                   options["window"])
+    batch_size = _BATCH_SIZE.value or jobs.SCORE_BATCH
+  else:
+    from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+    batch_size = _BATCH_SIZE.value or paths.bulk_batch_size(model)
+    jit_compile = _JIT_COMPILE.value
+    if jit_compile is None:
+      # One path for every batch (the last, smaller one too); XLA's compile
+      # pays off only over enough steps, as for a one-shot run.
+      batches = -(-len(records) // batch_size)
+      jit_compile = paths.jit_compile_of(paths.one_shot_path(
+          model, min(batch_size, max(len(records), 1)),
+          _NUM_STEPS.value * batches))
+    run_batch = jobs.generation_batch(
+        model, job, _NUM_STEPS.value, options, _STOP.value,
+        (_REGEX.value or [None])[0], jit_compile)
+  with jobs.blamed(FLAGS):
+    say(jobs.run(job, records, output, run_batch, batch_size, skipped))
   return 0
 
 

@@ -330,6 +330,27 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   return path
 
 
+# The batch a bulk job (`rnnstep-generate --input`) runs when `rnnstep-tune`
+# measured none here. Throughput grows with the batch while the step is bound
+# by reading the weights, then flattens: on the Zen 3 table's quiet run
+# (GRU 1024, float32; ms per 1000 steps at the fastest path) 16 rows ran
+# 26.8k characters a second, 64 rows 53.6k, 256 rows 100.6k.
+BULK_BATCH_SIZE = 256
+
+
+def bulk_batch_size(model) -> int:
+  """The batch size with the most characters a second for a bulk job.
+
+  The batch size `rnnstep.tune` measured here (for this model's shape and
+  dtype) with the most rows x steps a second at its fastest path, else
+  `BULK_BATCH_SIZE`. (A job's last batch may be smaller.)
+  """
+  measured = tuning_cache.measured(model)
+  if not measured:
+    return BULK_BATCH_SIZE
+  return max(measured, key=lambda batch: batch / measured[batch])
+
+
 def default_jit_compile(model, batch_size: int = 1):
   """`default_path` as a `jit_compile` value (True, False or "elementwise")."""
   return jit_compile_of(default_path(model, batch_size))

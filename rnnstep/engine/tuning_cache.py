@@ -151,6 +151,34 @@ def cached_path(model, batch_size: int,
   return entry["path"] if entry else None
 
 
+def measured(model) -> Dict[int, float]:
+  """Each batch size measured here for the model (one call, not lanes), and
+  its fastest path's milliseconds per 1000 steps of the whole batch.
+
+  {} when tuning is off or nothing was measured. Reads no more than
+  `cached_path`.
+  """
+  if not enabled():
+    return {}
+  found = entries(cache_file())
+  if not found:
+    return {}
+  # As `cache_key` makes them (the machine as `cached_path` reads it).
+  machine, shape = machine_key(), model_key(model)
+  out = {}
+  for key, entry in found.items():
+    try:
+      parsed = json.loads(key)
+      if ("lanes" in parsed or parsed.get("machine") != machine
+          or parsed.get("model") != shape):
+        continue
+      out[int(entry["batch_size"])] = min(
+          float(ms) for ms in entry["ms_per_1000_steps"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+      continue  # An entry this version cannot read: not ours.
+  return out
+
+
 def reload():
   """Forgets the cache read by this process: the next lookup reads the file."""
   _memo.clear()
