@@ -29,8 +29,9 @@ records of one prompt without seeds get one text: give each its own "seed"
 to draw several samples of a prompt.
 
 Apache Beam is an optional dependency (`pip install 'rnnstep[beam]'`):
-`import rnnstep` never imports it, and this module imports TensorFlow only
-when a worker loads the model.
+`import rnnstep` never imports it. This module imports TensorFlow only when
+a pipeline is built with the default batch size (to read it) and when a
+worker loads the model.
 """
 
 import hashlib
@@ -293,7 +294,15 @@ class _Handler(base.ModelHandler):
     return LoadedModel(self._model_path, self._dtype)
 
   def batch_elements_kwargs(self) -> Mapping[str, Any]:
-    return dict(self._batching)
+    if "min_batch_size" in self._batching or "max_batch_size" in self._batching:
+      return dict(self._batching)
+    # Neither given: the jsonl job's batch (`rnnstep-generate --input`), fixed.
+    # (Beam's own default grows batches from 1, and each new size would
+    # compile on the XLA path.)
+    # pylint: disable-next=g-import-not-at-top
+    from rnnstep.engine import paths
+    return dict(self._batching, min_batch_size=paths.BULK_BATCH_SIZE,
+                max_batch_size=paths.BULK_BATCH_SIZE)
 
   def share_model_across_processes(self) -> bool:
     return self._large_model
@@ -362,7 +371,8 @@ class CompletionsModelHandler(_Handler):
         for the model and each call's batch size).
       min_batch_size: the fewest records `BatchElements` puts in a batch.
       max_batch_size: the most; Beam grows batches between the two as it
-        times them (give both for fixed batches).
+        times them. Neither given: batches of the jsonl job's default size
+        (`rnnstep.engine.paths.BULK_BATCH_SIZE`), fixed.
       max_batch_duration_secs: in streaming pipelines, how long a batch may
         wait to fill.
       large_model: load one model per machine and share it across the

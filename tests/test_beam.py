@@ -220,6 +220,9 @@ def test_handler_arguments():
   assert handler.batch_elements_kwargs() == {"min_batch_size": 8,
                                              "max_batch_size": 64}
   assert not handler.share_model_across_processes()
+  # Neither given: the jsonl job's default batch, fixed.
+  assert make(max_tokens=5).batch_elements_kwargs() == {
+      "min_batch_size": 256, "max_batch_size": 256}
   assert make(max_tokens=5, large_model=True).share_model_across_processes()
   with pytest.raises(errors.ArgumentError) as raised:
     rnnstep_beam.LoglikelihoodModelHandler(window=-1)
