@@ -165,7 +165,10 @@ class LoadedModel:
   def __init__(self, path: Optional[str], dtype: str):
     # pylint: disable-next=g-import-not-at-top
     from rnnstep import api  # TensorFlow, on the workers only.
-    self.model = api.load(path, dtype=dtype)
+    if path is not None and "://" in path:
+      self.model = _load_remote(path, dtype)
+    else:
+      self.model = api.load(path, dtype=dtype)
 
   def generate(self, rows: List[Dict[str, Any]],
                jit_compile) -> Tuple[List[str], List[float]]:
@@ -270,6 +273,29 @@ class LoadedModel:
     return out
 
 
+def _load_remote(path: str, dtype: str):
+  """Loads a model file from any filesystem Beam reads (gs://, s3://, ...).
+
+  Copied to a local temporary file first (the model file's reader needs a
+  seekable local file), removed once loaded.
+  """
+  # pylint: disable=g-import-not-at-top
+  import os
+  import shutil
+  import tempfile
+  from apache_beam.io import filesystems
+  from rnnstep import api
+  # pylint: enable=g-import-not-at-top
+  suffix = os.path.splitext(path)[1]
+  with tempfile.TemporaryDirectory(prefix="rnnstep_beam_") as folder:
+    local = os.path.join(folder, "model" + suffix)
+    with filesystems.FileSystems.open(
+        path, compression_type="uncompressed") as source, open(
+            local, "wb") as target:
+      shutil.copyfileobj(source, target)
+    return api.load(local, dtype=dtype)
+
+
 class _Handler(base.ModelHandler):
   """What both handlers share: loading, batching and Beam's settings."""
 
@@ -357,8 +383,10 @@ class CompletionsModelHandler(_Handler):
     """Checks the arguments (in the process that builds the pipeline).
 
     Args:
-      model_path: a model file or any weights file `rnnstep.load` reads
-        (a path the workers can open); None: the bundled model.
+      model_path: a model file (or another file `rnnstep.load` reads
+        without a corpus or vocabulary), local to the workers or on any
+        filesystem Beam reads (gs://, s3://, hdfs://: copied to a local
+        temporary file to load); None: the bundled model.
       max_tokens: tokens to generate per record (`generate`'s `num_steps`).
       seed: the base of the seeds of records without one
         (`rnnstep.record_seed`); None draws one here, once for the whole

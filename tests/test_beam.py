@@ -18,6 +18,7 @@ import pytest
 
 beam = pytest.importorskip("apache_beam", reason="pip install 'rnnstep[beam]'")
 # pylint: disable=g-import-not-at-top,g-bad-import-order
+from apache_beam.io import localfilesystem
 from apache_beam.ml.inference import base
 from apache_beam.options import pipeline_options
 
@@ -230,6 +231,29 @@ def test_handler_arguments():
   # The error type survives pickling (workers and shared models send it).
   error = pickle.loads(pickle.dumps(errors.ArgumentError("seed", "bad")))
   assert (error.argument, str(error)) == ("seed", "bad")
+
+
+class _PrefixedFileSystem(localfilesystem.LocalFileSystem):
+  """A filesystem with a scheme (local files behind "rnnsteptest://"), as a
+  stand-in for gs:// or s3://: Beam finds it by its scheme."""
+
+  @classmethod
+  def scheme(cls):
+    return "rnnsteptest"
+
+  def open(self, path, *args, **kwargs):  # pylint: disable=arguments-differ
+    return super().open(path[len("rnnsteptest://"):], *args, **kwargs)
+
+
+def test_a_model_on_a_remote_filesystem_loads(env):
+  handler = rnnstep_beam.CompletionsModelHandler(
+      "rnnsteptest://" + env["path"], **HANDLER)
+  loaded = handler.load_model()
+  assert loaded.model.vocab == env["model"].vocab
+  got = handler.run_inference(["ROMEO:"], loaded)[0].inference
+  assert got["text"] == rnnstep.generate(
+      env["model"], "ROMEO:", STEPS, seed=seed_of("ROMEO:"),
+      temperature=TEMPERATURE, jit_compile=False)
 
 
 def read_lines(prefix):
