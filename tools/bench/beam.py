@@ -66,6 +66,12 @@ _CHECK = flags.DEFINE_bool("check", True,
                            "Compare every Beam text with the job's.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Raw results as JSON.")
 _SEED = flags.DEFINE_integer("seed", 0, "The records' seed.")
+_JIT_COMPILE = flags.DEFINE_enum(
+    "jit_compile", "auto", ["auto", "true", "false", "elementwise"],
+    "The path of every variant and the library. auto: each its own default "
+    "(the job: the path for a one-shot run of all its steps; Beam and the "
+    "library: `generate`'s default for the batch); another value: that "
+    "path for all, so the ratios measure the orchestration alone.")
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
            PYTHONPATH=os.pathsep.join(
@@ -89,14 +95,26 @@ def command(variant: str, source: str, out: str, batch: int):
   if variant == "job":
     return [sys.executable, "-m", "rnnstep.cli.generate", f"--input={source}",
             f"--output={out}.jsonl", f"--num_steps={_MAX_TOKENS.value}",
-            "--overwrite"] + [f"--weights={_MODEL.value}"] * bool(_MODEL.value)
+            "--overwrite"] + [f"--weights={_MODEL.value}"] * bool(
+                _MODEL.value) + _jit_flag("job")
   workers = {"beam_1": ["--direct_num_workers=1"],
              "beam_2": ["--direct_num_workers=2",
                         "--direct_running_mode=multi_processing"]}[variant]
   return [sys.executable, "-m", "rnnstep.beam", f"--input={source}",
           f"--output={out}", f"--max_tokens={_MAX_TOKENS.value}",
           f"--min_batch_size={batch}", f"--max_batch_size={batch}"
-          ] + model + workers
+          ] + model + workers + _jit_flag("beam")
+
+
+def _jit_flag(kind: str):
+  """--jit_compile as the job's flag or the pipeline's."""
+  value = _JIT_COMPILE.value
+  if value == "auto":
+    return []
+  if kind == "beam":
+    return [f"--jit_compile={value}"]
+  return {"true": ["--jit_compile"], "false": ["--nojit_compile"],
+          "elementwise": ["--jit_compile=elementwise"]}[value]
 
 
 def timed_run(variant, source, out, batch) -> float:
@@ -132,14 +150,17 @@ def library_seconds(model, source: str, batch: int) -> float:
   with open(source, encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   calls = [records[i:i + batch] for i in range(0, len(records), batch)]
+  jit_compile = {"auto": None, "true": True, "false": False,
+                 "elementwise": "elementwise"}[_JIT_COMPILE.value]
   for sizes in {len(calls[0]), len(calls[-1])}:  # Warm each shape once.
     rnnstep.generate(model, [r["prompt"] for r in calls[0][:sizes]],
                      _MAX_TOKENS.value, seed=[r["seed"] for r in
-                                              calls[0][:sizes]])
+                                              calls[0][:sizes]],
+                     jit_compile=jit_compile)
   start = time.monotonic()
   for call in calls:
     rnnstep.generate(model, [r["prompt"] for r in call], _MAX_TOKENS.value,
-                     seed=[r["seed"] for r in call])
+                     seed=[r["seed"] for r in call], jit_compile=jit_compile)
   return time.monotonic() - start
 
 
@@ -161,7 +182,8 @@ def main(argv):
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
   print(f"model: {_MODEL.value or 'bundled'} {model.config}")
   print(f"records: {_RECORDS.value} x {_MAX_TOKENS.value} characters, "
-        f"batch {batch} (path {paths.default_path(model, batch)}), "
+        f"batch {batch} (jit_compile {_JIT_COMPILE.value}; the library's "
+        f"default path for it: {paths.default_path(model, batch)}), "
         f"{_ROUNDS.value} rounds\n")
   chars = _RECORDS.value * _MAX_TOKENS.value
   tmp = tempfile.mkdtemp(prefix="bench_beam_")
