@@ -231,14 +231,18 @@ def main(argv):
     row = [variant, f"{statistics.median(seconds[variant]):.1f}",
            f"{chars / statistics.median(seconds[variant]):,.0f}"]
     if "job" in seconds and variant != "job":
-      row.append(f"{statistics.median(j / s for j, s in zip(seconds['job'], seconds[variant])):.2f}")
+      ratio = statistics.median(
+          j / s for j, s in zip(seconds["job"], seconds[variant]))
+      row.append(f"{ratio:.2f}")
     else:
       row.append("")
     if _STARTUP_RECORDS.value:
       rates = [aside(variant, i) for i in range(_ROUNDS.value)]
       row.append(f"{statistics.median(rates):,.0f}")
       if "job" in seconds and variant != "job":
-        row.append(f"{statistics.median(r / aside('job', i) for i, r in enumerate(rates)):.2f}")
+        ratio = statistics.median(
+            r / aside("job", i) for i, r in enumerate(rates))
+        row.append(f"{ratio:.2f}")
       else:
         row.append("")
     print("| " + " | ".join(row) + " |")
