@@ -65,10 +65,10 @@ LONGEST_FIRST = (
     "test_window.py",           # 86
     "test_convert.py",          # 84
     "test_serve_network.py",    # 75
+    "test_beam.py",             # 65 at load 7 (a pipeline on 2 workers: 37)
     "test_constraints.py",      # 72
     "test_serve_engine.py",     # 60
     "test_serve.py",            # 59
-    "test_beam.py",             # ~40 (quiet; 105 at load 5): 2 workers
     "test_serve_hostile.py",    # 37
     "test_convert_torch.py",    # 55
     "test_fast_path.py",        # 53
