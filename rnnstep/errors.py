@@ -27,6 +27,11 @@ class ArgumentError(ValueError):
     super().__init__(message)
     self.argument = argument
 
+  def __reduce__(self):
+    # Pickled with both arguments (a Beam worker, or the process holding a
+    # shared model, sends its errors pickled), not just the message.
+    return type(self), (self.argument, str(self))
+
 
 def not_text(text: str) -> str:
   """What in `text` is not text, or "" if nothing is.

@@ -76,7 +76,7 @@ LAYERS = (
     ("rnnstep.api",),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
-    ("rnnstep.cli",),
+    ("rnnstep.cli", "rnnstep.beam"),  # Front ends: command lines, pipelines.
     ("rnnstep.serve",),  # A front end: imports cli.common for its flags.
 )
 
@@ -168,6 +168,22 @@ class ImportGraphTest(unittest.TestCase):
     self.assertEqual(find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}),
                      ["a", "b", "c", "a"])
     self.assertIsNone(find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}))
+
+  def test_only_rnnstep_beam_imports_apache_beam(self):
+    # An optional dependency: `import rnnstep` and every other module run
+    # without it (tests/test_keras_free.py checks a fresh interpreter too).
+    importers = set()
+    for name, path in module_files().items():
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+      for node in ast.walk(tree):
+        names = ([alias.name for alias in node.names]
+                 if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom)
+                 else [])
+        if any(n.split(".")[0] == "apache_beam" for n in names):
+          importers.add(name)
+    self.assertEqual(importers, {"rnnstep.beam"})
 
   def test_tuning_cache_and_cpu_read_without_tensorflow(self):
     probe = ("import sys; from rnnstep.engine import cpu, tuning_cache; "

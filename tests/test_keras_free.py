@@ -53,7 +53,10 @@ SCRIPT = textwrap.dedent("""
                                                     chunk_size=8)),
            "keras_modules": sorted(
                m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras")
-               and sys.modules[m] is not None)}
+               and sys.modules[m] is not None),
+           # An optional dependency (rnnstep.beam), never imported by rnnstep.
+           "beam_modules": sorted(m for m in sys.modules
+                                  if m.split(".")[0] == "apache_beam")}
     print(json.dumps(out))
 """)
 
@@ -73,6 +76,7 @@ class KerasFreeTest(tf.test.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     out = json.loads(result.stdout.strip().splitlines()[-1])
     self.assertEqual(out["keras_modules"], [])
+    self.assertEqual(out["beam_modules"], [])
     # What it computed without Keras, against Keras (this process has it) or,
     # for seeded sampling, the library's graph path here.
     self.assertAllClose(out["logits"],

@@ -66,6 +66,7 @@ LONGEST_FIRST = (
     "test_convert.py",          # 84
     "test_serve_network.py",    # 75
     "test_constraints.py",      # 72
+    "test_beam.py",             # 65 at load 7 (a pipeline on 2 workers: 37)
     "test_serve_engine.py",     # 60
     "test_serve.py",            # 59
     "test_serve_hostile.py",    # 37
