@@ -55,7 +55,7 @@ def run(path: str, fn, *args, timeout: float = TIMEOUT_SECONDS, **kwargs):
                        "s; it is corrupt or hostile (refused)")
     try:
       kind, value = receiver.recv()
-    except EOFError:
+    except (EOFError, OSError):  # OSError: it died part way through a message.
       process.join()
       raise ValueError(f"{path}: the file crashed its reader "
                        f"({_how(process.exitcode)}); it is corrupt or hostile "
