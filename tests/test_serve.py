@@ -226,6 +226,11 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   """Two lanes (rnnstep/serve/lanes.py): a request goes whole to the lane
   with the fewest rows, the queue limit holds across the lanes, and every
   row's text is `generate`'s whichever lane ran it."""
+  # A lane a core unless the CPU kind was measured faster with one.
+  assert lanes_lib.default_lanes("avx512_bf16", 2, 64) == 2
+  assert lanes_lib.default_lanes("other", 8, 4) == 4
+  assert all(lanes_lib.default_lanes(kind, 2, 64) == 1
+             for kind in lanes_lib.ONE_LANE_KINDS)
   assert lanes_lib.split_slots(64, 2) == [32, 32]
   assert lanes_lib.split_slots(7, 3) == [3, 2, 2]
   with pytest.raises(ValueError):

@@ -25,6 +25,25 @@ from typing import List, Optional
 from rnnstep.serve import engine as engine_lib
 
 
+# The CPU kinds (`cpu.kind()`) on which a server runs one lane, on
+# TensorFlow's own thread pools, unless told otherwise: there one call over
+# every slot on every core served more at saturation than a lane a core.
+# On a 2-vCPU Zen 3 (AVX2 only) one lane (XLA for 64 rows, the library's
+# path) served more characters a second than two lanes on theirs (graph) in
+# every run (benchmarks/results/serve-epyc-zen3-2026-12.md); on the Zen 4
+# and Zen 5 measured two lanes were ahead (serve-epyc-zen4-2026-12.md). The
+# kinds not measured keep a lane a core.
+ONE_LANE_KINDS = frozenset({"avx2"})
+
+
+def default_lanes(kind: str, usable_cores: int, max_batch: int) -> int:
+  """The lanes a CPU server runs when not told: one on a kind of
+  `ONE_LANE_KINDS`, else a lane a usable core (at most one a slot)."""
+  if kind in ONE_LANE_KINDS:
+    return 1
+  return max(1, min(usable_cores, max_batch))
+
+
 def split_slots(max_batch: int, lanes: int) -> List[int]:
   """`max_batch` slots over `lanes` lanes, as evenly as they go (each >= 1).
 

@@ -161,13 +161,29 @@ def _path(model, replicas: int) -> str:
 
 
 def _lanes() -> int:
-  """--lanes, or its default: a lane a usable core on a CPU, else one."""
+  """--lanes, or its default: on a CPU the kind's (`lanes.default_lanes`),
+  else one."""
+  from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
   if _LANES.value is not None:
     return min(_LANES.value, _MAX_BATCH.value)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if _STRATEGY.value != "none" or tf.config.list_physical_devices("GPU"):
     return 1
-  return min(cpu.usable_cores(), _MAX_BATCH.value)
+  return lanes_lib.default_lanes(cpu.kind(), cpu.usable_cores(),
+                                 _MAX_BATCH.value)
+
+
+def _intra_op_threads(lanes: int) -> int:
+  """--intra_op_threads, or its default for `lanes` (see `_threads`; 0:
+  TensorFlow's own, one a core)."""
+  from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
+  if _INTRA_OP_THREADS.value is not None:
+    return _INTRA_OP_THREADS.value
+  if lanes > 1:
+    return 1
+  if _STRATEGY.value != "none" or cpu.kind() in lanes_lib.ONE_LANE_KINDS:
+    return 0
+  return max(cpu.usable_cores() - 1, 1)
 
 
 def _threads(lanes: int) -> None:
@@ -175,18 +191,17 @@ def _threads(lanes: int) -> None:
 
   With several lanes each lane's call runs on one thread of its own (one
   intra-op thread: an op runs on the thread that runs it; an inter-op thread
-  a lane, so that the lanes' calls run side by side). With one lane, on a
-  2-core machine the graph's own two pools (TensorFlow's default: one
-  thread a core each) contend with the event loop for the cores; one thread
-  each runs a chunk in less CPU time (no hand-offs between threads) and
-  leaves the other core to the HTTP side. Called before TensorFlow runs
-  anything (the pools are fixed then).
+  a lane, so that the lanes' calls run side by side). With one lane on a
+  CPU kind that runs one lane by default (`lanes.ONE_LANE_KINDS`), or under
+  --strategy, TensorFlow's own pools (every core: what was measured there).
+  Otherwise, with one lane, on a 2-core machine the graph's own two pools
+  contend with the event loop for the cores; one fewer thread runs a chunk
+  in less CPU time (no hand-offs between threads) and leaves a core to the
+  HTTP side. Called before TensorFlow runs anything (the pools are fixed
+  then).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  intra = _INTRA_OP_THREADS.value
-  if intra is None:
-    intra = 1 if lanes > 1 else (0 if _STRATEGY.value != "none" else max(
-        cpu.usable_cores() - 1, 1))
+  intra = _intra_op_threads(lanes)
   inter = _INTER_OP_THREADS.value
   if inter is None:
     inter = lanes if lanes > 1 else intra

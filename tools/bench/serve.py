@@ -190,10 +190,10 @@ def served_path(model, serve_args) -> str:
   jit = serve_main.FLAGS["jit_compile"].value
   if jit != "auto":
     return paths.from_jit_compile(_jit(jit))
-  lanes = serve_main._lanes()  # pylint: disable=protected-access
-  threads = flags_of["intra_op_threads"].value
-  if threads is None:  # `_threads`' default.
-    threads = 1 if lanes > 1 else max(cpu.usable_cores() - 1, 1)
+  # pylint: disable=protected-access
+  lanes = serve_main._lanes()
+  threads = serve_main._intra_op_threads(lanes)
+  # pylint: enable=protected-access
   return paths.lane_path(model, -(-flags_of["max_batch"].value // lanes),
                          lanes, threads or cpu.usable_cores())
 
