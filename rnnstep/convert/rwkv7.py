@@ -339,9 +339,13 @@ def from_state_dict(arrays: Dict[str, np.ndarray], vocab_path, label
   top = dict(embedding=get("emb.weight"),
              ln_out=(get("ln_out.weight"), get("ln_out.bias")),
              head=get("head.weight").T)
-  tokens = read_world_vocabulary(
-      _read_file(vocab_path, MAX_VOCABULARY_BYTES, os.fspath(vocab_path)),
-      vocab_size, os.fspath(vocab_path))
+  if vocab_path is None:  # Its shapes alone (`convert.describe`).
+    tokens = vocabulary_lib.Tokens("world", [
+        vocabulary_lib.world_entry(None, i) for i in range(vocab_size)])
+  else:
+    tokens = read_world_vocabulary(
+        _read_file(vocab_path, MAX_VOCABULARY_BYTES, os.fspath(vocab_path)),
+        vocab_size, os.fspath(vocab_path))
   return _model(config, tokens, per_block, top, label)
 
 

@@ -466,7 +466,8 @@ class RWKV7Cell(Cell):
     mean, variance = tf.nn.moments(y, [-1], keepdims=True)
     y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
     y = tf.reshape(y, [batch, self.units]) * self.ln_x[i, 0] + self.ln_x[i, 1]
-    y = y + tf.reshape(tf.reduce_sum(rh * kh * heads_of(r_k), -1,
+    y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(r_k, [heads, size]),
+                                     -1,
                                      keepdims=True) * vh,
                        [batch, self.units])
     return (tf.cast(y * g, self.compute_dtype),
