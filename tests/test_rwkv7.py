@@ -147,20 +147,20 @@ def test_batch_rows_and_continued_states_equal_single_runs(path,
   matrix state is masked like any state), and a state carried through
   `hidden_states` continues the logits exactly."""
   prompts = ["Hello the poet said", "中文", "a"]
-  alone = [rnnstep.generate(preset_model, p, 12, seed=5, temperature=0.8,
+  alone = [rnnstep.generate(preset_model, p, 12, temperature=0.0,
                             jit_compile=False) for p in prompts]
-  assert rnnstep.generate(preset_model, prompts, 12, seed=5, temperature=0.8,
+  assert rnnstep.generate(preset_model, prompts, 12, temperature=0.0,
                           jit_compile=path) == alone
   if path is not False:
     return
-  ids = preset_model.encode("Hello the poet said")
-  states = rnnstep.hidden_states(preset_model, ids[:4])
+  ids = preset_model.encode("Hello the poet said the café 中文")
+  states = rnnstep.hidden_states(preset_model, ids[:3])
   assert list(states[0]) == ["h", "att_x0", "wkv0", "ffn_x0", "att_x1",
                              "wkv1", "ffn_x1", "att_x2", "wkv2", "ffn_x2"]
   last = [{k: v[:, -1] for k, v in layer.items()} for layer in states]
   whole = rnnstep.logits(preset_model, ids)[0]
-  rest = rnnstep.logits(preset_model, ids[4:], initial_state=last)[0]
-  np.testing.assert_allclose(rest, whole[4:], rtol=1e-5, atol=1e-5)
+  rest = rnnstep.logits(preset_model, ids[3:], initial_state=last)[0]
+  np.testing.assert_allclose(rest, whole[3:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", PATH_CASES)
@@ -172,8 +172,10 @@ def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
   chunks = list(rnnstep.stream(preset_model, prompts, 24, seed=3,
                                temperature=1.0, jit_compile=path))
   assert ["".join(c[i] for c in chunks) for i in range(2)] == free
-  # Stop strings taken from the rows' own texts end each row there.
-  stops = [t[3:5] for t in free if len(t) >= 5]
+  # Stop strings taken from the rows' own texts end each row there (not
+  # spanning a U+FFFD, which stands for bytes no stop string holds).
+  stops = [next(t[i:i + 2] for i in range(3, len(t) - 1)
+                if "\ufffd" not in t[i:i + 2]) for t in free]
   for text, full in zip(generate(stop=stops, jit_compile=path), free):
     cut = min((full.find(s) + len(s) for s in stops if s in full),
               default=len(full))
@@ -183,6 +185,7 @@ def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
   assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in texts)
 
 
+@pytest.mark.slow
 def test_serving_engine_rows_equal_generate(preset_model):
   from tests.test_serve_engine import make_engine, submit, reference
   engine = make_engine(preset_model)
@@ -192,7 +195,7 @@ def test_serving_engine_rows_equal_generate(preset_model):
                   max_tokens=14, options={"temperature": 0.9})
     assert sink.done.wait(120)
   finally:
-    engine.stop()
+    engine.close()
   want = reference(preset_model, ["Hello", "中文 the"], 14, 9,
                    {"temperature": 0.9})
   assert [sink.text(i) for i in range(2)] == want
