@@ -32,6 +32,10 @@ VOCAB = str(DATA / "preset" / "assets" / "tokenizer" / "vocabulary.txt")
 PATHS = (False, True, "elementwise")
 # The graph path stays in the quick tier; the others compile (XLA) for long.
 PATH_CASES = quick_params(PATHS, False)
+# The XLA path compiles a program per batch bucket and per option set
+# (minutes here): the greedy test covers it; the sweeps below run the graph
+# path (quick) and the elementwise one.
+SWEEP_CASES = quick_params((False, "elementwise"), False)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +144,7 @@ def test_every_path_generates_keras_hub_s_greedy_ids(path, preset_model,
     np.testing.assert_allclose(scores[0], want_score, rtol=1e-5)
 
 
-@pytest.mark.parametrize("path", PATH_CASES)
+@pytest.mark.parametrize("path", SWEEP_CASES)
 def test_batch_rows_and_continued_states_equal_single_runs(path,
                                                            preset_model):
   """Rows of different prompt lengths each equal their prompt alone (the
@@ -163,7 +167,7 @@ def test_batch_rows_and_continued_states_equal_single_runs(path,
   np.testing.assert_allclose(rest, whole[3:], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", PATH_CASES)
+@pytest.mark.parametrize("path", SWEEP_CASES)
 def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
   prompts = ["the", "中"]
   generate = lambda **kw: rnnstep.generate(preset_model, prompts, 24, seed=3,
@@ -231,26 +235,55 @@ def test_web_export_refuses_in_one_line(preset_model):
 
 @pytest.mark.slow
 def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
-  out = tmp_path / "m.npz"
-  cli.ok(cli.run_binary("rnnstep-convert", [f"--input={PRESET}",
-                                            f"--output={out}"]))
-  got = cli.ok(cli.run_binary("rnnstep-generate", [
-      f"--weights={out}", "--prompt=Hello the poet said", "--num_steps=16",
-      "--temperature=0"]))
-  assert rnnstep.generate(preset_model, "Hello the poet said", 16,
-                          temperature=0.0) in got.stdout
+  """`rnnstep-convert --input=FOLDER` takes a preset whole; the official
+  `.pth` with its world vocabulary converts to the same model."""
+  convert_cmd = cli.command("rnnstep-convert", "rnnstep.cli.convert")
+  generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
+  for name, flags in (("preset", [f"--input={PRESET}"]),
+                      ("pth", [f"--input={PTH}", f"--vocab={VOCAB}"])):
+    cli.ok(cli.run_binary(convert_cmd, flags + [
+        f"--output={tmp_path / name}.npz"]))
+  want = rnnstep.generate(preset_model, "Hello the poet said", 16,
+                          temperature=0.0, jit_compile=False)
+  for name in ("preset", "pth"):
+    got = cli.ok(cli.run_binary(generate_cmd, [
+        f"--weights={tmp_path / name}.npz", "--prompt=Hello the poet said",
+        "--num_steps=16", "--temperature=0", "--nojit_compile"]))
+    assert want in got.stdout, (name, got.stdout)
 
 
 @pytest.mark.slow
 def test_saved_model_serves_ids(preset_model, tmp_path):
+  """The export takes ids (the world tokenizer is not graph ops) and
+  returns the library's text and ids."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tests.test_saved_model import DECODING_DEFAULTS  # pylint: disable=g-import-not-at-top
   rnnstep.export(preset_model, str(tmp_path / "sm"))
   loaded = tf.saved_model.load(str(tmp_path / "sm"))
   ids = preset_model.encode("Hello the poet said")
+  dtypes = {k: tf.int64 if k == "seed" else tf.float32 if isinstance(
+      v, float) else tf.int32 for k, v in DECODING_DEFAULTS.items()}
+  args = {k: tf.constant(v, dtypes[k]) for k, v in
+          dict(DECODING_DEFAULTS, temperature=0.0).items()}
   out = loaded.signatures["generate_ids"](
       prompt_ids=tf.constant([ids], tf.int32),
       prompt_lengths=tf.constant([len(ids)], tf.int32),
-      num_steps=tf.constant(12), temperature=tf.constant([0.0]))
+      num_steps=tf.constant(12), **args)
   want = rnnstep.generate(preset_model, "Hello the poet said", 12,
-                          temperature=0.0)
-  assert out["texts"].numpy()[0].decode("utf-8") == want
+                          temperature=0.0, jit_compile=False)
+  assert out["text"].numpy()[0].decode("utf-8") == want
+
+
+@pytest.mark.slow
+def test_strategy_and_beams_equal_one_device():
+  """Two replicas (one padding row) give one device's texts, sampled with
+  penalties and a pattern, and with beams (beams are rows: the matrix
+  states are reordered like any state)."""
+  from tests.test_tokens import STRATEGY_SCRIPT  # pylint: disable=g-import-not-at-top
+  runs = [(PRESET, ["the", "中文", "Hello"], False, kwargs) for kwargs in (
+      dict(seed=5, regex="[a-z ]+", repetition_penalty=1.3,
+           no_repeat_ngram_size=2),
+      dict(num_beams=3, num_return_sequences=2))]
+  results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
+  for (_, _, _, kwargs), (one, two) in zip(runs, results, strict=True):
+    assert one == two, (kwargs, one, two)
