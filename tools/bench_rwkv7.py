@@ -174,7 +174,6 @@ def main():
   parser.add_argument("--keras_hub_python", default="")
   args = parser.parse_args()
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-  from rnnstep.engine import paths as paths_lib
   print(f"machine: {os.cpu_count()} CPUs; load {os.getloadavg()}")
   with open("/proc/cpuinfo") as f:
     model_name = next((l.split(":", 1)[1].strip() for l in f
@@ -185,11 +184,13 @@ def main():
         f"{args.dtype}; prompt {PROMPT}, {STEPS} tokens")
   for batch in map(int, args.batches.split(",")):
     row = {"floor": floor_ms(model, batch, args.rounds)}
+    print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
     paths = (False, True, "elementwise") if args.all_paths else (None,)
     for path in paths:
-      name = "default" if path is None else paths_lib.name_of(path) if hasattr(
-          paths_lib, "name_of") else str(path)
+      name = "default" if path is None else str(path)
       row[f"rnnstep {name}"] = rnnstep_ms(model, batch, args.rounds, path)
+      print(f"  batch {batch} rnnstep {name} {row[f'rnnstep {name}']:.2f} "
+            "ms/token", flush=True)
     if args.keras_hub_python:
       for jit in (False, True):
         ms, first = keras_hub_ms(args.keras_hub_python, batch,
