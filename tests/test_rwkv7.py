@@ -249,7 +249,7 @@ def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
     got = cli.ok(cli.run_binary(generate_cmd, [
         f"--weights={tmp_path / name}.npz", "--prompt=Hello the poet said",
         "--num_steps=16", "--temperature=0", "--nojit_compile"]))
-    assert want in got.stdout, (name, got.stdout)
+    assert want in got, (name, got)
 
 
 @pytest.mark.slow
@@ -275,15 +275,13 @@ def test_saved_model_serves_ids(preset_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_strategy_and_beams_equal_one_device():
+def test_strategy_equals_one_device():
   """Two replicas (one padding row) give one device's texts, sampled with
-  penalties and a pattern, and with beams (beams are rows: the matrix
-  states are reordered like any state)."""
+  penalties and a pattern."""
   from tests.test_tokens import STRATEGY_SCRIPT  # pylint: disable=g-import-not-at-top
-  runs = [(PRESET, ["the", "中文", "Hello"], False, kwargs) for kwargs in (
-      dict(seed=5, regex="[a-z ]+", repetition_penalty=1.3,
-           no_repeat_ngram_size=2),
-      dict(num_beams=3, num_return_sequences=2))]
+  runs = [(PRESET, ["the", "中文", "Hello"], False, dict(
+      seed=5, regex="[a-z ]+", repetition_penalty=1.3,
+      no_repeat_ngram_size=2, num_beams=1))]
   results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
   for (_, _, _, kwargs), (one, two) in zip(runs, results, strict=True):
     assert one == two, (kwargs, one, two)
