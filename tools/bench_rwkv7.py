@@ -1,7 +1,7 @@
 """RWKV-7 at the 0.1B shape: rnnstep against its weight-reading floor and
 KerasHub's own generate (issue #50).
 
-    python tools/bench_rwkv7.py --batches=1,16 --rounds=3
+    python tools/bench_rwkv7.py --batches=1,16 --rounds=3 --paths=default,graph
     python tools/bench_rwkv7.py --keras_hub_python=/work/venv-rwkv/bin/python
 
 The model is the 0.1B shape (12 blocks, 768 wide, 12 heads of 64,
@@ -9,8 +9,8 @@ feed-forward 3,072, LoRAs 64/64/32/128, 65,536 ids) with seeded random
 weights; each run primes a 100-token prompt and generates 200 tokens
 (sampling at temperature 1, so nothing stops early).
 
-  - rnnstep: `rnnstep.generate` on the default path (and, with
-    --all_paths, each path), warmed up first (one compile a shape);
+  - rnnstep: `rnnstep.generate` on the default path (or each of
+    --paths=graph,xla,elementwise), warmed up first (one compile a shape);
   - floor: the least of two `tf.while_loop`s (graph and XLA) that do only
     one token's products of the same weights a step: per block R, K, V, O,
     the four LoRAs' eight, the feed-forward's two, then the head: the bytes
@@ -169,7 +169,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,16")
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--all_paths", action="store_true")
+  parser.add_argument("--paths", default="default",
+                      help="comma list of default, graph, xla, elementwise")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--keras_hub_python", default="")
   args = parser.parse_args()
@@ -185,9 +186,10 @@ def main():
   for batch in map(int, args.batches.split(",")):
     row = {"floor": floor_ms(model, batch, args.rounds)}
     print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
-    paths = (False, True, "elementwise") if args.all_paths else (None,)
-    for path in paths:
-      name = "default" if path is None else str(path)
+    names = {"default": None, "graph": False, "xla": True,
+             "elementwise": "elementwise"}
+    for name in args.paths.split(","):
+      path = names[name]
       row[f"rnnstep {name}"] = rnnstep_ms(model, batch, args.rounds, path)
       print(f"  batch {batch} rnnstep {name} {row[f'rnnstep {name}']:.2f} "
             "ms/token", flush=True)
