@@ -384,14 +384,17 @@ class RWKV7Cell(Cell):
     self.units = int(output_norm.shape[-1])
     self.heads = self.units // self.head_size
     self.state_size = kinds.rwkv7_state_sizes(self.units, sizes)
-    f32 = lambda t: tf.convert_to_tensor(t, tf.float32)
-    self.ln, self.mix, self.vectors, self.ln_x = map(f32, (ln, mix, vectors,
-                                                           ln_x))
-    self.loras = tuple(map(f32, (w1, w2, a1, a2, v1, v2, g1, g2)))
-    self.output_norm = f32(output_norm)
-    cast = lambda t: tf.cast(t, self.compute_dtype)
-    self.r, self.k, self.v, self.o, self.fk, self.fv = map(
-        cast, (receptance, key, value, output, ffn_key, ffn_value))
+    # Each block's tensors are sliced here, once, outside the loops: a
+    # slice inside a graph loop's body is an op a step (a copy of each
+    # matrix, every token, measured 2-3x the weight-reading floor).
+    blocks = lambda t, dtype=tf.float32: tf.unstack(tf.cast(t, dtype))
+    self.ln, self.mix, self.ln_x = map(blocks, (ln, mix, ln_x))
+    self.vectors = [tf.unstack(v) for v in blocks(vectors)]
+    self.loras = list(zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))))
+    self.output_norm = tf.convert_to_tensor(output_norm, tf.float32)
+    self.r, self.k, self.v, self.o, self.fk, self.fv = (
+        blocks(t, self.compute_dtype) for t in (receptance, key, value, output,
+                                                ffn_key, ffn_value))
     self._shift_in = self._elementwise(self._time_inputs)
     self._wkv = self._elementwise(self._time_mix)
     self._ffn_in = self._elementwise(self._channel_inputs)
@@ -429,7 +432,7 @@ class RWKV7Cell(Cell):
   def _time_inputs(self, i, x, ffn_out, prev):
     if ffn_out is not None:
       x = x + _float32(ffn_out)
-    xx = layer_norm(x, self.ln[i, :2])
+    xx = layer_norm(x, self.ln[i][:2])
     d = prev - xx
     mix = self.mix[i]
     return x, xx, xx + d * mix[0], xx + d * mix[2], xx + d * mix[3]
@@ -437,8 +440,8 @@ class RWKV7Cell(Cell):
   def _time_mix(self, i, xx, prev, r, k, v, wkv, v_first):
     batch = tf.shape(xx)[0]
     heads, size = self.heads, self.head_size
-    w1, w2, a1, a2, v1, v2, g1, g2 = (lora[i] for lora in self.loras)
-    w0, a0, v0, k_k, k_a, r_k = tf.unstack(self.vectors[i])
+    w1, w2, a1, a2, v1, v2, g1, g2 = self.loras[i]
+    w0, a0, v0, k_k, k_a, r_k = self.vectors[i]
     d = prev - xx
     mix = self.mix[i]
     x_w, x_v, x_a, x_g = (xx + d * mix[j] for j in (1, 3, 4, 5))
@@ -465,7 +468,8 @@ class RWKV7Cell(Cell):
     y = tf.linalg.matvec(s, rh)
     mean, variance = tf.nn.moments(y, [-1], keepdims=True)
     y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
-    y = tf.reshape(y, [batch, self.units]) * self.ln_x[i, 0] + self.ln_x[i, 1]
+    gamma, beta = self.ln_x[i][0], self.ln_x[i][1]
+    y = tf.reshape(y, [batch, self.units]) * gamma + beta
     y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(r_k, [heads, size]),
                                      -1,
                                      keepdims=True) * vh,
@@ -475,8 +479,8 @@ class RWKV7Cell(Cell):
 
   def _channel_inputs(self, i, x, att_out, prev):
     x = x + _float32(att_out)
-    xx = layer_norm(x, self.ln[i, 2:])
-    return x, xx, xx + (prev - xx) * self.mix[i, 6]
+    xx = layer_norm(x, self.ln[i][2:])
+    return x, xx, xx + (prev - xx) * self.mix[i][6]
 
   def _output(self, x, ffn_out):
     return layer_norm(x + _float32(ffn_out), self.output_norm)
