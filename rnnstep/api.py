@@ -361,8 +361,8 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
   ids[mask] = np.concatenate(rows)
   state = check_initial_state(model, initial_state, len(rows))
   sequences, _ = model_lib.sequence_function(model)(ids, mask, state)
-  return [dict(zip(model_lib.STATE_NAMES, (s.numpy() for s in layer)))
-          for layer in sequences]
+  return [dict(zip(cells.state_names(config), (s.numpy() for s in layer)))
+          for config, layer in zip(model.config.layers, sequences)]
 
 
 # How many copies of every state and logit a `sequence_function` call holds at
@@ -441,13 +441,14 @@ def check_initial_state(model, initial_state, batch_size: int):
   """
   layers = model.config.layers
   sizes = [cells.state_sizes(layer) for layer in layers]
+  state_names = [cells.state_names(layer) for layer in layers]
   if initial_state is None:
     return tuple(tuple(np.zeros([batch_size, size], np.float32)
                        for size in layer) for layer in sizes)
   form = "[" + ", ".join(
       "{" + ", ".join(f"'{name}': [{batch_size}, {size}]"
-                      for name, size in zip(model_lib.STATE_NAMES, layer))
-      + "}" for layer in sizes) + "] of float32 arrays"
+                      for name, size in zip(names, layer))
+      + "}" for names, layer in zip(state_names, sizes)) + "] of float32 arrays"
 
   def bad(where, got):
     return errors.ArgumentError(
@@ -460,8 +461,7 @@ def check_initial_state(model, initial_state, batch_size: int):
   if len(initial_state) != len(layers):
     raise bad("", f"has {len(initial_state)} entries for {len(layers)} layers")
   state = []
-  for i, (layer, names) in enumerate(zip(initial_state, (
-      model_lib.STATE_NAMES[:len(s)] for s in sizes))):
+  for i, (layer, names) in enumerate(zip(initial_state, state_names)):
     if not isinstance(layer, dict):
       raise bad(f"[{i}]", f"is of type {type(layer).__name__}")
     if set(layer) != set(names):

@@ -60,11 +60,13 @@ from rnnstep.convert import keras_v2_h5
 from rnnstep.convert import keras_v3
 from rnnstep.convert import mapping
 from rnnstep.convert import pytorch
+from rnnstep.convert import rwkv7
 from rnnstep.convert import safe_io
 from rnnstep.convert import tf1_charrnn
 from rnnstep.convert import textgenrnn
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
+from rnnstep.convert import torch_state_dict
 from rnnstep.convert import torch_zip
 from rnnstep.convert import vocabulary as convert_vocabulary
 from rnnstep.convert.vocabulary import read_corpus_vocab
@@ -194,6 +196,9 @@ inspect = describe
 
 
 def _describe(input_path: PathLike) -> Summary:
+  if _rwkv7_kind(input_path):
+    return _rwkv7_summary(input_path, _read_rwkv7(input_path, None, None,
+                                                  describe=True))
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
@@ -213,6 +218,9 @@ def read_weights(input_path: PathLike) -> Tuple[model_file.ModelConfig,
 
 
 def _read_weights(input_path: PathLike):
+  if _rwkv7_kind(input_path):
+    read = _read_rwkv7(input_path, None, None, describe=True)
+    return read.config, read.tensors
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
@@ -306,6 +314,8 @@ def holds_vocabulary(input_path: PathLike) -> bool:
 
 
 def _holds_vocabulary(input_path) -> bool:
+  if _rwkv7_kind(input_path):
+    return _rwkv7_kind(input_path) == "preset"
   contents = _open(input_path)
   try:
     return contents.tokens is not None or contents.vocab is not None
@@ -423,6 +433,8 @@ def _own_vocabulary(input_path, mapped, tokens, corpus, vocab):
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
+  if _rwkv7_kind(input_path):
+    return _read_rwkv7(input_path, corpus, vocab)
   mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                        vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
@@ -432,6 +444,8 @@ def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
 def _looks_like_weights(path: str) -> bool:
   """Whether `path` looks like a weights file `_open` reads (by its first
   bytes, member names or checkpoint files; nothing is parsed)."""
+  if rwkv7.is_preset(path):
+    return True
   if os.path.isdir(path):
     return keras_v3.is_unzipped_archive(path) or os.path.isfile(
         os.path.join(path, "checkpoint"))
@@ -518,6 +532,14 @@ def read_vocabulary(corpus, vocab):
 
 
 def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
+  if _rwkv7_kind(input_path):
+    read = _read_rwkv7(input_path, corpus, vocab)
+    model_file.write(output_path, read.config, read.vocab, read.tensors,
+                     read.tokens)
+    summary = _rwkv7_summary(input_path, read)
+    summary.vocab, summary.tokens = read.vocab, read.tokens
+    summary.output_path = output_path
+    return summary
   mapped, chars, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                            vocab)
   model_file.write(output_path, mapped.config, full_vocab, tensors, tokens)
@@ -532,6 +554,85 @@ def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
 
 
 # ------------------------------------------------------------------- internals
+
+
+def _rwkv7_kind(input_path) -> Optional[str]:
+  """'preset' for a KerasHub RWKV-7 preset folder, 'pth' for an official
+  RWKV-7 torch.save state dict (by its keys; its pickle is read as data,
+  its tensors are not), else None."""
+  path = os.fspath(input_path)
+  if rwkv7.is_preset(path):
+    return "preset"
+  if not os.path.isfile(path) or _sniff(path) != "zip":
+    return None
+  try:
+    with safe_io.open_zip(path) as archive:
+      if not torch_zip.is_torch_zip(safe_io.member_names(archive)):
+        return None
+    obj, _, close = torch_zip.read_zip(path)
+  except ValueError:
+    return None  # Its own reader says what is wrong.
+  try:
+    names = torch_state_dict.find_state_dict(obj, path).tensors
+  except ValueError:
+    return None
+  finally:
+    close()
+  return "pth" if rwkv7.is_official_state_dict(names) else None
+
+
+def _read_rwkv7(input_path, corpus, vocab, describe=False
+                ) -> model_file.ModelFile:
+  """Reads an RWKV-7 preset or `.pth` (`_rwkv7_kind`) with its vocabulary.
+
+  A `.pth` needs `vocab=`: the world vocabulary file; a preset holds its
+  own. `describe`: a `.pth` without one gets ids without tokens (for its
+  shapes alone).
+  """
+  path = os.fspath(input_path)
+  if _rwkv7_kind(path) == "preset":
+    if corpus is not None or vocab is not None:
+      raise VocabularyNotAllowed(
+          f"{path}: a KerasHub preset holds its own vocabulary "
+          f"({rwkv7.VOCABULARY_FILE}); give no corpus or vocab")
+    return rwkv7.read_preset(path)
+  if vocab is None and corpus is None and describe:
+    return rwkv7.read_pth(path, None)
+  if vocab is None or corpus is not None:
+    raise VocabularyRequired(
+        f"{path}: an official RWKV-7 checkpoint holds no vocabulary; give "
+        "its world vocabulary file as vocab (rwkv_vocab_v20230424.txt, "
+        "'<id> <token> <length>' lines), not a corpus")
+  if not isinstance(vocab, (str, os.PathLike)) or not (
+      rwkv7.is_world_vocabulary(vocab)):
+    raise ValueError(f"{path}: vocab must be RWKV's world vocabulary file "
+                     "(rwkv_vocab_v20230424.txt: '<id> <token> <length>' "
+                     "lines)")
+  return rwkv7.read_pth(path, vocab)
+
+
+def _rwkv7_summary(input_path, read: model_file.ModelFile) -> Summary:
+  """The `Summary` of an RWKV-7 model read whole (`_read_rwkv7`)."""
+  config, layer = read.config, read.config.layers[0]
+  vocab, dim = read.tensors["embedding"].shape
+  kind = _rwkv7_kind(input_path)
+  shapes = [tuple(read.tensors[f"layer0_{name}"].shape)
+            for name in kinds.RWKV7_TENSORS]
+  detail = ", ".join(f"{name}={value}" for name, value in
+                     (("units", layer.units),) + layer.sizes)
+  layers = [LayerSummary("embedding", "embedding", [(vocab, dim)],
+                         f"vocab {vocab} x dim {dim}"),
+            LayerSummary("rwkv7", "blocks", shapes, detail),
+            LayerSummary("dense", "head", [(dim, vocab)],
+                         f"{dim} -> {vocab}, use_bias=False")]
+  fmt = ("KerasHub RWKV7Backbone preset folder" if kind == "preset" else
+         "official RWKV-7 .pth state dict (torch zip)")
+  params = sum(int(np.prod(t.shape)) for t in read.tensors.values())
+  return Summary(input_path=os.fspath(input_path), format=fmt, layers=layers,
+                 config=config, vocab_size=int(vocab), embedding_dim=int(dim),
+                 num_parameters=params, tokens=read.tokens, notes=[
+                     "block 0's LayerNorm ln0 is folded into the input table; "
+                     "the head has no bias (zeros written)"])
 
 
 def _contained(input_path: PathLike, fn, *args):

@@ -291,7 +291,13 @@ class SimpleRNNCell(Cell):
 
 def state_sizes(layer_config) -> Tuple[int, ...]:
   """The state tensor widths of a `model_file.LayerConfig`'s cell."""
-  return (layer_config.units,) * kinds.get(layer_config.kind).state_tensors
+  return kinds.get(layer_config.kind).state_sizes(layer_config.units,
+                                                  layer_config.size)
+
+
+def state_names(layer_config) -> Tuple[str, ...]:
+  """The names of a `model_file.LayerConfig`'s state tensors ("h", "c")."""
+  return kinds.get(layer_config.kind).state_names(layer_config.size)
 
 
 def make_cell(layer_config, tensors, compute_dtype=tf.float32,
@@ -309,7 +315,176 @@ def make_cell(layer_config, tensors, compute_dtype=tf.float32,
   kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
   variant = ({"reset_after": layer_config.reset_after}
              if kind.has_reset_after else {})
+  if kind.size_names:
+    variant["sizes"] = layer_config.size
   return globals()[kind.cell_class](  # The class the kind table names.
       **{name: tensors[name] for name in kind.tensor_names},
       compute_dtype=compute_dtype, compile_elementwise=compile_elementwise,
       activation=kind.activation, **variant)
+
+
+# RWKV-7's epsilons: its LayerNorms' (Keras's and torch's default 1e-5 as
+# both codes set it), the per-head GroupNorm's (64e-5), and the key
+# normalization's (KerasHub's `normalize`: x * rsqrt(sum(x^2) + 1e-12)).
+RWKV7_LAYER_NORM_EPSILON = 1e-5
+RWKV7_GROUP_NORM_EPSILON = 64e-5
+RWKV7_NORMALIZE_EPSILON = 1e-12
+
+
+def layer_norm(x, gamma_beta, epsilon=RWKV7_LAYER_NORM_EPSILON):
+  """LayerNorm over the last axis, `gamma_beta` = [gamma; beta] ([2, C])."""
+  mean, variance = tf.nn.moments(x, [-1], keepdims=True)
+  return ((x - mean) * tf.math.rsqrt(variance + epsilon) * gamma_beta[0]
+          + gamma_beta[1])
+
+
+class RWKV7Cell(Cell):
+  """RWKV-7 "Goose" (x070): the whole stack of L blocks as one cell.
+
+  Per token, from x = LayerNorm_0(embedding[id]) (the input table), each
+  block i (KerasHub's rwkv7_layer.py in RNN mode; RWKV-LM's
+  RWKV-v7/rwkv_v7_demo_rnn.py; docs/dev/cell-kinds.md):
+
+    xx = LN1(x);  d = prev_att - xx;  prev_att = xx
+    x_j = xx + d * mix_j                      j in r, w, k, v, a, g
+    r, k, v = x_r @ R, x_k @ K, x_v @ V
+    decay = exp(-exp(-softplus(-(w0 + tanh(x_w @ w1) @ w2)) - 0.5))
+    a = sigmoid(a0 + x_a @ a1 @ a2);  g = sigmoid(x_g @ g1) @ g2
+    kk = normalize_per_head(k * k_k);  k = k * (1 + (a - 1) * k_a)
+    v_first = v (block 0), else v += (v_first - v) * sigmoid(v0 + x_v @ v1 @ v2)
+    S = S * decay[col] + (S @ -kk) (kk * a)^T + v k^T     per head, [N, N]
+    y = GroupNorm_heads(S @ r) + sum_head(r * k * r_k) * v
+    x = x + (y * g) @ O
+    xx = LN2(x);  d = prev_ffn - xx;  prev_ffn = xx
+    x = x + relu((xx + d * mix_ffn) @ FK)^2 @ FV
+
+  and the output is h = LN_out(x), which the Dense (the head, no bias)
+  maps to logits. The state is h, then per block (prev_att, S flattened
+  [H*N*N], prev_ffn); h is carried only so that a masked step keeps the
+  output it had, as every cell's state[0] is its output.
+
+  Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`).
+  The big products (R, K, V, O, FK, FV) are TensorFlow matmuls in the
+  compute dtype; the rest, LoRAs included, are elementwise functions
+  (`_elementwise`: XLA-compiled on the elementwise path).
+  """
+
+  fusable = False
+
+  def __init__(self, kernel, ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2,
+               g1, g2, receptance, key, value, output, ffn_key, ffn_value,
+               output_norm, sizes, compute_dtype=tf.float32,
+               compile_elementwise=False, activation="tanh"):
+    del activation  # The kind's activations are fixed.
+    self.compute_dtype = tf.as_dtype(compute_dtype)
+    self.compile_elementwise = compile_elementwise
+    self.input_norm = None if kernel is None else tf.convert_to_tensor(kernel)
+    self.blocks = sizes["blocks"]
+    self.head_size = sizes["head_size"]
+    self.units = int(output_norm.shape[-1])
+    self.heads = self.units // self.head_size
+    self.state_size = kinds.rwkv7_state_sizes(self.units, sizes)
+    # Each block's tensors are sliced here, once, outside the loops: a
+    # slice inside a graph loop's body is an op a step (a copy of each
+    # matrix, every token, measured 2-3x the weight-reading floor).
+    blocks = lambda t, dtype=tf.float32: tf.unstack(tf.cast(t, dtype))
+    self.ln, self.mix, self.ln_x = map(blocks, (ln, mix, ln_x))
+    self.vectors = [tf.unstack(v) for v in blocks(vectors)]
+    self.loras = list(zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))))
+    self.output_norm = tf.convert_to_tensor(output_norm, tf.float32)
+    self.r, self.k, self.v, self.o, self.fk, self.fv = (
+        blocks(t, self.compute_dtype) for t in (receptance, key, value, output,
+                                                ffn_key, ffn_value))
+    self._shift_in = self._elementwise(self._time_inputs)
+    self._wkv = self._elementwise(self._time_mix)
+    self._ffn_in = self._elementwise(self._channel_inputs)
+    self._square = self._elementwise(_squared_relu)
+    self._out = self._elementwise(self._output)
+
+  def project_inputs(self, inputs):
+    """The input LayerNorm (block 0's ln0): `Model.input_table`'s rows."""
+    return layer_norm(tf.convert_to_tensor(inputs, tf.float32),
+                      self.input_norm)
+
+  def _mm(self, a, w):
+    return matmul(a, w, self.compute_dtype, float32_result=False)
+
+  def step(self, x_proj, state):
+    x = _rows(x_proj)
+    new_state, v_first, ffn_out = [None], None, None
+    for i in range(self.blocks):
+      prev_att, wkv, prev_ffn = state[1 + 3 * i:4 + 3 * i]
+      # ffn_out (the block below's channel mix) is added in here, fused.
+      x, xx, xr, xk, xv = self._shift_in(i, x, ffn_out, prev_att)
+      r, k, v = (self._mm(xr, self.r[i]), self._mm(xk, self.k[i]),
+                 self._mm(xv, self.v[i]))
+      y, wkv, v_first = self._wkv(i, xx, prev_att, r, k, v, wkv, v_first)
+      x, xf, ffn_x = self._ffn_in(i, x, self._mm(y, self.o[i]), prev_ffn)
+      ffn_out = self._mm(self._square(self._mm(ffn_x, self.fk[i])),
+                         self.fv[i])
+      new_state += [xx, wkv, xf]
+    h = self._out(x, ffn_out)
+    new_state[0] = h
+    return h, tuple(new_state)
+
+  # The elementwise parts (see the class docstring for the equations).
+
+  def _time_inputs(self, i, x, ffn_out, prev):
+    if ffn_out is not None:
+      x = x + _float32(ffn_out)
+    xx = layer_norm(x, self.ln[i][:2])
+    d = prev - xx
+    mix = self.mix[i]
+    return x, xx, xx + d * mix[0], xx + d * mix[2], xx + d * mix[3]
+
+  def _time_mix(self, i, xx, prev, r, k, v, wkv, v_first):
+    batch = tf.shape(xx)[0]
+    heads, size = self.heads, self.head_size
+    w1, w2, a1, a2, v1, v2, g1, g2 = self.loras[i]
+    w0, a0, v0, k_k, k_a, r_k = self.vectors[i]
+    d = prev - xx
+    mix = self.mix[i]
+    x_w, x_v, x_a, x_g = (xx + d * mix[j] for j in (1, 3, 4, 5))
+    r, k, v = _float32(r), _float32(k), _float32(v)
+    w = w0 + tf.matmul(tf.tanh(tf.matmul(x_w, w1)), w2)
+    decay = tf.exp(-tf.exp(-tf.nn.softplus(-w) - 0.5))
+    a = tf.sigmoid(a0 + tf.matmul(tf.matmul(x_a, a1), a2))
+    g = tf.matmul(tf.sigmoid(tf.matmul(x_g, g1)), g2)
+    heads_of = lambda t: tf.reshape(t, [batch, heads, size])
+    kk = heads_of(k * k_k)
+    kk = kk * tf.math.rsqrt(tf.reduce_sum(tf.square(kk), -1, keepdims=True)
+                            + RWKV7_NORMALIZE_EPSILON)
+    k = k * (1 + (a - 1) * k_a)
+    if i == 0:
+      v_first = v
+    else:
+      v = v + (v_first - v) * tf.sigmoid(
+          v0 + tf.matmul(tf.matmul(x_v, v1), v2))
+    s = tf.reshape(wkv, [batch, heads, size, size])  # [value, key] per head.
+    rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
+    s = (s * heads_of(decay)[:, :, None, :]
+         + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
+         + vh[..., None] * kh[:, :, None, :])
+    y = tf.linalg.matvec(s, rh)
+    mean, variance = tf.nn.moments(y, [-1], keepdims=True)
+    y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
+    gamma, beta = self.ln_x[i][0], self.ln_x[i][1]
+    y = tf.reshape(y, [batch, self.units]) * gamma + beta
+    y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(r_k, [heads, size]),
+                                     -1,
+                                     keepdims=True) * vh,
+                       [batch, self.units])
+    return (tf.cast(y * g, self.compute_dtype),
+            tf.reshape(s, [batch, heads * size * size]), v_first)
+
+  def _channel_inputs(self, i, x, att_out, prev):
+    x = x + _float32(att_out)
+    xx = layer_norm(x, self.ln[i][2:])
+    return x, xx, xx + (prev - xx) * self.mix[i][6]
+
+  def _output(self, x, ffn_out):
+    return layer_norm(x + _float32(ffn_out), self.output_norm)
+
+
+def _squared_relu(x):
+  return tf.square(tf.nn.relu(_float32(x)))

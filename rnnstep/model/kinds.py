@@ -63,19 +63,41 @@ class Kind:
   tensor_names: Tuple[str, ...] = ("kernel", "recurrent_kernel", "bias")
   activation: str = "tanh"
   variant_of: Optional[str] = None
+  # The sizes besides `units` a layer of this kind records in its config
+  # (`LayerConfig.sizes`), each a positive int; none for the gated kinds.
+  size_names: Tuple[str, ...] = ()
 
-  def tensor_shapes(self, inputs: int, units: int,
-                    reset_after: bool = True) -> Dict[str, Tuple[int, ...]]:
+  def tensor_shapes(self, inputs: int, units: int, reset_after: bool = True,
+                    sizes: Optional[Dict[str, int]] = None
+                    ) -> Dict[str, Tuple[int, ...]]:
     """Each of the layer's tensors' shape, by name (`tensor_names` order).
 
     Args:
       inputs: D, the width of the layer's input.
       units: U.
       reset_after: the GRU variant flag.
+      sizes: the kind's `size_names`, by name.
     """
+    if self.name == "rwkv7":
+      return rwkv7_shapes(units, sizes)
     width = self.gates * units
     return {"kernel": (inputs, width), "recurrent_kernel": (units, width),
             "bias": self.bias_shape(units, reset_after)}
+
+  def state_sizes(self, units: int,
+                  sizes: Optional[Dict[str, int]] = None) -> Tuple[int, ...]:
+    """The widths of the `[B, width]` tensors of a layer's state."""
+    if self.name == "rwkv7":
+      return rwkv7_state_sizes(units, sizes)
+    return (units,) * self.state_tensors
+
+  def state_names(self, sizes: Optional[Dict[str, int]] = None
+                  ) -> Tuple[str, ...]:
+    """The names of the state's tensors (`hidden_states`, `initial_state`)."""
+    if self.name == "rwkv7":
+      return ("h",) + tuple(f"{name}{i}" for i in range(sizes["blocks"])
+                            for name in RWKV7_BLOCK_STATE)
+    return ("h", "c")[:self.state_tensors]
 
   def bias_shape(self, units: int, reset_after: bool = True) -> Tuple[int, ...]:
     """The Keras bias shape: [2, G*U] for GRU reset_after, else [G*U]."""
@@ -88,6 +110,49 @@ class Kind:
     """For each Keras gate block, the PyTorch block that holds it."""
     return tuple(_TORCH_EQUIVALENT[self.variant_of or self.name].index(gate)
                  for gate in self.gate_order)
+
+
+# RWKV-7's layer: its sizes, its tensors (L blocks of width C = H * N), and
+# what each block keeps in the state. `kernel` is the input LayerNorm
+# (block 0's ln0) as [gamma; beta]: like any layer 0 kernel it is folded
+# into the input table (`Model.input_table`).
+RWKV7_SIZES = ("blocks", "head_size", "ffn", "decay_lora", "a_lora",
+               "v_lora", "gate_lora")
+RWKV7_TENSORS = ("kernel", "ln", "mix", "vectors", "ln_x", "w1", "w2", "a1",
+                 "a2", "v1", "v2", "g1", "g2", "receptance", "key", "value",
+                 "output", "ffn_key", "ffn_value", "output_norm")
+# Per block: the time mix's and the channel mix's previous normalized
+# input (the token shifts) and the WKV matrix per head, flattened.
+RWKV7_BLOCK_STATE = ("att_x", "wkv", "ffn_x")
+# Rows of `mix` (the token-shift mixes) and of `vectors`, in order.
+RWKV7_MIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "ffn_x_k")
+RWKV7_VECTORS = ("w0", "a0", "v0", "k_k", "k_a", "r_k")
+
+
+def rwkv7_shapes(units: int, sizes: Dict[str, int]
+                 ) -> Dict[str, Tuple[int, ...]]:
+  """The shapes of an RWKV-7 layer's tensors (`RWKV7_TENSORS`): per block
+  stacked on a leading axis of `blocks`, matrices as `x @ W` ([in, out])."""
+  c, n = units, sizes["blocks"]
+  lora = {"w": sizes["decay_lora"], "a": sizes["a_lora"],
+          "v": sizes["v_lora"], "g": sizes["gate_lora"]}
+  shapes = {"kernel": (2, c), "ln": (n, 4, c), "mix": (n, len(RWKV7_MIX), c),
+            "vectors": (n, len(RWKV7_VECTORS), c), "ln_x": (n, 2, c)}
+  for name, rank in lora.items():
+    shapes[f"{name}1"] = (n, c, rank)
+    shapes[f"{name}2"] = (n, rank, c)
+  for name in ("receptance", "key", "value", "output"):
+    shapes[name] = (n, c, c)
+  shapes.update(ffn_key=(n, c, sizes["ffn"]), ffn_value=(n, sizes["ffn"], c),
+                output_norm=(2, c))
+  return {name: shapes[name] for name in RWKV7_TENSORS}
+
+
+def rwkv7_state_sizes(units: int, sizes: Dict[str, int]) -> Tuple[int, ...]:
+  """h (the stack's normalized output), then per block `RWKV7_BLOCK_STATE`:
+  [B, C], [B, H * N * N] (H heads of N), [B, C]."""
+  return (units,) + (units, units * sizes["head_size"], units) * sizes[
+      "blocks"]
 
 
 KINDS: Dict[str, Kind] = {
@@ -114,6 +179,14 @@ KINDS: Dict[str, Kind] = {
                             cell_class="SimpleRNNCell", torch_module="RNN",
                             torch_gate_order=("h",), torch_bias="sum",
                             activation="relu", variant_of="simple_rnn"),
+    # RWKV-7 "Goose" (docs/dev/cell-kinds.md): a whole stack of blocks as
+    # one layer, since each block reads layer 0's value (v_first) in the
+    # same token; KerasHub's RWKV7Backbone and the official RWKV-LM `.pth`.
+    "rwkv7": Kind(name="rwkv7", display="RWKV-7", gates=0, gate_order=(),
+                  state_tensors=0, has_reset_after=False, keras_classes=(),
+                  cell_class="RWKV7Cell", torch_module=None,
+                  torch_gate_order=(), torch_bias="sum",
+                  tensor_names=RWKV7_TENSORS, size_names=RWKV7_SIZES),
 }
 
 # PyTorch's gate names spelled as Keras's: GRU n is Keras h, LSTM g is Keras c.
@@ -122,7 +195,8 @@ _TORCH_EQUIVALENT = {"gru": ("r", "z", "h"), "lstm": ("i", "f", "c", "o"),
 
 # Derived lookups, of the plain kinds (an activation variant is found from
 # its plain kind by `with_activation`).
-PLAIN = tuple(kind for kind in KINDS.values() if kind.variant_of is None)
+PLAIN = tuple(kind for kind in KINDS.values()
+              if kind.variant_of is None and kind.gates)
 BY_KERAS_CLASS = {cls: kind.name for kind in PLAIN for cls in kind.keras_classes}
 BY_GATES = {kind.gates: kind.name for kind in PLAIN}
 BY_TORCH_GATES = {kind.gates: kind.name for kind in PLAIN if kind.torch_module}

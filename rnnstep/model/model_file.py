@@ -7,7 +7,11 @@ This module is the only place that knows the file's keys. A file holds:
   config           str scalar: JSON `{"embedding_dim": D, "layers": [LAYER, ...]}`
                    where LAYER is `{"kind": "gru", "units": U, "reset_after": bool}`,
                    `{"kind": "lstm", "units": U}`, `{"kind": "simple_rnn", "units": U}`
-                   or `{"kind": "simple_rnn_relu", "units": U}` (`kinds.KINDS`);
+                   or `{"kind": "simple_rnn_relu", "units": U}` (`kinds.KINDS`),
+                   or an RWKV-7 stack, the one layer, `{"kind": "rwkv7",
+                   "units": C, "blocks": L, "head_size": N, "ffn": F,
+                   "decay_lora": .., "a_lora": .., "v_lora": ..,
+                   "gate_lora": ..}` (its tensors: `kinds.rwkv7_shapes`);
                    optionally `"window": T` (a positive int): the model was built
                    for fixed windows of T characters from a zero state (a fixed T
                    in its Input, return_sequences=False on its last recurrent
@@ -105,6 +109,9 @@ class LayerConfig:
   reset_after: bool = True  # GRU only.
   # Keras Bidirectional (merge_mode "concat"): a backward copy of the layer.
   bidirectional: bool = False
+  # The kind's other sizes (`kinds.Kind.size_names`) as (name, value) pairs
+  # in that order: RWKV-7's blocks, head size, feed-forward and LoRA widths.
+  sizes: Tuple[Tuple[str, int], ...] = ()
 
   def to_json(self) -> dict:
     out = {"kind": self.kind, "units": self.units}
@@ -112,7 +119,13 @@ class LayerConfig:
       out["reset_after"] = self.reset_after
     if self.bidirectional:
       out["bidirectional"] = True
+    out.update(self.sizes)
     return out
+
+  @property
+  def size(self) -> Dict[str, int]:
+    """`sizes` as a dict."""
+    return dict(self.sizes)
 
   @property
   def outputs(self) -> int:
@@ -126,7 +139,7 @@ class LayerConfig:
     """The layer's tensors and their shapes, as its kind declares them (and
     the backward copy's, `backward_<name>`, for a bidirectional layer)."""
     shapes = kinds.get(self.kind).tensor_shapes(inputs, self.units,
-                                                self.reset_after)
+                                                self.reset_after, self.size)
     if self.bidirectional:
       shapes.update({f"{BACKWARD}{name}": shape
                      for name, shape in list(shapes.items())})
@@ -268,7 +281,11 @@ def parse_config(data, path=None) -> ModelConfig:
     if not isinstance(bidirectional, bool):
       raise _fail(path, f"config layer {i} bidirectional must be true or "
                   "false")
-    layers.append(LayerConfig(kind, units, reset_after, bidirectional))
+    sizes = _layer_sizes(entry, kind, units, i, path)
+    if sizes and (i or units != dim or len(layers_json) > 1):
+      raise _fail(path, f"config layer {i}: a {kinds.get(kind).display} "
+                  "layer is the whole stack, alone, as wide as the embedding")
+    layers.append(LayerConfig(kind, units, reset_after, bidirectional, sizes))
   window = data.get("window")
   if window is not None and not _is_size(window, MAX_WINDOW):
     raise _fail(path, f"config window must be a positive integer up to "
@@ -299,6 +316,23 @@ def parse_config(data, path=None) -> ModelConfig:
                 f"with a window, got {attention!r}"[:200])
   return ModelConfig(dim, tuple(layers), window, tuple(head), padding,
                      attention)
+
+
+def _layer_sizes(entry: dict, kind: str, units: int, i: int, path
+                 ) -> Tuple[Tuple[str, int], ...]:
+  """A layer entry's sizes its kind declares (`kinds.Kind.size_names`)."""
+  sizes = []
+  for name in kinds.get(kind).size_names:
+    value = entry.get(name)
+    if not _is_size(value, MAX_UNITS):
+      raise _fail(path, f"config layer {i} {name} must be a positive "
+                  f"integer, got {value!r}"[:200])
+    sizes.append((name, value))
+  head_size = dict(sizes).get("head_size")
+  if head_size is not None and units % head_size:
+    raise _fail(path, f"config layer {i} units ({units}) must be a multiple "
+                f"of its head_size ({head_size})")
+  return tuple(sizes)
 
 
 def _is_size(value, limit) -> bool:
@@ -501,7 +535,8 @@ def _read_members(path) -> Dict[str, np.ndarray]:
   out = {}
   with zipfile.ZipFile(path) as archive:
     infos = archive.infolist()
-    if len(infos) > 8 * MAX_LAYERS + 2 * MAX_HEAD + 16:
+    most = max(len(kind.tensor_names) for kind in kinds.KINDS.values())
+    if len(infos) > 2 * most * MAX_LAYERS + 2 * MAX_HEAD + 16:
       raise _fail(path, f"holds {len(infos)} members, too many for a model file")
     total = 0
     for info in infos:

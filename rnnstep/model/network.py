@@ -603,8 +603,8 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
   # in graph mode (the extra step of a 1-character prompt is masked out).
   steps = size if steps is None else tf.clip_by_value(steps, 1, size)
   outputs = tuple(
-      tf.TensorArray(tf.float32, size=size, element_shape=[None, cell.units])
-      for _ in (cell.state_size if record_states else (cell.units,)))
+      tf.TensorArray(tf.float32, size=size, element_shape=[None, width])
+      for width in (cell.state_size if record_states else (cell.units,)))
 
   def body(t, state, x_t, keep_t, outputs):
     # Step t+1's columns are sliced a step ahead into the loop state: sliced

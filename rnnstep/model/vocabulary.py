@@ -19,6 +19,14 @@ recorded rules of its kind:
   - `bytes`: ids 0-255 are UTF-8 bytes.
   - `subword`: a Hugging Face `tokenizers` JSON, stored in the model file and
     applied with the `tokenizers` library (imported only for such a model).
+  - `world`: RWKV's world vocabulary (`rwkv_vocab_v20230424.txt`, KerasHub's
+    `RWKVTokenizer`): each token a byte string, each vocab entry its bytes
+    as Latin-1 characters (so every entry is distinct and holds only
+    characters below U+0100); text is encoded by greedy longest match of its
+    UTF-8 bytes, as KerasHub's byte trie matches. Ids with no token (id 0,
+    the padding, and ids past the file's last, e.g. 65530-65535) have the
+    entry `WORLD_NO_TOKEN` + their id, a character no token holds, and add
+    no text.
 
 Every kind but `characters` is decoded through bytes: each id has a `piece`
 (the bytes it adds to the text), a generation's text is its pieces joined and
@@ -39,7 +47,10 @@ import numpy as np
 
 from rnnstep import errors
 
-KINDS = ("characters", "words", "bytes", "subword")
+KINDS = ("characters", "words", "bytes", "subword", "world")
+# A world vocabulary's entry for an id with no token: this character (no
+# token's Latin-1 entry holds one above U+00FF) and the id.
+WORLD_NO_TOKEN = "\u2400"
 UNK_TOKEN = "[UNK]"
 MAX_TOKENIZER_BYTES = 64 << 20
 # Words rules a file may record, and their types.
@@ -205,6 +216,10 @@ class Tokens:
       if size != len(self.vocab):
         raise _fail(path, f"the tokenizer has {size} tokens but the "
                     f"vocabulary {len(self.vocab)}")
+    elif kind == "world":
+      if self.rules:
+        raise _fail(path, "a world vocabulary has no rules")
+      self._world = _world_table(self.vocab, path)
     elif self.rules:
       raise _fail(path, "a characters vocabulary has no rules")
     self._pieces = None
@@ -288,6 +303,8 @@ class Tokens:
     if self.kind == "subword":
       return np.array(self._tokenizer.encode(
           text, add_special_tokens=False).ids, np.int32)
+    if self.kind == "world":
+      return _world_encode(self._world, text.encode("utf-8"))
     words = self.words(text)
     if "start" in self.rules:
       words.insert(0, self.rules["start"])
@@ -349,6 +366,9 @@ class Tokens:
       return [t.encode("utf-8") for t in self.vocab]
     if self.kind == "bytes":
       return [bytes([b]) for b in range(256)]
+    if self.kind == "world":
+      return [b"" if t.startswith(WORLD_NO_TOKEN) else t.encode("latin-1")
+              for t in self.vocab]
     if self.kind == "words":
       newline, start = self.rules.get("newline"), self.rules.get("start")
       joined = (self.rules.get("text_vectorization", {}).get("split")
@@ -568,6 +588,59 @@ def _text_vectorization_words(text: str, standardize, split) -> List[str]:
   if split == "character":
     return list(text)
   return [text]
+
+
+def world_entry(token: Optional[bytes], token_id: int) -> str:
+  """A world vocabulary's entry: a token's bytes as Latin-1 characters, or
+  for an id without a token (None), `WORLD_NO_TOKEN` and the id."""
+  if token is None:
+    return f"{WORLD_NO_TOKEN}{token_id}"
+  return token.decode("latin-1")
+
+
+def _world_table(vocab: Sequence[str], path):
+  """The lookup `_world_encode` matches with: {token bytes: id} and, per
+  first byte, the token lengths starting with it, longest first."""
+  ids, lengths = {}, {}
+  for i, entry in enumerate(vocab):
+    if entry.startswith(WORLD_NO_TOKEN):
+      if entry != f"{WORLD_NO_TOKEN}{i}":
+        raise _fail(path, f"world vocab entry {i} is {entry[:40]!r}, which "
+                    "is neither a token nor this id's placeholder")
+      continue
+    if not entry or max(map(ord, entry)) > 0xFF:
+      raise _fail(path, f"world vocab entry {i} is {entry[:40]!r}, not a "
+                  "token's bytes as Latin-1 characters")
+    token = entry.encode("latin-1")
+    ids[token] = i
+    lengths.setdefault(token[0], set()).add(len(token))
+  return ids, {b: sorted(n, reverse=True) for b, n in lengths.items()}
+
+
+def _world_encode(table, data: bytes) -> np.ndarray:
+  """Greedy longest match of `data` over the world tokens (KerasHub's
+  `RWKVTokenizerBase.encodeBytes`: at each position the longest token that
+  starts there, then on after it).
+
+  Raises:
+    ValueError: a byte no token starts with (never so in RWKV's file, which
+      holds all 256), naming its position.
+  """
+  ids, lengths = table
+  out, i = [], 0
+  while i < len(data):
+    for n in lengths.get(data[i], ()):
+      if i + n > len(data):
+        continue
+      token_id = ids.get(data[i:i + n])
+      if token_id is not None:
+        out.append(token_id)
+        i += n
+        break
+    else:
+      raise ValueError(f"byte 0x{data[i]:02x} at byte {i} of the text starts "
+                       "no token of the vocabulary; remove or replace it")
+  return np.array(out, np.int32)
 
 
 def bytes_vocab():

@@ -1,0 +1,287 @@
+"""RWKV-7 (#50): KerasHub presets and official `.pth` checkpoints, exact.
+
+References are KerasHub's own code and the official equations, never
+rnnstep's numbers: tools/make_rwkv7_fixtures.py (run with keras-hub 0.32.0
+in a venv of its own) stored a small RWKV7CausalLM's preset, the same
+weights as an official RWKV-LM state dict, KerasHub's `call_with_cache`
+logits and `generate` greedy ids, the logits of a torch transcription of
+the official RNN-mode equations, and `RWKVTokenizer`'s ids for some texts.
+The front ends (stream, the serving engine, the SavedModel) are compared
+with `rnnstep.generate`.
+
+Every test shares the two module-scoped models (one architecture: their
+compiled programs are shared too).
+"""
+
+import json
+import os
+import pathlib
+import numpy as np
+import pytest
+
+import rnnstep
+from rnnstep import convert
+from rnnstep.convert import rwkv7 as rwkv7_reader
+from tests.support import cli
+from tests.support.tiers import quick_params
+
+DATA = pathlib.Path(__file__).parent / "data" / "rwkv7"
+PRESET = str(DATA / "preset")
+PTH = str(DATA / "rwkv7.pth")
+VOCAB = str(DATA / "preset" / "assets" / "tokenizer" / "vocabulary.txt")
+PATHS = (False, True, "elementwise")
+# The graph path stays in the quick tier; the others compile (XLA) for long.
+PATH_CASES = quick_params(PATHS, False)
+# The XLA path compiles a program per batch bucket and per option set
+# (minutes here): the greedy test covers it; the sweeps below run the graph
+# path (quick) and the elementwise one.
+SWEEP_CASES = quick_params((False, "elementwise"), False)
+
+
+@pytest.fixture(scope="module")
+def reference():
+  return dict(np.load(DATA / "reference.npz"))
+
+
+@pytest.fixture(scope="module")
+def cases():
+  with open(DATA / "tokenizer.json", encoding="utf-8") as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def preset_model():
+  return rnnstep.load(PRESET)
+
+
+@pytest.fixture(scope="module")
+def pth_model(tmp_path_factory):
+  path = tmp_path_factory.mktemp("rwkv7") / "official.npz"
+  convert.convert(PTH, path, vocab=VOCAB)
+  return rnnstep.load(str(path))
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_world_tokenizer_is_keras_hub_s(preset_model, cases):
+  tokens = preset_model.tokens
+  assert tokens.kind == "world"
+  for text, ids in zip(cases["texts"], cases["ids"], strict=True):
+    assert tokens.encode(text).tolist() == ids, text
+    assert tokens.decode(ids) == text
+  # "\n\n" is one token, KerasHub's end token.
+  assert tokens.encode("\n\n").tolist() == [cases["end_token_id"]]
+
+
+def test_world_stream_holds_back_an_incomplete_character(preset_model):
+  """A token of two bytes of a three-byte character: nothing until the
+  byte that completes it; what never completes reads as U+FFFD."""
+  tokens = preset_model.tokens
+  partial = tokens.encode("中").tolist()
+  two = [i for i, p in enumerate(tokens.pieces) if p == "中".encode()[:2]]
+  last = [tokens.pieces.index("中".encode()[2:])]
+  stream = tokens.stream()
+  assert stream.push(two) == ""
+  assert stream.push(last) == "中"
+  assert partial != two + last  # The longest match is the whole character.
+  stream = tokens.stream()
+  assert stream.push(two) == ""
+  assert stream.finish() == "\ufffd"
+  assert tokens.decode(two + two + last) == "\ufffd中"
+  # Ids without a token (the padding id 0, ids past the last) add nothing.
+  assert tokens.decode([0, len(tokens.vocab) - 1]) == ""
+
+
+def test_world_vocabulary_file_is_read_as_data(tmp_path):
+  bad = tmp_path / "v.txt"
+  for line, message in (("1 __import__('os') 1", "not a str or bytes"),
+                        ("1 'ab' 3", "has 2 bytes, the line says 3"),
+                        ("999 'a' 1", "outside the model's ids"),
+                        ("1 'a' 1\n2 'a' 1", "repeats")):
+    bad.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+      rwkv7_reader.read_world_vocabulary(bad.read_bytes(), 16, str(bad))
+
+
+# ---------------------------------------------------------------- the math
+
+
+@pytest.mark.parametrize("which", ["preset", "pth"])
+def test_logits_match_keras_hub_and_the_official_equations(
+    which, preset_model, pth_model, reference):
+  model = preset_model if which == "preset" else pth_model
+  ids = np.concatenate([reference["prompt_ids"], reference["keras_greedy"]])
+  got = rnnstep.logits(model, ids)[0]
+  for name in ("keras_logits", "official_logits"):
+    np.testing.assert_allclose(got, reference[name], rtol=1e-5, atol=1e-5,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("path", PATH_CASES)
+def test_every_path_generates_keras_hub_s_greedy_ids(path, preset_model,
+                                                     pth_model, reference,
+                                                     cases):
+  """Greedy text is the decoded greedy ids of `RWKV7CausalLM.generate` (and
+  of the official equations), and its score is their log-likelihood under
+  KerasHub's logits."""
+  greedy = reference["keras_greedy"]
+  np.testing.assert_array_equal(greedy, reference["official_greedy"])
+  want = preset_model.tokens.decode(greedy)
+  start = len(reference["prompt_ids"]) - 1
+  logp = _log_softmax(reference["keras_logits"])
+  want_score = sum(logp[start + t, i] for t, i in enumerate(greedy))
+  for model in (preset_model, pth_model):
+    texts, scores = rnnstep.generate(
+        model, [cases["prompt"]], len(greedy), temperature=0.0,
+        return_scores=True, jit_compile=path)
+    assert texts == [want]
+    np.testing.assert_allclose(scores[0], want_score, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", SWEEP_CASES)
+def test_batch_rows_and_continued_states_equal_single_runs(path,
+                                                           preset_model):
+  """Rows of different prompt lengths each equal their prompt alone (the
+  matrix state is masked like any state), and a state carried through
+  `hidden_states` continues the logits exactly."""
+  prompts = ["Hello the poet said", "中文", "a"]
+  alone = [rnnstep.generate(preset_model, p, 12, temperature=0.0,
+                            jit_compile=False) for p in prompts]
+  assert rnnstep.generate(preset_model, prompts, 12, temperature=0.0,
+                          jit_compile=path) == alone
+  if path is not False:
+    return
+  ids = preset_model.encode("Hello the poet said the café 中文")
+  states = rnnstep.hidden_states(preset_model, ids[:3])
+  assert list(states[0]) == ["h", "att_x0", "wkv0", "ffn_x0", "att_x1",
+                             "wkv1", "ffn_x1", "att_x2", "wkv2", "ffn_x2"]
+  last = [{k: v[:, -1] for k, v in layer.items()} for layer in states]
+  whole = rnnstep.logits(preset_model, ids)[0]
+  rest = rnnstep.logits(preset_model, ids[3:], initial_state=last)[0]
+  np.testing.assert_allclose(rest, whole[3:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", SWEEP_CASES)
+def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
+  prompts = ["the", "中"]
+  generate = lambda **kw: rnnstep.generate(preset_model, prompts, 24, seed=3,
+                                           temperature=1.0, **kw)
+  free = generate(jit_compile=False)
+  chunks = list(rnnstep.stream(preset_model, prompts, 24, seed=3,
+                               temperature=1.0, jit_compile=path))
+  assert ["".join(c[i] for c in chunks) for i in range(2)] == free
+  # Stop strings taken from the rows' own texts end each row there (not
+  # spanning a U+FFFD, which stands for bytes no stop string holds).
+  stops = [next(t[i:i + 2] for i in range(3, len(t) - 1)
+                if "\ufffd" not in t[i:i + 2]) for t in free]
+  for text, full in zip(generate(stop=stops, jit_compile=path), free):
+    cut = min((full.find(s) + len(s) for s in stops if s in full),
+              default=len(full))
+    assert text == full[:cut]
+  texts = generate(regex="[a-z ]+", jit_compile=path)
+  assert texts == generate(regex="[a-z ]+", jit_compile=False)
+  assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in texts)
+
+
+@pytest.mark.slow
+def test_serving_engine_rows_equal_generate(preset_model):
+  from tests.test_serve_engine import make_engine, submit, reference
+  engine = make_engine(preset_model)
+  engine.start()
+  try:
+    sink = submit(engine, preset_model, ["Hello", "中文 the"], seed=9,
+                  max_tokens=14, options={"temperature": 0.9})
+    assert sink.done.wait(120)
+  finally:
+    engine.close()
+  want = reference(preset_model, ["Hello", "中文 the"], 14, 9,
+                   {"temperature": 0.9})
+  assert [sink.text(i) for i in range(2)] == want
+
+
+# ---------------------------------------------------------------- readers
+
+
+def test_readers_refuse_in_one_line(tmp_path):
+  with pytest.raises(convert.VocabularyRequired, match="world vocabulary"):
+    convert.read_any(PTH)
+  with pytest.raises(convert.VocabularyNotAllowed, match="holds its own"):
+    convert.read_any(PRESET, vocab=VOCAB)
+  config = json.loads((DATA / "preset" / "config.json").read_text())
+  bad = tmp_path / "preset"
+  bad.mkdir()
+  for name in ("model.weights.h5", "assets"):
+    os.symlink(DATA / "preset" / name, bad / name)
+  config["config"]["hidden_size"] = 30
+  (bad / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="multiple of its head_size"):
+    convert.read_any(str(bad))
+  summary = convert.describe(PTH)
+  assert summary.config.layers[0].kind == "rwkv7"
+  assert "official RWKV-7" in summary.format
+
+
+def test_web_export_refuses_in_one_line(preset_model):
+  from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="web export"):
+    web.check_exportable(preset_model)
+
+
+@pytest.mark.slow
+def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
+  """`rnnstep-convert --input=FOLDER` takes a preset whole; the official
+  `.pth` with its world vocabulary converts to the same model."""
+  convert_cmd = cli.command("rnnstep-convert", "rnnstep.cli.convert")
+  generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
+  for name, flags in (("preset", [f"--input={PRESET}"]),
+                      ("pth", [f"--input={PTH}", f"--vocab={VOCAB}"])):
+    cli.ok(cli.run_binary(convert_cmd, flags + [
+        f"--output={tmp_path / name}.npz"]))
+  want = rnnstep.generate(preset_model, "Hello the poet said", 16,
+                          temperature=0.0, jit_compile=False)
+  for name in ("preset", "pth"):
+    got = cli.ok(cli.run_binary(generate_cmd, [
+        f"--weights={tmp_path / name}.npz", "--prompt=Hello the poet said",
+        "--num_steps=16", "--temperature=0", "--nojit_compile"]))
+    assert want in got, (name, got)
+
+
+@pytest.mark.slow
+def test_saved_model_serves_ids(preset_model, tmp_path):
+  """The export takes ids (the world tokenizer is not graph ops) and
+  returns the library's text and ids."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tests.test_saved_model import DECODING_DEFAULTS  # pylint: disable=g-import-not-at-top
+  rnnstep.export(preset_model, str(tmp_path / "sm"))
+  loaded = tf.saved_model.load(str(tmp_path / "sm"))
+  ids = preset_model.encode("Hello the poet said")
+  dtypes = {k: tf.int64 if k == "seed" else tf.float32 if isinstance(
+      v, float) else tf.int32 for k, v in DECODING_DEFAULTS.items()}
+  args = {k: tf.constant(v, dtypes[k]) for k, v in
+          dict(DECODING_DEFAULTS, temperature=0.0).items()}
+  out = loaded.signatures["generate_ids"](
+      prompt_ids=tf.constant([ids], tf.int32),
+      prompt_lengths=tf.constant([len(ids)], tf.int32),
+      num_steps=tf.constant(12), **args)
+  want = rnnstep.generate(preset_model, "Hello the poet said", 12,
+                          temperature=0.0, jit_compile=False)
+  assert out["text"].numpy()[0].decode("utf-8") == want
+
+
+@pytest.mark.slow
+def test_strategy_equals_one_device():
+  """Two replicas (one padding row) give one device's texts, sampled with
+  penalties and a pattern."""
+  from tests.test_tokens import STRATEGY_SCRIPT  # pylint: disable=g-import-not-at-top
+  runs = [(PRESET, ["the", "中文", "Hello"], False, dict(
+      seed=5, regex="[a-z ]+", repetition_penalty=1.3,
+      no_repeat_ngram_size=2, num_beams=1))]
+  results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
+  for (_, _, _, kwargs), (one, two) in zip(runs, results, strict=True):
+    assert one == two, (kwargs, one, two)
