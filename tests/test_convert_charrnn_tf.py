@@ -116,6 +116,22 @@ def _copy(tmp_path, name="gru"):
   return target
 
 
+def test_any_tf_checkpoint_folder_s_own_checkpoint_wins(tmp_path):
+  """The same rule for any TF checkpoint folder (`tf_checkpoint.resolve`,
+  where TensorFlow's `latest_checkpoint` follows the recorded path)."""
+  from rnnstep.convert import tf_checkpoint  # pylint: disable=g-import-not-at-top
+  original, copy = tmp_path / "original", tmp_path / "copy"
+  for folder in (original, copy):
+    folder.mkdir()
+    (folder / "ckpt-1.index").write_bytes(b"")
+    (folder / "checkpoint").write_text(
+        f'model_checkpoint_path: "{original}/ckpt-1"\n')
+  assert tf_checkpoint.resolve(str(copy))[0] == str(copy / "ckpt-1")
+  (copy / "ckpt-1.index").unlink()  # Only now is the recorded path read.
+  prefix, how = tf_checkpoint.resolve(str(copy))
+  assert prefix == f"{original}/ckpt-1" and "names" in how
+
+
 @pytest.mark.parametrize("member", ["config.pkl", "chars_vocab.pkl"])
 @pytest.mark.parametrize("protocol", [0, 2])
 def test_a_hostile_pickle_is_refused_in_one_line_with_nothing_run(
@@ -300,6 +316,22 @@ def test_a_recorded_path_outside_is_followed_only_where_the_folder_lacks_it(
   assert f"model.ckpt-599 in {original}" in summary.format or any(
       str(original) in note for note in summary.notes), summary
   assert _same_tensors(rnnstep.load(copy).tensors(), _model("gru").tensors())
+
+
+def test_any_tf_checkpoint_folder_s_own_checkpoint_wins(tmp_path):
+  """The same rule for any TF checkpoint folder (`tf_checkpoint.resolve`,
+  where TensorFlow's `latest_checkpoint` follows the recorded path)."""
+  from rnnstep.convert import tf_checkpoint  # pylint: disable=g-import-not-at-top
+  original, copy = tmp_path / "original", tmp_path / "copy"
+  for folder in (original, copy):
+    folder.mkdir()
+    (folder / "ckpt-1.index").write_bytes(b"")
+    (folder / "checkpoint").write_text(
+        f'model_checkpoint_path: "{original}/ckpt-1"\n')
+  assert tf_checkpoint.resolve(str(copy))[0] == str(copy / "ckpt-1")
+  (copy / "ckpt-1.index").unlink()  # Only now is the recorded path read.
+  prefix, how = tf_checkpoint.resolve(str(copy))
+  assert prefix == f"{original}/ckpt-1" and "names" in how
 
 
 @pytest.mark.parametrize("member", ["config.pkl", "chars_vocab.pkl"])

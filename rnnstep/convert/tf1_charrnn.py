@@ -69,7 +69,6 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from rnnstep.convert import contents
 from rnnstep.convert import safe_io
@@ -314,27 +313,18 @@ def _prefix(path: str, directory: str) -> str:
   """The checkpoint prefix: the one given, or the directory's latest.
 
   The `checkpoint` file names the prefix where it was written (train.py
-  saves under its --save_dir; TF1's Saver records an absolute path when that
-  was absolute). The same file name in this directory wins: a copy of the
-  folder reads its own weights, never the original's (newer ones, beside
-  the copy's config and vocabulary). The recorded path is followed only
-  where this directory lacks the file (`read` notes it).
+  saves under its --save_dir); the folder's own file wins over the recorded
+  path (`tf_checkpoint.folder_checkpoint`: a copy of the folder reads its
+  own weights, never the original's newer ones beside the copy's config and
+  vocabulary), which is followed only where the folder lacks the file
+  (`read` notes it).
   """
   if not os.path.isdir(path):
     return tf_checkpoint.resolve(path)[0]
-  try:
-    state = tf.train.get_checkpoint_state(path)
-  except tf_checkpoint.READER_ERRORS as e:
-    raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
-                       f"({tf_checkpoint.message(e)})") from None
-  named = state.model_checkpoint_path if state is not None else ""
-  for candidate in (os.path.join(path, os.path.basename(named)), named):
-    if named and os.path.isfile(candidate + ".index"):
-      return candidate
+  named = tf_checkpoint.folder_checkpoint(path)
+  if named is not None:
+    return named
   found = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
-  if named:
-    raise safe_io.fail(path, f"its 'checkpoint' file names {show(named)}, "
-                       "which is neither there nor in this directory")
   if len(found) == 1:
     return found[0][:-len(".index")]
   names = ", ".join(os.path.basename(f)[:-len(".index")] for f in found[:3])

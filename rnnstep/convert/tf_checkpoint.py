@@ -61,6 +61,36 @@ def is_checkpoint_file(path: str) -> bool:
   return path.endswith(".index") or bool(_DATA_SUFFIX.search(path))
 
 
+def folder_checkpoint(path: str) -> Optional[str]:
+  """The prefix a folder's `checkpoint` file names, the folder's own first.
+
+  TF1's Saver records the prefix where it saved (an absolute path when the
+  save folder was given as one). The same file name in this folder wins: a
+  copy of the folder reads its own weights, never the original's. The
+  recorded path is followed only where this folder lacks the file.
+
+  Returns:
+    The prefix, or None where the folder has no `checkpoint` file.
+
+  Raises:
+    ValueError: an unreadable `checkpoint` file, or one naming a checkpoint
+      that is neither where it says nor in this folder.
+  """
+  try:
+    state = tf.train.get_checkpoint_state(path)
+  except READER_ERRORS as e:
+    raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
+                       f"({message(e)})") from None
+  named = state.model_checkpoint_path if state is not None else ""
+  if not named:
+    return None
+  for candidate in (os.path.join(path, os.path.basename(named)), named):
+    if os.path.isfile(candidate + ".index"):
+      return candidate
+  raise safe_io.fail(path, f"its 'checkpoint' file names {show(named)}, "
+                     "which is neither there nor in this directory")
+
+
 def resolve(path: str) -> Tuple[str, str]:
   """Returns (prefix, description) for a checkpoint directory or prefix.
 
@@ -72,11 +102,7 @@ def resolve(path: str) -> Tuple[str, str]:
       raise safe_io.fail(path, "a SavedModel directory; rnnstep does not load "
                          "SavedModels (they can run arbitrary TF ops). Convert "
                          "the training checkpoint or a .keras file instead")
-    try:
-      prefix = tf.train.latest_checkpoint(path)
-    except READER_ERRORS as e:
-      raise safe_io.fail(path, f"cannot read its 'checkpoint' file "
-                         f"({message(e)})") from None
+    prefix = folder_checkpoint(path)
     if prefix is None:
       found = sorted(glob.glob(os.path.join(glob.escape(path), "*.index")))
       hint = ""
@@ -85,6 +111,9 @@ def resolve(path: str) -> Tuple[str, str]:
         hint = f"; it holds checkpoint(s) {names}: pass one as a prefix"
       raise safe_io.fail(path, "directory with no TF checkpoint (no "
                          f"'checkpoint' file naming an existing one){hint}")
+    if os.path.dirname(os.path.abspath(prefix)) != os.path.abspath(path):
+      return prefix, (f"the checkpoint {prefix}, which {path}'s 'checkpoint' "
+                      "file names (the folder holds no such file)")
     return prefix, f"latest checkpoint in {path}"
   if path.endswith(".index"):
     return path[:-len(".index")], "checkpoint prefix"
