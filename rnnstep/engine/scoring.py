@@ -1,19 +1,26 @@
-"""Teacher-forced log-probabilities of given ids, batched by length bucket.
+"""Teacher-forced log-probabilities of given ids, batched by length.
 
 The compiled work of `rnnstep.loglikelihood` and
 `rnnstep.loglikelihood_rolling`: rows of ids of any lengths are sorted by
-length, grouped by `request.bucket` of their length and cut into batches;
-each batch is one call of a compiled function of ids `[B, T]` (right-padded)
-that returns, at every position t, the log-probability of id t+1 after ids
-0..t from a zero state and whether it is the greedy choice there. The host
-sums each row's scored positions in float64.
+length and cut into batches of similar lengths (`batches`); each batch is
+one call of a compiled function of ids `[B, T]` (right-padded) and the state
+each row starts from, that returns, at every position t, the log-probability
+of id t+1 after ids 0..t and whether it is the greedy choice there. The host
+sums each row's scored positions in float64. A context that several rows
+share is run once (`score`).
+
+Where the time goes (the bundled GRU 768): layer 0's input projection is a
+`[V, 3U]` table (`Model.input_table`), gathered, so a step is the recurrent
+matmul `[B, U] x [U, 3U]` plus the gate math; the Dense layer and the
+log-softmax run once over all positions after the loop. The recurrent
+matmuls alone are ~2/3 of the time at a batch of 1024.
 
 Every path runs it: "graph" (a TF graph: exact shapes, never retraced),
 "xla" (one XLA program per padded shape: the length to its bucket, the batch
 to `request.batch_bucket`) and "elementwise" (a TF graph whose gate math is
-XLA-compiled, as generation's). The function is built once per
-architecture and path and takes the model's weights at each call, like the
-generation programs.
+XLA-compiled, as generation's; `default_path`). The functions are built once
+per architecture and path and take the model's weights at each call, like
+the generation programs.
 
 A model that generates over windows (`window.py`) is scored over the same
 windows: position t's logits are those after the last k ids up to t, as its
@@ -71,6 +78,22 @@ class Scores(NamedTuple):
   was the greedy choice (True for a row with nothing scored)."""
   logprobs: List[float]
   greedy: List[bool]
+
+
+def default_path(window: int) -> str:
+  """The path `jit_compile=None` scores on.
+
+  Over windows, XLA (as `generate`'s windows). Otherwise on a GPU XLA, and
+  on a CPU "elementwise": scoring is the recurrent matmul at a large batch,
+  whichever path runs it, and TF's matmul plus the fused gate math measured
+  fastest there (the bundled model, 2 AVX2 cores: 10-20% ahead of XLA, whose
+  bucketed shapes also pad more, and of the plain graph; see
+  benchmarks/results/bulk-epyc-zen3-2026-12.md). Generation's table
+  (`paths.default_path`) measures decode steps, not this.
+  """
+  if window or paths.gpu_visible():
+    return paths.XLA
+  return paths.ELEMENTWISE
 
 
 def function(model, path: str, windowed: bool) -> network_lib.BoundFunction:
