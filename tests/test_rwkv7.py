@@ -28,6 +28,7 @@ from tests.support.tiers import quick_params
 DATA = pathlib.Path(__file__).parent / "data" / "rwkv7"
 PRESET = str(DATA / "preset")
 PTH = str(DATA / "rwkv7.pth")
+WEIGHTS = str(DATA / "preset" / "model.weights.h5")
 VOCAB = str(DATA / "preset" / "assets" / "tokenizer" / "vocabulary.txt")
 PATHS = (False, True, "elementwise")
 # The graph path stays in the quick tier; the others compile (XLA) for long.
@@ -208,6 +209,30 @@ def test_serving_engine_rows_equal_generate(preset_model):
 # ---------------------------------------------------------------- readers
 
 
+def test_a_weights_h5_alone_reads_as_its_preset(tmp_path):
+  """A preset's `model.weights.h5`, and what `RWKV7CausalLM.save_weights`
+  writes (the same datasets with the task's optimizer variables beside:
+  keras-hub 0.32.0, checked), read with the world vocabulary file into the
+  preset's model: its config from the tensors' shapes."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  preset = convert.read_any(PRESET)
+  causal_lm = tmp_path / "causal_lm.weights.h5"
+  causal_lm.write_bytes(pathlib.Path(WEIGHTS).read_bytes())
+  with h5py.File(causal_lm, "a") as f:
+    f.create_dataset("optimizer/vars/0", data=np.float32(2e-5))
+    f.create_dataset("optimizer/vars/1", data=np.int64(0))
+  for path in (WEIGHTS, str(causal_lm)):
+    read = convert.read_any(path, vocab=VOCAB)
+    assert read.config == preset.config
+    assert read.tokens.vocab == preset.tokens.vocab
+    assert sorted(read.tensors) == sorted(preset.tensors)
+    for name, tensor in preset.tensors.items():
+      np.testing.assert_array_equal(read.tensors[name], tensor, name)
+  assert "RWKV7Backbone .weights.h5" in convert.describe(WEIGHTS).format
+  with pytest.raises(convert.VocabularyRequired, match="weights file holds no"):
+    convert.read_any(WEIGHTS)
+
+
 def test_readers_refuse_in_one_line(tmp_path):
   with pytest.raises(convert.VocabularyRequired, match="world vocabulary"):
     convert.read_any(PTH)
@@ -235,14 +260,20 @@ def test_web_export_refuses_in_one_line(preset_model):
 
 @pytest.mark.slow
 def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
-  """`rnnstep-convert --input=FOLDER` takes a preset whole; the official
-  `.pth` with its world vocabulary converts to the same model."""
+  """`rnnstep-convert --input=FOLDER` takes a preset whole; its
+  `.weights.h5` alone and the official `.pth`, each with the world
+  vocabulary, convert to the same model."""
   convert_cmd = cli.command("rnnstep-convert", "rnnstep.cli.convert")
   generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
   for name, flags in (("preset", [f"--input={PRESET}"]),
+                      ("h5", [f"--input={WEIGHTS}", f"--vocab={VOCAB}"]),
                       ("pth", [f"--input={PTH}", f"--vocab={VOCAB}"])):
     cli.ok(cli.run_binary(convert_cmd, flags + [
         f"--output={tmp_path / name}.npz"]))
+  preset, h5 = (convert.read_any(str(tmp_path / f"{name}.npz"))
+                for name in ("preset", "h5"))
+  for name, tensor in preset.tensors.items():
+    np.testing.assert_array_equal(h5.tensors[name], tensor, name)
   want = rnnstep.generate(preset_model, "Hello the poet said", 16,
                           temperature=0.0, jit_compile=False)
   for name in ("preset", "pth"):
