@@ -314,6 +314,8 @@ def test_a_weights_h5_alone_reads_as_its_preset(tmp_path):
   assert "RWKV7Backbone .weights.h5" in convert.describe(WEIGHTS).format
   with pytest.raises(convert.VocabularyRequired, match="weights file holds no"):
     convert.read_any(WEIGHTS)
+  with pytest.raises(FileNotFoundError, match="nothere.txt: no such "):
+    convert.read_any(WEIGHTS, vocab=str(tmp_path / "nothere.txt"))
 
 
 def test_readers_refuse_in_one_line(tmp_path):
@@ -397,10 +399,10 @@ def test_saved_model_serves_ids(preset_model, tmp_path):
 @pytest.mark.slow
 def test_strategy_equals_one_device():
   """Two replicas (one padding row) give one device's texts, sampled with
-  penalties and a pattern."""
+  penalties, stop strings and a pattern."""
   from tests.test_tokens import STRATEGY_SCRIPT  # pylint: disable=g-import-not-at-top
   runs = [(PRESET, ["the", "中文", "Hello"], False, dict(
-      seed=5, regex="[a-z ]+", repetition_penalty=1.3,
+      seed=5, regex="[a-z ]+", repetition_penalty=1.3, stop=["he", "an"],
       no_repeat_ngram_size=2, num_beams=1))]
   results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
   for (_, _, _, kwargs), (one, two) in zip(runs, results, strict=True):

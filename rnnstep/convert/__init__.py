@@ -614,6 +614,9 @@ def _read_rwkv7(input_path, corpus, vocab, describe=False
         "file as vocab (rwkv_vocab_v20230424.txt or a preset's "
         f"{rwkv7.VOCABULARY_FILE}: '<id> <token> <length>' lines), not a "
         "corpus")
+  if isinstance(vocab, (str, os.PathLike)) and not os.path.isfile(vocab):
+    raise FileNotFoundError(f"{os.fspath(vocab)}: no such vocabulary file "
+                            f"(the world vocabulary of {path})")
   if not isinstance(vocab, (str, os.PathLike)) or not (
       rwkv7.is_world_vocabulary(vocab)):
     raise ValueError(f"{path}: vocab must be RWKV's world vocabulary file "
