@@ -154,7 +154,8 @@ _ALSO_SERVE = flags.DEFINE_multi_string(
     "rounds, its flags beside --max_batch joined by spaces (e.g. "
     "--also_serve=--jit_compile=false); NAME=VALUE words set its "
     "environment (e.g. --also_serve=PYTHONPATH=/other/checkout: another "
-    "version of rnnstep, compared in the same rounds); repeatable.")
+    "version of rnnstep, run from there and compared in the same rounds); "
+    "repeatable.")
 _RAW_CLIENT = flags.DEFINE_bool(
     "raw_client", True, "--targets: clients on asyncio's streams "
     "(`Connection`: keep-alive, a fraction of httpx's CPU a request, which "
@@ -290,10 +291,13 @@ def start(kind: str, serve_args=None):
 
   `serve_args`: rnnstep-serve's flags (default: `serve_flags()`), where
   NAME=VALUE words set its environment."""
-  env = dict(os.environ)
+  env, cwd = dict(os.environ), REPO
   if serve_args is not None:
-    env.update(arg.split("=", 1) for arg in serve_args
-               if not arg.startswith("-"))
+    given = dict(arg.split("=", 1) for arg in serve_args
+                 if not arg.startswith("-"))
+    env.update(given)
+    if "PYTHONPATH" in given:  # `-m` imports from the working directory.
+      cwd = given["PYTHONPATH"].split(os.pathsep)[0]
     serve_args = [arg for arg in serve_args if arg.startswith("-")]
   import httpx  # pylint: disable=g-import-not-at-top
   port = free_port()
@@ -308,7 +312,7 @@ def start(kind: str, serve_args=None):
            f"--max_batch={_MAX_BATCH.value}",
            f"--batch_timeout_ms={_BATCH_TIMEOUT_MS.value}",
            f"--jit_compile={_JIT_COMPILE.value or 'false'}"]
-  process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+  process = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=env)
   url = f"http://127.0.0.1:{port}"
   while True:
