@@ -37,8 +37,8 @@ chunk's updates, every row's, to the event loop in one
 whole response only collects its text until its last choice ends (no
 wake-up before), a stream's handler is woken once a chunk and sends that
 chunk's events as one write (`_EventStream`), each event's bytes formatted
-directly (`protocol.running_chunk`). A client that goes away cancels its completion,
-whose rows the engine retires at the next chunk boundary.
+directly (`protocol.running_chunk`). A client that goes away cancels its
+completion, whose rows the engine retires at the next chunk boundary.
 
 Errors use OpenAI's body, `{"error": {"message", "type", "param", "code"}}`,
 on every status: 400 for a bad request (naming the field), 401, 404 (an
