@@ -131,6 +131,29 @@ def test_prompt_limit_counts_ids_and_a_longer_prompt_never_runs(byte_model):
       byte_model, prompts, 20, 3, dict(repetition_penalty=1.3))
 
 
+def test_a_burst_s_first_call_is_short_and_a_full_batch_s_is_not(model):
+  """Rows that are most of a batch that is not full (a burst arriving; a
+  lone request) run a short first call (`burst_steps`: 8 of 64 here), so
+  that the rest of a burst joins at its end; a full batch runs whole
+  chunks. The texts are `generate`'s either way."""
+  engine = make_engine(model, max_batch=4, chunk_steps=64,
+                       max_tokens_limit=80)
+  assert engine.burst_steps == 8
+  engine.start()
+  try:
+    lone = submit(engine, model, ["ab"], seed=1, max_tokens=80)
+    assert lone.done.wait(60)
+    full = submit(engine, model, ["a", "b", "c", "d"], seed=2, max_tokens=80)
+    assert full.done.wait(60)
+  finally:
+    assert engine.close(timeout=10)
+  assert [u.tokens for u in lone.updates[0]] == [8, 64, 8]
+  assert [u.tokens for u in full.updates[0]] == [64, 16]
+  assert lone.text(0) == reference(model, ["ab"], 80, 1)[0]
+  assert [full.text(i) for i in range(4)] == reference(
+      model, ["a", "b", "c", "d"], 80, 2)
+
+
 # -- one row's failure --------------------------------------------------------
 
 

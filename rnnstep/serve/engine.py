@@ -10,6 +10,14 @@ touches the device), it
     whose client went away (`Completion.cancel`);
   - admits waiting rows into the free slots: their prompts are primed inside
     the same call that decodes the other rows (`serve_fn`'s `fresh` rows).
+    When the rows just admitted are most of a batch that is not full (a
+    burst arriving: the HTTP side reads its requests one after another),
+    the call is short (`burst_steps`), so that the rest of the burst joins
+    at its end instead of waiting a whole chunk while a few rows run: the
+    burst then runs and ends together, in full batches (with 64 clients
+    each sending its next request as its last ends, a 128-step chunk over
+    the first 13 arrivals left the other 51 a chunk behind, and every
+    round after ran a chunk of 13 rows and one of 51);
     A prompt longer than a piece (`prime_chars`: the chunk's steps, at least
     8) is primed a piece a call, its state carried between them like a
     decoding row's, so that no call primes more than a piece and a long
@@ -412,6 +420,9 @@ class Engine:
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
+    burst_steps: the steps of a call most of whose rows were just admitted
+      into a batch that is not full (an eighth of `chunk_steps`, at least 8):
+      the rest of a burst joins at its end (module docstring).
     stop_capacity: states of the joined stop table (module docstring).
     dfa_capacity: states of the joined regex DFA, its 2 shared ones
       included.
@@ -440,6 +451,7 @@ class Engine:
     # At least 8 (XLA's narrowest prompt width; and a piece must be longer
     # than the character priming leaves unconsumed).
     self.prime_chars = max(self.chunk_steps, 8)
+    self.burst_steps = min(self.chunk_steps, max(8, self.chunk_steps // 8))
     self._unconsumed = self.generator.programs.unconsumed
     # The paths that compile XLA programs at a call's shapes (the whole
     # call under XLA; the elementwise path's decode step, at the batch and
@@ -674,6 +686,14 @@ class Engine:
       # and position only, so cutting the call changes none).
       steps = min(steps, max(row.completion.max_tokens - row.produced
                              for row in decoding))
+    if (fresh_rows and len(rows) < self.max_batch
+        and 2 * len(fresh_rows) > len(rows)):
+      # Most of a batch that is not full has just arrived: more are likely
+      # on their way (a burst, whose requests the HTTP side reads one after
+      # another). A short call lets them join at its end rather than wait
+      # a whole chunk beside a few rows, and the burst then runs, and ends,
+      # in full chunks together (`burst_steps`).
+      steps = min(steps, self.burst_steps)
     scored = [row for row in decoding if row.completion.want_scores]
     if scored:
       # A row's score counts only its own ids: such a chunk ends at the

@@ -152,7 +152,15 @@ _BURST_CHARS = flags.DEFINE_integer(
 _ALSO_SERVE = flags.DEFINE_multi_string(
     "also_serve", [], "--targets: another rnnstep-serve measured in the same "
     "rounds, its flags beside --max_batch joined by spaces (e.g. "
-    "--also_serve=--jit_compile=false); repeatable.")
+    "--also_serve=--jit_compile=false); NAME=VALUE words set its "
+    "environment (e.g. --also_serve=PYTHONPATH=/other/checkout: another "
+    "version of rnnstep, run from there and compared in the same rounds); "
+    "repeatable.")
+_RAW_CLIENT = flags.DEFINE_bool(
+    "raw_client", True, "--targets: clients on asyncio's streams "
+    "(`Connection`: keep-alive, a fraction of httpx's CPU a request, which "
+    "the server's cores pay for); --noraw_client: httpx, a client a "
+    "request.")
 _SERVE_BASELINE = flags.DEFINE_enum("serve_baseline", None, ["lock", "batch"],
                                     "(internal) run baseline server (a)/(b).")
 _PORT = flags.DEFINE_integer("port", 0, "(internal) the baseline's port.")
@@ -177,25 +185,17 @@ def _path_flag() -> list:
           else [f"--jit_compile={_JIT_COMPILE.value}"])
 
 
-def served_path(model, serve_args) -> str:
-  """The path rnnstep-serve runs with `serve_args` (for --check): its
-  `_path` with the lanes and intra-op threads its defaults give, without
-  setting this process's thread pools."""
-  from rnnstep.engine import cpu  # pylint: disable=g-import-not-at-top
-  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  flags_of = serve_main.FLAGS
-  for name in flags_of:  # Back to the defaults (unparse_flags logs).
-    flags_of[name].unparse()
-  flags_of(["rnnstep-serve", *serve_args])
-  jit = serve_main.FLAGS["jit_compile"].value
-  if jit != "auto":
-    return paths.from_jit_compile(_jit(jit))
-  # pylint: disable=protected-access
-  lanes = serve_main._lanes()
-  threads = serve_main._intra_op_threads(lanes)
-  # pylint: enable=protected-access
-  return paths.lane_path(model, -(-flags_of["max_batch"].value // lanes),
-                         lanes, threads or cpu.usable_cores())
+def served_path(url: str):
+  """(path, lanes) of a running rnnstep-serve (`auto` resolved), as its
+  /metrics say (`rnnstep_engine_info`); (None, None) where they do not (an
+  older version's)."""
+  import httpx  # pylint: disable=g-import-not-at-top
+  for line in httpx.get(url + "/metrics").text.splitlines():
+    if line.startswith("rnnstep_engine_info{"):
+      labels = dict(part.split("=", 1) for part in
+                    line[line.index("{") + 1:line.index("}")].split(","))
+      return labels["path"].strip('"'), int(labels["lanes"].strip('"'))
+  return None, None
 
 
 def free_port() -> int:
@@ -289,7 +289,16 @@ def serve_flags() -> list:
 def start(kind: str, serve_args=None):
   """Starts server `kind`; returns (process, base url) once healthy.
 
-  `serve_args`: rnnstep-serve's flags (default: `serve_flags()`)."""
+  `serve_args`: rnnstep-serve's flags (default: `serve_flags()`), where
+  NAME=VALUE words set its environment."""
+  env, cwd = dict(os.environ), REPO
+  if serve_args is not None:
+    given = dict(arg.split("=", 1) for arg in serve_args
+                 if not arg.startswith("-"))
+    env.update(given)
+    if "PYTHONPATH" in given:  # `-m` imports from the working directory.
+      cwd = given["PYTHONPATH"].split(os.pathsep)[0]
+    serve_args = [arg for arg in serve_args if arg.startswith("-")]
   import httpx  # pylint: disable=g-import-not-at-top
   port = free_port()
   model = [f"--model={_MODEL.value}"] if _MODEL.value else []
@@ -303,8 +312,8 @@ def start(kind: str, serve_args=None):
            f"--max_batch={_MAX_BATCH.value}",
            f"--batch_timeout_ms={_BATCH_TIMEOUT_MS.value}",
            f"--jit_compile={_JIT_COMPILE.value or 'false'}"]
-  process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env)
   url = f"http://127.0.0.1:{port}"
   while True:
     if process.poll() is not None:
@@ -368,6 +377,88 @@ async def one(url, kind, send_at, t0, prompt, max_tokens, seed, options,
             if piece:
               times.append(time.monotonic())
               pieces.append(piece)
+  end = time.monotonic()
+  return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
+              gaps=[b - a for a, b in zip(times, times[1:])],
+              text="".join(pieces))
+
+
+class Connection:
+  """One keep-alive HTTP/1.1 connection on asyncio's streams: --targets'
+  client (--raw_client).
+
+  The server under test shares the machine's cores with its clients, so a
+  client's CPU a request is taken from the server: httpx spends about 3-4
+  ms of it a streamed request (its client, pool and h11 parser in Python),
+  this one a fraction of that (a request's bytes written at once; the
+  response's headers read in one call, then its chunked body's chunks),
+  as a load generator's client does (vLLM's benchmark_serving uses aiohttp,
+  wrk C). A client keeps its connection from one request to the next, as
+  an OpenAI client does.
+
+  Args:
+    url: the server's base URL (http://host:port).
+  """
+
+  def __init__(self, url: str):
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    self.host, self.port = host, int(port)
+    self.streams = None
+
+  async def post_stream(self, path: str, body: dict):
+    """POSTs `body` as JSON; yields the response's body as it arrives.
+
+    Raises:
+      RuntimeError: the answer was not 200.
+    """
+    if self.streams is None:
+      self.streams = await asyncio.open_connection(self.host, self.port)
+    reader, writer = self.streams
+    data = json.dumps(body).encode()
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                 "Content-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    headers = {}
+    for line in head.split(b"\r\n")[1:]:
+      name, _, value = line.partition(b":")
+      headers[name.strip().lower()] = value.strip().lower()
+    if b"content-length" in headers:
+      chunk = await reader.readexactly(int(headers[b"content-length"]))
+      if status != 200:
+        raise RuntimeError(f"{status}: {chunk[:200]!r}")
+      yield chunk
+    else:  # Chunked.
+      while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        chunk = (await reader.readexactly(size + 2))[:-2]
+        if not size:
+          break
+        yield chunk
+    if headers.get(b"connection") == b"close" or status != 200:
+      self.close()
+
+  def close(self) -> None:
+    if self.streams is not None:
+      self.streams[1].close()
+      self.streams = None
+
+
+async def one_raw(connection: Connection, prompt, max_tokens, seed):
+  """`one`'s streamed request on a `Connection`; the same results."""
+  sent = time.monotonic()
+  times, pieces, buffer = [], [], b""
+  async for data in connection.post_stream("/v1/completions", dict(
+      prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True)):
+    buffer += data
+    *events, buffer = buffer.split(b"\r\n\r\n")
+    for event in events:
+      if event.startswith(b"data: {"):
+        piece = json.loads(event[6:])["choices"][0]["text"]
+        if piece:
+          times.append(time.monotonic())
+          pieces.append(piece)
   end = time.monotonic()
   return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
               gaps=[b - a for a, b in zip(times, times[1:])],
@@ -463,9 +554,16 @@ async def closed_loop(url, requests, clients, ssl_context):
   results = []
 
   async def client(i):
-    for prompt, max_tokens, seed in requests[i::clients]:
-      results.append(await one(url, "serve", 0.0, time.monotonic(), prompt,
-                               max_tokens, seed, {}, ssl_context))
+    connection = Connection(url)
+    try:
+      for prompt, max_tokens, seed in requests[i::clients]:
+        if _RAW_CLIENT.value:
+          results.append(await one_raw(connection, prompt, max_tokens, seed))
+        else:
+          results.append(await one(url, "serve", 0.0, time.monotonic(),
+                                   prompt, max_tokens, seed, {}, ssl_context))
+    finally:
+      connection.close()
 
   t0 = time.monotonic()
   await asyncio.gather(*[client(i) for i in range(clients)])
@@ -505,8 +603,9 @@ def run_targets(model) -> None:
   try:
     for name, args in configs.items():
       servers[name] = start("serve", args)
-      print(f"server {name}: rnnstep-serve {' '.join(args)} (path "
-            f"{served_path(model, args)})", flush=True)
+      path, lanes = served_path(servers[name][1])
+      print(f"server {name}: rnnstep-serve {' '.join(args)} (path {path}, "
+            f"lanes {lanes})", flush=True)
     saturation = [(prompts[i % len(prompts)], sizes["saturation"],
                    seeds[i % len(seeds)])
                   for i in range(_SATURATION_REQUESTS.value)]
@@ -525,9 +624,9 @@ def run_targets(model) -> None:
             results, seconds = asyncio.run(closed_loop(
                 url, saturation, _CLIENTS.value, ssl_context))
           else:
-            results, seconds = asyncio.run(drive(
-                url, "serve", [(0.0, p, m, s, {}) for p, m, s in burst],
-                ssl_context))
+            # Each request of the burst on a connection of its own.
+            results, seconds = asyncio.run(closed_loop(
+                url, burst, len(burst), ssl_context))
           chars = sum(len(r["text"]) for r in results)
           served[(name, scenario)].append(chars / seconds)
           served_cpu[(name, scenario)].append(
@@ -594,8 +693,6 @@ def main(argv):
   model = rnnstep.load(_MODEL.value)
   jit = None if _JIT_COMPILE.value is None else _jit(_JIT_COMPILE.value)
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  # The path rnnstep-serve runs (its auto: the path for one of its lanes).
-  served_jit = paths.JIT_COMPILE[served_path(model, serve_flags())]
   ssl_context = ssl.create_default_context()
   rate, cpu = bound(model, jit)
   bounds = [rate]
@@ -604,6 +701,8 @@ def main(argv):
   for kind in _SERVERS.value:
     process, url = start(kind)
     try:
+      if kind == "serve":  # The path it runs (its auto: a lane's), asked.
+        served_jit = paths.JIT_COMPILE[served_path(url)[0]]
       for rate in map(float, _RATES.value):
         requests = workload(rate)
         rates = []
