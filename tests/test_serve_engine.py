@@ -131,6 +131,7 @@ def test_prompt_limit_counts_ids_and_a_longer_prompt_never_runs(byte_model):
       byte_model, prompts, 20, 3, dict(repetition_penalty=1.3))
 
 
+@pytest.mark.slow  # Two engine programs' first calls.
 def test_a_burst_s_first_call_is_short_and_a_full_batch_s_is_not(model):
   """Rows that are most of a batch that is not full (a burst arriving; a
   lone request) run a short first call (`burst_steps`: 8 of 64 here), so
