@@ -107,8 +107,10 @@ def floor_ms(model, batch, rounds):
 def rnnstep_ms(model, batch, rounds, path):
   import rnnstep
   rng = np.random.default_rng(1)
-  prompts = [bytes(rng.integers(97, 123, PROMPT)).decode() for _ in
-             range(batch)]
+  # One letter a token (bytes of uint8: int64's would be 8 tokens a letter).
+  prompts = [bytes(rng.integers(97, 123, PROMPT).astype(np.uint8)).decode()
+             for _ in range(batch)]
+  assert all(len(model.encode(p)) == PROMPT for p in prompts)
   run = lambda: rnnstep.generate(model, prompts, STEPS, seed=1,
                                  temperature=1.0, jit_compile=path)
   run()
