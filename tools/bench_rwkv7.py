@@ -113,7 +113,10 @@ def rnnstep_ms(model, batch, rounds, path):
   assert all(len(model.encode(p)) == PROMPT for p in prompts)
   run = lambda: rnnstep.generate(model, prompts, STEPS, seed=1,
                                  temperature=1.0, jit_compile=path)
+  start = time.perf_counter()
   run()
+  print(f"  rnnstep {path} first call (compiles): "
+        f"{time.perf_counter() - start:.1f} s", flush=True)
   times = []
   for _ in range(rounds):
     start = time.perf_counter()

@@ -369,7 +369,8 @@ class RWKV7Cell(Cell):
   Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`).
   The big products (R, K, V, O, FK, FV) are TensorFlow matmuls in the
   compute dtype; the rest, LoRAs included, are elementwise functions
-  (`_elementwise`: XLA-compiled on the elementwise path).
+  (`_elementwise`: XLA-compiled on the elementwise path). A prompt runs
+  block by block (`unroll`), each block's products once over all its rows.
   """
 
   fusable = False
