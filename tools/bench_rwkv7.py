@@ -62,7 +62,7 @@ def random_model(dtype="float32"):
   return network.Model(config, vocab, tensors, dtype, tokens=tokens)
 
 
-def floor_ms(model, batch, rounds):
+def floor_ms(model, batch, rounds, xla=True):
   """ms per token of the matmul-only loops (the least of graph and XLA)."""
   import tensorflow as tf
   w = model.layer_weights[0]
@@ -90,7 +90,7 @@ def floor_ms(model, batch, rounds):
     return tf.while_loop(lambda t, x: t < STEPS, body, (0, x))[1]
 
   best = None
-  for jit in (False, True):
+  for jit in (False, True) if xla else (False,):
     fn = tf.function(loop, jit_compile=jit)
     x = tf.random.normal([batch, c])
     fn(x).numpy()
@@ -178,7 +178,15 @@ def main():
                       help="comma list of default, graph, xla, elementwise")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--keras_hub_python", default="")
+  parser.add_argument("--steps", type=int, default=STEPS,
+                      help="tokens generated a call")
+  parser.add_argument("--floor_xla", type=int, default=1,
+                      help="0: the floor's graph loop only (XLA compiles "
+                      "its 12 blocks for minutes on a loaded machine)")
+  parser.add_argument("--floor", type=int, default=1)
   args = parser.parse_args()
+  global STEPS
+  STEPS = args.steps
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   print(f"machine: {os.cpu_count()} CPUs; load {os.getloadavg()}")
   with open("/proc/cpuinfo") as f:
@@ -189,11 +197,13 @@ def main():
   print(f"model: 0.1B shape, {model.num_parameters:,} parameters, "
         f"{args.dtype}; prompt {PROMPT}, {STEPS} tokens")
   for batch in map(int, args.batches.split(",")):
-    row = {"floor": floor_ms(model, batch, args.rounds)}
-    print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
+    row = {"floor": floor_ms(model, batch, args.rounds, args.floor_xla)
+                    if args.floor else None}
+    if row["floor"]:
+      print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
     names = {"default": None, "graph": False, "xla": True,
              "elementwise": "elementwise"}
-    for name in args.paths.split(","):
+    for name in filter(None, args.paths.split(",")):
       path = names[name]
       row[f"rnnstep {name}"] = rnnstep_ms(model, batch, args.rounds, path)
       print(f"  batch {batch} rnnstep {name} {row[f'rnnstep {name}']:.2f} "
@@ -205,7 +215,7 @@ def main():
         row[f"keras_hub jit={jit}"] = ms
         print(f"  keras_hub jit={jit} first call: {first}")
     print(f"batch {batch} (load {os.getloadavg()[0]:.1f}):")
-    floor = row["floor"]
+    floor = row["floor"] or float("nan")
     for name, ms in row.items():
       if ms is None:
         print(f"  {name:<22} failed")
