@@ -178,7 +178,7 @@ def main():
                       help="comma list of default, graph, xla, elementwise")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--keras_hub_python", default="")
-  parser.add_argument("--steps", type=int, default=STEPS,
+  parser.add_argument("--steps", type=int, default=200,
                       help="tokens generated a call")
   parser.add_argument("--floor_xla", type=int, default=1,
                       help="0: the floor's graph loop only (XLA compiles "
