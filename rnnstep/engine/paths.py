@@ -182,7 +182,6 @@ def default_path(model, batch_size: int) -> str:
   return table_path(dtype, batch_size)
 
 
-
 def table_path(dtype: str, batch_size: int, kind: str = None) -> str:
   """The built-in tables' path for a compute dtype, batch size and CPU kind.
 
