@@ -213,7 +213,8 @@ def main():
         ms, first = keras_hub_ms(args.keras_hub_python, batch,
                                  max(1, args.rounds // 2), jit)
         row[f"keras_hub jit={jit}"] = ms
-        print(f"  keras_hub jit={jit} first call: {first}")
+        print(f"  keras_hub jit={jit} {ms} ms/token; first call: {first}",
+              flush=True)
     print(f"batch {batch} (load {os.getloadavg()[0]:.1f}):")
     floor = row["floor"] or float("nan")
     for name, ms in row.items():
