@@ -8,6 +8,7 @@ arithmetic.
 
 import os
 import pathlib
+import types
 from unittest import mock
 
 from absl import logging
@@ -276,6 +277,18 @@ class DefaultPathTest(tf.test.TestCase):
                        paths.default_path(half, batch))
     with mock.patch.object(paths, "gpu_visible", return_value=True):
       self.assertEqual(paths.one_shot_path(full, 1, 10), "xla")
+
+  def test_rwkv7_takes_the_graph_path_on_a_cpu(self):
+    """XLA compiles an RWKV-7 generation for minutes (paths.GRAPH_KINDS)."""
+    model = types.SimpleNamespace(
+        compute_dtype=tf.float32,
+        config=types.SimpleNamespace(layers=[types.SimpleNamespace(
+            kind="rwkv7")]))
+    with mock.patch.object(tuning_cache, "cached_path", return_value=None):
+      for batch in (1, 16, 64):
+        self.assertEqual(paths.default_path(model, batch), "graph")
+      with mock.patch.object(paths, "gpu_visible", return_value=True):
+        self.assertEqual(paths.default_path(model, 1), "xla")
 
   def test_gpu_takes_xla(self):
     full, _ = small_models()

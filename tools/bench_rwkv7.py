@@ -62,7 +62,7 @@ def random_model(dtype="float32"):
   return network.Model(config, vocab, tensors, dtype, tokens=tokens)
 
 
-def floor_ms(model, batch, rounds):
+def floor_ms(model, batch, rounds, xla=True):
   """ms per token of the matmul-only loops (the least of graph and XLA)."""
   import tensorflow as tf
   w = model.layer_weights[0]
@@ -90,7 +90,7 @@ def floor_ms(model, batch, rounds):
     return tf.while_loop(lambda t, x: t < STEPS, body, (0, x))[1]
 
   best = None
-  for jit in (False, True):
+  for jit in (False, True) if xla else (False,):
     fn = tf.function(loop, jit_compile=jit)
     x = tf.random.normal([batch, c])
     fn(x).numpy()
@@ -107,11 +107,16 @@ def floor_ms(model, batch, rounds):
 def rnnstep_ms(model, batch, rounds, path):
   import rnnstep
   rng = np.random.default_rng(1)
-  prompts = [bytes(rng.integers(97, 123, PROMPT)).decode() for _ in
-             range(batch)]
+  # One letter a token (bytes of uint8: int64's would be 8 tokens a letter).
+  prompts = [bytes(rng.integers(97, 123, PROMPT).astype(np.uint8)).decode()
+             for _ in range(batch)]
+  assert all(len(model.encode(p)) == PROMPT for p in prompts)
   run = lambda: rnnstep.generate(model, prompts, STEPS, seed=1,
                                  temperature=1.0, jit_compile=path)
+  start = time.perf_counter()
   run()
+  print(f"  rnnstep {path} first call (compiles): "
+        f"{time.perf_counter() - start:.1f} s", flush=True)
   times = []
   for _ in range(rounds):
     start = time.perf_counter()
@@ -173,7 +178,15 @@ def main():
                       help="comma list of default, graph, xla, elementwise")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--keras_hub_python", default="")
+  parser.add_argument("--steps", type=int, default=200,
+                      help="tokens generated a call")
+  parser.add_argument("--floor_xla", type=int, default=1,
+                      help="0: the floor's graph loop only (XLA compiles "
+                      "its 12 blocks for minutes on a loaded machine)")
+  parser.add_argument("--floor", type=int, default=1)
   args = parser.parse_args()
+  global STEPS
+  STEPS = args.steps
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   print(f"machine: {os.cpu_count()} CPUs; load {os.getloadavg()}")
   with open("/proc/cpuinfo") as f:
@@ -184,11 +197,13 @@ def main():
   print(f"model: 0.1B shape, {model.num_parameters:,} parameters, "
         f"{args.dtype}; prompt {PROMPT}, {STEPS} tokens")
   for batch in map(int, args.batches.split(",")):
-    row = {"floor": floor_ms(model, batch, args.rounds)}
-    print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
+    row = {"floor": floor_ms(model, batch, args.rounds, args.floor_xla)
+                    if args.floor else None}
+    if row["floor"]:
+      print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
     names = {"default": None, "graph": False, "xla": True,
              "elementwise": "elementwise"}
-    for name in args.paths.split(","):
+    for name in filter(None, args.paths.split(",")):
       path = names[name]
       row[f"rnnstep {name}"] = rnnstep_ms(model, batch, args.rounds, path)
       print(f"  batch {batch} rnnstep {name} {row[f'rnnstep {name}']:.2f} "
@@ -198,9 +213,10 @@ def main():
         ms, first = keras_hub_ms(args.keras_hub_python, batch,
                                  max(1, args.rounds // 2), jit)
         row[f"keras_hub jit={jit}"] = ms
-        print(f"  keras_hub jit={jit} first call: {first}")
+        print(f"  keras_hub jit={jit} {ms} ms/token; first call: {first}",
+              flush=True)
     print(f"batch {batch} (load {os.getloadavg()[0]:.1f}):")
-    floor = row["floor"]
+    floor = row["floor"] or float("nan")
     for name, ms in row.items():
       if ms is None:
         print(f"  {name:<22} failed")

@@ -134,12 +134,22 @@ MEASURED_CORES = 2
 _MOST_XLA_PADDING = 1.15
 
 
+# Kinds whose CPU default is the graph path, whatever the tables say: XLA
+# compiles an RWKV-7 stack's generation for over 9 minutes (the 0.1B shape
+# on a 2-vCPU Zen 3, loaded; XLA warns "Very slow compile"), longer than
+# the whole generation takes on the graph path, whose decode step runs at
+# the graph loop's weight-reading floor there (benchmarks/results/
+# rwkv7-epyc-zen3-2026-12.md). `rnnstep-tune` may still pick XLA.
+GRAPH_KINDS = ("rwkv7",)
+
+
 def default_path(model, batch_size: int) -> str:
   """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
 
   On a GPU, XLA. Otherwise a winner measured on this machine by
   `rnnstep.tune` (the tuning cache, `tuning_cache.cached_path`) comes first;
-  then the fastest measured on a CPU of this kind (`table_path`). Nothing is
+  then the graph path for a model with a kind in `GRAPH_KINDS`; then the
+  fastest measured on a CPU of this kind (`table_path`). Nothing is
   measured here (RNNSTEP_TUNING=off: the tables only). A reduced compute
   dtype on a CPU without its arithmetic is said once per process (a warning:
   it will not be faster than float32 here).
@@ -167,6 +177,8 @@ def default_path(model, batch_size: int) -> str:
   measured = tuning_cache.cached_path(model, batch_size)
   if measured is not None:
     return measured
+  if any(layer.kind in GRAPH_KINDS for layer in model.config.layers):
+    return GRAPH
   return table_path(dtype, batch_size)
 
 

@@ -73,6 +73,9 @@ class Cell:
   # that math together with the choice of the id the step consumes (see
   # `generator.py`). GRU with reset_after=False multiplies twice.
   fusable = True
+  # Whether the cell runs a sequence itself, `unroll` (`network._unroll_cell`
+  # calls it where no state is recorded), rather than step by step.
+  unrolls_blockwise = False
 
   def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
                compile_elementwise=False, activation="tanh"):
@@ -366,10 +369,12 @@ class RWKV7Cell(Cell):
   Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`).
   The big products (R, K, V, O, FK, FV) are TensorFlow matmuls in the
   compute dtype; the rest, LoRAs included, are elementwise functions
-  (`_elementwise`: XLA-compiled on the elementwise path).
+  (`_elementwise`: XLA-compiled on the elementwise path). A prompt runs
+  block by block (`unroll`), each block's products once over all its rows.
   """
 
   fusable = False
+  unrolls_blockwise = True
 
   def __init__(self, kernel, ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2,
                g1, g2, receptance, key, value, output, ffn_key, ffn_value,
@@ -427,6 +432,116 @@ class RWKV7Cell(Cell):
     new_state[0] = h
     return h, tuple(new_state)
 
+  def unroll(self, x_proj, state, mask=None, steps=None):
+    """Runs a whole sequence through the stack, block by block.
+
+    Only the state update S (a few elementwise ops and two 64-wide matvecs
+    per head) depends on the previous token; everything else in a block
+    depends on its inputs and the token shift alone. So each block runs its
+    products (R, K, V, the LoRAs, O, the feed-forward's) once over all T*B
+    rows, reading each matrix once a sequence instead of once a token (a
+    100-token prompt on the 0.1B shape: the weights read once, not 100
+    times), and only the state update loops over time. The equations and
+    their order are the step's (`step`, the same functions).
+
+    Args:
+      x_proj: time-major `[T, B, C]`, or `TableRows` of time-major ids.
+      state: the initial state.
+      mask: optional time-major bool `[T, B]`; where False the row's state
+        is held unchanged (bit for bit) and its output is the held h.
+      steps: run only the first `steps` columns (the mask is False beyond
+        them); outputs past them are 0.
+
+    Returns:
+      `((outputs [T, B, U],), final_state)`, as `network._unroll_cell`.
+    """
+    x = _rows(x_proj)
+    size, batch = tf.shape(x)[0], tf.shape(x)[1]
+    if steps is not None:
+      steps = tf.clip_by_value(steps, 1, size)
+      x = x[:steps]
+      mask = None if mask is None else mask[:steps]
+    length = tf.shape(x)[0]
+    rows = lambda t: tf.reshape(t, [length * batch, -1])
+    if mask is None:
+      last = None
+    else:
+      # last[t, b]: the last kept position <= t (-1: none), whose values a
+      # masked position holds.
+      marks = tf.where(mask, tf.range(length)[:, None], -1)
+      last = tf.scan(tf.maximum, marks)
+
+    def shifted(seq, initial):
+      """Per row (t, b), seq's row at the last kept position before t."""
+      seq = tf.reshape(seq, [length, batch, -1])
+      whole = tf.concat([initial[None], seq], 0)
+      if last is None:
+        return rows(whole[:-1])
+      before = tf.concat([-tf.ones([1, batch], tf.int32), last[:-1]], 0)
+      return rows(_held(whole, before))
+
+    def final(seq, initial):
+      """seq's row at each b's last kept position (initial where none)."""
+      seq = tf.reshape(seq, [length, batch, -1])
+      if last is None:
+        return seq[-1]
+      whole = tf.concat([initial[None], seq], 0)
+      return _held(whole, last[-1:])[0]
+
+    x = rows(x)
+    new_state, v_first = [None], None
+    for i in range(self.blocks):
+      prev_att, wkv, prev_ffn = state[1 + 3 * i:4 + 3 * i]
+      xx = layer_norm(x, self.ln[i][:2])
+      prev = shifted(xx, prev_att)
+      x, xx, xr, xk, xv = self._time_inputs(i, x, None, prev)
+      r, k, v = (self._mm(xr, self.r[i]), self._mm(xk, self.k[i]),
+                 self._mm(xv, self.v[i]))
+      decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
+          i, xx, prev, r, k, v, v_first)
+      s, y = self._wkv_scan(wkv, mask, length, batch,
+                            (decay, kk, a, k, v, r))
+      x = x + _float32(self._mm(self._wkv_output(i, y, r, k, v, g),
+                                self.o[i]))
+      xf = layer_norm(x, self.ln[i][2:])
+      ffn_x = xf + (shifted(xf, prev_ffn) - xf) * self.mix[i][6]
+      ffn_out = self._mm(_squared_relu(self._mm(ffn_x, self.fk[i])),
+                         self.fv[i])
+      x = x + _float32(ffn_out)
+      new_state += [final(xx, prev_att), s, final(xf, prev_ffn)]
+    h = layer_norm(x, self.output_norm)
+    if last is not None:
+      whole = tf.concat([state[0][None], tf.reshape(h, [length, batch, -1])],
+                        0)
+      h = rows(_held(whole, last))
+    outputs = tf.reshape(h, [length, batch, self.units])
+    new_state[0] = outputs[-1]
+    if steps is not None:
+      outputs = tf.pad(outputs, [[0, size - length], [0, 0], [0, 0]])
+    return (outputs,), tuple(new_state)
+
+  def _wkv_scan(self, wkv, mask, length, batch, inputs):
+    """The state update over time: the final state `[B, H*N*N]` and S @ r
+    of every row `[T*B, H, N]`; a masked row holds its state."""
+    heads, size = self.heads, self.head_size
+    inputs = tuple(tf.reshape(t, [length, batch, -1]) for t in inputs)
+    keep = (tf.ones([length, batch], tf.bool) if mask is None else mask)
+    ys = tf.TensorArray(tf.float32, size=length,
+                        element_shape=[None, heads, size])
+
+    def body(t, s, ys):
+      decay, kk, a, k, v, r = (x[t] for x in inputs)
+      new, y = self._wkv_update(s, decay, self._heads(kk), a, k, v, r)
+      if mask is not None:
+        new = tf.where(keep[t][:, None, None, None], new, s)
+      return t + 1, new, ys.write(t, y)
+
+    s = tf.reshape(wkv, [batch, heads, size, size])
+    _, s, ys = tf.while_loop(lambda t, *_: t < length, body,
+                             (tf.constant(0), s, ys))
+    return (tf.reshape(s, [batch, heads * size * size]),
+            tf.reshape(ys.stack(), [length * batch, heads, size]))
+
   # The elementwise parts (see the class docstring for the equations).
 
   def _time_inputs(self, i, x, ffn_out, prev):
@@ -438,10 +553,19 @@ class RWKV7Cell(Cell):
     return x, xx, xx + d * mix[0], xx + d * mix[2], xx + d * mix[3]
 
   def _time_mix(self, i, xx, prev, r, k, v, wkv, v_first):
+    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(i, xx, prev, r, k, v,
+                                                         v_first)
     batch = tf.shape(xx)[0]
-    heads, size = self.heads, self.head_size
+    s = tf.reshape(wkv, [batch, self.heads, self.head_size, self.head_size])
+    s, y = self._wkv_update(s, decay, kk, a, k, v, r)
+    return (self._wkv_output(i, y, r, k, v, g),
+            tf.reshape(s, [batch, self.heads * self.head_size ** 2]), v_first)
+
+  def _wkv_inputs(self, i, xx, prev, r, k, v, v_first):
+    """What the state update takes, from rows (tokens) alone: the decay,
+    kk, a, the modified k and v, r and the gate, all float32 `[rows, C]`."""
     w1, w2, a1, a2, v1, v2, g1, g2 = self.loras[i]
-    w0, a0, v0, k_k, k_a, r_k = self.vectors[i]
+    w0, a0, v0, k_k, k_a, _ = self.vectors[i]
     d = prev - xx
     mix = self.mix[i]
     x_w, x_v, x_a, x_g = (xx + d * mix[j] for j in (1, 3, 4, 5))
@@ -450,8 +574,7 @@ class RWKV7Cell(Cell):
     decay = tf.exp(-tf.exp(-tf.nn.softplus(-w) - 0.5))
     a = tf.sigmoid(a0 + tf.matmul(tf.matmul(x_a, a1), a2))
     g = tf.matmul(tf.sigmoid(tf.matmul(x_g, g1)), g2)
-    heads_of = lambda t: tf.reshape(t, [batch, heads, size])
-    kk = heads_of(k * k_k)
+    kk = self._heads(k * k_k)
     kk = kk * tf.math.rsqrt(tf.reduce_sum(tf.square(kk), -1, keepdims=True)
                             + RWKV7_NORMALIZE_EPSILON)
     k = k * (1 + (a - 1) * k_a)
@@ -460,22 +583,35 @@ class RWKV7Cell(Cell):
     else:
       v = v + (v_first - v) * tf.sigmoid(
           v0 + tf.matmul(tf.matmul(x_v, v1), v2))
-    s = tf.reshape(wkv, [batch, heads, size, size])  # [value, key] per head.
+    return decay, kk, a, k, v, r, g, v_first
+
+  def _heads(self, t):
+    return tf.reshape(t, [tf.shape(t)[0], self.heads, self.head_size])
+
+  def _wkv_update(self, s, decay, kk, a, k, v, r):
+    """One token's state update, `s` `[B, H, N, N]` ([value, key] per
+    head), kk `[B, H, N]`, the rest `[B, C]`: the new state and S @ r."""
+    heads_of = self._heads
     rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
     s = (s * heads_of(decay)[:, :, None, :]
          + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
          + vh[..., None] * kh[:, :, None, :])
-    y = tf.linalg.matvec(s, rh)
+    return s, tf.linalg.matvec(s, rh)
+
+  def _wkv_output(self, i, y, r, k, v, g):
+    """The block's attention output before O, from S @ r `[rows, H, N]`."""
+    rows = tf.shape(y)[0]
+    heads_of = self._heads
+    rh, kh, vh = heads_of(r), heads_of(k), heads_of(v)
     mean, variance = tf.nn.moments(y, [-1], keepdims=True)
     y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
     gamma, beta = self.ln_x[i][0], self.ln_x[i][1]
-    y = tf.reshape(y, [batch, self.units]) * gamma + beta
-    y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(r_k, [heads, size]),
-                                     -1,
-                                     keepdims=True) * vh,
-                       [batch, self.units])
-    return (tf.cast(y * g, self.compute_dtype),
-            tf.reshape(s, [batch, heads * size * size]), v_first)
+    y = tf.reshape(y, [rows, self.units]) * gamma + beta
+    r_k = self.vectors[i][5]
+    y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(
+        r_k, [self.heads, self.head_size]), -1, keepdims=True) * vh,
+                       [rows, self.units])
+    return tf.cast(y * g, self.compute_dtype)
 
   def _channel_inputs(self, i, x, att_out, prev):
     x = x + _float32(att_out)
@@ -484,6 +620,14 @@ class RWKV7Cell(Cell):
 
   def _output(self, x, ffn_out):
     return layer_norm(x + _float32(ffn_out), self.output_norm)
+
+
+def _held(whole, index):
+  """`whole[index[t, b] + 1, b]` for each (t, b): whole `[T+1, B, ...]`
+  (row 0 the initial value), index int32 `[T', B]` (-1: the initial)."""
+  batch = tf.shape(index)[1]
+  columns = tf.broadcast_to(tf.range(batch)[None], tf.shape(index))
+  return tf.gather_nd(whole, tf.stack([index + 1, columns], -1))
 
 
 def _squared_relu(x):

@@ -593,6 +593,8 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
     `record_states` the whole state per step, `(h, c)` for an LSTM (its h is
     the output).
   """
+  if cell.unrolls_blockwise and not record_states:
+    return cell.unroll(x_proj, state, mask, steps)
   if isinstance(x_proj, cells_lib.TableRows):
     size = tf.shape(x_proj.ids)[0]
     column = lambda t: tf.gather(x_proj.table, x_proj.ids[t])
