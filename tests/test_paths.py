@@ -287,6 +287,9 @@ class DefaultPathTest(tf.test.TestCase):
     with mock.patch.object(tuning_cache, "cached_path", return_value=None):
       for batch in (1, 16, 64):
         self.assertEqual(paths.default_path(model, batch), "graph")
+        # A server's lane too, on one thread or on TensorFlow's pools.
+        for threads in (1, 0):
+          self.assertEqual(paths.lane_path(model, batch, 2, threads), "graph")
       with mock.patch.object(paths, "gpu_visible", return_value=True):
         self.assertEqual(paths.default_path(model, 1), "xla")
 

@@ -267,8 +267,9 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   A call on several threads is what the library's table measured
   (`default_path`). On one thread, a winner `rnnstep-tune --lanes` measured
   here for as many lanes comes first (`tuning_cache.cached_path`), then
-  `lane_table_path` (on a GPU, XLA as always; a reduced dtype without its
-  arithmetic is noted as by `default_path`).
+  the graph path for a kind in `GRAPH_KINDS`, then `lane_table_path` (on a
+  GPU, XLA as always; a reduced dtype without its arithmetic is noted as by
+  `default_path`).
 
   Args:
     model: the `rnnstep.Model` (its compute dtype).
@@ -287,6 +288,8 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   measured = tuning_cache.cached_path(model, rows, lanes=lanes)
   if measured is not None:
     return measured
+  if any(layer.kind in GRAPH_KINDS for layer in model.config.layers):
+    return GRAPH  # As `default_path`: XLA compiles them for minutes.
   # The table's bands hold for a lane a core, as measured.
   return lane_table_path(dtype, rows)
 
