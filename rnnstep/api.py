@@ -289,10 +289,10 @@ def _score(model, rows, jit_compile, window, name) -> scoring.Scores:
   """The checks both scoring functions share, then `scoring.score`."""
   window = window_lib.resolve(model, options_lib.check("window", window))
   scoring.check_fits(model, max(len(row.ids) for row in rows), name)
-  # The batch a call runs at: the generation table's band for it.
-  batch = min(len(rows), scoring.MAX_BATCH)
-  return scoring.score(model, _path(model, jit_compile, batch, window), rows,
-                       window)
+  path = paths.from_jit_compile(jit_compile)
+  if path == paths.AUTO:
+    path = scoring.default_path(window)
+  return scoring.score(model, path, rows, window)
 
 
 def _check_ids(model, ids, name: str) -> np.ndarray:

@@ -13,6 +13,7 @@ Every test shares the two module-scoped models (one architecture: their
 compiled programs are shared too).
 """
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -28,6 +29,7 @@ from tests.support.tiers import quick_params
 DATA = pathlib.Path(__file__).parent / "data" / "rwkv7"
 PRESET = str(DATA / "preset")
 PTH = str(DATA / "rwkv7.pth")
+WEIGHTS = str(DATA / "preset" / "model.weights.h5")
 VOCAB = str(DATA / "preset" / "assets" / "tokenizer" / "vocabulary.txt")
 PATHS = (False, True, "elementwise")
 # The graph path stays in the quick tier; the others compile (XLA) for long.
@@ -144,6 +146,45 @@ def test_every_path_generates_keras_hub_s_greedy_ids(path, preset_model,
     np.testing.assert_allclose(scores[0], want_score, rtol=1e-5)
 
 
+@pytest.mark.parametrize("path", PATH_CASES)
+def test_loglikelihood_is_keras_hub_s(path, preset_model, reference, cases):
+  """`loglikelihood` and `loglikelihood_rolling` are sums of KerasHub's
+  log-softmax logits over the prompt's tokens (the greedy ids that follow
+  are bytes of no text), and `is_greedy` is their argmax."""
+  ids = reference["prompt_ids"]
+  text = cases["prompt"]
+  assert preset_model.encode(text).tolist() == ids.tolist()
+  context = preset_model.tokens.decode(ids[:2])
+  assert preset_model.encode(context).tolist() == ids[:2].tolist()
+  logp = _log_softmax(reference["keras_logits"].astype(np.float64))
+  step = lambda t: logp[t - 1, ids[t]]
+  ((score, is_greedy),) = rnnstep.loglikelihood(
+      preset_model, [(context, text[len(context):])], jit_compile=path)
+  np.testing.assert_allclose(score, step(2) + step(3), rtol=1e-5)
+  assert is_greedy == all(logp[t - 1].argmax() == ids[t] for t in (2, 3))
+  (rolling,) = rnnstep.loglikelihood_rolling(preset_model, [text],
+                                             jit_compile=path)
+  np.testing.assert_allclose(rolling, sum(map(step, range(1, len(ids)))),
+                             rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_xla_path_streams_with_stop_regex_and_penalties(preset_model):
+  """The XLA path (left out of the sweeps below: each option set compiles
+  for long) with every kind of option in one call: streamed text equals
+  the graph path's `generate`."""
+  prompts = ["the", "中"]
+  kwargs = dict(seed=3, temperature=1.0, stop=["he", "an"],
+                regex="[a-z ]+", repetition_penalty=1.3,
+                no_repeat_ngram_size=2, top_k=20)
+  want = rnnstep.generate(preset_model, prompts, 20, jit_compile=False,
+                          **kwargs)
+  chunks = list(rnnstep.stream(preset_model, prompts, 20, jit_compile=True,
+                               **kwargs))
+  assert ["".join(c[i] for c in chunks) for i in range(2)] == want
+  assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in want)
+
+
 @pytest.mark.parametrize("path", SWEEP_CASES)
 def test_batch_rows_and_continued_states_equal_single_runs(path,
                                                            preset_model):
@@ -190,22 +231,91 @@ def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
 
 
 @pytest.mark.slow
-def test_serving_engine_rows_equal_generate(preset_model):
-  from tests.test_serve_engine import make_engine, submit, reference
-  engine = make_engine(preset_model)
-  engine.start()
+def test_rnnstep_serve_over_http_equals_generate(preset_model):
+  """A real `rnnstep-serve` process on the preset folder: concurrent
+  requests (streamed and not, stop strings, a regex, several rows) each
+  give `generate`'s text; logprobs are the model's, teacher-forced."""
+  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  import httpx  # pylint: disable=g-import-not-at-top
+  server = serve_process.RemoteServer([
+      f"--model={PRESET}", "--max_batch=2", "--chunk_steps=8",
+      "--max_tokens_limit=32", "--max_prompt_tokens=32",
+      "--jit_compile=false", "--lanes=1"], wait=False)
   try:
-    sink = submit(engine, preset_model, ["Hello", "中文 the"], seed=9,
-                  max_tokens=14, options={"temperature": 0.9})
-    assert sink.done.wait(120)
+    bodies = [dict(prompt="Hello the poet said", max_tokens=24, seed=1,
+                   temperature=0.9, stop=["he", "an"]),
+              dict(prompt=["中文", "the"], max_tokens=20, seed=2,
+                   temperature=1.0, regex="[a-z ]+"),
+              dict(prompt="café", max_tokens=24, seed=3, temperature=0.9,
+                   regex="[a-z ]+", logprobs=1)]
+    want = [serve_process.expected(preset_model, b, b["seed"])[0]
+            for b in bodies]
+    server.wait_until_healthy(300)
+
+    def send(body):
+      if body["seed"] == 1:  # Streamed: the chunks join into the text.
+        with httpx.stream("POST", server.url("/v1/completions"),
+                          json=dict(body, stream=True), timeout=120) as r:
+          assert r.status_code == 200
+          frames = [json.loads(line[6:]) for line in r.iter_lines()
+                    if line.startswith("data: {")]
+        return ["".join(c["text"] for f in frames for c in f["choices"])]
+      reply = httpx.post(server.url("/v1/completions"), json=body,
+                         timeout=120)
+      assert reply.status_code == 200, reply.text
+      return [c["text"] for c in reply.json()["choices"]]
+
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+      assert list(pool.map(send, bodies)) == want
+    # Log-probabilities are the raw model's, teacher-forced over the ids
+    # generated (ASCII tokens, by the regex: each names one id).
+    choice = httpx.post(server.url("/v1/completions"), json=bodies[2],
+                        timeout=120).json()["choices"][0]
+    tokens = choice["logprobs"]["tokens"]
+    assert "".join(tokens) == choice["text"] == want[2][0]
+    prompt = preset_model.encode("café").tolist()
+    ids = prompt + [preset_model.tokens.pieces.index(t.encode())
+                    for t in tokens]
+    logp = _log_softmax(rnnstep.logits(preset_model, ids)[0].astype(
+        np.float64))
+    np.testing.assert_allclose(
+        choice["logprobs"]["token_logprobs"],
+        logp[np.arange(len(prompt) - 1, len(ids) - 1), ids[len(prompt):]],
+        atol=1e-4)
   finally:
-    engine.close()
-  want = reference(preset_model, ["Hello", "中文 the"], 14, 9,
-                   {"temperature": 0.9})
-  assert [sink.text(i) for i in range(2)] == want
+    server.close()
 
 
 # ---------------------------------------------------------------- readers
+
+
+def test_a_weights_h5_alone_reads_as_its_preset(tmp_path):
+  """A preset's `model.weights.h5`, and what `RWKV7CausalLM.save_weights`
+  writes (the same datasets with the task's optimizer variables beside:
+  keras-hub 0.32.0, checked), read with the world vocabulary file into the
+  preset's model: its config from the tensors' shapes."""
+  import h5py  # pylint: disable=g-import-not-at-top
+  preset = convert.read_any(PRESET)
+  causal_lm = tmp_path / "causal_lm.weights.h5"
+  causal_lm.write_bytes(pathlib.Path(WEIGHTS).read_bytes())
+  with h5py.File(causal_lm, "a") as f:
+    f.create_dataset("optimizer/vars/0", data=np.float32(2e-5))
+    f.create_dataset("optimizer/vars/1", data=np.int64(0))
+  for path in (WEIGHTS, str(causal_lm)):
+    read = convert.read_any(path, vocab=VOCAB)
+    assert read.config == preset.config
+    assert read.tokens.vocab == preset.tokens.vocab
+    assert sorted(read.tensors) == sorted(preset.tensors)
+    for name, tensor in preset.tensors.items():
+      np.testing.assert_array_equal(read.tensors[name], tensor, name)
+  assert "RWKV7Backbone .weights.h5" in convert.describe(WEIGHTS).format
+  with pytest.raises(convert.VocabularyRequired, match="weights file holds no"):
+    convert.read_any(WEIGHTS)
+  with pytest.raises(FileNotFoundError, match="nothere.txt: no such "):
+    convert.read_any(WEIGHTS, vocab=str(tmp_path / "nothere.txt"))
 
 
 def test_readers_refuse_in_one_line(tmp_path):
@@ -227,22 +337,34 @@ def test_readers_refuse_in_one_line(tmp_path):
   assert "official RWKV-7" in summary.format
 
 
-def test_web_export_refuses_in_one_line(preset_model):
+def test_web_and_litert_exports_refuse_in_one_line(preset_model):
+  """The web runtime has no RWKV-7 step; the LiteRT flatbuffer of one runs
+  but does not give the library's text (tried: `litert.REFUSED_KINDS`)."""
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
   from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="web export"):
     web.check_exportable(preset_model)
+  with pytest.raises(ValueError, match=r"LiteRT export refuses RWKV-7 "
+                     r"models \(.*not the library's\); export a SavedModel"):
+    litert.convert(preset_model)
 
 
 @pytest.mark.slow
 def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
-  """`rnnstep-convert --input=FOLDER` takes a preset whole; the official
-  `.pth` with its world vocabulary converts to the same model."""
+  """`rnnstep-convert --input=FOLDER` takes a preset whole; its
+  `.weights.h5` alone and the official `.pth`, each with the world
+  vocabulary, convert to the same model."""
   convert_cmd = cli.command("rnnstep-convert", "rnnstep.cli.convert")
   generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
   for name, flags in (("preset", [f"--input={PRESET}"]),
+                      ("h5", [f"--input={WEIGHTS}", f"--vocab={VOCAB}"]),
                       ("pth", [f"--input={PTH}", f"--vocab={VOCAB}"])):
     cli.ok(cli.run_binary(convert_cmd, flags + [
         f"--output={tmp_path / name}.npz"]))
+  preset, h5 = (convert.read_any(str(tmp_path / f"{name}.npz"))
+                for name in ("preset", "h5"))
+  for name, tensor in preset.tensors.items():
+    np.testing.assert_array_equal(h5.tensors[name], tensor, name)
   want = rnnstep.generate(preset_model, "Hello the poet said", 16,
                           temperature=0.0, jit_compile=False)
   for name in ("preset", "pth"):
@@ -277,10 +399,10 @@ def test_saved_model_serves_ids(preset_model, tmp_path):
 @pytest.mark.slow
 def test_strategy_equals_one_device():
   """Two replicas (one padding row) give one device's texts, sampled with
-  penalties and a pattern."""
+  penalties, stop strings and a pattern."""
   from tests.test_tokens import STRATEGY_SCRIPT  # pylint: disable=g-import-not-at-top
   runs = [(PRESET, ["the", "中文", "Hello"], False, dict(
-      seed=5, regex="[a-z ]+", repetition_penalty=1.3,
+      seed=5, regex="[a-z ]+", repetition_penalty=1.3, stop=["he", "an"],
       no_repeat_ngram_size=2, num_beams=1))]
   results = cli.run_script(STRATEGY_SCRIPT, json.dumps(runs))
   for (_, _, _, kwargs), (one, two) in zip(runs, results, strict=True):

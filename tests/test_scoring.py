@@ -137,28 +137,37 @@ def test_windows_score_as_generation_sees_them(tmp_path):
 
 def test_one_trace_per_path_for_new_values(char_model):
   model, _ = char_model
-  compiled = scoring.function(model, paths.GRAPH, windowed=False)
-  rnnstep.loglikelihood(model, [("ab", "cd")], jit_compile=False)
-  before = compiled.experimental_get_tracing_count()
+  compiled = [scoring.function(model, paths.GRAPH, windowed=False),
+              scoring.prefix_function(model, paths.GRAPH)]
+  # A shared context runs once, in calls of its own (prefix_function).
+  rnnstep.loglikelihood(model, [("ab", "cd"), ("ab", "c")], jit_compile=False)
+  before = [f.experimental_get_tracing_count() for f in compiled]
   rnnstep.loglikelihood(model, CHAR_PAIRS + [("Who's there?", " Nay")] * 70,
                         jit_compile=False)
   rnnstep.loglikelihood_rolling(model, ["Long " * 50], jit_compile=False)
-  assert compiled.experimental_get_tracing_count() == before
+  assert [f.experimental_get_tracing_count() for f in compiled] == before
 
 
-def test_batches_cut_by_bucket_and_memory():
+def test_batches_cut_by_length_and_memory():
   lengths = [3, 40, 5, 300, 4, 41]
   calls = scoring.batches(lengths, 65, xla=False)
   assert sorted(i for rows, _, _ in calls for i in rows) == list(range(6))
   for rows, width, batch in calls:
     assert width == max(lengths[i] for i in rows) and batch == len(rows)
+  # Consecutive rows of the length order in even calls (no small remainder).
+  lengths = [1 + i % 80 for i in range(2500)]
+  calls = scoring.batches(lengths, 65, xla=False)
+  assert [batch for _, _, batch in calls] == [834, 833, 833]
+  assert [width for _, width, _ in calls] == [80, 54, 27]
   xla = scoring.batches([7] * 300, 65, xla=True)
   assert [(len(rows), width, batch) for rows, width, batch in xla] == [
       (256, 16, 256), (44, 16, 64)]
-  # A large vocabulary: fewer rows a call.
+  # A large vocabulary, or wide outputs: fewer rows a call.
   wide = scoring.batches([100] * 10, 50_000, xla=False)
   assert max(batch for _, _, batch in wide) == scoring.LOGITS_PER_CALL // (
-      112 * 50_000)
+      100 * 50_000)
+  wide = scoring.batches([100] * 2000, 65, xla=False, units=768)
+  assert len(wide) == -(-2000 // (scoring.OUTPUTS_PER_CALL // (100 * 768)))
 
 
 @pytest.mark.parametrize("call, message", [

@@ -557,13 +557,18 @@ def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
 
 
 def _rwkv7_kind(input_path) -> Optional[str]:
-  """'preset' for a KerasHub RWKV-7 preset folder, 'pth' for an official
-  RWKV-7 torch.save state dict (by its keys; its pickle is read as data,
-  its tensors are not), else None."""
+  """'preset' for a KerasHub RWKV-7 preset folder, 'h5' for the Keras
+  weights of one (by its layers' names), 'pth' for an official RWKV-7
+  torch.save state dict (by its keys; its pickle is read as data, its
+  tensors are not), else None."""
   path = os.fspath(input_path)
   if rwkv7.is_preset(path):
     return "preset"
-  if not os.path.isfile(path) or _sniff(path) != "zip":
+  if not os.path.isfile(path):
+    return None
+  if _sniff(path) == "hdf5":
+    return "h5" if rwkv7.is_keras_weights(path) else None
+  if _sniff(path) != "zip":
     return None
   try:
     with safe_io.open_zip(path) as archive:
@@ -583,32 +588,41 @@ def _rwkv7_kind(input_path) -> Optional[str]:
 
 def _read_rwkv7(input_path, corpus, vocab, describe=False
                 ) -> model_file.ModelFile:
-  """Reads an RWKV-7 preset or `.pth` (`_rwkv7_kind`) with its vocabulary.
+  """Reads an RWKV-7 preset, `.weights.h5` or `.pth` (`_rwkv7_kind`) with
+  its vocabulary.
 
-  A `.pth` needs `vocab=`: the world vocabulary file; a preset holds its
-  own. `describe`: a `.pth` without one gets ids without tokens (for its
-  shapes alone).
+  A `.weights.h5` or `.pth` needs `vocab=`: the world vocabulary file; a
+  preset holds its own. `describe`: a file without one gets ids without
+  tokens (for its shapes alone).
   """
   path = os.fspath(input_path)
-  if _rwkv7_kind(path) == "preset":
+  kind = _rwkv7_kind(path)
+  read = rwkv7.read_keras_weights if kind == "h5" else rwkv7.read_pth
+  what = ("a KerasHub RWKV-7 weights file" if kind == "h5" else
+          "an official RWKV-7 checkpoint")
+  if kind == "preset":
     if corpus is not None or vocab is not None:
       raise VocabularyNotAllowed(
           f"{path}: a KerasHub preset holds its own vocabulary "
           f"({rwkv7.VOCABULARY_FILE}); give no corpus or vocab")
     return rwkv7.read_preset(path)
   if vocab is None and corpus is None and describe:
-    return rwkv7.read_pth(path, None)
+    return read(path, None)
   if vocab is None or corpus is not None:
     raise VocabularyRequired(
-        f"{path}: an official RWKV-7 checkpoint holds no vocabulary; give "
-        "its world vocabulary file as vocab (rwkv_vocab_v20230424.txt, "
-        "'<id> <token> <length>' lines), not a corpus")
+        f"{path}: {what} holds no vocabulary; give its world vocabulary "
+        "file as vocab (rwkv_vocab_v20230424.txt or a preset's "
+        f"{rwkv7.VOCABULARY_FILE}: '<id> <token> <length>' lines), not a "
+        "corpus")
+  if isinstance(vocab, (str, os.PathLike)) and not os.path.isfile(vocab):
+    raise FileNotFoundError(f"{os.fspath(vocab)}: no such vocabulary file "
+                            f"(the world vocabulary of {path})")
   if not isinstance(vocab, (str, os.PathLike)) or not (
       rwkv7.is_world_vocabulary(vocab)):
     raise ValueError(f"{path}: vocab must be RWKV's world vocabulary file "
                      "(rwkv_vocab_v20230424.txt: '<id> <token> <length>' "
                      "lines)")
-  return rwkv7.read_pth(path, vocab)
+  return read(path, vocab)
 
 
 def _rwkv7_summary(input_path, read: model_file.ModelFile) -> Summary:
@@ -625,8 +639,9 @@ def _rwkv7_summary(input_path, read: model_file.ModelFile) -> Summary:
             LayerSummary("rwkv7", "blocks", shapes, detail),
             LayerSummary("dense", "head", [(dim, vocab)],
                          f"{dim} -> {vocab}, use_bias=False")]
-  fmt = ("KerasHub RWKV7Backbone preset folder" if kind == "preset" else
-         "official RWKV-7 .pth state dict (torch zip)")
+  fmt = {"preset": "KerasHub RWKV7Backbone preset folder",
+         "h5": "KerasHub RWKV7Backbone .weights.h5 (sizes from its shapes)",
+         "pth": "official RWKV-7 .pth state dict (torch zip)"}[kind]
   params = sum(int(np.prod(t.shape)) for t in read.tensors.values())
   return Summary(input_path=os.fspath(input_path), format=fmt, layers=layers,
                  config=config, vocab_size=int(vocab), embedding_dim=int(dim),

@@ -193,8 +193,6 @@ def read_preset(path) -> model_file.ModelFile:
   """
   label = os.fspath(path)
   config, vocab_size = _preset_config(path, label)
-  layer = config.layers[0]
-  sizes = layer.size
   vocab_path = os.path.join(path, VOCABULARY_FILE)
   if not os.path.isfile(vocab_path):
     raise _fail(label, f"no {VOCABULARY_FILE} (the RWKVTokenizer's "
@@ -205,7 +203,50 @@ def read_preset(path) -> model_file.ModelFile:
   weights = os.path.join(path, WEIGHTS_FILE)
   if not os.path.isfile(weights):
     raise _fail(label, f"no {WEIGHTS_FILE}")
-  with safe_io.H5File(weights, f"{label}/{WEIGHTS_FILE}") as h5:
+  per_block, top = _read_h5(weights, f"{label}/{WEIGHTS_FILE}",
+                            config.layers[0].size["blocks"])
+  return _model(config, tokens, per_block, top, label)
+
+
+def is_keras_weights(path) -> bool:
+  """Whether `path` is the Keras 3 weights of an RWKV-7 model: the
+  `save_weights` of an `RWKV7Backbone` or `RWKV7CausalLM` (its optimizer's
+  variables beside), or a preset's `model.weights.h5`."""
+  try:
+    with safe_io.H5File(path, os.fspath(path)) as h5:
+      return all(h5.get(where) is not None for where in (
+          "layers/rwkv7__block/att/vars", "layers/embedding/vars"))
+  except ValueError:
+    return False
+
+
+def read_keras_weights(path, vocab_path) -> model_file.ModelFile:
+  """Reads an RWKV-7 model's `.weights.h5` alone (`is_keras_weights`).
+
+  The backbone's config (`config.json`) adds nothing the weights' shapes do
+  not hold (its sizes are the shapes, as for the official `.pth`), so it is
+  not needed, as for other Keras `.weights.h5` files.
+
+  Args:
+    path: the `.weights.h5`.
+    vocab_path: the world vocabulary file (a preset's
+      `assets/tokenizer/vocabulary.txt` or `rwkv_vocab_v20230424.txt`);
+      None for the shapes alone (`convert.describe`).
+
+  Raises:
+    ValueError: naming the file and what does not fit.
+  """
+  label = os.fspath(path)
+  per_block, top = _read_h5(path, label)
+  config, vocab_size = _layer(*_sizes(per_block, top["embedding"]), label)
+  return _model(config, _world_tokens(vocab_path, vocab_size), per_block,
+                top, label)
+
+
+def _read_h5(path, label, expected_blocks=None):
+  """The per-block and top tensors (`_model`'s) of an RWKV7Backbone's
+  weights file; `expected_blocks`: the config's count, when there is one."""
+  with safe_io.H5File(path, label) as h5:
     def var(group, index):
       where = f"layers/{group}/vars/{index}"
       dataset = h5.get(where)
@@ -222,11 +263,14 @@ def read_preset(path) -> model_file.ModelFile:
       match = _BLOCK.match(name)
       if match:
         blocks[int(match.group(1) or 0)] = name
-    if sorted(blocks) != list(range(sizes["blocks"])):
-      raise _fail(h5.label, f"holds RWKV-7 blocks {sorted(blocks)}, the "
-                  f"config says {sizes['blocks']}")
+    count = len(blocks) if expected_blocks is None else expected_blocks
+    if not blocks or sorted(blocks) != list(range(count)):
+      says = ("are not numbered 0..N-1" if expected_blocks is None else
+              f"the config says {expected_blocks}")
+      raise _fail(h5.label, f"holds RWKV-7 blocks {sorted(blocks)[:8]}, "
+                  f"{says}")
     per_block = []
-    for i in range(sizes["blocks"]):
+    for i in range(count):
       group = blocks[i]
       names = [n for n in _TIME_MIX_VARS if i or n not in ("v0", "v1", "v2")]
       att = {n: var(f"{group}/att", j) for j, n in enumerate(names)}
@@ -247,7 +291,36 @@ def read_preset(path) -> model_file.ModelFile:
                ln_out=(var("layer_normalization", 0),
                        var("layer_normalization", 1)),
                head=var("dense", 0))
-  return _model(config, tokens, per_block, top, label)
+  return per_block, top
+
+
+def _sizes(per_block, embedding):
+  """The `rwkv7` layer entry and vocabulary size V that the tensors' shapes
+  give (matrices as `x @ W`); the config's rules check them (`_layer`)."""
+  first = per_block[0]
+  shape = lambda name, axis, block=first: (
+      int(np.shape(block[name])[axis]) if np.ndim(block[name]) == 2 else None)
+  # Block 0 reads no v LoRA (KerasHub stores none there; a checkpoint's is
+  # unused): block 1's size, else any (`_model` writes zeros).
+  with_v = next((b for b in per_block if "v1" in b), None)
+  vocab_size, units = (int(n) for n in np.shape(embedding))
+  entry = {"kind": "rwkv7", "units": units, "blocks": len(per_block),
+           "head_size": shape("r_k", 1), "ffn": shape("ffn_key", 1),
+           "decay_lora": shape("w1", 1), "a_lora": shape("a1", 1),
+           "v_lora": 1 if with_v is None else shape("v1", 1, with_v),
+           "gate_lora": shape("g1", 1)}
+  return entry, vocab_size
+
+
+def _world_tokens(vocab_path, vocab_size) -> vocabulary_lib.Tokens:
+  """The world vocabulary file's tokens; None: ids without tokens (for a
+  model's shapes alone, `convert.describe`)."""
+  if vocab_path is None:
+    return vocabulary_lib.Tokens("world", [
+        vocabulary_lib.world_entry(None, i) for i in range(vocab_size)])
+  return read_world_vocabulary(
+      _read_file(vocab_path, MAX_VOCABULARY_BYTES, os.fspath(vocab_path)),
+      vocab_size, os.fspath(vocab_path))
 
 
 # ----------------------------------------------------- official .pth files
@@ -295,19 +368,8 @@ def from_state_dict(arrays: Dict[str, np.ndarray], vocab_path, label
 
   blocks = sorted({int(m.group(1)) for m in map(_PTH_BLOCK_KEY.match, arrays)
                    if m})
-  if blocks != list(range(len(blocks))):
+  if not blocks or blocks != list(range(len(blocks))):
     raise _fail(label, f"blocks {blocks[:8]} are not numbered 0..N-1")
-  heads, head_size = get("blocks.0.att.r_k").shape
-  vocab_size, units = get("emb.weight").shape
-  entry = {"kind": "rwkv7", "units": int(units), "blocks": len(blocks),
-           "head_size": int(head_size),
-           "ffn": int(get("blocks.0.ffn.key.weight").shape[0]),
-           "decay_lora": int(get("blocks.0.att.w1").shape[1]),
-           "a_lora": int(get("blocks.0.att.a1").shape[1]),
-           "v_lora": int(get(f"blocks.{min(1, len(blocks) - 1)}.att.v1"
-                             ).shape[1]),
-           "gate_lora": int(get("blocks.0.att.g1").shape[1])}
-  config, vocab_size = _layer(entry, int(vocab_size), label)
   used = {"emb.weight", "head.weight", "ln_out.weight", "ln_out.bias",
           "blocks.0.ln0.weight", "blocks.0.ln0.bias"}
   per_block = []
@@ -339,14 +401,9 @@ def from_state_dict(arrays: Dict[str, np.ndarray], vocab_path, label
   top = dict(embedding=get("emb.weight"),
              ln_out=(get("ln_out.weight"), get("ln_out.bias")),
              head=get("head.weight").T)
-  if vocab_path is None:  # Its shapes alone (`convert.describe`).
-    tokens = vocabulary_lib.Tokens("world", [
-        vocabulary_lib.world_entry(None, i) for i in range(vocab_size)])
-  else:
-    tokens = read_world_vocabulary(
-        _read_file(vocab_path, MAX_VOCABULARY_BYTES, os.fspath(vocab_path)),
-        vocab_size, os.fspath(vocab_path))
-  return _model(config, tokens, per_block, top, label)
+  config, vocab_size = _layer(*_sizes(per_block, top["embedding"]), label)
+  return _model(config, _world_tokens(vocab_path, vocab_size), per_block,
+                top, label)
 
 
 # ------------------------------------------------------------- the model

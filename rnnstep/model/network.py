@@ -761,6 +761,15 @@ def score_function(model: Model) -> BoundFunction:
 STATE_NAMES = ("h", "c")
 
 
+def state_spec(model: Model):
+  """The `tf.TensorSpec`s of a `StackState` of any batch: per layer, one
+  float32 `[None, size]` per state tensor."""
+  return tuple(
+      tuple(tf.TensorSpec([None, size], tf.float32)
+            for size in cells_lib.state_sizes(layer))
+      for layer in model.config.layers)
+
+
 def sequence_function(model: Model) -> BoundFunction:
   """The model's compiled `(ids, mask, state) -> (sequences, logits)`.
 
@@ -786,14 +795,10 @@ def sequence_function(model: Model) -> BoundFunction:
       sequences, _ = network.unroll_states(ids, state, mask)
       return sequences, network.logits(sequences[-1][0])
 
-    state_spec = tuple(
-        tuple(tf.TensorSpec([None, size], tf.float32)
-              for size in cells_lib.state_sizes(layer))
-        for layer in model.config.layers)
     return tf.function(
         sequences_and_logits, autograph=False, input_signature=[
             model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
-            tf.TensorSpec([None, None], tf.bool), state_spec])
+            tf.TensorSpec([None, None], tf.bool), state_spec(model)])
 
   return BoundFunction(shared_function(architecture, "sequences", build),
                        model.network_weights)

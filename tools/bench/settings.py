@@ -154,6 +154,10 @@ BULK_LOOP_PAIRS = flags.DEFINE_integer(
     "bulk_loop_pairs", 500,
     "bulk: pairs the per-pair rnnstep.logits loop is timed over (its time is "
     "scaled to --bulk_pairs).", lower_bound=1)
+BULK_PARTS = flags.DEFINE_list(
+    "bulk_parts", ["job", "scoring"],
+    "bulk: which comparisons to run: job (the jsonl job against the "
+    "library), scoring (loglikelihood against the logits loop).")
 WINDOW_PREDICT_STEPS = flags.DEFINE_integer(
     "window_predict_steps", 10,
     "Characters the recipe's model.predict loop runs (scaled to "
@@ -218,6 +222,7 @@ class Settings:
     self.bulk_records = 40 if quick else BULK_RECORDS.value
     self.bulk_chars = 10 if quick else BULK_CHARS.value
     self.bulk_pairs = 40 if quick else BULK_PAIRS.value
+    self.bulk_parts = BULK_PARTS.value
     self.bulk_loop_pairs = min(10 if quick else BULK_LOOP_PAIRS.value,
                                self.bulk_pairs)
     self.weights_path = WEIGHTS.value
