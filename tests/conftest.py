@@ -63,8 +63,11 @@ def pytest_collection_modifyitems(config, items):
 
   items[:] = tiers.longest_first(
       [item for item in items if not is_stub(item)])
-  # An exhaustive sweep is slow, and so are the cases of a sweep that
-  # `tiers.quick_cases` leaves out: `-m "not slow"` (the quick tier) skips them.
+  # The cases of a sweep that `tiers.quick_cases` leaves out are exhaustive
+  # (the default run leaves them out: setup.cfg), and an exhaustive test is
+  # slow: `-m "not slow"` (the quick tier) skips it too.
   for item in items:
-    if item.get_closest_marker("exhaustive") or tiers.is_slow_case(item):
+    if tiers.is_exhaustive_case(item):
+      item.add_marker(pytest.mark.exhaustive)
+    if item.get_closest_marker("exhaustive"):
       item.add_marker(pytest.mark.slow)

@@ -69,13 +69,15 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
             reference, model.encode(prompt), ids), 1e-3)
 
   @parameterized.parameters(*PATHS)
-  @pytest.mark.slow  # The bundled model.
+  @pytest.mark.slow  # The bundled model; its other paths are exhaustive.
+  @quick_cases(0)  # The graph path.
   def test_bundled_model_without_stops(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["ROMEO:", "First Citizen:\nWe"], 12, 4, jit)
 
   @parameterized.parameters(*PATHS)
-  @pytest.mark.slow  # The bundled model.
+  @pytest.mark.slow  # The bundled model; its other paths are exhaustive.
+  @quick_cases(2)  # The elementwise path.
   def test_bundled_model_with_stops_and_length_penalty(self, jit):
     model, reference = bundled()
     self.check(model, reference, ["KING RICHARD", "O, "], 20, 3, jit,

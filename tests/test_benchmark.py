@@ -23,9 +23,10 @@ from tests.support import keras_reference as kr
 from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 
-# Quick tier (-m "not slow") leaves this file out: tools/benchmark.py runs in
-# subprocesses.
-pytestmark = pytest.mark.slow
+# The exhaustive tier (-m exhaustive): tools/benchmark.py, a developer's tool,
+# runs in subprocesses over every section (two minutes on two cores); run it
+# when touching tools/ or the figures it reports.
+pytestmark = pytest.mark.exhaustive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")

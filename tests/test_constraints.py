@@ -139,7 +139,7 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       if not kwargs:
         self.assertTrue(any(len(t) < 24 for t in texts), texts)
 
-  @pytest.mark.slow  # Every path.
+  @pytest.mark.exhaustive  # Every path.
   def test_the_pattern_wins_where_the_ngram_ban_leaves_nothing(self):
     model, _ = small()
     # After "aa" the 2-gram ban forbids the only character "a+" allows.

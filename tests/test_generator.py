@@ -367,7 +367,8 @@ class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual("".join(pieces), whole[0])
 
   @parameterized.named_parameters(*[(n, n) for n in STACKS])
-  @pytest.mark.slow  # Every stack, two paths.
+  @pytest.mark.slow  # Two paths; one stack by default, every stack exhaustive.
+  @quick_cases("lstm_then_gru")
   def test_elementwise_chunks_join_to_the_xla_text(self, name):
     # The elementwise loop chooses before it consumes (its carry's state has
     # consumed the last id): with a first layer it fuses (GRU reset_after,
@@ -468,7 +469,8 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*[
       (f"{n}_{d}", n, d, PATHS if n == "lstm_then_gru" else PATHS[:1])
       for n in STACKS for d in ("bfloat16", "float16")])
-  @pytest.mark.slow  # Every stack and dtype.
+  @pytest.mark.slow  # Every path; every stack is exhaustive.
+  @quick_cases("lstm_then_gru_bfloat16", "lstm_then_gru_float16")
   def test_step_logits_within_bounds_of_float64(self, name, dtype, jits):
     keras_model, _ = models(name)
     layers = STACKS[name]
@@ -497,7 +499,9 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
   GAP_BOUNDS = {"bfloat16": 0.15, "float16": 0.02}
 
   @parameterized.parameters(*GAP_BOUNDS)
-  @pytest.mark.slow  # Every path.
+  @pytest.mark.exhaustive  # The bundled model's programs in each dtype, every
+  # path (the default run checks reduced precision on every path with
+  # test_step_logits_within_bounds_of_float64, and test_paths at batch 256).
   def test_greedy_text_agrees_with_float64_on_every_path(self, dtype):
     model = rnnstep.load(dtype=dtype)
     reference = bundled_reference()
@@ -514,7 +518,8 @@ class ReducedPrecisionTest(tf.test.TestCase, parameterized.TestCase):
       self.assertLessEqual(gap, self.GAP_BOUNDS[dtype], (how, first))
       self.assertGreaterEqual(first, 50, how)
 
-  @pytest.mark.slow  # Reduced precision, as the rest of its class.
+  @pytest.mark.exhaustive  # test_step_logits_within_bounds_of_float64's
+  # floor proves the same by default.
   def test_bfloat16_really_rounds(self):
     """The reduced dtype is used: bfloat16 greedy parts from float32's."""
     full = rnnstep.generate(rnnstep.load(), "ROMEO:", 150, temperature=0)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tests.support import keras_reference as kr
 from tests.support.litert_interpreter import run
+from tests.support.tiers import quick_params
 
 import rnnstep
 from rnnstep.decoding import sampling
@@ -79,7 +80,7 @@ def op_codes(flatbuffer):
   return codes
 
 
-@pytest.mark.parametrize("name", list(STACKS))
+@pytest.mark.parametrize("name", quick_params(list(STACKS), "lstm_then_gru"))
 def test_greedy_equals_keras_and_the_library(name):
   keras_model, model, flatbuffer = exported(name)
   got = run(flatbuffer, model, PROMPTS, STEPS)

@@ -168,7 +168,7 @@ def test_loglikelihood_is_keras_hub_s(path, preset_model, reference, cases):
                              rtol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # XLA programs (minutes); the sweeps cover the rest.
 def test_xla_path_streams_with_stop_regex_and_penalties(preset_model):
   """The XLA path (left out of the sweeps below: each option set compiles
   for long) with every kind of option in one call: streamed text equals
@@ -396,7 +396,7 @@ def test_saved_model_serves_ids(preset_model, tmp_path):
   assert out["text"].numpy()[0].decode("utf-8") == want
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # Two replicas: test_distribute's tier.
 def test_strategy_equals_one_device():
   """Two replicas (one padding row) give one device's texts, sampled with
   penalties, stop strings and a pattern."""

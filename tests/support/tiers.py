@@ -1,10 +1,16 @@
-"""The quick tier's cut inside a sweep: which cases of a parameterized test run
-under `python -m pytest -m "not slow"` (tests/conftest.py applies it).
+"""The cut inside a sweep: which cases of a parameterized test run by default
+(tests/conftest.py applies it).
+
+The suite has three tiers: the quick tier (`-m "not slow"`), the default run
+(README, CI: everything but `exhaustive`) and the exhaustive tier
+(`-m exhaustive`). A sweep over paths, stacks, dtypes or cases keeps the cases
+it names in the default run (quick, unless the test is marked slow) and makes
+its other cases exhaustive.
 
 For pytest's own parametrize, `quick_params` makes the cases it does not name
-`pytest.param(..., marks=pytest.mark.slow)`. absl's parameterized cases cannot
-carry marks, so the decorator `quick_cases` names the cases that stay quick,
-and conftest marks the test's other cases slow.
+`pytest.param(..., marks=pytest.mark.exhaustive)`. absl's parameterized cases
+cannot carry marks, so the decorator `quick_cases` names the cases that stay,
+and conftest marks the test's other cases exhaustive.
 """
 
 import dataclasses
@@ -20,14 +26,15 @@ class QuickCases:
 
 def quick_cases(*cases):
   """Under an absl parameterized decorator: the cases named (a named case by
-  its name, another by its index) stay quick; the others are slow."""
+  its name, another by its index) stay in the default run; the others are
+  exhaustive."""
   def decorate(test):
     test.quick_cases = QuickCases(test.__name__, frozenset(map(str, cases)))
     return test
   return decorate
 
 
-def is_slow_case(item):
+def is_exhaustive_case(item):
   """Whether `item` is a case that its test's `quick_cases` leaves out."""
   quick = getattr(getattr(item, "obj", None), "quick_cases", None)
   if not isinstance(quick, QuickCases) or not item.name.startswith(quick.name):
@@ -37,11 +44,11 @@ def is_slow_case(item):
 
 def quick_params(values, *quick):
   """`pytest.mark.parametrize` values in which only those in `quick` stay in
-  the quick tier: the others come as `pytest.param(..., marks=slow)` (a tuple
-  value is one case of several arguments)."""
+  the default run: the others come as `pytest.param(..., marks=exhaustive)`
+  (a tuple value is one case of several arguments)."""
   return [value if value in quick else
           pytest.param(*(value if isinstance(value, tuple) else (value,)),
-                       marks=pytest.mark.slow)
+                       marks=pytest.mark.exhaustive)
           for value in values]
 
 
