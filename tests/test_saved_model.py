@@ -169,6 +169,11 @@ def serve(cases, prompts=PROMPTS, steps=STEPS):
 
 
 class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
+  """The default run exports the float32 model on the graph path (its XLA
+  and elementwise programs are exported by the large projection's and the
+  bfloat16 model's tests); `EveryPathSavedModelTest` every path."""
+
+  export_paths = (False,)
 
   @classmethod
   def setUpClass(cls):
@@ -187,7 +192,7 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     root = tempfile.mkdtemp(prefix="rnnstep_saved_model_")
     cls.addClassCleanup(shutil.rmtree, root, True)
     cls.export_dirs = {}
-    for jit in EXPORT_PATHS:
+    for jit in cls.export_paths:
       cls.export_dirs[jit] = os.path.join(root, f"served_{jit}")
       rnnstep.export(cls.model, cls.export_dirs[jit], jit_compile=jit,
                      regex=PATTERNS)
@@ -238,18 +243,6 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
         for text in out["stopped_penalized"][0]:
           self.assertLess(len(text), STEPS)
 
-  def test_xla_export_serves_batches_across_buckets(self):
-    # Batches of 1, 3 and 5 rows pad to 1, 4 and 8 rows under XLA; the served
-    # rows are the real ones, each as the library generates it.
-    export_dir = self.export_dirs[True]
-    batches = (["Q"], PROMPTS, PROMPTS + ["XY", "Z"])
-    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches,
-                                                    STEPS]))
-    for prompts, texts in zip(batches, served, strict=True):
-      self.assertEqual(texts, rnnstep.generate(
-          self.model, prompts, STEPS, temperature=0.8, seed=5,
-          jit_compile=True))
-
   def test_xla_export_of_a_large_projection_serves_the_library_text(self):
     # Its projection is kept out of XLA's output fusion at batch 1 by an
     # optimization barrier (network.py): served without rnnstep, at batch 1
@@ -287,6 +280,26 @@ class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "jit_compile must be"):
       rnnstep.export(self.model, self.create_tempdir().full_path,
                      jit_compile="fast")
+
+
+@pytest.mark.exhaustive  # Three more exports (minutes on two cores).
+class EveryPathSavedModelTest(SavedModelTest):
+  """The float32 model exported on every path, each serving the library's
+  text and options; the XLA export across batch buckets."""
+
+  export_paths = EXPORT_PATHS
+
+  def test_xla_export_serves_batches_across_buckets(self):
+    # Batches of 1, 3 and 5 rows pad to 1, 4 and 8 rows under XLA; the served
+    # rows are the real ones, each as the library generates it.
+    export_dir = self.export_dirs[True]
+    batches = (["Q"], PROMPTS, PROMPTS + ["XY", "Z"])
+    served = run_script(SAMPLED_SCRIPT, json.dumps([export_dir, batches,
+                                                    STEPS]))
+    for prompts, texts in zip(batches, served, strict=True):
+      self.assertEqual(texts, rnnstep.generate(
+          self.model, prompts, STEPS, temperature=0.8, seed=5,
+          jit_compile=True))
 
 
 if __name__ == "__main__":
