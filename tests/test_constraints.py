@@ -191,7 +191,8 @@ class GenerateTest(tf.test.TestCase, parameterized.TestCase):
       want = max(allowed, key=lambda i: row[i])
       self.assertEqual(model.vocab[want], text[t], (t, text))
 
-  @pytest.mark.slow  # Every path.
+  @pytest.mark.exhaustive  # Every path (39 s); the default run has
+  # test_rows_share_a_pattern_and_free_rows_start_free.
   def test_a_pattern_per_row_and_free_rows_as_alone(self):
     model, _ = small()
     patterns = [WORDS, None, CLAUSE, r"[hij]+!"]

@@ -200,7 +200,8 @@ SERVE_SCRIPT = textwrap.dedent("""
     """)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # Two exports (a minute); test_saved_model's tier
+# exports a model on every path by default.
 def test_the_saved_model_serves_the_recipes_texts(tmp_path):
   """Served without rnnstep or Keras: the TF-in-Practice loop's words,
   textgenrnn's loop's characters (its `<s>` and character tokens in graph

@@ -113,7 +113,7 @@ _SETTING = st.fixed_dictionaries({
 
 class PerRowTest(tf.test.TestCase):
 
-  @settings(max_examples=8, deadline=None)
+  @settings(max_examples=5, deadline=None)
   @given(rows=st.lists(st.tuples(st.text(alphabet="abcdej ,", min_size=1,
                                          max_size=9), _SETTING,
                                  st.integers(0, 2**40)),

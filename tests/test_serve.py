@@ -482,7 +482,8 @@ def test_rows_of_different_settings_run_in_the_same_chunks(server, model):
   assert metric(server, "rnnstep_mixed_settings_chunks") - mixed >= 5
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # Three more servers (a minute); the default run's
+# servers take this machine's default path.
 def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
                                                                   model):
   """The other two paths through the server, and its slots over 2 devices,

@@ -331,12 +331,12 @@ def test_logprobs_are_the_raw_model_s_per_id_graph(model):
   _logprobs_case(model, "graph")
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # The graph case runs by default.
 def test_logprobs_are_the_raw_model_s_per_id_xla(model):
   _logprobs_case(model, "xla", which=(0, 2))  # Fewer batch sizes to compile.
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # The graph case runs by default.
 def test_logprobs_are_the_raw_model_s_per_id_elementwise(model):
   _logprobs_case(model, "elementwise", which=(0, 2))
 

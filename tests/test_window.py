@@ -207,7 +207,7 @@ def served_inputs(prompts, **values):
 
 
 @pytest.mark.slow  # SavedModel exports
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", quick_params(PATHS, False))
 def test_saved_model_serves_the_windows_the_model_records(tmp_path, path):
   """Exported on each path, a model recording window=5 is served over its
   windows, as rnnstep.generate runs it: greedy text is the float64 window
