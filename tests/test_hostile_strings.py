@@ -309,7 +309,10 @@ _PATTERNS = st.recursive(
     max_leaves=8)
 
 
-@settings(max_examples=150, deadline=None)
+# Derandomized: the same draws every run. A fresh seed can draw a pattern
+# whose reference construction (interegular's, unbounded: the blow-up our
+# builder bounds) runs for many minutes: a quick-tier run stalled on one.
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(pattern=_PATTERNS)
 def test_random_patterns_give_interegulars_automaton(pattern):
   assert_same_automaton(pattern)
