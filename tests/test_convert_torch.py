@@ -82,6 +82,7 @@ def check_against_reference(directory, file_name, ref_name):
   return error
 
 
+@pytest.mark.slow  # Torch's loop (14 s); whole pickled modules stay quick.
 @pytest.mark.parametrize("file_name,ref_name",
                          quick_params(CASES, ("gru2.pt", "gru2")))
 def test_logits_and_greedy_text_match_torch(file_name, ref_name):

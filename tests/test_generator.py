@@ -78,6 +78,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
       if temperature == 0:
         self.assertEqual(text, want)  # The runner-up, as a banning reference.
 
+  @pytest.mark.slow  # Every path (22 s): out of the quick tier.
   def test_a_large_projection_at_batch_1_matches_keras_on_every_path(self):
     """A projection of `UNFUSED_PROJECTION_ELEMENTS` weights, which the xla
     path keeps out of XLA's output fusion at batch 1 (network.py): greedy

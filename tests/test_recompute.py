@@ -97,6 +97,7 @@ def test_keras_3_files_of_stacked_bidirectional_layers_match_keras(tmp_path):
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow  # A recipe's model on the graph path by default (8-14 s).
 @pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
                                               False))
 def test_greedy_words_are_the_recipe_loop_s(path):
@@ -301,6 +302,7 @@ def test_cudnn_lstm_weights_convert_as_keras_loads_them(tmp_path):
   np.testing.assert_allclose(got, np.log(reference["probs"]), atol=1e-5)
 
 
+@pytest.mark.slow  # A recipe's model on the graph path by default (8-14 s).
 @pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
                                               False))
 def test_textgenrnn_greedy_text_is_its_loop_s(path):
@@ -361,6 +363,7 @@ def test_textgenrnn_word_level_files_and_logits():
                                                        model.tokens.rules)
 
 
+@pytest.mark.slow  # A recipe's model on the graph path by default (8-14 s).
 @pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
                                               False))
 def test_textgenrnn_word_level_text_is_its_loop_s(path):

@@ -29,6 +29,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
       dict(temperature=2.0, top_p=0.9), dict(typical_p=0.5),
       dict(typical_p=0.9, temperature=0.7), dict(typical_p=0.2),
       dict(typical_p=0.8, min_p=0.02, top_k=12))
+  @pytest.mark.slow  # Every path (21 s): out of the quick tier.
   @quick_cases(0)  # One filter set, on every path.
   def test_draws_cover_exactly_the_reference_support(self, **filters):
     model, reference = small()

@@ -985,6 +985,7 @@ def test_keras_tokenizer_word_model_matches_the_recipe():
                              atol=2e-5)
 
 
+@pytest.mark.slow  # Builds and trains a Keras model (7 s).
 def test_keras_char_level_tokenizer_model_matches_the_recipe(tmp_path):
   """A legacy `Tokenizer(char_level=True)`'s JSON (Keras char-RNN
   tutorials): each character a token, lowered, unknown ones its OOV token;
