@@ -365,18 +365,25 @@ async def one(url, kind, send_at, t0, prompt, max_tokens, seed, options,
       end = time.monotonic()
       text = reply.json()["choices"][0]["text"]
       return dict(ttfc=end - sent, e2e=end - sent, gaps=[], text=text)
-    times, pieces, buffer = [], [], b""
     async with client.stream("POST", url + "/v1/completions",
                              json=dict(body, stream=True)) as reply:
-      async for data in reply.aiter_raw():
-        buffer += data
-        *events, buffer = buffer.split(b"\r\n\r\n")
-        for event in events:
-          if event.startswith(b"data: {"):
-            piece = json.loads(event[6:])["choices"][0]["text"]
-            if piece:
-              times.append(time.monotonic())
-              pieces.append(piece)
+      return await timed_stream(reply.aiter_raw(), sent)
+
+
+async def timed_stream(chunks, sent: float) -> dict:
+  """A completion stream's timings and text: `chunks`, its raw bytes, split
+  into server-sent events here (no line decoding); `sent`, when the request
+  went (time.monotonic)."""
+  times, pieces, buffer = [], [], b""
+  async for data in chunks:
+    buffer += data
+    *events, buffer = buffer.split(b"\r\n\r\n")
+    for event in events:
+      if event.startswith(b"data: {"):
+        piece = json.loads(event[6:])["choices"][0]["text"]
+        if piece:
+          times.append(time.monotonic())
+          pieces.append(piece)
   end = time.monotonic()
   return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
               gaps=[b - a for a, b in zip(times, times[1:])],
@@ -448,21 +455,8 @@ class Connection:
 async def one_raw(connection: Connection, prompt, max_tokens, seed):
   """`one`'s streamed request on a `Connection`; the same results."""
   sent = time.monotonic()
-  times, pieces, buffer = [], [], b""
-  async for data in connection.post_stream("/v1/completions", dict(
-      prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True)):
-    buffer += data
-    *events, buffer = buffer.split(b"\r\n\r\n")
-    for event in events:
-      if event.startswith(b"data: {"):
-        piece = json.loads(event[6:])["choices"][0]["text"]
-        if piece:
-          times.append(time.monotonic())
-          pieces.append(piece)
-  end = time.monotonic()
-  return dict(ttfc=(times[0] if times else end) - sent, e2e=end - sent,
-              gaps=[b - a for a, b in zip(times, times[1:])],
-              text="".join(pieces))
+  return await timed_stream(connection.post_stream("/v1/completions", dict(
+      prompt=prompt, max_tokens=max_tokens, seed=seed, stream=True)), sent)
 
 
 async def drive(url, kind, requests, ssl_context):
