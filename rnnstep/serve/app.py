@@ -99,6 +99,11 @@ class Metrics:
         "rnnstep_requests_waiting", "Rows (choices) waiting for a slot.",
         registry=self.registry)
     waiting.set_function(lambda: engine.stats.waiting)
+    compiling = prometheus_client.Gauge(
+        "rnnstep_programs_compiling", "XLA programs still to compile "
+        "(their calls run on the graph path meanwhile).",
+        registry=self.registry)
+    compiling.set_function(lambda: engine.compiling)
     for name, field, doc in [
         ("rnnstep_chunks", "chunks", "Device calls (chunks) run."),
         ("rnnstep_mixed_settings_chunks", "mixed_chunks",
@@ -107,7 +112,10 @@ class Metrics:
         ("rnnstep_scheduler_busy_seconds", "busy_seconds",
          "Scheduler time spent on chunks, admission to hand-out."),
         ("rnnstep_device_call_seconds", "device_seconds",
-         "Of which inside the compiled call.")]:
+         "Of which inside the compiled call."),
+        ("rnnstep_interim_chunks", "interim_chunks",
+         "Chunks run on the graph path while their XLA program compiled "
+         "(--background_compile).")]:
       gauge = prometheus_client.Gauge(name, doc, registry=self.registry)
       gauge.set_function(lambda field=field: getattr(engine.stats, field))
     self.requests = prometheus_client.Counter(
@@ -583,7 +591,10 @@ class Server:
     if not self.ready:
       return error_response(503, "loading the model and compiling its "
                             "programs", kind="service_unavailable")
-    return JSONResponse({"status": "ok"})
+    # Ready: served from now on. Programs still compiling (on the XLA
+    # path) run their calls on the graph path meanwhile.
+    return JSONResponse({"status": "ok",
+                         "programs_compiling": self.engine.compiling})
 
   async def models(self) -> Response:
     return JSONResponse({"object": "list", "data": [{

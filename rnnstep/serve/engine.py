@@ -107,6 +107,7 @@ from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.model import network
+from rnnstep.serve import compiling
 
 # The most alternatives a `logprobs` request may ask per id (OpenAI's limit).
 TOP_LOGPROBS = pipeline.TOP_LOGPROBS
@@ -308,6 +309,9 @@ class Stats:
   waiting: int = 0
   busy_seconds: float = 0.0   # scheduler time from admission to hand-out
   device_seconds: float = 0.0  # of which inside the compiled call
+  # chunks run on the graph path while their XLA program compiled
+  # (`Engine`'s `compile_in_background`)
+  interim_chunks: int = 0
 
 
 def call_sinks(updates: List[Tuple["Completion", Update]]) -> None:
@@ -416,6 +420,11 @@ class Engine:
       with its update, wherever it chooses to (the server: on its event
       loop, all of a chunk's updates in one hand-off). Default: each sink,
       there and then. If it raises, the round's completions are cancelled.
+    compile_in_background: on the XLA path (without a strategy), `warm_up`
+      traces the graph path's program and returns: a call runs on the
+      graph path until its shape's XLA program is compiled, on a thread of
+      its own (`compiling.py`; the same text), then on XLA. Otherwise
+      `warm_up` compiles every program first.
 
   Attributes:
     prime_chars: the longest prompt piece one call primes; a longer prompt
@@ -434,12 +443,21 @@ class Engine:
                max_queue: int, max_tokens_limit: int,
                max_prompt_tokens: int = 1024, strategy=None,
                deliver: Optional[Callable[
-                   [List[Tuple["Completion", Update]]], None]] = None):
+                   [List[Tuple["Completion", Update]]], None]] = None,
+               compile_in_background: bool = False):
     if strategy is not None:  # Its weights on every replica, as generate's.
       model = network.replicated(model, strategy)
     self.model = model
     self.strategy = strategy
     self.generator = generator_lib.cached(model, path)
+    # Under XLA, with `compile_in_background`: the graph path's programs,
+    # which run a call until its shape's XLA program is compiled, and the
+    # compiler of those (`compiling.py`).
+    self._interim = self._compiler = None
+    if (compile_in_background and self.generator.path == paths.XLA
+        and strategy is None):
+      self._interim = generator_lib.cached(model, paths.GRAPH)
+      self._compiler = compiling.for_programs(self.generator.programs)
     self.max_batch = int(max_batch)
     self.chunk_steps = int(chunk_steps)
     self.max_queue = int(max_queue)
@@ -553,10 +571,13 @@ class Engine:
     """Stops admitting; waits up to `timeout` s for the rows already taken.
 
     Rows still running after it are cancelled. Returns whether all drained.
+    The programs it queued to compile and not yet begun are dropped.
     """
     with self._condition:
       self._admitting = False
       self._condition.notify()
+    if self._compiler is not None:
+      self._compiler.forget(self)
     deadline = None if timeout is None else time.monotonic() + timeout
     drained = True
     while self._thread is not None and self._thread.is_alive():
@@ -589,6 +610,11 @@ class Engine:
     over a long prompt's pieces, has the same shapes. The prompts'
     log-probabilities (`Completion.prompt_logprobs`) are a TF graph of any
     shape: traced once.
+
+    With `compile_in_background` (under XLA), one call traces the graph
+    path's program, and the XLA programs of the same shapes are queued on
+    the compiling thread (`compiling.Compiler`), smallest batch first
+    (shapes that calls ask for go ahead of them).
     """
     batches, widths = [1], [1]  # The graph path: one trace fits all.
     if self._bucketed:
@@ -597,6 +623,7 @@ class Engine:
       widths = sorted({self._prompt_width(1), self._prompt_width(
           min(self.prime_chars, self.max_prompt_tokens))})
     params = options_lib.DEFAULTS
+    queued = []  # With `compile_in_background`: (key, args) per shape.
     for batch in batches:
       for width in widths:
         for want_scores in (False, True):
@@ -604,9 +631,27 @@ class Engine:
                              [params] * batch, seed=0, max_tokens=1,
                              shared=Shared(), want_scores=want_scores,
                              sink=lambda update: None)
-          self._call(dummy.rows, [self._prepare(row) for row in dummy.rows],
-                     carry=None, steps=1)
+          prepared = [self._prepare(row) for row in dummy.rows]
+          if self._compiler is None:
+            self._call(dummy.rows, prepared, carry=None, steps=1)
+            continue
+          # XLA compiles one program for both (scores are a value).
+          args, _ = self._arguments(dummy.rows, prepared, carry=None,
+                                    steps=1)
+          queued.append((compiling.shape_key(args), args))
+          break
+    if queued:
+      # The graph path's one trace, before any compile takes a core.
+      self._interim.call("serve_fn", *queued[0][1])
     self._prompt_logprobs(np.zeros([1, 2], np.int32))
+    for key, args in queued:
+      self._compiler.want(key, self.generator, args, owner=self)
+
+  @property
+  def compiling(self) -> int:
+    """XLA programs still to compile (`compile_in_background`: calls of
+    their shapes run on the graph path meanwhile); 0 otherwise."""
+    return 0 if self._compiler is None else self._compiler.pending
 
   # -- the scheduler thread --------------------------------------------------
 
@@ -1069,6 +1114,46 @@ class Engine:
       where a row is `Completion.scored`).
     """
     batch = len(rows)
+    args, offsets = self._arguments(rows, prepared, carry=carry, steps=steps)
+    called = time.monotonic()
+    if self.strategy is None:
+      result = self._program(args).call("serve_fn", *args)
+    else:
+      result = self._call_distributed(args)
+    self.stats.device_seconds += time.monotonic() - called
+    result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
+    # The call ran: each row's states now point into these tables.
+    for row, (stop_offset, dfa_offset) in zip(rows, offsets):
+      row.stop_offset, row.dfa_offset = stop_offset, dfa_offset
+    return ((result.ids, result.lengths, result.scores, result.carry.done,
+             result.logprobs), result.carry)
+
+  def _program(self, args) -> generator_lib.Generator:
+    """The generator whose `serve_fn` runs a call: `self.generator`, but
+    with `compile_in_background` the graph path's while the XLA program
+    of the call's shapes is not compiled (it is then queued first)."""
+    if self._compiler is None:
+      return self.generator
+    key = compiling.shape_key(args)
+    if self._compiler.ready(key):
+      return self.generator
+    if not self._compiler.failed(key):
+      self._compiler.want(key, self.generator, args, first=True, owner=self)
+    self.stats.interim_chunks += 1
+    return self._interim
+
+  def _arguments(self, rows: List[Row], prepared: List["_Prepared"], *,
+                 carry, steps: int):
+    """`serve_fn`'s arguments (but the weights) for a call over `rows`.
+
+    Args: as `_call`'s.
+
+    Returns:
+      `((request, carry, fresh, primes_only), offsets)`: the arguments,
+      padded to the call's batch (XLA's bucket), and per row its
+      `(stop_offset, dfa_offset)` in the call's tables (`_place`).
+    """
+    batch = len(rows)
     fresh = np.array([p.piece is not None for p in prepared])
     primes_only = np.array([p.primes_only for p in prepared])
     tables = self._tables(rows)
@@ -1123,19 +1208,7 @@ class Engine:
     offsets = self._place(rows, fresh, tables, carry)
     if len({row.completion.shared for row in rows}) > 1:
       self.stats.mixed_chunks += 1
-    called = time.monotonic()
-    args = (request, carry, fresh[index], primes_only[index])
-    if self.strategy is None:
-      result = self.generator.call("serve_fn", *args)
-    else:
-      result = self._call_distributed(args)
-    self.stats.device_seconds += time.monotonic() - called
-    result = tf.nest.map_structure(lambda x: np.asarray(x)[:batch], result)
-    # The call ran: each row's states now point into these tables.
-    for row, (stop_offset, dfa_offset) in zip(rows, offsets):
-      row.stop_offset, row.dfa_offset = stop_offset, dfa_offset
-    return ((result.ids, result.lengths, result.scores, result.carry.done,
-             result.logprobs), result.carry)
+    return (request, carry, fresh[index], primes_only[index]), offsets
 
   def _place(self, rows: List[Row], fresh: np.ndarray, tables: _Tables,
              carry) -> List[Tuple[int, int]]:

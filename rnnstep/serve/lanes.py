@@ -136,6 +136,12 @@ class Lanes:
     warm-up covers every batch bucket of the others."""
     max(self.engines, key=lambda e: e.max_batch).warm_up()
 
+  @property
+  def compiling(self) -> int:
+    """`Engine.compiling` (the lanes share their programs, and so what is
+    left to compile)."""
+    return self.engines[0].compiling
+
   def start(self) -> None:
     for engine in self.engines:
       engine.start()
