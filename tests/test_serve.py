@@ -559,6 +559,30 @@ def test_xla_elementwise_and_strategy_servers_give_generates_text(model_path,
 
 
 @pytest.mark.slow
+def test_the_xla_server_answers_while_its_programs_compile(model_path,
+                                                            model):
+  """Under XLA (the default path of a 64-slot server on AVX2) the server
+  is ready once the graph path is traced: /health says 200 while its XLA
+  programs compile (14 for 64 slots, minutes), a completion served then
+  (on the graph path) is `generate`'s text on either path, and SIGTERM
+  while a program compiles exits 0."""
+  with serve_process.RemoteServer([
+      f"--model={model_path}", "--jit_compile=true", "--lanes=1",
+      "--max_batch=64"]) as server:
+    assert httpx.get(server.url("/health")).json()["programs_compiling"] > 0
+    body = dict(prompt=PROMPTS[3], max_tokens=60, seed=4, temperature=0.8)
+    reply = post(server, body)
+    assert reply.status_code == 200, reply.text
+    assert metric(server, "rnnstep_interim_chunks") > 0
+    assert metric(server, "rnnstep_programs_compiling") > 0
+    assert server.terminate(timeout=30) == 0
+    text = reply.json()["choices"][0]["text"]
+    for jit_compile in (False, True):
+      assert text == serve_process.expected(model, body, 4,
+                                            jit_compile=jit_compile)[0][0]
+
+
+@pytest.mark.slow
 def test_bad_input_answers_400_naming_the_field_then_serves(server):
   cases = [
       (b"{not json", "body"),

@@ -5,12 +5,14 @@ References are the library's public functions: `rnnstep.generate` for every
 row's text and score, and `rnnstep.logits` (teacher-forced over the prompt
 and the generated ids), log-softmaxed in numpy, for every log-probability.
 The model is the tiny GRU of `cli.write_model` (and a byte model of the same
-shape for the limits in ids), on the graph path; the xla variant compiles,
-so it is in the slow tier.
+shape for the limits in ids), on the graph path; the xla variants compile,
+so they are in the slow tier (one: a row that begins on the graph path
+while its XLA program compiles in the background and ends under XLA).
 """
 
 import collections
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -406,3 +408,45 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
   assert sink.reason(0) == "error"
   assert "admission exploded" in sink.updates[0][-1].message
   assert sink.text(1) == reference(model, ["ROMEO:", "a"], 14, 3)[1]
+
+
+# -- XLA programs compiled in the background ----------------------------------
+
+
+@pytest.mark.slow  # One XLA compile (seconds).
+def test_a_row_begun_on_the_graph_path_goes_on_under_xla_once_compiled(model):
+  """With `compile_in_background` the engine serves before its XLA program
+  is compiled: the row's first chunks run on the graph path while the
+  program compiles, the next ones (its carry from the host) under XLA, and
+  its text is `generate`'s on either path."""
+  engine = make_engine(model, path="xla", max_batch=1, chunk_steps=4,
+                       compile_in_background=True)
+  engine.warm_up()  # The graph path traced; one shape queued (1 row).
+  compiling_at_first = []
+  sink = Collector(1)
+
+  def first_waits_for_the_compile(update):
+    if not compiling_at_first:
+      compiling_at_first.append(engine.compiling)
+      while engine.compiling:  # Holds the scheduler: the next chunk is XLA's.
+        time.sleep(0.05)
+    sink(update)
+
+  options = dict(temperature=0.8, top_k=20)
+  params = options_lib.Params(**{o.name: options.get(o.name, o.default)
+                                 for o in options_lib.PER_ROW})
+  engine.submit(engine_lib.Completion(
+      [model.encode("ROMEO:")], [params], seed=5, max_tokens=30,
+      shared=engine_lib.Shared(stop=("zq",)), want_scores=False,
+      sink=first_waits_for_the_compile))
+  engine.start()
+  try:
+    assert sink.done.wait(300)
+  finally:
+    assert engine.close(timeout=10)
+  assert compiling_at_first == [1]
+  assert 1 <= engine.stats.interim_chunks < engine.stats.chunks
+  for jit_compile in (False, True):
+    assert sink.text(0) == reference(model, ["ROMEO:"], 30, 5, options,
+                                     engine_lib.Shared(stop=("zq",)),
+                                     jit_compile=jit_compile)[0]

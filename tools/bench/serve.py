@@ -287,7 +287,10 @@ def serve_flags() -> list:
 
 
 def start(kind: str, serve_args=None):
-  """Starts server `kind`; returns (process, base url) once healthy.
+  """Starts server `kind`; returns (process, base url) once healthy and
+  done compiling (an rnnstep-serve that answers while its XLA programs
+  compile, `--background_compile`, is measured once they are: what it
+  serves for good), saying after how long each came.
 
   `serve_args`: rnnstep-serve's flags (default: `serve_flags()`), where
   NAME=VALUE words set its environment."""
@@ -315,12 +318,19 @@ def start(kind: str, serve_args=None):
   process = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=env)
   url = f"http://127.0.0.1:{port}"
+  started, healthy = time.monotonic(), None
   while True:
     if process.poll() is not None:
       raise RuntimeError(f"{kind} server exited {process.returncode}")
     try:
-      if httpx.get(url + "/health", timeout=2).status_code == 200:
-        return process, url
+      reply = httpx.get(url + "/health", timeout=2)
+      if reply.status_code == 200:
+        healthy = healthy or time.monotonic() - started
+        if not reply.json().get("programs_compiling"):
+          print(f"{kind} server: /health 200 after {healthy:.1f} s, "
+                f"compiled after {time.monotonic() - started:.1f} s",
+                flush=True)
+          return process, url
     except httpx.HTTPError:
       pass
     time.sleep(0.3)
