@@ -576,10 +576,10 @@ def test_the_xla_server_answers_while_its_programs_compile(model_path,
     assert metric(server, "rnnstep_interim_chunks") > 0
     assert metric(server, "rnnstep_programs_compiling") > 0
     assert server.terminate(timeout=30) == 0
-    text = reply.json()["choices"][0]["text"]
-    for jit_compile in (False, True):
-      assert text == serve_process.expected(model, body, 4,
-                                            jit_compile=jit_compile)[0][0]
+    # The graph path's reference (what ran; XLA's agrees, README
+    # "Reproducibility", and compiles for seconds more).
+    assert reply.json()["choices"][0]["text"] == serve_process.expected(
+        model, body, 4)[0][0]
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ import collections
 import threading
 import time
 import weakref
-from typing import Hashable, Optional
+from typing import Hashable
 
 from absl import logging
 import numpy as np
@@ -116,17 +116,6 @@ class Compiler:
     with self._condition:
       for key in [k for k, v in self._queue.items() if v[2] is owner]:
         del self._queue[key]
-
-  def wait(self, timeout: Optional[float] = None) -> bool:
-    """Waits until nothing is queued or compiling; whether that came."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with self._condition:
-      while self._queue or self._compiling is not None:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-          return False
-        self._condition.wait(left)
-    return True
 
   def _work(self) -> None:
     while True:

@@ -84,7 +84,11 @@ the host between chunks (numpy; on a CPU that is the device's own memory),
 where retiring and admitting rows is a gather, and the call's batch is the
 active row count padded as `request.build` pads it (XLA), so no value of a
 request compiles anything new after `warm_up`. Nothing runs while no row is
-active: the thread waits on a condition.
+active: the thread waits on a condition. Under XLA with
+`compile_in_background` the server need not wait for those compiles: a
+call whose shapes' program is not compiled yet runs the graph path's
+`serve_fn` on the same arguments while a thread compiles it
+(`compiling.py`); rows go on from one path to the other between chunks.
 """
 
 import collections
