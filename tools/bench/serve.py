@@ -28,8 +28,9 @@ settings; the baselines take none, so run it with --servers=serve).
 The baselines (a) and (b) run in this file (`--serve_baseline=lock|batch`,
 a child process), on the same ASGI stack as (c). (c) runs on its own path
 (what a user who starts it gets: `auto`, the path for one of its lanes)
-unless --jit_compile names one; the baselines run the graph path unless it
-does.
+unless --jit_compile names one, measured once its XLA programs are compiled
+(it answers before, on the graph path: rnnstep-serve's
+--background_compile); the baselines run the graph path unless it does.
 
     python tools/bench/serve.py --targets [--also_serve=--jit_compile=false]
 
