@@ -37,6 +37,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+
 def shape_key(args) -> Hashable:
   """What XLA compiles a `serve_fn` call's program for: the shape of every
   argument, and the values XLA takes as constants (`request.capacity`, the
@@ -61,7 +62,7 @@ class Compiler:
   """
 
   def __init__(self):
-    self._condition = threading.Condition()
+    self._lock = threading.Lock()
     self._ready = set()
     self._failed = set()
     # key -> (generator, args, owner), in the order they will be compiled.
@@ -80,7 +81,7 @@ class Compiler:
   @property
   def pending(self) -> int:
     """Programs queued or being compiled."""
-    with self._condition:
+    with self._lock:
       return len(self._queue) + (self._compiling is not None)
 
   def want(self, key, generator, args, *, first: bool = False,
@@ -95,7 +96,7 @@ class Compiler:
       first: ahead of the shapes queued before (a call asked for it).
       owner: what queued it (`forget` drops its shapes).
     """
-    with self._condition:
+    with self._lock:
       if (key in self._ready or key in self._failed
           or key == self._compiling):
         return
@@ -113,16 +114,15 @@ class Compiler:
 
   def forget(self, owner) -> None:
     """Drops the shapes `owner` queued that are not being compiled yet."""
-    with self._condition:
+    with self._lock:
       for key in [k for k, v in self._queue.items() if v[2] is owner]:
         del self._queue[key]
 
   def _work(self) -> None:
     while True:
-      with self._condition:
+      with self._lock:
         if not self._queue:
           self._thread = None
-          self._condition.notify_all()
           return
         key, (generator, args, _) = self._queue.popitem(last=False)
         self._compiling = key
@@ -139,10 +139,9 @@ class Compiler:
                         str(e).splitlines()[0][:300] if str(e) else e)
         done = self._failed
       del generator, args
-      with self._condition:
+      with self._lock:
         done.add(key)
         self._compiling = None
-        self._condition.notify_all()
 
 
 _COMPILERS = weakref.WeakKeyDictionary()
