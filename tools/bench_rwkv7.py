@@ -14,6 +14,9 @@ In-process variants (--variants), each warmed up by one call a batch size
 (its first call, which traces or compiles, is reported apart):
   - rnnstep: `rnnstep.generate` on the default path (rnnstep:graph,
     rnnstep:xla, rnnstep:elementwise pick a path);
+  - rnnstep_prime: the same call generating 1 token (the prefill), so
+    that rnnstep - rnnstep_prime is the decode steps' cost alone (the
+    table's "decode" column);
   - floor: a graph `tf.while_loop` that does only one token's products of
     the same weights a step (per block R, K, V, O, the four LoRAs' eight,
     the feed-forward's two, then the head): the bytes a token must read;
@@ -137,15 +140,17 @@ class Floor:
 
 
 class Rnnstep:
-  """`rnnstep.generate` on a path (None: the default)."""
+  """`rnnstep.generate` on a path (None: the default); `steps` 1: the
+  priming and one step alone (the `rnnstep_prime` variant)."""
 
-  def __init__(self, model, path):
-    self.model, self.path = model, path
+  def __init__(self, model, path, steps=None):
+    self.model, self.path, self.steps = model, path, steps
 
   def run(self, batch):
     import rnnstep
-    rnnstep.generate(self.model, prompts(self.model, batch), STEPS, seed=1,
-                     temperature=0.0, jit_compile=self.path)
+    rnnstep.generate(self.model, prompts(self.model, batch),
+                     self.steps or STEPS, seed=1, temperature=0.0,
+                     jit_compile=self.path)
 
 
 KERAS_HUB_SCRIPT = textwrap.dedent("""
@@ -232,10 +237,12 @@ def load():
 
 
 def main():
+  global STEPS
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--variants", default=",".join(VARIANTS),
                       help="comma list of in-process variants: rnnstep "
                       "(or rnnstep:graph, rnnstep:xla, rnnstep:elementwise), "
+                      "rnnstep_prime, "
                       "floor, floor_xla, keras_hub, keras_hub_jit")
   parser.add_argument("--processes", default=",".join(PROCESSES),
                       help="comma list of whole-process variants: rnnstep, "
@@ -249,12 +256,11 @@ def main():
   parser.add_argument("--keras_hub_python", default="",
                       help="python of a venv with keras-hub >= 0.26 "
                       "(needed by the keras_hub variants)")
-  parser.add_argument("--steps", type=int, default=STEPS,
+  parser.add_argument("--steps", type=int, default=200,
                       help="tokens generated a call")
   parser.add_argument("--markdown", default="",
                       help="also write the table to this file")
   args = parser.parse_args()
-  global STEPS
   STEPS = args.steps
   sys.path.insert(0, str(ROOT))
   variants = [v for v in args.variants.split(",") if v]
@@ -277,7 +283,9 @@ def main():
 
   runners = {}
   for name in variants:
-    if name.startswith("rnnstep"):
+    if name == "rnnstep_prime":
+      runners[name] = Rnnstep(model, None, steps=1)
+    elif name.startswith("rnnstep"):
       path = {"rnnstep": None, "rnnstep:graph": False, "rnnstep:xla": True,
               "rnnstep:elementwise": "elementwise"}[name]
       runners[name] = Rnnstep(model, path)
@@ -364,6 +372,15 @@ def main():
       say(f"| {batch} | {name} | {ms:.1f} | {rounds} | {vs_floor} | "
           f"{faster} | {batch * 1e3 / ms:.1f} | {first:.1f} | "
           f"{min(loads):.1f}-{max(loads):.1f} |")
+    if "rnnstep" in medians and "rnnstep_prime" in medians:
+      # Per round (paired): the decode steps alone, the prefill taken out.
+      decode = [(a - b) / (STEPS - 1) * 1e3 for a, b in zip(
+          results[batch, "rnnstep"][1], results[batch, "rnnstep_prime"][1])]
+      ms = statistics.median(decode)
+      vs_floor = f"{ms / floor:.2f}" if floor else ""
+      say(f"| {batch} | rnnstep decode (rnnstep - rnnstep_prime) | {ms:.1f}"
+          f" | {' '.join(f'{d:.0f}' for d in decode)} | {vs_floor} | | "
+          f"{batch * 1e3 / ms:.1f} | | |")
   if process_results:
     say("")
     say("| batch | whole process | s (median) | rounds | load |")
