@@ -55,7 +55,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHAPE = dict(units=768, blocks=12, head_size=64, ffn=3072, decay_lora=64,
              a_lora=64, v_lora=32, gate_lora=128, vocab=65536)
 PROMPT, STEPS = 100, 200
-VARIANTS = ("rnnstep", "floor", "keras_hub", "keras_hub_jit")
+VARIANTS = ("rnnstep", "rnnstep_prime", "floor", "keras_hub", "keras_hub_jit")
 PROCESSES = ("rnnstep", "keras_hub")
 
 
