@@ -1,49 +1,79 @@
 """RWKV-7 at the 0.1B shape: rnnstep against its weight-reading floor and
-KerasHub's own generate (issue #50).
+KerasHub's own generate, paired, in one run (issue #50).
 
-    python tools/bench_rwkv7.py --batches=1,16 --rounds=3 --paths=default,graph
     python tools/bench_rwkv7.py --keras_hub_python=/work/venv-rwkv/bin/python
+    python tools/bench_rwkv7.py --variants=rnnstep,floor --batches=1 --rounds=5
+    python tools/bench_rwkv7.py --variants= --processes=rnnstep,keras_hub
 
 The model is the 0.1B shape (12 blocks, 768 wide, 12 heads of 64,
 feed-forward 3,072, LoRAs 64/64/32/128, 65,536 ids) with seeded random
-weights; each run primes a 100-token prompt and generates 200 tokens
-(sampling at temperature 1, so nothing stops early).
+weights; each call primes a 100-token prompt and generates 200 tokens
+greedily (no stop token: every call runs all 200 steps).
 
-  - rnnstep: `rnnstep.generate` on the default path (or each of
-    --paths=graph,xla,elementwise), warmed up first (one compile a shape);
-  - floor: the least of two `tf.while_loop`s (graph and XLA) that do only
-    one token's products of the same weights a step: per block R, K, V, O,
-    the four LoRAs' eight, the feed-forward's two, then the head: the bytes
-    a token must read;
-  - KerasHub: `RWKV7CausalLM.generate` (greedy sampler, no stop token) in
-    the keras-hub venv, as it runs by default and with jit_compile=True,
-    whole call including the prefill, timed in that process after one
-    warm-up call (its first call compiles for long).
+In-process variants (--variants), each warmed up by one call a batch size
+(its first call, which traces or compiles, is reported apart):
+  - rnnstep: `rnnstep.generate` on the default path (rnnstep:graph,
+    rnnstep:xla, rnnstep:elementwise pick a path);
+  - rnnstep_prime: the same call generating 1 token (the prefill), so
+    that rnnstep - rnnstep_prime is the decode steps' cost alone (the
+    table's "decode" column);
+  - floor: a graph `tf.while_loop` that does only one token's products of
+    the same weights a step (per block R, K, V, O, the four LoRAs' eight,
+    the feed-forward's two, then the head): the bytes a token must read;
+    floor_xla: the same loop compiled by XLA (minutes to compile);
+  - keras_hub, keras_hub_jit: `RWKV7CausalLM.generate` (greedy sampler,
+    no stop token) as it runs by default and with jit_compile=True, whole
+    call including the prefill, each in a worker process of the keras-hub
+    venv (--keras_hub_python) that keeps its model between rounds.
 
-Each figure is the median over --rounds, in ms per generated token (the
-prefill included, divided over the 200 tokens), and the ratios are taken
-within one run. Prints the machine and its load.
+Whole processes (--processes), timed from outside, each round one fresh
+process: rnnstep (`rnnstep-generate` on a model file of the same weights,
+--nocache) and keras_hub (a fresh script: build the model, generate once).
+
+Rounds are interleaved (A B C A B C ..., the order rotated each round, so
+every variant meets the same load), and each figure is the median over
+--rounds in ms per generated step (the prefill included, divided over the
+steps); the ratios are taken within the run. Prints the machine and the
+load before and after, and a Markdown table (--markdown=FILE writes it).
 """
 
 import argparse
 import json
 import os
+import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import numpy as np
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHAPE = dict(units=768, blocks=12, head_size=64, ffn=3072, decay_lora=64,
              a_lora=64, v_lora=32, gate_lora=128, vocab=65536)
 PROMPT, STEPS = 100, 200
+VARIANTS = ("rnnstep", "rnnstep_prime", "floor", "keras_hub", "keras_hub_jit")
+PROCESSES = ("rnnstep", "keras_hub")
 
 
 def random_model(dtype="float32"):
   """The 0.1B-shaped rnnstep model, seeded random weights."""
-  from rnnstep.model import kinds, model_file, network, vocabulary
+  from rnnstep.model import network
+  config, vocab, tensors, tokens = _random_parts()
+  return network.Model(config, vocab, tensors, dtype, tokens=tokens)
+
+
+_PARTS = []
+
+
+def _random_parts():
+  """(config, vocab, tensors, tokens) of the random model (made once)."""
+  if _PARTS:
+    return _PARTS[0]
+  from rnnstep.model import kinds, model_file, vocabulary
   sizes = {k: SHAPE[k] for k in kinds.RWKV7_SIZES}
   layer = model_file.LayerConfig("rwkv7", SHAPE["units"],
                                  sizes=tuple(sizes.items()))
@@ -59,77 +89,75 @@ def random_model(dtype="float32"):
                                   f"t{i}".encode(), i)
            for i in range(SHAPE["vocab"])]
   tokens = vocabulary.Tokens("world", vocab)
-  return network.Model(config, vocab, tensors, dtype, tokens=tokens)
+  _PARTS.append((config, vocab, tensors, tokens))
+  return _PARTS[0]
 
 
-def floor_ms(model, batch, rounds, xla=True):
-  """ms per token of the matmul-only loops (the least of graph and XLA)."""
-  import tensorflow as tf
-  w = model.layer_weights[0]
-  names = ("receptance", "key", "value", "output", "w1", "w2", "a1", "a2",
-           "v1", "v2", "g1", "g2", "ffn_key", "ffn_value")
-  mats = [tf.convert_to_tensor(w[n]) for n in names]
-  head = tf.convert_to_tensor(model.dense_kernel)
-  c = SHAPE["units"]
-
-  def loop(x):
-    def body(t, x):
-      acc = x
-      for i in range(SHAPE["blocks"]):
-        r, k, v, o, w1, w2, a1, a2, v1, v2, g1, g2, fk, fv = (
-            m[i] for m in mats)
-        y = (tf.matmul(acc, r) + tf.matmul(acc, k) + tf.matmul(acc, v)
-             + tf.matmul(tf.matmul(acc, w1), w2)
-             + tf.matmul(tf.matmul(acc, a1), a2)
-             + tf.matmul(tf.matmul(acc, v1), v2)
-             + tf.matmul(tf.matmul(acc, g1), g2))
-        acc = tf.matmul(y * 1e-3, o)
-        acc = tf.matmul(tf.matmul(acc, fk) * 1e-3, fv)
-      logits = tf.matmul(acc, head)
-      return t + 1, x + logits[:, :c] * 1e-9
-    return tf.while_loop(lambda t, x: t < STEPS, body, (0, x))[1]
-
-  best = None
-  for jit in (False, True) if xla else (False,):
-    fn = tf.function(loop, jit_compile=jit)
-    x = tf.random.normal([batch, c])
-    fn(x).numpy()
-    times = []
-    for _ in range(rounds):
-      start = time.perf_counter()
-      fn(x).numpy()
-      times.append(time.perf_counter() - start)
-    ms = statistics.median(times) / STEPS * 1e3
-    best = ms if best is None else min(best, ms)
-  return best
-
-
-def rnnstep_ms(model, batch, rounds, path):
-  import rnnstep
+def prompts(model, batch):
+  """`batch` prompts of PROMPT tokens each (one letter a token)."""
   rng = np.random.default_rng(1)
-  # One letter a token (bytes of uint8: int64's would be 8 tokens a letter).
-  prompts = [bytes(rng.integers(97, 123, PROMPT).astype(np.uint8)).decode()
-             for _ in range(batch)]
-  assert all(len(model.encode(p)) == PROMPT for p in prompts)
-  run = lambda: rnnstep.generate(model, prompts, STEPS, seed=1,
-                                 temperature=1.0, jit_compile=path)
-  start = time.perf_counter()
-  run()
-  print(f"  rnnstep {path} first call (compiles): "
-        f"{time.perf_counter() - start:.1f} s", flush=True)
-  times = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times) / STEPS * 1e3
+  texts = [bytes(rng.integers(97, 123, PROMPT).astype(np.uint8)).decode()
+           for _ in range(batch)]
+  assert all(len(model.encode(p)) == PROMPT for p in texts)
+  return texts
+
+
+class Floor:
+  """The matmul-only loop (see the module docstring), graph or XLA."""
+
+  def __init__(self, model, xla):
+    import tensorflow as tf
+    w = model.layer_weights[0]
+    names = ("receptance", "key", "value", "output", "w1", "w2", "a1", "a2",
+             "v1", "v2", "g1", "g2", "ffn_key", "ffn_value")
+    # Per block, sliced once outside the loop (as rnnstep's cell does).
+    mats = [tf.unstack(tf.convert_to_tensor(w[n])) for n in names]
+    head = tf.convert_to_tensor(model.dense_kernel)
+    c = SHAPE["units"]
+
+    def loop(x):
+      def body(t, x):
+        acc = x
+        for i in range(SHAPE["blocks"]):
+          r, k, v, o, w1, w2, a1, a2, v1, v2, g1, g2, fk, fv = (
+              m[i] for m in mats)
+          y = (tf.matmul(acc, r) + tf.matmul(acc, k) + tf.matmul(acc, v)
+               + tf.matmul(tf.matmul(acc, w1), w2)
+               + tf.matmul(tf.matmul(acc, a1), a2)
+               + tf.matmul(tf.matmul(acc, v1), v2)
+               + tf.matmul(tf.matmul(acc, g1), g2))
+          acc = tf.matmul(y * 1e-3, o)
+          acc = tf.matmul(tf.matmul(acc, fk) * 1e-3, fv)
+        logits = tf.matmul(acc, head)
+        return t + 1, x + logits[:, :c] * 1e-9
+      return tf.while_loop(lambda t, x: t < STEPS, body, (0, x))[1]
+
+    self.fn = tf.function(loop, jit_compile=xla, autograph=False)
+    self.tf = tf
+
+  def run(self, batch):
+    self.fn(self.tf.ones([batch, SHAPE["units"]]) * 0.1).numpy()
+
+
+class Rnnstep:
+  """`rnnstep.generate` on a path (None: the default); `steps` 1: the
+  priming and one step alone (the `rnnstep_prime` variant)."""
+
+  def __init__(self, model, path, steps=None):
+    self.model, self.path, self.steps = model, path, steps
+
+  def run(self, batch):
+    import rnnstep
+    rnnstep.generate(self.model, prompts(self.model, batch),
+                     self.steps or STEPS, seed=1, temperature=0.0,
+                     jit_compile=self.path)
 
 
 KERAS_HUB_SCRIPT = textwrap.dedent("""
-  import json, os, statistics, sys, time
+  import json, os, sys, time
   os.environ["KERAS_BACKEND"] = "tensorflow"
   import numpy as np, keras, keras_hub
-  shape, batch, rounds, jit, prompt, steps = json.loads(sys.argv[1])
+  shape, jit, prompt, steps, once = json.loads(sys.argv[1])
   backbone = keras_hub.models.RWKV7Backbone(
       hidden_size=shape["units"], head_size=shape["head_size"],
       num_layers=shape["blocks"], vocabulary_size=shape["vocab"],
@@ -138,91 +166,232 @@ KERAS_HUB_SCRIPT = textwrap.dedent("""
       decay_lora=shape["decay_lora"])
   lm = keras_hub.models.RWKV7CausalLM(backbone, None)
   lm.compile(sampler="greedy", jit_compile=jit)
-  rng = np.random.default_rng(1)
-  ids = rng.integers(1, 256, (batch, prompt)).astype("int32")
-  inputs = {"token_ids": ids[:, :-1],
-            "input_padding_mask": np.ones_like(ids[:, :-1], bool),
-            "predict_token_ids": np.concatenate(
-                [ids[:, -1:], np.zeros((batch, steps), "int32")], 1),
-            "padding_mask": np.concatenate(
-                [np.ones((batch, 1), bool), np.zeros((batch, steps), bool)],
-                1)}
-  start = time.perf_counter()
-  lm.generate(inputs, stop_token_ids=None)
-  first = time.perf_counter() - start
-  times = []
-  for _ in range(rounds):
+
+  def run(batch):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, 256, (batch, prompt)).astype("int32")
+    inputs = {"token_ids": ids[:, :-1],
+              "input_padding_mask": np.ones_like(ids[:, :-1], bool),
+              "predict_token_ids": np.concatenate(
+                  [ids[:, -1:], np.zeros((batch, steps), "int32")], 1),
+              "padding_mask": np.concatenate(
+                  [np.ones((batch, 1), bool),
+                   np.zeros((batch, steps), bool)], 1)}
     start = time.perf_counter()
     lm.generate(inputs, stop_token_ids=None)
-    times.append(time.perf_counter() - start)
-  print(json.dumps([first, statistics.median(times)]))
+    return time.perf_counter() - start
+
+  if once:
+    run(once)
+  else:
+    print("ready", flush=True)
+    for line in sys.stdin:
+      print(json.dumps(run(int(line))), flush=True)
 """)
 
 
-def keras_hub_ms(python, batch, rounds, jit):
-  out = subprocess.run(
-      [python, "-c", KERAS_HUB_SCRIPT,
-       json.dumps([SHAPE, batch, rounds, jit, PROMPT, STEPS])],
-      capture_output=True, text=True, check=False)
-  if out.returncode:
-    return None, out.stderr.strip().splitlines()[-1:]
-  first, median = json.loads(out.stdout.strip().splitlines()[-1])
-  return median / STEPS * 1e3, first
+class KerasHub:
+  """A worker process of the keras-hub venv holding one RWKV7CausalLM."""
+
+  def __init__(self, python, jit):
+    self.proc = subprocess.Popen(
+        [python, "-c", KERAS_HUB_SCRIPT,
+         json.dumps([SHAPE, jit, PROMPT, STEPS, 0])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if self.proc.stdout.readline().strip() != "ready":
+      raise RuntimeError(f"the KerasHub worker (jit_compile={jit}) failed")
+
+  def run(self, batch):
+    self.proc.stdin.write(f"{batch}\n")
+    self.proc.stdin.flush()
+    line = self.proc.stdout.readline()
+    if not line:
+      raise RuntimeError("the KerasHub worker died")
+    return json.loads(line)
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def timed(fn):
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def process_commands(args, model, model_path, batch):
+  """{name: argv} of the fresh processes."""
+  commands = {
+      "rnnstep": [sys.executable, "-m", "rnnstep.cli.generate",
+                  f"--weights={model_path}", f"--num_steps={STEPS}",
+                  "--seed=1", "--temperature=0", "--nocache"]
+                 + [f"--prompt={p}" for p in prompts(model, batch)],
+      "keras_hub": [args.keras_hub_python, "-c", KERAS_HUB_SCRIPT,
+                    json.dumps([SHAPE, "auto", PROMPT, STEPS, batch])]}
+  return commands
+
+
+def load():
+  return os.getloadavg()[0]
 
 
 def main():
+  global STEPS
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help="comma list of in-process variants: rnnstep "
+                      "(or rnnstep:graph, rnnstep:xla, rnnstep:elementwise), "
+                      "rnnstep_prime, "
+                      "floor, floor_xla, keras_hub, keras_hub_jit")
+  parser.add_argument("--processes", default=",".join(PROCESSES),
+                      help="comma list of whole-process variants: rnnstep, "
+                      "keras_hub (empty: none)")
   parser.add_argument("--batches", default="1,16")
+  parser.add_argument("--process_batches", default="1",
+                      help="batch sizes of the whole-process runs")
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--paths", default="default",
-                      help="comma list of default, graph, xla, elementwise")
+  parser.add_argument("--process_rounds", type=int, default=1)
   parser.add_argument("--dtype", default="float32")
-  parser.add_argument("--keras_hub_python", default="")
+  parser.add_argument("--keras_hub_python", default="",
+                      help="python of a venv with keras-hub >= 0.26 "
+                      "(needed by the keras_hub variants)")
   parser.add_argument("--steps", type=int, default=200,
                       help="tokens generated a call")
-  parser.add_argument("--floor_xla", type=int, default=1,
-                      help="0: the floor's graph loop only (XLA compiles "
-                      "its 12 blocks for minutes on a loaded machine)")
-  parser.add_argument("--floor", type=int, default=1)
+  parser.add_argument("--markdown", default="",
+                      help="also write the table to this file")
   args = parser.parse_args()
-  global STEPS
   STEPS = args.steps
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-  print(f"machine: {os.cpu_count()} CPUs; load {os.getloadavg()}")
+  sys.path.insert(0, str(ROOT))
+  variants = [v for v in args.variants.split(",") if v]
+  processes = [p for p in args.processes.split(",") if p]
+  if any(v.startswith("keras_hub") for v in variants + processes) and (
+      not args.keras_hub_python):
+    parser.error("--keras_hub_python is needed for the keras_hub variants")
+  batches = [int(b) for b in args.batches.split(",") if b]
+  lines = []
+  say = lambda text: (print(text, flush=True), lines.append(text))
   with open("/proc/cpuinfo") as f:
-    model_name = next((l.split(":", 1)[1].strip() for l in f
-                       if l.startswith("model name")), "?")
-  print(f"cpu: {model_name}")
+    cpu = next((l.split(":", 1)[1].strip() for l in f
+                if l.startswith("model name")), "?")
+  say(f"machine: {cpu}, {os.cpu_count()} CPUs; load at start "
+      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   model = random_model(args.dtype)
-  print(f"model: 0.1B shape, {model.num_parameters:,} parameters, "
-        f"{args.dtype}; prompt {PROMPT}, {STEPS} tokens")
-  for batch in map(int, args.batches.split(",")):
-    row = {"floor": floor_ms(model, batch, args.rounds, args.floor_xla)
-                    if args.floor else None}
-    if row["floor"]:
-      print(f"  batch {batch} floor {row['floor']:.2f} ms/token", flush=True)
-    names = {"default": None, "graph": False, "xla": True,
-             "elementwise": "elementwise"}
-    for name in filter(None, args.paths.split(",")):
-      path = names[name]
-      row[f"rnnstep {name}"] = rnnstep_ms(model, batch, args.rounds, path)
-      print(f"  batch {batch} rnnstep {name} {row[f'rnnstep {name}']:.2f} "
-            "ms/token", flush=True)
-    if args.keras_hub_python:
-      for jit in (False, True):
-        ms, first = keras_hub_ms(args.keras_hub_python, batch,
-                                 max(1, args.rounds // 2), jit)
-        row[f"keras_hub jit={jit}"] = ms
-        print(f"  keras_hub jit={jit} {ms} ms/token; first call: {first}",
-              flush=True)
-    print(f"batch {batch} (load {os.getloadavg()[0]:.1f}):")
-    floor = row["floor"] or float("nan")
-    for name, ms in row.items():
+  say(f"model: 0.1B shape, {model.num_parameters:,} parameters, "
+      f"{args.dtype}; prompt {PROMPT} tokens, {STEPS} generated")
+
+  runners = {}
+  for name in variants:
+    if name == "rnnstep_prime":
+      runners[name] = Rnnstep(model, None, steps=1)
+    elif name.startswith("rnnstep"):
+      path = {"rnnstep": None, "rnnstep:graph": False, "rnnstep:xla": True,
+              "rnnstep:elementwise": "elementwise"}[name]
+      runners[name] = Rnnstep(model, path)
+    elif name in ("floor", "floor_xla"):
+      runners[name] = Floor(model, name == "floor_xla")
+    elif name in ("keras_hub", "keras_hub_jit"):
+      runners[name] = KerasHub(args.keras_hub_python,
+                               True if name == "keras_hub_jit" else "auto")
+    else:
+      parser.error(f"--variants: unknown variant {name!r}")
+
+  def run(name, batch):
+    runner = runners[name]
+    if isinstance(runner, KerasHub):
+      return runner.run(batch)
+    return timed(lambda: runner.run(batch))
+
+  results = {}  # (batch, name) -> (first s, [s per round], loads)
+  try:
+    for batch in batches:
+      for name in variants:
+        first = run(name, batch)
+        say(f"  batch {batch} {name}: first call {first:.1f} s "
+            f"(load {load():.1f})")
+        results[batch, name] = (first, [], [])
+      for r in range(args.rounds):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for name in order:
+          seconds = run(name, batch)
+          results[batch, name][1].append(seconds)
+          results[batch, name][2].append(load())
+          say(f"  batch {batch} round {r} {name}: "
+              f"{seconds / STEPS * 1e3:.1f} ms/step (load {load():.1f})")
+  finally:
+    for runner in runners.values():
+      if isinstance(runner, KerasHub):
+        runner.close()
+
+  process_results = {}
+  if processes:
+    tmp = tempfile.mkdtemp(prefix="bench_rwkv7_")
+    try:
+      from rnnstep.model import model_file
+      model_path = os.path.join(tmp, "rwkv7-0.1b-random.npz")
+      config, vocab, tensors, tokens = _random_parts()
+      model_file.write(model_path, config, vocab, tensors, tokens)
+      env = dict(os.environ, PYTHONPATH=str(ROOT))
+      for batch in (int(b) for b in args.process_batches.split(",") if b):
+        commands = process_commands(args, model, model_path, batch)
+        for r in range(args.process_rounds):
+          order = processes[r % len(processes):] + processes[
+              :r % len(processes)]
+          for name in order:
+            seconds = timed(lambda: subprocess.run(
+                commands[name], env=env, check=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            process_results.setdefault((batch, name), []).append(
+                (seconds, load()))
+            say(f"  process batch {batch} round {r} {name}: {seconds:.1f} s"
+                f" (load {load():.1f})")
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+
+  say(f"load at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+  say("")
+  say("| batch | variant | ms/step (median) | rounds | x floor | "
+      "rnnstep faster by | tokens/s | first call s | load (rounds) |")
+  say("|---|---|---|---|---|---|---|---|---|")
+  for batch in batches:
+    medians = {name: statistics.median(results[batch, name][1]) / STEPS * 1e3
+               for name in variants if results[batch, name][1]}
+    floor = min((medians[n] for n in ("floor", "floor_xla") if n in medians),
+                default=None)
+    ours = medians.get("rnnstep")
+    for name in variants:
+      first, times, loads = results[batch, name]
+      ms = medians.get(name)
       if ms is None:
-        print(f"  {name:<22} failed")
         continue
-      print(f"  {name:<22} {ms:8.2f} ms/token  {ms / floor:5.2f}x floor  "
-            f"{1e3 * batch / ms:8.1f} tokens/s")
+      rounds = " ".join(f"{t / STEPS * 1e3:.0f}" for t in times)
+      vs_floor = f"{ms / floor:.2f}" if floor else ""
+      faster = (f"{ms / ours:.2f}x" if ours and name.startswith("keras_hub")
+                else "")
+      say(f"| {batch} | {name} | {ms:.1f} | {rounds} | {vs_floor} | "
+          f"{faster} | {batch * 1e3 / ms:.1f} | {first:.1f} | "
+          f"{min(loads):.1f}-{max(loads):.1f} |")
+    if "rnnstep" in medians and "rnnstep_prime" in medians:
+      # Per round (paired): the decode steps alone, the prefill taken out.
+      decode = [(a - b) / (STEPS - 1) * 1e3 for a, b in zip(
+          results[batch, "rnnstep"][1], results[batch, "rnnstep_prime"][1])]
+      ms = statistics.median(decode)
+      vs_floor = f"{ms / floor:.2f}" if floor else ""
+      say(f"| {batch} | rnnstep decode (rnnstep - rnnstep_prime) | {ms:.1f}"
+          f" | {' '.join(f'{d:.0f}' for d in decode)} | {vs_floor} | | "
+          f"{batch * 1e3 / ms:.1f} | | |")
+  if process_results:
+    say("")
+    say("| batch | whole process | s (median) | rounds | load |")
+    say("|---|---|---|---|---|")
+    for (batch, name), runs in process_results.items():
+      seconds = [s for s, _ in runs]
+      say(f"| {batch} | {name} | {statistics.median(seconds):.1f} | "
+          f"{' '.join(f'{s:.0f}' for s in seconds)} | "
+          f"{min(l for _, l in runs):.1f}-{max(l for _, l in runs):.1f} |")
+  if args.markdown:
+    pathlib.Path(args.markdown).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

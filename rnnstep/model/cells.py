@@ -76,6 +76,9 @@ class Cell:
   # Whether the cell runs a sequence itself, `unroll` (`network._unroll_cell`
   # calls it where no state is recorded), rather than step by step.
   unrolls_blockwise = False
+  # Whether the cell is traced into one XLA program (the "xla" path; set by
+  # `network.network_of`), where graph functions of its own would be inlined.
+  one_xla_program = False
 
   def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
                compile_elementwise=False, activation="tanh"):
@@ -341,6 +344,23 @@ def layer_norm(x, gamma_beta, epsilon=RWKV7_LAYER_NORM_EPSILON):
           + gamma_beta[1])
 
 
+class _Block(NamedTuple):
+  """One RWKV-7 block's tensors, each vector and matrix a tensor of its own
+  (split once, outside the loops: a slice in a loop's body is an op a step).
+  """
+  ln: Tuple[tf.Tensor, ...]  # LN1 gamma, beta, LN2 gamma, beta.
+  mix: Tuple[tf.Tensor, ...]  # kinds.RWKV7_MIX.
+  vectors: Tuple[tf.Tensor, ...]  # w0, a0, v0, k_k, k_a, r_k.
+  ln_x: Tuple[tf.Tensor, ...]  # The GroupNorm's gamma, beta.
+  loras: Tuple[tf.Tensor, ...]  # w1, w2, a1, a2, v1, v2, g1, g2.
+  r: tf.Tensor
+  k: tf.Tensor
+  v: tf.Tensor
+  o: tf.Tensor
+  fk: tf.Tensor
+  fv: tf.Tensor
+
+
 class RWKV7Cell(Cell):
   """RWKV-7 "Goose" (x070): the whole stack of L blocks as one cell.
 
@@ -371,6 +391,12 @@ class RWKV7Cell(Cell):
   compute dtype; the rest, LoRAs included, are elementwise functions
   (`_elementwise`: XLA-compiled on the elementwise path). A prompt runs
   block by block (`unroll`), each block's products once over all its rows.
+
+  Outside one XLA program (`one_xla_program`), a block is a graph function
+  of its tensors, traced once (block 0, which sets v_first, once more) and
+  called L times, not inlined: the 0.1B shape's generation traced its 12
+  blocks' ops in each of the decode loops and the priming (~25,000 nodes)
+  and grappler optimized them all, over a minute before the first token.
   """
 
   fusable = False
@@ -393,18 +419,32 @@ class RWKV7Cell(Cell):
     # slice inside a graph loop's body is an op a step (a copy of each
     # matrix, every token, measured 2-3x the weight-reading floor).
     blocks = lambda t, dtype=tf.float32: tf.unstack(tf.cast(t, dtype))
-    self.ln, self.mix, self.ln_x = map(blocks, (ln, mix, ln_x))
-    self.vectors = [tf.unstack(v) for v in blocks(vectors)]
-    self.loras = list(zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))))
-    self.output_norm = tf.convert_to_tensor(output_norm, tf.float32)
-    self.r, self.k, self.v, self.o, self.fk, self.fv = (
-        blocks(t, self.compute_dtype) for t in (receptance, key, value, output,
-                                                ffn_key, ffn_value))
+    rows = lambda t: [tuple(tf.unstack(b)) for b in blocks(t)]
+    self.block_tensors = [
+        _Block(*parts) for parts in zip(
+            rows(ln), rows(mix), rows(vectors), rows(ln_x),
+            zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))),
+            *(blocks(t, self.compute_dtype) for t in (
+                receptance, key, value, output, ffn_key, ffn_value)))]
+    self.output_norm = tuple(tf.unstack(
+        tf.convert_to_tensor(output_norm, tf.float32)))
     self._shift_in = self._elementwise(self._time_inputs)
     self._wkv = self._elementwise(self._time_mix)
     self._ffn_in = self._elementwise(self._channel_inputs)
     self._square = self._elementwise(_squared_relu)
     self._out = self._elementwise(self._output)
+    self._functions = {}
+
+  def _block_function(self, fn):
+    """`fn` as a graph function called per block (see the class docstring),
+    or `fn` itself inside one XLA program (XLA inlines calls anyway)."""
+    if self.one_xla_program:
+      return fn
+    if fn.__name__ not in self._functions:
+      self._functions[fn.__name__] = tf.function(
+          fn, autograph=False,
+          experimental_attributes={"_noinline": True})
+    return self._functions[fn.__name__]
 
   def project_inputs(self, inputs):
     """The input LayerNorm (block 0's ln0): `Model.input_table`'s rows."""
@@ -417,20 +457,28 @@ class RWKV7Cell(Cell):
   def step(self, x_proj, state):
     x = _rows(x_proj)
     new_state, v_first, ffn_out = [None], None, None
-    for i in range(self.blocks):
-      prev_att, wkv, prev_ffn = state[1 + 3 * i:4 + 3 * i]
-      # ffn_out (the block below's channel mix) is added in here, fused.
-      x, xx, xr, xk, xv = self._shift_in(i, x, ffn_out, prev_att)
-      r, k, v = (self._mm(xr, self.r[i]), self._mm(xk, self.k[i]),
-                 self._mm(xv, self.v[i]))
-      y, wkv, v_first = self._wkv(i, xx, prev_att, r, k, v, wkv, v_first)
-      x, xf, ffn_x = self._ffn_in(i, x, self._mm(y, self.o[i]), prev_ffn)
-      ffn_out = self._mm(self._square(self._mm(ffn_x, self.fk[i])),
-                         self.fv[i])
-      new_state += [xx, wkv, xf]
+    step_block = self._block_function(self._step_block)
+    for i, b in enumerate(self.block_tensors):
+      x, ffn_out, v_first, block_state = step_block(
+          b, x, ffn_out, tuple(state[1 + 3 * i:4 + 3 * i]), v_first)
+      new_state += block_state
     h = self._out(x, ffn_out)
     new_state[0] = h
     return h, tuple(new_state)
+
+  def _step_block(self, b, x, ffn_out, block_state, v_first):
+    """One block's step: x and ffn_out (the block below's channel mix, added
+    in here, fused), v_first (None in block 0) and the block's state."""
+    prev_att, wkv, prev_ffn = block_state
+    # The elementwise functions take the block's vectors and LoRAs only (an
+    # XLA-compiled one would take the big matrices as arguments too).
+    small = b._replace(r=None, k=None, v=None, o=None, fk=None, fv=None)
+    x, xx, xr, xk, xv = self._shift_in(small, x, ffn_out, prev_att)
+    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
+    y, wkv, v_first = self._wkv(small, xx, prev_att, r, k, v, wkv, v_first)
+    x, xf, ffn_x = self._ffn_in(small, x, self._mm(y, b.o), prev_ffn)
+    ffn_out = self._mm(self._square(self._mm(ffn_x, b.fk)), b.fv)
+    return x, ffn_out, v_first, (xx, wkv, xf)
 
   def unroll(self, x_proj, state, mask=None, steps=None):
     """Runs a whole sequence through the stack, block by block.
@@ -462,7 +510,6 @@ class RWKV7Cell(Cell):
       x = x[:steps]
       mask = None if mask is None else mask[:steps]
     length = tf.shape(x)[0]
-    rows = lambda t: tf.reshape(t, [length * batch, -1])
     if mask is None:
       last = None
     else:
@@ -470,62 +517,50 @@ class RWKV7Cell(Cell):
       # masked position holds.
       marks = tf.where(mask, tf.range(length)[:, None], -1)
       last = tf.scan(tf.maximum, marks)
-
-    def shifted(seq, initial):
-      """Per row (t, b), seq's row at the last kept position before t."""
-      seq = tf.reshape(seq, [length, batch, -1])
-      whole = tf.concat([initial[None], seq], 0)
-      if last is None:
-        return rows(whole[:-1])
-      before = tf.concat([-tf.ones([1, batch], tf.int32), last[:-1]], 0)
-      return rows(_held(whole, before))
-
-    def final(seq, initial):
-      """seq's row at each b's last kept position (initial where none)."""
-      seq = tf.reshape(seq, [length, batch, -1])
-      if last is None:
-        return seq[-1]
-      whole = tf.concat([initial[None], seq], 0)
-      return _held(whole, last[-1:])[0]
-
-    x = rows(x)
+    x = tf.reshape(x, [length * batch, -1])
     new_state, v_first = [None], None
-    for i in range(self.blocks):
-      prev_att, wkv, prev_ffn = state[1 + 3 * i:4 + 3 * i]
-      xx = layer_norm(x, self.ln[i][:2])
-      prev = shifted(xx, prev_att)
-      x, xx, xr, xk, xv = self._time_inputs(i, x, None, prev)
-      r, k, v = (self._mm(xr, self.r[i]), self._mm(xk, self.k[i]),
-                 self._mm(xv, self.v[i]))
-      decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
-          i, xx, prev, r, k, v, v_first)
-      s, y = self._wkv_scan(wkv, mask, length, batch,
-                            (decay, kk, a, k, v, r))
-      x = x + _float32(self._mm(self._wkv_output(i, y, r, k, v, g),
-                                self.o[i]))
-      xf = layer_norm(x, self.ln[i][2:])
-      ffn_x = xf + (shifted(xf, prev_ffn) - xf) * self.mix[i][6]
-      ffn_out = self._mm(_squared_relu(self._mm(ffn_x, self.fk[i])),
-                         self.fv[i])
-      x = x + _float32(ffn_out)
-      new_state += [final(xx, prev_att), s, final(xf, prev_ffn)]
+    unroll_block = self._block_function(self._unroll_block)
+    for i, b in enumerate(self.block_tensors):
+      x, v_first, block_state = unroll_block(
+          b, x, tuple(state[1 + 3 * i:4 + 3 * i]), v_first, mask, last)
+      new_state += block_state
     h = layer_norm(x, self.output_norm)
     if last is not None:
       whole = tf.concat([state[0][None], tf.reshape(h, [length, batch, -1])],
                         0)
-      h = rows(_held(whole, last))
+      h = tf.reshape(_held(whole, last), [length * batch, -1])
     outputs = tf.reshape(h, [length, batch, self.units])
     new_state[0] = outputs[-1]
     if steps is not None:
       outputs = tf.pad(outputs, [[0, size - length], [0, 0], [0, 0]])
     return (outputs,), tuple(new_state)
 
+  def _unroll_block(self, b, x, block_state, v_first, mask, last):
+    """One block over all rows x `[T*B, C]` (`unroll`): the new x, v_first
+    and the block's final state. mask, last: as in `unroll` (or None)."""
+    prev_att, wkv, prev_ffn = block_state
+    batch = tf.shape(prev_att)[0]
+    length = tf.shape(x)[0] // batch
+    xx = layer_norm(x, b.ln[:2])
+    prev = _shifted(xx, prev_att, length, batch, last)
+    x, xx, xr, xk, xv = self._time_inputs(b, x, None, prev)
+    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
+    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
+        b, xx, prev, r, k, v, v_first)
+    s, y = self._wkv_scan(wkv, mask, length, batch, (decay, kk, a, k, v, r))
+    x = x + _float32(self._mm(self._wkv_output(b, y, r, k, v, g), b.o))
+    xf = layer_norm(x, b.ln[2:])
+    ffn_x = xf + (_shifted(xf, prev_ffn, length, batch, last) - xf) * b.mix[6]
+    ffn_out = self._mm(_squared_relu(self._mm(ffn_x, b.fk)), b.fv)
+    x = x + _float32(ffn_out)
+    return x, v_first, (_final(xx, prev_att, length, batch, last), s,
+                        _final(xf, prev_ffn, length, batch, last))
+
   def _wkv_scan(self, wkv, mask, length, batch, inputs):
     """The state update over time: the final state `[B, H*N*N]` and S @ r
     of every row `[T*B, H, N]`; a masked row holds its state."""
     heads, size = self.heads, self.head_size
     inputs = tuple(tf.reshape(t, [length, batch, -1]) for t in inputs)
-    keep = (tf.ones([length, batch], tf.bool) if mask is None else mask)
     ys = tf.TensorArray(tf.float32, size=length,
                         element_shape=[None, heads, size])
 
@@ -533,7 +568,7 @@ class RWKV7Cell(Cell):
       decay, kk, a, k, v, r = (x[t] for x in inputs)
       new, y = self._wkv_update(s, decay, self._heads(kk), a, k, v, r)
       if mask is not None:
-        new = tf.where(keep[t][:, None, None, None], new, s)
+        new = tf.where(mask[t][:, None, None, None], new, s)
       return t + 1, new, ys.write(t, y)
 
     s = tf.reshape(wkv, [batch, heads, size, size])
@@ -542,33 +577,33 @@ class RWKV7Cell(Cell):
     return (tf.reshape(s, [batch, heads * size * size]),
             tf.reshape(ys.stack(), [length * batch, heads, size]))
 
-  # The elementwise parts (see the class docstring for the equations).
+  # The elementwise parts (see the class docstring for the equations); `b`
+  # is the block's `_Block`.
 
-  def _time_inputs(self, i, x, ffn_out, prev):
+  def _time_inputs(self, b, x, ffn_out, prev):
     if ffn_out is not None:
       x = x + _float32(ffn_out)
-    xx = layer_norm(x, self.ln[i][:2])
+    xx = layer_norm(x, b.ln[:2])
     d = prev - xx
-    mix = self.mix[i]
+    mix = b.mix
     return x, xx, xx + d * mix[0], xx + d * mix[2], xx + d * mix[3]
 
-  def _time_mix(self, i, xx, prev, r, k, v, wkv, v_first):
-    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(i, xx, prev, r, k, v,
+  def _time_mix(self, b, xx, prev, r, k, v, wkv, v_first):
+    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(b, xx, prev, r, k, v,
                                                          v_first)
-    batch = tf.shape(xx)[0]
-    s = tf.reshape(wkv, [batch, self.heads, self.head_size, self.head_size])
+    s = tf.reshape(wkv, [-1, self.heads, self.head_size, self.head_size])
     s, y = self._wkv_update(s, decay, kk, a, k, v, r)
-    return (self._wkv_output(i, y, r, k, v, g),
-            tf.reshape(s, [batch, self.heads * self.head_size ** 2]), v_first)
+    return (self._wkv_output(b, y, r, k, v, g),
+            tf.reshape(s, [-1, self.heads * self.head_size ** 2]), v_first)
 
-  def _wkv_inputs(self, i, xx, prev, r, k, v, v_first):
+  def _wkv_inputs(self, b, xx, prev, r, k, v, v_first):
     """What the state update takes, from rows (tokens) alone: the decay,
-    kk, a, the modified k and v, r and the gate, all float32 `[rows, C]`."""
-    w1, w2, a1, a2, v1, v2, g1, g2 = self.loras[i]
-    w0, a0, v0, k_k, k_a, _ = self.vectors[i]
+    kk, a, the modified k and v, r and the gate, all float32 `[rows, C]`;
+    v_first is None in block 0, which sets it."""
+    w1, w2, a1, a2, v1, v2, g1, g2 = b.loras
+    w0, a0, v0, k_k, k_a, _ = b.vectors
     d = prev - xx
-    mix = self.mix[i]
-    x_w, x_v, x_a, x_g = (xx + d * mix[j] for j in (1, 3, 4, 5))
+    x_w, x_v, x_a, x_g = (xx + d * b.mix[j] for j in (1, 3, 4, 5))
     r, k, v = _float32(r), _float32(k), _float32(v)
     w = w0 + tf.matmul(tf.tanh(tf.matmul(x_w, w1)), w2)
     decay = tf.exp(-tf.exp(-tf.nn.softplus(-w) - 0.5))
@@ -578,7 +613,7 @@ class RWKV7Cell(Cell):
     kk = kk * tf.math.rsqrt(tf.reduce_sum(tf.square(kk), -1, keepdims=True)
                             + RWKV7_NORMALIZE_EPSILON)
     k = k * (1 + (a - 1) * k_a)
-    if i == 0:
+    if v_first is None:
       v_first = v
     else:
       v = v + (v_first - v) * tf.sigmoid(
@@ -586,7 +621,7 @@ class RWKV7Cell(Cell):
     return decay, kk, a, k, v, r, g, v_first
 
   def _heads(self, t):
-    return tf.reshape(t, [tf.shape(t)[0], self.heads, self.head_size])
+    return tf.reshape(t, [-1, self.heads, self.head_size])
 
   def _wkv_update(self, s, decay, kk, a, k, v, r):
     """One token's state update, `s` `[B, H, N, N]` ([value, key] per
@@ -598,28 +633,49 @@ class RWKV7Cell(Cell):
          + vh[..., None] * kh[:, :, None, :])
     return s, tf.linalg.matvec(s, rh)
 
-  def _wkv_output(self, i, y, r, k, v, g):
+  def _wkv_output(self, b, y, r, k, v, g):
     """The block's attention output before O, from S @ r `[rows, H, N]`."""
-    rows = tf.shape(y)[0]
     heads_of = self._heads
     rh, kh, vh = heads_of(r), heads_of(k), heads_of(v)
     mean, variance = tf.nn.moments(y, [-1], keepdims=True)
     y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
-    gamma, beta = self.ln_x[i][0], self.ln_x[i][1]
-    y = tf.reshape(y, [rows, self.units]) * gamma + beta
-    r_k = self.vectors[i][5]
+    gamma, beta = b.ln_x
+    y = tf.reshape(y, [-1, self.units]) * gamma + beta
+    r_k = b.vectors[5]
     y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(
         r_k, [self.heads, self.head_size]), -1, keepdims=True) * vh,
-                       [rows, self.units])
+                       [-1, self.units])
     return tf.cast(y * g, self.compute_dtype)
 
-  def _channel_inputs(self, i, x, att_out, prev):
+  def _channel_inputs(self, b, x, att_out, prev):
     x = x + _float32(att_out)
-    xx = layer_norm(x, self.ln[i][2:])
-    return x, xx, xx + (prev - xx) * self.mix[i][6]
+    xx = layer_norm(x, b.ln[2:])
+    return x, xx, xx + (prev - xx) * b.mix[6]
 
   def _output(self, x, ffn_out):
     return layer_norm(x + _float32(ffn_out), self.output_norm)
+
+
+def _shifted(seq, initial, length, batch, last):
+  """Per row (t, b) of seq `[T*B, C]`, seq's row at the last kept position
+  before t (`initial` `[B, C]` where none); last: as in `RWKV7Cell.unroll`,
+  None where every position is kept."""
+  seq = tf.reshape(seq, [length, batch, -1])
+  whole = tf.concat([initial[None], seq], 0)
+  if last is None:
+    return tf.reshape(whole[:-1], [length * batch, -1])
+  before = tf.concat([-tf.ones([1, batch], tf.int32), last[:-1]], 0)
+  return tf.reshape(_held(whole, before), [length * batch, -1])
+
+
+def _final(seq, initial, length, batch, last):
+  """seq's row `[B, C]` at each b's last kept position (initial where
+  none); as `_shifted`."""
+  seq = tf.reshape(seq, [length, batch, -1])
+  if last is None:
+    return seq[-1]
+  whole = tf.concat([initial[None], seq], 0)
+  return _held(whole, last[-1:])[0]
 
 
 def _held(whole, index):

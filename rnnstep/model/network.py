@@ -715,6 +715,7 @@ def network_of(architecture: Architecture, weights: dict,
       layer_weights = dict(layer_weights, kernel=None)
     cells.append(cells_lib.make_cell(layer, layer_weights, dtype,
                                      compile_elementwise))
+    cells[-1].one_xla_program = one_xla_program
   backward = None
   if "backward" in weights:
     backward = Backward(
