@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
+from tests.support import reference_models
 
 import rnnstep
 from rnnstep.engine import cpu
@@ -25,7 +26,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 from rnnstep.model import model_file
 
-LAYERS = [kr.layer("gru", 16)]
+LAYERS = reference_models.TINY_LAYERS
 EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"
            / "tinyshakespeare_heldout_excerpt.txt")
 
