@@ -50,10 +50,19 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(*[(n, n) for n in STACKS])
   @quick_cases("gru_reset_after")
   def test_greedy_matches_keras_loop(self, name):
+    # The quick stack's compiled paths (a first XLA and elementwise compile
+    # each) are the slow test below.
+    self.check_greedy(name, (False,) if name == "gru_reset_after" else PATHS)
+
+  @pytest.mark.slow  # XLA and elementwise programs.
+  def test_greedy_matches_keras_loop_on_the_compiled_paths(self):
+    self.check_greedy("gru_reset_after", (True, "elementwise"))
+
+  def check_greedy(self, name, jits):
     keras_model, model = models(name)
     prompt = "ROMEO: "
     want = model.decode(kr.greedy(keras_model, model.encode(prompt), 120))
-    for jit in PATHS:
+    for jit in jits:
       got = rnnstep.generate(model, prompt, 120, temperature=0.0, jit_compile=jit)
       self.assertEqual(got, want, f"jit_compile={jit}")
 

@@ -18,7 +18,6 @@ import tensorflow as tf
 
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
-from tests.support import reference_models
 
 import rnnstep
 from rnnstep.engine import cpu
@@ -26,7 +25,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 from rnnstep.model import model_file
 
-LAYERS = reference_models.TINY_LAYERS
+LAYERS = [kr.layer("gru", 16)]
 EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"
            / "tinyshakespeare_heldout_excerpt.txt")
 

@@ -8,8 +8,8 @@
 - `TINY_LAYERS`: the suite's everyday tiny architecture, GRU 32 over
   `kr.build`'s default 65 characters and D=16: that of `cli.write_model`'s
   files, so the in-process tests that build it (tests/test_api.py,
-  tests/test_paths.py, tests/test_tuning.py) and those that load such a
-  file share their programs on a worker (`tiers.FAMILIES`).
+  tests/test_tuning.py) and those that load such a file share their
+  programs on a worker (`tiers.FAMILIES`).
 - `large_projection_model()`: a GRU whose output projection has
   `network.UNFUSED_PROJECTION_ELEMENTS` weights, which the xla path keeps
   out of XLA's output fusion at batch 1 (tests/test_generator.py,

@@ -105,7 +105,7 @@ FAMILIES = {
     # cli.write_model's architecture (GRU 32 over 65 characters, D=16):
     # reference_models.TINY_LAYERS in process, the file in the others.
     "tiny": ("test_beam.py", "test_serve_engine.py", "test_api.py",
-             "test_tuning.py", "test_paths.py"),
+             "test_tuning.py"),
     # token_models.CONFIG over 256 tokens (words, bytes, BPE).
     "token_models": ("test_tokens.py", "test_scoring.py"),
 }
