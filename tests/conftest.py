@@ -53,7 +53,8 @@ def pytest_collection_modifyitems(config, items):
   that every tf.test.TestCase subclass inherits and that only ever skips: it added one
   meaningless skip per class (19) to the count, hiding the skips that matter.
   It is not a test of ours, so it is dropped silently (not "deselected").
-  Then it queues the longest files first (`tiers.longest_first`)."""
+  Then it queues the longest files first (`tiers.longest_first`) and gives
+  each test its file's xdist group (`tiers.group_of`)."""
   del config
 
   def is_stub(item):
@@ -67,6 +68,9 @@ def pytest_collection_modifyitems(config, items):
   # (the default run leaves them out: setup.cfg), and an exhaustive test is
   # slow: `-m "not slow"` (the quick tier) skips it too.
   for item in items:
+    # One worker per file, or per family of files that share their models'
+    # programs (`tiers.FAMILIES`; setup.cfg's `--dist loadgroup`).
+    item.add_marker(pytest.mark.xdist_group(tiers.group_of(item)))
     if tiers.is_exhaustive_case(item):
       item.add_marker(pytest.mark.exhaustive)
     if item.get_closest_marker("exhaustive"):

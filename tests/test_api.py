@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
+from tests.support import reference_models
 
 import rnnstep
 from rnnstep import api
@@ -20,7 +21,7 @@ from rnnstep.engine import host
 from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
 
-LAYERS = [kr.layer("gru", 16)]
+LAYERS = reference_models.TINY_LAYERS
 
 
 def small_model():

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tests.support import forkserver
 from tests.support import keras_reference as kr
+from tests.support import reference_models
 from tests.support.cli import ENV, TIMEOUT, Result, command, ok
 from tests.support.cli import one_error_line, write_model
 
@@ -27,7 +28,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 from rnnstep import tuning
 
-LAYERS = [kr.layer("gru", 16)]
+LAYERS = reference_models.TINY_LAYERS
 PATHS = ("xla", "graph", "elementwise")
 
 
@@ -101,7 +102,7 @@ class KeyTest(TuningTestCase):
     self.assertEqual(machine["device"], "cpu")
     self.assertEqual(tuning_cache.model_key(self.model),
                      {"vocab_size": 65, "embedding_dim": 16,
-                      "layers": [["gru", 16, True]], "dtype": "float32"})
+                      "layers": [["gru", 32, True]], "dtype": "float32"})
 
   def test_every_key_part_separates_entries(self):
     write_cache(self.cache_dir, self.cache_entry("graph"))

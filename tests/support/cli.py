@@ -102,7 +102,8 @@ def run_concurrently(cmd, runs, workers=4):
 
 
 def write_model(path, seed=0, window=None):
-  """A small random GRU model (V=65, D=16, U=32) over VOCAB.
+  """A small random GRU model (V=65, D=16, U=32) over VOCAB: the
+  architecture of `reference_models.TINY_LAYERS` (programs shared).
 
   Args:
     path: where to write the model file.

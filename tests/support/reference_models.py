@@ -5,6 +5,11 @@
   (tests/test_generator.py, tests/test_numpy_reference.py).
 - `sampling_model()`: a 21-id GRU with "[UNK]" as id 0 and a float64 numpy
   reference that bans it (tests/test_sampling.py, tests/test_constraints.py).
+- `TINY_LAYERS`: the suite's everyday tiny architecture, GRU 32 over
+  `kr.build`'s default 65 characters and D=16: that of `cli.write_model`'s
+  files, so the in-process tests that build it (tests/test_api.py,
+  tests/test_tuning.py) and those that load such a file share their
+  programs on a worker (`tiers.FAMILIES`).
 - `large_projection_model()`: a GRU whose output projection has
   `network.UNFUSED_PROJECTION_ELEMENTS` weights, which the xla path keeps
   out of XLA's output fusion at batch 1 (tests/test_generator.py,
@@ -41,6 +46,8 @@ def stack_models(name):
                          bias_scale=1.0)
   return keras_model, kr.rnnstep_model(keras_model, layers)
 
+
+TINY_LAYERS = [kr.layer("gru", 32)]  # As cli.write_model's (V=65, D=16).
 
 SAMPLING_LAYERS = [kr.layer("gru", 24)]
 

@@ -54,9 +54,9 @@ def quick_params(values, *quick):
 
 # The test files that take longest, longest first (seconds per file in a
 # 2-worker run on a 2-core EPYC, 2026-12-02): tests/conftest.py queues them
-# first and the rest after, in their own order. With `--dist loadfile` each
-# file runs whole on one worker, and xdist's default queue (files with the
-# most tests first) left test_distribute (2 tests, ~150 s) and
+# first and the rest after, in their own order. With `--dist loadgroup` each
+# file (or family, below) runs whole on one worker, and xdist's default queue
+# (files with the most tests first) left test_distribute (2 tests, ~150 s) and
 # test_saved_model (5 tests, ~110 s) for last, so one worker idled while the
 # other finished them. Longest first keeps the run's tail short. A file not
 # named here only runs later; keep the list roughly current (junit times).
@@ -93,11 +93,45 @@ LONGEST_FIRST = (
 )
 
 
+# Test files whose models share one architecture, so that on one process the
+# second file runs the programs the first traced and compiled (programs are
+# shared per architecture: rnnstep/model/network.py's `shared_function`; a
+# tiny model's first call costs 3-8 CPU-s a path). Each family runs on one
+# xdist worker (setup.cfg's `--dist loadgroup`; tests/conftest.py gives every
+# test its file's group); any other file is a group of its own.
+FAMILIES = {
+    # reference_models.sampling_model(): graph, XLA and its XLA buckets.
+    "sampling_model": ("test_sampling.py", "test_constraints.py"),
+    # cli.write_model's architecture (GRU 32 over 65 characters, D=16):
+    # reference_models.TINY_LAYERS in process, the file in the others.
+    "tiny": ("test_beam.py", "test_serve_engine.py", "test_api.py",
+             "test_tuning.py"),
+    # token_models.CONFIG over 256 tokens (words, bytes, BPE).
+    "token_models": ("test_tokens.py", "test_scoring.py"),
+}
+_FAMILY_OF = {name: family for family, names in FAMILIES.items()
+              for name in names}
+
+
+def _file_name(item):
+  return item.path.name if hasattr(item, "path") else ""
+
+
+def group_of(item) -> str:
+  """The xdist group of a collected test: its file's family, or its file."""
+  name = _file_name(item)
+  return _FAMILY_OF.get(name, name)
+
+
 def longest_first(items):
   """`items` (pytest's collected tests) with the files of `LONGEST_FIRST`
-  first, in its order; each file's tests and the other files keep theirs."""
+  first, in its order, each family's files together at the place of its
+  first; each file's tests and the other files keep their order."""
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  for names in FAMILIES.values():
+    first = min(rank.get(name, len(LONGEST_FIRST)) for name in names)
+    for order, name in enumerate(names):
+      rank[name] = first + (order + 1) / (len(names) + 1)
   def key(item):
-    return rank.get(item.path.name if hasattr(item, "path") else "",
-                    len(rank))
+    return rank.get(_file_name(item), len(LONGEST_FIRST))
   return sorted(items, key=key)
