@@ -449,11 +449,14 @@ class RWKV7Cell(Cell):
     (the 0.1B shape's decode at 1.37x the weight-reading floor on a quiet
     Zen 3, against 1.17x as one program a block). It compiles in about a
     second (two programs, block 0 and the rest, once per batch size) where
-    the whole generation as one XLA program takes minutes."""
+    the whole generation as one XLA program takes minutes. Only in float32:
+    XLA's CPU dots in bfloat16 ran the 0.1B shape's decode 7.1x slower than
+    float32 on a Zen 3 (no bf16 arithmetic), TensorFlow's graph ops 2.9x."""
     if self.one_xla_program:
       return fn
     if fn.__name__ not in self._functions:
-      if compile_on_graph_path and not self.compile_elementwise:
+      if (compile_on_graph_path and not self.compile_elementwise
+          and self.compute_dtype == tf.float32):
         function = tf.function(fn, autograph=False, jit_compile=True)
       else:
         function = tf.function(fn, autograph=False,
