@@ -115,6 +115,7 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(np.shape(scores), (2, 2))
     self.assertEqual(rnnstep.generate(model, ["AB"], 0, num_beams=3), [""])
 
+  @pytest.mark.slow  # Two more beam programs traced: the default run.
   def test_deterministic_whatever_the_sampling_settings(self):
     model, _ = small()
     plain = rnnstep.generate(model, "AB", 20, num_beams=3)

@@ -18,6 +18,7 @@ import os
 import pathlib
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import rnnstep
@@ -59,6 +60,7 @@ class BundledModelTest(tf.test.TestCase):
     self.assertLen(model.vocab, 65)
     self.assertEqual(model.vocab[:2], ("\n", " "))
 
+  @pytest.mark.slow  # The whole held-out text; the excerpt's test is quick.
   def test_held_out_nll(self):
     if not CORPUS.exists():
       if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

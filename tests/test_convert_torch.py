@@ -89,6 +89,7 @@ def test_logits_and_greedy_text_match_torch(file_name, ref_name):
   check_against_reference(DATA, file_name, ref_name)
 
 
+@pytest.mark.slow  # Whole pickled torch modules, loaded by torch itself.
 @pytest.mark.parametrize("file_name,ref_name",
                          quick_params(MODULE_CASES,
                                       ("charrnn_gru.pt", "charrnn_gru")))

@@ -262,6 +262,7 @@ class SamplingLawTest(tf.test.TestCase):
     ids = self.model.encode("".join(texts))
     return np.bincount(ids, minlength=self.model.vocab_size)
 
+  @pytest.mark.slow  # Statistics over thousands of draws: the default run.
   def test_frequencies_follow_softmax(self):
     rows = 20000
     for temperature in (1.0, 0.5, 2.0):
@@ -270,6 +271,7 @@ class SamplingLawTest(tf.test.TestCase):
       total_variation = 0.5 * np.abs(counts / rows - expected).sum()
       self.assertLess(total_variation, 0.03, f"T={temperature}")
 
+  @pytest.mark.slow  # Statistics over thousands of draws: the default run.
   def test_top_k_and_top_p_stay_in_support(self):
     order = np.argsort(-self.logits)
     counts = self.first_char_counts(4000, top_k=3)

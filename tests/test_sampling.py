@@ -52,6 +52,7 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(dict(top_k=6, min_p=0.05), dict(typical_p=0.6),
                             dict(typical_p=0.9, temperature=1.5))
   @quick_cases(0)
+  @pytest.mark.slow  # Statistics over thousands of draws: the default run.
   def test_frequencies_follow_the_renormalized_support(self, **filters):
     model, reference = small()
     prompt = "abc d"

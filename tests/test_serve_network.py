@@ -26,8 +26,10 @@ from tests.support import cli
 from tests.support import serve_process
 from tests.support import token_models
 
-pytestmark = pytest.mark.skipif(not serve_process.stack_installed(),
-                                reason="the serving stack is not installed")
+# A real server process: the default run, not the quick tier.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not serve_process.stack_installed(),
+                                 reason="the serving stack is not installed")]
 
 KEYS = ("sk-first-key", "sk-second-key")
 NAME = "tiny-gru"

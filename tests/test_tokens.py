@@ -663,6 +663,7 @@ GRAPH_RULES = [
 ]
 
 
+@pytest.mark.slow  # The SavedModel's graph tokenizer (an export's part).
 def test_graph_tokenizer_encodes_and_decodes_as_the_host():
   """The SavedModel's string signatures tokenize with graph ops
   (`token_ops.GraphTokens`): random texts over cased, accented, Greek

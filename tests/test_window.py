@@ -169,6 +169,7 @@ def small_model(window=None):
           numpy_reference.Reference(tensors, layers))
 
 
+@pytest.mark.slow  # Several models, each traced: the default run.
 def test_any_model_with_window_k_matches_float64():
   model, reference = small_model()
   ids = np.random.default_rng(0).integers(0, model.vocab_size, [2, 17])
