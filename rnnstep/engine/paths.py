@@ -137,8 +137,9 @@ _MOST_XLA_PADDING = 1.15
 # Kinds whose CPU default is the graph path, whatever the tables say: XLA
 # compiles an RWKV-7 stack's generation for over 9 minutes (the 0.1B shape
 # on a 2-vCPU Zen 3, loaded; XLA warns "Very slow compile"), longer than
-# the whole generation takes on the graph path, whose decode step runs
-# within 1.3x of the weight-reading floor at batch 1 (benchmarks/results/
+# the whole generation takes on the graph path, whose decode step runs at
+# the weight-reading floor at batch 1, each block one small XLA program
+# (`RWKV7Cell._block_function`; benchmarks/results/
 # rwkv7-epyc-zen3-2026-12.md). `rnnstep-tune` may still pick XLA.
 GRAPH_KINDS = ("rwkv7",)
 
