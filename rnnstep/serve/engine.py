@@ -627,26 +627,31 @@ class Engine:
       widths = sorted({self._prompt_width(1), self._prompt_width(
           min(self.prime_chars, self.max_prompt_tokens))})
     params = options_lib.DEFAULTS
-    queued = []  # With `compile_in_background`: (key, args) per shape.
-    for batch in batches:
-      for width in widths:
+
+    def dummy_call(batch, width, want_scores):
+      """(rows, prepared) of a one-step call of these shapes."""
+      dummy = Completion([np.zeros([width], np.int32)] * batch,
+                         [params] * batch, seed=0, max_tokens=1,
+                         shared=Shared(), want_scores=want_scores,
+                         sink=lambda update: None)
+      return dummy.rows, [self._prepare(row) for row in dummy.rows]
+
+    shapes = [(batch, width) for batch in batches for width in widths]
+    if self._compiler is None:
+      for batch, width in shapes:
         for want_scores in (False, True):
-          dummy = Completion([np.zeros([width], np.int32)] * batch,
-                             [params] * batch, seed=0, max_tokens=1,
-                             shared=Shared(), want_scores=want_scores,
-                             sink=lambda update: None)
-          prepared = [self._prepare(row) for row in dummy.rows]
-          if self._compiler is None:
-            self._call(dummy.rows, prepared, carry=None, steps=1)
-            continue
-          # XLA compiles one program for both (scores are a value).
-          args, _ = self._arguments(dummy.rows, prepared, carry=None,
-                                    steps=1)
-          queued.append((compiling.shape_key(args), args))
-          break
-    if queued:
-      # The graph path's one trace, before any compile takes a core.
-      self._interim.call("serve_fn", *queued[0][1])
+          self._call(*dummy_call(batch, width, want_scores), carry=None,
+                     steps=1)
+      self._prompt_logprobs(np.zeros([1, 2], np.int32))
+      return
+    # XLA compiles one program for both (scores are a value, not a shape).
+    queued = []  # (key, args) per shape, smallest batch first.
+    for batch, width in shapes:
+      args, _ = self._arguments(*dummy_call(batch, width, False), carry=None,
+                                steps=1)
+      queued.append((compiling.shape_key(args), args))
+    # The graph path's one trace, before any compile takes a core.
+    self._interim.call("serve_fn", *queued[0][1])
     self._prompt_logprobs(np.zeros([1, 2], np.int32))
     for key, args in queued:
       self._compiler.want(key, self.generator, args, owner=self)
