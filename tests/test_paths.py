@@ -278,20 +278,27 @@ class DefaultPathTest(tf.test.TestCase):
     with mock.patch.object(paths, "gpu_visible", return_value=True):
       self.assertEqual(paths.one_shot_path(full, 1, 10), "xla")
 
-  def test_rwkv7_takes_the_graph_path_on_a_cpu(self):
-    """XLA compiles an RWKV-7 generation for minutes (paths.GRAPH_KINDS)."""
-    model = types.SimpleNamespace(
-        compute_dtype=tf.float32,
-        config=types.SimpleNamespace(layers=[types.SimpleNamespace(
-            kind="rwkv7")]))
-    with mock.patch.object(tuning_cache, "cached_path", return_value=None):
-      for batch in (1, 16, 64):
-        self.assertEqual(paths.default_path(model, batch), "graph")
+  def test_rwkv7_has_its_own_cpu_paths(self):
+    """paths.KIND_PATHS: XLA in float32, the graph path in bfloat16, whatever
+    the GRU tables say for the batch; a one-shot run takes the graph path."""
+    def rwkv7(dtype):
+      return types.SimpleNamespace(
+          compute_dtype=dtype,
+          config=types.SimpleNamespace(layers=[types.SimpleNamespace(
+              kind="rwkv7")]))
+    full, half = rwkv7(tf.float32), rwkv7(tf.bfloat16)
+    with mock.patch.object(tuning_cache, "cached_path", return_value=None), \
+        mock.patch.object(paths, "gpu_visible", return_value=False):
+      for batch in (1, 16, 24, 64):
+        self.assertEqual(paths.default_path(full, batch), "xla")
+        self.assertEqual(paths.default_path(half, batch), "graph")
+        self.assertEqual(paths.one_shot_path(full, batch, 200), "graph")
         # A server's lane too, on one thread or on TensorFlow's pools.
         for threads in (1, 0):
-          self.assertEqual(paths.lane_path(model, batch, 2, threads), "graph")
+          self.assertEqual(paths.lane_path(full, batch, 2, threads), "xla")
+          self.assertEqual(paths.lane_path(half, batch, 2, threads), "graph")
       with mock.patch.object(paths, "gpu_visible", return_value=True):
-        self.assertEqual(paths.default_path(model, 1), "xla")
+        self.assertEqual(paths.default_path(half, 1), "xla")
 
   def test_gpu_takes_xla(self):
     full, _ = small_models()

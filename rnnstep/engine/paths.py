@@ -134,14 +134,31 @@ MEASURED_CORES = 2
 _MOST_XLA_PADDING = 1.15
 
 
-# Kinds whose CPU default is the graph path, whatever the tables say: XLA
-# compiles an RWKV-7 stack's generation for over 9 minutes (the 0.1B shape
-# on a 2-vCPU Zen 3, loaded; XLA warns "Very slow compile"), longer than
-# the whole generation takes on the graph path, whose decode step runs at
-# the weight-reading floor at batch 1, each block one small XLA program
-# (`RWKV7Cell._block_function`; benchmarks/results/
-# rwkv7-epyc-zen3-2026-12.md). `rnnstep-tune` may still pick XLA.
-GRAPH_KINDS = ("rwkv7",)
+# Cell kinds whose CPU paths are their own, not the tables' (which were
+# measured on GRUs): (largest batch size, path) bands per compute dtype, read
+# as the tables are. RWKV-7, the 0.1B shape on a quiet 2-vCPU Zen 3
+# (benchmarks/results/rwkv7-epyc-zen3-2026-12.md, "Fourth session"): in
+# float32 XLA's whole-generation program decoded fastest at every batch
+# measured (1 to 16 rows: 37 against 53 ms a token at batch 1, 155 against
+# 211 ms a step of 16 rows on the graph path, whose blocks are each one small
+# XLA program, `RWKV7Cell._block_function`); it compiles in about a minute a
+# batch size, which a process that generates once does not pay back
+# (`one_shot_path` takes the graph path there). In reduced precision on a CPU
+# without its arithmetic, XLA's dots ran RWKV-7's block 7.1x slower than
+# float32 and graph ops 5.5x: the graph path. `rnnstep-tune` may measure
+# otherwise on the machine at hand.
+KIND_PATHS = {
+    "rwkv7": {"float32": ((None, XLA),), "bfloat16": ((None, GRAPH),),
+              "float16": ((None, GRAPH),)},
+}
+
+
+def _kind_bands(model, dtype: str):
+  """The bands `KIND_PATHS` gives one of `model`'s layer kinds, else None."""
+  for layer in model.config.layers:
+    if layer.kind in KIND_PATHS:
+      return KIND_PATHS[layer.kind][dtype]
+  return None
 
 
 def default_path(model, batch_size: int) -> str:
@@ -149,7 +166,7 @@ def default_path(model, batch_size: int) -> str:
 
   On a GPU, XLA. Otherwise a winner measured on this machine by
   `rnnstep.tune` (the tuning cache, `tuning_cache.cached_path`) comes first;
-  then the graph path for a model with a kind in `GRAPH_KINDS`; then the
+  then the bands of a cell kind with its own (`KIND_PATHS`); then the
   fastest measured on a CPU of this kind (`table_path`). Nothing is
   measured here (RNNSTEP_TUNING=off: the tables only). A reduced compute
   dtype on a CPU without its arithmetic is said once per process (a warning:
@@ -178,8 +195,9 @@ def default_path(model, batch_size: int) -> str:
   measured = tuning_cache.cached_path(model, batch_size)
   if measured is not None:
     return measured
-  if any(layer.kind in GRAPH_KINDS for layer in model.config.layers):
-    return GRAPH
+  own = _kind_bands(model, dtype)
+  if own is not None:
+    return _band_path(own, batch_size)
   return table_path(dtype, batch_size)
 
 
@@ -268,7 +286,7 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   A call on several threads is what the library's table measured
   (`default_path`). On one thread, a winner `rnnstep-tune --lanes` measured
   here for as many lanes comes first (`tuning_cache.cached_path`), then
-  the graph path for a kind in `GRAPH_KINDS`, then `lane_table_path` (on a
+  a cell kind's own bands (`KIND_PATHS`), then `lane_table_path` (on a
   GPU, XLA as always; a reduced dtype without its arithmetic is noted as by
   `default_path`).
 
@@ -289,8 +307,9 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   measured = tuning_cache.cached_path(model, rows, lanes=lanes)
   if measured is not None:
     return measured
-  if any(layer.kind in GRAPH_KINDS for layer in model.config.layers):
-    return GRAPH  # As `default_path`: XLA compiles them for minutes.
+  own = _kind_bands(model, dtype)
+  if own is not None:
+    return _band_path(own, rows)  # As `default_path`.
   # The table's bands hold for a lane a core, as measured.
   return lane_table_path(dtype, rows)
 
