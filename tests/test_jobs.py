@@ -139,6 +139,28 @@ def test_killed_job_resumes_with_every_record_once(setup):
   assert [line["index"] for line in read_out(out)[1]] == list(range(5))
 
 
+def test_a_job_without_a_seed_draws_one_and_keeps_it_when_resumed(setup):
+  """Without --seed the job draws its base seed once, records it beside
+  OUT, and a run resumed after a kill derives the same records' seeds."""
+  root, model_path, model = setup
+  source = write_jsonl(root / "unseeded.jsonl", records()[:7])
+  out = str(root / "unseeded_out.jsonl")
+  args = [a for a in job_args(model_path, source, out) if a != "--seed=9"]
+  killed = run(args, {jobs.CRASH_VARIABLE: "1:-1"})
+  assert killed.returncode == -signal.SIGKILL, killed
+  with open(out + jobs.JOB_SUFFIX, encoding="utf-8") as f:
+    base_seed = json.load(f)["base_seed"]
+  assert isinstance(base_seed, int)
+  finished = run(args)
+  assert finished.returncode == 0, finished
+  _, lines = read_out(out)
+  assert [line["index"] for line in lines] == list(range(7))
+  for record, line in zip(records(), lines):
+    seed = record.get("seed", rnnstep.record_seed(base_seed, line["index"]))
+    assert line["seed"] == seed
+    assert line["text"] == library_text(model, record, seed), line
+
+
 def test_bad_lines_and_scoring(setup):
   root, model_path, model = setup
   good = records()[:4]

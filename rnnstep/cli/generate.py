@@ -426,7 +426,7 @@ def _run_job() -> int:
       input_sha256=jobs.sha256_of([_INPUT.value]), model_sha256=model_hash,
       options=fingerprint,
       base_seed=None if scoring else (
-          secrets.randbelow(2**31) if _SEED.value is None else _SEED.value))
+          _fresh_seed() if _SEED.value is None else _SEED.value))
   output = jobs.Output(job, _OVERWRITE.value)
   output.check()
   model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
