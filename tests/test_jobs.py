@@ -223,3 +223,38 @@ def test_bad_lines_and_scoring(setup):
   assert lines[0]["key"] == "a"
   assert "--output=FILE" in cli.one_error_line(results["no_output"], 2)
   assert "--prompt with --input" in cli.one_error_line(results["prompt"], 2)
+
+
+def test_a_short_last_batch_under_xla_reuses_the_full_batches_program(
+    setup, monkeypatch):
+  """Under XLA, once a full batch runs faster than the first call's compile
+  took, a short last batch is padded to the batch size (no new program);
+  only its own records come back, each with its one-row call's text."""
+  _, _, model = setup
+  job = jobs.Job(kind="generate", input_path="in", output_path="out",
+                 input_sha256="", model_sha256="", options={}, base_seed=9)
+  flag_options = {option.name: option.default
+                  for option in jobs.options_lib.OPTIONS}
+  rows_run = []
+  real_generate = rnnstep.generate
+
+  def counting_generate(model, prompts, *args, **kwargs):
+    rows_run.append(len(prompts))
+    return real_generate(model, prompts, *args, **kwargs)
+
+  monkeypatch.setattr(rnnstep, "generate", counting_generate)
+  batch = [jobs.Record(i, record) for i, record in enumerate(records())]
+  # Batches of 5, 5 and 1 row (XLA pads 5 rows to 8 itself, 1 to 1).
+  for jit_compile, want_rows in ((True, [5, 5, 5]), (False, [5, 5, 1])):
+    rows_run.clear()
+    run_batch = jobs.generation_batch(model, job, STEPS, flag_options, ["."],
+                                      None, jit_compile, 5)
+    lines = []
+    for begin in range(0, len(batch), 5):
+      lines += run_batch(batch[begin:begin + 5])[0]
+    assert rows_run == want_rows
+    assert [line["index"] for line in lines] == list(range(11))
+    for record, line in zip(records(), lines):
+      seed = record.get("seed", rnnstep.record_seed(9, line["index"]))
+      assert line["seed"] == seed and line["key"] == record["key"]
+      assert line["text"] == library_text(model, record, seed), line

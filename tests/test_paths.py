@@ -266,12 +266,15 @@ class DefaultPathTest(tf.test.TestCase):
 
   def test_one_shot_runs_take_the_graph_path_where_xla_would_compile(self):
     full, half = small_models()
-    limit = paths.ONE_SHOT_GRAPH_MAX_STEPS
     for batch in (1, 3, 16, 20, 32, 48, 64, 65, 256):
+      limit = min(paths.ONE_SHOT_GRAPH_MAX_STEPS,
+                  paths.ONE_SHOT_GRAPH_MAX_ROW_STEPS // batch)
       default = paths.default_path(full, batch)
       short = paths.one_shot_path(full, batch, limit)
       self.assertEqual(short, "graph" if default == "xla" else default, batch)
-      # Past the limit, and in a reduced dtype, the default stands.
+      # Past the limit (steps, or rows x steps: a bulk job's 256-row
+      # batches take XLA past 512 steps in all), and in a reduced dtype, the
+      # default stands.
       self.assertEqual(paths.one_shot_path(full, batch, limit + 1), default)
       self.assertEqual(paths.one_shot_path(half, batch, 10),
                        paths.default_path(half, batch))

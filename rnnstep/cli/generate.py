@@ -455,7 +455,7 @@ def _run_job() -> int:
           _NUM_STEPS.value * batches))
     run_batch = jobs.generation_batch(
         model, job, _NUM_STEPS.value, options, _STOP.value,
-        (_REGEX.value or [None])[0], jit_compile)
+        (_REGEX.value or [None])[0], jit_compile, batch_size)
   with jobs.blamed(FLAGS):
     say(jobs.run(job, records, output, run_batch, batch_size, skipped))
   return 0

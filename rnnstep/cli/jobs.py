@@ -454,31 +454,52 @@ def run(job: Job, records: List[Record], output: Output, run_batch,
 
 
 def generation_batch(model, job: Job, num_steps: int, flag_options: dict,
-                     stop, regex, jit_compile):
+                     stop, regex, jit_compile, batch_size: int):
   """The `run_batch` of a generation job: one `rnnstep.generate` a batch."""
   import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep.engine import request  # pylint: disable=g-import-not-at-top
   stops = tuple(stop or ())
+  seconds = []  # Each call's wall time in this process.
+
+  def padded(batch: List[Record]) -> List[Record]:
+    """The batch, or a short last one padded to `batch_size` under XLA.
+
+    Under XLA a short batch is a new shape (`request.batch_bucket`), so a
+    new compile. Padded with copies of its last record (their results are
+    dropped) it reuses the full batches' program instead, which pays where
+    a full batch runs in less time than a compile takes: the first call's
+    seconds less a compiled call's. (Each row's text is its one-row call's
+    in any batch: README "Reproducibility".)
+    """
+    if (jit_compile is not True or len(seconds) < 2 or
+        request.batch_bucket(len(batch)) == request.batch_bucket(batch_size)
+        or seconds[-1] >= seconds[0] - seconds[-1]):
+      return batch
+    return batch + [batch[-1]] * (batch_size - len(batch))
 
   def run_batch(batch: List[Record]):
-    prompts = [record.fields["prompt"] for record in batch]
-    seeds = [record.fields.get("seed") for record in batch]
+    rows = padded(batch)
+    prompts = [record.fields["prompt"] for record in rows]
+    seeds = [record.fields.get("seed") for record in rows]
     seeds = [rnnstep.record_seed(job.base_seed, record.index)
-             if seed is None else seed for seed, record in zip(seeds, batch)]
+             if seed is None else seed for seed, record in zip(seeds, rows)]
     options = dict(flag_options)
     for name in RECORD_OPTIONS:
-      if any(name in record.fields for record in batch):
+      if any(name in record.fields for record in rows):
         options[name] = [record.fields.get(name, flag_options[name])
-                         for record in batch]
+                         for record in rows]
+    start = time.monotonic()
     texts, scores = rnnstep.generate(
         model, prompts, num_steps, seed=seeds, stop=list(stops) or None,
         regex=regex, return_scores=True, jit_compile=jit_compile, **options)
+    seconds.append(time.monotonic() - start)
     lines = [{"index": record.index, "key": record.fields.get("key"),
               "prompt": prompt, "seed": seed, "text": text,
               "logprob": float(score),
               "stopped": bool(stops) and text.endswith(stops)}
              for record, prompt, seed, text, score in zip(
                  batch, prompts, seeds, texts, scores)]
-    return lines, sum(len(text) for text in texts)
+    return lines, sum(len(text) for text in texts[:len(batch)])
   return run_batch
 
 

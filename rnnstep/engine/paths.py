@@ -339,6 +339,16 @@ def lane_table_path(dtype: str, rows: int, kind: str = None) -> str:
 # --sections=cli` measures it).
 ONE_SHOT_GRAPH_MAX_STEPS = 2000
 
+# XLA's gain a step grows with the rows while its compile stays a few
+# seconds: quiet on a 2-vCPU Zen 3, the bundled GRU 768's first call (trace
+# or compile, then the run) crossed over near 950 steps at 128 rows (6.9
+# against 5.8 ms a step, 1.0 s more to compile) and near 600 at 256 rows
+# (12.6 against 8.1 ms, 2.7 s more), about 120,000-150,000 row-steps; at 64
+# rows and fewer the step limit above binds first. So a one-shot run (a bulk
+# job's batches count as one: `rnnstep-generate --input`) of more rows x steps
+# than this takes XLA (benchmarks/results/bulk-epyc-zen3-2026-12.md).
+ONE_SHOT_GRAPH_MAX_ROW_STEPS = 131_072
+
 
 def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   """The path for a process that runs one generation and exits.
@@ -347,8 +357,9 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   what a notebook, a server or a loop of calls pays off. A process that
   generates once (the command line) also pays the compile: for a float32
   model on a CPU, XLA's costs more than it saves up to
-  `ONE_SHOT_GRAPH_MAX_STEPS` steps, so such a run takes the graph path. In
-  float32 the paths give the same text (README "Reproducibility").
+  `ONE_SHOT_GRAPH_MAX_STEPS` steps and `ONE_SHOT_GRAPH_MAX_ROW_STEPS` rows x
+  steps, so such a run takes the graph path. In float32 the paths give the
+  same text (README "Reproducibility").
 
   Args:
     model: the `rnnstep.Model`.
@@ -360,6 +371,7 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   """
   path = default_path(model, batch_size)
   if (path == XLA and num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
+      and batch_size * num_steps <= ONE_SHOT_GRAPH_MAX_ROW_STEPS
       and model.compute_dtype.name == "float32" and not gpu_visible()):
     return GRAPH
   return path
