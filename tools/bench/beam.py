@@ -17,8 +17,9 @@ record:
 and, once, in this process, `library`: `rnnstep.generate` over the same
 records in batches of --batch_size with one seed per row, warm (after one
 untimed call): the bound. Beam's batches are fixed at --batch_size
-(`--min_batch_size` = `--max_batch_size`); both jobs run the library's
-default path for it.
+(`--min_batch_size` = `--max_batch_size`); Beam runs the library's
+default path for it, the job `rnnstep-generate`'s for all its records
+(`paths.one_shot_path`), its one-batch run included.
 
 Each timed run is a whole job: the fresh process's start-up (imports,
 loading, compiling) is in its time, as a user waits for it. With
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -89,14 +91,23 @@ def write_records(path: str, count: int, seed: int):
           8, 64)], "seed": rng.randrange(2**31)}) + "\n")
 
 
-def command(variant: str, source: str, out: str, batch: int):
-  """The command line of a variant's run over `source`."""
+def command(variant: str, source: str, out: str, batch: int,
+            job_path: Optional[str] = None):
+  """The command line of a variant's run over `source`.
+
+  `job_path`: the job's path, given (for its one-batch run) where the job
+  over every record would take it by default.
+  """
   model = [f"--model={_MODEL.value}"] if _MODEL.value else []
   if variant == "job":
+    path_flag = _jit_flag("job")
+    if job_path and not path_flag:
+      path_flag = [{"graph": "--nojit_compile", "xla": "--jit_compile",
+                    "elementwise": "--jit_compile=elementwise"}[job_path]]
     return [sys.executable, "-m", "rnnstep.cli.generate", f"--input={source}",
             f"--output={out}.jsonl", f"--num_steps={_MAX_TOKENS.value}",
             "--overwrite"] + [f"--weights={_MODEL.value}"] * bool(
-                _MODEL.value) + _jit_flag("job")
+                _MODEL.value) + path_flag
   workers = {"beam_1": ["--direct_num_workers=1"],
              "beam_2": ["--direct_num_workers=2",
                         "--direct_running_mode=multi_processing"]}[variant]
@@ -117,10 +128,11 @@ def _jit_flag(kind: str):
           "elementwise": ["--jit_compile=elementwise"]}[value]
 
 
-def timed_run(variant, source, out, batch) -> float:
+def timed_run(variant, source, out, batch, job_path=None) -> float:
   """Runs a variant; returns its wall seconds."""
   start = time.monotonic()
-  proc = subprocess.run(command(variant, source, out, batch), env=ENV,
+  proc = subprocess.run(command(variant, source, out, batch, job_path),
+                        env=ENV,
                         capture_output=True, text=True, check=False)
   seconds = time.monotonic() - start
   if proc.returncode:
@@ -181,10 +193,14 @@ def main(argv):
   print(f"apache-beam {apache_beam.__version__}; load average at start: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
   print(f"model: {_MODEL.value or 'bundled'} {model.config}")
+  # The path the job takes by default (rnnstep-generate's rule).
+  job_path = paths.one_shot_path(
+      model, min(batch, _RECORDS.value),
+      _MAX_TOKENS.value * -(-_RECORDS.value // batch))
   print(f"records: {_RECORDS.value} x {_MAX_TOKENS.value} characters, "
         f"batch {batch} (jit_compile {_JIT_COMPILE.value}; the library's "
-        f"default path for it: {paths.default_path(model, batch)}), "
-        f"{_ROUNDS.value} rounds\n")
+        f"default path for it: {paths.default_path(model, batch)}; the "
+        f"job's: {job_path}), {_ROUNDS.value} rounds\n")
   chars = _RECORDS.value * _MAX_TOKENS.value
   tmp = tempfile.mkdtemp(prefix="bench_beam_")
   source = os.path.join(tmp, "in.jsonl")
@@ -209,8 +225,11 @@ def main(argv):
       if _STARTUP_RECORDS.value:
         small_out = os.path.join(tmp, f"{variant}_{round_}_small", "out")
         os.makedirs(os.path.dirname(small_out))
+        # The job's path over every record: the one-batch run alone would
+        # take the graph path (few rows x steps), leaving XLA's compile in
+        # the difference.
         small_seconds[variant].append(
-            timed_run(variant, small, small_out, batch))
+            timed_run(variant, small, small_out, batch, job_path))
       print(f"round {round_ + 1}: {variant} {seconds[variant][-1]:.1f} s "
             f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
   library = library_seconds(model, source, batch)
