@@ -447,12 +447,8 @@ def _run_job() -> int:
     batch_size = _BATCH_SIZE.value or paths.bulk_batch_size(model)
     jit_compile = _JIT_COMPILE.value
     if jit_compile is None:
-      # One path for every batch (the last, smaller one too); XLA's compile
-      # pays off only over enough steps, as for a one-shot run.
-      batches = -(-len(records) // batch_size)
-      jit_compile = paths.jit_compile_of(paths.one_shot_path(
-          model, min(batch_size, max(len(records), 1)),
-          _NUM_STEPS.value * batches))
+      jit_compile = paths.jit_compile_of(paths.bulk_job_path(
+          model, len(records), batch_size, _NUM_STEPS.value))
     run_batch = jobs.generation_batch(
         model, job, _NUM_STEPS.value, options, _STOP.value,
         (_REGEX.value or [None])[0], jit_compile, batch_size)

@@ -377,6 +377,25 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   return path
 
 
+def bulk_job_path(model, records: int, batch_size: int, num_steps: int) -> str:
+  """The one path of every batch of a bulk job (`rnnstep-generate --input`).
+
+  The job's batches count as one one-shot run (`one_shot_path`): the
+  batch's rows and the steps of all its batches, so XLA's compile is
+  weighed against the whole job (the last, smaller batch takes it too).
+
+  Args:
+    model: the `rnnstep.Model`.
+    records: the job's records (all of them, done or not, so a resumed job
+      keeps its path).
+    batch_size: records per batch.
+    num_steps: steps per record.
+  """
+  batches = -(-records // batch_size)
+  return one_shot_path(model, min(batch_size, max(records, 1)),
+                       num_steps * batches)
+
+
 # The batch a bulk job (`rnnstep-generate --input`) runs when `rnnstep-tune`
 # measured none here. Throughput grows with the batch while the step is bound
 # by reading the weights, then flattens: on the Zen 3 table's quiet run

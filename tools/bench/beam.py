@@ -17,10 +17,10 @@ record:
 and, once a round after the variants, in this process, `library`:
 `rnnstep.generate` over the same records in batches of --batch_size with
 one seed per row and their scores (as the job and Beam ask), warm (its
-shapes compiled first, untimed): the bound. Beam's batches are fixed at --batch_size
-(`--min_batch_size` = `--max_batch_size`); Beam runs the library's
-default path for it, the job `rnnstep-generate`'s for all its records
-(`paths.one_shot_path`), its one-batch run included.
+shapes compiled first, untimed): the bound. Beam's batches are fixed at
+--batch_size (`--min_batch_size` = `--max_batch_size`); Beam runs the
+library's default path for it, the job `rnnstep-generate`'s for all its
+records (`paths.bulk_job_path`), its one-batch run included.
 
 Each timed run is a whole job: the fresh process's start-up (imports,
 loading, compiling) is in its time, as a user waits for it. With
@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import List, Optional
 
 from absl import app
 from absl import flags
@@ -93,18 +93,15 @@ def write_records(path: str, count: int, seed: int):
 
 
 def command(variant: str, source: str, out: str, batch: int,
-            job_path: Optional[str] = None):
+            job_path_flag: Optional[List[str]] = None):
   """The command line of a variant's run over `source`.
 
-  `job_path`: the job's path, given (for its one-batch run) where the job
-  over every record would take it by default.
+  `job_path_flag`: the flag of the path the job over every record takes by
+  default, for its one-batch run (where --jit_compile is auto).
   """
   model = [f"--model={_MODEL.value}"] if _MODEL.value else []
   if variant == "job":
-    path_flag = _jit_flag("job")
-    if job_path and not path_flag:
-      path_flag = [{"graph": "--nojit_compile", "xla": "--jit_compile",
-                    "elementwise": "--jit_compile=elementwise"}[job_path]]
+    path_flag = _jit_flag("job") or job_path_flag or []
     return [sys.executable, "-m", "rnnstep.cli.generate", f"--input={source}",
             f"--output={out}.jsonl", f"--num_steps={_MAX_TOKENS.value}",
             "--overwrite"] + [f"--weights={_MODEL.value}"] * bool(
@@ -118,23 +115,26 @@ def command(variant: str, source: str, out: str, batch: int,
           ] + model + workers + _jit_flag("beam")
 
 
+# --jit_compile's values as `jit_compile` arguments, and each as the job's flag.
+_JIT_COMPILE_VALUES = {"auto": None, "true": True, "false": False,
+                       "elementwise": "elementwise"}
+_JOB_FLAGS = {None: [], True: ["--jit_compile"], False: ["--nojit_compile"],
+              "elementwise": ["--jit_compile=elementwise"]}
+
+
 def _jit_flag(kind: str):
   """--jit_compile as the job's flag or the pipeline's."""
   value = _JIT_COMPILE.value
-  if value == "auto":
-    return []
   if kind == "beam":
-    return [f"--jit_compile={value}"]
-  return {"true": ["--jit_compile"], "false": ["--nojit_compile"],
-          "elementwise": ["--jit_compile=elementwise"]}[value]
+    return [] if value == "auto" else [f"--jit_compile={value}"]
+  return _JOB_FLAGS[_JIT_COMPILE_VALUES[value]]
 
 
-def timed_run(variant, source, out, batch, job_path=None) -> float:
+def timed_run(variant, source, out, batch, job_path_flag=None) -> float:
   """Runs a variant; returns its wall seconds."""
   start = time.monotonic()
-  proc = subprocess.run(command(variant, source, out, batch, job_path),
-                        env=ENV,
-                        capture_output=True, text=True, check=False)
+  proc = subprocess.run(command(variant, source, out, batch, job_path_flag),
+                        env=ENV, capture_output=True, text=True, check=False)
   seconds = time.monotonic() - start
   if proc.returncode:
     raise SystemExit(f"{variant} failed ({proc.returncode}):\n"
@@ -167,8 +167,7 @@ def library_pass(model, source: str, batch: int):
   with open(source, encoding="utf-8") as f:
     records = [json.loads(line) for line in f]
   calls = [records[i:i + batch] for i in range(0, len(records), batch)]
-  jit_compile = {"auto": None, "true": True, "false": False,
-                 "elementwise": "elementwise"}[_JIT_COMPILE.value]
+  jit_compile = _JIT_COMPILE_VALUES[_JIT_COMPILE.value]
 
   def generate(call):
     rnnstep.generate(model, [r["prompt"] for r in call], _MAX_TOKENS.value,
@@ -203,10 +202,8 @@ def main(argv):
   print(f"apache-beam {apache_beam.__version__}; load average at start: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
   print(f"model: {_MODEL.value or 'bundled'} {model.config}")
-  # The path the job takes by default (rnnstep-generate's rule).
-  job_path = paths.one_shot_path(
-      model, min(batch, _RECORDS.value),
-      _MAX_TOKENS.value * -(-_RECORDS.value // batch))
+  job_path = paths.bulk_job_path(model, _RECORDS.value, batch,
+                                 _MAX_TOKENS.value)
   print(f"records: {_RECORDS.value} x {_MAX_TOKENS.value} characters, "
         f"batch {batch} (jit_compile {_JIT_COMPILE.value}; the library's "
         f"default path for it: {paths.default_path(model, batch)}; the "
@@ -241,7 +238,8 @@ def main(argv):
         # take the graph path (few rows x steps), leaving XLA's compile in
         # the difference.
         small_seconds[variant].append(
-            timed_run(variant, small, small_out, batch, job_path))
+            timed_run(variant, small, small_out, batch,
+                      _JOB_FLAGS[paths.jit_compile_of(job_path)]))
       print(f"round {round_ + 1}: {variant} {seconds[variant][-1]:.1f} s "
             f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     library.append(library_timed())

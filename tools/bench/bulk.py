@@ -62,8 +62,7 @@ def run(ctx, results_out):
   out = os.path.join(tmpdir, "bulk_out.jsonl")
   seeds = [rnnstep.record_seed(settings.seed, i) for i in range(records)]
   batch = paths.bulk_batch_size(model)
-  batches = -(-records // batch)
-  job_path = paths.one_shot_path(model, min(batch, records), steps * batches)
+  job_path = paths.bulk_job_path(model, records, batch, steps)
   argv = ["rnnstep-generate", f"--weights={model_path}", f"--input={source}",
           f"--output={out}", f"--num_steps={steps}",
           f"--seed={settings.seed}", "--overwrite"]
