@@ -70,10 +70,13 @@ def import_graph():
 # layer know nothing of each other (the model and decoding; the engine and the
 # converters). `rnnstep` itself (the lazy front door) sits below the CLIs.
 LAYERS = (
-    ("rnnstep.errors", "rnnstep.staging"),
+    ("rnnstep.errors", "rnnstep.staging", "rnnstep.version"),
     ("rnnstep.model", "rnnstep.decoding"),
     ("rnnstep.engine", "rnnstep.convert"),
     ("rnnstep.api",),
+    # The LiteRT export, its runner and cache, and rnnstep-generate's warm
+    # path (below the exporters: `rnnstep.export` dispatches to it).
+    ("rnnstep.litert",),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
     ("rnnstep.cli", "rnnstep.beam"),  # Front ends: command lines, pipelines.
@@ -189,6 +192,18 @@ class ImportGraphTest(unittest.TestCase):
     probe = ("import sys; from rnnstep.engine import cpu, tuning_cache; "
              "cpu.info(); tuning_cache.machine_key(); "
              "tuning_cache.entries(tuning_cache.cache_file()); "
+             "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
+             "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          check=True)
+    self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
+
+  def test_the_warm_path_imports_without_tensorflow(self):
+    """A warm rnnstep-generate imports these before it knows whether
+    TensorFlow will be needed: none imports it (or numpy) at module level."""
+    probe = ("import sys; from rnnstep.litert import cache, fill, inputs, "
+             "runner, warm; from rnnstep import version; "
              "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
              "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,

@@ -85,7 +85,6 @@ tracebacks.
 """
 
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -96,10 +95,10 @@ import time
 from absl import flags
 
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
-from rnnstep.cli import compiled_cache
 from rnnstep.decoding import options as options_lib
-from rnnstep.exporters import litert_runner
 from rnnstep import errors
+from rnnstep.litert import cache as artifact_cache
+from rnnstep.litert import warm
 import rnnstep  # pylint: disable=g-bad-import-order
 
 PROGRAM = "rnnstep-generate"
@@ -253,16 +252,6 @@ _VERBOSE = flags.DEFINE_boolean(
     "Say on stderr which path generated the text (the cached compiled "
     "artifact, or TensorFlow and why).", flag_values=FLAGS)
 
-# The fast path's crossover, in characters x rows (num_steps x prompts x
-# samples). Measured on a 2-vCPU Zen 3 with the bundled model (GRU 1024): the
-# LiteRT artifact costs ~0.3 s fixed (Python, numpy, interpreter, 8 MB
-# flatbuffer) plus 0.39 ms per character at B=1, 0.20 ms per char-row at B=8,
-# 0.14 at B=32, 0.12 at B=128; the TensorFlow path ~8 s fixed (import 4.4 s,
-# tracing and XLA compiles 3-4 s) plus ~0.2 ms per character at B=1 and far
-# less per char-row at large batches. They cross near 7.7 s / 0.19 ms =
-# 40,000 char-rows at B=1 and about the same at larger batches (7.7 s / ~0.15
-# ms), so past this the TensorFlow path is used.
-FAST_PATH_MAX_CHAR_ROWS = 40_000
 # rnnstep.api.BUNDLED_MODEL, spelled out here so that finding it imports no
 # TensorFlow (tests/test_fast_path.py checks the two agree).
 BUNDLED_MODEL = os.path.join("data", "shakespeare.npz")
@@ -312,7 +301,7 @@ def main(argv):
     if _generate_fast(rows, seed, decoding):
       _say_tensorflow_only()
       return 0
-  except _NotServed as e:
+  except warm.NotServed as e:
     fill_key = e.fill_key
     why_tensorflow = f"TensorFlow path: {e}" + (
         "; building the compiled artifact in the background for the next run"
@@ -331,7 +320,7 @@ def main(argv):
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
-    compiled_cache.spawn_fill(_model_path(), fill_key)
+    artifact_cache.spawn_fill(_model_path(), fill_key)
   return 0
 
 
@@ -345,17 +334,17 @@ def _fresh_seed() -> int:
 def _cache_command() -> int:
   """--cache_info (list) or --cache_clear (remove, then list what is left)."""
   out = sys.stdout
-  folder = compiled_cache.directory()
+  folder = artifact_cache.directory()
   if _CACHE_CLEAR.value:
-    count, size = compiled_cache.clear()
+    count, size = artifact_cache.clear()
     out.write(f"removed {_entries(count)} ({_megabytes(size)}) from "
               f"{folder}\n")
     if not _CACHE_INFO.value:
       return 0
-  found = compiled_cache.entries()
+  found = artifact_cache.entries()
   out.write(f"compiled-artifact cache: {folder}, cap "
-            f"{_megabytes(compiled_cache.max_bytes())} "
-            f"(${compiled_cache.MAX_MB_ENV})\n")
+            f"{_megabytes(artifact_cache.max_bytes())} "
+            f"(${artifact_cache.MAX_MB_ENV})\n")
   for entry in found:
     used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
     out.write(f"  {entry.name}  {_megabytes(entry.bytes):>9}  used {used}  "
@@ -457,19 +446,6 @@ def _run_job() -> int:
   return 0
 
 
-class _NotServed(Exception):
-  """The fast path does not serve this run: the message says why.
-
-  Attributes:
-    fill_key: the cache key to build in the background (the request would
-      be served once the entry exists), or None.
-  """
-
-  def __init__(self, reason: str, fill_key=None):
-    super().__init__(reason)
-    self.fill_key = fill_key
-
-
 def _say(message: str):
   if _VERBOSE.value:
     print(f"{PROGRAM}: {message}", file=common.stderr(), flush=True)
@@ -495,28 +471,23 @@ def _model_path() -> str:
                       BUNDLED_MODEL)
 
 
-# What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
-# sends there (the compiled artifact serves every other decoding option).
+# What still runs on TensorFlow, for --verbose: the requests `_flag_refusal`
+# and `warm.refusal` send there (the compiled artifact serves every other
+# decoding option).
 TENSORFLOW_ONLY = ("--format=jsonl (its logprob)",
                    "--stream", "--dtype other than float32",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
-                   f"over {FAST_PATH_MAX_CHAR_ROWS:,} characters x rows")
+                   f"over {warm.MAX_CHAR_ROWS:,} characters x rows")
 
 
-def _request_refusal(rows, seed, decoding):
-  """Why the compiled artifact cannot serve this request, or None.
-
-  The artifact (exporters/litert.py) takes prompts, num_steps, an int32
-  seed, every decoding option (per-row ones one value per row, beams
-  included), stop strings and patterns, and returns ids: no scores (jsonl's
-  logprob), no windows, float32 only (`TENSORFLOW_ONLY`).
-  """
+def _flag_refusal():
+  """Why the flags alone send this run to TensorFlow, or None: they ask for
+  what the compiled artifact does not give (scores, chunks, another dtype
+  or path) or turn the cache off."""
   if not _CACHE.value:
     return "--nocache"
-  if not compiled_cache.enabled():
-    return "RNNSTEP_COMPILED_CACHE is off"
   if _CORPUS.value is not None or _VOCAB.value is not None:
     return "--corpus/--vocab: weights converted in memory are not cached"
   if _DTYPE.value != "float32":
@@ -528,16 +499,6 @@ def _request_refusal(rows, seed, decoding):
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
-  if decoding["window"]:
-    return "--window: the compiled artifact steps the model statefully"
-  if not -2**31 <= seed < 2**31:
-    return f"--seed={seed}: the compiled artifact's seed is int32"
-  if _NUM_STEPS.value * len(rows) > FAST_PATH_MAX_CHAR_ROWS:
-    return (f"{_NUM_STEPS.value} characters x {len(rows)} rows is past the "
-            f"compiled artifact's crossover ({FAST_PATH_MAX_CHAR_ROWS:,} "
-            "char-rows), where TensorFlow is faster")
-  if importlib.util.find_spec("ai_edge_litert") is None:
-    return "ai_edge_litert is not installed (pip install ai-edge-litert)"
   return None
 
 
@@ -548,73 +509,21 @@ def _generate_fast(rows, seed, decoding) -> bool:
     True when the text is written.
 
   Raises:
-    _NotServed: the TensorFlow path must run (a missing or invalid entry
+    warm.NotServed: the TensorFlow path must run (a missing or invalid entry
       names the key to build after it).
   """
-  refusal = _request_refusal(rows, seed, decoding)
+  refusal = _flag_refusal()
   if refusal:
-    raise _NotServed(refusal)
-  runtime = compiled_cache.runtime_version()
-  if runtime is None:
-    raise _NotServed("ai_edge_litert's version is unknown")
-  path = _model_path()
-  try:
-    key = compiled_cache.key(path, runtime)
-  except OSError as e:
-    raise _NotServed(f"cannot read the model file ({common.reason(e)})"
-                     ) from None
-  except ValueError as e:  # A folder too large to hash on every run.
-    raise _NotServed(str(e)) from None
-  try:
-    flatbuffer, manifest = compiled_cache.lookup(key)
-  except compiled_cache.Miss as e:
-    raise _NotServed(str(e), fill_key=key if e.rebuild else None) from None
-  vocab = manifest["vocab"]
-  try:
-    tokens = compiled_cache.tokens_of(manifest)
-  except compiled_cache.Miss as e:
-    raise _NotServed(str(e)) from None
-  prompts = [prompt for _, _, prompt in rows]
-  if tokens is None:
-    known = set(vocab)
-    if any(c not in known for prompt in prompts for c in prompt):
-      raise _NotServed("a --prompt character is not in the model's "
-                       "vocabulary")
-  else:  # The library's encoding; its refusals are the TensorFlow path's.
-    try:
-      if not all(len(tokens.encode(prompt)) for prompt in prompts):
-        raise ValueError("gives no tokens")
-    except ValueError:
-      raise _NotServed("a --prompt the model's vocabulary cannot encode"
-                       ) from None
-  # The artifact's inputs: every decoding option it has.
-  values = {name: value for name, value in decoding.items()
-            if name in litert_runner.ARTIFACT_OPTIONS}
-  regex = _regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value))
-  stops = _STOP.value or []
-  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
-  if beams > 1:  # As `_generate`: one search per prompt, its rows its best.
-    prompts = list(_PROMPT.value)
-    values = {name: (value[::returned] if isinstance(value, list) else value)
-              for name, value in values.items()}
-    regex = regex[::returned] if isinstance(regex, list) else regex
-  try:
-    texts = litert_runner.run_artifact(
-        flatbuffer, vocab, prompts, _NUM_STEPS.value, seed=seed,
-        tokens=tokens, stop=stops, regex=regex, **values)
-  except errors.ArgumentError as e:  # The library refuses it too: its words.
-    raise _NotServed(f"--{e.argument}: {e}") from None
-  except (ImportError, ValueError, RuntimeError) as e:
-    raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
-                     f"{e})") from None
-  if beams > 1:
-    texts = [text for p in range(len(prompts))
-             for text in texts[p * beams:p * beams + returned]]
-  _say(f"fast path: compiled artifact "
-       f"{compiled_cache.entry_base(key)}.tflite (no TensorFlow)")
+    raise warm.NotServed(refusal)
+  per_prompt = len(rows) // len(_PROMPT.value)
+  served = warm.generate(
+      _model_path(), _PROMPT.value, per_prompt, _NUM_STEPS.value, seed=seed,
+      decoding=decoding, stop=_STOP.value or [],
+      regex=_regex_rows(len(_PROMPT.value), per_prompt))
+  _say(f"fast path: compiled artifact {served.artifact} (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
-    printer = Printer(out, rows, seed, stops, "text")
-    printer.add(texts)
+    printer = Printer(out, rows, seed, _STOP.value or [], "text")
+    printer.add(served.texts)
     printer.finish()
   return True
 
