@@ -89,19 +89,18 @@ import json
 import math
 import os
 import sys
-import threading
-import time
 
 from absl import flags
 
+from rnnstep.cli import cache_commands
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
+from rnnstep.cli import tensorflow_path
 from rnnstep.decoding import options as options_lib
-from rnnstep import errors
 from rnnstep.litert import cache as artifact_cache
 from rnnstep.litert import warm
 import rnnstep  # pylint: disable=g-bad-import-order
 
-PROGRAM = "rnnstep-generate"
+PROGRAM = tensorflow_path.PROGRAM
 DEFAULT_PROMPT = "ROMEO:"
 MAX_INT32 = 2**31 - 1
 
@@ -278,7 +277,7 @@ _validate("stop", lambda stops: not stops or all(stops),
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
   if _CACHE_INFO.value or _CACHE_CLEAR.value:
-    return _cache_command()
+    return cache_commands.run(_CACHE_INFO.value, _CACHE_CLEAR.value)
   if _INPUT.value is not None:
     return _run_job()
   for name in _JOB_FLAGS:
@@ -316,7 +315,13 @@ def main(argv):
             file=common.stderr())
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
-    _generate(model, rows, seed, decoding, printer, why_tensorflow)
+    tensorflow_path.generate(
+        model, _PROMPT.value, per_prompt, _NUM_STEPS.value, printer,
+        seed=seed, decoding=decoding, stop=_STOP.value or [],
+        regex=_regex_rows(len(_PROMPT.value), per_prompt),
+        jit_compile=_JIT_COMPILE.value, stream=_STREAM.value,
+        chunk_size=_CHUNK_SIZE.value, flag_values=FLAGS,
+        announce=lambda which: _say(f"{why_tensorflow} ({which})"))
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
@@ -329,37 +334,6 @@ def _fresh_seed() -> int:
   `secrets.randbelow(2**31)`, without importing `secrets`, `random` and
   `hmac`: a warm run's start-up is most of its time)."""
   return int.from_bytes(os.urandom(4), "big") >> 1
-
-
-def _cache_command() -> int:
-  """--cache_info (list) or --cache_clear (remove, then list what is left)."""
-  out = sys.stdout
-  folder = artifact_cache.directory()
-  if _CACHE_CLEAR.value:
-    count, size = artifact_cache.clear()
-    out.write(f"removed {_entries(count)} ({_megabytes(size)}) from "
-              f"{folder}\n")
-    if not _CACHE_INFO.value:
-      return 0
-  found = artifact_cache.entries()
-  out.write(f"compiled-artifact cache: {folder}, cap "
-            f"{_megabytes(artifact_cache.max_bytes())} "
-            f"(${artifact_cache.MAX_MB_ENV})\n")
-  for entry in found:
-    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
-    out.write(f"  {entry.name}  {_megabytes(entry.bytes):>9}  used {used}  "
-              f"{entry.status}  {entry.model}\n")
-  out.write(f"{_entries(len(found))}, "
-            f"{_megabytes(sum(e.bytes for e in found))}\n")
-  return 0
-
-
-def _entries(count: int) -> str:
-  return f"{count} entr{'y' if count == 1 else 'ies'}"
-
-
-def _megabytes(size: int) -> str:
-  return f"{size / (1 << 20):.1f} MB"
 
 
 # Flags that only a --input job reads.
@@ -581,97 +555,6 @@ def _regex_rows(num_prompts, per_prompt):
       common.EXIT_USAGE)
 
 
-def _generate(model, rows, seed, decoding, printer, why_tensorflow):
-  """Calls the library (one batch) and prints through `printer`.
-
-  `why_tensorflow` (why the fast path did not serve) is said with --verbose,
-  with the TensorFlow path chosen, in one line.
-  """
-  prompts = [prompt for _, _, prompt in rows]
-  stops = _STOP.value or []
-  beams = decoding["num_beams"]
-  jit_compile, which = _jit_compile(model, len(rows), beams)
-  _say(f"{why_tensorflow} ({which})")
-  common_args = dict(seed=seed, stop=stops or None, return_scores=True,
-                     jit_compile=jit_compile,
-                     regex=_regex_rows(len(_PROMPT.value), len(rows)
-                                       // len(_PROMPT.value)))
-  sampling = {name: value for name, value in decoding.items()
-              if options_lib.BY_NAME[name].streams}
-  try:
-    if _STREAM.value:
-      for pieces, scores in rnnstep.stream(model, prompts, _NUM_STEPS.value,
-                                           chunk_size=_CHUNK_SIZE.value,
-                                           **sampling, **common_args):
-        printer.add(pieces, scores)
-    elif beams > 1:
-      # One beam search per prompt; its hypotheses are the prompt's rows.
-      unique = list(_PROMPT.value)
-      returned = decoding["num_return_sequences"]
-      # Per-row values belong to rows; beams run one row per prompt.
-      per_prompt = {name: (value[::returned] if isinstance(value, list)
-                           else value) for name, value in decoding.items()}
-      if isinstance(common_args["regex"], list):
-        common_args["regex"] = common_args["regex"][::returned]
-      with Progress(f"beam search, {beams} beams x "
-                    f"{len(unique)} prompts x {_NUM_STEPS.value} characters"):
-        texts, scores = rnnstep.generate(model, unique, _NUM_STEPS.value,
-                                         **per_prompt, **common_args)
-      if returned == 1:
-        texts, scores = [[t] for t in texts], [[s] for s in scores]
-      printer.add([t for per in texts for t in per],
-                  [s for per in scores for s in per])
-    else:
-      with Progress(f"generating {len(rows)} x {_NUM_STEPS.value} characters"):
-        texts, scores = rnnstep.generate(model, prompts, _NUM_STEPS.value,
-                                         **decoding, **common_args)
-      printer.add(texts, scores)
-    printer.finish()
-  except ValueError as e:
-    raise _blame(model, prompts, stops, e, len(rows)) from None
-
-
-def _jit_compile(model, num_rows: int, beams: int):
-  """The `jit_compile` to run, and a phrase saying which path and why.
-
-  --jit_compile/--nojit_compile when given, else the path for a process that
-  generates once (`paths.one_shot_path`).
-  """
-  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  if _JIT_COMPILE.value is not None:
-    return _JIT_COMPILE.value, (
-        f"{paths.from_jit_compile(_JIT_COMPILE.value)} path, as "
-        f"--{'' if _JIT_COMPILE.value else 'no'}jit_compile says")
-  # Beam search runs num_beams rows per prompt.
-  batch = num_rows if beams == 1 else len(_PROMPT.value) * beams
-  path = paths.one_shot_path(model, batch, _NUM_STEPS.value)
-  if path == paths.GRAPH and paths.default_path(model, batch) != path:
-    which = (f"graph path: {_NUM_STEPS.value} steps in float32, where "
-             "compiling XLA would cost this one run more than it saves")
-  else:
-    which = f"{path} path"
-  return paths.jit_compile_of(path), which
-
-
-def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
-  """Names the flag behind a ValueError from the library."""
-  # A token model's stop strings are matched over its text, not encoded.
-  checked = (("--prompt", prompts), ("--stop", stops if model.is_characters
-                                     else ()))
-  for flag, texts in checked:
-    for text in texts:
-      try:
-        model.encode(text)
-      except ValueError as e:
-        return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
-  # The library's argument errors name their argument; its flag has the name.
-  argument = getattr(error, "argument", None)
-  if isinstance(error, errors.ArgumentError) and argument in FLAGS:
-    return common.Failure(f"--{argument}: {error}", common.EXIT_USAGE)
-  return common.Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} "
-                        f"rows (prompts x --num_samples): {error}")
-
-
 class Printer:
   """Prints samples in row order, each as soon as the rows before it are out.
 
@@ -756,47 +639,6 @@ class Printer:
       self._started = False
     if self._flush:
       out.flush()
-
-
-class Progress:
-  """A spinner and elapsed time on stderr while a device call runs (TTY only)."""
-
-  def __init__(self, label: str, stream=None, interval: float = 0.2):
-    self._label = label
-    self._stream = stream or common.stderr()
-    self._interval = interval
-    self._done = threading.Event()
-    self._thread = None
-
-  def __enter__(self):
-    try:
-      tty = self._stream.isatty()
-    except (AttributeError, ValueError):
-      tty = False
-    if tty:
-      self._thread = threading.Thread(target=self._spin, daemon=True)
-      self._thread.start()
-    return self
-
-  def _spin(self):
-    start = time.monotonic()
-    frames = "|/-\\"
-    tick = 0
-    while True:
-      self._stream.write(f"\r{frames[tick % len(frames)]} {PROGRAM}: "
-                         f"{self._label}, {time.monotonic() - start:.1f} s")
-      self._stream.flush()
-      tick += 1
-      if self._done.wait(self._interval):
-        return
-
-  def __exit__(self, *exc_info):
-    if self._thread is not None:
-      self._done.set()
-      self._thread.join()
-      self._stream.write("\r\033[K")  # Erase the line.
-      self._stream.flush()
-    return False
 
 
 def _open_output(path):
