@@ -188,29 +188,29 @@ class ImportGraphTest(unittest.TestCase):
           importers.add(name)
     self.assertEqual(importers, {"rnnstep.beam"})
 
-  def test_tuning_cache_and_cpu_read_without_tensorflow(self):
-    probe = ("import sys; from rnnstep.engine import cpu, tuning_cache; "
-             "cpu.info(); tuning_cache.machine_key(); "
-             "tuning_cache.entries(tuning_cache.cache_file()); "
+  def assert_loads_no_tensorflow(self, statements):
+    """Runs `statements` in a fresh interpreter: none of TensorFlow, Keras
+    and numpy is imported."""
+    probe = (f"import sys; {statements}; "
              "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
              "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           check=True)
     self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
+
+  def test_tuning_cache_and_cpu_read_without_tensorflow(self):
+    self.assert_loads_no_tensorflow(
+        "from rnnstep.engine import cpu, tuning_cache; "
+        "cpu.info(); tuning_cache.machine_key(); "
+        "tuning_cache.entries(tuning_cache.cache_file())")
 
   def test_the_warm_path_imports_without_tensorflow(self):
     """A warm rnnstep-generate imports these before it knows whether
     TensorFlow will be needed: none imports it (or numpy) at module level."""
-    probe = ("import sys; from rnnstep.litert import cache, fill, inputs, "
-             "runner, warm; from rnnstep import version; "
-             "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
-             "if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          check=True)
-    self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
-
+    self.assert_loads_no_tensorflow(
+        "from rnnstep.litert import cache, fill, inputs, runner, warm; "
+        "from rnnstep import version")
 
 if __name__ == "__main__":
   unittest.main()
