@@ -344,15 +344,15 @@ def test_a_long_non_ascii_prompt_is_refused_beside_a_running_request(
 
 @pytest.mark.slow
 def test_a_failed_warm_up_exits_non_zero_saying_why(model_path):
-  """The engine's warm-up raises (as an out-of-memory or a compile error
+  """The scheduler's warm-up raises (as an out-of-memory or a compile error
   would): the process exits 1 with the reason on stderr, instead of
   answering 503 forever."""
   script = (
       "import sys\n"
-      "from rnnstep.serve import engine\n"
+      "from rnnstep.serve import scheduler\n"
       "def fail(self):\n"
       "  raise MemoryError('injected: no memory for the programs')\n"
-      "engine.Engine.warm_up = fail\n"
+      "scheduler.Scheduler.warm_up = fail\n"
       "from rnnstep.serve import main\n"
       "sys.argv = ['rnnstep-serve', '--model=' + sys.argv[1], '--port=' + "
       "sys.argv[2], '--jit_compile=false', '--lanes=1']\n"
