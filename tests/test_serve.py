@@ -2,8 +2,8 @@
 
 The scheduler test runs in-process (quick); the rest drive one real server
 process (`tests/support/serve_process.py`) with the official `openai` client
-and raw httpx, sharing it across the file; the last test drains it with
-SIGTERM. The model is the tiny GRU of `cli.write_model`, on the graph path
+and raw httpx, sharing it across the file; its fixture's teardown drains it
+with SIGTERM. The model is the tiny GRU of `cli.write_model`, on the graph path
 (`--jit_compile=false`: nothing to compile per batch size), so the whole
 file runs in well under a minute on two cores.
 """
@@ -51,7 +51,7 @@ def model(model_path):
 
 
 @pytest.fixture(scope="module")
-def server(model_path):
+def server(model_path, model):
   with serve_process.RemoteServer([
       f"--model={model_path}", f"--max_batch={MAX_BATCH}", "--chunk_steps=8",
       f"--max_queue={MAX_QUEUE}", f"--max_tokens_limit={MAX_TOKENS_LIMIT}",
@@ -59,6 +59,36 @@ def server(model_path):
       "--lanes=2"  # Two schedulers of 4 slots (the default on 2 cores).
   ]) as running:
     yield running
+    sigterm_drains_in_flight_then_exits_0(running, model)
+
+
+def sigterm_drains_in_flight_then_exits_0(server, model):
+  """The shared server's stop (its fixture's teardown): SIGTERM while a
+  stream runs. New work is refused (503) while it drains, the stream ends
+  with `generate`'s whole text, and the process exits 0."""
+  body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
+  with httpx.stream("POST", server.url("/v1/completions"),
+                    json=dict(body, stream=True), timeout=60) as response:
+    lines = response.iter_lines()
+    text = ""
+    for line in lines:
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+        break
+    server.process.send_signal(15)
+    time.sleep(0.3)
+    try:  # New work is refused while it drains (or the socket is closed).
+      status = post(server, dict(prompt="a", max_tokens=3)).status_code
+    except httpx.TransportError:
+      status = 503
+    assert status == 503
+    for line in lines:
+      if line == "data: [DONE]":
+        break
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+  assert text == serve_process.expected(model, body, 5)[0][0]
+  assert server.process.wait(60) == 0
 
 
 def post(server, body, timeout=60, **kwargs):
@@ -701,31 +731,3 @@ def test_metrics_count_what_was_served(server):
   after = [metric(server, name) for name in names]
   assert [b - a for a, b in zip(before, after)] == [3, 1, 120, 3, 3]
   assert metric(server, "rnnstep_requests_waiting") == 0
-
-
-@pytest.mark.slow
-def test_sigterm_drains_in_flight_then_exits_0(server, model):
-  """Last: it stops the shared server."""
-  body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
-  with httpx.stream("POST", server.url("/v1/completions"),
-                    json=dict(body, stream=True), timeout=60) as response:
-    lines = response.iter_lines()
-    text = ""
-    for line in lines:
-      if line.startswith("data: "):
-        text += json.loads(line[6:])["choices"][0]["text"]
-        break
-    server.process.send_signal(15)
-    time.sleep(0.3)
-    try:  # New work is refused while it drains (or the socket is closed).
-      status = post(server, dict(prompt="a", max_tokens=3)).status_code
-    except httpx.TransportError:
-      status = 503
-    assert status == 503
-    for line in lines:
-      if line == "data: [DONE]":
-        break
-      if line.startswith("data: "):
-        text += json.loads(line[6:])["choices"][0]["text"]
-  assert text == serve_process.expected(model, body, 5)[0][0]
-  assert server.process.wait(60) == 0

@@ -63,8 +63,8 @@ class Lanes:
 
   Args:
     schedulers: the lanes, each an unstarted `scheduler.Scheduler` of the
-      same model and path; their `max_batch` add up to the server's slots, and each
-      one's `max_queue` is `lane_queue`'s.
+      same model and path; their `max_batch` add up to the server's slots,
+      and each one's `max_queue` is `lane_queue`'s.
     max_queue: rows waiting at most beyond the free slots, over all lanes.
 
   Attributes:
