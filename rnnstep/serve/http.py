@@ -144,6 +144,7 @@ class Refused(Exception):
 
 
 def bad_request(e: errors.ArgumentError) -> Refused:
+  """400 in one line, naming the field at fault."""
   return Refused(error_response(400, str(e).splitlines()[0][:2000],
                                 param=protocol.param_of(e.argument)))
 
@@ -153,8 +154,8 @@ class CheckPool(futures.Executor):
 
   `concurrent.futures.ThreadPoolExecutor`'s threads are joined when the
   interpreter exits, so a check still running would hold up a shutdown;
-  these are daemons (and `Server.shutdown` also abandons what runs, through
-  `constraints.limits`).
+  these are daemons (and a shutdown also abandons what runs, through
+  `constraints.limits`: `checks.RequestChecks.abandon`).
 
   Args:
     workers: threads.
