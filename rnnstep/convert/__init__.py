@@ -689,7 +689,7 @@ def _open(input_path: PathLike) -> Contents:
       return pytorch.read(path, "zip")
     if "format_version.npy" in names:
       raise ValueError(f"{path}: an rnnstep model file, not weights to convert "
-                       "(load it with rnnstep.load or --weights)")
+                       "(load it with rnnstep.load or --model)")
     return keras_v3.read_archive(path)
   if kind == "hdf5":
     h5 = safe_io.H5File(path, path)
