@@ -11,10 +11,23 @@ benchmarks/results/, which record history and may name what is gone) for:
 - relative markdown links (`[text](docs/guide/generation.md#stop-strings)`):
   the file must exist and, for a markdown target, the anchor must be a heading.
 
+The same checks read every console script's `--help` (its module docstring
+and its flags' help, taken in process from setup.cfg's entry points) and every
+public docstring of the package (each module's, and each public function's,
+class's and method's: what `help()` shows), read from the source by AST so
+that no optional dependency need be installed. There names and paths are
+matched in the prose too, backticks or not.
+
+Everywhere: no stale claims (`STALE`: a moved module's old name, "char
+models" as what rnnstep runs, the old count of tools), and
+benchmarks/README.md lists every log in benchmarks/results/.
+
 And nothing in the code or the docs points outside the repository at the old
 design notes. Each test lists every broken citation as file:line.
 """
 
+import ast
+import configparser
 import functools
 import glob
 import importlib
@@ -36,6 +49,23 @@ TOP_FILES = re.compile(
     r"(?<![\w./-])(README\.md|BUILD_NOTES\.md|CHANGELOG\.md|setup\.cfg|"
     r"setup\.py)(?![\w/])")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+# Claims that were once true, or never were, wherever the docs, --help or a
+# docstring say them.
+STALE = {
+    re.compile(r"rnnstep[./]options\b(?!\.py)|rnnstep/options\.py"):
+        "the decoding options live in rnnstep/decoding/options.py",
+    re.compile(r"recurrent\s+char(?:acter)?\s+models?\b", re.IGNORECASE):
+        "rnnstep runs word, subword, byte and RWKV-7 models too",
+    re.compile(r"\bfive\s+(?:absl\s+)?(?:tools|command[- ]lines|console "
+               r"scripts)", re.IGNORECASE):
+        "there are six console scripts (setup.cfg)",
+    re.compile(r"must be Embedding\s*->"):
+        "rnnstep-convert also reads RWKV-7 and stacks beyond one recurrent "
+        "layer",
+    re.compile(r"bundled GRU 1024"):
+        "the bundled model is a GRU 768",
+}
 
 
 def doc_files():
