@@ -1,4 +1,4 @@
-"""rnnstep: Keras-exact text generation from recurrent language models in one call.
+"""rnnstep: Keras-exact text generation from recurrent LMs, one device call.
 
 The models: GRU, LSTM and SimpleRNN stacks over characters, words, bytes or
 subword tokens, and RWKV-7.
