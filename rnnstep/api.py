@@ -504,7 +504,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 
   Per step (as HF `generate`): `[UNK]` ban -> repetition penalty -> n-gram ban
   -> temperature -> top-k -> top-p -> min-p -> typical-p -> draw. The decoding
-  options are keyword arguments declared in `rnnstep.options` (listed below).
+  options are keyword arguments declared in `rnnstep.decoding.options`
+  (listed below).
 
   Args:
     model: the Model.

@@ -49,6 +49,8 @@ TOP_FILES = re.compile(
     r"(?<![\w./-])(README\.md|BUILD_NOTES\.md|CHANGELOG\.md|setup\.cfg|"
     r"setup\.py)(?![\w/])")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A file name in prose, not a dotted Python name.
+FILE_NAME = re.compile(r"\.(?:js|json|html|npz|tflite|md|py|txt)$")
 
 # Claims that were once true, or never were, wherever the docs, --help or a
 # docstring say them.
@@ -134,6 +136,94 @@ def anchors(path):
   return out
 
 
+def console_scripts():
+  """{script: module} of setup.cfg's console scripts."""
+  config = configparser.ConfigParser()
+  config.read(os.path.join(ROOT, "setup.cfg"), encoding="utf-8")
+  out = {}
+  for line in config["options.entry_points"]["console_scripts"].splitlines():
+    if line.strip():
+      script, target = (part.strip() for part in line.split("="))
+      out[script] = target.split(":")[0]
+  return out
+
+
+def help_texts():
+  """[(where, text)]: each console script's --help, as `common.parse_flags`
+  prints it (its module docstring and its flags' help), taken in process."""
+  out = []
+  for script, module_name in sorted(console_scripts().items()):
+    module = importlib.import_module(module_name)
+    text = f"{module.__doc__}\n{module.FLAGS.get_help()}"
+    out.append((f"{script} --help", text))
+  return out
+
+
+def package_modules():
+  """Every module file of the package, relative to ROOT."""
+  return sorted(os.path.relpath(path, ROOT) for path in glob.glob(
+      os.path.join(ROOT, "rnnstep", "**", "*.py"), recursive=True))
+
+
+def docstrings(relative):
+  """[(line, text)]: a module's docstring and its public functions', classes'
+  and their public methods' (what `help()` shows), read from the source."""
+  with open(os.path.join(ROOT, relative), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  out = []
+
+  def add(node):
+    text = ast.get_docstring(node, clean=False)
+    if text:
+      out.append((node.body[0].lineno, text))
+
+  add(tree)
+  for node in tree.body:
+    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and not node.name.startswith("_")):
+      add(node)
+      if isinstance(node, ast.ClassDef):
+        for method in node.body:
+          if (isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and (not method.name.startswith("_")
+                   or method.name == "__init__")):
+            add(method)
+  return out
+
+
+def prose():
+  """[(where, text)]: every --help text and every public docstring."""
+  out = help_texts()
+  for relative in package_modules():
+    out.extend((f"{relative}:{line}", text)
+               for line, text in docstrings(relative))
+  return out
+
+
+def citation_errors(where_, text):
+  """The names and paths `text` cites that do not exist (prose: backticks or
+  not)."""
+  broken = []
+  for name in DOTTED.findall(text):
+    name = name.rstrip(".")
+    if FILE_NAME.search(name):  # rnnstep.js, the web export's module
+      continue
+    if not resolves(name):
+      broken.append(f"{where_}: `{name}`")
+  for match in PATH.finditer(text):
+    if text.startswith("<", match.end()):  # tests/test_<x>.py
+      continue
+    for expanded in expand_braces(match.group(1).rstrip(".,:;")):
+      if not os.path.exists(os.path.join(ROOT, expanded)):
+        broken.append(f"{where_}: `{expanded}`")
+  return broken
+
+
+def stale_claims(where_, text):
+  return [f"{where_}: {match.group(0)!r}: {why}"
+          for pattern, why in STALE.items() for match in pattern.finditer(text)]
+
+
 class DocsTest(unittest.TestCase):
 
   def test_there_are_docs_to_check(self):
@@ -192,6 +282,39 @@ class DocsTest(unittest.TestCase):
                         f"#{anchor} in {os.path.relpath(linked, ROOT)}")
     self.assertEqual(broken, [], "links that do not resolve:\n" +
                      "\n".join(broken))
+
+  def test_every_help_text_has_its_console_script(self):
+    scripts = console_scripts()
+    self.assertEqual(len(scripts), 6, scripts)
+    self.assertEqual(len(help_texts()), len(scripts))
+
+  def test_help_and_docstrings_cite_what_exists(self):
+    broken = []
+    for where_, text in prose():
+      broken.extend(citation_errors(where_, text))
+    self.assertEqual(broken, [], "names and paths that --help texts and "
+                     "docstrings cite that do not exist:\n" +
+                     "\n".join(broken))
+
+  def test_no_stale_claims(self):
+    texts = list(prose())
+    for path in doc_files() + [os.path.join(ROOT, "setup.cfg")]:
+      with open(path, encoding="utf-8") as f:
+        texts.append((os.path.relpath(path, ROOT), f.read()))
+    broken = []
+    for where_, text in texts:
+      broken.extend(stale_claims(where_, text))
+    self.assertEqual(broken, [], "claims that are no longer true:\n" +
+                     "\n".join(broken))
+
+  def test_the_benchmarks_index_lists_every_log(self):
+    with open(os.path.join(ROOT, "benchmarks", "README.md"),
+              encoding="utf-8") as f:
+      index = f.read()
+    missing = [name for name in sorted(os.listdir(
+        os.path.join(ROOT, "benchmarks", "results")))
+               if name.endswith(".md") and f"(results/{name})" not in index]
+    self.assertEqual(missing, [], "logs benchmarks/README.md does not list")
 
   def test_nothing_points_at_the_old_design_notes(self):
     needle = "shared" + "/design"  # Spelled apart so this file passes.

@@ -120,9 +120,9 @@ _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
     "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
     "the sample).", flag_values=FLAGS)
-# One flag per decoding option, from its declaration (`rnnstep.options`):
-# per-row options take one value, one per --prompt, or one per row
-# (comma-separated); per-request ones one value.
+# One flag per decoding option, from its declaration
+# (`rnnstep.decoding.options`): per-row options take one value, one per
+# --prompt, or one per row (comma-separated); per-request ones one value.
 def _define_option_flag(option):
   parse = int if option.dtype.startswith("int") else float
   meaning = option.doc.replace("`", "")
