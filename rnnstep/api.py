@@ -683,9 +683,8 @@ def _path(model, jit_compile, batch_size, window: int = 0) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)
   if path == paths.AUTO and window:
-    # The bands are for stateful steps. Windows, measured (float32, the
-    # recipe's LSTM 128, window 40, 100 chars; Zen 3): XLA is fastest at
-    # B=1 (16 ms; graph 66, elementwise 96) and B=64 (1.88 s; 1.91, 2.29).
+    # The bands are for stateful steps; over windows XLA ran fastest at 1 and
+    # 64 rows (measured on a Zen 3 with the recipe's LSTM 128).
     return paths.XLA
   return (paths.default_path(model, batch_size) if path == paths.AUTO
           else path)
