@@ -27,7 +27,7 @@ can quiet TensorFlow's logging before it loads.
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
 
 _EXPORTS = {
     "Generator": "rnnstep.engine.generator",

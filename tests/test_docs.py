@@ -21,7 +21,9 @@ matched in the prose too, backticks or not.
 Everywhere (the docs, setup.cfg, --help, the package's whole source): no
 stale claims (`STALE`: a moved module's old name, "char models" as what
 rnnstep runs, the old count of tools, the bundled model's size), and
-benchmarks/README.md lists every log in benchmarks/results/.
+benchmarks/README.md lists every log in benchmarks/results/, and the
+package's version (setup.cfg, `rnnstep.__version__`) is CHANGELOG.md's newest
+released one.
 
 And nothing in the code or the docs points outside the repository at the old
 design notes. Each test lists every broken citation as file:line.
@@ -317,6 +319,17 @@ class DocsTest(unittest.TestCase):
         os.path.join(ROOT, "benchmarks", "results")))
                if name.endswith(".md") and f"(results/{name})" not in index]
     self.assertEqual(missing, [], "logs benchmarks/README.md does not list")
+
+  def test_the_version_is_the_newest_released_one(self):
+    with open(os.path.join(ROOT, "CHANGELOG.md"), encoding="utf-8") as f:
+      released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d\d-\d\d$",
+                            f.read(), re.MULTILINE)
+    config = configparser.ConfigParser()
+    config.read(os.path.join(ROOT, "setup.cfg"), encoding="utf-8")
+    import rnnstep  # pylint: disable=g-import-not-at-top
+    self.assertTrue(released, "CHANGELOG.md has no `## [x.y.z] - date`")
+    self.assertEqual(config["metadata"]["version"], released[0])
+    self.assertEqual(rnnstep.__version__, released[0])
 
   def test_nothing_points_at_the_old_design_notes(self):
     needle = "shared" + "/design"  # Spelled apart so this file passes.
