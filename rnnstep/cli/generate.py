@@ -118,8 +118,9 @@ _PROMPT = flags.DEFINE_multi_string(
     flag_values=FLAGS)
 _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
-    "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
-    "the sample).", flag_values=FLAGS)
+    "Tokens to generate per sample (a character model's characters; a word "
+    "model's words), >= 0 (fewer when a --stop string ends the sample).",
+    flag_values=FLAGS)
 # One flag per decoding option, from its declaration
 # (`rnnstep.decoding.options`): per-row options take one value, one per
 # --prompt, or one per row (comma-separated); per-request ones one value.
