@@ -17,8 +17,8 @@ This module owns the choice `jit_compile=None` makes: the winner `rnnstep.tune`
 measured on this machine (read through `tuning_cache`, which needs no
 TensorFlow), else a built-in table for a CPU of this kind (`cpu.kind`;
 measured on three kinds, the others take a neighbour's). A server's lanes,
-each on one thread beside the others, take their own table (`lane_path`). It imports no measuring code: `tuning.py`
-sits above the API.
+each on one thread beside the others, take their own table (`lane_path`).
+It imports no measuring code: `tuning.py` sits above the API.
 """
 
 import functools
