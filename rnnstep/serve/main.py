@@ -30,11 +30,8 @@ from rnnstep.engine import cpu
 PROGRAM = "rnnstep-serve"
 FLAGS = flags.FlagValues()
 
-_MODEL = flags.DEFINE_string(
-    "model", None, "Model file (.npz). Default: the bundled Shakespeare model.",
-    flag_values=FLAGS)
-_DTYPE = flags.DEFINE_enum("dtype", "float32", common.DTYPES,
-                           "Precision of the matmuls.", flag_values=FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(
+    FLAGS, "Model file (.npz). Default: the bundled Shakespeare model.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.",
                             flag_values=FLAGS)
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.",
@@ -315,11 +312,7 @@ def main(argv) -> int:
   lanes = _lanes()
   _threads(lanes)
   strategy = _strategy()
-  try:
-    model = common.load_model(_MODEL.value, _DTYPE.value)
-  except common.Failure as e:  # Its words name rnnstep-generate's flag.
-    raise common.Failure(str(e).replace("--weights", "--model", 1),
-                         e.status) from None
+  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name)
   if model.config.window:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
