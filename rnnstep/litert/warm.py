@@ -21,15 +21,9 @@ from rnnstep import errors
 from rnnstep.litert import cache
 from rnnstep.litert import runner
 
-# The warm path's crossover, in characters x rows (num_steps x prompts x
-# samples). Measured on a 2-vCPU Zen 3 with the bundled model (GRU 1024): the
-# LiteRT artifact costs ~0.3 s fixed (Python, numpy, interpreter, 8 MB
-# flatbuffer) plus 0.39 ms per character at B=1, 0.20 ms per char-row at B=8,
-# 0.14 at B=32, 0.12 at B=128; the TensorFlow path ~8 s fixed (import 4.4 s,
-# tracing and XLA compiles 3-4 s) plus ~0.2 ms per character at B=1 and far
-# less per char-row at large batches. They cross near 7.7 s / 0.19 ms =
-# 40,000 char-rows at B=1 and about the same at larger batches (7.7 s / ~0.15
-# ms), so past this the TensorFlow path is used.
+# Past this many characters x rows (num_steps x prompts x samples) the
+# TensorFlow path's fixed start-up is paid back and it beats the cached LiteRT
+# artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 MAX_CHAR_ROWS = 40_000
 
 
