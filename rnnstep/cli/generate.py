@@ -93,15 +93,13 @@ import sys
 
 from absl import flags
 
-from rnnstep.cli import cache_commands
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
-from rnnstep.cli import tensorflow_path
 from rnnstep.decoding import options as options_lib
 from rnnstep.litert import cache as artifact_cache
 from rnnstep.litert import warm
 import rnnstep  # pylint: disable=g-bad-import-order
 
-PROGRAM = tensorflow_path.PROGRAM
+PROGRAM = "rnnstep-generate"
 DEFAULT_PROMPT = "ROMEO:"
 MAX_INT32 = 2**31 - 1
 
@@ -279,6 +277,7 @@ _validate("stop", lambda stops: not stops or all(stops),
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
   if _CACHE_INFO.value or _CACHE_CLEAR.value:
+    from rnnstep.cli import cache_commands  # pylint: disable=g-import-not-at-top
     return cache_commands.run(_CACHE_INFO.value, _CACHE_CLEAR.value)
   if _INPUT.value is not None:
     return _run_job()
@@ -317,12 +316,14 @@ def main(argv):
             file=common.stderr())
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
+    # Imported here: a warm run, served above, needs none of it.
+    from rnnstep.cli import tensorflow_path  # pylint: disable=g-import-not-at-top
     tensorflow_path.generate(
         model, _PROMPT.value, per_prompt, _NUM_STEPS.value, printer,
         seed=seed, decoding=decoding, stop=_STOP.value or [],
         regex=_regex_rows(len(_PROMPT.value), per_prompt),
         jit_compile=_JIT_COMPILE.value, stream=_STREAM.value,
-        chunk_size=_CHUNK_SIZE.value, flag_values=FLAGS,
+        chunk_size=_CHUNK_SIZE.value, flag_values=FLAGS, program=PROGRAM,
         announce=lambda which: _say(f"{why_tensorflow} ({which})"))
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.

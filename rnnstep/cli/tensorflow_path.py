@@ -17,12 +17,10 @@ from rnnstep.decoding import options as options_lib
 from rnnstep import errors
 import rnnstep
 
-PROGRAM = "rnnstep-generate"
-
 
 def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
              seed: int, decoding: dict, stop, regex, jit_compile, stream: bool,
-             chunk_size: int, flag_values, announce):
+             chunk_size: int, flag_values, program: str, announce):
   """Calls the library (one batch) and prints through `printer`.
 
   Args:
@@ -39,6 +37,7 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
     jit_compile: --[no]jit_compile, or None.
     stream, chunk_size: --stream and --chunk_size.
     flag_values: the command's flags (a library argument error names one).
+    program: the command's name, for the spinner.
     announce: called with the phrase saying which path runs and why (for
       --verbose), before the call.
 
@@ -70,7 +69,7 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
                            else value) for name, value in decoding.items()}
       if isinstance(common_args["regex"], list):
         common_args["regex"] = common_args["regex"][::returned]
-      with Progress(f"beam search, {beams} beams x "
+      with Progress(program, f"beam search, {beams} beams x "
                     f"{len(unique)} prompts x {num_steps} characters"):
         texts, scores = rnnstep.generate(model, unique, num_steps,
                                          **per_prompt, **common_args)
@@ -79,7 +78,8 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
       printer.add([t for per in texts for t in per],
                   [s for per in scores for s in per])
     else:
-      with Progress(f"generating {len(prompts)} x {num_steps} characters"):
+      with Progress(program,
+                    f"generating {len(prompts)} x {num_steps} characters"):
         texts, scores = rnnstep.generate(model, prompts, num_steps,
                                          **decoding, **common_args)
       printer.add(texts, scores)
@@ -131,7 +131,9 @@ def _blame(model, prompts, stops, error, num_steps,
 class Progress:
   """A spinner and elapsed time on stderr while a device call runs (TTY only)."""
 
-  def __init__(self, label: str, stream=None, interval: float = 0.2):
+  def __init__(self, program: str, label: str, stream=None,
+               interval: float = 0.2):
+    self._program = program
     self._label = label
     self._stream = stream or common.stderr()
     self._interval = interval
@@ -153,7 +155,7 @@ class Progress:
     frames = "|/-\\"
     tick = 0
     while True:
-      self._stream.write(f"\r{frames[tick % len(frames)]} {PROGRAM}: "
+      self._stream.write(f"\r{frames[tick % len(frames)]} {self._program}: "
                          f"{self._label}, {time.monotonic() - start:.1f} s")
       self._stream.flush()
       tick += 1
