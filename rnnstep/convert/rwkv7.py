@@ -17,7 +17,11 @@ Both are read as data, without Keras or torch, into one layer of the kind
 
 The world vocabulary file (`read_world_vocabulary`): one token a line,
 `<id> <Python str or bytes literal> <byte length>`; the literal is parsed as
-a literal alone (`ast.parse`, a constant node: nothing is evaluated).
+a literal alone (`ast.parse`, a constant node: nothing is evaluated). Its
+lines end as the file's own tokenizer reads them (the `rwkv` package's
+`TRIE_TOKENIZER` opens it as text: Python's universal newlines), so the
+copies RWKV-LM and the `rwkv` package ship, with CRLF line ends, read as
+LF ones do.
 
 `rnnstep.convert` asks `file_kind` first and, for an RWKV-7 file, reads it
 with `read_model` (the vocabulary rules of each kind of file) and describes
@@ -25,10 +29,11 @@ it with `summary`.
 """
 
 import ast
+import io
 import json
 import os
 import re
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -92,7 +97,7 @@ def read_world_vocabulary(data: bytes, size: int, label
                 f"byte {e.start})") from None
   tokens: Dict[int, bytes] = {}
   seen = set()
-  for number, line in enumerate(text.splitlines(), 1):
+  for number, line in enumerate(_lines(text), 1):
     if not line.strip():
       continue
     match = _WORLD_LINE.match(line)
@@ -114,7 +119,7 @@ def read_world_vocabulary(data: bytes, size: int, label
                   f"line says {length}")
     if not 0 < token_id < size:
       raise _fail(label, f"{where}: id {token_id} is outside the model's "
-                  f"ids 1..{size - 1} (id 0 is the padding)")
+                  f"ids 1..{size - 1} (id 0 is the end-of-text token)")
     if token_id in tokens or token in seen:
       raise _fail(label, f"{where} repeats an id or a token")
     tokens[token_id] = token
@@ -125,6 +130,12 @@ def read_world_vocabulary(data: bytes, size: int, label
   return vocabulary_lib.Tokens("world", vocab, path=label)
 
 
+def _lines(text: str) -> List[str]:
+  """The file's lines as its own tokenizer reads them: Python's universal
+  newlines (LF, CRLF and CR end a line, nothing else does)."""
+  return io.StringIO(text, newline=None).read().split("\n")
+
+
 def is_world_vocabulary(path) -> bool:
   """Whether a file starts like a world vocabulary (`<id> <literal> <n>`)."""
   try:
@@ -132,7 +143,7 @@ def is_world_vocabulary(path) -> bool:
       head = f.read(256)
   except OSError:
     return False
-  first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+  first = _lines(head.decode("utf-8", "replace"))[0]
   return bool(_WORLD_LINE.match(first)) and not first.startswith("{")
 
 
