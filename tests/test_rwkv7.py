@@ -80,7 +80,8 @@ def test_world_tokenizer_is_keras_hub_s(preset_model, cases):
   for text, ids in zip(cases["texts"], cases["ids"], strict=True):
     assert tokens.encode(text).tolist() == ids, text
     assert tokens.decode(ids) == text
-  # "\n\n" is one token, KerasHub's end token.
+  # "\n\n" is one token, which KerasHub's RWKVTokenizer names its end token
+  # (its chat convention; the vocabulary's end-of-text token is id 0).
   assert tokens.encode("\n\n").tolist() == [cases["end_token_id"]]
 
 
@@ -99,7 +100,8 @@ def test_world_stream_holds_back_an_incomplete_character(preset_model):
   assert stream.push(two) == ""
   assert stream.finish() == "\ufffd"
   assert tokens.decode(two + two + last) == "\ufffd中"
-  # Ids without a token (the padding id 0, ids past the last) add nothing.
+  # Ids without a token (id 0, the end-of-text token; ids past the last)
+  # add nothing.
   assert tokens.decode([0, len(tokens.vocab) - 1]) == ""
 
 
