@@ -109,8 +109,8 @@ def describe(input_path: PathLike) -> Summary:
 
 def _describe(input_path: PathLike) -> Summary:
   if rwkv7.file_kind(input_path):
-    return rwkv7.summary(input_path, rwkv7.read_model(input_path, None, None,
-                                                  describe=True))
+    return rwkv7.summary(input_path, rwkv7.read_model(
+        input_path, None, None, describe=True))
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)

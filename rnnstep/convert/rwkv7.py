@@ -461,7 +461,7 @@ def _model(config, tokens, per_block, top, label) -> model_file.ModelFile:
   return model_file.ModelFile(config, list(tokens.vocab), tensors, tokens)
 
 
-# ------------------------------------------------ the converter's entry
+# -------------------------------------------------- the converter's entry
 
 
 def file_kind(input_path) -> Optional[str]:
