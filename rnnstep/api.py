@@ -23,18 +23,18 @@ from rnnstep.engine import request
 from rnnstep.engine import scoring
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
+from rnnstep import records
 from rnnstep.model import cells
 from rnnstep.model import network as model_lib
 from rnnstep.model import vocabulary
-
-BUNDLED_MODEL = "shakespeare.npz"
 
 Prompts = Union[str, Sequence[str]]
 
 
 def bundled_model_path() -> str:
   """The path of the model shipped inside the package."""
-  return str(importlib.resources.files("rnnstep") / "data" / BUNDLED_MODEL)
+  return str(importlib.resources.files("rnnstep").joinpath(
+      *records.BUNDLED_MODEL.split(os.sep)))
 
 
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
@@ -715,47 +715,16 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                           != "num_beams"):
       raise TypeError(f"{caller}() got an unexpected keyword argument "
                       f"{name!r}")
-  if isinstance(prompts, str):
-    prompt_list = [prompts]
-  elif isinstance(prompts, (list, tuple)):
-    prompt_list = list(prompts)
-    if not prompt_list:
-      raise errors.ArgumentError(
-          "prompts", "prompts is an empty list; give at least one prompt")
-  else:
-    raise errors.ArgumentError(
-        "prompts", f"prompts must be a str or a list of str, got "
-        f"{type(prompts).__name__}")
-  if not options_lib.is_int(num_steps) or num_steps < 0:
-    raise errors.ArgumentError(
-        "num_steps", f"num_steps must be a non-negative integer, got "
-        f"{num_steps!r}")
-  if num_steps >= 2**31:
-    raise errors.ArgumentError(
-        "num_steps", f"num_steps must be below 2**31, got {num_steps}")
-  values = {option.name: option.check(decoding.get(option.name,
-                                                   option.default),
-                                      len(prompt_list))
-            for option in options_lib.OPTIONS}
+  record = records.check(prompts, num_steps, seed=seed, stop=stop,
+                         regex=regex, return_scores=return_scores,
+                         options=decoding)
+  prompt_list = list(record.prompts)
+  values = dict(record.options)
   _check_beams(model, values["num_beams"], values["num_return_sequences"])
   values["window"] = window_lib.resolve(model, values["window"])
   window_lib.check_beams(values["window"], values["num_beams"],
                          model.config.window)
-  _check_seed(seed, len(prompt_list))
-  if stop is None:
-    stops = ()
-  elif isinstance(stop, str):
-    stops = (stop,)
-  elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-    stops = tuple(stop)
-  else:
-    raise errors.ArgumentError(
-        "stop", f"stop must be a str or a list of str, got {stop!r}")
-  if not isinstance(return_scores, (bool, np.bool_)):
-    raise errors.ArgumentError(
-        "return_scores", f"return_scores must be True or False, got "
-        f"{return_scores!r}")
-  patterns = constraints.check(regex, len(prompt_list))
+  stops, patterns = record.stop, record.regex
   recipe = model.tokens.rules.get("recipe")
   for name, given in (("stop", stops), ("regex", patterns)):
     if recipe and given and any(given):
@@ -775,8 +744,9 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     initial_state = check_initial_state(model, initial_state,
                                         len(prompt_list))
   return prompt_list, request.Options(
-      sampling=params, seed=seed, stop=stops, return_scores=return_scores,
-      initial_state=initial_state, regex=patterns, **shared)
+      sampling=params, seed=seed, stop=stops,
+      return_scores=record.return_scores, initial_state=initial_state,
+      regex=patterns, **shared)
 
 
 def _check_beams(model, beams, returned):
@@ -791,21 +761,3 @@ def _check_beams(model, beams, returned):
         "num_return_sequences", f"num_return_sequences must be an integer "
         f"from 1 to num_beams ({beams}), got {returned!r}")
 
-
-def _check_seed(seed, batch_size):
-  def check_one(value):
-    if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
-      raise errors.ArgumentError(
-          "seed", f"seed must be None, a 64-bit integer or a list of them "
-          f"(one per prompt), got {value!r}")
-  if seed is None:
-    return
-  if isinstance(seed, (list, tuple, np.ndarray)):
-    if len(seed) != batch_size:
-      raise errors.ArgumentError(
-          "seed", f"seed lists {len(seed)} seeds for {batch_size} prompts; "
-          "give one int, or one per prompt")
-    for value in seed:
-      check_one(value)
-  else:
-    check_one(seed)

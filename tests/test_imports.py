@@ -72,7 +72,8 @@ def import_graph():
 LAYERS = (
     ("rnnstep.errors", "rnnstep.staging"),
     ("rnnstep.model", "rnnstep.decoding"),
-    ("rnnstep.engine", "rnnstep.convert"),
+    # records: the one check of a request's values, under every front end.
+    ("rnnstep.engine", "rnnstep.convert", "rnnstep.records"),
     ("rnnstep.api",),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),

@@ -162,9 +162,11 @@ def test_scoring_equals_the_librarys(env):
     ({"prompt": "A", "top_p": 2}, "top_p", "the record 'A': top_p must be in "
      "(0, 1] (1 = off), got 2"),
     ({"prompt": "A", "top_k": [1, 2]}, "top_k", "top_k must be one value"),
-    ({"prompt": "A", "seed": "1"}, "seed", "seed must be a 64-bit integer"),
-    ({"prompt": "A", "max_tokens": -1}, "max_tokens", "max_tokens must be an "
-     "integer in [0, 2**31), got -1"),
+    # The library's words (records.check), as every front end says them.
+    ({"prompt": "A", "seed": "1"}, "seed", "the record 'A': seed must be "
+     "None, a 64-bit integer or a list of them (one per prompt), got '1'"),
+    ({"prompt": "A", "max_tokens": -1}, "max_tokens", "the record 'A': "
+     "max_tokens must be a non-negative integer, got -1"),
     ({"prompt": "A", "stop": 3}, "stop", "stop must be a str or a list"),
     ({"prompt": "A", "regex": "[~]"}, "regex", "the record 'A': regex '[~]' "
      "matches no string"),

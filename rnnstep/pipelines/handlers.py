@@ -34,6 +34,7 @@ a pipeline is built with the default batch size (to read it) and when a
 worker loads the model.
 """
 
+import contextlib
 import hashlib
 import secrets
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -41,6 +42,7 @@ from typing import Tuple, Union
 
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
+from rnnstep import records as records_lib
 
 try:
   # pylint: disable-next=g-import-not-at-top
@@ -99,55 +101,34 @@ def _refuse(argument: str, where: str, message: str):
   return errors.ArgumentError(argument, f"{where}: {message}")
 
 
-def _seed(value, where: str) -> int:
-  if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
-    raise _refuse("seed", where, f"seed must be a 64-bit integer, got "
-                  f"{value!r}")
-  return int(value)
-
-
-def _max_tokens(value, where: str) -> int:
-  if not options_lib.is_int(value) or not 0 <= value < 2**31:
-    raise _refuse("max_tokens", where, f"max_tokens must be an integer in "
-                  f"[0, 2**31), got {value!r}")
-  return int(value)
-
-
-def _stop(value, where: str) -> Tuple[str, ...]:
-  if value is None:
-    return ()
-  if isinstance(value, str):
-    return (value,)
-  if isinstance(value, (list, tuple)) and all(isinstance(s, str)
-                                              for s in value):
-    return tuple(value)
-  raise _refuse("stop", where, f"stop must be a str or a list of str, got "
-                f"{value!r}")
-
-
-def _regex(value, where: str) -> Optional[str]:
-  if value is not None and not isinstance(value, str):
-    raise _refuse("regex", where, f"regex must be a str (a regular "
-                  f"expression) or None, got {value!r}")
-  return value
-
-
-def _option(name: str, value, where: str):
-  """One decoding option's one value (a record's or the handler's)."""
-  if name in REFUSED:
-    raise _refuse(name, where, f"{name} is not available here: each record "
-                  "gets one text; give records their own seeds for several "
-                  "samples of one prompt")
-  if isinstance(value, (list, tuple)):
-    raise _refuse(name, where, f"{name} must be one value, got {value!r}")
+@contextlib.contextmanager
+def _blamed(where: str):
+  """The library's refusal of a value (`records.check`), saying where."""
   try:
-    return options_lib.BY_NAME[name].check(value)
+    yield
   except errors.ArgumentError as e:
-    raise _refuse(name, where, str(e)) from None
+    raise _refuse(e.argument, where, str(e)) from None
 
 
-_CHECKS = {"seed": _seed, "max_tokens": _max_tokens, "stop": _stop,
-           "regex": _regex}
+def _checked(where: str, prompt: str, fields: Mapping[str, Any]
+             ) -> records_lib.Record:
+  """A record's (or the handler's) values through the library's one check.
+
+  Raises:
+    errors.ArgumentError: naming `where` and the field.
+  """
+  for name in fields:
+    if name in REFUSED:
+      raise _refuse(name, where, f"{name} is not available here: each record "
+                    "gets one text; give records their own seeds for several "
+                    "samples of one prompt")
+  with _blamed(where):
+    return records_lib.check(
+        prompt, fields["max_tokens"], seed=fields.get("seed"),
+        stop=fields.get("stop"), regex=fields.get("regex"),
+        options={name: value for name, value in fields.items()
+                 if name in options_lib.BY_NAME},
+        one_row=True, steps_name="max_tokens")
 
 
 class LoadedModel:
@@ -421,14 +402,13 @@ class CompletionsModelHandler(_Handler):
       if name not in options_lib.BY_NAME:
         raise TypeError(f"CompletionsModelHandler() got an unexpected keyword "
                         f"argument {name!r}")
-    where = "CompletionsModelHandler"
+    # The handler's settings are every record's defaults: checked as one.
+    self._defaults = dict(decoding_options, max_tokens=max_tokens, stop=stop,
+                          regex=regex)
+    given = _checked("CompletionsModelHandler", "", dict(self._defaults,
+                                                          seed=seed))
     self._seed = (secrets.randbelow(2**_DRAWN_SEED_BITS) if seed is None
-                  else _seed(seed, where))
-    self._defaults = {
-        "max_tokens": _max_tokens(max_tokens, where),
-        "stop": _stop(stop, where), "regex": _regex(regex, where),
-        **{name: _option(name, value, where)
-           for name, value in decoding_options.items()}}
+                  else given.seed)
 
   @property
   def seed(self) -> int:
@@ -456,17 +436,20 @@ class CompletionsModelHandler(_Handler):
     if not prompt:
       raise _refuse("prompt", where, "the prompt is empty; give at least one "
                     "character (or token)")
-    row = dict(self._defaults, prompt=prompt)
-    for name, value in fields.items():
-      if name in _CHECKS:
-        row[name] = _CHECKS[name](value, where)
-      elif name in options_lib.BY_NAME:
-        row[name] = _option(name, value, where)
-      elif name != "prompt":
+    for name in fields:
+      if name not in _RECORD_FIELDS and name not in options_lib.BY_NAME:
         raise _refuse(name, where, f"unknown field {name!r}; a record has "
                       f"{', '.join(_RECORD_FIELDS)} and the decoding options "
                       f"({', '.join(_RECORD_OPTIONS)})")
-    if "seed" not in row:
+    given = dict(self._defaults, **{name: value for name, value
+                                    in fields.items() if name != "prompt"})
+    checked = _checked(where, prompt, given)
+    row = dict(checked.options, prompt=prompt, max_tokens=checked.num_steps,
+               stop=checked.stop,
+               regex=checked.regex[0] if checked.regex else None)
+    if checked.seed is not None:
+      row["seed"] = checked.seed
+    else:
       # pylint: disable-next=g-import-not-at-top
       from rnnstep.engine import host
       row["seed"] = host.record_seed(self._seed, prompt_index(prompt))
@@ -503,8 +486,8 @@ class CompletionsModelHandler(_Handler):
         results[index] = base.PredictionResult(
             batch[index], {"text": text, "logprob": float(score),
                            "seed": row["seed"],
-                           "stopped": bool(row["stop"])
-                                      and text.endswith(row["stop"])},
+                           "stopped": records_lib.stopped(text,
+                                                          row["stop"])},
             model_id=self._model_path)
     return results
 
@@ -551,7 +534,9 @@ class LoglikelihoodModelHandler(_Handler):
     super().__init__(model_path, dtype, jit_compile, min_batch_size,
                      max_batch_size, max_batch_duration_secs, large_model,
                      model_copies)
-    self._window = _option("window", window, "LoglikelihoodModelHandler")
+    with _blamed("LoglikelihoodModelHandler"):
+      records_lib.one_value("window", window)
+      self._window = options_lib.check("window", window)
 
   @staticmethod
   def record(record) -> Union[str, Tuple[str, str]]:
