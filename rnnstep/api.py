@@ -718,20 +718,34 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
   record = records.check(prompts, num_steps, seed=seed, stop=stop,
                          regex=regex, return_scores=return_scores,
                          options=decoding)
-  prompt_list = list(record.prompts)
+  return list(record.prompts), check_record(model, record, initial_state)
+
+
+def check_record(model: model_lib.Model, record: records.Record,
+                 initial_state=None) -> request.Options:
+  """The checks of a checked record that depend on the model; its Options.
+
+  For front ends that build the `records.Record` themselves (the server
+  builds one per request, `serve/protocol.py`): what `generate` checks past
+  `records.check` (beams against the vocabulary, the window, stop strings
+  and patterns a recipe's vocabulary refuses, the pattern's compiling, the
+  initial state).
+
+  Raises:
+    errors.ArgumentError: naming the argument.
+  """
   values = dict(record.options)
   _check_beams(model, values["num_beams"], values["num_return_sequences"])
   values["window"] = window_lib.resolve(model, values["window"])
   window_lib.check_beams(values["window"], values["num_beams"],
                          model.config.window)
-  stops, patterns = record.stop, record.regex
   recipe = model.tokens.rules.get("recipe")
-  for name, given in (("stop", stops), ("regex", patterns)):
+  for name, given in (("stop", record.stop), ("regex", record.regex)):
     if recipe and given and any(given):
       raise errors.ArgumentError(name, vocabulary.recipe_refuses(name,
                                                                  recipe))
-  if patterns:
-    constraints.combine(model, patterns)  # Refuses a bad one (cached).
+  if record.regex:
+    constraints.combine(model, record.regex)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]
                                  for o in options_lib.PER_ROW})
   shared = {o.name: values[o.name] for o in options_lib.SHARED}
@@ -742,11 +756,11 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
           "every window starts from the zero state; pass window=0 to start "
           "from a state")
     initial_state = check_initial_state(model, initial_state,
-                                        len(prompt_list))
-  return prompt_list, request.Options(
-      sampling=params, seed=seed, stop=stops,
+                                        len(record.prompts))
+  return request.Options(
+      sampling=params, seed=record.seed, stop=record.stop,
       return_scores=record.return_scores, initial_state=initial_state,
-      regex=patterns, **shared)
+      regex=record.regex, **shared)
 
 
 def _check_beams(model, beams, returned):
