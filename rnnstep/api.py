@@ -660,8 +660,9 @@ def check_request(model: model_lib.Model, prompts: Prompts, num_steps: int,
                   return_scores: bool = False, **decoding):
   """`stream`'s checks, for front ends that run the generation themselves.
 
-  The server (`rnnstep.serve`) checks each request with the library's own
-  checks and words, so that its text is `generate`'s for the same arguments.
+  `records.check` then `check_record`, from `stream`'s arguments (the Beam
+  handlers name the record a call refused with it; the server, which builds
+  its `records.Record` once, calls `check_record`).
 
   Args:
     model, prompts, num_steps, seed, stop, regex, return_scores, **decoding:
