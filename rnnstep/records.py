@@ -122,15 +122,24 @@ def check_options(given: Mapping[str, Any], batch_size: int,
                   one_row: bool = False) -> dict:
   """Every declared option's checked value: the given one, else its default.
 
+  A float option's value is a float (a per-row one, a tuple of them) from
+  here on, however it was given (`temperature=1`, JSON's `1`), so that
+  every front end hands the engine the same types.
+
   Raises:
     errors.ArgumentError: naming the option.
   """
   if one_row:
     for name, value in given.items():
       one_value(name, value)
-  return {option.name: option.check(given.get(option.name, option.default),
-                                    batch_size)
-          for option in options_lib.OPTIONS}
+  values = {}
+  for option in options_lib.OPTIONS:
+    value = option.check(given.get(option.name, option.default), batch_size)
+    if option.dtype == "float32" and value is not None:
+      value = (tuple(float(v) for v in value) if isinstance(value, tuple)
+               else float(value))
+    values[option.name] = value
+  return values
 
 
 def one_value(name: str, value) -> None:
