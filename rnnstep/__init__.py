@@ -1,4 +1,7 @@
-"""rnnstep: Keras-exact text generation from recurrent char models, one device call.
+"""rnnstep: Keras-exact text generation from recurrent LMs, one device call.
+
+The models: GRU, LSTM and SimpleRNN stacks over characters, words, bytes or
+subword tokens, and RWKV-7.
 
 Public API:
   load(path=None, dtype='float32') -> Model     read a model file (None: bundled)
@@ -24,7 +27,7 @@ can quiet TensorFlow's logging before it loads.
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
 
 _EXPORTS = {
     "Generator": "rnnstep.engine.generator",

@@ -504,7 +504,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 
   Per step (as HF `generate`): `[UNK]` ban -> repetition penalty -> n-gram ban
   -> temperature -> top-k -> top-p -> min-p -> typical-p -> draw. The decoding
-  options are keyword arguments declared in `rnnstep.options` (listed below).
+  options are keyword arguments declared in `rnnstep.decoding.options`
+  (listed below).
 
   Args:
     model: the Model.
@@ -683,9 +684,8 @@ def _path(model, jit_compile, batch_size, window: int = 0) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)
   if path == paths.AUTO and window:
-    # The bands are for stateful steps. Windows, measured (float32, the
-    # recipe's LSTM 128, window 40, 100 chars; Zen 3): XLA is fastest at
-    # B=1 (16 ms; graph 66, elementwise 96) and B=64 (1.88 s; 1.91, 2.29).
+    # The bands are for stateful steps; over windows XLA ran fastest at 1 and
+    # 64 rows (measured on a Zen 3 with the recipe's LSTM 128).
     return paths.XLA
   return (paths.default_path(model, batch_size) if path == paths.AUTO
           else path)

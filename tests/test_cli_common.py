@@ -199,3 +199,37 @@ def test_staged_directory_replaces_nothing_or_an_empty_directory(tmp_path):
 def test_dtypes_are_the_library_s():
   from rnnstep.model import network as model_lib  # pylint: disable=g-import-not-at-top
   assert common.DTYPES == tuple(model_lib.DTYPES)
+
+
+# Every tool that takes a model calls its flag --model, as vLLM and llama.cpp
+# do; --weights, the name the tools first had, is its alias.
+MODEL_TOOLS = ("rnnstep.cli.generate", "rnnstep.cli.export",
+               "rnnstep.cli.tune", "rnnstep.cli.inspect", "rnnstep.serve.main")
+
+
+@pytest.mark.parametrize("tool", MODEL_TOOLS)
+def test_model_and_weights_name_one_flag(tool):
+  module = importlib.import_module(tool)
+  # Their one required flag.
+  required = ["--output=x"] if tool.endswith(("export", "inspect")) else []
+  seen = {}
+  for flag in ("--model", "--weights"):
+    common.parse_flags(module.__doc__, module.FLAGS,
+                       ["tool", f"{flag}=m.npz", *required])
+    seen[flag] = (module.FLAGS["model"].value, module.FLAGS["weights"].value,
+                  module._MODEL.value, module._MODEL.name)  # pylint: disable=protected-access
+  assert seen == {"--model": ("m.npz", "m.npz", "m.npz", "--model"),
+                  "--weights": ("m.npz", "m.npz", "m.npz", "--weights")}
+  common.parse_flags(module.__doc__, module.FLAGS, ["tool", *required])
+  assert module._MODEL.value is None  # pylint: disable=protected-access
+  assert module._MODEL.name == "--model"  # pylint: disable=protected-access
+  help_text = module.FLAGS.get_help()
+  assert "--model: " in help_text
+  assert "--weights: Alias for --model." in help_text
+
+
+@pytest.mark.parametrize("flag", ["--model", "--weights"])
+def test_a_model_error_names_the_flag_as_typed(flag, tmp_path):
+  missing = str(tmp_path / "missing.npz")
+  with pytest.raises(common.Failure, match=f"^{flag}: .*missing.npz"):
+    common.load_model(missing, "float32", flag=flag)

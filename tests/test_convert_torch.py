@@ -446,13 +446,14 @@ def test_load_needs_a_vocabulary_for_weights_but_not_for_model_files(tmp_path):
 def test_cli_errors_name_the_flag(tmp_path):
   with pytest.raises(common.Failure, match=r"^--weights=.*gru2.pt: Keras and "
                      r"PyTorch weights hold no vocabulary; give --corpus"):
-    common.load_model(str(DATA / "gru2.pt"), "float32")
+    common.load_model(str(DATA / "gru2.pt"), "float32", flag="--weights")
   with pytest.raises(common.Failure, match=r"^--vocab=.*missing.json: "):
     common.load_model(str(DATA / "gru2.pt"), "float32",
                       vocab=str(tmp_path / "missing.json"))
   with pytest.raises(common.Failure, match=r"^--corpus: --weights \(the "
                      r"bundled model\) is an rnnstep model file"):
-    common.load_model(None, "float32", corpus=str(DATA / "corpus.txt"))
+    common.load_model(None, "float32", corpus=str(DATA / "corpus.txt"),
+                      flag="--weights")
 
 
 def _run(module, *args):

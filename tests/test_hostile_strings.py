@@ -72,7 +72,7 @@ def model(request, tmp_path_factory):
 
 def serve_checks(model, prompt="the", stop=None, regex=None):
   """What the server runs on a request before admitting it
-  (`rnnstep/serve/app.py`): the library's checks, the prompt's ids, the stop
+  (`rnnstep/serve/checks.py`): the library's checks, the prompt's ids, the stop
   automaton and the pattern's table."""
   prompts, options = api.check_request(model, [prompt], 4, stop=stop,
                                        regex=regex)

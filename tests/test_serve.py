@@ -1,9 +1,9 @@
 """rnnstep-serve: every response is `rnnstep.generate`'s text, under any load.
 
-The engine test runs in-process (quick); the rest drive one real server
+The scheduler test runs in-process (quick); the rest drive one real server
 process (`tests/support/serve_process.py`) with the official `openai` client
-and raw httpx, sharing it across the file; the last test drains it with
-SIGTERM. The model is the tiny GRU of `cli.write_model`, on the graph path
+and raw httpx, sharing it across the file; its fixture's teardown drains it
+with SIGTERM. The model is the tiny GRU of `cli.write_model`, on the graph path
 (`--jit_compile=false`: nothing to compile per batch size), so the whole
 file runs in well under a minute on two cores.
 """
@@ -21,9 +21,10 @@ import pytest
 
 import rnnstep
 from rnnstep.decoding import options as options_lib
-from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import protocol
+from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
 from tests.support import serve_process
 
@@ -50,7 +51,7 @@ def model(model_path):
 
 
 @pytest.fixture(scope="module")
-def server(model_path):
+def server(model_path, model):
   with serve_process.RemoteServer([
       f"--model={model_path}", f"--max_batch={MAX_BATCH}", "--chunk_steps=8",
       f"--max_queue={MAX_QUEUE}", f"--max_tokens_limit={MAX_TOKENS_LIMIT}",
@@ -58,6 +59,36 @@ def server(model_path):
       "--lanes=2"  # Two schedulers of 4 slots (the default on 2 cores).
   ]) as running:
     yield running
+    sigterm_drains_in_flight_then_exits_0(running, model)
+
+
+def sigterm_drains_in_flight_then_exits_0(server, model):
+  """The shared server's stop (its fixture's teardown): SIGTERM while a
+  stream runs. New work is refused (503) while it drains, the stream ends
+  with `generate`'s whole text, and the process exits 0."""
+  body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
+  with httpx.stream("POST", server.url("/v1/completions"),
+                    json=dict(body, stream=True), timeout=60) as response:
+    lines = response.iter_lines()
+    text = ""
+    for line in lines:
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+        break
+    server.process.send_signal(15)
+    time.sleep(0.3)
+    try:  # New work is refused while it drains (or the socket is closed).
+      status = post(server, dict(prompt="a", max_tokens=3)).status_code
+    except httpx.TransportError:
+      status = 503
+    assert status == 503
+    for line in lines:
+      if line == "data: [DONE]":
+        break
+      if line.startswith("data: "):
+        text += json.loads(line[6:])["choices"][0]["text"]
+  assert text == serve_process.expected(model, body, 5)[0][0]
+  assert server.process.wait(60) == 0
 
 
 def post(server, body, timeout=60, **kwargs):
@@ -90,38 +121,39 @@ def stream_text(server, body):
   return texts, reasons, frames, seed
 
 
-# -- the engine, in-process ---------------------------------------------------
+# -- the scheduler, in-process ------------------------------------------------
 
 
-def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
+def test_scheduler_rows_equal_generate_whatever_shares_the_batch(model):
   """Rows admitted at different chunks, in any slot, with per-row options."""
-  engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
-                             max_queue=64, max_tokens_limit=64,
-                             max_prompt_tokens=128)
-  engine.warm_up()
-  traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
-  engine.start()
+  scheduler = scheduler_lib.Scheduler(
+      model, path="graph", max_batch=4, chunk_steps=5, max_queue=64,
+      max_tokens_limit=64, max_prompt_tokens=128)
+  scheduler.warm_up()
+  traces = (
+      scheduler.generator.programs.serve_fn.experimental_get_tracing_count())
+  scheduler.start()
   cases = [  # (prompts, max_tokens, seed, key, want_scores, options)
-      (["ROMEO:"] * 3, 33, 1, engine_lib.Shared(), False,
+      (["ROMEO:"] * 3, 33, 1, completion_lib.Shared(), False,
        dict(temperature=0.8)),
-      (["Hi", "there you"], 23, 2, engine_lib.Shared(), False,
+      (["Hi", "there you"], 23, 2, completion_lib.Shared(), False,
        dict(top_k=5)),
-      (["x"], 50, 3, engine_lib.Shared(stop=("e",)), False,
+      (["x"], 50, 3, completion_lib.Shared(stop=("e",)), False,
        dict(repetition_penalty=1.3)),
-      (["ab", "b"], 17, 4, engine_lib.Shared(), True, dict(top_p=0.9)),
-      (["q"], 30, 5, engine_lib.Shared(no_repeat_ngram_size=2), False, {}),
-      (["a"], 30, 6, engine_lib.Shared(regex="[a-z ]+\\."), False,
+      (["ab", "b"], 17, 4, completion_lib.Shared(), True, dict(top_p=0.9)),
+      (["q"], 30, 5, completion_lib.Shared(no_repeat_ngram_size=2), False, {}),
+      (["a"], 30, 6, completion_lib.Shared(regex="[a-z ]+\\."), False,
        dict(temperature=0.0)),
-      (["To", "b"], 40, 9, engine_lib.Shared(
+      (["To", "b"], 40, 9, completion_lib.Shared(
           stop=("th", "e r"), regex="[a-z]+( [a-z]+)*", repetition_window=3,
           no_repeat_ngram_size=3), False, dict(repetition_penalty=1.2)),
       # Prompts longer than a piece (8 characters here), primed across
       # chunks beside short ones; the penalty reads the whole prompt's
       # history (the last 7 characters of it).
       ([PROMPTS[4] * 2, "ab", PROMPTS[3]], 25, 7,
-       engine_lib.Shared(repetition_window=7), True,
+       completion_lib.Shared(repetition_window=7), True,
        dict(repetition_penalty=1.3)),
-      ([PROMPTS[4] + PROMPTS[3]], 20, 8, engine_lib.Shared(), False, {}),
+      ([PROMPTS[4] + PROMPTS[3]], 20, 8, completion_lib.Shared(), False, {}),
   ]
   outputs = []
   for prompts, max_tokens, seed, key, want, options in cases:
@@ -136,7 +168,7 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
 
     params = options_lib.Params(**{o.name: options.get(o.name, o.default)
                                    for o in options_lib.PER_ROW})
-    engine.submit(engine_lib.Completion(
+    scheduler.submit(completion_lib.Completion(
         [model.encode(p) for p in prompts], [params] * len(prompts),
         seed=seed, max_tokens=max_tokens, shared=key, want_scores=want,
         sink=sink))
@@ -156,26 +188,26 @@ def test_engine_rows_equal_generate_whatever_shares_the_batch(model):
       assert [out[i][2] for i in range(len(prompts))] == pytest.approx(
           scores, rel=1e-5)
     assert texts == reference
-  assert engine.close(timeout=10)
-  assert engine.stats.running == 0 and engine.stats.waiting == 0
+  assert scheduler.close(timeout=10)
+  assert scheduler.stats.running == 0 and scheduler.stats.waiting == 0
   # Rows of different stop strings, patterns and look-back settings ran in
   # the same chunks.
-  assert engine.stats.mixed_chunks > 0
+  assert scheduler.stats.mixed_chunks > 0
   # New prompts, lengths, options, batch sizes, stop lists, patterns: nothing
   # traced after warm_up.
-  assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
-  ) == traces
+  assert (scheduler.generator.programs.serve_fn
+          .experimental_get_tracing_count()) == traces
 
 
-def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
+def test_scheduler_row_over_the_joined_tables_limit_waits(model, monkeypatch):
   """A row whose stop strings would take the joined table over its limit
   waits for the running rows to drain (nothing overtakes it), then runs."""
   from rnnstep.decoding import stopping  # pylint: disable=g-import-not-at-top
   # Room for 6 states: "abcd" (5) beside the plain row's (1), not "xyz" (4).
   monkeypatch.setattr(stopping, "MAX_TABLE_BYTES", 6 * model.vocab_size * 4)
-  engine = engine_lib.Engine(model, path="graph", max_batch=4, chunk_steps=5,
-                             max_queue=8, max_tokens_limit=64,
-                             max_prompt_tokens=16)
+  scheduler = scheduler_lib.Scheduler(
+      model, path="graph", max_batch=4, chunk_steps=5, max_queue=8,
+      max_tokens_limit=64, max_prompt_tokens=16)
   events, done = [], threading.Event()
   cases = [("abcd",), (), ("xyz",)]
 
@@ -185,41 +217,43 @@ def test_engine_row_over_the_joined_tables_limit_waits(model, monkeypatch):
       done.set()
 
   for k, stop in enumerate(cases):
-    engine.submit(engine_lib.Completion(
+    scheduler.submit(completion_lib.Completion(
         [model.encode("ROMEO:")], [options_lib.DEFAULTS], seed=k,
-        max_tokens=30, shared=engine_lib.Shared(stop=stop),
+        max_tokens=30, shared=completion_lib.Shared(stop=stop),
         want_scores=False, sink=lambda update, k=k: sink(update, k)))
-  engine.start()
+  scheduler.start()
   try:
     assert done.wait(60)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   for k, stop in enumerate(cases):
     assert "".join(u.text for j, u in events if j == k) == rnnstep.generate(
         model, "ROMEO:", 30, seed=k, stop=list(stop) or None,
         jit_compile=False)
   order = [k for k, _ in events]
   assert order.index(2) > max(i for i, k in enumerate(order) if k == 0)
-  assert engine.stats.mixed_chunks > 0  # The first two ran together.
+  assert scheduler.stats.mixed_chunks > 0  # The first two ran together.
 
 
-def test_engine_tables_keep_one_shape_on_compiling_paths(model):
+def test_scheduler_tables_keep_one_shape_on_compiling_paths(model):
   """Under XLA every chunk's joined tables have the warm-up's shapes,
   whatever stop lists and patterns its rows bring (nothing compiles)."""
-  engine = engine_lib.Engine(model, path="xla", max_batch=4, chunk_steps=8,
-                             max_queue=4, max_tokens_limit=16)
+  scheduler = scheduler_lib.Scheduler(
+      model, path="xla", max_batch=4, chunk_steps=8, max_queue=4,
+      max_tokens_limit=16)
   shapes = set()
   for settings in [[()], [("a",), ("bc", "d")],
                    [("the", "and"), (), ("xyz",), ("q",)]]:
     for regex in [None, "[a-z]+", "[0-9]+, [A-Z][a-z]*\\."]:
-      rows = [engine_lib.Completion(
+      rows = [completion_lib.Completion(
           [model.encode("a")], [options_lib.DEFAULTS], seed=0, max_tokens=1,
-          shared=engine_lib.Shared(stop=stop, regex=regex),
+          shared=completion_lib.Shared(stop=stop, regex=regex),
           want_scores=False, sink=None).rows[0] for stop in settings]
-      tables = engine._tables(rows)  # pylint: disable=protected-access
+      tables = scheduler.calls.tables.joined(rows)
       shapes.add((tables.stops.table.shape, tables.dfa.table.shape))
-  assert shapes == {((engine.stop_capacity, model.vocab_size),
-                     (engine.dfa_capacity, model.vocab_size))}
+  capacities = scheduler.calls.tables
+  assert shapes == {((capacities.stop_capacity, model.vocab_size),
+                     (capacities.dfa_capacity, model.vocab_size))}
 
 
 def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
@@ -235,11 +269,11 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   assert lanes_lib.split_slots(7, 3) == [3, 2, 2]
   with pytest.raises(ValueError):
     lanes_lib.split_slots(1, 2)
-  engines = [engine_lib.Engine(
+  schedulers = [scheduler_lib.Scheduler(
       model, path="graph", max_batch=2, chunk_steps=5,
       max_queue=lanes_lib.lane_queue(3, 4, 2), max_tokens_limit=64,
       max_prompt_tokens=128) for _ in range(2)]
-  lanes = lanes_lib.Lanes(engines, max_queue=3)
+  lanes = lanes_lib.Lanes(schedulers, max_queue=3)
   assert lanes.max_batch == 4
   outputs = []
 
@@ -253,21 +287,21 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
       if len(out.get("ended", ())) == count:
         done.set()
 
-    lanes.submit(engine_lib.Completion(
+    lanes.submit(completion_lib.Completion(
         [model.encode(p) for p in prompts],
         [options_lib.DEFAULTS] * len(prompts), seed=seed, max_tokens=21,
-        shared=engine_lib.Shared(), want_scores=False, sink=sink))
+        shared=completion_lib.Shared(), want_scores=False, sink=sink))
     outputs.append((prompts, seed, out, done))
 
   # Nothing runs yet: 4 free slots and 3 queue places take 7 rows in all.
   submit(["ROMEO:", "To be", "a", "b"], 1)  # 4 rows: the first lane.
   submit(["KING", "x"], 2)                   # The emptier lane.
-  with pytest.raises(engine_lib.QueueFull):
+  with pytest.raises(completion_lib.QueueFull):
     submit(["no", "room"], 3)                # 8 rows > 7.
   with pytest.raises(ValueError, match="prompt"):
     submit(["x" * 129], 5)                   # Over max_prompt_tokens.
   submit(["y"], 4)                           # 7: the second lane again.
-  assert [e.stats.waiting for e in engines] == [4, 3]
+  assert [e.stats.waiting for e in schedulers] == [4, 3]
   assert lanes.stats.waiting == 7
   lanes.warm_up()
   lanes.start()
@@ -697,31 +731,3 @@ def test_metrics_count_what_was_served(server):
   after = [metric(server, name) for name in names]
   assert [b - a for a, b in zip(before, after)] == [3, 1, 120, 3, 3]
   assert metric(server, "rnnstep_requests_waiting") == 0
-
-
-@pytest.mark.slow
-def test_sigterm_drains_in_flight_then_exits_0(server, model):
-  """Last: it stops the shared server."""
-  body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
-  with httpx.stream("POST", server.url("/v1/completions"),
-                    json=dict(body, stream=True), timeout=60) as response:
-    lines = response.iter_lines()
-    text = ""
-    for line in lines:
-      if line.startswith("data: "):
-        text += json.loads(line[6:])["choices"][0]["text"]
-        break
-    server.process.send_signal(15)
-    time.sleep(0.3)
-    try:  # New work is refused while it drains (or the socket is closed).
-      status = post(server, dict(prompt="a", max_tokens=3)).status_code
-    except httpx.TransportError:
-      status = 503
-    assert status == 503
-    for line in lines:
-      if line == "data: [DONE]":
-        break
-      if line.startswith("data: "):
-        text += json.loads(line[6:])["choices"][0]["text"]
-  assert text == serve_process.expected(model, body, 5)[0][0]
-  assert server.process.wait(60) == 0

@@ -3,7 +3,8 @@ logprobs and echo, the schema and its fuzzer (#47).
 
 Real server processes (`tests/support/serve_process.py`), driven by the
 official `openai` client and raw httpx: one with two API keys, shared by the
-file (the last test stops it with SIGTERM while a pattern is being checked);
+file (its fixture's teardown stops it with SIGTERM while a pattern is being
+checked);
 a byte and a byte-level BPE model's for prompts over the limit in ids; one
 whose warm-up fails. Every text is checked against `rnnstep.generate`, every
 log-probability against `rnnstep.logits` (a teacher-forced forward pass)
@@ -62,6 +63,30 @@ def server(model_path):
       f"--served_model_name={NAME}", f"--allowed_origins={ORIGIN}",
       "--check_timeout=30"]) as running:
     yield running
+    sigterm_while_a_pattern_is_checked_exits_0_in_time(running)
+
+
+def sigterm_while_a_pattern_is_checked_exits_0_in_time(server):
+  """The shared server's stop (its fixture's teardown): SIGTERM while a
+  pattern that takes seconds to refuse is being checked. The check is
+  abandoned (`checks.RequestChecks.abandon`) rather than waited for
+  (`--check_timeout=30`): the request is answered, 503 shutting down (or
+  400 naming `regex`, had its check ended first), and the process exits 0
+  well within the check's timeout."""
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    checking = pool.submit(post, server, dict(prompt="ab", regex=BLOWUP))
+    time.sleep(0.3)
+    server.process.send_signal(15)
+    started = time.monotonic()
+    assert server.process.wait(30) == 0
+    assert time.monotonic() - started < 20
+    reply = checking.result()  # Answered in the drain, not dropped.
+  if reply.status_code == 400:
+    assert_error(reply, 400, "regex")
+  else:
+    error = assert_error(reply, 503)
+    assert error["type"] == "service_unavailable", error
+    assert "shutting down" in error["message"], error
 
 
 def post(server, body, *, headers=AUTH, path="/v1/completions", timeout=60):
@@ -119,25 +144,23 @@ def test_the_issue_s_table_each_answered_as_it_must_be(server, model):
 def test_a_pattern_that_blows_up_is_refused_while_others_are_served(
     server, model):
   """Two checks of the blow-up pattern at once: each refused naming regex,
-  and plain requests sent meanwhile answered at once (their checks run on
-  threads of their own)."""
+  and plain requests sent meanwhile answered with `generate`'s text (their
+  checks run on threads of their own; how long they wait beside a blow-up
+  is measured by tools/bench/serve_hostile.py's p99 bound)."""
   with concurrent.futures.ThreadPoolExecutor(6) as pool:
     blowups = [pool.submit(post, server, dict(prompt="ab", max_tokens=4,
                                               regex=BLOWUP))
                for _ in range(2)]
     time.sleep(0.2)
-    started = time.monotonic()
     body = dict(prompt="ROMEO:", max_tokens=12, seed=3)
     plain = [pool.submit(post, server, body) for _ in range(3)]
     for reply in plain:
       assert reply.result().status_code == 200
       assert reply.result().json()["choices"][0]["text"] == (
           serve_process.expected(model, body, 3)[0][0])
-    plain_seconds = time.monotonic() - started
     for reply in blowups:
       error = assert_error(reply.result(), 400, "regex")
       assert "states" in error["message"] or "long" in error["message"]
-  assert plain_seconds < 10, plain_seconds
 
 
 def _logprob_references(model, prompt, text):
@@ -344,15 +367,15 @@ def test_a_long_non_ascii_prompt_is_refused_beside_a_running_request(
 
 @pytest.mark.slow
 def test_a_failed_warm_up_exits_non_zero_saying_why(model_path):
-  """The engine's warm-up raises (as an out-of-memory or a compile error
+  """The scheduler's warm-up raises (as an out-of-memory or a compile error
   would): the process exits 1 with the reason on stderr, instead of
   answering 503 forever."""
   script = (
       "import sys\n"
-      "from rnnstep.serve import engine\n"
+      "from rnnstep.serve import scheduler\n"
       "def fail(self):\n"
       "  raise MemoryError('injected: no memory for the programs')\n"
-      "engine.Engine.warm_up = fail\n"
+      "scheduler.Scheduler.warm_up = fail\n"
       "from rnnstep.serve import main\n"
       "sys.argv = ['rnnstep-serve', '--model=' + sys.argv[1], '--port=' + "
       "sys.argv[2], '--jit_compile=false', '--lanes=1']\n"
@@ -385,20 +408,3 @@ def test_keys_from_a_file_and_the_environment(model_path, tmp_path):
   finally:
     del os.environ["RNNSTEP_API_KEY"]
     main.FLAGS.unparse_flags()
-
-
-@pytest.mark.slow
-def test_sigterm_while_a_pattern_is_checked_exits_0_in_time(server):
-  """Last: it stops the shared server."""
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    checking = pool.submit(post, server, dict(prompt="ab", regex=BLOWUP))
-    time.sleep(0.3)
-    server.process.send_signal(15)
-    started = time.monotonic()
-    assert server.process.wait(30) == 0
-    assert time.monotonic() - started < 20
-    try:
-      status = checking.result().status_code
-    except httpx.TransportError:
-      status = 503
-    assert status in (400, 503)

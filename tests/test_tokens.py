@@ -1166,14 +1166,14 @@ def test_serve_refuses_unknown_words_naming_them_then_serves(word_model):
   """rnnstep-serve's HTTP app on a word model without an OOV token: a prompt
   word it lacks is a 400 naming the field `prompt` and the word, in one
   line; the next request is answered (max_tokens 0: nothing to run, so the
-  engine is never started and nothing compiles)."""
+  scheduler is never started and nothing compiles)."""
   from tests.support import serve_process  # pylint: disable=g-import-not-at-top
   if not serve_process.stack_installed():
     pytest.skip("the serving stack is not installed")
   from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
-  from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import scheduler  # pylint: disable=g-import-not-at-top
   from starlette import testclient  # pylint: disable=g-import-not-at-top
-  served = app.Server(word_model, engine.Engine(
+  served = app.Server(word_model, scheduler.Scheduler(
       word_model, path="graph", max_batch=2, chunk_steps=4, max_queue=2,
       max_tokens_limit=8), model_id="words")
   served.ready = True
@@ -1191,8 +1191,8 @@ def test_serve_refuses_unknown_words_naming_them_then_serves(word_model):
 
 
 @pytest.mark.slow
-def test_serve_engine_sends_whole_characters():
-  """rnnstep-serve's slot engine decodes each row incrementally: no chunk
+def test_serve_scheduler_sends_whole_characters():
+  """rnnstep-serve's scheduler decodes each row incrementally: no chunk
   splits a character, and the text is generate's, cut at the stop string;
   its updates and the HTTP `usage` count tokens, not characters; a
   request's checks never hold the HTTP app's event loop."""
@@ -1204,7 +1204,8 @@ def test_serve_engine_sends_whole_characters():
   import httpx  # pylint: disable=g-import-not-at-top
   from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
-  from rnnstep.serve import engine  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import completion  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import scheduler  # pylint: disable=g-import-not-at-top
   from starlette import testclient  # pylint: disable=g-import-not-at-top
   prompt = "the poet said"  # Its greedy text: " 😀 and left the café.\n...".
   expected = rnnstep.generate(byte_model, prompt, 30, temperature=0.0,
@@ -1212,8 +1213,9 @@ def test_serve_engine_sends_whole_characters():
   # Two requests of different stop strings in one batch (their token
   # automata joined into one table).
   stops = ["caf", "eft th"]
-  server = engine.Engine(byte_model, path="graph", max_batch=2,
-                         chunk_steps=3, max_queue=2, max_tokens_limit=30)
+  server = scheduler.Scheduler(byte_model, path="graph", max_batch=2,
+                               chunk_steps=3, max_queue=2,
+                               max_tokens_limit=30)
   server.start()
   pieces, finished = [[], []], [threading.Event(), threading.Event()]
   tokens = [0, 0]
@@ -1226,13 +1228,13 @@ def test_serve_engine_sends_whole_characters():
 
   try:
     for k, stop in enumerate(stops):
-      server.submit(engine.Completion(
+      server.submit(completion.Completion(
           [byte_model.encode(prompt)], [options.DEFAULTS._replace(
               temperature=0.0)], seed=1, max_tokens=30,
-          shared=engine.Shared(stop=(stop,)), want_scores=False,
+          shared=completion.Shared(stop=(stop,)), want_scores=False,
           sink=lambda update, k=k: sink(update, k)))
     assert all(event.wait(120) for event in finished)
-    # The HTTP app on the same engine: `usage` counts tokens (bytes here),
+    # The HTTP app on the same scheduler: `usage` counts tokens (bytes here),
     # the prompt once for its n choices, not characters ("é" is 2 bytes,
     # "😀" 4).
     served = app.Server(byte_model, server, model_id="bytes")

@@ -348,29 +348,52 @@ def forbid_empty(flag_values: flags.FlagValues, *names: str):
                              flag_values=flag_values)
 
 
-def define_model_flags(flag_values: flags.FlagValues):
-  """Defines --weights and --dtype; returns their holders."""
-  weights = flags.DEFINE_string(
-      "weights", None,
-      "Model file (.npz; make one with rnnstep-convert), or any weights file "
-      "rnnstep-convert reads (Keras, PyTorch), converted in memory: then give "
-      "--corpus or --vocab. Default: the Shakespeare model bundled with "
-      "rnnstep.",
-      flag_values=flag_values)
+MODEL_HELP = (
+    "Model file (.npz; make one with rnnstep-convert), or any weights file "
+    "rnnstep-convert reads (Keras, PyTorch), converted in memory: then give "
+    "--corpus or --vocab. Default: the Shakespeare model bundled with "
+    "rnnstep.")
+
+
+class ModelFlag:
+  """--model and its alias --weights: the value, and the name the user typed
+  (so that an error names the flag as given)."""
+
+  def __init__(self, model, alias):
+    self._model = model
+    self._alias = alias
+
+  @property
+  def value(self):
+    return self._model.value
+
+  @property
+  def name(self) -> str:
+    return "--weights" if self._alias.present else "--model"
+
+
+def define_model_flags(flag_values: flags.FlagValues,
+                       model_help: str = MODEL_HELP):
+  """Defines --model (with --weights as its alias: the name vLLM and
+  llama.cpp use, and the one rnnstep's tools first had) and --dtype; returns a
+  `ModelFlag` and the --dtype holder."""
+  model = flags.DEFINE_string("model", None, model_help,
+                              flag_values=flag_values)
+  alias = flags.DEFINE_alias("weights", "model", flag_values=flag_values)
   dtype = flags.DEFINE_enum(
       "dtype", "float32", DTYPES,
       "Precision of the recurrent and output matmuls (reduced precision is "
       "faster on some hardware, at some cost in fidelity).",
       flag_values=flag_values)
-  return weights, dtype
+  return ModelFlag(model, alias), dtype
 
 
 def define_vocab_flags(flag_values: flags.FlagValues):
-  """Defines --corpus and --vocab (for --weights files without a vocabulary);
+  """Defines --corpus and --vocab (for --model files without a vocabulary);
   returns their holders."""
   corpus = flags.DEFINE_string(
       "corpus", None,
-      "With --weights of Keras or PyTorch weights (which hold no vocabulary): "
+      "With --model of Keras or PyTorch weights (which hold no vocabulary): "
       "the training text (UTF-8); the vocabulary is sorted(set(text)). A "
       "folder: word_language_model's data (train.txt, valid.txt, test.txt), "
       "whose words it numbers as the recipe does.",
@@ -388,34 +411,36 @@ def define_vocab_flags(flag_values: flags.FlagValues):
   return corpus, vocab
 
 
-def load_model(weights, dtype: str, corpus=None, vocab=None):
+def load_model(weights, dtype: str, corpus=None, vocab=None,
+               flag: str = "--model"):
   """`rnnstep.load`, its errors as a Failure naming the flag at fault.
 
   `weights` may be a model file or any weights file rnnstep-convert reads;
-  the latter need `corpus` or `vocab`.
+  the latter need `corpus` or `vocab`. `flag` names the model's flag as the
+  user typed it (`ModelFlag.name`).
   """
   import rnnstep  # pylint: disable=g-import-not-at-top
   from rnnstep import convert  # pylint: disable=g-import-not-at-top
   try:
     return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
   except convert.VocabularyRequired:
-    raise Failure(f"--weights={weights}: Keras and PyTorch weights hold no "
+    raise Failure(f"{flag}={weights}: Keras and PyTorch weights hold no "
                   "vocabulary; give --corpus=TEXT_FILE (the training text, or "
                   "word_language_model's corpus folder) or --vocab=VOCAB_FILE "
                   "(a JSON list of the characters or words in id order, or a "
                   "tokenizer file: a Keras Tokenizer's JSON, a Hugging Face "
                   "tokenizer.json, {\"kind\": \"bytes\"})") from None
   except convert.VocabularyNotAllowed:
-    flag = "--corpus" if corpus is not None else "--vocab"
+    given = "--corpus" if corpus is not None else "--vocab"
     which = f"={weights}" if weights else " (the bundled model)"
-    raise Failure(f"{flag}: --weights{which} is an rnnstep model file, which "
-                  f"holds its own vocabulary; drop {flag}") from None
+    raise Failure(f"{given}: {flag}{which} is an rnnstep model file, which "
+                  f"holds its own vocabulary; drop {given}") from None
   except (OSError, ValueError) as e:
     # rnnstep.load checks the model before it reads the vocabulary (a model
     # it cannot run is the real blocker); a vocabulary source's own errors
     # name its path first and are given under its flag, the path once.
-    for flag, value in (("--corpus", corpus), ("--vocab", vocab)):
+    for source, value in (("--corpus", corpus), ("--vocab", vocab)):
       if value is not None and _is_about(e, value):
-        raise Failure(f"{flag}={value}: {_without_path(e, value)}") from None
+        raise Failure(f"{source}={value}: {_without_path(e, value)}") from None
     which = "" if weights else " not given"
-    raise Failure(f"--weights{which}: {reason(e)}") from None
+    raise Failure(f"{flag}{which}: {reason(e)}") from None

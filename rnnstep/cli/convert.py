@@ -1,4 +1,4 @@
-"""rnnstep-convert: turn saved Keras or PyTorch char-RNN weights into an rnnstep
+"""rnnstep-convert: turn saved Keras, PyTorch or RWKV-7 weights into an rnnstep
 model file.
 
 Reads the weights as data -- never imports Keras or torch, never runs code from
@@ -9,19 +9,32 @@ nothing).
   rnnstep-convert --input=training_checkpoints --output=model.npz --corpus=shakespeare.txt
   rnnstep-convert --input=model.keras --output=model.npz --vocab=vocab.json
   rnnstep-convert --input=char_rnn.pt --output=model.npz --vocab=vocab.json
+  rnnstep-convert --input=model.pt --output=words.npz --corpus=data/wikitext-2
+  rnnstep-convert --input=rwkv7-g1a-0.1b-20250728-ctx4096.pth \\
+      --vocab=rwkv_vocab_v20230424.txt --output=rwkv7.npz
+  rnnstep-convert --input=my_rwkv7_preset --output=rwkv7.npz
   rnnstep-convert --input=w.h5 --inspect
 
 --input takes a Keras 3 .keras archive, a .weights.h5, a Keras 2 / tf.keras .h5
 (save_weights or full save), a TF checkpoint prefix (ckpt_5), a directory of TF
 checkpoints (its latest), or a PyTorch state dict: torch.save(
 model.state_dict(), PATH) (.pt/.pth/.bin, zip or legacy format) or
-.safetensors, or a whole pickled module: torch.save(model, PATH). The model
-must be Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense (PyTorch:
+.safetensors, or a whole pickled module: torch.save(model, PATH).
+
+Recurrent stacks: Embedding -> GRU/LSTM/SimpleRNN layer(s) -> Dense (PyTorch:
 nn.Embedding -> nn.GRU/nn.LSTM/nn.RNN -> nn.Linear, any module names,
 unidirectional; an nn.RNN is tanh, its default, unless a whole pickled module
-says relu). A Keras model
+says relu), over characters, words, bytes or subword tokens. A Keras model
 fed one-hot vectors (no Embedding) gets an identity embedding; one built for
-fixed windows records its window length in the model file.
+fixed windows records its window length in the model file, and may wrap its
+recurrent layers in Bidirectional (run as recomputed windows) and put Dense
+layers before its output Dense. textgenrnn's weights file converts too.
+
+RWKV-7: an official RWKV-LM checkpoint (.pth; give
+--vocab=rwkv_vocab_v20230424.txt, the world vocabulary from RWKV-LM), a
+KerasHub RWKV7CausalLM preset folder (save_to_preset; it holds its own
+vocabulary), or its model.weights.h5 with --vocab=the preset's
+assets/tokenizer/vocabulary.txt (docs/guide/rwkv.md).
 
 A sherjilozair/char-rnn-tensorflow save directory (train.py's --save_dir:
 the TF1 checkpoint with config.pkl and chars_vocab.pkl beside it) converts
@@ -59,7 +72,8 @@ FLAGS = flags.FlagValues()
 flags.DEFINE_string("input", None, "The saved weights: .keras, .weights.h5, "
                     ".h5, a TF checkpoint prefix, a checkpoint directory, or a "
                     "PyTorch state dict or whole module (.pt, .pth, .bin, "
-                    ".safetensors).",
+                    ".safetensors), an RWKV-LM RWKV-7 checkpoint (.pth) or a "
+                    "KerasHub RWKV-7 preset folder.",
                     flag_values=FLAGS)
 flags.DEFINE_string("output", None, "The rnnstep model file to write (.npz). "
                     "Written atomically.", flag_values=FLAGS)
@@ -71,7 +85,10 @@ flags.DEFINE_string("vocab", None, "A vocabulary file: a UTF-8 JSON list of "
                     "characters in id order, optionally with \"[UNK]\" first, "
                     "or of a word model's words; or a tokenizer file: a Keras "
                     "Tokenizer's to_json(), a Hugging Face tokenizer.json, "
-                    "{\"kind\": \"bytes\"}.", flag_values=FLAGS)
+                    "{\"kind\": \"bytes\"}; or, for RWKV-7, "
+                    "rwkv_vocab_v20230424.txt (RWKV-LM's world vocabulary) "
+                    "or a KerasHub preset's vocabulary.txt.",
+                    flag_values=FLAGS)
 flags.DEFINE_bool("inspect", False, "Print what the input holds and write "
                   "nothing.", flag_values=FLAGS)
 
@@ -129,8 +146,9 @@ def main(argv):
       and not convert_lib.holds_vocabulary(FLAGS.input)):
     raise common.Failure("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE for "
                          "the vocabulary (only a char-rnn-tensorflow save "
-                         "directory or a Keras model with a TextVectorization "
-                         "layer holds its own)", common.EXIT_USAGE)
+                         "directory, a KerasHub preset folder or a Keras "
+                         "model with a TextVectorization layer holds its "
+                         "own)", common.EXIT_USAGE)
   summary = convert_lib.convert(FLAGS.input, FLAGS.output, corpus=FLAGS.corpus,
                                 vocab=FLAGS.vocab)
   print(summary)

@@ -1,13 +1,13 @@
 """rnnstep-export: write a model as a SavedModel (strings in and out) or LiteRT.
 
 USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite|web]
-                      [--weights=NPZ] [--dtype=...] [--jit_compile]
+                      [--model=NPZ] [--dtype=...] [--jit_compile]
                       [--regex=PATTERN ...]
-       [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --weights)]
+       [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --model)]
 
   rnnstep-export --output=served/1                     # the bundled model
-  rnnstep-export --weights=my.npz --output=served/1
-  rnnstep-export --weights=char_rnn.pt --vocab=vocab.json --output=served/1
+  rnnstep-export --model=my.npz --output=served/1
+  rnnstep-export --model=char_rnn.pt --vocab=vocab.json --output=served/1
   saved_model_cli show --dir served/1 --all            # its signatures
   rnnstep-export --format=tflite --output=litert  # model.tflite, vocab.json
   rnnstep-export --format=web --output=web        # index.html, rnnstep.js, ...
@@ -69,7 +69,7 @@ PROGRAM = "rnnstep-export"
 
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
-_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(FLAGS)
 _CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
@@ -113,8 +113,8 @@ def main(argv):
                                  or os.listdir(output)):
     raise common.Failure(f"--output={output}: already exists and is not an "
                          "empty directory; choose a new one")
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
-                            _VOCAB.value)
+  model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
+                            _VOCAB.value, flag=_MODEL.name)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
       _pause_for_tests()
@@ -128,7 +128,7 @@ def main(argv):
                          regex=_REGEX.value)
         except errors.ArgumentError as e:  # A pattern, named by the error.
           raise common.Failure(f"--regex: {e}", common.EXIT_USAGE) from None
-  weights = _WEIGHTS.value or "the bundled model"
+  weights = _MODEL.value or "the bundled model"
   if web:
     print(f"wrote a web export of {weights} (float32) to {output}: "
           f"index.html, rnnstep.js, model.json, weights.bin")

@@ -1,22 +1,23 @@
-r"""rnnstep-generate: text from a recurrent char model, in one on-device loop.
+r"""rnnstep-generate: text from a recurrent language model, in one device loop.
 
 USAGE: rnnstep-generate [flags]
 
   rnnstep-generate                        # 1000 characters after "ROMEO:" (bundled model)
   rnnstep-generate --prompt=JULIET: --prompt=HAMLET: --num_samples=3 --seed=7
-  rnnstep-generate --weights=model.npz --temperature=0.8 --stop=. --format=jsonl
+  rnnstep-generate --model=model.npz --temperature=0.8 --stop=. --format=jsonl
   rnnstep-generate --stream --chunk_size=32
   rnnstep-generate --num_samples=3 --temperature=0.2,0.6,1.0   # a sweep, one run
   rnnstep-generate --repetition_penalty=1.3 --repetition_window=32 --no_repeat_ngram_size=4
   rnnstep-generate --num_beams=8 --num_return_sequences=3 --stop=.
   rnnstep-generate --typical_p=0.9 --temperature=0.8
   rnnstep-generate --prompt='ROMEO:' --regex=' [A-Z][a-z]+(, [a-z]+)*\.' --num_steps=60
-  rnnstep-generate --weights=char_rnn.pt --vocab=vocab.json   # PyTorch, converted on the fly
+  rnnstep-generate --model=char_rnn.pt --vocab=vocab.json   # PyTorch, converted on the fly
 
---weights takes an rnnstep .npz model file or any weights file rnnstep-convert
-reads (Keras .keras/.h5/TF checkpoint, PyTorch .pt/.pth/.bin/.safetensors),
-which is converted in memory; those hold no vocabulary, so give --corpus (the
-training text) or --vocab (a JSON list of the characters in id order).
+--model (alias --weights) takes an rnnstep .npz model file or any weights file
+rnnstep-convert reads (Keras .keras/.h5/TF checkpoint, PyTorch .pt/.pth/.bin/
+.safetensors), which is converted in memory; those hold no vocabulary, so give
+--corpus (the training text) or --vocab (a JSON list of the characters or
+words in id order, or a tokenizer file).
 
 All prompts x samples are generated together as one batch; row R (counted from 0)
 is sample S of prompt P, R = P * num_samples + S, and uses the seed pair (seed, R).
@@ -36,7 +37,7 @@ Every per-row sampling option (--temperature, --top_k, --top_p, --min_p,
 --typical_p, --repetition_penalty) takes one value, one per --prompt, or one
 per row (prompts x --num_samples, in row order): --num_samples=3
 --temperature=0.2,0.6,1.0 sweeps three temperatures in one batch. The flags are
-the library's decoding options, declared once in rnnstep/options.py.
+the library's decoding options, declared once in rnnstep/decoding/options.py.
 
 With --num_beams=K > 1 the continuation is a beam search of width K
 (deterministic: --temperature, --top_k, --top_p, --min_p and --seed do not
@@ -109,7 +110,7 @@ MAX_INT32 = 2**31 - 1
 
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
-_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(FLAGS)
 _CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", [DEFAULT_PROMPT],
@@ -118,11 +119,12 @@ _PROMPT = flags.DEFINE_multi_string(
     flag_values=FLAGS)
 _NUM_STEPS = flags.DEFINE_integer(
     "num_steps", 1000,
-    "Characters to generate per sample, >= 0 (fewer when a --stop string ends "
-    "the sample).", flag_values=FLAGS)
-# One flag per decoding option, from its declaration (`rnnstep.options`):
-# per-row options take one value, one per --prompt, or one per row
-# (comma-separated); per-request ones one value.
+    "Tokens to generate per sample (a character model's characters; a word "
+    "model's words), >= 0 (fewer when a --stop string ends the sample).",
+    flag_values=FLAGS)
+# One flag per decoding option, from its declaration
+# (`rnnstep.decoding.options`): per-row options take one value, one per
+# --prompt, or one per row (comma-separated); per-request ones one value.
 def _define_option_flag(option):
   parse = int if option.dtype.startswith("int") else float
   meaning = option.doc.replace("`", "")
@@ -254,15 +256,9 @@ _VERBOSE = flags.DEFINE_boolean(
     "Say on stderr which path generated the text (the cached compiled "
     "artifact, or TensorFlow and why).", flag_values=FLAGS)
 
-# The fast path's crossover, in characters x rows (num_steps x prompts x
-# samples). Measured on a 2-vCPU Zen 3 with the bundled model (GRU 1024): the
-# LiteRT artifact costs ~0.3 s fixed (Python, numpy, interpreter, 8 MB
-# flatbuffer) plus 0.39 ms per character at B=1, 0.20 ms per char-row at B=8,
-# 0.14 at B=32, 0.12 at B=128; the TensorFlow path ~8 s fixed (import 4.4 s,
-# tracing and XLA compiles 3-4 s) plus ~0.2 ms per character at B=1 and far
-# less per char-row at large batches. They cross near 7.7 s / 0.19 ms =
-# 40,000 char-rows at B=1 and about the same at larger batches (7.7 s / ~0.15
-# ms), so past this the TensorFlow path is used.
+# Past this many characters x rows (num_steps x prompts x samples) the
+# TensorFlow path's fixed start-up is paid back and it beats the cached LiteRT
+# artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 FAST_PATH_MAX_CHAR_ROWS = 40_000
 
 
@@ -316,8 +312,8 @@ def main(argv):
         "; building the compiled artifact in the background for the next run"
         if fill_key else "")
   with _open_output(_OUTPUT.value) as out:
-    model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
-                              _VOCAB.value)
+    model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
+                              _VOCAB.value, flag=_MODEL.name)
     from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
     note = paths.slower_dtype_note(_DTYPE.value)
     if note:  # The library logs it, but a tool's logging is quiet.
@@ -417,7 +413,7 @@ def _run_job() -> int:
   try:
     model_hash = jobs.sha256_of([_model_path(), _CORPUS.value, _VOCAB.value])
   except OSError as e:
-    raise common.Failure(f"--weights: {common.reason(e)}") from None
+    raise common.Failure(f"{_MODEL.name}: {common.reason(e)}") from None
   job = jobs.Job(
       kind="score" if scoring else "generate", input_path=_INPUT.value,
       output_path=_OUTPUT.value,
@@ -427,8 +423,8 @@ def _run_job() -> int:
           _fresh_seed() if _SEED.value is None else _SEED.value))
   output = jobs.Output(job, _OVERWRITE.value)
   output.check()
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
-                            _VOCAB.value)
+  model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
+                            _VOCAB.value, flag=_MODEL.name)
   say = lambda line: print(f"{PROGRAM}: {line}", file=common.stderr(),
                            flush=True)
   check = (jobs.scoring_check(model) if scoring
@@ -486,9 +482,9 @@ def _flush_outputs():
 
 
 def _model_path() -> str:
-  """The model file's absolute path (--weights, else the bundled model)."""
-  if _WEIGHTS.value:
-    return os.path.abspath(_WEIGHTS.value)
+  """The model file's absolute path (--model, else the bundled model)."""
+  if _MODEL.value:
+    return os.path.abspath(_MODEL.value)
   return os.path.join(os.path.dirname(os.path.abspath(rnnstep.__file__)),
                       records.BUNDLED_MODEL)
 

@@ -4,7 +4,7 @@ USAGE: rnnstep-inspect (--text=FILE | --prompt=TEXT) --output=PAGE.html [flags]
 
   rnnstep-inspect --text=play.txt --output=page.html        # bundled model
   rnnstep-inspect --prompt="ROMEO:" --output=page.html --neuron=0:715
-  rnnstep-inspect --weights=char_rnn.keras --corpus=input.txt \\
+  rnnstep-inspect --model=char_rnn.keras --corpus=input.txt \\
       --text=input.txt --max_chars=5000 --output=page.html
 
 Writes ONE self-contained HTML page (inline CSS and script, no fonts or
@@ -52,7 +52,7 @@ MAX_INT32 = 2**31 - 1
 
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
-_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(FLAGS)
 _CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _TEXT = flags.DEFINE_string(
     "text", None, "The text to read through the model: a UTF-8 file.",
@@ -105,10 +105,10 @@ def main(argv):
   # Opened first, so that a bad --output fails before the model is read.
   with (contextlib.nullcontext(sys.stdout) if to_stdout
         else common.atomic_output(_OUTPUT.value)) as out:
-    model = common.load_model(_WEIGHTS.value, _DTYPE.value, _CORPUS.value,
-                              _VOCAB.value)
+    model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
+                              _VOCAB.value, flag=_MODEL.name)
     analysis = _analyze(model, source, text)
-    title = (os.path.basename(_WEIGHTS.value) if _WEIGHTS.value
+    title = (os.path.basename(_MODEL.value) if _MODEL.value
              else "the bundled Shakespeare model")
     # pylint: disable-next=g-import-not-at-top
     from rnnstep.inspect import page as inspect_page

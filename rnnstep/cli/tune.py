@@ -3,7 +3,7 @@
 USAGE: rnnstep-tune [flags]
 
   rnnstep-tune                                  # the bundled model, float32
-  rnnstep-tune --weights=model.npz --dtype=bfloat16 --batch_sizes=1,64,256
+  rnnstep-tune --model=model.npz --dtype=bfloat16 --batch_sizes=1,64,256
 
 For each batch size, every path rnnstep can run a generation on (xla: one XLA
 program; graph: a TensorFlow graph; elementwise: a graph with XLA-compiled gate
@@ -38,7 +38,7 @@ PROGRAM = "rnnstep-tune"
 
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
-_WEIGHTS, _DTYPE = common.define_model_flags(FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(FLAGS)
 _BATCH_SIZES = flags.DEFINE_list(
     "batch_sizes", ["1", "16", "32", "64", "256"],
     "Batch sizes to measure (comma-separated); each stands for its range, so "
@@ -91,7 +91,7 @@ def main(argv):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(_LANES.value)
-  model = common.load_model(_WEIGHTS.value, _DTYPE.value)
+  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name)
   out = common.stderr()
 
   def progress(line):

@@ -1,4 +1,4 @@
-"""Converts saved Keras or PyTorch char-RNN weights into an rnnstep model file,
+"""Converts saved Keras, PyTorch or RWKV-7 weights into an rnnstep model file,
 without Keras or torch.
 
     from rnnstep import convert
@@ -23,10 +23,12 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
     `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
     `torch_zip`, `torch_legacy`, `safetensors_file`).
 
-The model must be Embedding (or one-hot inputs: an identity Embedding) ->
-GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) -> Dense (PyTorch:
-Embedding -> GRU / LSTM / RNN (tanh; relu where a whole pickled module says
-so) -> Linear); anything else is refused with
+A recurrent stack must be Embedding (or one-hot inputs: an identity
+Embedding) -> GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) ->
+Dense (PyTorch: Embedding -> GRU / LSTM / RNN (tanh; relu where a whole
+pickled module says so) -> Linear), over characters, words, bytes or subword
+tokens; RWKV-7 comes as an RWKV-LM `.pth` (with `rwkv_vocab_v20230424.txt`)
+or a KerasHub preset (docs/guide/rwkv.md). Anything else is refused with
 a message saying what was found, before any vocabulary is read. A model built
 for fixed windows (a fixed T in its Input, return_sequences=False on its last
 recurrent layer) records `window` in its config. Files are read as data only:
@@ -689,7 +691,7 @@ def _open(input_path: PathLike) -> Contents:
       return pytorch.read(path, "zip")
     if "format_version.npy" in names:
       raise ValueError(f"{path}: an rnnstep model file, not weights to convert "
-                       "(load it with rnnstep.load or --weights)")
+                       "(load it with rnnstep.load or --model)")
     return keras_v3.read_archive(path)
   if kind == "hdf5":
     h5 = safe_io.H5File(path, path)

@@ -1,4 +1,4 @@
-"""PyTorch char models: a state dict's tensors mapped to the Keras layouts.
+"""PyTorch recurrent models: a state dict's tensors mapped to the Keras layouts.
 
 The tensors come from a state dict, or from a whole pickled module
 (`torch.save(model)`) read as inert records and named as its `state_dict()`

@@ -33,8 +33,8 @@ class Settings(NamedTuple):
   """The look-back settings: one per request, or one per row.
 
   The library's requests carry `[]` values (a request's rows share them);
-  the serving engine's carry `[B]` values, so rows of different requests
-  run in one batch (`rnnstep/serve/engine.py`). Every function here takes
+  the server's scheduler's carry `[B]` values, so rows of different requests
+  run in one batch (`rnnstep/serve/calls.py`). Every function here takes
   either: a `[]` value broadcasts over the rows.
 
   Attributes:

@@ -84,11 +84,9 @@ def uniform_noise(keys: tf.Tensor, step: tf.Tensor, vocab_size: int) -> tf.Tenso
 
 
 # How many of a row's largest values a filter sorts when that is enough (see
-# `_sorted_descending`). A full sort of a word vocabulary is the costliest
-# part of a step: TensorFlow sorts with its top-k kernel, which at k = V
-# (33,278) takes 7 ms a row at batch 1 and 395 ms a step at batch 64 on a
-# 2-vCPU EPYC Zen 4, against 0.4 ms and 32 ms for the 256 largest (XLA's
-# sort costs about what its top-256 does). 256 covers the usual top-k values.
+# `_sorted_descending`): a full sort of a word vocabulary is the costliest
+# part of a step, over ten times the 256 largest's (measured on a 2-vCPU EPYC
+# Zen 4). 256 covers the usual top-k values.
 SORTED_HEAD = 256
 
 
@@ -263,10 +261,8 @@ def first_max_index(scores: tf.Tensor) -> tf.Tensor:
 
   Written as a max and then the least index holding it: XLA's CPU backend runs
   `tf.argmax` (one reduction over value-index pairs) as scalar code with the
-  sampling noise fused into it, but these two plain reductions vectorized
-  (measured at batch 256 over 65 ids: 169 -> 51 us a step with the noise, 28
-  -> 12 without; at batch 1 in an XLA loop 1.06 -> 0.30 us). A row without a
-  maximum (NaN) gets the last index.
+  sampling noise fused into it, but these two plain reductions vectorize. A
+  row without a maximum (NaN) gets the last index.
 
   Args:
     scores: float32 `[B, V]`.

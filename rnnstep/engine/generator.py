@@ -59,8 +59,8 @@ class Programs(tf.Module):
     request_spec = request_lib.spec(model.vocab_size, state_sizes)
     carry_spec = request_lib.carry_spec(state_sizes, model.vocab_size)
     # autograph=False: the bodies use tf.while_loop/tf.cond explicitly, and
-    # skipping autograph's source conversion cuts the first trace from ~1.6 s
-    # to ~0.2 s (measured).
+    # skipping autograph's source conversion makes the first trace several
+    # times faster.
     compiled = dict(jit_compile=self.jit_compile, autograph=False)
     self.generate_fn = tf.function(
         self._generate_impl, **compiled,
@@ -79,7 +79,7 @@ class Programs(tf.Module):
     self.window_continue_fn = tf.function(
         self._window_continue_impl, **compiled,
         input_signature=[weights_spec, request_spec, carry_spec, window_spec])
-    # The serving engine's one call per chunk (`rnnstep/serve/engine.py`):
+    # The server's one call per chunk (`rnnstep/serve/calls.py`):
     # rows admitted now are primed and join rows carried from earlier chunks,
     # each row at its own position (`carry_spec(per_row_step=True)`); a long
     # prompt's rows prime one piece a call (`primes_only`). Its rows come
@@ -160,7 +160,7 @@ class Programs(tf.Module):
     are. A fresh row primes from its carried state: zeros for a new row; for
     a prompt longer than a chunk, the state after its earlier pieces, so
     that a long prompt is primed a piece a call while the other rows decode
-    (`engine.Engine`). The result equals, row by row, `_generate_impl` for a
+    (`rnnstep/serve/calls.py`). The result equals, row by row, `_generate_impl` for a
     fresh row and `_continue_impl` for a carried one: the same `start_carry`
     and `run_decode`, with each row's noise keyed by its own step.
 

@@ -15,10 +15,10 @@ or None); inside the library only these names travel.
 
 This module owns the choice `jit_compile=None` makes: the winner `rnnstep.tune`
 measured on this machine (read through `tuning_cache`, which needs no
-TensorFlow), else a built-in table measured on a CPU of this kind
-(`cpu.kind`). A server's lanes, each on one thread beside the others, take
-their own table (`lane_path`). It imports no measuring code: `tuning.py`
-sits above the API.
+TensorFlow), else a built-in table for a CPU of this kind (`cpu.kind`;
+measured on three kinds, the others take a neighbour's). A server's lanes,
+each on one thread beside the others, take their own table (`lane_path`).
+It imports no measuring code: `tuning.py` sits above the API.
 """
 
 import functools
@@ -84,22 +84,12 @@ def jit_compile_of(path: str):
 # -- the default path ----------------------------------------------------------
 
 # The fastest path per CPU kind (`cpu.kind`) and compute dtype, as (largest
-# batch size, path) bands, by measurement on 2-core VMs: `python
-# tools/benchmark.py --sections=paths,floors` prints the tables these come
-# from (benchmarks/results/ has them; docs/guide/performance.md sums them up).
-#   - "amx" (Sapphire Rapids): XLA's CPU dot is slow for float32/float16 at
-#     17-48 rows (up to 1.24x) and has no AMX path for bfloat16, where TF's
-#     oneDNN matmul is 2-3x faster;
-#   - "avx512_bf16" (AMD EPYC Zen 4): XLA is the fastest float32 path at
-#     every batch it runs unpadded but 33-64 rows, where the elementwise
-#     path's oneDNN matmul wins by 3-5%; bfloat16 as with AMX (AVX512-BF16);
-#   - "avx2" (AMD EPYC Zen 3, no AVX-512): oneDNN's float32 matmul wins by
-#     1.2-1.5x at 16-64 rows, but only at 17-32 rows does that outweigh the
-#     elementwise path's per-step XLA call; bfloat16 has no arithmetic here,
-#     so XLA (which computes it in float32 registers) is its fastest path.
-# The two kinds nobody measured take their nearest neighbour's bands: AVX-512
-# without bf16 (Skylake-SP to Ice Lake) Zen 4's float32 bands and Zen 3's
-# reduced-precision ones; "other" (no AVX2, another architecture) Zen 3's.
+# batch size, path) bands, measured on 2-vCPU VMs with `python
+# tools/benchmark.py --sections=paths,floors`: "amx" on Intel Sapphire
+# Rapids, "avx512_bf16" on AMD EPYC Zen 4, "avx2" on AMD EPYC Zen 3
+# (benchmarks/results/ has the runs; docs/guide/performance.md the summary).
+# "avx512" (no bf16) and "other" were never measured: they take the nearest
+# measured kind's bands.
 _AMX = {
     "float32": ((16, XLA), (48, ELEMENTWISE), (None, XLA)),
     "float16": ((16, XLA), (48, ELEMENTWISE), (None, XLA)),
@@ -127,26 +117,16 @@ FASTEST_PATHS = {
 # measures the machine at hand).
 MEASURED_KINDS = ("amx", "avx512_bf16", "avx2")
 MEASURED_CORES = 2
-# XLA runs the batch padded to `request.batch_bucket`; above 16 rows (where
-# the step stops being bound by reading the weights) padding by more than this
-# makes a path that runs the exact batch win (measured on Zen 4 at 48 rows
-# padded to 64: XLA 1.55x the floor, elementwise 1.31x).
+# XLA runs the batch padded to `request.batch_bucket`; above 16 rows padding
+# by more than this makes a path that runs the exact batch faster (measured
+# on a 2-vCPU EPYC Zen 4).
 _MOST_XLA_PADDING = 1.15
 
 
-# Cell kinds whose CPU paths are their own, not the tables' (which were
-# measured on GRUs): (largest batch size, path) bands per compute dtype, read
-# as the tables are. RWKV-7, the 0.1B shape on a quiet 2-vCPU Zen 3
-# (benchmarks/results/rwkv7-epyc-zen3-2026-12.md, "Fourth session"): in
-# float32 XLA's whole-generation program decoded fastest at every batch
-# measured (1 to 16 rows: 37 against 53 ms a token at batch 1, 155 against
-# 211 ms a step of 16 rows on the graph path, whose blocks are each one small
-# XLA program, `RWKV7Cell._block_function`); it compiles in about a minute a
-# batch size, which a process that generates once does not pay back
-# (`one_shot_path` takes the graph path there). In reduced precision on a CPU
-# without its arithmetic, XLA's dots ran RWKV-7's block 7.1x slower than
-# float32 and graph ops 5.5x: the graph path. `rnnstep-tune` may measure
-# otherwise on the machine at hand.
+# Cell kinds whose CPU paths are their own, not the tables' (measured on
+# GRUs), read as the tables are. RWKV-7 (its 0.1B shape on a quiet 2-vCPU
+# EPYC Zen 3): XLA's whole-generation program decodes fastest in float32;
+# in a reduced precision the CPU has no arithmetic for, the graph path does.
 KIND_PATHS = {
     "rwkv7": {"float32": ((None, XLA),), "bfloat16": ((None, GRAPH),),
               "float16": ((None, GRAPH),)},
@@ -233,33 +213,15 @@ def _band_path(bands, batch_size: int) -> str:
 # -- the path for a server's lane ----------------------------------------------
 
 # `rnnstep-serve` on a CPU splits its slots over lanes, one a core, each
-# running its compiled calls on ONE thread while the other lanes run theirs
-# (rnnstep/serve/lanes.py). FASTEST_PATHS was measured for one call on all
-# the cores, where XLA's dots split over the intra-op threads; on one thread
-# beside other lanes the ranking differs (a 2-core Zen 4 server at 32 rows a
-# lane: XLA, the table's path there, served half the characters a second of
-# the graph path). So lanes take their own table, per CPU kind and compute
-# dtype, as (largest rows a lane, path) bands, measured on 2-core VMs with
-# as many concurrent `generate` calls as cores, each on one thread
-# (`python tools/benchmark.py --sections=lanes` prints the table these come
-# from; benchmarks/results/serve-epyc-zen3-2026-12.md has it):
-#   - "avx2" (AMD EPYC Zen 3), float32: XLA up to 16 rows a lane (1.2-2.2x
-#     faster than the graph path at 4-16 rows on the bundled model, the
-#     step bound by per-op dispatch), then the graph path. There `generate`
-#     ran the elementwise path 1.0-1.15x faster than the graph path (XLA up
-#     to 1.78x slower), but the server itself, whose compiled paths also
-#     carry the padded stop and regex tables every step, spent 11-30% less
-#     CPU a character on the graph path than on the elementwise one in
-#     each of three saturation runs (32 rows a lane), and served more in
-#     two of them;
-#     bfloat16 (no bf16 arithmetic): XLA by 1.5-1.9x at 16-128 rows, as in
-#     the library's table; float16 (not measured) follows the library's
-#     table there too.
-# The kinds nobody measured this way take `_UNMEASURED_LANES`: XLA while a
-# step is bound by its per-op dispatch (up to 8 rows), then the graph path,
-# the path the Zen 4 server above was fast on (on Zen 3 it ran 1.08-1.4x
-# the fastest's time at 16-128 rows, never the slowest by much, and it
-# compiles nothing per batch size).
+# running its calls on one thread beside the others (rnnstep/serve/lanes.py),
+# where the paths rank differently from FASTEST_PATHS' one call on every
+# core; so lanes take their own (largest rows a lane, path) bands, measured on
+# a 2-vCPU EPYC Zen 3 ("avx2": float32 and bfloat16) with as many concurrent
+# one-thread `generate` calls as cores (`python tools/benchmark.py
+# --sections=lanes`) and, for float32 above 16 rows, the server's own CPU a
+# character. Kinds not measured this way take `_UNMEASURED_LANES`: XLA while
+# a step is bound by its per-op dispatch, then the graph path, which compiles
+# nothing per batch size.
 _UNMEASURED_LANES = {dtype: ((8, XLA), (None, GRAPH))
                      for dtype in ("float32", "float16", "bfloat16")}
 _AVX2_LANES = {
@@ -328,25 +290,16 @@ def lane_table_path(dtype: str, rows: int, kind: str = None) -> str:
   return _band_path(LANE_PATHS[kind or cpu.kind()][dtype], rows)
 
 
-# A process that runs a single generation (`rnnstep-generate`) pays XLA's
-# compile for that one call: 1.2-1.5 s more than tracing a plain graph (the
-# bundled GRU 1024, 2-vCPU EPYC Zen 3 and Zen 4), against a per-step gain of
-# about 0.5 ms at batch 1. Measured as whole processes on Zen 4: the graph
-# path wins up to ~4,000 steps at batch 1 (1000 steps at 16 rows: 8.5 s graph
-# against 11.1 s XLA); Zen 3's figures put batch 1's crossover near 2,400.
-# Up to this many steps such a process runs the graph path where the table
-# says XLA (benchmarks/results/epyc-zen4-2026-12.md; `tools/benchmark.py
-# --sections=cli` measures it).
+# A process that runs one generation (`rnnstep-generate`) pays XLA's compile
+# for that one call; up to this many steps the graph path finishes first
+# where the table says XLA (whole processes on a 2-vCPU EPYC Zen 4 with the
+# bundled model: `tools/benchmark.py --sections=cli`).
 ONE_SHOT_GRAPH_MAX_STEPS = 2000
 
 # XLA's gain a step grows with the rows while its compile stays a few
-# seconds: quiet on a 2-vCPU Zen 3, the bundled GRU 768's first call (trace
-# or compile, then the run) crossed over near 950 steps at 128 rows (6.9
-# against 5.8 ms a step, 1.0 s more to compile) and near 600 at 256 rows
-# (12.6 against 8.1 ms, 2.7 s more), about 120,000-150,000 row-steps; at 64
-# rows and fewer the step limit above binds first. So a one-shot run (a bulk
-# job's batches count as one: `rnnstep-generate --input`) of more rows x steps
-# than this takes XLA (benchmarks/results/bulk-epyc-zen3-2026-12.md).
+# seconds, so a one-shot run (a bulk job's batches count as one) of more rows
+# x steps than this takes XLA (the first call's crossover, measured on a quiet
+# 2-vCPU EPYC Zen 3 with the bundled model).
 ONE_SHOT_GRAPH_MAX_ROW_STEPS = 131_072
 
 
@@ -397,10 +350,9 @@ def bulk_job_path(model, records: int, batch_size: int, num_steps: int) -> str:
 
 
 # The batch a bulk job (`rnnstep-generate --input`) runs when `rnnstep-tune`
-# measured none here. Throughput grows with the batch while the step is bound
-# by reading the weights, then flattens: on the Zen 3 table's quiet run
-# (GRU 1024, float32; ms per 1000 steps at the fastest path) 16 rows ran
-# 26.8k characters a second, 64 rows 53.6k, 256 rows 100.6k.
+# measured none here: throughput grows with the batch while the step is bound
+# by reading the weights, then flattens (measured on a quiet 2-vCPU EPYC
+# Zen 3).
 BULK_BATCH_SIZE = 256
 
 

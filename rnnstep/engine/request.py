@@ -339,7 +339,7 @@ class _ArrayOps(NamedTuple):
   """The few array operations `build` needs, on the host or in a graph.
 
   On the host (eager callers) they are numpy, so building a request costs
-  microseconds rather than dozens of eager TF ops (~6 ms measured); inside a
+  microseconds rather than dozens of eager TF ops (milliseconds); inside a
   graph (the SavedModel's serving function) they are TF ops.
   """
   array: Callable       # (value, tf dtype) -> array

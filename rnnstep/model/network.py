@@ -40,8 +40,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Output projections of at least this many weights (1 MiB of float32) are
 # kept out of XLA's output fusion on the "xla" path (`Network.output_product`).
 # Below it one thread reads the kernel in a few microseconds, about what
-# handing half of it to another thread costs (the bundled model's 768 x 65:
-# no faster either way, measured).
+# handing half of it to another thread costs (the bundled model's 768 x 65
+# ran no faster either way).
 UNFUSED_PROJECTION_ELEMENTS = 1 << 18
 
 
@@ -402,9 +402,10 @@ class Network:
       # add that consumes it (the bias, `logits_of_product`) into one output
       # fusion, which it runs as a loop on a single thread; a plain dot runs
       # on Eigen over the whole intra-op pool. The barrier keeps this dot
-      # plain (it compiles to nothing). Measured at batch 1 over a 33,278-word
-      # vocabulary (nhid 200, 2 cores): 0.81-0.89 -> 0.49-0.66 ms a step,
-      # logits unchanged; batch > 1 is never output-fused, so it is a no-op.
+      # plain (it compiles to nothing; the logits are unchanged), which made a
+      # word model's batch-1 step markedly faster (a 2-vCPU EPYC Zen 4,
+      # benchmarks/results/epyc-zen4-2026-12.md); batch > 1 is never
+      # output-fused, so it is a no-op.
       (product,) = _optimization_barrier(product)
     return product
 
@@ -610,9 +611,7 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
 
   def body(t, state, x_t, keep_t, outputs):
     # Step t+1's columns are sliced a step ahead into the loop state: sliced
-    # inside the gate math, XLA's CPU backend leaves that fusion unvectorized
-    # (measured on a GRU 1024 at batch 256: 10.5 ms a priming step, against
-    # 9 ms for a decode step).
+    # inside the gate math, XLA's CPU backend leaves that fusion unvectorized.
     following = tf.minimum(t + 1, size - 1)
     output, new_state = cell.step(x_t, state)
     if mask is not None:

@@ -1,28 +1,25 @@
-"""Lanes: the server's slots split over several engines, one CPU core each.
+"""Lanes: the server's slots split over several schedulers, one CPU core each.
 
 On a GPU one scheduler keeps the device busy: a chunk's matmuls fill it. On a
 CPU the compiled call of one scheduler runs its matmuls on TensorFlow's
-intra-op threads, which hand work to each other at every op of every step;
-at the serving batch sizes that hand-off costs about as much as the second
-core gains (`docs/guide/serving.md`, measured). Two schedulers that each run
-half the slots on one thread of their own use both cores with no hand-off:
-on a 2-core Zen 5, `generate` over 64 rows ran 75k characters a second on
-TensorFlow's two threads, two concurrent calls over 32 rows each, one thread
-apiece, 91k.
+intra-op threads, which hand work to each other at every op of every step,
+so two schedulers that each run half the slots on one thread of their own
+use both cores with no hand-off (measured: `docs/guide/serving.md`).
 
-`Lanes` holds `n` `engine.Engine`s over the same model and programs (the
-compiled functions are shared: a lane compiles nothing another has) and
-looks like one engine to the server: a request goes whole to the lane with
-the fewest rows running and waiting. Each row's text is its own seed's and
-position's whatever lane runs it (README "Reproducibility"), so lanes change
-no text.
+`Lanes` holds `n` `scheduler.Scheduler`s over the same model and programs
+(the compiled functions are shared: a lane compiles nothing another has) and
+looks like one scheduler to the server: a request goes whole to the lane
+with the fewest rows running and waiting. Each row's text is its own seed's
+and position's whatever lane runs it (README "Reproducibility"), so lanes
+change no text.
 """
 
 import dataclasses
 import threading
 from typing import List, Optional
 
-from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import scheduler as scheduler_lib
 
 
 # The CPU kinds (`cpu.kind()`) on which a server runs one lane, on
@@ -62,100 +59,100 @@ def lane_queue(max_queue: int, max_batch: int, lane_slots: int) -> int:
 
 
 class Lanes:
-  """Several engines behind `Engine`'s interface (see the module docstring).
+  """Several schedulers behind `Scheduler`'s interface (module docstring).
 
   Args:
-    engines: the lanes, each an unstarted `engine.Engine` of the same model
-      and path; their `max_batch` add up to the server's slots, and each
-      one's `max_queue` is `lane_queue`'s.
+    schedulers: the lanes, each an unstarted `scheduler.Scheduler` of the
+      same model and path; their `max_batch` add up to the server's slots,
+      and each one's `max_queue` is `lane_queue`'s.
     max_queue: rows waiting at most beyond the free slots, over all lanes.
 
   Attributes:
-    engines: the lanes.
+    schedulers: the lanes.
     max_batch: the slots of every lane together (a request may ask for up
       to this many rows: a lane with fewer slots runs them as they free).
     max_tokens_limit, max_prompt_tokens: the lanes' (equal) limits.
   """
 
-  def __init__(self, engines: List[engine_lib.Engine], max_queue: int):
-    if not engines:
-      raise ValueError("Lanes needs at least one engine")
-    self.engines = list(engines)
+  def __init__(self, schedulers: List[scheduler_lib.Scheduler], max_queue: int):
+    if not schedulers:
+      raise ValueError("Lanes needs at least one scheduler")
+    self.schedulers = list(schedulers)
     self.max_queue = int(max_queue)
     self._submitting = threading.Lock()
-    first = self.engines[0]
-    self.max_batch = sum(e.max_batch for e in self.engines)
+    first = self.schedulers[0]
+    self.max_batch = sum(e.max_batch for e in self.schedulers)
     self.max_tokens_limit = first.max_tokens_limit
     self.max_prompt_tokens = first.max_prompt_tokens
     self.generator = first.generator
 
   @property
   def deliver(self):
-    return self.engines[0].deliver
+    return self.schedulers[0].deliver
 
   @deliver.setter
   def deliver(self, deliver) -> None:
-    for engine in self.engines:
-      engine.deliver = deliver
+    for scheduler in self.schedulers:
+      scheduler.deliver = deliver
 
   @property
-  def stats(self) -> engine_lib.Stats:
+  def stats(self) -> scheduler_lib.Stats:
     """The lanes' counters, summed (read on any thread, as each lane's)."""
-    return engine_lib.Stats(**{
-        field.name: sum(getattr(e.stats, field.name) for e in self.engines)
-        for field in dataclasses.fields(engine_lib.Stats)})
+    return scheduler_lib.Stats(**{
+        field.name: sum(getattr(e.stats, field.name) for e in self.schedulers)
+        for field in dataclasses.fields(scheduler_lib.Stats)})
 
-  def check(self, completion: engine_lib.Completion) -> None:
-    """`Engine.check` (the lanes' limits are equal)."""
-    self.engines[0].check(completion)
+  def check(self, completion: completion_lib.Completion) -> None:
+    """`Scheduler.check` (the lanes' limits are equal)."""
+    self.schedulers[0].check(completion)
 
-  def submit(self, completion: engine_lib.Completion) -> None:
+  def submit(self, completion: completion_lib.Completion) -> None:
     """Queues the completion on the lane with the fewest rows.
 
     Raises:
-      ValueError: a completion `Engine.check` refuses.
-      engine.QueueFull: the lanes' waiting rows would exceed `max_queue`
+      ValueError: a completion `Scheduler.check` refuses.
+      completion.QueueFull: the lanes' waiting rows would exceed `max_queue`
         beyond their free slots.
-      engine.ShuttingDown: `close` has begun.
+      completion.ShuttingDown: `close` has begun.
     """
     self.check(completion)  # Before the queue's count.
     with self._submitting:
-      running = [e.stats.running for e in self.engines]
-      waiting = [e.stats.waiting for e in self.engines]
+      running = [e.stats.running for e in self.schedulers]
+      waiting = [e.stats.waiting for e in self.schedulers]
       free = sum(max(e.max_batch - r, 0)
-                 for e, r in zip(self.engines, running))
+                 for e, r in zip(self.schedulers, running))
       if sum(waiting) + len(completion.rows) > self.max_queue + free:
-        raise engine_lib.QueueFull()
+        raise completion_lib.QueueFull()
       load = [r + w for r, w in zip(running, waiting)]
       # A lane's own check (`lane_queue`) leaves it room for this request.
-      self.engines[load.index(min(load))].submit(completion)
+      self.schedulers[load.index(min(load))].submit(completion)
 
   def warm_up(self) -> None:
     """Compiles every program a lane can need, once: the lanes share the
     programs, and the first lane has the most slots (`split_slots`), so its
     warm-up covers every batch bucket of the others."""
-    max(self.engines, key=lambda e: e.max_batch).warm_up()
+    max(self.schedulers, key=lambda e: e.max_batch).warm_up()
 
   @property
   def compiling(self) -> int:
-    """`Engine.compiling` (the lanes share their programs, and so what is
+    """`Scheduler.compiling` (the lanes share their programs, and so what is
     left to compile)."""
-    return self.engines[0].compiling
+    return self.schedulers[0].compiling
 
   def start(self) -> None:
-    for engine in self.engines:
-      engine.start()
+    for scheduler in self.schedulers:
+      scheduler.start()
 
   def close(self, timeout: Optional[float] = None) -> bool:
-    """Closes every lane at once (each `Engine.close(timeout)`); whether all
+    """Closes every lane at once (each `Scheduler.close(timeout)`); whether all
     drained."""
-    drained = [True] * len(self.engines)
+    drained = [True] * len(self.schedulers)
 
     def close(i):
-      drained[i] = self.engines[i].close(timeout)
+      drained[i] = self.schedulers[i].close(timeout)
 
     threads = [threading.Thread(target=close, args=(i,))
-               for i in range(len(self.engines))]
+               for i in range(len(self.schedulers))]
     for thread in threads:
       thread.start()
     for thread in threads:

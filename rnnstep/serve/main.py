@@ -30,11 +30,8 @@ from rnnstep.engine import cpu
 PROGRAM = "rnnstep-serve"
 FLAGS = flags.FlagValues()
 
-_MODEL = flags.DEFINE_string(
-    "model", None, "Model file (.npz). Default: the bundled Shakespeare model.",
-    flag_values=FLAGS)
-_DTYPE = flags.DEFINE_enum("dtype", "float32", common.DTYPES,
-                           "Precision of the matmuls.", flag_values=FLAGS)
+_MODEL, _DTYPE = common.define_model_flags(
+    FLAGS, "Model file (.npz). Default: the bundled Shakespeare model.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.",
                             flag_values=FLAGS)
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.",
@@ -309,17 +306,13 @@ def main(argv) -> int:
   # pylint: disable=g-import-not-at-top
   import uvicorn
   from rnnstep.serve import app as app_lib
-  from rnnstep.serve import engine as engine_lib
   from rnnstep.serve import lanes as lanes_lib
+  from rnnstep.serve import scheduler as scheduler_lib
   # pylint: enable=g-import-not-at-top
   lanes = _lanes()
   _threads(lanes)
   strategy = _strategy()
-  try:
-    model = common.load_model(_MODEL.value, _DTYPE.value)
-  except common.Failure as e:  # Its words name rnnstep-generate's flag.
-    raise common.Failure(str(e).replace("--weights", "--model", 1),
-                         e.status) from None
+  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name)
   if model.config.window:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
@@ -327,18 +320,18 @@ def main(argv) -> int:
   # The library's choice for the rows one lane's device runs.
   path = _path(model, (strategy.num_replicas_in_sync if strategy else 1)
                * lanes)
-  engines = [engine_lib.Engine(
+  schedulers = [scheduler_lib.Scheduler(
       model, path=path, max_batch=slots, chunk_steps=_CHUNK_STEPS.value,
       max_queue=lanes_lib.lane_queue(_MAX_QUEUE.value, _MAX_BATCH.value,
                                      slots),
       max_tokens_limit=_MAX_TOKENS_LIMIT.value,
       max_prompt_tokens=_MAX_PROMPT_TOKENS.value, strategy=strategy,
       compile_in_background=_BACKGROUND_COMPILE.value)
-             for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
-  engine = (engines[0] if lanes == 1
-            else lanes_lib.Lanes(engines, _MAX_QUEUE.value))
+                for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
+  scheduler = (schedulers[0] if lanes == 1
+               else lanes_lib.Lanes(schedulers, _MAX_QUEUE.value))
   server = app_lib.Server(
-      model, engine, model_id=_model_name(),
+      model, scheduler, model_id=_model_name(),
       max_body_bytes=_MAX_BODY_BYTES.value, api_keys=api_keys,
       allowed_origins=_ALLOWED_ORIGINS.value,
       allowed_hosts=_allowed_hosts(), body_seconds=_BODY_TIMEOUT.value,
@@ -360,8 +353,8 @@ def main(argv) -> int:
 
   def warm():
     try:
-      engine.warm_up()
-      engine.start()
+      scheduler.warm_up()
+      scheduler.start()
     except BaseException as e:  # pylint: disable=broad-except
       failed.append(f"{type(e).__name__}: {e}".splitlines()[0][:500])
       http.should_exit = True
@@ -381,8 +374,8 @@ def main(argv) -> int:
   http.run()
   if failed:
     raise common.Failure(f"warm-up failed: {failed[0]}")
-  engine.close(timeout=_DRAIN_TIMEOUT.value)
-  if engine.compiling:
+  scheduler.close(timeout=_DRAIN_TIMEOUT.value)
+  if scheduler.compiling:
     # A program still compiling (--background_compile) on its daemon
     # thread, inside XLA: the interpreter's exit would abort the process
     # (measured: SIGABRT, "terminate called"). Nothing is left to do.

@@ -1,5 +1,5 @@
-"""The serving engine in-process (rnnstep/serve/engine.py): limits in ids,
-one row's failure retires that row only, and per-id log-probabilities.
+"""The serving scheduler in-process (rnnstep/serve/scheduler.py): limits in
+ids, one row's failure retires that row only, and per-id log-probabilities.
 
 References are the library's public functions: `rnnstep.generate` for every
 row's text and score, and `rnnstep.logits` (teacher-forced over the prompt
@@ -24,13 +24,14 @@ from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary
-from rnnstep.serve import engine as engine_lib
+from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("serve_engine") / "tiny.npz")
+  path = str(tmp_path_factory.mktemp("serve_scheduler") / "tiny.npz")
   cli.write_model(path)
   return rnnstep.load(path)
 
@@ -41,7 +42,7 @@ def byte_model(tmp_path_factory):
   config = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
   rng = np.random.default_rng(4)
   tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
-  path = tmp_path_factory.mktemp("serve_engine") / "bytes.npz"
+  path = tmp_path_factory.mktemp("serve_scheduler") / "bytes.npz"
   model_file.write(path, config, list(tokens.vocab), {
       k: (rng.normal(size=s) * 1.5).astype(np.float32)
       for k, s in config.expected_shapes(256).items()}, tokens)
@@ -57,7 +58,7 @@ class Collector:
     self.done = threading.Event()
     self._lock = threading.Lock()
 
-  def __call__(self, update: engine_lib.Update) -> None:
+  def __call__(self, update: completion_lib.Update) -> None:
     with self._lock:
       self.updates[update.index].append(update)
       if sum(1 for u in self.updates.values()
@@ -77,21 +78,21 @@ class Collector:
     return np.concatenate([getattr(u, field) for u in self.updates[i]])
 
 
-def make_engine(model, **kwargs):
+def make_scheduler(model, **kwargs):
   settings = dict(path="graph", max_batch=8, chunk_steps=5, max_queue=64,
                   max_tokens_limit=64, max_prompt_tokens=64)
   settings.update(kwargs)
-  return engine_lib.Engine(model, **settings)
+  return scheduler_lib.Scheduler(model, **settings)
 
 
-def submit(engine, model, prompts, *, seed, max_tokens, options=None,
-           shared=engine_lib.Shared(), **kwargs):
+def submit(scheduler, model, prompts, *, seed, max_tokens, options=None,
+           shared=completion_lib.Shared(), **kwargs):
   """Submits one completion of `prompts`; returns its `Collector`."""
   options = options or {}
   params = options_lib.Params(**{o.name: options.get(o.name, o.default)
                                  for o in options_lib.PER_ROW})
   sink = Collector(len(prompts))
-  engine.submit(engine_lib.Completion(
+  scheduler.submit(completion_lib.Completion(
       [model.encode(p) for p in prompts], [params] * len(prompts), seed=seed,
       max_tokens=max_tokens, shared=shared, want_scores=False, sink=sink,
       **kwargs))
@@ -99,7 +100,7 @@ def submit(engine, model, prompts, *, seed, max_tokens, options=None,
 
 
 def reference(model, prompts, max_tokens, seed, options=None,
-              shared=engine_lib.Shared(), jit_compile=False, **kwargs):
+              shared=completion_lib.Shared(), jit_compile=False, **kwargs):
   return rnnstep.generate(
       model, prompts, max_tokens, seed=seed, stop=list(shared.stop) or None,
       regex=shared.regex, jit_compile=jit_compile, **(options or {}),
@@ -114,42 +115,43 @@ def test_prompt_limit_counts_ids_and_a_longer_prompt_never_runs(byte_model):
   ids, over a limit of 16 (`submit` refuses it: ValueError naming the
   prompt); 8 of them (16 ids) fit the history and run beside an ASCII row,
   each equal to `generate`."""
-  engine = make_engine(byte_model, max_prompt_tokens=16, max_tokens_limit=20)
-  assert engine.max_prompt_tokens == 16
+  scheduler = make_scheduler(byte_model, max_prompt_tokens=16,
+                             max_tokens_limit=20)
+  assert scheduler.max_prompt_tokens == 16
   with pytest.raises(ValueError, match="prompt"):
-    submit(engine, byte_model, ["\u00e9" * 9], seed=1, max_tokens=20)
+    submit(scheduler, byte_model, ["\u00e9" * 9], seed=1, max_tokens=20)
   with pytest.raises(ValueError, match="max_tokens"):
-    submit(engine, byte_model, ["a"], seed=1, max_tokens=21)
-  assert engine.stats.waiting == 0  # Nothing of them queued.
+    submit(scheduler, byte_model, ["a"], seed=1, max_tokens=21)
+  assert scheduler.stats.waiting == 0  # Nothing of them queued.
   prompts = ["\u00e9" * 8, "plain ascii"]
-  sink = submit(engine, byte_model, prompts, seed=3, max_tokens=20,
+  sink = submit(scheduler, byte_model, prompts, seed=3, max_tokens=20,
                 options=dict(repetition_penalty=1.3))
-  engine.start()
+  scheduler.start()
   try:
     assert sink.done.wait(60)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   assert [sink.text(i) for i in range(2)] == reference(
       byte_model, prompts, 20, 3, dict(repetition_penalty=1.3))
 
 
-@pytest.mark.slow  # Two engine programs' first calls.
+@pytest.mark.slow  # Two programs' first calls.
 def test_a_burst_s_first_call_is_short_and_a_full_batch_s_is_not(model):
   """Rows that are most of a batch that is not full (a burst arriving; a
   lone request) run a short first call (`burst_steps`: 8 of 64 here), so
   that the rest of a burst joins at its end; a full batch runs whole
   chunks. The texts are `generate`'s either way."""
-  engine = make_engine(model, max_batch=4, chunk_steps=64,
-                       max_tokens_limit=80)
-  assert engine.burst_steps == 8
-  engine.start()
+  scheduler = make_scheduler(model, max_batch=4, chunk_steps=64,
+                             max_tokens_limit=80)
+  assert scheduler.burst_steps == 8
+  scheduler.start()
   try:
-    lone = submit(engine, model, ["ab"], seed=1, max_tokens=80)
+    lone = submit(scheduler, model, ["ab"], seed=1, max_tokens=80)
     assert lone.done.wait(60)
-    full = submit(engine, model, ["a", "b", "c", "d"], seed=2, max_tokens=80)
+    full = submit(scheduler, model, ["a", "b", "c", "d"], seed=2, max_tokens=80)
     assert full.done.wait(60)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   assert [u.tokens for u in lone.updates[0]] == [8, 64, 8]
   assert [u.tokens for u in full.updates[0]] == [64, 16]
   assert lone.text(0) == reference(model, ["ab"], 80, 1)[0]
@@ -175,52 +177,52 @@ def test_a_failing_row_retires_alone_and_the_others_equal_generate(
   a host step that raises (its history), and a text decoder that raises.
   Each faulty row ends "error" with a message; every other row's text is
   `generate`'s; the scheduler goes on serving."""
-  engine = make_engine(model, max_batch=8)
-  monkeypatch.setattr(engine, "check", lambda completion: None)
-  history = engine._history  # pylint: disable=protected-access
+  scheduler = make_scheduler(model, max_batch=8)
+  monkeypatch.setattr(scheduler, "check", lambda completion: None)
+  history = scheduler.calls.history
 
   def failing_history(row):
     if row.completion.seed == 66:
       raise RuntimeError("history exploded")
     return history(row)
 
-  monkeypatch.setattr(engine, "_history", failing_history)
+  monkeypatch.setattr(scheduler.calls, "history", failing_history)
   good = [(["ROMEO:", "To be", "a"], 33, 1, dict(temperature=0.8)),
           (["Hi", "there you"], 23, 2, dict(top_k=5)),
           (["q"], 30, 5, {})]
-  sinks = [submit(engine, model, good[0][0], seed=good[0][2],
+  sinks = [submit(scheduler, model, good[0][0], seed=good[0][2],
                   max_tokens=good[0][1], options=good[0][3])]
   # Outside the vocabulary: an id past V in the second and third of three
   # rows: in a short prompt (its host work for the call fails) and in the
   # first piece of a long one (the device's gather fails as it primes).
   bad_ids = Collector(3)
   params = [options_lib.DEFAULTS] * 3
-  bad = engine_lib.Completion(
+  bad = completion_lib.Completion(
       [model.encode("ab"), np.array([3, model.vocab_size + 7], np.int32),
        np.array([3, model.vocab_size + 9] + [4] * 12, np.int32)],
-      params, seed=65, max_tokens=20, shared=engine_lib.Shared(),
+      params, seed=65, max_tokens=20, shared=completion_lib.Shared(),
       want_scores=False, sink=bad_ids)
-  engine.start()
+  scheduler.start()
   try:
-    engine.submit(bad)  # While the first completion's rows run (carried).
-    sinks.append(submit(engine, model, good[1][0], seed=good[1][2],
+    scheduler.submit(bad)  # While the first completion's rows run (carried).
+    sinks.append(submit(scheduler, model, good[1][0], seed=good[1][2],
                         max_tokens=good[1][1], options=good[1][3]))
-    bad_history = submit(engine, model, ["x"], seed=66, max_tokens=10)
+    bad_history = submit(scheduler, model, ["x"], seed=66, max_tokens=10)
     bad_text = Collector(1)
-    exploding = engine_lib.Completion(
+    exploding = completion_lib.Completion(
         [model.encode("y")], [options_lib.DEFAULTS], seed=67, max_tokens=10,
-        shared=engine_lib.Shared(), want_scores=False, sink=bad_text)
+        shared=completion_lib.Shared(), want_scores=False, sink=bad_text)
     exploding.rows[0].text = _Exploding()
-    engine.submit(exploding)
-    sinks.append(submit(engine, model, good[2][0], seed=good[2][2],
+    scheduler.submit(exploding)
+    sinks.append(submit(scheduler, model, good[2][0], seed=good[2][2],
                         max_tokens=good[2][1], options=good[2][3]))
     for sink in sinks + [bad_ids, bad_history, bad_text]:
       assert sink.done.wait(60)
     # The scheduler still serves.
-    after = submit(engine, model, ["ROMEO:"], seed=9, max_tokens=12)
+    after = submit(scheduler, model, ["ROMEO:"], seed=9, max_tokens=12)
     assert after.done.wait(60)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   for (prompts, max_tokens, seed, options), sink in zip(good, sinks):
     assert [sink.text(i) for i in range(len(prompts))] == reference(
         model, prompts, max_tokens, seed, options)
@@ -235,7 +237,7 @@ def test_a_failing_row_retires_alone_and_the_others_equal_generate(
   assert "history exploded" in bad_history.updates[0][-1].message
   assert bad_text.reason(0) == "error"
   assert "decoder exploded" in bad_text.updates[0][-1].message
-  assert engine.stats.running == 0 and engine.stats.waiting == 0
+  assert scheduler.stats.running == 0 and scheduler.stats.waiting == 0
 
 
 # -- log-probabilities -------------------------------------------------------
@@ -263,30 +265,31 @@ def _logprobs_case(model, path, which=(0, 1, 2, 3)):
   model's, teacher-forced (`rnnstep.logits`), the top-k numpy's, their sum
   `generate`'s score; the prompt's (echo) likewise."""
   jit = paths.JIT_COMPILE[path]
-  engine = make_engine(model, path=path, max_batch=4, chunk_steps=6)
+  scheduler = make_scheduler(model, path=path, max_batch=4, chunk_steps=6)
   if path == paths.GRAPH:  # The others compile per shape: warm-up is long.
-    engine.warm_up()
-  traces = engine.generator.programs.serve_fn.experimental_get_tracing_count()
+    scheduler.warm_up()
+  traces = (
+      scheduler.generator.programs.serve_fn.experimental_get_tracing_count())
   cases = [  # (prompts, max_tokens, seed, options, shared, logprobs, echo)
       (["ROMEO:", "To be"], 17, 1, dict(temperature=0.8, top_k=10),
-       engine_lib.Shared(), 3, True),
-      (["a"], 20, 2, dict(repetition_penalty=1.4), engine_lib.Shared(
+       completion_lib.Shared(), 3, True),
+      (["a"], 20, 2, dict(repetition_penalty=1.4), completion_lib.Shared(
           stop=("e ",), no_repeat_ngram_size=2), 5, False),
       (["KING RICHARD III:\nNow is"], 9, 3, dict(temperature=0.0),
-       engine_lib.Shared(), 0, True),
-      (["x"], 11, 4, {}, engine_lib.Shared(), None, False),
+       completion_lib.Shared(), 0, True),
+      (["x"], 11, 4, {}, completion_lib.Shared(), None, False),
   ]
   cases = [cases[i] for i in which]
-  sinks = [submit(engine, model, prompts, seed=seed, max_tokens=n,
+  sinks = [submit(scheduler, model, prompts, seed=seed, max_tokens=n,
                   options=options, shared=shared, logprobs=k,
                   prompt_logprobs=echo)
            for prompts, n, seed, options, shared, k, echo in cases]
-  engine.start()
+  scheduler.start()
   try:
     for sink in sinks:
       assert sink.done.wait(120)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   for (prompts, n, seed, options, shared, k, echo), sink in zip(cases, sinks):
     texts, scores = reference(
         model, prompts, n, seed, options, shared, jit_compile=jit,
@@ -325,8 +328,8 @@ def _logprobs_case(model, path, which=(0, 1, 2, 3)):
       else:
         assert first.prompt_logprobs is None
   if path == paths.GRAPH:  # New k, echo or not: nothing traced after warm_up.
-    assert engine.generator.programs.serve_fn.experimental_get_tracing_count(
-    ) == traces
+    assert (scheduler.generator.programs.serve_fn
+            .experimental_get_tracing_count()) == traces
 
 
 def test_logprobs_are_the_raw_model_s_per_id_graph(model):
@@ -350,18 +353,18 @@ def test_a_checked_pattern_is_not_compiled_again_by_the_scheduler(model):
   any limit) once the compile cache has let it go; the text is the
   library's."""
   prompts = ["ROMEO:", "a"]
-  shared = engine_lib.Shared(stop=("xq",), regex="[a-z ]{3,12}\\.")
+  shared = completion_lib.Shared(stop=("xq",), regex="[a-z ]{3,12}\\.")
   pattern = constraints.compile_pattern(model, shared.regex)
   automaton = host.stop_automaton(model, shared.stop)
   constraints._compile.cache_clear()  # pylint: disable=protected-access
-  engine = make_engine(model)
-  sink = submit(engine, model, prompts, seed=5, max_tokens=14, shared=shared,
-                stop_automaton=automaton, pattern=pattern)
-  engine.start()
+  scheduler = make_scheduler(model)
+  sink = submit(scheduler, model, prompts, seed=5, max_tokens=14,
+                shared=shared, stop_automaton=automaton, pattern=pattern)
+  scheduler.start()
   try:
     assert sink.done.wait(120)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   # pylint: disable-next=protected-access
   assert constraints._compile.cache_info().misses == 0
   texts = reference(model, prompts, 14, 5, shared=shared)
@@ -370,9 +373,10 @@ def test_a_checked_pattern_is_not_compiled_again_by_the_scheduler(model):
 
 def test_logprobs_beyond_five_are_refused(model):
   with pytest.raises(ValueError, match="logprobs"):
-    engine_lib.Completion([model.encode("a")], [options_lib.DEFAULTS],
-                          seed=0, max_tokens=1, shared=engine_lib.Shared(),
-                          want_scores=False, sink=None, logprobs=6)
+    completion_lib.Completion([model.encode("a")], [options_lib.DEFAULTS],
+                              seed=0, max_tokens=1,
+                              shared=completion_lib.Shared(),
+                              want_scores=False, sink=None, logprobs=6)
 
 
 def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
@@ -380,8 +384,8 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
   the first time: the thread goes on, and the rows run as `generate`'s;
   failing again before any row ran, it retires the first waiting row, so
   that a persistent failure cannot hold the queue."""
-  engine = make_engine(model)
-  admit = engine._admit  # pylint: disable=protected-access
+  scheduler = make_scheduler(model)
+  admit = scheduler._admit  # pylint: disable=protected-access
   failures = []
 
   def failing(going_on):
@@ -391,9 +395,9 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
     return admit(going_on)
 
   failures_wanted = [1]
-  monkeypatch.setattr(engine, "_admit", failing)
-  sink = submit(engine, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
-  engine.start()
+  monkeypatch.setattr(scheduler, "_admit", failing)
+  sink = submit(scheduler, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
+  scheduler.start()
   try:
     assert sink.done.wait(60)
     assert failures == [1]
@@ -401,10 +405,10 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
         model, ["ROMEO:", "a"], 14, 3)
     failures.clear()
     failures_wanted[0] = 2
-    sink = submit(engine, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
+    sink = submit(scheduler, model, ["ROMEO:", "a"], seed=3, max_tokens=14)
     assert sink.done.wait(60)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   assert sink.reason(0) == "error"
   assert "admission exploded" in sink.updates[0][-1].message
   assert sink.text(1) == reference(model, ["ROMEO:", "a"], 14, 3)[1]
@@ -415,38 +419,38 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
 
 @pytest.mark.slow  # One XLA compile (seconds).
 def test_a_row_begun_on_the_graph_path_goes_on_under_xla_once_compiled(model):
-  """With `compile_in_background` the engine serves before its XLA program
+  """With `compile_in_background` the scheduler serves before its XLA program
   is compiled: the row's first chunks run on the graph path while the
   program compiles, the next ones (its carry from the host) under XLA, and
   its text is `generate`'s on either path."""
-  engine = make_engine(model, path="xla", max_batch=1, chunk_steps=4,
-                       compile_in_background=True)
-  engine.warm_up()  # The graph path traced; one shape queued (1 row).
+  scheduler = make_scheduler(model, path="xla", max_batch=1, chunk_steps=4,
+                             compile_in_background=True)
+  scheduler.warm_up()  # The graph path traced; one shape queued (1 row).
   compiling_at_first = []
   sink = Collector(1)
 
   def first_waits_for_the_compile(update):
     if not compiling_at_first:
-      compiling_at_first.append(engine.compiling)
-      while engine.compiling:  # Holds the scheduler: the next chunk is XLA's.
+      compiling_at_first.append(scheduler.compiling)
+      while scheduler.compiling:  # Holds the thread: the next chunk is XLA's.
         time.sleep(0.05)
     sink(update)
 
   options = dict(temperature=0.8, top_k=20)
   params = options_lib.Params(**{o.name: options.get(o.name, o.default)
                                  for o in options_lib.PER_ROW})
-  engine.submit(engine_lib.Completion(
+  scheduler.submit(completion_lib.Completion(
       [model.encode("ROMEO:")], [params], seed=5, max_tokens=30,
-      shared=engine_lib.Shared(stop=("zq",)), want_scores=False,
+      shared=completion_lib.Shared(stop=("zq",)), want_scores=False,
       sink=first_waits_for_the_compile))
-  engine.start()
+  scheduler.start()
   try:
     assert sink.done.wait(300)
   finally:
-    assert engine.close(timeout=10)
+    assert scheduler.close(timeout=10)
   assert compiling_at_first == [1]
-  assert 1 <= engine.stats.interim_chunks < engine.stats.chunks
+  assert 1 <= scheduler.stats.interim_chunks < scheduler.stats.chunks
   # The graph path's text (XLA's agrees, README "Reproducibility"; its
   # `generate` would compile for seconds more).
   assert sink.text(0) == reference(model, ["ROMEO:"], 30, 5, options,
-                                   engine_lib.Shared(stop=("zq",)))[0]
+                                   completion_lib.Shared(stop=("zq",)))[0]
