@@ -10,6 +10,7 @@ import keras
 from rnnstep.model import cells
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import network
 
 CASES = [
     ("gru_reset_after", "gru", True),
@@ -43,7 +44,7 @@ class CellTest(tf.test.TestCase, parameterized.TestCase):
         np.float32)
     layer.set_weights(weights)
     expected = [t.numpy() for t in layer(x)]
-    cell = cells.make_cell(model_file.LayerConfig(kind, units, reset_after),
+    cell = network.make_cell(model_file.LayerConfig(kind, units, reset_after),
                            dict(zip(kinds.get(kind).tensor_names, weights)),
                            compile_elementwise=compile_elementwise)
 

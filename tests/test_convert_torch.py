@@ -41,6 +41,10 @@ from tests.support import forkserver
 from tests.support.cli import Result
 from tests.support.hostile_pickles import RunsCode
 from tests.support.tiers import quick_params
+from tests.support.torch_files import pickle_int
+from tests.support.torch_files import pickle_str
+from tests.support.torch_files import tensor_pickle
+from tests.support.torch_files import write_torch_zip
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "torch"
@@ -149,8 +153,9 @@ def test_corpus_gives_the_same_vocabulary_and_convert_writes_it(tmp_path):
 
 
 def test_describe_reports_the_mapping():
-  # `inspect`, its former name, stays an alias.
-  assert convert.inspect is convert.describe
+  # `inspect`, its former name, is gone (`rnnstep.inspect` is the package
+  # of neuron activations).
+  assert not hasattr(convert, "inspect")
   text = str(convert.describe(DATA / "rnn_nobias.safetensors"))
   assert "safetensors" in text and "SimpleRNN  'recurrence[l1]'" in text
   assert "assumed nonlinearity='tanh'" in text
@@ -214,15 +219,6 @@ class _Evaluates:
     return (eval, ("__import__('os').getcwd()",))
 
 
-def _torch_zip(path, pickle_bytes, members=()):
-  with zipfile.ZipFile(path, "w") as z:
-    z.writestr("archive/data.pkl", pickle_bytes)
-    z.writestr("archive/byteorder", b"little")
-    z.writestr("archive/version", b"3\n")
-    for name, data in members:
-      z.writestr(f"archive/data/{name}", data)
-
-
 def _legacy(path, pickle_bytes):
   with open(path, "wb") as f:
     f.write(pickle.dumps(torch_legacy.LEGACY_MAGIC, protocol=2))
@@ -245,7 +241,7 @@ def test_a_pickle_that_would_run_code_is_refused_without_running_it(
   }
   for name, payload in payloads.items():
     path = tmp_path / f"{name}.pt"
-    (_torch_zip if layout == "zip" else _legacy)(path, payload)
+    (write_torch_zip if layout == "zip" else _legacy)(path, payload)
     with pytest.raises(ValueError) as info:
       convert.read_any(path, vocab=DATA / "vocab.json")
     message = str(info.value)
@@ -302,7 +298,7 @@ class _Reconstructs:
 def test_handmade_module_pickles_are_read_as_records_or_refused(
     tmp_path, layout, payload, message):
   path = tmp_path / "module.pt"
-  (_torch_zip if layout == "zip" else _legacy)(
+  (write_torch_zip if layout == "zip" else _legacy)(
       path, pickle.dumps(payload, protocol=2))
   with pytest.raises(ValueError, match=message) as info:
     convert.describe(path)
@@ -313,41 +309,15 @@ def test_a_module_in_a_cycle_is_refused(tmp_path):
   outer = _Module()
   outer._modules["self"] = outer  # pylint: disable=protected-access
   path = tmp_path / "cycle.pt"
-  _torch_zip(path, pickle.dumps(outer, protocol=2))
+  write_torch_zip(path, pickle.dumps(outer, protocol=2))
   with pytest.raises(ValueError, match="nested too deeply or in a cycle"):
     convert.describe(path)
-
-
-def _str(text):
-  data = text.encode()
-  return b"X" + struct.pack("<I", len(data)) + data
-
-
-def _int(value):
-  if -2**31 <= value < 2**31:
-    return b"J" + struct.pack("<i", value)
-  data = value.to_bytes(8, "little", signed=True)
-  return b"\x8a" + bytes([len(data)]) + data  # LONG1
-
-
-def _ints(values):
-  return b"(" + b"".join(_int(v) for v in values) + b"t"
-
-
-def tensor_pickle(numel, size, stride, offset=0, key="0", build=b""):
-  """The pickle torch.save writes for {'w': tensor}, assembled by hand;
-  `build` is a state to BUILD the tensor with (torch never writes one)."""
-  storage = (b"(" + _str("storage") + b"ctorch\nFloatStorage\n" + _str(key)
-             + _str("cpu") + _int(numel) + b"tQ")
-  return (b"\x80\x02}(" + _str("w") + b"ctorch._utils\n_rebuild_tensor_v2\n("
-          + storage + _int(offset) + _ints(size) + _ints(stride)
-          + b"\x89ccollections\nOrderedDict\n)RtR" + build + b"u.")
 
 
 def test_handmade_tensor_pickle_reads_views(tmp_path):
   path = tmp_path / "views.pt"
   values = np.arange(24, dtype="<f4")
-  _torch_zip(path, tensor_pickle(24, (3, 4), (1, 6), offset=2),
+  write_torch_zip(path, tensor_pickle(24, (3, 4), (1, 6), offset=2),
              [("0", values.tobytes())])
   obj, _, close = torch_zip.read_zip(path)
   got = obj["w"].read(str(path), "w")
@@ -358,8 +328,8 @@ def test_handmade_tensor_pickle_reads_views(tmp_path):
 
 def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
   path = tmp_path / "build.pt"
-  state = b"}" + _str("offset") + _int(10**6) + b"sb"  # BUILD {'offset': 1e6}
-  _torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
+  state = b"}" + pickle_str("offset") + pickle_int(10**6) + b"sb"  # BUILD {'offset': 1e6}
+  write_torch_zip(path, tensor_pickle(24, (2, 2), (2, 1), build=state),
              [("0", bytes(96))])
   with pytest.raises(ValueError, match="tried to modify a tensor"):
     torch_zip.read_zip(path)
@@ -375,7 +345,7 @@ def test_a_pickle_cannot_rewrite_a_checked_tensor(tmp_path):
 def test_bad_tensor_records_are_refused(tmp_path, numel, size, stride, offset,
                                         data_bytes, message):
   path = tmp_path / "bad.pt"
-  _torch_zip(path, tensor_pickle(numel, size, stride, offset),
+  write_torch_zip(path, tensor_pickle(numel, size, stride, offset),
              [("0", bytes(data_bytes))])
   with pytest.raises(ValueError, match=message) as info:
     torch_zip.read_zip(path)

@@ -11,7 +11,6 @@ itself (its key, lookup, fill and trust) is tests/test_cache_trust.py's.
 """
 
 import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import rnnstep
 from rnnstep.litert import cache as compiled_cache
 from rnnstep.cli import generate
 from rnnstep.litert import warm as warm_path
+from rnnstep import records
 
 pytestmark = pytest.mark.slow
 
@@ -382,5 +382,5 @@ def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(
 
 def test_the_bundled_model_path_is_the_library_s():
   root = os.path.dirname(os.path.abspath(rnnstep.__file__))
-  assert os.path.join(root, generate.BUNDLED_MODEL) == os.path.abspath(
+  assert os.path.join(root, records.BUNDLED_MODEL) == os.path.abspath(
       rnnstep.bundled_model_path())

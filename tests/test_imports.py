@@ -72,14 +72,15 @@ def import_graph():
 LAYERS = (
     ("rnnstep.errors", "rnnstep.staging", "rnnstep.version"),
     ("rnnstep.model", "rnnstep.decoding"),
-    ("rnnstep.engine", "rnnstep.convert"),
+    # records: the one check of a request's values, under every front end.
+    ("rnnstep.engine", "rnnstep.convert", "rnnstep.records"),
     ("rnnstep.api",),
     # The LiteRT export, its runner and cache, and rnnstep-generate's warm
     # path (below the exporters: `rnnstep.export` dispatches to it).
     ("rnnstep.litert",),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
-    ("rnnstep.cli", "rnnstep.beam"),  # Front ends: command lines, pipelines.
+    ("rnnstep.cli", "rnnstep.pipelines"),  # Front ends: command lines, Beam.
     ("rnnstep.serve",),  # A front end: imports cli.common for its flags.
 )
 
@@ -172,7 +173,7 @@ class ImportGraphTest(unittest.TestCase):
                      ["a", "b", "c", "a"])
     self.assertIsNone(find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}))
 
-  def test_only_rnnstep_beam_imports_apache_beam(self):
+  def test_only_rnnstep_pipelines_imports_apache_beam(self):
     # An optional dependency: `import rnnstep` and every other module run
     # without it (tests/test_keras_free.py checks a fresh interpreter too).
     importers = set()
@@ -186,7 +187,8 @@ class ImportGraphTest(unittest.TestCase):
                  else [])
         if any(n.split(".")[0] == "apache_beam" for n in names):
           importers.add(name)
-    self.assertEqual(importers, {"rnnstep.beam"})
+    self.assertEqual({part_of(name) for name in importers},
+                     {"rnnstep.pipelines"})
 
   def assert_loads_no_tensorflow(self, statements):
     """Runs `statements` in a fresh interpreter: none of TensorFlow, Keras

@@ -5,6 +5,7 @@ import pytest
 from rnnstep.model import cells
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import network
 
 
 def test_pytorch_gate_permutations_are_the_documented_ones():
@@ -33,7 +34,7 @@ def test_lookups_are_unambiguous_and_every_kind_has_a_cell():
     kinds.with_activation("gru", "relu")
   assert kinds.KINDS["simple_rnn_relu"].torch_permutation() == (0,)
   for kind in kinds.KINDS.values():
-    assert issubclass(getattr(cells, kind.cell_class), cells.Cell)
+    assert issubclass(network.cell_class(kind), cells.Cell)
     assert kind.activation in cells.ACTIVATIONS
     if not kind.size_names:  # RWKV-7's state: tests/test_rwkv7.py.
       layer = model_file.LayerConfig(kind.name, 7)

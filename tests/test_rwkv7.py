@@ -23,7 +23,10 @@ import pytest
 import rnnstep
 from rnnstep import convert
 from rnnstep.convert import rwkv7 as rwkv7_reader
+from rnnstep.convert import torch_state_dict
+from rnnstep.convert import torch_zip
 from tests.support import cli
+from tests.support import torch_files
 from tests.support.tiers import quick_params
 
 DATA = pathlib.Path(__file__).parent / "data" / "rwkv7"
@@ -77,7 +80,8 @@ def test_world_tokenizer_is_keras_hub_s(preset_model, cases):
   for text, ids in zip(cases["texts"], cases["ids"], strict=True):
     assert tokens.encode(text).tolist() == ids, text
     assert tokens.decode(ids) == text
-  # "\n\n" is one token, KerasHub's end token.
+  # "\n\n" is one token, which KerasHub's RWKVTokenizer names its end token
+  # (its chat convention; the vocabulary's end-of-text token is id 0).
   assert tokens.encode("\n\n").tolist() == [cases["end_token_id"]]
 
 
@@ -96,7 +100,8 @@ def test_world_stream_holds_back_an_incomplete_character(preset_model):
   assert stream.push(two) == ""
   assert stream.finish() == "\ufffd"
   assert tokens.decode(two + two + last) == "\ufffd中"
-  # Ids without a token (the padding id 0, ids past the last) add nothing.
+  # Ids without a token (id 0, the end-of-text token; ids past the last)
+  # add nothing.
   assert tokens.decode([0, len(tokens.vocab) - 1]) == ""
 
 
@@ -109,6 +114,48 @@ def test_world_vocabulary_file_is_read_as_data(tmp_path):
     bad.write_text(line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=message):
       rwkv7_reader.read_world_vocabulary(bad.read_bytes(), 16, str(bad))
+
+
+# A text of what a tokenizer can get wrong: CJK, accents (composed and
+# combining), emoji with a modifier, CRLF, tabs, control characters, and
+# the line ends universal newlines do not split at.
+MIXED_TEXT = ("Hello, 世界! Ça va? naïve cafe\u0301 — 日本語とカタカナ 😀👍🏽\r\n"
+              "\tUser: hi\r\n\nAssistant:  x\x00\x01\x1b\x7f\x0b\x0c\x85"
+              "\u2028 end\n\n")
+
+
+def test_the_real_world_vocabulary_converts_and_tokenizes_as_rwkv_s(
+    tmp_path):
+  """`rwkv_vocab_v20230424.txt` as RWKV-LM and the `rwkv` package ship it
+  (65,529 lines ending in CRLF) converts an official-layout `.pth` of 65,536
+  ids, and the model's tokenizer gives the ids of the `rwkv` package's own
+  tokenizer (`TRIE_TOKENIZER`) and decodes them back."""
+  import rwkv  # pylint: disable=g-import-not-at-top
+  from rwkv.rwkv_tokenizer import TRIE_TOKENIZER  # pylint: disable=g-import-not-at-top
+  vocab = pathlib.Path(rwkv.__file__).parent / "rwkv_vocab_v20230424.txt"
+  assert vocab.read_bytes()[:14] == b"1 '\\x00' 1\r\n2 "
+  # The test model's weights with the real vocabulary's 65,536 rows.
+  obj, _, close = torch_zip.read_zip(PTH)
+  try:
+    arrays = {name: tensor.read(PTH, name) for name, tensor in
+              torch_state_dict.find_state_dict(obj, PTH).tensors.items()}
+  finally:
+    close()
+  rng = np.random.default_rng(0)
+  for name in ("emb.weight", "head.weight"):
+    arrays[name] = rng.normal(0, 0.1, (65536, arrays[name].shape[1]))
+  pth = tmp_path / "rwkv7-world.pth"
+  torch_files.write_state_dict(pth, arrays)
+  convert.convert(pth, tmp_path / "m.npz", vocab=vocab)
+  tokens = convert.read_any(str(tmp_path / "m.npz")).tokens
+  reference = TRIE_TOKENIZER(str(vocab))
+  ids = reference.encode(MIXED_TEXT)
+  assert tokens.encode(MIXED_TEXT).tolist() == ids
+  assert tokens.decode(ids) == reference.decode(ids) == MIXED_TEXT
+  # Id 0 (the end-of-text token) and the ids past the file's last have no
+  # token: never encoded, and they add no text.
+  assert 0 not in ids
+  assert tokens.decode([0] + ids + [0, 65535]) == MIXED_TEXT
 
 
 # ---------------------------------------------------------------- the math

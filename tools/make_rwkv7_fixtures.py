@@ -26,7 +26,8 @@ world-format vocabulary of the 256 bytes and some longer tokens):
     the decay as `exp(-e^-0.5 * sigmoid(w))`) over the `.pth`, with its own
     greedy ids;
   - `tokenizer.json`: texts and the ids `RWKVTokenizer` gives them, and the
-    tokenizer's end token id ("\\n\\n").
+    tokenizer's end token id ("\\n\\n", KerasHub's chat convention; the
+    world vocabulary's end-of-text token is id 0).
 
 Weights are seeded random draws at scales that spread the logits (KerasHub's
 initializer draws every weight at 0.02, which leaves greedy choices to
@@ -52,8 +53,8 @@ import fixture_dir  # pylint: disable=g-import-not-at-top
 HIDDEN, HEAD, LAYERS, FFN = 32, 16, 3, 64
 LORA = dict(gate_lora=8, mv_lora=8, aaa_lora=8, decay_lora=8)
 # Longer tokens after the 256 bytes (ids 257 on), as the world vocabulary
-# holds such: "\n\n" (the end token), words, multi-byte characters, and a
-# token that is two bytes of a three-byte character.
+# holds such: "\n\n" (KerasHub's end token), words, multi-byte characters,
+# and a token that is two bytes of a three-byte character.
 LONGER = ["\n\n", " the", "th", "he", "in", "er", " a", "an", "ing", " and",
           " of", "é", "caf", "café", "中", "中文", "東京", "  ", "\r\n",
           "Hello", " world", " poet", " said", ".\n", b"\xe4\xb8", "😀"]

@@ -21,7 +21,10 @@ Inputs (see docs/guide/converting.md and docs/dev/file-formats.md):
     vocabulary;
   - PyTorch state dicts and whole pickled modules: `torch.save` files (`.pt`,
     `.pth`, `.bin`; zip or legacy format) and `.safetensors` (`pytorch`,
-    `torch_zip`, `torch_legacy`, `safetensors_file`).
+    `torch_zip`, `torch_legacy`, `safetensors_file`);
+  - RWKV-7: KerasHub presets and `.weights.h5`, official RWKV-LM `.pth`
+    with the world vocabulary file (`rwkv7`: its own readers, before any of
+    the above is tried).
 
 A recurrent stack must be Embedding (or one-hot inputs: an identity
 Embedding) -> GRU (reset_after True/False) / LSTM / SimpleRNN layer(s) ->
@@ -48,15 +51,14 @@ current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
 error that gives both sizes.
 """
 
-import dataclasses
-import json
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from rnnstep.convert.contents import Contents
-from rnnstep.convert.contents import KIND_NAMES
+from rnnstep.convert.contents import LayerSummary
+from rnnstep.convert.contents import Summary
 from rnnstep.convert import isolation
 from rnnstep.convert import keras_v2_h5
 from rnnstep.convert import keras_v3
@@ -68,108 +70,23 @@ from rnnstep.convert import tf1_charrnn
 from rnnstep.convert import textgenrnn
 from rnnstep.convert import tf_checkpoint
 from rnnstep.convert import torch_legacy
-from rnnstep.convert import torch_state_dict
 from rnnstep.convert import torch_zip
 from rnnstep.convert import vocabulary as convert_vocabulary
 from rnnstep.convert.vocabulary import read_corpus_vocab
 from rnnstep.convert.vocabulary import read_vocab_file
 from rnnstep.convert.vocabulary import resolve_vocab
+from rnnstep.convert.vocabulary import VocabularyNotAllowed
+from rnnstep.convert.vocabulary import VocabularyRequired
 from rnnstep.convert.vocabulary import vocab_from_corpus
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "describe", "holds_vocabulary",
-           "inspect",
            "is_model_file", "read_any", "read_corpus_vocab", "read_vocabulary", "read_vocab_file", "read_weights",
            "resolve_vocab", "vocab_from_corpus"]
 
 PathLike = Union[str, os.PathLike]
-
-
-@dataclasses.dataclass
-class LayerSummary:
-  """One layer as found in the file.
-
-  Attributes:
-    kind: 'embedding', 'gru', 'lstm', 'simple_rnn' or 'dense'.
-    name: where the file keeps it ('layers/gru', 'gru_1', 'layer_with_weights-1').
-    shapes: the stored variables' shapes, in creation order.
-    detail: e.g. 'units=1024, reset_after=True'.
-  """
-  kind: str
-  name: str
-  shapes: List[Tuple[int, ...]]
-  detail: str
-
-  def __str__(self):
-    shapes = ", ".join(str(s) for s in self.shapes)
-    return (f"{KIND_NAMES[self.kind]:<10} {safe_io.show(self.name)}: "
-            f"{self.detail}; stored {shapes}")
-
-
-@dataclasses.dataclass
-class Summary:
-  """What `describe` found, or what `convert` wrote.
-
-  Attributes:
-    input_path: the file or directory given.
-    format: the format found, e.g. 'Keras 3.15.1 .keras archive (Sequential)'.
-    layers: Embedding, recurrent layer(s), Dense, in order.
-    config: the rnnstep ModelConfig.
-    vocab_size: the embedding's rows (and the Dense's outputs).
-    embedding_dim: the embedding width.
-    num_parameters: the model's parameter count.
-    notes: things worth knowing (ignored layers, assumptions, [UNK]).
-    vocab: the vocabulary written (None for `describe`).
-    output_path: the model file written (None for `describe`).
-    tokens: the vocabulary's kind and rules where it is not characters.
-  """
-  input_path: str
-  format: str
-  layers: List[LayerSummary]
-  config: model_file.ModelConfig
-  vocab_size: int
-  embedding_dim: int
-  num_parameters: int
-  notes: List[str]
-  vocab: Optional[List[str]] = None
-  output_path: Optional[str] = None
-  tokens: Optional[object] = None
-
-  @property
-  def has_unk(self) -> Optional[bool]:
-    if self.vocab is None:
-      return None
-    return self.vocab[0] == model_file.UNK_TOKEN
-
-  def __str__(self):
-    lines = [f"input:      {self.input_path}", f"format:     {self.format}",
-             "layers:"]
-    lines += [f"  {layer}" for layer in self.layers]
-    if self.tokens is not None:  # Its ids are words, bytes or pieces.
-      lines.append(f"vocab size: {self.vocab_size} (embedding rows, one a "
-                   "token)")
-    else:
-      lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus "
-                   f"with {self.vocab_size} distinct characters, or "
-                   f"{self.vocab_size - 1} plus [UNK] at id 0)")
-    lines.append(f"parameters: {self.num_parameters:,}")
-    if self.vocab is not None and self.tokens is not None:
-      shown = " ".join(self.vocab)  # Words: shown apart.
-      lines.append(f"vocab:      {len(self.vocab)} {self.tokens.kind}: "
-                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
-    elif self.vocab is not None:
-      shown = "".join(self.vocab[1:] if self.has_unk else self.vocab)
-      lines.append(f"vocab:      {len(self.vocab)} entries"
-                   f"{' ([UNK] at id 0)' if self.has_unk else ''}: "
-                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
-    if self.output_path is not None:
-      lines.append(f"output:     {self.output_path}")
-    if self.notes:
-      lines.append("notes:")
-      lines += [f"  - {note}" for note in self.notes]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ public API
@@ -192,15 +109,10 @@ def describe(input_path: PathLike) -> Summary:
   return _contained(input_path, _describe, input_path)
 
 
-# The former name of `describe`, kept so that existing callers still work.
-# (Renamed: `rnnstep.inspect` is the package of neuron activations.)
-inspect = describe
-
-
 def _describe(input_path: PathLike) -> Summary:
-  if _rwkv7_kind(input_path):
-    return _rwkv7_summary(input_path, _read_rwkv7(input_path, None, None,
-                                                  describe=True))
+  if rwkv7.file_kind(input_path):
+    return rwkv7.summary(input_path, rwkv7.read_model(
+        input_path, None, None, describe=True))
   contents = _open(input_path)
   try:
     mapped = mapping.map_model(contents)
@@ -220,8 +132,8 @@ def read_weights(input_path: PathLike) -> Tuple[model_file.ModelConfig,
 
 
 def _read_weights(input_path: PathLike):
-  if _rwkv7_kind(input_path):
-    read = _read_rwkv7(input_path, None, None, describe=True)
+  if rwkv7.file_kind(input_path):
+    read = rwkv7.read_model(input_path, None, None, describe=True)
     return read.config, read.tensors
   contents = _open(input_path)
   try:
@@ -283,19 +195,11 @@ def convert(input_path: PathLike, output_path: PathLike, *,
                     vocab)
 
 
-class VocabularyRequired(ValueError):
-  """A weights file holds no vocabulary and none was given."""
-
-
-class VocabularyNotAllowed(ValueError):
-  """A vocabulary was given for an rnnstep model file, which holds its own."""
-
-
 def is_model_file(path: PathLike) -> bool:
   """Whether `path` is an rnnstep `.npz` model file (a zip holding a
   `format_version.npy` member), as opposed to weights to convert."""
   path = os.fspath(path)
-  if not os.path.isfile(path) or _sniff(path) != "zip":
+  if not os.path.isfile(path) or safe_io.sniff(path) != "zip":
     return False
   try:
     with safe_io.open_zip(path) as archive:
@@ -316,8 +220,8 @@ def holds_vocabulary(input_path: PathLike) -> bool:
 
 
 def _holds_vocabulary(input_path) -> bool:
-  if _rwkv7_kind(input_path):
-    return _rwkv7_kind(input_path) == "preset"
+  if rwkv7.file_kind(input_path):
+    return rwkv7.file_kind(input_path) == "preset"
   contents = _open(input_path)
   try:
     return contents.tokens is not None or contents.vocab is not None
@@ -435,8 +339,8 @@ def _own_vocabulary(input_path, mapped, tokens, corpus, vocab):
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
-  if _rwkv7_kind(input_path):
-    return _read_rwkv7(input_path, corpus, vocab)
+  if rwkv7.file_kind(input_path):
+    return rwkv7.read_model(input_path, corpus, vocab)
   mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                        vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
@@ -455,7 +359,7 @@ def _looks_like_weights(path: str) -> bool:
     return os.path.isfile(path + ".index")
   if tf_checkpoint.is_checkpoint_file(path):
     return True
-  kind = _sniff(path)
+  kind = safe_io.sniff(path)
   if kind == "zip":
     try:
       with safe_io.open_zip(path) as archive:
@@ -534,11 +438,11 @@ def read_vocabulary(corpus, vocab):
 
 
 def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
-  if _rwkv7_kind(input_path):
-    read = _read_rwkv7(input_path, corpus, vocab)
+  if rwkv7.file_kind(input_path):
+    read = rwkv7.read_model(input_path, corpus, vocab)
     model_file.write(output_path, read.config, read.vocab, read.tensors,
                      read.tokens)
-    summary = _rwkv7_summary(input_path, read)
+    summary = rwkv7.summary(input_path, read)
     summary.vocab, summary.tokens = read.vocab, read.tokens
     summary.output_path = output_path
     return summary
@@ -556,100 +460,6 @@ def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
 
 
 # ------------------------------------------------------------------- internals
-
-
-def _rwkv7_kind(input_path) -> Optional[str]:
-  """'preset' for a KerasHub RWKV-7 preset folder, 'h5' for the Keras
-  weights of one (by its layers' names), 'pth' for an official RWKV-7
-  torch.save state dict (by its keys; its pickle is read as data, its
-  tensors are not), else None."""
-  path = os.fspath(input_path)
-  if rwkv7.is_preset(path):
-    return "preset"
-  if not os.path.isfile(path):
-    return None
-  if _sniff(path) == "hdf5":
-    return "h5" if rwkv7.is_keras_weights(path) else None
-  if _sniff(path) != "zip":
-    return None
-  try:
-    with safe_io.open_zip(path) as archive:
-      if not torch_zip.is_torch_zip(safe_io.member_names(archive)):
-        return None
-    obj, _, close = torch_zip.read_zip(path)
-  except ValueError:
-    return None  # Its own reader says what is wrong.
-  try:
-    names = torch_state_dict.find_state_dict(obj, path).tensors
-  except ValueError:
-    return None
-  finally:
-    close()
-  return "pth" if rwkv7.is_official_state_dict(names) else None
-
-
-def _read_rwkv7(input_path, corpus, vocab, describe=False
-                ) -> model_file.ModelFile:
-  """Reads an RWKV-7 preset, `.weights.h5` or `.pth` (`_rwkv7_kind`) with
-  its vocabulary.
-
-  A `.weights.h5` or `.pth` needs `vocab=`: the world vocabulary file; a
-  preset holds its own. `describe`: a file without one gets ids without
-  tokens (for its shapes alone).
-  """
-  path = os.fspath(input_path)
-  kind = _rwkv7_kind(path)
-  read = rwkv7.read_keras_weights if kind == "h5" else rwkv7.read_pth
-  what = ("a KerasHub RWKV-7 weights file" if kind == "h5" else
-          "an official RWKV-7 checkpoint")
-  if kind == "preset":
-    if corpus is not None or vocab is not None:
-      raise VocabularyNotAllowed(
-          f"{path}: a KerasHub preset holds its own vocabulary "
-          f"({rwkv7.VOCABULARY_FILE}); give no corpus or vocab")
-    return rwkv7.read_preset(path)
-  if vocab is None and corpus is None and describe:
-    return read(path, None)
-  if vocab is None or corpus is not None:
-    raise VocabularyRequired(
-        f"{path}: {what} holds no vocabulary; give its world vocabulary "
-        "file as vocab (rwkv_vocab_v20230424.txt or a preset's "
-        f"{rwkv7.VOCABULARY_FILE}: '<id> <token> <length>' lines), not a "
-        "corpus")
-  if isinstance(vocab, (str, os.PathLike)) and not os.path.isfile(vocab):
-    raise FileNotFoundError(f"{os.fspath(vocab)}: no such vocabulary file "
-                            f"(the world vocabulary of {path})")
-  if not isinstance(vocab, (str, os.PathLike)) or not (
-      rwkv7.is_world_vocabulary(vocab)):
-    raise ValueError(f"{path}: vocab must be RWKV's world vocabulary file "
-                     "(rwkv_vocab_v20230424.txt: '<id> <token> <length>' "
-                     "lines)")
-  return read(path, vocab)
-
-
-def _rwkv7_summary(input_path, read: model_file.ModelFile) -> Summary:
-  """The `Summary` of an RWKV-7 model read whole (`_read_rwkv7`)."""
-  config, layer = read.config, read.config.layers[0]
-  vocab, dim = read.tensors["embedding"].shape
-  kind = _rwkv7_kind(input_path)
-  shapes = [tuple(read.tensors[f"layer0_{name}"].shape)
-            for name in kinds.RWKV7_TENSORS]
-  detail = ", ".join(f"{name}={value}" for name, value in
-                     (("units", layer.units),) + layer.sizes)
-  layers = [LayerSummary("embedding", "embedding", [(vocab, dim)],
-                         f"vocab {vocab} x dim {dim}"),
-            LayerSummary("rwkv7", "blocks", shapes, detail),
-            LayerSummary("dense", "head", [(dim, vocab)],
-                         f"{dim} -> {vocab}, use_bias=False")]
-  fmt = {"preset": "KerasHub RWKV7Backbone preset folder",
-         "h5": "KerasHub RWKV7Backbone .weights.h5 (sizes from its shapes)",
-         "pth": "official RWKV-7 .pth state dict (torch zip)"}[kind]
-  params = sum(int(np.prod(t.shape)) for t in read.tensors.values())
-  return Summary(input_path=os.fspath(input_path), format=fmt, layers=layers,
-                 config=config, vocab_size=int(vocab), embedding_dim=int(dim),
-                 num_parameters=params, tokens=read.tokens, notes=[
-                     "block 0's LayerNorm ln0 is folded into the input table; "
-                     "the head has no bias (zeros written)"])
 
 
 def _contained(input_path: PathLike, fn, *args):
@@ -683,7 +493,7 @@ def _open(input_path: PathLike) -> Contents:
                             "prefix")
   if tf_checkpoint.is_checkpoint_file(path):
     return tf_checkpoint.read(path)
-  kind = _sniff(path)
+  kind = safe_io.sniff(path)
   if kind == "zip":
     with safe_io.open_zip(path) as archive:
       names = safe_io.member_names(archive)
@@ -728,16 +538,6 @@ def _open(input_path: PathLike) -> Contents:
   raise ValueError(f"{path}: not a Keras weights file nor a PyTorch one (neither "
                    "a .keras zip archive, an HDF5 file, a TF checkpoint, a "
                    "torch.save file nor .safetensors)")
-
-
-def _sniff(path: str) -> Optional[str]:
-  with open(path, "rb") as f:
-    head = f.read(8)
-  if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-    return "zip"
-  if safe_io.looks_like_hdf5(path):
-    return "hdf5"
-  return None
 
 
 def _summary(input_path, mapped: mapping.MappedModel) -> Summary:

@@ -5,10 +5,12 @@ into `Contents`: the weight `Group`s it stores (one per layer, tensors in
 creation order, not yet read), plus -- where the file has a model config, or
 the reader has worked out the chain itself -- the chain of layers it describes
 (`LayerSpec`s). `mapping.map_model` then matches the two. This module also
-holds the naming helpers the readers share.
+holds the naming helpers the readers share, and `Summary`: what
+`convert.describe` found or `convert.convert` wrote.
 """
 
 import dataclasses
+import json
 import re
 from typing import Callable, List, Optional, Tuple
 
@@ -17,6 +19,7 @@ import numpy as np
 from rnnstep.convert import safe_io
 from rnnstep.convert.safe_io import show
 from rnnstep.model import kinds
+from rnnstep.model import model_file
 
 # How messages name each layer kind.
 KIND_NAMES = {**{name: kind.display for name, kind in kinds.KINDS.items()},
@@ -143,6 +146,94 @@ class Contents:
     """Releases the open file(s); the tensors cannot be read afterwards."""
     while self.closers:
       self.closers.pop()()
+
+
+# -------------------------------------------------------------------- summaries
+
+
+@dataclasses.dataclass
+class LayerSummary:
+  """One layer as found in the file.
+
+  Attributes:
+    kind: 'embedding', 'gru', 'lstm', 'simple_rnn' or 'dense'.
+    name: where the file keeps it ('layers/gru', 'gru_1', 'layer_with_weights-1').
+    shapes: the stored variables' shapes, in creation order.
+    detail: e.g. 'units=1024, reset_after=True'.
+  """
+  kind: str
+  name: str
+  shapes: List[Tuple[int, ...]]
+  detail: str
+
+  def __str__(self):
+    shapes = ", ".join(str(s) for s in self.shapes)
+    return (f"{KIND_NAMES[self.kind]:<10} {show(self.name)}: "
+            f"{self.detail}; stored {shapes}")
+
+
+@dataclasses.dataclass
+class Summary:
+  """What `describe` found, or what `convert` wrote.
+
+  Attributes:
+    input_path: the file or directory given.
+    format: the format found, e.g. 'Keras 3.15.1 .keras archive (Sequential)'.
+    layers: Embedding, recurrent layer(s), Dense, in order.
+    config: the rnnstep ModelConfig.
+    vocab_size: the embedding's rows (and the Dense's outputs).
+    embedding_dim: the embedding width.
+    num_parameters: the model's parameter count.
+    notes: things worth knowing (ignored layers, assumptions, [UNK]).
+    vocab: the vocabulary written (None for `describe`).
+    output_path: the model file written (None for `describe`).
+    tokens: the vocabulary's kind and rules where it is not characters.
+  """
+  input_path: str
+  format: str
+  layers: List[LayerSummary]
+  config: model_file.ModelConfig
+  vocab_size: int
+  embedding_dim: int
+  num_parameters: int
+  notes: List[str]
+  vocab: Optional[List[str]] = None
+  output_path: Optional[str] = None
+  tokens: Optional[object] = None
+
+  @property
+  def has_unk(self) -> Optional[bool]:
+    if self.vocab is None:
+      return None
+    return self.vocab[0] == model_file.UNK_TOKEN
+
+  def __str__(self):
+    lines = [f"input:      {self.input_path}", f"format:     {self.format}",
+             "layers:"]
+    lines += [f"  {layer}" for layer in self.layers]
+    if self.tokens is not None:  # Its ids are words, bytes or pieces.
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows, one a "
+                   "token)")
+    else:
+      lines.append(f"vocab size: {self.vocab_size} (embedding rows; a corpus "
+                   f"with {self.vocab_size} distinct characters, or "
+                   f"{self.vocab_size - 1} plus [UNK] at id 0)")
+    lines.append(f"parameters: {self.num_parameters:,}")
+    if self.vocab is not None and self.tokens is not None:
+      shown = " ".join(self.vocab)  # Words: shown apart.
+      lines.append(f"vocab:      {len(self.vocab)} {self.tokens.kind}: "
+                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
+    elif self.vocab is not None:
+      shown = "".join(self.vocab[1:] if self.has_unk else self.vocab)
+      lines.append(f"vocab:      {len(self.vocab)} entries"
+                   f"{' ([UNK] at id 0)' if self.has_unk else ''}: "
+                   f"{json.dumps(shown[:80], ensure_ascii=False)}")
+    if self.output_path is not None:
+      lines.append(f"output:     {self.output_path}")
+    if self.notes:
+      lines.append("notes:")
+      lines += [f"  - {note}" for note in self.notes]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------- names and roles

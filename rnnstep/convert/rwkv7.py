@@ -17,10 +17,19 @@ Both are read as data, without Keras or torch, into one layer of the kind
 
 The world vocabulary file (`read_world_vocabulary`): one token a line,
 `<id> <Python str or bytes literal> <byte length>`; the literal is parsed as
-a literal alone (`ast.parse`, a constant node: nothing is evaluated).
+a literal alone (`ast.parse`, a constant node: nothing is evaluated). Its
+lines end as the file's own tokenizer reads them (the `rwkv` package's
+`TRIE_TOKENIZER` opens it as text: Python's universal newlines), so the
+copies RWKV-LM and the `rwkv` package ship, with CRLF line ends, read as
+LF ones do.
+
+`rnnstep.convert` asks `file_kind` first and, for an RWKV-7 file, reads it
+with `read_model` (the vocabulary rules of each kind of file) and describes
+it with `summary`.
 """
 
 import ast
+import io
 import json
 import os
 import re
@@ -31,7 +40,11 @@ import numpy as np
 from rnnstep.convert import safe_io
 from rnnstep.convert import torch_state_dict
 from rnnstep.convert import torch_zip
+from rnnstep.convert.contents import LayerSummary
+from rnnstep.convert.contents import Summary
 from rnnstep.convert.safe_io import show
+from rnnstep.convert.vocabulary import VocabularyNotAllowed
+from rnnstep.convert.vocabulary import VocabularyRequired
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import vocabulary as vocabulary_lib
@@ -84,7 +97,7 @@ def read_world_vocabulary(data: bytes, size: int, label
                 f"byte {e.start})") from None
   tokens: Dict[int, bytes] = {}
   seen = set()
-  for number, line in enumerate(text.splitlines(), 1):
+  for number, line in enumerate(_lines(text), 1):
     if not line.strip():
       continue
     match = _WORLD_LINE.match(line)
@@ -106,7 +119,7 @@ def read_world_vocabulary(data: bytes, size: int, label
                   f"line says {length}")
     if not 0 < token_id < size:
       raise _fail(label, f"{where}: id {token_id} is outside the model's "
-                  f"ids 1..{size - 1} (id 0 is the padding)")
+                  f"ids 1..{size - 1} (id 0 is the end-of-text token)")
     if token_id in tokens or token in seen:
       raise _fail(label, f"{where} repeats an id or a token")
     tokens[token_id] = token
@@ -117,6 +130,12 @@ def read_world_vocabulary(data: bytes, size: int, label
   return vocabulary_lib.Tokens("world", vocab, path=label)
 
 
+def _lines(text: str) -> List[str]:
+  """The file's lines as its own tokenizer reads them: Python's universal
+  newlines (LF, CRLF and CR end a line, nothing else does)."""
+  return io.StringIO(text, newline=None).read().split("\n")
+
+
 def is_world_vocabulary(path) -> bool:
   """Whether a file starts like a world vocabulary (`<id> <literal> <n>`)."""
   try:
@@ -124,7 +143,7 @@ def is_world_vocabulary(path) -> bool:
       head = f.read(256)
   except OSError:
     return False
-  first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
+  first = _lines(head.decode("utf-8", "replace"))[0]
   return bool(_WORLD_LINE.match(first)) and not first.startswith("{")
 
 
@@ -440,3 +459,100 @@ def _model(config, tokens, per_block, top, label) -> model_file.ModelFile:
   except ValueError as e:
     raise _fail(label, str(e).split(": ", 1)[-1]) from None
   return model_file.ModelFile(config, list(tokens.vocab), tensors, tokens)
+
+
+# -------------------------------------------------- the converter's entry
+
+
+def file_kind(input_path) -> Optional[str]:
+  """'preset' for a KerasHub RWKV-7 preset folder, 'h5' for the Keras
+  weights of one (by its layers' names), 'pth' for an official RWKV-7
+  torch.save state dict (by its keys; its pickle is read as data, its
+  tensors are not), else None."""
+  path = os.fspath(input_path)
+  if is_preset(path):
+    return "preset"
+  if not os.path.isfile(path):
+    return None
+  if safe_io.sniff(path) == "hdf5":
+    return "h5" if is_keras_weights(path) else None
+  if safe_io.sniff(path) != "zip":
+    return None
+  try:
+    with safe_io.open_zip(path) as archive:
+      if not torch_zip.is_torch_zip(safe_io.member_names(archive)):
+        return None
+    obj, _, close = torch_zip.read_zip(path)
+  except ValueError:
+    return None  # Its own reader says what is wrong.
+  try:
+    names = torch_state_dict.find_state_dict(obj, path).tensors
+  except ValueError:
+    return None
+  finally:
+    close()
+  return "pth" if is_official_state_dict(names) else None
+
+
+def read_model(input_path, corpus, vocab, describe=False
+               ) -> model_file.ModelFile:
+  """Reads an RWKV-7 preset, `.weights.h5` or `.pth` (`file_kind`) with
+  its vocabulary.
+
+  A `.weights.h5` or `.pth` needs `vocab=`: the world vocabulary file; a
+  preset holds its own. `describe`: a file without one gets ids without
+  tokens (for its shapes alone).
+  """
+  path = os.fspath(input_path)
+  kind = file_kind(path)
+  read = read_keras_weights if kind == "h5" else read_pth
+  what = ("a KerasHub RWKV-7 weights file" if kind == "h5" else
+          "an official RWKV-7 checkpoint")
+  if kind == "preset":
+    if corpus is not None or vocab is not None:
+      raise VocabularyNotAllowed(
+          f"{path}: a KerasHub preset holds its own vocabulary "
+          f"({VOCABULARY_FILE}); give no corpus or vocab")
+    return read_preset(path)
+  if vocab is None and corpus is None and describe:
+    return read(path, None)
+  if vocab is None or corpus is not None:
+    raise VocabularyRequired(
+        f"{path}: {what} holds no vocabulary; give its world vocabulary "
+        "file as vocab (rwkv_vocab_v20230424.txt or a preset's "
+        f"{VOCABULARY_FILE}: '<id> <token> <length>' lines), not a "
+        "corpus")
+  if isinstance(vocab, (str, os.PathLike)) and not os.path.isfile(vocab):
+    raise FileNotFoundError(f"{os.fspath(vocab)}: no such vocabulary file "
+                            f"(the world vocabulary of {path})")
+  if not isinstance(vocab, (str, os.PathLike)) or not (
+      is_world_vocabulary(vocab)):
+    raise ValueError(f"{path}: vocab must be RWKV's world vocabulary file "
+                     "(rwkv_vocab_v20230424.txt: '<id> <token> <length>' "
+                     "lines)")
+  return read(path, vocab)
+
+
+def summary(input_path, read: model_file.ModelFile) -> Summary:
+  """The `Summary` of an RWKV-7 model read whole (`read_model`)."""
+  config, layer = read.config, read.config.layers[0]
+  vocab, dim = read.tensors["embedding"].shape
+  kind = file_kind(input_path)
+  shapes = [tuple(read.tensors[f"layer0_{name}"].shape)
+            for name in kinds.RWKV7_TENSORS]
+  detail = ", ".join(f"{name}={value}" for name, value in
+                     (("units", layer.units),) + layer.sizes)
+  layers = [LayerSummary("embedding", "embedding", [(vocab, dim)],
+                         f"vocab {vocab} x dim {dim}"),
+            LayerSummary("rwkv7", "blocks", shapes, detail),
+            LayerSummary("dense", "head", [(dim, vocab)],
+                         f"{dim} -> {vocab}, use_bias=False")]
+  fmt = {"preset": "KerasHub RWKV7Backbone preset folder",
+         "h5": "KerasHub RWKV7Backbone .weights.h5 (sizes from its shapes)",
+         "pth": "official RWKV-7 .pth state dict (torch zip)"}[kind]
+  params = sum(int(np.prod(t.shape)) for t in read.tensors.values())
+  return Summary(input_path=os.fspath(input_path), format=fmt, layers=layers,
+                 config=config, vocab_size=int(vocab), embedding_dim=int(dim),
+                 num_parameters=params, tokens=read.tokens, notes=[
+                     "block 0's LayerNorm ln0 is folded into the input table; "
+                     "the head has no bias (zeros written)"])

@@ -174,6 +174,17 @@ def looks_like_hdf5(path) -> bool:
   return False
 
 
+def sniff(path: str) -> Optional[str]:
+  """'zip' or 'hdf5' by the file's first bytes (its signature), else None."""
+  with open(path, "rb") as f:
+    head = f.read(8)
+  if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+    return "zip"
+  if looks_like_hdf5(path):
+    return "hdf5"
+  return None
+
+
 class H5File:
   """An HDF5 file opened read-only, with guarded navigation and reads.
 

@@ -30,6 +30,14 @@ MAX_VOCAB_FILE_BYTES = 64 << 20
 _CORPUS_CHUNK = 8 << 20
 
 
+class VocabularyRequired(ValueError):
+  """A weights file holds no vocabulary and none was given."""
+
+
+class VocabularyNotAllowed(ValueError):
+  """A vocabulary was given for an rnnstep model file, which holds its own."""
+
+
 def vocab_from_corpus(text: str) -> List[str]:
   """The tutorial's vocabulary: `sorted(set(text))`."""
   if not isinstance(text, str):

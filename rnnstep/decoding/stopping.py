@@ -147,20 +147,12 @@ def token_automaton(stops: Sequence[bytes], pieces: Sequence[bytes]
   return Automaton(table, chars.accept.copy())
 
 
-def compile_stops(model, stop: Sequence[str]) -> Automaton:
-  """Compiles stop strings for this model's vocabulary.
-
-  `model` is an `rnnstep.Model`, or anything with its `is_characters`,
-  `vocab_size`, `tokens` and `encode` (`litert_inputs.Vocabulary`).
-
-  A character model's stop strings are id sequences; a token model's are
-  matched over its tokens' bytes, so one may span tokens
-  (`token_automaton`).
+def check_texts(stop: Sequence[str]) -> None:
+  """The checks of stop strings that need no model.
 
   Raises:
     errors.ArgumentError: an empty stop string, one that is not text (a lone
-      surrogate), one the model can never generate, stop strings longer
-      than `MAX_STOP_BYTES` together, or whose table is over its limit.
+      surrogate), or stop strings longer than `MAX_STOP_BYTES` together.
   """
   for index, text in enumerate(stop):
     if not text:
@@ -175,6 +167,24 @@ def compile_stops(model, stop: Sequence[str]) -> Automaton:
     raise errors.ArgumentError(
         "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
         f"than the limit of {MAX_STOP_BYTES}; give fewer or shorter ones")
+
+
+def compile_stops(model, stop: Sequence[str]) -> Automaton:
+  """Compiles stop strings for this model's vocabulary.
+
+  `model` is an `rnnstep.Model`, or anything with its `is_characters`,
+  `vocab_size`, `tokens` and `encode` (`rnnstep.litert.inputs.Vocabulary`).
+
+  A character model's stop strings are id sequences; a token model's are
+  matched over its tokens' bytes, so one may span tokens
+  (`token_automaton`).
+
+  Raises:
+    errors.ArgumentError: an empty stop string, one that is not text (a lone
+      surrogate), one the model can never generate, stop strings longer
+      than `MAX_STOP_BYTES` together, or whose table is over its limit.
+  """
+  check_texts(stop)
   if not model.is_characters:
     if not stop:
       return stop_automaton([], model.vocab_size)

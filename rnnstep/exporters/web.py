@@ -102,18 +102,18 @@ def tensors(model) -> Dict[str, np.ndarray]:
   Layer 0's input is the model's own `input_table` (embedding x kernel +
   folded bias, as the library gathers it); kernels are transposed to
   `[G*U, D]` so each output is one contiguous dot product; biases are the
-  cells' own folded ones (`cells.make_cell`), so no sum is regrouped here.
+  cells' own folded ones (`network.make_cell`), so no sum is regrouped here.
 
   Raises:
     ValueError: as `check_exportable`.
   """
   check_exportable(model)
   # pylint: disable=g-import-not-at-top
-  from rnnstep.model import cells as cells_lib
+  from rnnstep.model import network
   out = {"input_table": model.input_table.numpy()}
   for i, (layer, weights) in enumerate(zip(model.config.layers,
                                            model.layer_weights)):
-    cell = cells_lib.make_cell(layer, weights)
+    cell = network.make_cell(layer, weights)
     out[f"layer{i}_recurrent_kernel_t"] = weights["recurrent_kernel"].numpy().T
     if i:
       out[f"layer{i}_kernel_t"] = weights["kernel"].numpy().T

@@ -7,6 +7,8 @@ and the command lines can read a file before TensorFlow loads.
 
   kinds        the cell kinds' tables: gate layouts, tensor names and shapes
   cells        one step of each kind (the gate math, as Keras computes it)
-  network      `Model`: the raw tensors and the step of the whole stack
+  rwkv7        RWKV-7's stack of blocks as one cell (its WKV math)
+  network      `Model`: the raw tensors and the step of the whole stack;
+               `make_cell`, a layer's cell by its kind
   model_file   the .npz model file: its format, reader and writer
 """

@@ -51,7 +51,7 @@ class TableRows(NamedTuple):
   ids: tf.Tensor
 
 
-def _rows(x_proj):
+def gather_rows(x_proj):
   """Gathers a `TableRows`; returns a gathered `[B, G*U]` projection as it is."""
   if isinstance(x_proj, TableRows):
     return tf.gather(x_proj.table, x_proj.ids)
@@ -141,7 +141,7 @@ def matmul(a, w, compute_dtype, float32_result=True):
   """`a @ w` with `a` cast to the weights' dtype (the cells' and the Dense's).
 
   The result is float32, or with `float32_result=False` left in the compute
-  dtype for an elementwise function to widen (`_float32`): then the cast runs
+  dtype for an elementwise function to widen (`as_float32`): then the cast runs
   inside that function's fused pass, not as a graph op of its own. (Either way
   the product was rounded to the compute dtype by the matmul.)
 
@@ -166,7 +166,7 @@ def matmul(a, w, compute_dtype, float32_result=True):
   return tf.cast(product, tf.float32) if float32_result else product
 
 
-def _float32(x):
+def as_float32(x):
   return tf.cast(x, tf.float32)  # No op when x is float32 already.
 
 
@@ -218,7 +218,7 @@ class GRUCell(Cell):
     if self.reset_after:
       return super().step(x_proj, state)
     (h,) = state
-    x_proj = _rows(x_proj)  # Used by both functions: gathered once.
+    x_proj = gather_rows(x_proj)  # Used by both functions: gathered once.
     z, reset_h = self._reset(x_proj, self._product(h, self.recurrent_gates), h)
     h_new = self._candidate(
         x_proj, self._product(reset_h, self.recurrent_candidate), z, h)
@@ -230,7 +230,7 @@ class GRUCell(Cell):
     """reset_after=True only."""
     units = self.units
     (h,) = state
-    x_proj, h_proj = _rows(x_proj), _float32(h_proj)
+    x_proj, h_proj = gather_rows(x_proj), as_float32(h_proj)
     zr = tf.sigmoid(x_proj[:, :2 * units] + h_proj[:, :2 * units])
     z, r = zr[:, :units], zr[:, units:]
     n = self.activation(x_proj[:, 2 * units:]
@@ -239,11 +239,11 @@ class GRUCell(Cell):
 
   def _gates_z_and_reset_h(self, x_proj, h_proj_gates, h):
     units = self.units
-    zr = tf.sigmoid(x_proj[:, :2 * units] + _float32(h_proj_gates))
+    zr = tf.sigmoid(x_proj[:, :2 * units] + as_float32(h_proj_gates))
     return zr[:, :units], zr[:, units:] * h
 
   def _gates_candidate(self, x_proj, reset_h_proj, z, h):
-    n = self.activation(x_proj[:, 2 * self.units:] + _float32(reset_h_proj))
+    n = self.activation(x_proj[:, 2 * self.units:] + as_float32(reset_h_proj))
     return z * h + (1.0 - z) * n
 
 
@@ -269,7 +269,7 @@ class LSTMCell(Cell):
   def gate_math(self, x_proj, h_proj, state):
     units = self.units
     _, c = state
-    gates = _rows(x_proj) + _float32(h_proj)
+    gates = gather_rows(x_proj) + as_float32(h_proj)
     # One sigmoid over all four blocks (the c block's is unused) costs fewer ops
     # than gathering the three gate blocks first.
     gate = tf.sigmoid(gates)
@@ -292,7 +292,7 @@ class SimpleRNNCell(Cell):
 
   def gate_math(self, x_proj, h_proj, state):
     del state  # h enters only through h_proj.
-    return (self.activation(_rows(x_proj) + _float32(h_proj)),)
+    return (self.activation(gather_rows(x_proj) + as_float32(h_proj)),)
 
 
 def state_sizes(layer_config) -> Tuple[int, ...]:
@@ -304,406 +304,3 @@ def state_sizes(layer_config) -> Tuple[int, ...]:
 def state_names(layer_config) -> Tuple[str, ...]:
   """The names of a `model_file.LayerConfig`'s state tensors ("h", "c")."""
   return kinds.get(layer_config.kind).state_names(layer_config.size)
-
-
-def make_cell(layer_config, tensors, compute_dtype=tf.float32,
-              compile_elementwise=False) -> Cell:
-  """Builds the cell for a `model_file.LayerConfig` from its tensors.
-
-  Args:
-    layer_config: the layer's `model_file.LayerConfig`.
-    tensors: {name: tensor} for each of the names its kind declares
-      (`kinds.Kind.tensor_names`; the kernel may be None where it is folded
-      into an input table).
-    compute_dtype: the matmuls' dtype.
-    compile_elementwise: compile the gate math with XLA.
-  """
-  kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
-  variant = ({"reset_after": layer_config.reset_after}
-             if kind.has_reset_after else {})
-  if kind.size_names:
-    variant["sizes"] = layer_config.size
-  return globals()[kind.cell_class](  # The class the kind table names.
-      **{name: tensors[name] for name in kind.tensor_names},
-      compute_dtype=compute_dtype, compile_elementwise=compile_elementwise,
-      activation=kind.activation, **variant)
-
-
-# RWKV-7's epsilons: its LayerNorms' (Keras's and torch's default 1e-5 as
-# both codes set it), the per-head GroupNorm's (64e-5), and the key
-# normalization's (KerasHub's `normalize`: x * rsqrt(sum(x^2) + 1e-12)).
-RWKV7_LAYER_NORM_EPSILON = 1e-5
-RWKV7_GROUP_NORM_EPSILON = 64e-5
-RWKV7_NORMALIZE_EPSILON = 1e-12
-
-
-def layer_norm(x, gamma_beta, epsilon=RWKV7_LAYER_NORM_EPSILON):
-  """LayerNorm over the last axis, `gamma_beta` = [gamma; beta] ([2, C])."""
-  mean, variance = tf.nn.moments(x, [-1], keepdims=True)
-  return ((x - mean) * tf.math.rsqrt(variance + epsilon) * gamma_beta[0]
-          + gamma_beta[1])
-
-
-class _Block(NamedTuple):
-  """One RWKV-7 block's tensors, each vector and matrix a tensor of its own
-  (split once, outside the loops: a slice in a loop's body is an op a step).
-  """
-  ln: Tuple[tf.Tensor, ...]  # LN1 gamma, beta, LN2 gamma, beta.
-  mix: Tuple[tf.Tensor, ...]  # kinds.RWKV7_MIX.
-  vectors: Tuple[tf.Tensor, ...]  # w0, a0, v0, k_k, k_a, r_k.
-  ln_x: Tuple[tf.Tensor, ...]  # The GroupNorm's gamma, beta.
-  loras: Tuple[tf.Tensor, ...]  # w1, w2, a1, a2, v1, v2, g1, g2.
-  r: tf.Tensor
-  k: tf.Tensor
-  v: tf.Tensor
-  o: tf.Tensor
-  fk: tf.Tensor
-  fv: tf.Tensor
-
-
-class RWKV7Cell(Cell):
-  """RWKV-7 "Goose" (x070): the whole stack of L blocks as one cell.
-
-  Per token, from x = LayerNorm_0(embedding[id]) (the input table), each
-  block i (KerasHub's rwkv7_layer.py in RNN mode; RWKV-LM's
-  RWKV-v7/rwkv_v7_demo_rnn.py; docs/dev/cell-kinds.md):
-
-    xx = LN1(x);  d = prev_att - xx;  prev_att = xx
-    x_j = xx + d * mix_j                      j in r, w, k, v, a, g
-    r, k, v = x_r @ R, x_k @ K, x_v @ V
-    decay = exp(-exp(-softplus(-(w0 + tanh(x_w @ w1) @ w2)) - 0.5))
-    a = sigmoid(a0 + x_a @ a1 @ a2);  g = sigmoid(x_g @ g1) @ g2
-    kk = normalize_per_head(k * k_k);  k = k * (1 + (a - 1) * k_a)
-    v_first = v (block 0), else v += (v_first - v) * sigmoid(v0 + x_v @ v1 @ v2)
-    S = S * decay[col] + (S @ -kk) (kk * a)^T + v k^T     per head, [N, N]
-    y = GroupNorm_heads(S @ r) + sum_head(r * k * r_k) * v
-    x = x + (y * g) @ O
-    xx = LN2(x);  d = prev_ffn - xx;  prev_ffn = xx
-    x = x + relu((xx + d * mix_ffn) @ FK)^2 @ FV
-
-  and the output is h = LN_out(x), which the Dense (the head, no bias)
-  maps to logits. The state is h, then per block (prev_att, S flattened
-  [H*N*N], prev_ffn); h is carried only so that a masked step keeps the
-  output it had, as every cell's state[0] is its output.
-
-  Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`).
-  The big products (R, K, V, O, FK, FV) are TensorFlow matmuls in the
-  compute dtype; the rest, LoRAs included, are elementwise functions
-  (`_elementwise`: XLA-compiled on the elementwise path). A prompt runs
-  block by block (`unroll`), each block's products once over all its rows.
-
-  Outside one XLA program (`one_xla_program`), a block is a graph function
-  of its tensors, traced once (block 0, which sets v_first, once more) and
-  called L times, not inlined: the 0.1B shape's generation traced its 12
-  blocks' ops in each of the decode loops and the priming (~25,000 nodes)
-  and grappler optimized them all, over a minute before the first token.
-  On the graph path a decode step's block is moreover one small XLA program
-  (`_block_function`): the loops, the priming and the sampling stay graph
-  ops, and nothing compiles for minutes.
-  """
-
-  fusable = False
-  unrolls_blockwise = True
-
-  def __init__(self, kernel, ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2,
-               g1, g2, receptance, key, value, output, ffn_key, ffn_value,
-               output_norm, sizes, compute_dtype=tf.float32,
-               compile_elementwise=False, activation="tanh"):
-    del activation  # The kind's activations are fixed.
-    self.compute_dtype = tf.as_dtype(compute_dtype)
-    self.compile_elementwise = compile_elementwise
-    self.input_norm = None if kernel is None else tf.convert_to_tensor(kernel)
-    self.blocks = sizes["blocks"]
-    self.head_size = sizes["head_size"]
-    self.units = int(output_norm.shape[-1])
-    self.heads = self.units // self.head_size
-    self.state_size = kinds.rwkv7_state_sizes(self.units, sizes)
-    # Each block's tensors are sliced here, once, outside the loops: a
-    # slice inside a graph loop's body is an op a step (a copy of each
-    # matrix, every token, measured 2-3x the weight-reading floor).
-    blocks = lambda t, dtype=tf.float32: tf.unstack(tf.cast(t, dtype))
-    rows = lambda t: [tuple(tf.unstack(b)) for b in blocks(t)]
-    self.block_tensors = [
-        _Block(*parts) for parts in zip(
-            rows(ln), rows(mix), rows(vectors), rows(ln_x),
-            zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))),
-            *(blocks(t, self.compute_dtype) for t in (
-                receptance, key, value, output, ffn_key, ffn_value)))]
-    self.output_norm = tuple(tf.unstack(
-        tf.convert_to_tensor(output_norm, tf.float32)))
-    self._shift_in = self._elementwise(self._time_inputs)
-    self._wkv = self._elementwise(self._time_mix)
-    self._ffn_in = self._elementwise(self._channel_inputs)
-    self._square = self._elementwise(_squared_relu)
-    self._out = self._elementwise(self._output)
-    self._functions = {}
-
-  def _block_function(self, fn, compile_on_graph_path=False):
-    """`fn` as a function called per block (see the class docstring), or
-    `fn` itself inside one XLA program (XLA inlines calls anyway).
-
-    With `compile_on_graph_path`, on the graph path (neither one XLA program
-    nor XLA-compiled elementwise functions) the function is a small XLA
-    program of its own: a decode step's block is ~130 small ops, whose
-    dispatch by TensorFlow's executor cost ~1 ms a block a token at batch 1
-    (the 0.1B shape's decode at 1.37x the weight-reading floor on a quiet
-    Zen 3, against 1.17x as one program a block). It compiles in about a
-    second (two programs, block 0 and the rest, once per batch size) where
-    the whole generation as one XLA program takes minutes. Only in float32:
-    XLA's CPU dots in bfloat16 ran the 0.1B shape's decode 7.1x slower than
-    float32 on a Zen 3 (no bf16 arithmetic), TensorFlow's graph ops 2.9x."""
-    if self.one_xla_program:
-      return fn
-    if fn.__name__ not in self._functions:
-      if (compile_on_graph_path and not self.compile_elementwise
-          and self.compute_dtype == tf.float32):
-        function = tf.function(fn, autograph=False, jit_compile=True)
-      else:
-        function = tf.function(fn, autograph=False,
-                               experimental_attributes={"_noinline": True})
-      self._functions[fn.__name__] = function
-    return self._functions[fn.__name__]
-
-  def project_inputs(self, inputs):
-    """The input LayerNorm (block 0's ln0): `Model.input_table`'s rows."""
-    return layer_norm(tf.convert_to_tensor(inputs, tf.float32),
-                      self.input_norm)
-
-  def _mm(self, a, w):
-    return matmul(a, w, self.compute_dtype, float32_result=False)
-
-  def step(self, x_proj, state):
-    x = _rows(x_proj)
-    new_state, v_first, ffn_out = [None], None, None
-    step_block = self._block_function(self._step_block,
-                                      compile_on_graph_path=True)
-    for i, b in enumerate(self.block_tensors):
-      x, ffn_out, v_first, block_state = step_block(
-          b, x, ffn_out, tuple(state[1 + 3 * i:4 + 3 * i]), v_first)
-      new_state += block_state
-    h = self._out(x, ffn_out)
-    new_state[0] = h
-    return h, tuple(new_state)
-
-  def _step_block(self, b, x, ffn_out, block_state, v_first):
-    """One block's step: x and ffn_out (the block below's channel mix, added
-    in here, fused), v_first (None in block 0) and the block's state."""
-    prev_att, wkv, prev_ffn = block_state
-    # The elementwise functions take the block's vectors and LoRAs only (an
-    # XLA-compiled one would take the big matrices as arguments too).
-    small = b._replace(r=None, k=None, v=None, o=None, fk=None, fv=None)
-    x, xx, xr, xk, xv = self._shift_in(small, x, ffn_out, prev_att)
-    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
-    y, wkv, v_first = self._wkv(small, xx, prev_att, r, k, v, wkv, v_first)
-    x, xf, ffn_x = self._ffn_in(small, x, self._mm(y, b.o), prev_ffn)
-    ffn_out = self._mm(self._square(self._mm(ffn_x, b.fk)), b.fv)
-    return x, ffn_out, v_first, (xx, wkv, xf)
-
-  def unroll(self, x_proj, state, mask=None, steps=None):
-    """Runs a whole sequence through the stack, block by block.
-
-    Only the state update S (a few elementwise ops and two 64-wide matvecs
-    per head) depends on the previous token; everything else in a block
-    depends on its inputs and the token shift alone. So each block runs its
-    products (R, K, V, the LoRAs, O, the feed-forward's) once over all T*B
-    rows, reading each matrix once a sequence instead of once a token (a
-    100-token prompt on the 0.1B shape: the weights read once, not 100
-    times), and only the state update loops over time. The equations and
-    their order are the step's (`step`, the same functions).
-
-    Args:
-      x_proj: time-major `[T, B, C]`, or `TableRows` of time-major ids.
-      state: the initial state.
-      mask: optional time-major bool `[T, B]`; where False the row's state
-        is held unchanged (bit for bit) and its output is the held h.
-      steps: run only the first `steps` columns (the mask is False beyond
-        them); outputs past them are 0.
-
-    Returns:
-      `((outputs [T, B, U],), final_state)`, as `network._unroll_cell`.
-    """
-    x = _rows(x_proj)
-    size, batch = tf.shape(x)[0], tf.shape(x)[1]
-    if steps is not None:
-      steps = tf.clip_by_value(steps, 1, size)
-      x = x[:steps]
-      mask = None if mask is None else mask[:steps]
-    length = tf.shape(x)[0]
-    if mask is None:
-      last = None
-    else:
-      # last[t, b]: the last kept position <= t (-1: none), whose values a
-      # masked position holds.
-      marks = tf.where(mask, tf.range(length)[:, None], -1)
-      last = tf.scan(tf.maximum, marks)
-    x = tf.reshape(x, [length * batch, -1])
-    new_state, v_first = [None], None
-    unroll_block = self._block_function(self._unroll_block)
-    for i, b in enumerate(self.block_tensors):
-      x, v_first, block_state = unroll_block(
-          b, x, tuple(state[1 + 3 * i:4 + 3 * i]), v_first, mask, last)
-      new_state += block_state
-    h = layer_norm(x, self.output_norm)
-    if last is not None:
-      whole = tf.concat([state[0][None], tf.reshape(h, [length, batch, -1])],
-                        0)
-      h = tf.reshape(_held(whole, last), [length * batch, -1])
-    outputs = tf.reshape(h, [length, batch, self.units])
-    new_state[0] = outputs[-1]
-    if steps is not None:
-      outputs = tf.pad(outputs, [[0, size - length], [0, 0], [0, 0]])
-    return (outputs,), tuple(new_state)
-
-  def _unroll_block(self, b, x, block_state, v_first, mask, last):
-    """One block over all rows x `[T*B, C]` (`unroll`): the new x, v_first
-    and the block's final state. mask, last: as in `unroll` (or None)."""
-    prev_att, wkv, prev_ffn = block_state
-    batch = tf.shape(prev_att)[0]
-    length = tf.shape(x)[0] // batch
-    xx = layer_norm(x, b.ln[:2])
-    prev = _shifted(xx, prev_att, length, batch, last)
-    x, xx, xr, xk, xv = self._time_inputs(b, x, None, prev)
-    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
-    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
-        b, xx, prev, r, k, v, v_first)
-    s, y = self._wkv_scan(wkv, mask, length, batch, (decay, kk, a, k, v, r))
-    x = x + _float32(self._mm(self._wkv_output(b, y, r, k, v, g), b.o))
-    xf = layer_norm(x, b.ln[2:])
-    ffn_x = xf + (_shifted(xf, prev_ffn, length, batch, last) - xf) * b.mix[6]
-    ffn_out = self._mm(_squared_relu(self._mm(ffn_x, b.fk)), b.fv)
-    x = x + _float32(ffn_out)
-    return x, v_first, (_final(xx, prev_att, length, batch, last), s,
-                        _final(xf, prev_ffn, length, batch, last))
-
-  def _wkv_scan(self, wkv, mask, length, batch, inputs):
-    """The state update over time: the final state `[B, H*N*N]` and S @ r
-    of every row `[T*B, H, N]`; a masked row holds its state."""
-    heads, size = self.heads, self.head_size
-    inputs = tuple(tf.reshape(t, [length, batch, -1]) for t in inputs)
-    ys = tf.TensorArray(tf.float32, size=length,
-                        element_shape=[None, heads, size])
-
-    def body(t, s, ys):
-      decay, kk, a, k, v, r = (x[t] for x in inputs)
-      new, y = self._wkv_update(s, decay, self._heads(kk), a, k, v, r)
-      if mask is not None:
-        new = tf.where(mask[t][:, None, None, None], new, s)
-      return t + 1, new, ys.write(t, y)
-
-    s = tf.reshape(wkv, [batch, heads, size, size])
-    _, s, ys = tf.while_loop(lambda t, *_: t < length, body,
-                             (tf.constant(0), s, ys))
-    return (tf.reshape(s, [batch, heads * size * size]),
-            tf.reshape(ys.stack(), [length * batch, heads, size]))
-
-  # The elementwise parts (see the class docstring for the equations); `b`
-  # is the block's `_Block`.
-
-  def _time_inputs(self, b, x, ffn_out, prev):
-    if ffn_out is not None:
-      x = x + _float32(ffn_out)
-    xx = layer_norm(x, b.ln[:2])
-    d = prev - xx
-    mix = b.mix
-    return x, xx, xx + d * mix[0], xx + d * mix[2], xx + d * mix[3]
-
-  def _time_mix(self, b, xx, prev, r, k, v, wkv, v_first):
-    decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(b, xx, prev, r, k, v,
-                                                         v_first)
-    s = tf.reshape(wkv, [-1, self.heads, self.head_size, self.head_size])
-    s, y = self._wkv_update(s, decay, kk, a, k, v, r)
-    return (self._wkv_output(b, y, r, k, v, g),
-            tf.reshape(s, [-1, self.heads * self.head_size ** 2]), v_first)
-
-  def _wkv_inputs(self, b, xx, prev, r, k, v, v_first):
-    """What the state update takes, from rows (tokens) alone: the decay,
-    kk, a, the modified k and v, r and the gate, all float32 `[rows, C]`;
-    v_first is None in block 0, which sets it."""
-    w1, w2, a1, a2, v1, v2, g1, g2 = b.loras
-    w0, a0, v0, k_k, k_a, _ = b.vectors
-    d = prev - xx
-    x_w, x_v, x_a, x_g = (xx + d * b.mix[j] for j in (1, 3, 4, 5))
-    r, k, v = _float32(r), _float32(k), _float32(v)
-    w = w0 + tf.matmul(tf.tanh(tf.matmul(x_w, w1)), w2)
-    decay = tf.exp(-tf.exp(-tf.nn.softplus(-w) - 0.5))
-    a = tf.sigmoid(a0 + tf.matmul(tf.matmul(x_a, a1), a2))
-    g = tf.matmul(tf.sigmoid(tf.matmul(x_g, g1)), g2)
-    kk = self._heads(k * k_k)
-    kk = kk * tf.math.rsqrt(tf.reduce_sum(tf.square(kk), -1, keepdims=True)
-                            + RWKV7_NORMALIZE_EPSILON)
-    k = k * (1 + (a - 1) * k_a)
-    if v_first is None:
-      v_first = v
-    else:
-      v = v + (v_first - v) * tf.sigmoid(
-          v0 + tf.matmul(tf.matmul(x_v, v1), v2))
-    return decay, kk, a, k, v, r, g, v_first
-
-  def _heads(self, t):
-    return tf.reshape(t, [-1, self.heads, self.head_size])
-
-  def _wkv_update(self, s, decay, kk, a, k, v, r):
-    """One token's state update, `s` `[B, H, N, N]` ([value, key] per
-    head), kk `[B, H, N]`, the rest `[B, C]`: the new state and S @ r."""
-    heads_of = self._heads
-    rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
-    s = (s * heads_of(decay)[:, :, None, :]
-         + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
-         + vh[..., None] * kh[:, :, None, :])
-    return s, tf.linalg.matvec(s, rh)
-
-  def _wkv_output(self, b, y, r, k, v, g):
-    """The block's attention output before O, from S @ r `[rows, H, N]`."""
-    heads_of = self._heads
-    rh, kh, vh = heads_of(r), heads_of(k), heads_of(v)
-    mean, variance = tf.nn.moments(y, [-1], keepdims=True)
-    y = (y - mean) * tf.math.rsqrt(variance + RWKV7_GROUP_NORM_EPSILON)
-    gamma, beta = b.ln_x
-    y = tf.reshape(y, [-1, self.units]) * gamma + beta
-    r_k = b.vectors[5]
-    y = y + tf.reshape(tf.reduce_sum(rh * kh * tf.reshape(
-        r_k, [self.heads, self.head_size]), -1, keepdims=True) * vh,
-                       [-1, self.units])
-    return tf.cast(y * g, self.compute_dtype)
-
-  def _channel_inputs(self, b, x, att_out, prev):
-    x = x + _float32(att_out)
-    xx = layer_norm(x, b.ln[2:])
-    return x, xx, xx + (prev - xx) * b.mix[6]
-
-  def _output(self, x, ffn_out):
-    return layer_norm(x + _float32(ffn_out), self.output_norm)
-
-
-def _shifted(seq, initial, length, batch, last):
-  """Per row (t, b) of seq `[T*B, C]`, seq's row at the last kept position
-  before t (`initial` `[B, C]` where none); last: as in `RWKV7Cell.unroll`,
-  None where every position is kept."""
-  seq = tf.reshape(seq, [length, batch, -1])
-  whole = tf.concat([initial[None], seq], 0)
-  if last is None:
-    return tf.reshape(whole[:-1], [length * batch, -1])
-  before = tf.concat([-tf.ones([1, batch], tf.int32), last[:-1]], 0)
-  return tf.reshape(_held(whole, before), [length * batch, -1])
-
-
-def _final(seq, initial, length, batch, last):
-  """seq's row `[B, C]` at each b's last kept position (initial where
-  none); as `_shifted`."""
-  seq = tf.reshape(seq, [length, batch, -1])
-  if last is None:
-    return seq[-1]
-  whole = tf.concat([initial[None], seq], 0)
-  return _held(whole, last[-1:])[0]
-
-
-def _held(whole, index):
-  """`whole[index[t, b] + 1, b]` for each (t, b): whole `[T+1, B, ...]`
-  (row 0 the initial value), index int32 `[T', B]` (-1: the initial)."""
-  batch = tf.shape(index)[1]
-  columns = tf.broadcast_to(tf.range(batch)[None], tf.shape(index))
-  return tf.gather_nd(whole, tf.stack([index + 1, columns], -1))
-
-
-def _squared_relu(x):
-  return tf.square(tf.nn.relu(_float32(x)))

@@ -5,7 +5,8 @@ the model file (`model_file`: gate count, bias shape, the config's `kind`),
 the cells (`cells`: state tensors, which class computes it), and the
 converter (`convert`: the Keras class names it maps, the PyTorch module and how
 its weights map). A new kind is a new row here plus its cell class in
-`cells.py` (and, to import it, any reader-specific handling).
+`cells.py`, or in a module of its own as RWKV-7's `rwkv7.py` (and, to
+import it, any reader-specific handling).
 
 This module imports nothing heavy (no TensorFlow), so the converter's forked
 readers and `model_file` can use it.
@@ -27,7 +28,8 @@ class Kind:
     state_tensors: [B, U] tensors in its state: 1 (h) or 2 (h, c).
     has_reset_after: whether the `reset_after` variant flag applies (GRU).
     keras_classes: Keras layer class names that are this kind.
-    cell_class: the `cells.py` class that computes it.
+    cell_class: the class that computes it, in `cells.py` (RWKV-7's in
+      `rwkv7.py`; `network.cell_class` finds it).
     torch_module: the PyTorch module class (`torch.nn.<name>`), or None.
     torch_gate_order: PyTorch's row blocks of `weight_ih_l{k}` / `weight_hh_l{k}`.
     torch_bias: how PyTorch's `bias_ih` and `bias_hh` become the Keras bias:
@@ -36,7 +38,7 @@ class Kind:
       additions in these equations).
     tensor_names: the layer's tensors (`tensor_shapes` gives their shapes):
       the model file's keys `layer{i}_{name}` and the cell's constructor
-      arguments. `model_file`, `Model` and `cells.make_cell` read them; a kind
+      arguments. `model_file`, `Model` and `network.make_cell` read them; a kind
       with other tensors declares them here (and its readers in `convert/`
       map them).
     activation: the candidate's (and an LSTM's output's) activation, Keras's

@@ -15,7 +15,8 @@ stack that everything else uses:
     `unroll_states` keeps every layer's state at every position
     (`rnnstep.hidden_states`, compiled by `sequence_function`).
 
-Both run the same cell code from `cells.py`.
+Both run the same cell code from `cells.py` (RWKV-7's from `rwkv7.py`),
+built by `make_cell`.
 """
 
 import collections
@@ -30,6 +31,7 @@ import tensorflow as tf
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import rwkv7 as rwkv7_lib
 from rnnstep.model import vocabulary as vocabulary_lib
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
@@ -214,13 +216,12 @@ class Model(tf.Module):
     self.dense_bias = var("dense_bias")
     # The first layer's input projection for every id, computed in float32
     # whatever the compute dtype (it is only gathered, never multiplied again).
-    first = cells_lib.make_cell(config.layers[0], self.layer_weights[0])
+    first = make_cell(config.layers[0], self.layer_weights[0])
     self.input_table = tf.Variable(first.project_inputs(self.embedding),
                                    trainable=False, name="input_table")
     self.backward_input_table = None
     if self.backward_weights[0] is not None:  # The same for its backward copy.
-      backward = cells_lib.make_cell(config.layers[0],
-                                     self.backward_weights[0])
+      backward = make_cell(config.layers[0], self.backward_weights[0])
       self.backward_input_table = tf.Variable(
           backward.project_inputs(self.embedding), trainable=False,
           name="backward_input_table")
@@ -690,6 +691,40 @@ HEAD_ACTIVATIONS = {
 assert tuple(HEAD_ACTIVATIONS) == model_file.DENSE_ACTIVATIONS
 
 
+# The modules that hold the cell classes the kinds name
+# (`kinds.Kind.cell_class`).
+_CELL_MODULES = (cells_lib, rwkv7_lib)
+
+
+def cell_class(kind: kinds.Kind) -> type:
+  """The `cells.Cell` class that computes a kind (its `cell_class`)."""
+  module = next(m for m in _CELL_MODULES if hasattr(m, kind.cell_class))
+  return getattr(module, kind.cell_class)
+
+
+def make_cell(layer_config, tensors, compute_dtype=tf.float32,
+              compile_elementwise=False) -> cells_lib.Cell:
+  """Builds the cell for a `model_file.LayerConfig` from its tensors.
+
+  Args:
+    layer_config: the layer's `model_file.LayerConfig`.
+    tensors: {name: tensor} for each of the names its kind declares
+      (`kinds.Kind.tensor_names`; the kernel may be None where it is folded
+      into an input table).
+    compute_dtype: the matmuls' dtype.
+    compile_elementwise: compile the gate math with XLA.
+  """
+  kind = kinds.get(layer_config.kind)  # ValueError for an unknown kind.
+  variant = ({"reset_after": layer_config.reset_after}
+             if kind.has_reset_after else {})
+  if kind.size_names:
+    variant["sizes"] = layer_config.size
+  return cell_class(kind)(
+      **{name: tensors[name] for name in kind.tensor_names},
+      compute_dtype=compute_dtype, compile_elementwise=compile_elementwise,
+      activation=kind.activation, **variant)
+
+
 def network_of(architecture: Architecture, weights: dict,
                compile_elementwise: bool = False,
                one_xla_program: bool = False) -> Network:
@@ -712,15 +747,14 @@ def network_of(architecture: Architecture, weights: dict,
                                                  weights["layers"])):
     if i == 0:  # Folded into input_table; never multiplied again.
       layer_weights = dict(layer_weights, kernel=None)
-    cells.append(cells_lib.make_cell(layer, layer_weights, dtype,
-                                     compile_elementwise))
+    cells.append(make_cell(layer, layer_weights, dtype, compile_elementwise))
     cells[-1].one_xla_program = one_xla_program
   backward = None
   if "backward" in weights:
     backward = Backward(
-        tuple(cells_lib.make_cell(layer, dict(layer_weights, kernel=None)
-                                  if i == 0 else layer_weights, dtype,
-                                  compile_elementwise)
+        tuple(make_cell(layer, dict(layer_weights, kernel=None)
+                        if i == 0 else layer_weights, dtype,
+                        compile_elementwise)
               if layer.bidirectional else None
               for i, (layer, layer_weights) in enumerate(zip(
                   architecture.config.layers, weights["backward"]))),

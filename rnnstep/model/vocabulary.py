@@ -24,9 +24,9 @@ recorded rules of its kind:
     as Latin-1 characters (so every entry is distinct and holds only
     characters below U+0100); text is encoded by greedy longest match of its
     UTF-8 bytes, as KerasHub's byte trie matches. Ids with no token (id 0,
-    the padding, and ids past the file's last, e.g. 65530-65535) have the
-    entry `WORLD_NO_TOKEN` + their id, a character no token holds, and add
-    no text.
+    the end-of-text token, and ids past the file's last, e.g. 65530-65535)
+    have the entry `WORLD_NO_TOKEN` + their id, a character no token holds,
+    and add no text.
 
 Every kind but `characters` is decoded through bytes: each id has a `piece`
 (the bytes it adds to the text), a generation's text is its pieces joined and
