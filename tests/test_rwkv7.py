@@ -387,7 +387,7 @@ def test_readers_refuse_in_one_line(tmp_path):
 def test_web_and_litert_exports_refuse_in_one_line(preset_model):
   """The web runtime has no RWKV-7 step; the LiteRT flatbuffer of one runs
   but does not give the library's text (tried: `litert.REFUSED_KINDS`)."""
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="web export"):
     web.check_exportable(preset_model)
