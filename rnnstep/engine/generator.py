@@ -32,6 +32,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import recompute
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
+from rnnstep.engine import xla_cache
 from rnnstep.model import cells
 from rnnstep.model import network as network_lib
 
@@ -291,6 +292,9 @@ def prompt_logprobs_function(model) -> network_lib.BoundFunction:
 
 def programs_for(model, path: str) -> Programs:
   """The shared `Programs` of the model's architecture on a concrete path."""
+  # XLA's disk cache: TF reads its flag at its first tf.function (its
+  # passes do, XLA or not), so before any.
+  xla_cache.enable()
   return network_lib.shared_function(
       model.architecture, f"programs/{path}", lambda: Programs(model, path))
 

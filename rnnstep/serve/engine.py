@@ -106,12 +106,12 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.decoding import pipeline
 from rnnstep.decoding import processors
 from rnnstep.decoding import stopping
+from rnnstep.engine import compiling
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
 from rnnstep.model import network
-from rnnstep.serve import compiling
 
 # The most alternatives a `logprobs` request may ask per id (OpenAI's limit).
 TOP_LOGPROBS = pipeline.TOP_LOGPROBS
