@@ -99,6 +99,11 @@ class Compiler:
     self._queue = collections.OrderedDict()
     self._compiling = None  # The key being compiled now.
     self._thread = None
+    # (programs, name) to trace, in the order they were asked for, on a
+    # thread of their own (`_trace_work`, see `wait_traced`).
+    self._to_trace = collections.deque()
+    self._tracer = None
+    self._traced = threading.Condition(self._lock)
 
   def ready(self, key) -> bool:
     """Whether the program of `key` (`shape_key`) is compiled."""
@@ -149,6 +154,15 @@ class Compiler:
         # One step is all a compile needs (the steps are not a constant).
         args = (request._replace(num_steps=np.int32(1)),) + tuple(args[1:])
         self._queue[key] = (generator, name, args, owner)
+        programs = generator.programs
+        if (not programs.traced(name)
+            and (programs, name) not in self._to_trace):
+          self._to_trace.append((programs, name))
+          if self._tracer is None:
+            _exit_at_once_while_compiling()
+            self._tracer = threading.Thread(target=self._trace_work,
+                                            daemon=True, name="rnnstep-trace")
+            self._tracer.start()
       if first:
         self._queue.move_to_end(key, last=False)
       if self._thread is None:
@@ -157,6 +171,39 @@ class Compiler:
                                         name="rnnstep-compile")
         self._thread.start()
       return True
+
+  def wait_traced(self) -> None:
+    """Waits until the functions queued so far are traced.
+
+    TensorFlow names the functions inside a program by a process-wide
+    counter, and XLA's disk cache (`xla_cache.py`) finds a program only by
+    an equal HLO, names included: so traces run one at a time in the order
+    they were asked for. A caller about to trace a function of its own
+    (the graph path's first call of it) waits here first; a trace takes
+    seconds at most, never a compile (`_trace_work` runs apart from them).
+    """
+    with self._lock:
+      while self._to_trace:
+        self._traced.wait()
+
+  def _trace_work(self) -> None:
+    while True:
+      with self._lock:
+        if not self._to_trace:
+          self._tracer = None
+          self._traced.notify_all()
+          return
+        programs, name = self._to_trace[0]
+        _COMPILING.add(self)
+      try:
+        programs.concrete(name)
+      except Exception:  # pylint: disable=broad-except
+        pass  # Its compile fails and says why.
+      with self._lock:
+        self._to_trace.popleft()
+        self._traced.notify_all()
+        if self._compiling is None:
+          _COMPILING.discard(self)
 
   def forget(self, owner) -> None:
     """Drops the shapes `owner` queued that are not being compiled yet."""
@@ -173,6 +220,8 @@ class Compiler:
         key, (generator, name, args, _) = self._queue.popitem(last=False)
         self._compiling = key
         _COMPILING.add(self)
+        while (generator.programs, name) in self._to_trace:
+          self._traced.wait()  # Traced in its turn (`wait_traced`).
       started = time.monotonic()
       try:
         generator.call(name, *args)
@@ -189,7 +238,8 @@ class Compiler:
       with self._lock:
         done.add(key)
         self._compiling = None
-        _COMPILING.discard(self)
+        if self._tracer is None:
+          _COMPILING.discard(self)
 
 
 _COMPILERS = weakref.WeakKeyDictionary()
@@ -276,14 +326,12 @@ class Background:
     key = shape_key(args, name)
     if self.compiler.ready(key):
       return self.xla.call(name, *args)
+    if not self.graph.programs.traced(name):
+      self.compiler.wait_traced()  # The traces in their order (see there).
+    result = self.graph.call(name, *args)
     if not self.compiler.failed(key):
-      # Traced here, not on the compiling thread: TF names the functions
-      # inside a program by a process-wide counter, and XLA's disk cache
-      # (`xla_cache.py`) finds a program only by an equal HLO, names
-      # included, so the traces must come in the caller's own order.
-      self.xla.programs.concrete(name)
       self.compiler.want(key, self.xla, args, first=True, name=name)
-    return self.graph.call(name, *args)
+    return result
 
 
 _BACKGROUND = weakref.WeakKeyDictionary()

@@ -99,6 +99,10 @@ class Programs(tf.Module):
         carry_spec.state])
     self._concrete_functions = {}
 
+  def traced(self, name: str) -> bool:
+    """Whether `concrete(name)` has been traced."""
+    return name in self._concrete_functions
+
   def concrete(self, name: str):
     """The one concrete function of the compiled function `name`.
 
