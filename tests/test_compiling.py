@@ -262,3 +262,14 @@ def test_a_cache_folder_writable_by_others_is_not_used(tmp_path, monkeypatch):
   folder = xla_cache._trusted_folder()
   assert folder.startswith(str(tmp_path / "cache" / xla_cache.SUBDIR))
   assert os.stat(folder).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.slow  # A process importing TensorFlow.
+def test_a_process_exiting_while_a_program_compiles_keeps_its_status(tmp_path):
+  script = EXIT_WHILE_COMPILING + "sys.exit(3)\n"
+  result = subprocess.run(
+      [sys.executable, "-c", script], capture_output=True, text=True,
+      env=fresh_process_env(tmp_path), timeout=cli.TIMEOUT, check=False)
+  assert result.returncode == 3, result.stderr[-2000:]
+  assert "compiling 1" in result.stdout.splitlines()
+  assert not entries(tmp_path)

@@ -31,11 +31,16 @@ model's program is about 1 MB of machine code; a process's XLA programs are
 never freed).
 
 A process that exits while a program compiles would abort inside XLA
-(measured: SIGABRT, "exception not rethrown", or a wait for the compile):
-`_exit_while_compiling`, registered with `atexit` when the first compile
-starts, runs the other exit handlers and then leaves at once with
-`os._exit`, status 0 (1 after an uncaught exception; a status passed to
-`sys.exit` is not seen there and becomes 0).
+(measured: SIGABRT, "exception not rethrown", or a wait for the compile;
+so does one whose exit handlers hand exit()'s status to `_exit` through
+glibc's `on_exit`, since the compiling and tracing threads wake inside the
+interpreter's finalization): `_exit_while_compiling`, registered with
+`atexit` when the first compile starts, runs the other exit handlers,
+flushes the output and leaves at once with `os._exit`. An exit handler
+cannot read the process's status, so `sys.exit` is wrapped from then on to
+remember it: the status is `sys.exit`'s, 1 after an uncaught exception, 0
+otherwise (a `raise SystemExit(n)` is not seen: 0, or the status of an
+earlier `sys.exit` whose exception was caught).
 """
 
 import atexit
@@ -263,12 +268,14 @@ def _exit_at_once_while_compiling() -> None:
   """Registers `_exit_while_compiling` with atexit, once per process."""
   if not _EXIT_HANDLER:
     _EXIT_HANDLER.append(_exit_while_compiling)
+    _remember_exit_status()
     atexit.register(_exit_while_compiling)
 
 
 def _exit_while_compiling() -> None:
-  """At exit, while a program compiles: the other exit handlers, then
-  `os._exit` (the interpreter's own exit would abort inside XLA)."""
+  """At exit, while a program compiles (or traces): the other exit handlers,
+  then `os._exit` with the process's status (the interpreter's own exit
+  would abort inside XLA; see the module docstring)."""
   if not any(True for _ in _COMPILING):
     return
   atexit.unregister(_exit_while_compiling)
@@ -278,7 +285,42 @@ def _exit_while_compiling() -> None:
       stream.flush()
     except Exception:  # pylint: disable=broad-except
       pass
-  os._exit(1 if getattr(sys, "last_value", None) is not None else 0)  # pylint: disable=protected-access
+  if getattr(sys, "last_value", None) is not None:  # Uncaught: printed.
+    status = 1
+  else:
+    status = _exit_status(_EXIT_STATUS[0] if _EXIT_STATUS else None)
+  os._exit(status)  # pylint: disable=protected-access
+
+
+def _exit_status(code) -> int:
+  """The status Python gives `sys.exit(code)`."""
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code & 0xFF
+  return 1  # A message, printed already.
+
+
+_EXIT_STATUS = []
+
+
+def set_exit_status(code) -> None:
+  """Tells `_exit_while_compiling` the status to leave with, for a program
+  that ends by `raise SystemExit(code)` (pytest's `python -m pytest`)."""
+  _EXIT_STATUS[:] = [code]
+
+
+def _remember_exit_status() -> None:
+  """Wraps `sys.exit` to remember its status: an exit handler cannot read
+  it, and `_exit_while_compiling` must leave with it."""
+  original = sys.exit
+
+  def exit(code=None):  # pylint: disable=redefined-builtin
+    _EXIT_STATUS[:] = [code]
+    original(code)
+
+  exit.__doc__ = original.__doc__
+  sys.exit = exit
 
 
 class Background:
