@@ -75,7 +75,7 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   """
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import convert as convert_lib  # Only loaded when needed.
-  xla_cache.enable()  # Before TensorFlow's first function (xla_cache.py).
+  xla_cache.prune_once()  # Before TensorFlow loads a program from it.
   if path is None:
     path = bundled_model_path()
     if not os.path.exists(path):

@@ -338,7 +338,7 @@ class Background:
   """
 
   def __init__(self, model):
-    xla_cache.enable()  # Before this process's first XLA compile.
+    xla_cache.prune_once()  # Before TensorFlow loads a program from it.
     self.xla = generator_lib.cached(model, paths.XLA)
     self.graph = generator_lib.cached(model, paths.GRAPH)
     self.compiler = for_programs(self.xla.programs)

@@ -296,9 +296,7 @@ def prompt_logprobs_function(model) -> network_lib.BoundFunction:
 
 def programs_for(model, path: str) -> Programs:
   """The shared `Programs` of the model's architecture on a concrete path."""
-  # XLA's disk cache: TF reads its flag at its first tf.function (its
-  # passes do, XLA or not), so before any.
-  xla_cache.enable()
+  xla_cache.prune_once()  # Before TF loads a program from it.
   return network_lib.shared_function(
       model.architecture, f"programs/{path}", lambda: Programs(model, path))
 

@@ -8,10 +8,11 @@ the next process instead of compiling them again
 later process that lowers the same function to the same HLO loads it: the
 bundled model's first XLA call, 3.2 s, takes 1.9 s in the next process, its
 trace and lowering to HLO; the LLVM compile is gone). TensorFlow reads the
-flag once, at the process's first XLA compile, so `enable` sets it before
-rnnstep builds an XLA program (`generator.programs_for`); a process that
-compiled XLA before has its flag read already and is left as it is, and so
-is a `TF_XLA_FLAGS` that names its own folder.
+flags once, at its first function or device query (its passes and devices
+read them, XLA or not), so `enable` sets it when `rnnstep.engine` is
+imported; a process that used TensorFlow before has its flags read already
+and is left as it is, and so is a `TF_XLA_FLAGS` that names its own
+folder.
 
 The folder is `<cache dir>/xla/<key>/` (the tuning cache's folder,
 `tuning_cache.cache_dir`, as the LiteRT artifacts': $RNNSTEP_CACHE_DIR,
@@ -50,11 +51,8 @@ import re
 import threading
 from typing import Optional
 
-from absl import logging
-
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
-from rnnstep import staging
 
 SUBDIR = "xla"
 SWITCH_ENV = "RNNSTEP_XLA_CACHE"
@@ -68,6 +66,7 @@ _ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
 
 _lock = threading.Lock()
 _enabled = []  # [folder or None] once `enable` ran.
+_pruned = []  # [folder] once `prune_once` ran.
 
 
 def enabled() -> bool:
@@ -104,10 +103,14 @@ def max_bytes() -> int:
 
 def enable() -> Optional[str]:
   """Points TensorFlow's persistent XLA cache at `directory()`, once per
-  process, after pruning it; returns the folder (None: not used).
+  process; returns the folder (None: not used). Run when `rnnstep.engine`
+  is imported: TensorFlow reads TF_XLA_FLAGS at its first function or
+  device query, and the command lines and the server query devices before
+  they load a model.
 
   A no-op where the cache is off, the platform is not POSIX, TF_XLA_FLAGS
-  names a folder already, or the folder is not trusted (said once).
+  names a folder already, or the folder is not trusted (said once). The
+  folder is pruned before the first compile (`prune_once`).
   """
   with _lock:
     if _enabled:
@@ -117,15 +120,36 @@ def enable() -> Optional[str]:
         and FLAG not in os.environ.get("TF_XLA_FLAGS", "")):
       try:
         folder = _trusted_folder()
-        prune(folder)
       except (OSError, ValueError) as e:
-        logging.warning("XLA's program cache is not used: %s", e)
+        _warn("XLA's program cache is not used: %s", e)
         folder = None
     if folder is not None:
       os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, (
           os.environ.get("TF_XLA_FLAGS"), FLAG + folder)))
     _enabled.append(folder)
     return folder
+
+
+def _warn(message: str, *args) -> None:
+  # absl's logging imported here only: this module loads with
+  # `rnnstep.engine`, on rnnstep-generate's TensorFlow-free warm path too.
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.warning(message, *args)
+
+
+def prune_once() -> None:
+  """`prune`s the folder `enable` chose, once per process, before
+  TensorFlow compiles (loads) a program: `generator.programs_for` and
+  `rnnstep.load` call it."""
+  folder = enable()
+  with _lock:
+    if folder is None or _pruned:
+      return
+    _pruned.append(folder)
+    try:
+      prune(folder)
+    except OSError as e:
+      _warn("XLA's program cache was not pruned: %s", e)
 
 
 def _trusted_folder() -> str:
@@ -226,6 +250,7 @@ def prune(folder: str, cap: Optional[int] = None) -> None:
         os.unlink(os.path.join(folder, name))
       del now_checked[name]
   if now_checked != checked:
+    from rnnstep import staging  # pylint: disable=g-import-not-at-top
     with staging.staged_path(checked_path, mode=0o600) as tmp:
       with open(tmp, "w", encoding="utf-8") as f:
         json.dump(now_checked, f, sort_keys=True)
