@@ -16,12 +16,14 @@ import numpy as np
 
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
+from rnnstep.engine import compiling
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request
 from rnnstep.engine import scoring
 from rnnstep.engine import window as window_lib
+from rnnstep.engine import xla_cache
 from rnnstep import errors
 from rnnstep import records
 from rnnstep.model import cells
@@ -73,6 +75,7 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   """
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import convert as convert_lib  # Only loaded when needed.
+  xla_cache.prune_once()  # Before TensorFlow loads a program from it.
   if path is None:
     path = bundled_model_path()
     if not os.path.exists(path):
@@ -567,8 +570,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   if strategy is not None:
     model = model_lib.replicated(model, strategy)
     rows_per_device = -(-rows_per_device // strategy.num_replicas_in_sync)
-  generator = generator_lib.cached(
-      model, _path(model, jit_compile, rows_per_device, options.window))
+  generator = _generator(model, jit_compile, rows_per_device,
+                         options.window, strategy)
   out = generator.generate_ids(prompt_list, num_steps, options,
                                strategy=strategy)
 
@@ -633,8 +636,8 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                           stop, return_scores, initial_state,
                                           dict(decoding, num_beams=beams),
                                           streams=True, regex=regex)
-  generator = generator_lib.cached(
-      model, _path(model, jit_compile, len(prompt_list), options.window))
+  generator = _generator(model, jit_compile, len(prompt_list),
+                         options.window)
   # One incremental decoder per row: a chunk never ends inside a character,
   # and a token model's text is cut at its stop string's end.
   rows = [model.tokens.stream(options.stop, prompt) for prompt in prompt_list]
@@ -678,6 +681,18 @@ def check_request(model: model_lib.Model, prompts: Prompts, num_steps: int,
   """
   return _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                           None, decoding, streams=True, regex=regex)
+
+
+def _generator(model, jit_compile, batch_size, window, strategy=None):
+  """The generator a call runs on. Where `jit_compile=None` picks XLA, one
+  whose calls run on the graph path while their XLA program compiles in the
+  background (`compiling.Background`); an explicit path compiles (or not)
+  in the foreground."""
+  path = _path(model, jit_compile, batch_size, window)
+  if (path == paths.XLA and strategy is None
+      and paths.from_jit_compile(jit_compile) == paths.AUTO):
+    return compiling.background(model)
+  return generator_lib.cached(model, path)
 
 
 def _path(model, jit_compile, batch_size, window: int = 0) -> str:

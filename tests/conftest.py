@@ -1,5 +1,6 @@
 """Shared test set-up: quiet TF logs, Keras on the TensorFlow backend."""
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -44,6 +45,16 @@ atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
 # cache (rnnstep/litert/cache.py): tests/test_fast_path.py turns it on
 # for its own runs.
 os.environ["RNNSTEP_COMPILED_CACHE"] = "off"
+
+def pytest_sessionfinish(session, exitstatus):
+  """A background XLA compile still running when pytest exits ends the
+  process by os._exit (rnnstep/engine/compiling.py), which does not see the
+  status `python -m pytest` raises: it is told."""
+  del session
+  compiling = sys.modules.get("rnnstep.engine.compiling")
+  if compiling is not None:
+    compiling.set_exit_status(int(exitstatus))
+
 
 # First: `-m` selects on the markers added here.
 @pytest.hookimpl(tryfirst=True)

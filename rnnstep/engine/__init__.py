@@ -12,4 +12,12 @@ the exporters, inspect, the command lines).
   paths         which path (graph, xla, elementwise) runs a request
   cpu           the CPU's features (no TensorFlow)
   tuning_cache  measured defaults kept per machine (no TensorFlow)
+  compiling     XLA programs compiled while the graph path runs
+  xla_cache     XLA's programs kept on disk (no TensorFlow)
 """
+
+from rnnstep.engine import xla_cache as _xla_cache
+
+# TensorFlow reads its XLA flags once, at its first function or device
+# query: the disk cache's folder must be in them before (xla_cache.py).
+_xla_cache.enable()

@@ -32,6 +32,7 @@ from rnnstep.engine import paths
 from rnnstep.engine import recompute
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
+from rnnstep.engine import xla_cache
 from rnnstep.model import cells
 from rnnstep.model import network as network_lib
 
@@ -97,6 +98,10 @@ class Programs(tf.Module):
         weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
         carry_spec.state])
     self._concrete_functions = {}
+
+  def traced(self, name: str) -> bool:
+    """Whether `concrete(name)` has been traced."""
+    return name in self._concrete_functions
 
   def concrete(self, name: str):
     """The one concrete function of the compiled function `name`.
@@ -291,6 +296,7 @@ def prompt_logprobs_function(model) -> network_lib.BoundFunction:
 
 def programs_for(model, path: str) -> Programs:
   """The shared `Programs` of the model's architecture on a concrete path."""
+  xla_cache.prune_once()  # Before TF loads a program from it.
   return network_lib.shared_function(
       model.architecture, f"programs/{path}", lambda: Programs(model, path))
 

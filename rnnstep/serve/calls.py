@@ -27,7 +27,7 @@ from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import request as request_lib
-from rnnstep.serve import compiling
+from rnnstep.engine import compiling
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import tables as tables_lib
 

@@ -1,0 +1,256 @@
+"""XLA's on-disk cache of compiled programs, in rnnstep's cache folder.
+
+TensorFlow can keep the XLA programs it compiles on disk and load them in
+the next process instead of compiling them again
+(`TF_XLA_FLAGS=--tf_xla_persistent_cache_directory=DIR`; TF 2.21 on CPU:
+`tf.function(jit_compile=True)` writes one file per program,
+`xla_compile_cache__<signature>__<HLO fingerprint>__XLA_CPU_JIT.pb`, and a
+later process that lowers the same function to the same HLO loads it: the
+bundled model's first XLA call, 3.2 s, takes 1.9 s in the next process, its
+trace and lowering to HLO; the LLVM compile is gone). TensorFlow reads the
+flags once, at its first function or device query (its passes and devices
+read them, XLA or not), so `enable` sets it when `rnnstep.engine` is
+imported; a process that used TensorFlow before has its flags read already
+and is left as it is, and so is a `TF_XLA_FLAGS` that names its own
+folder.
+
+The folder is `<cache dir>/xla/<key>/` (the tuning cache's folder,
+`tuning_cache.cache_dir`, as the LiteRT artifacts': $RNNSTEP_CACHE_DIR,
+else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep), the key a digest of
+the TensorFlow version, rnnstep's version and the CPU (model name and
+`cpu.FEATURES`): a program compiled for one CPU's instructions is machine
+code another CPU may not run. rnnstep's sources need no key of their own:
+TensorFlow compares the whole HLO of an entry with the one it lowered
+(changed code is another program).
+
+What TensorFlow checks: the entry's key (signature and HLO fingerprint,
+device type) and, strictly, that its HLO equals the lowered one; then it
+loads the executable's bytes as machine code, unchecked, and a file that
+does not parse fails the call (the call, not the compile: `Background`
+falls back to the graph path, an explicit `jit_compile=True` raises). So,
+as for the LiteRT artifacts, nothing here is trusted that we did not
+write: `enable` uses the folder only when it and its parents in the cache
+are the running user's and not writable by group or others (made 0700),
+and removes files owned by another user or writable by others, files that
+are not TF's entries, and entries that are not complete (TF writes them in
+place: a process killed while writing leaves a truncated file; checked
+once per file, `_complete`, and remembered by size and time in
+`checked.json`).
+
+Bounded as the LiteRT artifacts are: at each process's `enable`, entries
+are removed least recently used first (by access or modification time)
+until they hold at most $RNNSTEP_CACHE_MAX_MB (default `DEFAULT_MAX_MB`).
+RNNSTEP_XLA_CACHE=off (0, false, no) turns the cache off.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+from typing import Optional
+
+from rnnstep.engine import cpu
+from rnnstep.engine import tuning_cache
+
+SUBDIR = "xla"
+SWITCH_ENV = "RNNSTEP_XLA_CACHE"
+FLAG = "--tf_xla_persistent_cache_directory="
+# The LiteRT artifact cache's cap (`rnnstep.cli.compiled_cache`), read from
+# the same variable: the bundled model's program is about 1 MB.
+MAX_MB_ENV = "RNNSTEP_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 512
+CHECKED_FILE = "checked.json"
+_ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
+
+_lock = threading.Lock()
+_enabled = []  # [folder or None] once `enable` ran.
+_pruned = []  # [folder] once `prune_once` ran.
+
+
+def enabled() -> bool:
+  """False when RNNSTEP_XLA_CACHE is off/0/false/no."""
+  return (os.environ.get(SWITCH_ENV, "").strip().lower()
+          not in tuning_cache.OFF_VALUES)
+
+
+def key() -> dict:
+  """What a compiled program's machine code depends on besides its HLO."""
+  this = cpu.info()
+  return {"tensorflow": tuning_cache.installed_tensorflow_version(),
+          "rnnstep": tuning_cache.installed_version("rnnstep"),
+          "cpu": this.name, "cpu_flags": list(this.features)}
+
+
+def directory() -> str:
+  """This TensorFlow's, rnnstep's and CPU's folder of XLA programs."""
+  text = json.dumps(key(), sort_keys=True, separators=(",", ":"))
+  name = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+  return os.path.join(tuning_cache.cache_dir(), SUBDIR, name)
+
+
+def max_bytes() -> int:
+  """$RNNSTEP_CACHE_MAX_MB (a number >= 0) or DEFAULT_MAX_MB, in bytes."""
+  try:
+    megabytes = float(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB))
+  except ValueError:
+    megabytes = DEFAULT_MAX_MB
+  if not megabytes >= 0:  # Negative or NaN.
+    megabytes = DEFAULT_MAX_MB
+  return int(megabytes * (1 << 20))
+
+
+def enable() -> Optional[str]:
+  """Points TensorFlow's persistent XLA cache at `directory()`, once per
+  process; returns the folder (None: not used). Run when `rnnstep.engine`
+  is imported: TensorFlow reads TF_XLA_FLAGS at its first function or
+  device query, and the command lines and the server query devices before
+  they load a model.
+
+  A no-op where the cache is off, the platform is not POSIX, TF_XLA_FLAGS
+  names a folder already, or the folder is not trusted (said once). The
+  folder is pruned before the first compile (`prune_once`).
+  """
+  with _lock:
+    if _enabled:
+      return _enabled[0]
+    folder = None
+    if (enabled() and os.name == "posix"
+        and FLAG not in os.environ.get("TF_XLA_FLAGS", "")):
+      try:
+        folder = _trusted_folder()
+      except (OSError, ValueError) as e:
+        _warn("XLA's program cache is not used: %s", e)
+        folder = None
+    if folder is not None:
+      os.environ["TF_XLA_FLAGS"] = " ".join(filter(None, (
+          os.environ.get("TF_XLA_FLAGS"), FLAG + folder)))
+    _enabled.append(folder)
+    return folder
+
+
+def _warn(message: str, *args) -> None:
+  # absl's logging imported here only: this module loads with
+  # `rnnstep.engine`, on rnnstep-generate's TensorFlow-free warm path too.
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.warning(message, *args)
+
+
+def prune_once() -> None:
+  """`prune`s the folder `enable` chose, once per process, before
+  TensorFlow compiles (loads) a program: `generator.programs_for` and
+  `rnnstep.load` call it."""
+  folder = enable()
+  with _lock:
+    if folder is None or _pruned:
+      return
+    _pruned.append(folder)
+    try:
+      prune(folder)
+    except OSError as e:
+      _warn("XLA's program cache was not pruned: %s", e)
+
+
+def _trusted_folder() -> str:
+  """Makes `directory()` and the folders above it in the cache (0700) and
+  checks each is ours and not writable by others.
+
+  Raises:
+    OSError: one cannot be made.
+    ValueError: one is not trusted.
+  """
+  folder = directory()
+  outer = tuning_cache.cache_dir()
+  os.makedirs(os.path.dirname(os.path.abspath(outer)), exist_ok=True)
+  for path in (outer, os.path.dirname(folder), folder):
+    with contextlib.suppress(FileExistsError):
+      os.mkdir(path, 0o700)
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+      raise ValueError(f"{path} is another user's or writable by others "
+                       f"(mode {oct(st.st_mode & 0o777)}): not trusted")
+  return folder
+
+
+def _varint(data: bytes, pos: int):
+  value = shift = 0
+  while True:
+    if pos >= len(data) or shift > 63:
+      raise ValueError("truncated")
+    byte = data[pos]
+    pos += 1
+    value |= (byte & 0x7F) << shift
+    shift += 7
+    if not byte & 0x80:
+      return value, pos
+
+
+def _complete(path: str) -> bool:
+  """Whether `path` is a whole `XlaSerializedCacheEntry`: its fields key
+  (1), hlo_module (2) and executable (3), each length-delimited, read to
+  the file's end, the executable not empty. A truncated file fails (TF
+  writes in place)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  lengths, pos = {}, 0
+  try:
+    while pos < len(data):
+      tag, pos = _varint(data, pos)
+      if tag & 7 != 2:
+        return False
+      length, pos = _varint(data, pos)
+      pos += length
+      if pos > len(data):
+        return False
+      lengths[tag >> 3] = length
+  except ValueError:
+    return False
+  return 1 in lengths and 2 in lengths and lengths.get(3, 0) > 0
+
+
+def prune(folder: str, cap: Optional[int] = None) -> None:
+  """Removes what `enable` must not let TensorFlow load (module docstring),
+  then the least recently used entries until the rest fit in `cap` bytes
+  (default `max_bytes()`)."""
+  cap = max_bytes() if cap is None else cap
+  checked_path = os.path.join(folder, CHECKED_FILE)
+  try:
+    with open(checked_path, encoding="utf-8") as f:
+      checked = json.load(f)
+    if not isinstance(checked, dict):
+      checked = {}
+  except (OSError, ValueError):
+    checked = {}
+  kept, now_checked = [], {}
+  for name in os.listdir(folder):
+    path = os.path.join(folder, name)
+    if name == CHECKED_FILE or name.startswith("."):
+      continue  # Ours, or another process's `staging` temp file.
+    try:
+      st = os.lstat(path)
+      seen = [st.st_size, st.st_mtime_ns]
+      trusted = (_ENTRY.match(name) and os.path.isfile(path)
+                 and not os.path.islink(path) and st.st_uid == os.getuid()
+                 and not st.st_mode & 0o022)
+      if trusted and checked.get(name) != seen:
+        trusted = _complete(path)
+      if not trusted:
+        os.unlink(path)
+        continue
+    except OSError:
+      continue
+    now_checked[name] = seen
+    kept.append((max(st.st_atime, st.st_mtime), st.st_size, name))
+  total = 0
+  for _, size, name in sorted(kept, reverse=True):  # Most recent first.
+    total += size
+    if total > cap:
+      with contextlib.suppress(OSError):
+        os.unlink(os.path.join(folder, name))
+      del now_checked[name]
+  if now_checked != checked:
+    from rnnstep import staging  # pylint: disable=g-import-not-at-top
+    with staging.staged_path(checked_path, mode=0o600) as tmp:
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(now_checked, f, sort_keys=True)

@@ -1,0 +1,275 @@
+"""XLA programs compiled in the background for the library
+(rnnstep/engine/compiling.py) and XLA's disk cache of programs
+(rnnstep/engine/xla_cache.py)."""
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import rnnstep
+from rnnstep import api
+from rnnstep.engine import compiling
+from rnnstep.engine import generator as generator_lib
+from rnnstep.engine import paths
+from rnnstep.engine import xla_cache
+from tests.support import cli
+
+
+@pytest.fixture(scope="module")
+def model():
+  return rnnstep.load()
+
+
+@pytest.fixture
+def background(model, monkeypatch):
+  """The model's `Background` with a compiler of its own (the shared one
+  knows what other tests compiled), recording the path of each call the
+  library makes (`taken`)."""
+  if paths.default_path(model, 1) != paths.XLA:
+    pytest.skip("jit_compile=None does not pick XLA on this machine")
+  found = compiling.background(model)
+  monkeypatch.setattr(found, "compiler", compiling.Compiler())
+  found.taken = []
+  for path, generator in (("xla", found.xla), ("graph", found.graph)):
+    def call(name, *args, _path=path, _call=generator.call):
+      if threading.current_thread() is threading.main_thread():  # Not a
+        found.taken.append((_path, name))  # compile's call.
+      return _call(name, *args)
+    monkeypatch.setattr(generator, "call", call)
+  return found
+
+
+def wait_compiled(compiler, timeout=300):
+  deadline = time.monotonic() + timeout
+  while compiler.pending:
+    assert time.monotonic() < deadline, "the compile did not finish"
+    time.sleep(0.05)
+
+
+def test_each_jit_compile_value_has_its_generator(model):
+  """None (where it picks XLA) compiles in the background; True compiles in
+  the foreground; False never compiles; a strategy's replicas run XLA as
+  before."""
+  if paths.default_path(model, 1) != paths.XLA:
+    pytest.skip("jit_compile=None does not pick XLA on this machine")
+  assert isinstance(api._generator(model, None, 1, 0), compiling.Background)
+  explicit = api._generator(model, True, 1, 0)
+  assert isinstance(explicit, generator_lib.Generator)
+  assert explicit.path == paths.XLA
+  assert api._generator(model, False, 1, 0).path == paths.GRAPH
+  assert isinstance(api._generator(model, None, 1, 0, strategy=object()),
+                    generator_lib.Generator)
+
+
+@pytest.mark.slow  # One XLA compile (seconds).
+def test_generate_runs_on_the_graph_path_until_its_program_is_compiled(
+    model, background):
+  prompts = ["ROMEO:", "To be, or", "a"]
+  options = dict(seed=7, temperature=0.9, top_k=30)
+  first = rnnstep.generate(model, prompts, 50, **options)
+  assert background.taken == [("graph", "generate_fn")]
+  wait_compiled(background.compiler)
+  second = rnnstep.generate(model, prompts, 50, **options)
+  assert background.taken[-1] == ("xla", "generate_fn")
+  # The same text on each path (README "Reproducibility"), and the
+  # explicit paths' text.
+  assert first == second
+  assert first == rnnstep.generate(model, prompts, 50, jit_compile=False,
+                                   **options)
+  assert first == rnnstep.generate(model, prompts, 50, jit_compile=True,
+                                   **options)
+
+
+@pytest.mark.slow  # Two XLA compiles.
+def test_a_stream_goes_on_under_xla_once_its_programs_are_compiled(
+    model, background):
+  """The first chunk and the first continuation run on the graph path; once
+  their programs are compiled, the next chunks (the carry from a graph
+  call) run under XLA; joined, the text is `generate`'s."""
+  options = dict(seed=11, temperature=0.8)
+  pieces = []
+  for piece in rnnstep.stream(model, "Hello", 120, chunk_size=20, **options):
+    pieces.append(piece)
+    wait_compiled(background.compiler)
+  assert background.taken[:3] == [("graph", "generate_fn"),
+                                  ("graph", "continue_fn"),
+                                  ("xla", "continue_fn")]
+  assert set(background.taken[2:]) == {("xla", "continue_fn")}
+  assert "".join(pieces) == rnnstep.generate(model, "Hello", 120,
+                                             jit_compile=False, **options)
+
+
+Request = collections.namedtuple("Request", "num_steps")
+
+
+class FakePrograms:
+
+  def traced(self, name):
+    del name
+    return True
+
+
+class FakeGenerator:
+  """Compiles in no time, and records what it was asked to compile."""
+
+  def __init__(self):
+    self.programs = FakePrograms()
+    self.calls = []
+
+  def call(self, name, *args):
+    self.calls.append((name, args[0].num_steps))
+
+
+def test_a_compiler_compiles_at_most_its_bound_of_programs():
+  compiler = compiling.Compiler(max_programs=2)
+  generator = FakeGenerator()
+  assert compiler.want("a", generator, (Request(50),), name="generate_fn")
+  assert compiler.want("b", generator, (Request(50),), name="generate_fn")
+  wait_compiled(compiler)
+  # A third shape stays on the graph path; the compiled ones are ready.
+  assert not compiler.want("c", generator, (Request(50),), name="generate_fn")
+  assert compiler.ready("a") and compiler.ready("b")
+  assert not compiler.ready("c") and compiler.pending == 0
+  assert generator.calls == [("generate_fn", 1)] * 2  # One step each.
+  assert compiling.MAX_PROGRAMS == 64
+
+
+def fresh_process_env(cache_dir):
+  """The environment of a process with its own rnnstep cache folder and no
+  XLA cache folder of its own (tests/conftest.py sets one for the suite)."""
+  env = dict(cli.ENV, RNNSTEP_CACHE_DIR=str(cache_dir),
+             PYTHONPATH=os.pathsep.join(filter(None, (
+                 str(cli.REPO), os.environ.get("PYTHONPATH")))))
+  flags = [flag for flag in env.get("TF_XLA_FLAGS", "").split()
+           if not flag.startswith(xla_cache.FLAG)]
+  env["TF_XLA_FLAGS"] = " ".join(flags)
+  return env
+
+
+def entries(cache_dir):
+  found = {}
+  for folder, _, names in os.walk(os.path.join(cache_dir, xla_cache.SUBDIR)):
+    for name in names:
+      if name.endswith(".pb"):
+        st = os.stat(os.path.join(folder, name))
+        found[name] = (st.st_size, st.st_mtime_ns)
+  return found
+
+
+EXIT_WHILE_COMPILING = """
+import atexit, sys
+import rnnstep
+from rnnstep.engine import compiling
+model = rnnstep.load()
+rnnstep.generate(model, "ROMEO:", 70, seed=1, jit_compile=False)  # Traced.
+atexit.register(lambda: print("the script's exit handler ran", flush=True))
+rnnstep.generate(model, "ROMEO:", 70, seed=1)  # Its program compiles now.
+print("compiling", compiling.background(model).compiler.pending, flush=True)
+sys.stdout.write("the last line, not flushed\\n")
+"""
+
+
+@pytest.mark.slow  # A process importing TensorFlow.
+def test_a_process_that_exits_while_a_program_compiles_exits_at_once(tmp_path):
+  """Exit status 0, no abort, the script's exit handlers and output kept,
+  and the compile is not waited for (it wrote no program to the cache)."""
+  result = subprocess.run(
+      [sys.executable, "-c", EXIT_WHILE_COMPILING], capture_output=True,
+      text=True, env=fresh_process_env(tmp_path), timeout=cli.TIMEOUT,
+      check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines() == [
+      "compiling 1", "the last line, not flushed",
+      "the script's exit handler ran"]
+  assert "terminate" not in result.stderr and "FATAL" not in result.stderr
+  assert not entries(tmp_path)
+
+
+COMPILE_AND_USE = """
+import time
+import rnnstep
+from rnnstep.engine import compiling
+model = rnnstep.load()
+for _ in range(2):  # The graph path while compiling, then XLA.
+  text = rnnstep.generate(model, ["ROMEO:", "a"], 40, seed=3)
+  compiler = compiling.background(model).compiler
+  while compiler.pending:
+    time.sleep(0.05)
+print(text)
+"""
+
+
+@pytest.mark.slow  # Two processes importing TensorFlow, one XLA compile.
+def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
+  env = fresh_process_env(tmp_path)
+  run = lambda: subprocess.run(
+      [sys.executable, "-c", COMPILE_AND_USE], capture_output=True, text=True,
+      env=env, timeout=cli.TIMEOUT, check=True).stdout
+  text = run()
+  compiled = entries(tmp_path)
+  assert compiled  # One file a program, written by TensorFlow.
+  assert run() == text
+  # Nothing compiled again: no new program, none written again.
+  assert entries(tmp_path) == compiled
+  folder = os.path.join(tmp_path, xla_cache.SUBDIR)
+  for path in [folder] + [os.path.join(folder, d) for d in os.listdir(folder)]:
+    assert os.stat(path).st_mode & 0o777 == 0o700
+
+
+def entry_bytes(*fields):
+  """An `XlaSerializedCacheEntry`'s wire format: each field length-delimited."""
+  out = b""
+  for number, value in fields:
+    out += bytes([number << 3 | 2, len(value)]) + value
+  return out
+
+
+def test_pruning_keeps_only_whole_entries_of_ours_under_the_cap(tmp_path):
+  def entry(name, data, mode=0o644, age=0):
+    path = tmp_path / f"xla_compile_cache__{name}__1__XLA_CPU_JIT.pb"
+    path.write_bytes(data)
+    path.chmod(mode)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path.name
+
+  whole = entry_bytes((1, b"key"), (2, b"hlo"), (3, b"machine code"))
+  kept = entry("1", whole, age=10)
+  entry("2", whole, age=1000)  # The least recently used: over the cap.
+  entry("3", whole[:-3])  # Truncated.
+  entry("4", entry_bytes((1, b"key"), (2, b"hlo")))  # No machine code.
+  entry("5", whole, mode=0o666)  # Writable by others.
+  (tmp_path / "planted.so").write_bytes(b"\x7fELF")
+  xla_cache.prune(str(tmp_path), cap=2 * len(whole) - 1)
+  assert sorted(os.listdir(tmp_path)) == sorted([kept, xla_cache.CHECKED_FILE])
+  # Checked once: a file known by its size and time is not read again.
+  xla_cache.prune(str(tmp_path), cap=1 << 20)
+  assert sorted(os.listdir(tmp_path)) == sorted([kept, xla_cache.CHECKED_FILE])
+
+
+def test_a_cache_folder_writable_by_others_is_not_used(tmp_path, monkeypatch):
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
+  (tmp_path / "cache").mkdir()
+  (tmp_path / "cache").chmod(0o777)
+  with pytest.raises(ValueError, match="not trusted"):
+    xla_cache._trusted_folder()
+  (tmp_path / "cache").chmod(0o700)
+  folder = xla_cache._trusted_folder()
+  assert folder.startswith(str(tmp_path / "cache" / xla_cache.SUBDIR))
+  assert os.stat(folder).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.slow  # A process importing TensorFlow.
+def test_a_process_exiting_while_a_program_compiles_keeps_its_status(tmp_path):
+  script = EXIT_WHILE_COMPILING + "sys.exit(3)\n"
+  result = subprocess.run(
+      [sys.executable, "-c", script], capture_output=True, text=True,
+      env=fresh_process_env(tmp_path), timeout=cli.TIMEOUT, check=False)
+  assert result.returncode == 3, result.stderr[-2000:]
+  assert "compiling 1" in result.stdout.splitlines()
+  assert not entries(tmp_path)
