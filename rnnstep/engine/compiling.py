@@ -18,8 +18,8 @@ XLA, and its text is the same either way (README "Reproducibility": the
 paths agree to float32 rounding).
 
 Two users:
-  - the serving engine (`rnnstep/serve/engine.py`) asks for `serve_fn`'s
-    shapes, a call's first, then its warm-up's;
+  - the server's chunk calls (`rnnstep/serve/calls.py`) ask for
+    `serve_fn`'s shapes, a call's first, then its warm-up's;
   - the library (`rnnstep.generate`, `rnnstep.stream` with
     `jit_compile=None` where that picks XLA) calls through `Background`.
 
