@@ -384,16 +384,50 @@ def test_readers_refuse_in_one_line(tmp_path):
   assert "official RWKV-7" in summary.format
 
 
-def test_web_and_litert_exports_refuse_in_one_line(preset_model):
-  """The web runtime has no RWKV-7 step; the LiteRT flatbuffer of one runs
-  but does not give the library's text (tried: `litert.REFUSED_KINDS`)."""
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+def test_web_export_refuses_in_one_line(preset_model):
+  """The web runtime has no RWKV-7 step."""
   from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="web export"):
     web.check_exportable(preset_model)
-  with pytest.raises(ValueError, match=r"LiteRT export refuses RWKV-7 "
-                     r"models \(.*not the library's\); export a SavedModel"):
-    litert.convert(preset_model)
+
+
+# The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
+LITERT_PROMPTS = ["Hello the poet said", "中文", "A"]
+LITERT_CASES = {
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, seed=5),
+    "top_k": dict(temperature=1.0, seed=-3, top_k=5),
+    "options": dict(temperature=0.9, seed=2**31 - 1, top_p=0.9,
+                    repetition_penalty=1.3, no_repeat_ngram_size=2,
+                    stop=["he"]),
+    "beams": dict(num_beams=2),
+}
+
+
+@pytest.mark.slow  # A LiteRT conversion a model.
+@pytest.mark.parametrize("which", ["preset", "pth"])
+def test_litert_artifact_gives_the_library_s_text(which, preset_model,
+                                                  pth_model):
+  """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
+  built with numpy), gives `generate`'s greedy, sampled and beam text
+  (the converter once dropped the feed-forward's ReLU: `_squared_relu`)."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.exporters import litert_runner  # pylint: disable=g-import-not-at-top
+  model = preset_model if which == "preset" else pth_model
+  flatbuffer = litert.convert(model)
+  for case, options in LITERT_CASES.items():
+    beams = options.get("num_beams", 1)
+    got = litert_runner.run_artifact(
+        flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
+        tokens=model.tokens, **dict(options, seed=options.get("seed", 0)))
+    want = rnnstep.generate(model, LITERT_PROMPTS, 30, jit_compile=False,
+                            **(dict(options, num_return_sequences=beams)
+                               if beams > 1 else options))
+    if beams > 1:
+      want = [text for texts in want for text in texts]
+    assert got == want, case
 
 
 @pytest.mark.slow

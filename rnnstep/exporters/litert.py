@@ -65,7 +65,6 @@ from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep.exporters import litert_inputs
 from rnnstep import staging
-from rnnstep.model import kinds
 from rnnstep.model import vocabulary
 
 SIGNATURE = litert_inputs.SIGNATURE
@@ -73,13 +72,6 @@ MODEL_FILE = "model.tflite"
 VOCAB_FILE = "vocab.json"
 TOKENS_FILE = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_FILE = vocabulary.Tokens.TOKENIZER_FILE
-# Cell kinds refused, and why. RWKV-7's flatbuffer converts (in minutes) and
-# runs, but its text is not the library's, with or without XNNPACK
-# (tests/test_rwkv7.py): refused rather than served wrong, here and so in
-# rnnstep-generate's compiled cache, whose fill records the refusal.
-REFUSED_KINDS = {
-    "rwkv7": "TensorFlow's LiteRT converter turns the RWKV-7 step into a "
-             "flatbuffer whose text is not the library's"}
 
 
 def _spec(declared: litert_inputs.Input) -> tf.TensorSpec:
@@ -226,21 +218,13 @@ def convert(model) -> bytes:
   """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only).
 
   Raises:
-    ValueError: the model is not float32, has a cell kind the export
-      refuses (`REFUSED_KINDS`), or its file records a window (the LiteRT
-      loop steps a model statefully, which would not give its text).
+    ValueError: the model is not float32, or its file records a window (the
+      LiteRT loop steps a model statefully, which would not give its text).
   """
   if model.compute_dtype != tf.float32:
     raise ValueError(
         f"the LiteRT export is float32 only, but the model was loaded as "
         f"{model.compute_dtype.name}; load it with dtype='float32'")
-  for layer in model.config.layers:
-    if layer.kind in REFUSED_KINDS:
-      raise ValueError(
-          f"{model.source or 'the model'}: the LiteRT export refuses "
-          f"{kinds.get(layer.kind).display} models ("
-          f"{REFUSED_KINDS[layer.kind]}); export a SavedModel "
-          "(--format=saved_model) or generate with TensorFlow")
   if model.config.window:
     raise ValueError(
         f"{model.source or 'the model'} records window={model.config.window} "
