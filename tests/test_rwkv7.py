@@ -430,6 +430,37 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
     assert got == want, case
 
 
+@pytest.mark.slow  # A LiteRT conversion and a fresh process.
+def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
+                                              monkeypatch):
+  """rnnstep-generate on an RWKV-7 model file: the cache's fill (a cold
+  run's child's work, here in process) builds the artifact, and a warm run
+  prints `generate`'s text from it, TensorFlow never imported."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
+  weights = str(tmp_path / "rwkv7.npz")
+  convert.convert(PRESET, weights)
+  args = [f"--weights={weights}", "--prompt=Hello the poet said",
+          "--num_steps=24", "--temperature=0.8", "--seed=5", "--verbose"]
+  want = "Hello the poet said" + rnnstep.generate(
+      preset_model, "Hello the poet said", 24, temperature=0.8, seed=5) + "\n"
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
+  os.chmod(cache, 0o700)
+  assert compiled_cache.fill(weights, the_key) == "built"
+  warm = fast.cli(cache, args, importtime=True)
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert warm.stdout == want
+  assert "fast path: compiled artifact" in fast.verbose_line(warm)
+  imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
+
+
 @pytest.mark.slow
 def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
   """`rnnstep-convert --input=FOLDER` takes a preset whole; its
