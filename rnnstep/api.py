@@ -23,18 +23,18 @@ from rnnstep.engine import request
 from rnnstep.engine import scoring
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
+from rnnstep import records
 from rnnstep.model import cells
 from rnnstep.model import network as model_lib
 from rnnstep.model import vocabulary
-
-BUNDLED_MODEL = "shakespeare.npz"
 
 Prompts = Union[str, Sequence[str]]
 
 
 def bundled_model_path() -> str:
   """The path of the model shipped inside the package."""
-  return str(importlib.resources.files("rnnstep") / "data" / BUNDLED_MODEL)
+  return str(importlib.resources.files("rnnstep").joinpath(
+      *records.BUNDLED_MODEL.split(os.sep)))
 
 
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
@@ -661,8 +661,9 @@ def check_request(model: model_lib.Model, prompts: Prompts, num_steps: int,
                   return_scores: bool = False, **decoding):
   """`stream`'s checks, for front ends that run the generation themselves.
 
-  The server (`rnnstep.serve`) checks each request with the library's own
-  checks and words, so that its text is `generate`'s for the same arguments.
+  `records.check` then `check_record`, from `stream`'s arguments (the Beam
+  handlers name the record a call refused with it; the server, which builds
+  its `records.Record` once, calls `check_record`).
 
   Args:
     model, prompts, num_steps, seed, stop, regex, return_scores, **decoding:
@@ -715,54 +716,37 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                           != "num_beams"):
       raise TypeError(f"{caller}() got an unexpected keyword argument "
                       f"{name!r}")
-  if isinstance(prompts, str):
-    prompt_list = [prompts]
-  elif isinstance(prompts, (list, tuple)):
-    prompt_list = list(prompts)
-    if not prompt_list:
-      raise errors.ArgumentError(
-          "prompts", "prompts is an empty list; give at least one prompt")
-  else:
-    raise errors.ArgumentError(
-        "prompts", f"prompts must be a str or a list of str, got "
-        f"{type(prompts).__name__}")
-  if not options_lib.is_int(num_steps) or num_steps < 0:
-    raise errors.ArgumentError(
-        "num_steps", f"num_steps must be a non-negative integer, got "
-        f"{num_steps!r}")
-  if num_steps >= 2**31:
-    raise errors.ArgumentError(
-        "num_steps", f"num_steps must be below 2**31, got {num_steps}")
-  values = {option.name: option.check(decoding.get(option.name,
-                                                   option.default),
-                                      len(prompt_list))
-            for option in options_lib.OPTIONS}
+  record = records.check(prompts, num_steps, seed=seed, stop=stop,
+                         regex=regex, return_scores=return_scores,
+                         options=decoding)
+  return list(record.prompts), check_record(model, record, initial_state)
+
+
+def check_record(model: model_lib.Model, record: records.Record,
+                 initial_state=None) -> request.Options:
+  """The checks of a checked record that depend on the model; its Options.
+
+  For front ends that build the `records.Record` themselves (the server
+  builds one per request, `serve/protocol.py`): what `generate` checks past
+  `records.check` (beams against the vocabulary, the window, stop strings
+  and patterns a recipe's vocabulary refuses, the pattern's compiling, the
+  initial state).
+
+  Raises:
+    errors.ArgumentError: naming the argument.
+  """
+  values = dict(record.options)
   _check_beams(model, values["num_beams"], values["num_return_sequences"])
   values["window"] = window_lib.resolve(model, values["window"])
   window_lib.check_beams(values["window"], values["num_beams"],
                          model.config.window)
-  _check_seed(seed, len(prompt_list))
-  if stop is None:
-    stops = ()
-  elif isinstance(stop, str):
-    stops = (stop,)
-  elif isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
-    stops = tuple(stop)
-  else:
-    raise errors.ArgumentError(
-        "stop", f"stop must be a str or a list of str, got {stop!r}")
-  if not isinstance(return_scores, (bool, np.bool_)):
-    raise errors.ArgumentError(
-        "return_scores", f"return_scores must be True or False, got "
-        f"{return_scores!r}")
-  patterns = constraints.check(regex, len(prompt_list))
   recipe = model.tokens.rules.get("recipe")
-  for name, given in (("stop", stops), ("regex", patterns)):
+  for name, given in (("stop", record.stop), ("regex", record.regex)):
     if recipe and given and any(given):
       raise errors.ArgumentError(name, vocabulary.recipe_refuses(name,
                                                                  recipe))
-  if patterns:
-    constraints.combine(model, patterns)  # Refuses a bad one (cached).
+  if record.regex:
+    constraints.combine(model, record.regex)  # Refuses a bad one (cached).
   params = options_lib.Params(**{o.name: values[o.name]
                                  for o in options_lib.PER_ROW})
   shared = {o.name: values[o.name] for o in options_lib.SHARED}
@@ -773,10 +757,11 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
           "every window starts from the zero state; pass window=0 to start "
           "from a state")
     initial_state = check_initial_state(model, initial_state,
-                                        len(prompt_list))
-  return prompt_list, request.Options(
-      sampling=params, seed=seed, stop=stops, return_scores=return_scores,
-      initial_state=initial_state, regex=patterns, **shared)
+                                        len(record.prompts))
+  return request.Options(
+      sampling=params, seed=record.seed, stop=record.stop,
+      return_scores=record.return_scores, initial_state=initial_state,
+      regex=record.regex, **shared)
 
 
 def _check_beams(model, beams, returned):
@@ -791,21 +776,3 @@ def _check_beams(model, beams, returned):
         "num_return_sequences", f"num_return_sequences must be an integer "
         f"from 1 to num_beams ({beams}), got {returned!r}")
 
-
-def _check_seed(seed, batch_size):
-  def check_one(value):
-    if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
-      raise errors.ArgumentError(
-          "seed", f"seed must be None, a 64-bit integer or a list of them "
-          f"(one per prompt), got {value!r}")
-  if seed is None:
-    return
-  if isinstance(seed, (list, tuple, np.ndarray)):
-    if len(seed) != batch_size:
-      raise errors.ArgumentError(
-          "seed", f"seed lists {len(seed)} seeds for {batch_size} prompts; "
-          "give one int, or one per prompt")
-    for value in seed:
-      check_one(value)
-  else:
-    check_one(seed)

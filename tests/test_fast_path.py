@@ -21,6 +21,7 @@ from tests.support import cli as cli_support
 import rnnstep
 from rnnstep.cli import compiled_cache
 from rnnstep.cli import generate
+from rnnstep import records
 
 pytest.importorskip("ai_edge_litert.interpreter",
                     reason="ai_edge_litert is not installed")
@@ -437,5 +438,5 @@ def test_a_second_filler_leaves_while_the_first_holds_the_lock(
 
 def test_the_bundled_model_path_is_the_library_s():
   root = os.path.dirname(os.path.abspath(rnnstep.__file__))
-  assert os.path.join(root, generate.BUNDLED_MODEL) == os.path.abspath(
+  assert os.path.join(root, records.BUNDLED_MODEL) == os.path.abspath(
       rnnstep.bundled_model_path())

@@ -54,7 +54,8 @@ SCRIPT = textwrap.dedent("""
            "keras_modules": sorted(
                m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras")
                and sys.modules[m] is not None),
-           # An optional dependency (rnnstep.beam), never imported by rnnstep.
+           # An optional dependency (rnnstep.pipelines), never imported by
+           # rnnstep.
            "beam_modules": sorted(m for m in sys.modules
                                   if m.split(".")[0] == "apache_beam")}
     print(json.dumps(out))

@@ -1245,7 +1245,7 @@ def test_serve_scheduler_sends_whole_characters():
           "temperature": 0}).json()
     # A slow check (a long regex's table over a large vocabulary: seconds)
     # runs off the event loop: /health answers meanwhile.
-    check = rnnstep.api.check_request
+    check = rnnstep.api.check_record
 
     checked = []
 
@@ -1265,11 +1265,11 @@ def test_serve_scheduler_sends_whole_characters():
         return (health.status_code, (await post).status_code,
                 answered < checked[0])
 
-    rnnstep.api.check_request = slow_check
+    rnnstep.api.check_record = slow_check
     try:
       assert asyncio.run(health_while_checking()) == (200, 200, True)
     finally:
-      rnnstep.api.check_request = check
+      rnnstep.api.check_record = check
   finally:
     server.close(10)
   for k, stop in enumerate(stops):

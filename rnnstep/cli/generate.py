@@ -101,6 +101,7 @@ from rnnstep.cli import compiled_cache
 from rnnstep.decoding import options as options_lib
 from rnnstep.exporters import litert_runner
 from rnnstep import errors
+from rnnstep import records
 import rnnstep  # pylint: disable=g-bad-import-order
 
 PROGRAM = "rnnstep-generate"
@@ -259,9 +260,6 @@ _VERBOSE = flags.DEFINE_boolean(
 # TensorFlow path's fixed start-up is paid back and it beats the cached LiteRT
 # artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 FAST_PATH_MAX_CHAR_ROWS = 40_000
-# rnnstep.api.BUNDLED_MODEL, spelled out here so that finding it imports no
-# TensorFlow (tests/test_fast_path.py checks the two agree).
-BUNDLED_MODEL = os.path.join("data", "shakespeare.npz")
 
 
 def _validate(name, predicate, message):
@@ -430,10 +428,10 @@ def _run_job() -> int:
   say = lambda line: print(f"{PROGRAM}: {line}", file=common.stderr(),
                            flush=True)
   check = (jobs.scoring_check(model) if scoring
-           else jobs.generation_check(model))
-  records = jobs.check_records(lines, check, _INPUT.value,
+           else jobs.generation_check(model, _NUM_STEPS.value))
+  checked = jobs.check_records(lines, check, _INPUT.value,
                                _SKIP_BAD_LINES.value, say)
-  skipped = len(lines) - len(records)
+  skipped = len(lines) - len(checked)
   if scoring:
     run_batch = jobs.scoring_batch(model, _JIT_COMPILE.value,
                                    options["window"])
@@ -444,12 +442,12 @@ def _run_job() -> int:
     jit_compile = _JIT_COMPILE.value
     if jit_compile is None:
       jit_compile = paths.jit_compile_of(paths.bulk_job_path(
-          model, len(records), batch_size, _NUM_STEPS.value))
+          model, len(checked), batch_size, _NUM_STEPS.value))
     run_batch = jobs.generation_batch(
         model, job, _NUM_STEPS.value, options, _STOP.value,
         (_REGEX.value or [None])[0], jit_compile, batch_size)
   with jobs.blamed(FLAGS):
-    say(jobs.run(job, records, output, run_batch, batch_size, skipped))
+    say(jobs.run(job, checked, output, run_batch, batch_size, skipped))
   return 0
 
 
@@ -488,7 +486,7 @@ def _model_path() -> str:
   if _MODEL.value:
     return os.path.abspath(_MODEL.value)
   return os.path.join(os.path.dirname(os.path.abspath(rnnstep.__file__)),
-                      BUNDLED_MODEL)
+                      records.BUNDLED_MODEL)
 
 
 # What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
@@ -811,7 +809,7 @@ class Printer:
     self._advance(final=True)
 
   def _ended(self, row) -> bool:
-    return bool(self._stops) and self._tails[row].endswith(self._stops)
+    return records.stopped(self._tails[row], self._stops)
 
   def _advance(self, final: bool):
     out = self._out

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional
 from rnnstep.cli import common
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
+from rnnstep import records as records_lib
 
 JOB_SUFFIX = ".job.json"
 JOB_FORMAT = "rnnstep-job"
@@ -166,12 +167,10 @@ def check_records(lines, check_one, input_path: str, skip_bad: bool,
   return records
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def generation_check(model):
-  """A `check_one` for generation records (see the module docstring)."""
+def generation_check(model, num_steps: int):
+  """A `check_one` for generation records (see the module docstring): the
+  fields a record may hold, its prompt's tokens, then its values through
+  `records.check`, the library's one check in its words."""
   def check(fields):
     unknown = sorted(set(fields) - set(GENERATE_FIELDS))
     if unknown:
@@ -188,20 +187,9 @@ def generation_check(model):
       raise
     except ValueError as e:
       raise BadLine(f'"prompt": {e}') from None
-    seed = fields.get("seed")
-    if seed is not None and (not _is_int(seed) or not -2**63 <= seed < 2**63):
-      raise BadLine(f'"seed" must be a 64-bit integer, got '
-                    f"{json.dumps(seed)[:60]}")
-    for name in RECORD_OPTIONS:
-      if name in fields:
-        value = fields[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-          raise BadLine(f'"{name}" must be a number, got '
-                        f"{json.dumps(value)[:60]}")
-        try:
-          options_lib.BY_NAME[name].check(value)
-        except errors.ArgumentError as e:
-          raise BadLine(f'"{name}": {e}') from None
+    records_lib.check(prompt, num_steps, seed=fields.get("seed"),
+                      options={name: fields[name] for name in RECORD_OPTIONS
+                               if name in fields}, one_row=True)
     return fields
   return check
 
@@ -496,7 +484,7 @@ def generation_batch(model, job: Job, num_steps: int, flag_options: dict,
     lines = [{"index": record.index, "key": record.fields.get("key"),
               "prompt": prompt, "seed": seed, "text": text,
               "logprob": float(score),
-              "stopped": bool(stops) and text.endswith(stops)}
+              "stopped": records_lib.stopped(text, stops)}
              for record, prompt, seed, text, score in zip(
                  batch, prompts, seeds, texts, scores)]
     return lines, sum(len(text) for text in texts[:len(batch)])

@@ -147,6 +147,28 @@ def token_automaton(stops: Sequence[bytes], pieces: Sequence[bytes]
   return Automaton(table, chars.accept.copy())
 
 
+def check_texts(stop: Sequence[str]) -> None:
+  """The checks of stop strings that need no model.
+
+  Raises:
+    errors.ArgumentError: an empty stop string, one that is not text (a lone
+      surrogate), or stop strings longer than `MAX_STOP_BYTES` together.
+  """
+  for index, text in enumerate(stop):
+    if not text:
+      raise errors.ArgumentError(
+          "stop", "a stop string is empty; give at least one character")
+    not_text = errors.not_text(text)
+    if not_text:  # Before anything encodes it.
+      raise errors.ArgumentError(
+          "stop", f"stop string {index} contains {not_text}; remove it")
+  size = sum(len(text.encode("utf-8")) for text in stop)
+  if size > MAX_STOP_BYTES:
+    raise errors.ArgumentError(
+        "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
+        f"than the limit of {MAX_STOP_BYTES}; give fewer or shorter ones")
+
+
 def compile_stops(model, stop: Sequence[str]) -> Automaton:
   """Compiles stop strings for this model's vocabulary.
 
@@ -162,19 +184,7 @@ def compile_stops(model, stop: Sequence[str]) -> Automaton:
       surrogate), one the model can never generate, stop strings longer
       than `MAX_STOP_BYTES` together, or whose table is over its limit.
   """
-  for index, text in enumerate(stop):
-    if not text:
-      raise errors.ArgumentError(
-          "stop", "a stop string is empty; give at least one character")
-    not_text = errors.not_text(text)
-    if not_text:  # Before anything encodes it.
-      raise errors.ArgumentError(
-          "stop", f"stop string {index} contains {not_text}; remove it")
-  size = sum(len(text.encode("utf-8")) for text in stop)
-  if size > MAX_STOP_BYTES:
-    raise errors.ArgumentError(
-        "stop", f"the stop strings are {size} bytes of UTF-8 together, more "
-        f"than the limit of {MAX_STOP_BYTES}; give fewer or shorter ones")
+  check_texts(stop)
   if not model.is_characters:
     if not stop:
       return stop_automaton([], model.vocab_size)

@@ -297,11 +297,11 @@ _UINT64 = (1 << 64) - 1
 def record_seed(base_seed: int, index: int) -> int:
   """The seed of record `index` of a bulk job that gave it none.
 
-  A job over many records (`rnnstep-generate --input`, `rnnstep.beam`) runs
-  each record as the one-row `generate(model, prompt, n, seed=s)` call; a
-  record without its own seed gets `s = record_seed(base_seed, index)`, so
-  that a rerun, a resumed run or another runner gives it the same text
-  whatever batch it lands in.
+  A job over many records (`rnnstep-generate --input`,
+  `rnnstep.pipelines`) runs each record as the one-row `generate(model,
+  prompt, n, seed=s)` call; a record without its own seed gets
+  `s = record_seed(base_seed, index)`, so that a rerun, a resumed run or
+  another runner gives it the same text whatever batch it lands in.
 
   It is output `index + 1` of SplitMix64 started at `base_seed` (as an
   unsigned 64-bit state), shifted right by one bit: a non-negative int

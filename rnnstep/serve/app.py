@@ -238,10 +238,11 @@ class Server:
     arrived = time.monotonic()
     body = await self._request_json(request, self.request_model)
     try:
-      parsed = protocol.parsed(body, self.scheduler.max_batch)
+      parsed = protocol.checked_request(body, self.scheduler.max_batch)
     except errors.ArgumentError as e:
       raise http.bad_request(e) from None
     checked = await self.checks.checked(parsed)
+    parsed = checked[0]  # With what the checks found (frozen: a new one).
     completion, output = self._output(checked, arrived)
     if completion is not None:
       try:

@@ -1,16 +1,20 @@
 """A completion request's check, on threads of its own, within bounds.
 
-A request's check (the library's checks, `api.check_request`, which compile
-a `regex` and a stop automaton) runs on a checking thread within a deadline
-and a bounded queue: requests being checked count toward `--max_queue` with
-the rows waiting (429 past it), requests with a pattern are checked on
-threads of their own (so a pattern that takes long to refuse delays no plain
-request), and shutdown abandons any check (`constraints.limits`). What the
-check builds (the stop automaton, the compiled pattern) travels with the
-completion (`completion_of`): the scheduler never builds it again, unbounded.
+A request's values were checked once, by the library's one check, when it
+was read (`protocol.checked_request`). Its check against the model (the
+library's, `api.check_record`, which compiles a `regex`; then the stop
+automaton) runs on a checking thread within a deadline and a bounded
+queue: requests being checked count toward `--max_queue` with the rows
+waiting (429 past it), requests with a pattern are checked on threads of
+their own (so a pattern that takes long to refuse delays no plain request),
+and shutdown abandons any check (`constraints.limits`). What the check
+builds (the stop automaton, the compiled pattern) travels with the
+completion (`completion_of`): the scheduler never builds it again,
+unbounded.
 """
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -55,7 +59,7 @@ class RequestChecks:
     """Stops the checks running and to come (`constraints.Cancelled`)."""
     self._abandon.set()
 
-  async def checked(self, parsed: protocol.Parsed):
+  async def checked(self, parsed: protocol.CheckedRequest):
     """Runs `check` on a checking thread, within the queue's bound.
 
     Raises:
@@ -79,14 +83,15 @@ class RequestChecks:
     finally:
       self._checking_rows -= rows
 
-  def check(self, parsed: protocol.Parsed):
+  def check(self, parsed: protocol.CheckedRequest):
     """Checks a request (on a checking thread); what `completion_of` takes.
 
     Args:
       parsed: the validated request.
 
     Returns:
-      (parsed request, rows' prompts, checked options).
+      (the request with what the check found, a new frozen one; rows'
+      prompts; checked options).
 
     Raises:
       errors.ArgumentError: naming the field at fault.
@@ -96,9 +101,9 @@ class RequestChecks:
                             cancelled=self._abandon):
       return self._check_within_limits(parsed)
 
-  def _check_within_limits(self, parsed: protocol.Parsed):
+  def _check_within_limits(self, parsed: protocol.CheckedRequest):
     limit = self.scheduler.max_prompt_tokens
-    rows = [p for p in parsed.prompts for _ in range(parsed.n)]
+    rows = parsed.record.prompts  # Each prompt n times.
     if self.model.tokens.kind in ("characters", "bytes"):
       # A character is at least one id: refused before it is encoded.
       for i, text in enumerate(parsed.prompts):
@@ -107,16 +112,11 @@ class RequestChecks:
               "prompt", f"prompt {i} has {len(text)} characters, at least "
               f"as many tokens; this server takes at most {limit} "
               "(--max_prompt_tokens)")
-    if parsed.seed is None:  # A fresh seed, reported so it can be replayed.
-      parsed.seed = int(np.random.SeedSequence().generate_state(
-          1, np.uint64)[0] >> 1)
-    try:
-      _, options = api.check_request(
-          self.model, rows, parsed.max_tokens, seed=parsed.seed,
-          stop=parsed.stop, regex=parsed.regex,
-          return_scores=parsed.logprobs is not None, **parsed.decoding)
-    except TypeError as e:  # Not reached: the model admits declared names.
-      raise protocol.BadRequest("body", str(e)) from None
+    record = parsed.record
+    if record.seed is None:  # A fresh seed, reported so it can be replayed.
+      record = dataclasses.replace(record, seed=int(
+          np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1))
+    options = api.check_record(self.model, record)
     # The library's encoding check, in its words ("prompt 0: character ...").
     prompt_ids, prompt_lengths = host.prompt_batch(self.model,
                                                    parsed.prompts)
@@ -125,19 +125,19 @@ class RequestChecks:
         raise protocol.BadRequest(
             "prompt", f"prompt {i} is {length} tokens (the model's ids); "
             f"this server takes at most {limit} (--max_prompt_tokens)")
-    # Usage counts ids, as OpenAI's counts tokens: each prompt once, not n.
-    parsed.prompt_tokens = int(sum(prompt_lengths))
-    parsed.prompt_ids = [ids[:length] for ids, length in
-                         zip(prompt_ids, prompt_lengths)
-                         for _ in range(parsed.n)]
-    parsed.stop = protocol.stop_strings(parsed.stop)
-    # Built here, within the check's limits, once: the scheduler takes
-    # them as they are (`completion.Completion`).
-    parsed.stop_automaton = host.stop_automaton(self.model, parsed.stop)
-    if parsed.regex is not None:  # Compiled by the check: a cache hit.
-      parsed.pattern = constraints.compile_pattern(self.model, parsed.regex)
-    parsed.created = int(time.time())  # One for all its chunks, as OpenAI's.
-    return parsed, rows, options
+    # What the checks found, into a new frozen request: usage counts ids, as
+    # OpenAI's counts tokens (each prompt once, not n); the stop strings and
+    # the pattern are compiled here, within the check's limits, once (the
+    # scheduler takes them as they are, `completion.Completion`).
+    parsed = dataclasses.replace(
+        parsed, record=record, prompt_tokens=int(sum(prompt_lengths)),
+        prompt_ids=[ids[:length] for ids, length in
+                    zip(prompt_ids, prompt_lengths) for _ in range(parsed.n)],
+        stop_automaton=host.stop_automaton(self.model, record.stop),
+        pattern=(None if parsed.regex is None  # Compiled by the check.
+                 else constraints.compile_pattern(self.model, parsed.regex)),
+        created=int(time.time()))  # One for all its chunks, as OpenAI's.
+    return parsed, list(rows), options
 
 def completion_of(checked, sink) -> completion_lib.Completion:
   """A checked request's `Completion` (`RequestChecks.check`'s result).

@@ -3,13 +3,16 @@
 A completion request is a pydantic model (vLLM's way), built from the option
 declarations: its decoding fields are read from `options.OPTIONS` (those a
 served graph takes and `stream` accepts, minus `window`, which belongs to the
-model), each with its type and bounds from the option's `Range`, so the
-server keeps no second list of them and `/openapi.json` describes them. The
-model checks the JSON types, the bounds and the server's limits
-(`max_tokens`, `n` x prompts); the library's own checks
-(`api.check_request`, whose `ArgumentError` names the argument: `param_of`
-turns that name into the request's field) then check what depends on the
-model (its vocabulary, stop strings, the pattern).
+model), so the server keeps no second list of them and `/openapi.json`
+describes them (their bounds, from each option's `Range`, as the schema's
+`minimum`/`maximum`). The model checks the JSON's types and shapes and the
+server's own limits (`max_tokens`, `n` x prompts, `logprobs`); the values
+are checked once, by the library's one check (`records.check`, whose
+`ArgumentError` names the argument: `param_of` turns that name into the
+request's field), into one frozen `CheckedRequest` (as vLLM's request model
+converts itself once, `to_sampling_params()`), so a stop is normalized once
+and a bad value reads as the library says it. What depends on the model
+(its vocabulary, the pattern) the server checks next (`api.check_record`).
 
 The body is decoded by Python's `json` (which keeps a lone surrogate, so that
 the field holding one is the one named) after its size was bounded; a body
@@ -27,6 +30,7 @@ import pydantic
 
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
+from rnnstep import records
 
 # OpenAI's default (vLLM's too).
 DEFAULT_MAX_TOKENS = 16
@@ -76,16 +80,32 @@ class StreamOptions(pydantic.BaseModel):
 
 
 def _option_type(option: options_lib.Option):
-  """The pydantic type of a decoding option's one value: its `Range`."""
+  """The pydantic type of a decoding option's one value.
+
+  Its `Range` is the schema's documentation (`minimum`, ...), not a pydantic
+  bound: `records.check` checks the value, in the library's words.
+  """
   valid = option.valid
   bounds = {}
   if valid.low is not None:
-    bounds["gt" if valid.low_open else "ge"] = valid.low
+    bounds["exclusiveMinimum" if valid.low_open else "minimum"] = valid.low
   if valid.high is not None:
-    bounds["lt" if valid.high_open else "le"] = valid.high
+    bounds["exclusiveMaximum" if valid.high_open else "maximum"] = valid.high
+  schema = pydantic.Field(json_schema_extra=bounds or None)
   if valid.integer:
-    return Annotated[int, pydantic.Field(**bounds)]
-  return Annotated[float, pydantic.Field(allow_inf_nan=False, **bounds)]
+    return Annotated[int, schema]
+  return Annotated[float, pydantic.WrapValidator(_number_as_given), schema]
+
+
+def _number_as_given(value, handler):
+  """A JSON number as the client wrote it: an integer stays one (`top_p: 2`
+  is refused as the library refuses `top_p=2`, "got 2", not "got 2.0")."""
+  checked = handler(value)
+  return value if type(value) is int else checked  # pylint: disable=unidiomatic-typecheck
+
+
+# `max_tokens`' lower bound, for the schema (`records.check` checks it).
+_STEPS_SCHEMA = {"minimum": 0}
 
 
 class CompletionFields(pydantic.BaseModel):
@@ -98,10 +118,12 @@ class CompletionFields(pydantic.BaseModel):
   prompt: Union[Text, Annotated[List[Text], pydantic.Field(min_length=1)]] = (
       pydantic.Field(description="A prompt, or a list (token ids are not "
                      "taken)."))
-  max_tokens: Optional[Annotated[int, pydantic.Field(ge=0)]] = pydantic.Field(
-      DEFAULT_MAX_TOKENS, description="Tokens (the model's ids) to generate "
-      "per choice.")
-  stop: Optional[Union[Text, List[Text]]] = None
+  max_tokens: Optional[Annotated[int, pydantic.Field(
+      json_schema_extra=_STEPS_SCHEMA)]] = pydantic.Field(
+          DEFAULT_MAX_TOKENS, description="Tokens (the model's ids) to "
+          "generate per choice.")
+  # Stop strings and the pattern are text the library checks (`records`).
+  stop: Optional[Union[str, List[str]]] = None
   seed: Optional[int] = None
   n: Optional[Annotated[int, pydantic.Field(ge=1)]] = 1
   stream: Optional[bool] = False
@@ -115,7 +137,7 @@ class CompletionFields(pydantic.BaseModel):
       False, description="Put the prompt in front of the text (and, with "
       "logprobs, its tokens' log-probabilities, the first null).")
   include_stop_str_in_output: Optional[bool] = False
-  regex: Optional[Text] = pydantic.Field(
+  regex: Optional[str] = pydantic.Field(
       None, description="A regular expression the text must match.")
 
 
@@ -132,7 +154,8 @@ def completion_request(max_tokens_limit: int):
   fields = {option.name: (Optional[_option_type(option)], pydantic.Field(
       None, description=option.doc)) for option in DECODING_OPTIONS}
   fields["max_tokens"] = (
-      Optional[Annotated[int, pydantic.Field(ge=0, le=max_tokens_limit)]],
+      Optional[Annotated[int, pydantic.Field(
+          le=max_tokens_limit, json_schema_extra=_STEPS_SCHEMA)]],
       pydantic.Field(DEFAULT_MAX_TOKENS, description="Tokens (the model's "
                      "ids) to generate per choice."))
 
@@ -154,48 +177,66 @@ class DetokenizeRequest(pydantic.BaseModel):
   tokens: List[int]
 
 
-@dataclasses.dataclass
-class Parsed:
-  """A checked completion request, as the server runs it.
+@dataclasses.dataclass(frozen=True)
+class CheckedRequest:
+  """A completion request, checked once, as the server runs it.
+
+  Made by `checked_request` from the validated pydantic model; the server's
+  checks against the model add what they find (the prompts' ids, the
+  compiled stop strings and pattern, the drawn seed) into a new one
+  (`dataclasses.replace`), never into this one.
 
   Attributes:
-    prompts: the prompts (a str request is a list of one).
-    max_tokens: tokens (a character model's characters) per choice.
+    record: the rows' `records.Record` (each prompt n times, `max_tokens`
+      as its `num_steps`; its seed None until the server draws one).
+    prompts: the prompts (a str request is a tuple of one), each once.
     n: choices per prompt.
     stream: answer with server-sent events.
     include_usage: end a stream with a usage chunk.
     logprobs: None, or k: per-token log-probabilities with k alternatives.
     echo: the prompt goes in front of each choice's text.
     include_stop_str_in_output: keep a matched stop string in `text`.
-    seed: the seed, or None.
-    stop: as given (None, a str or a list).
-    regex: a pattern or None.
     model: the model it names, or None.
-    decoding: the decoding options given, by name.
     created: the response's `created` time (set when it is answered).
     prompt_tokens: the prompts' ids, each prompt once (set once encoded).
     prompt_ids: per choice, its prompt's ids (set once encoded).
     stop_automaton: the stop strings' automaton (set once checked).
     pattern: `regex` compiled (set once checked; None without one).
   """
-  prompts: List[str]
-  max_tokens: int
+  record: records.Record
+  prompts: Tuple[str, ...]
   n: int
   stream: bool
   include_usage: bool
   logprobs: Optional[int]
   echo: bool
   include_stop_str_in_output: bool
-  seed: Optional[int]
-  stop: Any
-  regex: Optional[str]
   model: Optional[str]
-  decoding: Dict[str, Any]
   created: int = 0
   prompt_tokens: int = 0
   prompt_ids: Optional[list] = None
   stop_automaton: Any = None
   pattern: Any = None
+
+  @property
+  def max_tokens(self) -> int:
+    """Tokens (a character model's characters) per choice."""
+    return self.record.num_steps
+
+  @property
+  def seed(self) -> Optional[int]:
+    """The seed (None until the server draws one, if none was given)."""
+    return self.record.seed
+
+  @property
+  def stop(self) -> Tuple[str, ...]:
+    """The stop strings."""
+    return self.record.stop
+
+  @property
+  def regex(self) -> Optional[str]:
+    """The pattern, or None (a request gives one for all its rows)."""
+    return self.record.regex[0] if self.record.regex else None
 
 
 def decode_body(raw: bytes) -> Any:
@@ -249,8 +290,9 @@ def _bad_request(model_class, error: pydantic.ValidationError) -> BadRequest:
                     f"{json.dumps(first['input'])[:80]}".replace("\n", " "))
 
 
-def parsed(request, max_batch: int) -> Parsed:
-  """The `Parsed` form of a validated `completion_request` instance.
+def checked_request(request, max_batch: int) -> CheckedRequest:
+  """The `CheckedRequest` of a validated `completion_request` instance: its
+  values through `records.check`, once.
 
   Args:
     request: the validated request.
@@ -259,9 +301,11 @@ def parsed(request, max_batch: int) -> Parsed:
 
   Raises:
     BadRequest: naming `n`, for more choices than `max_batch`.
+    errors.ArgumentError: a bad value, in the library's words, naming the
+      argument (`param_of` names its field).
   """
-  prompts = ([request.prompt] if isinstance(request.prompt, str)
-             else list(request.prompt))
+  prompts = ((request.prompt,) if isinstance(request.prompt, str)
+             else tuple(request.prompt))
   n = request.n or 1
   if n * len(prompts) > max_batch:
     raise BadRequest("n", f"n x prompts = {n} x {len(prompts)} = "
@@ -270,27 +314,22 @@ def parsed(request, max_batch: int) -> Parsed:
   logprobs = request.logprobs
   if isinstance(logprobs, bool):  # true: the tokens' own, no alternatives.
     logprobs = 0 if logprobs else None
-  decoding = {option.name: getattr(request, option.name)
-              for option in DECODING_OPTIONS
-              if getattr(request, option.name) is not None}
-  return Parsed(
-      prompts=prompts,
-      max_tokens=(DEFAULT_MAX_TOKENS if request.max_tokens is None
-                  else request.max_tokens),
-      n=n, stream=bool(request.stream),
+  record = records.check(
+      [prompt for prompt in prompts for _ in range(n)],
+      DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens,
+      seed=request.seed, stop=request.stop, regex=request.regex,
+      return_scores=logprobs is not None,
+      options={option.name: getattr(request, option.name)
+               for option in DECODING_OPTIONS
+               if getattr(request, option.name) is not None},
+      steps_name="max_tokens")
+  return CheckedRequest(
+      record=record, prompts=prompts, n=n, stream=bool(request.stream),
       include_usage=bool(request.stream_options
                          and request.stream_options.include_usage),
       logprobs=logprobs, echo=bool(request.echo),
       include_stop_str_in_output=bool(request.include_stop_str_in_output),
-      seed=request.seed, stop=request.stop, regex=request.regex,
-      model=request.model, decoding=decoding)
-
-
-def stop_strings(stop) -> Tuple[str, ...]:
-  """The stop argument as a tuple (after the library checked it)."""
-  if stop is None:
-    return ()
-  return (stop,) if isinstance(stop, str) else tuple(stop)
+      model=request.model)
 
 
 def trim_stop(text: str, stops: Sequence[str]) -> str:

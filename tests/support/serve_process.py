@@ -15,6 +15,7 @@ import httpx
 
 import rnnstep
 from rnnstep.decoding import options as options_lib
+from rnnstep import records
 from rnnstep.serve import protocol
 from tests.support import cli
 
@@ -130,7 +131,7 @@ def expected(model, body, seed, jit_compile=False):
   texts = rnnstep.generate(model, rows, body["max_tokens"], seed=seed,
                            stop=body.get("stop"), regex=body.get("regex"),
                            jit_compile=jit_compile, **decoding)
-  stops = protocol.stop_strings(body.get("stop"))
+  stops = records.check_stop(body.get("stop"))
   # The library ends a row early only at a stop string or the regex's end,
   # which the server calls "stop" alike.
   reasons = ["stop" if stops and protocol.trim_stop(t, stops) != t

@@ -74,7 +74,7 @@ LONGEST_FIRST = (
     "test_convert.py",          # 84
     "test_serve_network.py",    # 75
     "test_constraints.py",      # 72
-    "test_beam.py",             # 65 at load 7 (a pipeline on 2 workers: 37)
+    "test_pipelines.py",        # 65 at load 7 (a pipeline on 2 workers: 37)
     "test_serve_scheduler.py",  # 60
     "test_serve.py",            # 59
     "test_serve_hostile.py",    # 37
@@ -104,7 +104,7 @@ FAMILIES = {
     "sampling_model": ("test_sampling.py", "test_constraints.py"),
     # cli.write_model's architecture (GRU 32 over 65 characters, D=16):
     # reference_models.TINY_LAYERS in process, the file in the others.
-    "tiny": ("test_beam.py", "test_serve_scheduler.py", "test_api.py",
+    "tiny": ("test_pipelines.py", "test_serve_scheduler.py", "test_api.py",
              "test_tuning.py"),
     # token_models.CONFIG over 256 tokens (words, bytes, BPE).
     "token_models": ("test_tokens.py", "test_scoring.py"),

@@ -1,4 +1,4 @@
-"""Apache Beam (`python -m rnnstep.beam`) against the jsonl job, same records.
+"""Apache Beam (`python -m rnnstep.pipelines`) against the jsonl job.
 
     python tools/bench/beam.py --records=10000 --max_tokens=100 --rounds=3
 
@@ -9,7 +9,7 @@ record:
 
   job        `rnnstep-generate --input=IN --output=OUT --num_steps=N`, a
              fresh process (its default batch size and path);
-  beam_1     `python -m rnnstep.beam` on the DirectRunner in one process
+  beam_1     `python -m rnnstep.pipelines` on the DirectRunner in one process
              (`--direct_num_workers=1`), a fresh process;
   beam_2     the same in multi-processing mode with two worker processes
              (`--direct_num_workers=2 --direct_running_mode=multi_processing`);
@@ -109,7 +109,7 @@ def command(variant: str, source: str, out: str, batch: int,
   workers = {"beam_1": ["--direct_num_workers=1"],
              "beam_2": ["--direct_num_workers=2",
                         "--direct_running_mode=multi_processing"]}[variant]
-  return [sys.executable, "-m", "rnnstep.beam", f"--input={source}",
+  return [sys.executable, "-m", "rnnstep.pipelines", f"--input={source}",
           f"--output={out}", f"--max_tokens={_MAX_TOKENS.value}",
           f"--min_batch_size={batch}", f"--max_batch_size={batch}"
           ] + model + workers + _jit_flag("beam")
@@ -194,7 +194,7 @@ def main(argv):
   model = rnnstep.load(_MODEL.value)
   batch = _BATCH_SIZE.value or paths.bulk_batch_size(model)
   facts = machine.machine_facts(tf, None)
-  print("# rnnstep.beam against the jsonl job")
+  print("# rnnstep.pipelines against the jsonl job")
   print(f"machine: {facts['cpu']} | {facts['cores']} cores "
         f"({facts['usable_cores']} usable) | kind {facts['cpu_kind']} | "
         f"TF {facts['tensorflow']}")

@@ -2,9 +2,9 @@
 
     import apache_beam as beam
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
-    from rnnstep import beam as rnnstep_beam
+    from rnnstep import pipelines
 
-    handler = rnnstep_beam.CompletionsModelHandler(
+    handler = pipelines.CompletionsModelHandler(
         "model.npz", max_tokens=200, temperature=0.8, seed=7)
     with beam.Pipeline() as pipeline:
       (pipeline
@@ -34,6 +34,7 @@ a pipeline is built with the default batch size (to read it) and when a
 worker loads the model.
 """
 
+import contextlib
 import hashlib
 import secrets
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -41,24 +42,25 @@ from typing import Tuple, Union
 
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
+from rnnstep import records as records_lib
 
 try:
   # pylint: disable-next=g-import-not-at-top
   from apache_beam.ml.inference import base
 except ImportError as e:
   raise ImportError(
-      f"rnnstep.beam needs Apache Beam ({e}); install it with "
+      f"rnnstep.pipelines needs Apache Beam ({e}); install it with "
       "pip install 'rnnstep[beam]'") from None
 
 # Options that would give a record several texts: a record's result is one.
-_REFUSED = ("num_return_sequences",)
+REFUSED = ("num_return_sequences",)
 _RECORD_OPTIONS = tuple(option.name for option in options_lib.OPTIONS
-                        if option.name not in _REFUSED)
+                        if option.name not in REFUSED)
 _RECORD_FIELDS = ("prompt", "seed", "max_tokens", "stop", "regex")
 # The settings `generate` takes once per call: records that differ in any
 # run in separate calls. (The per-row options, regex and the seed do not.)
 _PER_CALL = ("max_tokens", "stop") + tuple(
-    option.name for option in options_lib.SHARED if option.name not in _REFUSED)
+    option.name for option in options_lib.SHARED if option.name not in REFUSED)
 # A drawn base seed, as rnnstep-generate draws one.
 _DRAWN_SEED_BITS = 31
 
@@ -99,55 +101,34 @@ def _refuse(argument: str, where: str, message: str):
   return errors.ArgumentError(argument, f"{where}: {message}")
 
 
-def _seed(value, where: str) -> int:
-  if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
-    raise _refuse("seed", where, f"seed must be a 64-bit integer, got "
-                  f"{value!r}")
-  return int(value)
-
-
-def _max_tokens(value, where: str) -> int:
-  if not options_lib.is_int(value) or not 0 <= value < 2**31:
-    raise _refuse("max_tokens", where, f"max_tokens must be an integer in "
-                  f"[0, 2**31), got {value!r}")
-  return int(value)
-
-
-def _stop(value, where: str) -> Tuple[str, ...]:
-  if value is None:
-    return ()
-  if isinstance(value, str):
-    return (value,)
-  if isinstance(value, (list, tuple)) and all(isinstance(s, str)
-                                              for s in value):
-    return tuple(value)
-  raise _refuse("stop", where, f"stop must be a str or a list of str, got "
-                f"{value!r}")
-
-
-def _regex(value, where: str) -> Optional[str]:
-  if value is not None and not isinstance(value, str):
-    raise _refuse("regex", where, f"regex must be a str (a regular "
-                  f"expression) or None, got {value!r}")
-  return value
-
-
-def _option(name: str, value, where: str):
-  """One decoding option's one value (a record's or the handler's)."""
-  if name in _REFUSED:
-    raise _refuse(name, where, f"{name} is not available here: each record "
-                  "gets one text; give records their own seeds for several "
-                  "samples of one prompt")
-  if isinstance(value, (list, tuple)):
-    raise _refuse(name, where, f"{name} must be one value, got {value!r}")
+@contextlib.contextmanager
+def _blamed(where: str):
+  """The library's refusal of a value (`records.check`), saying where."""
   try:
-    return options_lib.BY_NAME[name].check(value)
+    yield
   except errors.ArgumentError as e:
-    raise _refuse(name, where, str(e)) from None
+    raise _refuse(e.argument, where, str(e)) from None
 
 
-_CHECKS = {"seed": _seed, "max_tokens": _max_tokens, "stop": _stop,
-           "regex": _regex}
+def _checked(where: str, prompt: str, fields: Mapping[str, Any]
+             ) -> records_lib.Record:
+  """A record's (or the handler's) values through the library's one check.
+
+  Raises:
+    errors.ArgumentError: naming `where` and the field.
+  """
+  for name in fields:
+    if name in REFUSED:
+      raise _refuse(name, where, f"{name} is not available here: each record "
+                    "gets one text; give records their own seeds for several "
+                    "samples of one prompt")
+  with _blamed(where):
+    return records_lib.check(
+        prompt, fields["max_tokens"], seed=fields.get("seed"),
+        stop=fields.get("stop"), regex=fields.get("regex"),
+        options={name: value for name, value in fields.items()
+                 if name in options_lib.BY_NAME},
+        one_row=True, steps_name="max_tokens")
 
 
 class LoadedModel:
@@ -287,7 +268,7 @@ def _load_remote(path: str, dtype: str):
   from rnnstep import api
   # pylint: enable=g-import-not-at-top
   suffix = os.path.splitext(path)[1]
-  with tempfile.TemporaryDirectory(prefix="rnnstep_beam_") as folder:
+  with tempfile.TemporaryDirectory(prefix="rnnstep_pipelines_") as folder:
     local = os.path.join(folder, "model" + suffix)
     with filesystems.FileSystems.open(
         path, compression_type="uncompressed") as source, open(
@@ -421,14 +402,13 @@ class CompletionsModelHandler(_Handler):
       if name not in options_lib.BY_NAME:
         raise TypeError(f"CompletionsModelHandler() got an unexpected keyword "
                         f"argument {name!r}")
-    where = "CompletionsModelHandler"
+    # The handler's settings are every record's defaults: checked as one.
+    self._defaults = dict(decoding_options, max_tokens=max_tokens, stop=stop,
+                          regex=regex)
+    given = _checked("CompletionsModelHandler", "", dict(self._defaults,
+                                                          seed=seed))
     self._seed = (secrets.randbelow(2**_DRAWN_SEED_BITS) if seed is None
-                  else _seed(seed, where))
-    self._defaults = {
-        "max_tokens": _max_tokens(max_tokens, where),
-        "stop": _stop(stop, where), "regex": _regex(regex, where),
-        **{name: _option(name, value, where)
-           for name, value in decoding_options.items()}}
+                  else given.seed)
 
   @property
   def seed(self) -> int:
@@ -456,17 +436,20 @@ class CompletionsModelHandler(_Handler):
     if not prompt:
       raise _refuse("prompt", where, "the prompt is empty; give at least one "
                     "character (or token)")
-    row = dict(self._defaults, prompt=prompt)
-    for name, value in fields.items():
-      if name in _CHECKS:
-        row[name] = _CHECKS[name](value, where)
-      elif name in options_lib.BY_NAME:
-        row[name] = _option(name, value, where)
-      elif name != "prompt":
+    for name in fields:
+      if name not in _RECORD_FIELDS and name not in options_lib.BY_NAME:
         raise _refuse(name, where, f"unknown field {name!r}; a record has "
                       f"{', '.join(_RECORD_FIELDS)} and the decoding options "
                       f"({', '.join(_RECORD_OPTIONS)})")
-    if "seed" not in row:
+    given = dict(self._defaults, **{name: value for name, value
+                                    in fields.items() if name != "prompt"})
+    checked = _checked(where, prompt, given)
+    row = dict(checked.options, prompt=prompt, max_tokens=checked.num_steps,
+               stop=checked.stop,
+               regex=checked.regex[0] if checked.regex else None)
+    if checked.seed is not None:
+      row["seed"] = checked.seed
+    else:
       # pylint: disable-next=g-import-not-at-top
       from rnnstep.engine import host
       row["seed"] = host.record_seed(self._seed, prompt_index(prompt))
@@ -503,8 +486,8 @@ class CompletionsModelHandler(_Handler):
         results[index] = base.PredictionResult(
             batch[index], {"text": text, "logprob": float(score),
                            "seed": row["seed"],
-                           "stopped": bool(row["stop"])
-                                      and text.endswith(row["stop"])},
+                           "stopped": records_lib.stopped(text,
+                                                          row["stop"])},
             model_id=self._model_path)
     return results
 
@@ -551,7 +534,9 @@ class LoglikelihoodModelHandler(_Handler):
     super().__init__(model_path, dtype, jit_compile, min_batch_size,
                      max_batch_size, max_batch_duration_secs, large_model,
                      model_copies)
-    self._window = _option("window", window, "LoglikelihoodModelHandler")
+    with _blamed("LoglikelihoodModelHandler"):
+      records_lib.one_value("window", window)
+      self._window = options_lib.check("window", window)
 
   @staticmethod
   def record(record) -> Union[str, Tuple[str, str]]:
@@ -605,159 +590,3 @@ class LoglikelihoodModelHandler(_Handler):
 
   def get_num_bytes(self, batch) -> int:
     return sum(len(str(record)) for record in batch)
-
-
-# -- The pipeline: python -m rnnstep.beam ------------------------------------
-
-
-def _arguments(argv):
-  """(rnnstep's arguments, Beam's pipeline arguments) of the command line."""
-  # pylint: disable-next=g-import-not-at-top
-  import argparse
-  parser = argparse.ArgumentParser(
-      prog="python -m rnnstep.beam", description=_PIPELINE_DOC,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--input", required=True,
-                      help="Files of records, one a line (a glob; any path "
-                      "the runner reads: gs://, s3://, hdfs://).")
-  parser.add_argument("--output", required=True,
-                      help="Output prefix: files PREFIX-SSSSS-of-NNNNN.jsonl.")
-  parser.add_argument("--model", default=None,
-                      help="Model or weights file (default: the bundled "
-                      "model); a path the workers can read.")
-  parser.add_argument("--format", choices=("jsonl", "text"), default="jsonl",
-                      help="jsonl: a JSON record a line; text: a prompt a "
-                      "line.")
-  parser.add_argument("--score", action="store_true",
-                      help="Score records instead of generating "
-                      "(LoglikelihoodModelHandler): {\"context\", "
-                      "\"continuation\"} lines, or {\"text\"}.")
-  parser.add_argument("--max_tokens", type=int, default=200,
-                      help="Tokens to generate per record.")
-  parser.add_argument("--seed", type=int, default=None,
-                      help="Base seed of records without one (default: "
-                      "drawn once, reported per record).")
-  parser.add_argument("--stop", action="append", default=None,
-                      help="A stop string (repeatable).")
-  parser.add_argument("--regex", default=None)
-  parser.add_argument("--dtype", default="float32")
-  parser.add_argument("--jit_compile", default="auto",
-                      choices=("auto", "true", "false", "elementwise"))
-  parser.add_argument("--min_batch_size", type=int, default=None)
-  parser.add_argument("--max_batch_size", type=int, default=None)
-  parser.add_argument("--large_model", action="store_true",
-                      help="One model per machine, shared by its processes.")
-  for option in options_lib.OPTIONS:
-    if option.name not in _REFUSED:
-      parser.add_argument(f"--{option.name}", default=None,
-                          type=float if option.dtype == "float32" else int,
-                          help=option.doc.replace("%", "%%"))
-  return parser.parse_known_args(argv)
-
-
-_PIPELINE_DOC = """\
-Generates (or scores) the records of files with rnnstep.beam's handlers, as
-an Apache Beam pipeline: on the DirectRunner here, or on Dataflow, Flink or
-Spark with Beam's own flags (--runner=..., and that runner's flags), which
-pass through unchanged. Output lines: {"key", "prompt", "seed", "text",
-"logprob", "stopped"} (a record's "key" as given, else null); with --score,
-the record's fields and "logprob" (and "is_greedy").
-"""
-
-
-def _keyed(record):
-  """A parsed jsonl record as (key, the handler's record)."""
-  if isinstance(record, dict) and "key" in record:
-    record = dict(record)
-    return record.pop("key"), record
-  return None, record
-
-
-def _line(keyed) -> str:
-  """(key, PredictionResult) as one output line, as the jsonl job writes it
-  (less its "index": a pipeline has no order)."""
-  # pylint: disable-next=g-import-not-at-top
-  import json
-  key, result = keyed
-  record = result.example
-  if isinstance(record, Mapping):
-    fields = {name: record[name] for name in _ECHOED if name in record}
-  elif isinstance(record, str):
-    fields = {"prompt" if "text" in result.inference else "text": record}
-  else:
-    fields = dict(zip(("context", "continuation"), record))
-  inference = dict(result.inference)
-  if "seed" in inference:  # The job's order: prompt, seed, text, ...
-    fields["seed"] = inference.pop("seed")
-  return json.dumps({"key": key, **fields, **inference}, ensure_ascii=False)
-
-
-# A record's fields an output line repeats (as the jsonl job's lines do).
-_ECHOED = ("prompt", "context", "continuation", "text")
-
-
-def run(argv=None, save_main_session=False):
-  """Builds and runs the pipeline of `python -m rnnstep.beam` (its --help).
-
-  Args:
-    argv: the command line (None: sys.argv[1:]); what rnnstep does not
-      know goes to Beam's `PipelineOptions`.
-    save_main_session: as Beam's option (not needed: the steps live here).
-
-  Returns:
-    The finished `PipelineResult` (its metrics: RunInference's).
-  """
-  # pylint: disable=g-import-not-at-top
-  import json
-  import apache_beam as beam
-  from apache_beam.options import pipeline_options
-  # pylint: enable=g-import-not-at-top
-  known, beam_args = _arguments(argv)
-  options = pipeline_options.PipelineOptions(beam_args)
-  options.view_as(pipeline_options.SetupOptions).save_main_session = (
-      save_main_session)
-  jit_compile = {"auto": None, "true": True, "false": False,
-                 "elementwise": "elementwise"}[known.jit_compile]
-  common = dict(dtype=known.dtype, jit_compile=jit_compile,
-                min_batch_size=known.min_batch_size,
-                max_batch_size=known.max_batch_size,
-                large_model=known.large_model)
-  if known.score:
-    handler = LoglikelihoodModelHandler(known.model, window=known.window,
-                                        **common)
-  else:
-    decoding = {option.name: getattr(known, option.name)
-                for option in options_lib.OPTIONS
-                if option.name not in _REFUSED
-                and getattr(known, option.name) is not None}
-    handler = CompletionsModelHandler(
-        known.model, max_tokens=known.max_tokens, seed=known.seed,
-        stop=known.stop, regex=known.regex, **common, **decoding)
-  parse = json.loads if known.format == "jsonl" else str
-  pipeline = beam.Pipeline(options=options)
-  _ = (pipeline
-       | "Read" >> beam.io.ReadFromText(known.input)
-       | "Parse" >> beam.Map(lambda line: _keyed(parse(line)))
-       | "RunInference" >> base.RunInference(base.KeyedModelHandler(handler))
-       | "Format" >> beam.Map(_line)
-       | "Write" >> beam.io.WriteToText(known.output,
-                                        file_name_suffix=".jsonl"))
-  result = pipeline.run()
-  result.wait_until_finish()
-  return result
-
-
-def main(argv=None) -> int:
-  """`run`, with a bad argument said in one line (exit status 2)."""
-  # pylint: disable-next=g-import-not-at-top
-  import sys
-  try:
-    run(argv)
-  except errors.ArgumentError as e:
-    print(f"python -m rnnstep.beam: --{e.argument}: {e}", file=sys.stderr)
-    return 2
-  return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

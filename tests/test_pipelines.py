@@ -1,4 +1,4 @@
-"""rnnstep.beam's RunInference handlers against the library's own calls.
+"""rnnstep.pipelines' RunInference handlers against the library's own calls.
 
 Every record's result is compared with the library's public functions:
 `rnnstep.generate` batched with one seed per row (a row's text is then its
@@ -23,7 +23,7 @@ from apache_beam.ml.inference import base
 from apache_beam.options import pipeline_options
 
 import rnnstep
-from rnnstep import beam as rnnstep_beam
+from rnnstep import pipelines
 from rnnstep import errors
 from tests.support import cli
 
@@ -93,7 +93,7 @@ def env(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("beam")
   path = str(tmp / "model.npz")
   cli.write_model(path)
-  handler = rnnstep_beam.CompletionsModelHandler(path, **HANDLER)
+  handler = pipelines.CompletionsModelHandler(path, **HANDLER)
   loaded = handler.load_model()
   return {"tmp": tmp, "path": path, "handler": handler, "loaded": loaded,
           "model": loaded.model}
@@ -132,7 +132,7 @@ def test_a_batch_gives_each_record_its_one_row_text(env):
 
 
 def test_scoring_equals_the_librarys(env):
-  handler = rnnstep_beam.LoglikelihoodModelHandler(env["path"],
+  handler = pipelines.LoglikelihoodModelHandler(env["path"],
                                                    jit_compile=False)
   batch = [PAIRS[0], TEXTS[0], list(PAIRS[1]),
            {"context": PAIRS[2][0], "continuation": PAIRS[2][1]},
@@ -162,9 +162,11 @@ def test_scoring_equals_the_librarys(env):
     ({"prompt": "A", "top_p": 2}, "top_p", "the record 'A': top_p must be in "
      "(0, 1] (1 = off), got 2"),
     ({"prompt": "A", "top_k": [1, 2]}, "top_k", "top_k must be one value"),
-    ({"prompt": "A", "seed": "1"}, "seed", "seed must be a 64-bit integer"),
-    ({"prompt": "A", "max_tokens": -1}, "max_tokens", "max_tokens must be an "
-     "integer in [0, 2**31), got -1"),
+    # The library's words (records.check), as every front end says them.
+    ({"prompt": "A", "seed": "1"}, "seed", "the record 'A': seed must be "
+     "None, a 64-bit integer or a list of them (one per prompt), got '1'"),
+    ({"prompt": "A", "max_tokens": -1}, "max_tokens", "the record 'A': "
+     "max_tokens must be a non-negative integer, got -1"),
     ({"prompt": "A", "stop": 3}, "stop", "stop must be a str or a list"),
     ({"prompt": "A", "regex": "[~]"}, "regex", "the record 'A': regex '[~]' "
      "matches no string"),
@@ -193,14 +195,14 @@ def test_a_bad_record_fails_its_batch_naming_record_and_field(
 ])
 def test_a_bad_scoring_record_names_record_and_field(
     env, record, argument, words):
-  handler = rnnstep_beam.LoglikelihoodModelHandler(env["path"])
+  handler = pipelines.LoglikelihoodModelHandler(env["path"])
   with pytest.raises(errors.ArgumentError) as raised:
     handler.run_inference(["AB", ("A", "B"), record], env["loaded"])
   assert raised.value.argument == argument and words in str(raised.value)
 
 
 def test_handler_arguments():
-  make = rnnstep_beam.CompletionsModelHandler
+  make = pipelines.CompletionsModelHandler
   with pytest.raises(TypeError, match="unexpected keyword argument 'tempo'"):
     make(max_tokens=5, tempo=1)
   for kwargs, argument in ((dict(max_tokens=-1), "max_tokens"),
@@ -226,7 +228,7 @@ def test_handler_arguments():
       "min_batch_size": 256, "max_batch_size": 256}
   assert make(max_tokens=5, large_model=True).share_model_across_processes()
   with pytest.raises(errors.ArgumentError) as raised:
-    rnnstep_beam.LoglikelihoodModelHandler(window=-1)
+    pipelines.LoglikelihoodModelHandler(window=-1)
   assert raised.value.argument == "window"
   # The error type survives pickling (workers and shared models send it).
   error = pickle.loads(pickle.dumps(errors.ArgumentError("seed", "bad")))
@@ -246,7 +248,7 @@ class _PrefixedFileSystem(localfilesystem.LocalFileSystem):
 
 
 def test_a_model_on_a_remote_filesystem_loads(env):
-  handler = rnnstep_beam.CompletionsModelHandler(
+  handler = pipelines.CompletionsModelHandler(
       "rnnsteptest://" + env["path"], **HANDLER)
   loaded = handler.load_model()
   assert loaded.model.vocab == env["model"].vocab
@@ -265,14 +267,14 @@ def read_lines(prefix):
 
 
 def test_the_scoring_pipeline_in_process(env):
-  # `python -m rnnstep.beam --score` on the DirectRunner in this process.
+  # `python -m rnnstep.pipelines --score` on the DirectRunner in this process.
   source = env["tmp"] / "pairs.jsonl"
   records = ([{"key": i, "context": c, "continuation": t}
               for i, (c, t) in enumerate(PAIRS)]
              + [{"key": f"t{i}", "text": t} for i, t in enumerate(TEXTS)])
   source.write_text("".join(json.dumps(r) + "\n" for r in records))
   out = env["tmp"] / "scored" / "out"
-  assert rnnstep_beam.main([f"--input={source}", f"--output={out}",
+  assert pipelines.main([f"--input={source}", f"--output={out}",
                             f"--model={env['path']}", "--score",
                             "--jit_compile=false"]) == 0
   lines = sorted(read_lines(out), key=lambda line: str(line["key"]))
@@ -289,15 +291,15 @@ def test_the_scoring_pipeline_in_process(env):
 
 
 def test_a_bad_flag_is_one_line(env, capsys):
-  assert rnnstep_beam.main(["--input=x", "--output=y", "--top_p=3"]) == 2
+  assert pipelines.main(["--input=x", "--output=y", "--top_p=3"]) == 2
   assert capsys.readouterr().err == (
-      "python -m rnnstep.beam: --top_p: CompletionsModelHandler: top_p must "
-      "be in (0, 1] (1 = off), got 3.0\n")
+      "python -m rnnstep.pipelines: --top_p: CompletionsModelHandler: top_p "
+      "must be in (0, 1] (1 = off), got 3.0\n")
 
 
 @pytest.mark.slow  # Two worker processes, each importing TensorFlow.
 def test_a_pipeline_on_two_worker_processes_gives_the_librarys_texts(env):
-  # `python -m rnnstep.beam`: files of jsonl records in, jsonl out.
+  # `python -m rnnstep.pipelines`: files of jsonl records in, jsonl out.
   keyed = records(240)
   source = env["tmp"] / "records.jsonl"
   source.write_text("".join(
@@ -305,7 +307,7 @@ def test_a_pipeline_on_two_worker_processes_gives_the_librarys_texts(env):
                       else record, key=key)) + "\n"
       for key, record in keyed))
   out = env["tmp"] / "generated" / "out"
-  result = rnnstep_beam.run([
+  result = pipelines.run([
       f"--input={source}", f"--output={out}", f"--model={env['path']}",
       f"--max_tokens={STEPS}", f"--seed={SEED}",
       f"--temperature={TEMPERATURE}", "--jit_compile=false",

@@ -1,0 +1,195 @@
+"""One generation request record, checked once, in the library's words.
+
+Every front end turns what it was given into a `Record` through `check`: the
+library (`api.generate`, `api.stream`), the jsonl job (`cli/jobs.py`), the
+Beam handlers (`pipelines/handlers.py`) and the server (`serve/protocol.py`).
+So a bad value gets the same one-line `errors.ArgumentError`, naming the
+argument, whichever way it came in (the front ends only say where: a line
+of IN, a record, a request field), and a decoding option declared in
+`decoding/options.py` reaches all of them. What depends on a model (its
+vocabulary, beams against it, the window it records, compiling a pattern)
+the library checks after (`api`).
+
+Nothing here imports TensorFlow (the command lines read it before it loads).
+"""
+
+import dataclasses
+import os
+import types
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from rnnstep.decoding import constraints
+from rnnstep.decoding import options as options_lib
+from rnnstep.decoding import stopping
+from rnnstep import errors
+
+# The model shipped inside the package, relative to the package's folder.
+BUNDLED_MODEL = os.path.join("data", "shakespeare.npz")
+
+# `num_steps` (a request's `max_tokens`) stays below it: an int32 on device.
+STEPS_LIMIT = 2**31
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """A checked generation request: what every front end runs.
+
+  Attributes:
+    prompts: the prompts (a str argument is a tuple of one).
+    num_steps: tokens to generate per prompt.
+    seed: None, an int, or a tuple of one int per prompt.
+    stop: the stop strings (none: `()`).
+    regex: one pattern (or None) per prompt, or `()` for none.
+    return_scores: whether the log-likelihoods are returned.
+    options: every declared decoding option (`options.OPTIONS`) by name,
+      checked: the given value (a per-row option's list as a tuple), else
+      the declared default.
+  """
+  prompts: Tuple[str, ...]
+  num_steps: int
+  seed: Union[None, int, Tuple[int, ...]]
+  stop: Tuple[str, ...]
+  regex: Tuple[Optional[str], ...]
+  return_scores: bool
+  options: Mapping[str, Any]
+
+
+def check(prompts, num_steps, *, seed=None, stop=None, regex=None,
+          return_scores=False, options: Optional[Mapping[str, Any]] = None,
+          one_row: bool = False, steps_name: str = "num_steps") -> Record:
+  """Checks a generation request's values; the `Record` of them.
+
+  Args:
+    prompts: a str, or a non-empty list of str.
+    num_steps: a non-negative integer below 2**31.
+    seed: None, a 64-bit integer, or one per prompt.
+    stop: None, a stop string, or a list of them.
+    regex: None, a pattern, or one (or None) per prompt.
+    return_scores: True or False.
+    options: the decoding options given, by declared name (a name not
+      declared is the caller's to refuse first).
+    one_row: a record of one prompt (a jsonl line, a Beam record): every
+      value must be one value, not a list.
+    steps_name: what the caller calls `num_steps` ("max_tokens").
+
+  Raises:
+    errors.ArgumentError: naming the argument.
+  """
+  if isinstance(prompts, str):
+    prompt_tuple = (prompts,)
+  elif isinstance(prompts, (list, tuple)) and not one_row:
+    prompt_tuple = tuple(prompts)
+    if not prompt_tuple:
+      raise errors.ArgumentError(
+          "prompts", "prompts is an empty list; give at least one prompt")
+  else:
+    raise errors.ArgumentError(
+        "prompts", f"prompts must be a str or a list of str, got "
+        f"{type(prompts).__name__}")
+  check_steps(num_steps, steps_name)
+  values = check_options(options or {}, len(prompt_tuple), one_row)
+  if one_row:
+    for name, value in (("seed", seed), ("regex", regex)):
+      one_value(name, value)
+  check_seed(seed, len(prompt_tuple))
+  stops = check_stop(stop)
+  if not isinstance(return_scores, (bool, np.bool_)):
+    raise errors.ArgumentError(
+        "return_scores", f"return_scores must be True or False, got "
+        f"{return_scores!r}")
+  return Record(
+      prompts=prompt_tuple, num_steps=num_steps,
+      seed=tuple(seed) if isinstance(seed, (list, tuple, np.ndarray))
+      else seed,
+      stop=stops, regex=constraints.check(regex, len(prompt_tuple)),
+      return_scores=bool(return_scores), options=types.MappingProxyType(values))
+
+
+def check_steps(num_steps, name: str = "num_steps") -> int:
+  """`num_steps` (or what the caller calls it): a non-negative int < 2**31."""
+  if not options_lib.is_int(num_steps) or num_steps < 0:
+    raise errors.ArgumentError(
+        name, f"{name} must be a non-negative integer, got {num_steps!r}")
+  if num_steps >= STEPS_LIMIT:
+    raise errors.ArgumentError(
+        name, f"{name} must be below 2**31, got {num_steps}")
+  return num_steps
+
+
+def check_options(given: Mapping[str, Any], batch_size: int,
+                  one_row: bool = False) -> dict:
+  """Every declared option's checked value: the given one, else its default.
+
+  A float option's value is a float (a per-row one, a tuple of them) from
+  here on, however it was given (`temperature=1`, JSON's `1`), so that
+  every front end hands the engine the same types.
+
+  Raises:
+    errors.ArgumentError: naming the option.
+  """
+  if one_row:
+    for name, value in given.items():
+      one_value(name, value)
+  values = {}
+  for option in options_lib.OPTIONS:
+    value = option.check(given.get(option.name, option.default), batch_size)
+    if option.dtype == "float32" and value is not None:
+      value = (tuple(float(v) for v in value) if isinstance(value, tuple)
+               else float(value))
+    values[option.name] = value
+  return values
+
+
+def one_value(name: str, value) -> None:
+  """Refuses a list where a record takes one value (a record is one row)."""
+  if isinstance(value, (list, tuple)):
+    raise errors.ArgumentError(name, f"{name} must be one value, got "
+                               f"{value!r}")
+
+
+def check_seed(seed, batch_size: int) -> None:
+  """None, a 64-bit integer, or a list of one per prompt."""
+  def check_one(value):
+    if not options_lib.is_int(value) or not -2**63 <= value < 2**63:
+      raise errors.ArgumentError(
+          "seed", f"seed must be None, a 64-bit integer or a list of them "
+          f"(one per prompt), got {value!r}")
+  if seed is None:
+    return
+  if isinstance(seed, (list, tuple, np.ndarray)):
+    if len(seed) != batch_size:
+      raise errors.ArgumentError(
+          "seed", f"seed lists {len(seed)} seeds for {batch_size} prompts; "
+          "give one int, or one per prompt")
+    for value in seed:
+      check_one(value)
+  else:
+    check_one(seed)
+
+
+def check_stop(stop) -> Tuple[str, ...]:
+  """The stop argument as a tuple of stop strings, each checked as text.
+
+  Raises:
+    errors.ArgumentError: not a str or a list of str; an empty one, one that
+      is not text, or more than `stopping.MAX_STOP_BYTES` together.
+  """
+  if stop is None:
+    stops = ()
+  elif isinstance(stop, str):
+    stops = (stop,)
+  elif isinstance(stop, (list, tuple)) and all(isinstance(s, str)
+                                               for s in stop):
+    stops = tuple(stop)
+  else:
+    raise errors.ArgumentError(
+        "stop", f"stop must be a str or a list of str, got {stop!r}")
+  stopping.check_texts(stops)
+  return stops
+
+
+def stopped(text: str, stops: Sequence[str]) -> bool:
+  """Whether a finished text ended on one of its stop strings."""
+  return bool(stops) and text.endswith(tuple(stops))
