@@ -391,6 +391,24 @@ def test_web_export_refuses_in_one_line(preset_model):
     web.check_exportable(preset_model)
 
 
+def test_litert_export_refuses_a_stack_the_converter_aborts_on():
+  """TensorFlow's LiteRT converter aborts the process on 9 blocks or more
+  (the 0.1B shape has 12): refused in one line before it runs."""
+  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import kinds, model_file, network  # pylint: disable=g-import-not-at-top
+  sizes = dict(blocks=litert.MAX_RWKV7_BLOCKS + 1, head_size=8, ffn=16,
+               decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
+  layer = model_file.LayerConfig(
+      "rwkv7", 16, sizes=tuple((k, sizes[k]) for k in kinds.RWKV7_SIZES))
+  config = model_file.ModelConfig(16, (layer,))
+  tensors = {k: np.zeros(shape, np.float32)
+             for k, shape in config.expected_shapes(8).items()}
+  model = network.Model(config, list("abcdefgh"), tensors)
+  with pytest.raises(ValueError, match=r"at most 8 blocks, this one has 9 "
+                     r"\(TensorFlow's LiteRT converter aborts on more\)"):
+    litert.convert(model)
+
+
 # The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
 LITERT_PROMPTS = ["Hello the poet said", "中文", "A"]
 LITERT_CASES = {
