@@ -27,14 +27,14 @@ can quiet TensorFlow's logging before it loads.
 
 import importlib
 
-__version__ = "0.5.0"
+from rnnstep.version import __version__
 
 _EXPORTS = {
     "Generator": "rnnstep.engine.generator",
     "Model": "rnnstep.model.network",
     "bundled_model_path": "rnnstep.api",
     "export": "rnnstep.exporters",
-    "export_litert": "rnnstep.exporters.litert",
+    "export_litert": "rnnstep.litert.export",
     "generate": "rnnstep.api",
     "hidden_states": "rnnstep.api",
     "load": "rnnstep.api",

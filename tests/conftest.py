@@ -41,7 +41,7 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
 atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
 # Nor does a CLI run start a background export for the compiled-artifact
-# cache (rnnstep/cli/compiled_cache.py): tests/test_fast_path.py turns it on
+# cache (rnnstep/litert/cache.py): tests/test_fast_path.py turns it on
 # for its own runs.
 os.environ["RNNSTEP_COMPILED_CACHE"] = "off"
 

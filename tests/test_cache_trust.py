@@ -1,10 +1,13 @@
 """The compiled-artifact cache can be trusted: keyed on every byte it depends
-on, bounded, and isolated (rnnstep/cli/compiled_cache.py, issue 48).
+on, bounded, and isolated (rnnstep/litert/cache.py, issue 48).
 
 Most checks run in this process on entries written without TensorFlow
 (`compiled_cache.write_entry` with made-up flatbuffer bytes: nothing here runs
-them). The background child runs for real in three slow tests: two at once
-on one entry, one beside a planted `numpy.py`, and `--cache_info`.
+them), and none needs the LiteRT interpreter (`ai_edge_litert`): the keys are
+made with its version where it is installed, else with none. The background
+child runs for real in three slow tests: two at once on one entry, one beside
+a planted `numpy.py`, and `--cache_info`. The warm path that reads the cache
+through the command is tests/test_fast_path.py's.
 """
 
 import concurrent.futures
@@ -21,13 +24,19 @@ import pytest
 
 from tests.support import cli as cli_support
 import rnnstep
-from rnnstep.cli import compiled_cache
+from rnnstep.litert import cache as compiled_cache
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
+from rnnstep.decoding import options as options_lib
+from rnnstep.litert import warm
+from rnnstep import version
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARRNN = os.path.join(REPO, "tests", "data", "charrnn_tf", "gru")
 FILL_TIMEOUT = 300
+# The runtime the keys name: the one `fill` keys with (its version, or ""
+# where it is not installed).
+RUNTIME = compiled_cache.runtime_version() or ""
 
 
 @pytest.fixture
@@ -81,10 +90,9 @@ def fake_key(n):
 
 
 def test_one_changed_byte_of_the_model_file_misses(weights):
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.entry_name(compiled_cache.key(weights, runtime))
+  before = compiled_cache.entry_name(compiled_cache.key(weights, RUNTIME))
   flip_a_byte(weights, os.path.getsize(weights) // 2)
-  assert compiled_cache.entry_name(compiled_cache.key(weights, runtime)) != (
+  assert compiled_cache.entry_name(compiled_cache.key(weights, RUNTIME)) != (
       before)
 
 
@@ -99,20 +107,27 @@ def test_every_file_of_a_char_rnn_folder_is_keyed(tmp_path, member, given):
   folder = tmp_path / "save"
   shutil.copytree(CHARRNN, folder)
   path = str(folder if given == "folder" else folder / "model.ckpt-599")
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.key(path, runtime)
-  assert compiled_cache.key(path, runtime) == before
+  before = compiled_cache.key(path, RUNTIME)
+  assert compiled_cache.key(path, RUNTIME) == before
   flip_a_byte(folder / member, 1)
-  assert compiled_cache.entry_name(compiled_cache.key(path, runtime)) != (
+  assert compiled_cache.entry_name(compiled_cache.key(path, RUNTIME)) != (
       compiled_cache.entry_name(before))
 
 
-def test_a_copied_folder_keys_as_the_original(tmp_path):
-  runtime = compiled_cache.runtime_version()
+def test_a_copy_keys_as_the_original(tmp_path, weights):
+  """A model file's or folder's copy elsewhere is the same entry; its bytes
+  written again are too."""
   copy = tmp_path / "copy"
   shutil.copytree(CHARRNN, copy)
-  assert compiled_cache.key(str(copy), runtime) == compiled_cache.key(
-      CHARRNN, runtime)
+  assert compiled_cache.key(str(copy), RUNTIME) == compiled_cache.key(
+      CHARRNN, RUNTIME)
+  copied_file = tmp_path / "copy.npz"
+  shutil.copyfile(weights, copied_file)
+  assert compiled_cache.key(str(copied_file), RUNTIME) == compiled_cache.key(
+      weights, RUNTIME)
+  cli_support.write_model(str(copied_file), seed=3)
+  assert compiled_cache.key(str(copied_file), RUNTIME) == compiled_cache.key(
+      weights, RUNTIME)
 
 
 def test_a_textgenrnn_vocabulary_beside_the_weights_is_keyed(tmp_path):
@@ -120,10 +135,9 @@ def test_a_textgenrnn_vocabulary_beside_the_weights_is_keyed(tmp_path):
   weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
   vocab = tmp_path / "textgen_vocab.json"
   vocab.write_text('{"a": 1}')
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.key(str(weights), runtime)
+  before = compiled_cache.key(str(weights), RUNTIME)
   flip_a_byte(vocab, 2)
-  assert compiled_cache.key(str(weights), runtime) != before
+  assert compiled_cache.key(str(weights), RUNTIME) != before
 
 
 def test_the_key_finds_the_files_the_converter_reads(tmp_path):
@@ -140,27 +154,25 @@ def test_the_key_finds_the_files_the_converter_reads(tmp_path):
 
 def test_the_tensorflow_version_is_keyed(weights, monkeypatch):
   """TensorFlow's converter writes the artifact's bytes."""
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.key(weights, runtime)
+  before = compiled_cache.key(weights, RUNTIME)
   assert before["tensorflow"] == tuning_cache.installed_tensorflow_version()
   monkeypatch.setattr(tuning_cache, "installed_tensorflow_version",
                       lambda: "0.0.test", raising=False)
-  assert compiled_cache.key(weights, runtime) != before
+  assert compiled_cache.key(weights, RUNTIME) != before
 
 
 def test_the_runtime_cpu_and_rnnstep_are_keyed(weights, monkeypatch):
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.key(weights, runtime)
-  assert compiled_cache.key(weights, runtime + ".1") != before
+  before = compiled_cache.key(weights, RUNTIME)
+  assert compiled_cache.key(weights, RUNTIME + ".1") != before
   real = cpu.info()
   monkeypatch.setattr(cpu, "info", lambda: real._replace(name="Another CPU"))
-  assert compiled_cache.key(weights, runtime) != before
+  assert compiled_cache.key(weights, RUNTIME) != before
   monkeypatch.setattr(cpu, "info", lambda: real._replace(
       features=tuple(real.features)[:-1]))
-  assert compiled_cache.key(weights, runtime) != before
+  assert compiled_cache.key(weights, RUNTIME) != before
   monkeypatch.undo()
-  monkeypatch.setattr(rnnstep, "__version__", "9.9.9")
-  assert compiled_cache.key(weights, runtime) != before
+  monkeypatch.setattr(version, "__version__", "9.9.9")
+  assert compiled_cache.key(weights, RUNTIME) != before
 
 
 def test_one_changed_byte_of_rnnstep_s_sources_misses(tmp_path):
@@ -182,15 +194,14 @@ def test_a_remembered_digest_still_sees_one_changed_byte(cache, weights,
   # The file was just written (and its ctime cannot be set back): remember
   # it all the same, as if the racy window were over.
   monkeypatch.setattr(compiled_cache, "_RACY_SECONDS", -1.0)
-  runtime = compiled_cache.runtime_version()
-  before = compiled_cache.key(weights, runtime)
+  before = compiled_cache.key(weights, RUNTIME)
   with open(os.path.join(compiled_cache.directory(),
                          compiled_cache.DIGESTS_FILE), encoding="utf-8") as f:
     assert os.path.abspath(weights) in json.load(f)
   old = os.stat(weights)
   flip_a_byte(weights, os.path.getsize(weights) // 3)
   os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns))
-  assert compiled_cache.key(weights, runtime) != before
+  assert compiled_cache.key(weights, RUNTIME) != before
 
 
 def test_a_digests_file_others_can_write_is_ignored(cache, weights):
@@ -236,7 +247,7 @@ def test_the_default_cap_is_a_few_hundred_megabytes(monkeypatch):
 
 def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
                                                           monkeypatch):
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  the_key = compiled_cache.key(weights, RUNTIME)
   base = compiled_cache.entry_base(the_key)
   os.makedirs(os.path.dirname(base), mode=0o700)
   with open(base + ".lock", "w"):
@@ -258,13 +269,13 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
                                                      monkeypatch):
   """Any exception, not only ValueError: recorded with its reason (what
   --verbose shows), and the miss asks for no rebuild."""
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  the_key = compiled_cache.key(weights, RUNTIME)
   os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
 
   def broken(path):
     raise RuntimeError("converter crashed")
   monkeypatch.setattr(compiled_cache, "_export", broken, raising=False)
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(litert, "convert", broken)
   assert compiled_cache.fill(weights, the_key) == "failed"
   with pytest.raises(compiled_cache.Miss,
@@ -273,26 +284,38 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
   assert not miss.value.rebuild
 
 
-def test_verbose_names_a_recorded_failure_and_nothing_is_rebuilt(
+def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
+    cache, tmp_path):
+  """The child's work, in this process: a windowed model gets a manifest
+  that says why, a miss that asks for no rebuild, and no flatbuffer."""
+  weights = str(tmp_path / "windowed.npz")
+  cli_support.write_model(weights, seed=3, window=8)
+  the_key = compiled_cache.key(weights, RUNTIME)
+  base = compiled_cache.entry_base(the_key)
+  assert compiled_cache.fill(weights, the_key) == "no cache directory"
+  os.makedirs(os.path.dirname(base))
+  assert compiled_cache.fill(weights, the_key) == "unsupported"
+  with pytest.raises(compiled_cache.Miss, match="window=8") as miss:
+    compiled_cache.lookup(the_key)
+  assert not miss.value.rebuild
+  assert not os.path.exists(base + ".tflite")
+
+
+def test_the_warm_path_names_a_recorded_failure_and_rebuilds_nothing(
     cache, weights, monkeypatch):
-  """What rnnstep-generate does with a recorded failure, decided before
-  TensorFlow would load: the TensorFlow path, the reason, no new child."""
-  from rnnstep.cli import generate  # pylint: disable=g-import-not-at-top
-  pytest.importorskip("ai_edge_litert")
+  """What rnnstep-generate's warm path does with a recorded failure, decided
+  before TensorFlow would load: the reason, and no key to build."""
   monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  # Decided before the interpreter would run: none is needed.
+  monkeypatch.setattr(warm, "interpreter_installed", lambda: True)
+  monkeypatch.setattr(compiled_cache, "runtime_version", lambda: "0.test")
+  the_key = compiled_cache.key(weights, "0.test")
   compiled_cache.ensure_directory()
   compiled_cache.write_entry(the_key, failed="RuntimeError: converter crashed")
-  generate.FLAGS.unparse_flags()
-  generate.FLAGS(["rnnstep-generate", f"--weights={weights}", "--seed=1",
-                  "--num_steps=5"])
-  try:
-    decoding = {option.name: generate._option_value(option, 1, 1)  # pylint: disable=protected-access
-                for option in generate.options_lib.OPTIONS}
-    with pytest.raises(generate._NotServed) as why:  # pylint: disable=protected-access
-      generate._generate_fast([(0, 0, "ROMEO:")], 1, decoding)  # pylint: disable=protected-access
-  finally:
-    generate.FLAGS.unparse_flags()
+  decoding = {option.name: option.default for option in options_lib.OPTIONS}
+  with pytest.raises(warm.NotServed) as why:
+    warm.generate(os.path.abspath(weights), ["ROMEO:"], 1, 5, seed=1,
+                  decoding=decoding)
   assert "export failed (RuntimeError: converter crashed)" in str(why.value)
   assert why.value.fill_key is None
 
@@ -323,6 +346,34 @@ def test_the_cache_info_and_cache_clear_flags(cache):
   assert cleared.returncode == 0, cleared.stderr
   assert "removed 1 entry" in cleared.stdout
   assert compiled_cache.entries() == []
+
+
+def test_an_entry_for_another_key_is_not_used(cache):
+  """Each field of the key names another entry; even under this key's name,
+  a manifest written for another key misses."""
+  the_key = {"format": compiled_cache.FORMAT, "model": [["", "1" * 64]],
+             "rnnstep": "1.0", "cpu": "This CPU", "runtime": "ai-edge-litert 1",
+             "tensorflow": "2.0"}
+  plant(the_key)
+  for field, other in (("rnnstep", "0.0.0"), ("cpu", "Another CPU"),
+                       ("runtime", "ai-edge-litert 0.0"),
+                       ("model", [["", "0" * 64]]),
+                       ("tensorflow", "0.0")):
+    changed = dict(the_key, **{field: other})
+    assert compiled_cache.entry_name(changed) != compiled_cache.entry_name(
+        the_key)
+    with pytest.raises(compiled_cache.Miss, match="no compiled artifact"):
+      compiled_cache.lookup(changed)
+    base = compiled_cache.entry_base(changed)
+    flatbuffer, manifest = compiled_cache.lookup(the_key)
+    with open(base + ".tflite", "wb") as f:
+      f.write(flatbuffer)
+    with open(base + ".json", "w", encoding="utf-8") as f:
+      json.dump(manifest, f)
+    with pytest.raises(compiled_cache.Miss, match="another key"):
+      compiled_cache.lookup(changed)
+    os.unlink(base + ".tflite")
+    os.unlink(base + ".json")
 
 
 # ------------------------------------------------------------------ isolated
@@ -389,7 +440,7 @@ def test_the_child_runs_isolated_from_the_working_directory(
       "raise ImportError('planted numpy.py imported')\n")
   monkeypatch.chdir(work)
   monkeypatch.setenv("PYTHONPATH", REPO)
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  the_key = compiled_cache.key(weights, RUNTIME)
 
   def valid():
     try:
@@ -403,12 +454,26 @@ def test_the_child_runs_isolated_from_the_working_directory(
   compiled_cache.lookup(the_key)
 
 
+def test_a_second_filler_leaves_while_the_first_holds_the_lock(cache,
+                                                               weights):
+  import fcntl  # pylint: disable=g-import-not-at-top
+  the_key = compiled_cache.key(weights, RUNTIME)
+  base = compiled_cache.entry_base(the_key)
+  os.makedirs(os.path.dirname(base))
+  with open(base + ".lock", "a+b") as lock:
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    assert compiled_cache.fill(weights, the_key) == (
+        "another process is building this entry")
+  assert sorted(os.listdir(os.path.dirname(base))) == [
+      os.path.basename(base) + ".lock"]
+
+
 @pytest.mark.slow  # Two background exports at once.
 def test_two_children_filling_one_entry_leave_one_good_entry(cache, weights):
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  the_key = compiled_cache.key(weights, RUNTIME)
   compiled_cache.ensure_directory()
   env = dict(os.environ, PYTHONPATH=REPO)
-  command = [sys.executable, "-m", "rnnstep.cli.cache_fill", weights,
+  command = [sys.executable, "-m", "rnnstep.litert.fill", weights,
              json.dumps(the_key, sort_keys=True)]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results = list(pool.map(lambda _: subprocess.run(

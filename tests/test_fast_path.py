@@ -1,16 +1,18 @@
-"""rnnstep-generate's compiled-artifact cache (rnnstep/cli/compiled_cache.py).
+"""rnnstep-generate's warm path (rnnstep/litert/warm.py) through the command.
 
 A cold run generates on TensorFlow and leaves a detached child that exports
 the model to the cache; a warm run of a request the artifact serves prints the
 same bytes without importing TensorFlow. Every text is checked against
 `rnnstep.generate` in this process, on one small model file. The subprocesses
 that import TensorFlow (cold, --nocache, a fallback, a corrupt entry) are the
-slow part: the first three run together, once.
+slow part: the first three run together, once. Which requests the artifact
+serves is decided from the flags alone, without the interpreter; the cache
+itself (its key, lookup, fill and trust) is tests/test_cache_trust.py's.
 """
 
 import concurrent.futures
-import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,12 +21,11 @@ import pytest
 
 from tests.support import cli as cli_support
 import rnnstep
-from rnnstep.cli import compiled_cache
+from rnnstep.litert import cache as compiled_cache
 from rnnstep.cli import generate
+from rnnstep.litert import warm as warm_path
 from rnnstep import records
 
-pytest.importorskip("ai_edge_litert.interpreter",
-                    reason="ai_edge_litert is not installed")
 pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,9 +38,9 @@ TIMEOUT = 600
 FILL_TIMEOUT = 300
 
 
-def write_model(path, window=None):
+def write_model(path):
   """The small GRU model file of tests/support/cli.py, weights seeded 3."""
-  cli_support.write_model(path, seed=3, window=window)
+  cli_support.write_model(path, seed=3)
 
 
 def cli(cache_dir, args, importtime=False, switch="on"):
@@ -115,6 +116,8 @@ def wait_for_valid_entry(cache_dir, the_key, monkeypatch):
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
   """The model, the library's texts, and the cold runs (concurrently)."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
   tmp = tmp_path_factory.mktemp("fast_path")
   weights = str(tmp / "model.npz")
   write_model(weights)
@@ -258,8 +261,9 @@ def test_a_request_the_artifact_does_not_serve_falls_back_with_the_reason(
 
 
 def refusal(*args):
-  """`generate._request_refusal` for a command line, in this process (the
-  refusal is decided from the flags alone, before TensorFlow would load)."""
+  """Why the compiled artifact does not serve a command line
+  (`generate._flag_refusal`, then `warm.refusal` over the request), in this
+  process: decided from the flags alone, before TensorFlow would load."""
   flag_values = generate.FLAGS
   flag_values.unparse_flags()
   flag_values(["rnnstep-generate", *args])
@@ -272,7 +276,8 @@ def refusal(*args):
                                                     samples)
                 for option in generate.options_lib.OPTIONS}
     seed = 7 if generate._SEED.value is None else generate._SEED.value
-    return generate._request_refusal(rows, seed, decoding)
+    return generate._flag_refusal() or warm_path.refusal(
+        generate._NUM_STEPS.value, len(rows), seed, decoding)
   finally:
     flag_values.unparse_flags()
 
@@ -304,6 +309,9 @@ def refusal(*args):
 def test_requests_the_artifact_does_not_serve_name_the_reason(
     args, reason, monkeypatch):
   monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")  # conftest turns it off.
+  # Decided without the interpreter: where it is missing, that is the reason
+  # (the next test).
+  monkeypatch.setattr(warm_path, "interpreter_installed", lambda: True)
   got = refusal("--prompt=A", "--prompt=B", "--num_samples=2", *args)
   if reason is None:
     assert got is None
@@ -313,8 +321,8 @@ def test_requests_the_artifact_does_not_serve_name_the_reason(
 
 def test_without_the_interpreter_the_reason_says_so(monkeypatch):
   monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
-  real = generate.importlib.util.find_spec
-  monkeypatch.setattr(generate.importlib.util, "find_spec",
+  real = warm_path.importlib.util.find_spec
+  monkeypatch.setattr(warm_path.importlib.util, "find_spec",
                       lambda name, *a: None if name == "ai_edge_litert"
                       else real(name, *a))
   assert refusal().startswith("ai_edge_litert is not installed")
@@ -339,47 +347,18 @@ def test_the_environment_switch_off_reads_and_writes_nothing(env):
   assert not os.path.exists(env["tmp"] / "switch_off" / compiled_cache.SUBDIR)
 
 
-def test_an_entry_for_another_key_is_not_used(env, warm, monkeypatch):
-  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(warm))
-  the_key = env["key"]
-  for field, other in (("rnnstep", "0.0.0"), ("cpu", "Another CPU"),
-                       ("runtime", "ai-edge-litert 0.0"),
-                       ("model", [["", "0" * 64]]),
-                       ("tensorflow", "0.0")):
-    changed = dict(the_key, **{field: other})
-    assert compiled_cache.entry_name(changed) != compiled_cache.entry_name(
-        the_key)
-    with pytest.raises(compiled_cache.Miss, match="no compiled artifact"):
-      compiled_cache.lookup(changed)
-    # Even under this key's name, a manifest written for another key misses.
-    base = compiled_cache.entry_base(changed)
-    flatbuffer, manifest = compiled_cache.lookup(the_key)
-    with open(base + ".tflite", "wb") as f:
-      f.write(flatbuffer)
-    with open(base + ".json", "w", encoding="utf-8") as f:
-      json.dump(manifest, f)
-    with pytest.raises(compiled_cache.Miss, match="another key"):
-      compiled_cache.lookup(changed)
-    os.unlink(base + ".tflite")
-    os.unlink(base + ".json")
+@pytest.fixture
+def own_warm_cache(warm, tmp_path):
+  """A copy of the filled cache, for a test that damages its entry (the
+  shared one stays valid for the others, whatever order they run in)."""
+  copy = tmp_path / "cache"
+  shutil.copytree(warm, copy)
+  return copy
 
 
-def test_the_key_follows_the_model_file_and_versions(env, tmp_path,
-                                                     monkeypatch):
-  runtime = compiled_cache.runtime_version()
-  copy = tmp_path / "copy.npz"
-  copy.write_bytes(open(env["weights"], "rb").read())
-  assert compiled_cache.key(str(copy), runtime) == env["key"]
-  write_model(copy)  # The same bytes again: still the same key.
-  assert compiled_cache.key(str(copy), runtime) == env["key"]
-  assert compiled_cache.key(str(copy), "0.0") != env["key"]
-  monkeypatch.setattr(rnnstep, "__version__", "9.9.9")
-  assert compiled_cache.key(str(copy), runtime) != env["key"]
-
-
-def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(env, warm,
-                                                                monkeypatch):
-  """Runs last in the file: it rebuilds the shared entry."""
+def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(
+    env, own_warm_cache, monkeypatch):
+  warm = own_warm_cache
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(warm))
   base = compiled_cache.entry_base(env["key"])
   _, manifest = compiled_cache.lookup(env["key"])
@@ -399,41 +378,6 @@ def test_a_corrupt_artifact_is_detected_rebuilt_and_never_used(env, warm,
   assert len(flatbuffer) == manifest["tflite_bytes"]
   result = cli(warm, [f"--weights={env['weights']}", *BASE])
   assert result.stdout == env["text"] and "fast path" in verbose_line(result)
-
-
-def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
-    tmp_path, monkeypatch):
-  """The child's work, in this process: a windowed model gets a manifest
-  that says why, a miss that asks for no rebuild, and no flatbuffer."""
-  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
-  weights = str(tmp_path / "windowed.npz")
-  write_model(weights, window=8)
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
-  base = compiled_cache.entry_base(the_key)
-  assert compiled_cache.fill(weights, the_key) == "no cache directory"
-  os.makedirs(os.path.dirname(base))
-  assert compiled_cache.fill(weights, the_key) == "unsupported"
-  with pytest.raises(compiled_cache.Miss, match="window=8") as miss:
-    compiled_cache.lookup(the_key)
-  assert not miss.value.rebuild
-  assert not os.path.exists(base + ".tflite")
-
-
-def test_a_second_filler_leaves_while_the_first_holds_the_lock(
-    tmp_path, monkeypatch):
-  import fcntl  # pylint: disable=g-import-not-at-top
-  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
-  weights = str(tmp_path / "model.npz")
-  write_model(weights)
-  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
-  base = compiled_cache.entry_base(the_key)
-  os.makedirs(os.path.dirname(base))
-  with open(base + ".lock", "a+b") as lock:
-    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-    assert compiled_cache.fill(weights, the_key) == (
-        "another process is building this entry")
-  assert sorted(os.listdir(os.path.dirname(base))) == [
-      os.path.basename(base) + ".lock"]
 
 
 def test_the_bundled_model_path_is_the_library_s():

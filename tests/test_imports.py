@@ -70,11 +70,14 @@ def import_graph():
 # layer know nothing of each other (the model and decoding; the engine and the
 # converters). `rnnstep` itself (the lazy front door) sits below the CLIs.
 LAYERS = (
-    ("rnnstep.errors", "rnnstep.staging"),
+    ("rnnstep.errors", "rnnstep.staging", "rnnstep.version"),
     ("rnnstep.model", "rnnstep.decoding"),
     # records: the one check of a request's values, under every front end.
     ("rnnstep.engine", "rnnstep.convert", "rnnstep.records"),
     ("rnnstep.api",),
+    # The LiteRT export, its runner and cache, and rnnstep-generate's warm
+    # path (below the exporters: `rnnstep.export` dispatches to it).
+    ("rnnstep.litert",),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
     ("rnnstep.cli", "rnnstep.pipelines"),  # Front ends: command lines, Beam.
@@ -187,10 +190,10 @@ class ImportGraphTest(unittest.TestCase):
     self.assertEqual({part_of(name) for name in importers},
                      {"rnnstep.pipelines"})
 
-  def test_tuning_cache_and_cpu_read_without_tensorflow(self):
-    probe = ("import sys; from rnnstep.engine import cpu, tuning_cache; "
-             "cpu.info(); tuning_cache.machine_key(); "
-             "tuning_cache.entries(tuning_cache.cache_file()); "
+  def assert_loads_no_tensorflow(self, statements):
+    """Runs `statements` in a fresh interpreter: none of TensorFlow, Keras
+    and numpy is imported."""
+    probe = (f"import sys; {statements}; "
              "print(sorted(m for m in ('tensorflow', 'keras', 'numpy') "
              "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
@@ -198,6 +201,18 @@ class ImportGraphTest(unittest.TestCase):
                           check=True)
     self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
 
+  def test_tuning_cache_and_cpu_read_without_tensorflow(self):
+    self.assert_loads_no_tensorflow(
+        "from rnnstep.engine import cpu, tuning_cache; "
+        "cpu.info(); tuning_cache.machine_key(); "
+        "tuning_cache.entries(tuning_cache.cache_file())")
+
+  def test_the_warm_path_imports_without_tensorflow(self):
+    """A warm rnnstep-generate imports these before it knows whether
+    TensorFlow will be needed: none imports it (or numpy) at module level."""
+    self.assert_loads_no_tensorflow(
+        "from rnnstep.litert import cache, fill, inputs, runner, warm; "
+        "from rnnstep import version")
 
 if __name__ == "__main__":
   unittest.main()

@@ -34,7 +34,7 @@ FOREIGN_FRAMEWORKS = ("torch", "safetensors", "ai_edge_litert")
 # Except: rnnstep-generate's warm path runs the LiteRT interpreter (an
 # optional import inside a function; without it the command takes the
 # TensorFlow path).
-RUNS_THE_INTERPRETER = PACKAGE / "exporters" / "litert_runner.py"
+RUNS_THE_INTERPRETER = PACKAGE / "litert" / "runner.py"
 
 SCRIPT = textwrap.dedent("""
     import json, sys

@@ -20,7 +20,7 @@ from tests.support.tiers import quick_params
 
 import rnnstep
 from rnnstep.decoding import sampling
-from rnnstep.exporters import litert
+from rnnstep.litert import export as litert
 from rnnstep.model import model_file
 
 # Quick tier (-m "not slow") leaves this file out: LiteRT exports of every
@@ -183,7 +183,7 @@ def test_export_refuses_a_reduced_precision_model(tmp_path):
 
 def test_the_package_never_imports_the_interpreter():
   """ai_edge_litert is for tests and users; rnnstep only writes the file,
-  except rnnstep-generate's warm path (exporters/litert_runner.py), which
+  except rnnstep-generate's warm path (litert/runner.py), which
   runs it (an optional import inside a function: without it the command
   uses TF)."""
   package = os.path.join(os.path.dirname(os.path.dirname(
@@ -192,8 +192,8 @@ def test_the_package_never_imports_the_interpreter():
   for directory, _, files in os.walk(package):
     for name in [f for f in files if f.endswith(".py")]:
       path = os.path.join(directory, name)
-      if os.path.relpath(path, package) == os.path.join("exporters",
-                                                        "litert_runner.py"):
+      if os.path.relpath(path, package) == os.path.join("litert",
+                                                        "runner.py"):
         continue
       with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)

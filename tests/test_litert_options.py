@@ -13,9 +13,9 @@ from tests.support import token_models
 import rnnstep
 from rnnstep import errors
 from rnnstep.decoding import options as options_lib
-from rnnstep.exporters import litert
-from rnnstep.exporters import litert_inputs
-from rnnstep.exporters import litert_runner
+from rnnstep.litert import export as litert
+from rnnstep.litert import inputs as litert_inputs
+from rnnstep.litert import runner as litert_runner
 
 pytest.importorskip("ai_edge_litert.interpreter",
                     reason="ai_edge_litert is not installed")

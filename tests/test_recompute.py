@@ -25,7 +25,7 @@ from tests.support.tiers import quick_params
 import rnnstep
 from rnnstep import convert
 from rnnstep import errors
-from rnnstep.exporters import litert
+from rnnstep.litert import export as litert
 from rnnstep.exporters import web
 from rnnstep.model import vocabulary
 

@@ -394,7 +394,7 @@ def test_web_export_refuses_in_one_line(preset_model):
 def test_litert_export_refuses_a_stack_the_converter_aborts_on():
   """TensorFlow's LiteRT converter aborts the process on 9 blocks or more
   (the 0.1B shape has 12): refused in one line before it runs."""
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.model import kinds, model_file, network  # pylint: disable=g-import-not-at-top
   sizes = dict(blocks=litert.MAX_RWKV7_BLOCKS + 1, head_size=8, ffn=16,
                decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
@@ -431,8 +431,8 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
   (the converter once dropped the feed-forward's ReLU: `_squared_relu`)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
-  from rnnstep.exporters import litert_runner  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
   model = preset_model if which == "preset" else pth_model
   flatbuffer = litert.convert(model)
   for case, options in LITERT_CASES.items():
@@ -456,7 +456,7 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   prints `generate`'s text from it, TensorFlow never imported."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
-  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
   cache = tmp_path / "cache"
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))

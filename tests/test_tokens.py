@@ -893,11 +893,11 @@ def test_cli_stops_patterns_penalties_and_beams_on_token_models(word_file,
 def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
                                                           tmp_path,
                                                           monkeypatch):
-  """The compiled-artifact cache (rnnstep/cli/compiled_cache.py) records a
+  """The compiled-artifact cache (rnnstep/litert/cache.py) records a
   token model's vocabulary in its manifest: a warm run encodes and decodes
   words as the library does, without TensorFlow."""
   pytest.importorskip("ai_edge_litert.interpreter")
-  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   from tests import test_fast_path  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path))
   the_key = compiled_cache.key(word_file, compiled_cache.runtime_version())
@@ -930,7 +930,7 @@ def test_litert_runs_a_relu_word_model_the_web_export_refuses_it(tmp_path):
   seeded ones, decoded by the exported tokens.json's rules; the web runtime,
   which has no relu step, refuses it in one line."""
   pytest.importorskip("ai_edge_litert.interpreter")
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
   from tests.support import litert_interpreter  # pylint: disable=g-import-not-at-top
   reference = np.load(WORD_LM / "reference.npz")

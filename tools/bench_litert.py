@@ -41,7 +41,7 @@ def main(argv):
   from ai_edge_litert.interpreter import Interpreter  # pylint: disable=g-import-not-at-top
   import rnnstep  # pylint: disable=g-import-not-at-top
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  from rnnstep.exporters import litert_inputs  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
 
   model = rnnstep.load(_WEIGHTS.value)
   steps, batch = _NUM_CHARS.value, _BATCH.value

@@ -136,14 +136,14 @@ def main(argv):
           "(or any browser; it works from file://)")
     return 0
   if litert:
-    from rnnstep.exporters import litert as lib  # pylint: disable=g-import-not-at-top
+    from rnnstep.litert import export as lib  # pylint: disable=g-import-not-at-top
     print(f"wrote a LiteRT model of {weights} (float32) to {output}: "
           f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")
     print(f"  {lib.signature_text()}")
     print("every decoding option is an input (off: its default); the stop "
           "and regex tables are built on the host "
-          "(rnnstep.exporters.litert_inputs)")
+          "(rnnstep.litert.inputs)")
     return 0
   print(f"wrote a SavedModel of {weights} ({_DTYPE.value}, "
         f"jit_compile={_JIT_COMPILE.value}) to {output}")

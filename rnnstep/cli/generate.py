@@ -86,21 +86,17 @@ tracebacks.
 """
 
 import contextlib
-import importlib.util
 import json
 import math
 import os
 import sys
-import threading
-import time
 
 from absl import flags
 
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
-from rnnstep.cli import compiled_cache
 from rnnstep.decoding import options as options_lib
-from rnnstep.exporters import litert_runner
-from rnnstep import errors
+from rnnstep.litert import cache as artifact_cache
+from rnnstep.litert import warm
 from rnnstep import records
 import rnnstep  # pylint: disable=g-bad-import-order
 
@@ -256,10 +252,6 @@ _VERBOSE = flags.DEFINE_boolean(
     "Say on stderr which path generated the text (the cached compiled "
     "artifact, or TensorFlow and why).", flag_values=FLAGS)
 
-# Past this many characters x rows (num_steps x prompts x samples) the
-# TensorFlow path's fixed start-up is paid back and it beats the cached LiteRT
-# artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
-FAST_PATH_MAX_CHAR_ROWS = 40_000
 
 
 def _validate(name, predicate, message):
@@ -283,7 +275,8 @@ _validate("stop", lambda stops: not stops or all(stops),
 def main(argv):
   common.reject_arguments(argv, "give prompts with --prompt (see --help)")
   if _CACHE_INFO.value or _CACHE_CLEAR.value:
-    return _cache_command()
+    from rnnstep.cli import cache_commands  # pylint: disable=g-import-not-at-top
+    return cache_commands.run(_CACHE_INFO.value, _CACHE_CLEAR.value)
   if _INPUT.value is not None:
     return _run_job()
   for name in _JOB_FLAGS:
@@ -306,7 +299,7 @@ def main(argv):
     if _generate_fast(rows, seed, decoding):
       _say_tensorflow_only()
       return 0
-  except _NotServed as e:
+  except warm.NotServed as e:
     fill_key = e.fill_key
     why_tensorflow = f"TensorFlow path: {e}" + (
         "; building the compiled artifact in the background for the next run"
@@ -321,11 +314,19 @@ def main(argv):
             file=common.stderr())
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
-    _generate(model, rows, seed, decoding, printer, why_tensorflow)
+    # Imported here: a warm run, served above, needs none of it.
+    from rnnstep.cli import tensorflow_path  # pylint: disable=g-import-not-at-top
+    tensorflow_path.generate(
+        model, _PROMPT.value, per_prompt, _NUM_STEPS.value, printer,
+        seed=seed, decoding=decoding, stop=_STOP.value or [],
+        regex=_regex_rows(len(_PROMPT.value), per_prompt),
+        jit_compile=_JIT_COMPILE.value, stream=_STREAM.value,
+        chunk_size=_CHUNK_SIZE.value, flag_values=FLAGS, program=PROGRAM,
+        announce=lambda which: _say(f"{why_tensorflow} ({which})"))
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
-    compiled_cache.spawn_fill(_model_path(), fill_key)
+    artifact_cache.spawn_fill(_model_path(), fill_key)
   return 0
 
 
@@ -334,37 +335,6 @@ def _fresh_seed() -> int:
   `secrets.randbelow(2**31)`, without importing `secrets`, `random` and
   `hmac`: a warm run's start-up is most of its time)."""
   return int.from_bytes(os.urandom(4), "big") >> 1
-
-
-def _cache_command() -> int:
-  """--cache_info (list) or --cache_clear (remove, then list what is left)."""
-  out = sys.stdout
-  folder = compiled_cache.directory()
-  if _CACHE_CLEAR.value:
-    count, size = compiled_cache.clear()
-    out.write(f"removed {_entries(count)} ({_megabytes(size)}) from "
-              f"{folder}\n")
-    if not _CACHE_INFO.value:
-      return 0
-  found = compiled_cache.entries()
-  out.write(f"compiled-artifact cache: {folder}, cap "
-            f"{_megabytes(compiled_cache.max_bytes())} "
-            f"(${compiled_cache.MAX_MB_ENV})\n")
-  for entry in found:
-    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
-    out.write(f"  {entry.name}  {_megabytes(entry.bytes):>9}  used {used}  "
-              f"{entry.status}  {entry.model}\n")
-  out.write(f"{_entries(len(found))}, "
-            f"{_megabytes(sum(e.bytes for e in found))}\n")
-  return 0
-
-
-def _entries(count: int) -> str:
-  return f"{count} entr{'y' if count == 1 else 'ies'}"
-
-
-def _megabytes(size: int) -> str:
-  return f"{size / (1 << 20):.1f} MB"
 
 
 # Flags that only a --input job reads.
@@ -451,19 +421,6 @@ def _run_job() -> int:
   return 0
 
 
-class _NotServed(Exception):
-  """The fast path does not serve this run: the message says why.
-
-  Attributes:
-    fill_key: the cache key to build in the background (the request would
-      be served once the entry exists), or None.
-  """
-
-  def __init__(self, reason: str, fill_key=None):
-    super().__init__(reason)
-    self.fill_key = fill_key
-
-
 def _say(message: str):
   if _VERBOSE.value:
     print(f"{PROGRAM}: {message}", file=common.stderr(), flush=True)
@@ -489,28 +446,23 @@ def _model_path() -> str:
                       records.BUNDLED_MODEL)
 
 
-# What still runs on TensorFlow, for --verbose: the requests `_request_refusal`
-# sends there (the compiled artifact serves every other decoding option).
+# What still runs on TensorFlow, for --verbose: the requests `_flag_refusal`
+# and `warm.refusal` send there (the compiled artifact serves every other
+# decoding option).
 TENSORFLOW_ONLY = ("--format=jsonl (its logprob)",
                    "--stream", "--dtype other than float32",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
-                   f"over {FAST_PATH_MAX_CHAR_ROWS:,} characters x rows")
+                   f"over {warm.MAX_CHAR_ROWS:,} characters x rows")
 
 
-def _request_refusal(rows, seed, decoding):
-  """Why the compiled artifact cannot serve this request, or None.
-
-  The artifact (exporters/litert.py) takes prompts, num_steps, an int32
-  seed, every decoding option (per-row ones one value per row, beams
-  included), stop strings and patterns, and returns ids: no scores (jsonl's
-  logprob), no windows, float32 only (`TENSORFLOW_ONLY`).
-  """
+def _flag_refusal():
+  """Why the flags alone send this run to TensorFlow, or None: they ask for
+  what the compiled artifact does not give (scores, chunks, another dtype
+  or path) or turn the cache off."""
   if not _CACHE.value:
     return "--nocache"
-  if not compiled_cache.enabled():
-    return "RNNSTEP_COMPILED_CACHE is off"
   if _CORPUS.value is not None or _VOCAB.value is not None:
     return "--corpus/--vocab: weights converted in memory are not cached"
   if _DTYPE.value != "float32":
@@ -522,16 +474,6 @@ def _request_refusal(rows, seed, decoding):
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
-  if decoding["window"]:
-    return "--window: the compiled artifact steps the model statefully"
-  if not -2**31 <= seed < 2**31:
-    return f"--seed={seed}: the compiled artifact's seed is int32"
-  if _NUM_STEPS.value * len(rows) > FAST_PATH_MAX_CHAR_ROWS:
-    return (f"{_NUM_STEPS.value} characters x {len(rows)} rows is past the "
-            f"compiled artifact's crossover ({FAST_PATH_MAX_CHAR_ROWS:,} "
-            "char-rows), where TensorFlow is faster")
-  if importlib.util.find_spec("ai_edge_litert") is None:
-    return "ai_edge_litert is not installed (pip install ai-edge-litert)"
   return None
 
 
@@ -542,73 +484,21 @@ def _generate_fast(rows, seed, decoding) -> bool:
     True when the text is written.
 
   Raises:
-    _NotServed: the TensorFlow path must run (a missing or invalid entry
+    warm.NotServed: the TensorFlow path must run (a missing or invalid entry
       names the key to build after it).
   """
-  refusal = _request_refusal(rows, seed, decoding)
+  refusal = _flag_refusal()
   if refusal:
-    raise _NotServed(refusal)
-  runtime = compiled_cache.runtime_version()
-  if runtime is None:
-    raise _NotServed("ai_edge_litert's version is unknown")
-  path = _model_path()
-  try:
-    key = compiled_cache.key(path, runtime)
-  except OSError as e:
-    raise _NotServed(f"cannot read the model file ({common.reason(e)})"
-                     ) from None
-  except ValueError as e:  # A folder too large to hash on every run.
-    raise _NotServed(str(e)) from None
-  try:
-    flatbuffer, manifest = compiled_cache.lookup(key)
-  except compiled_cache.Miss as e:
-    raise _NotServed(str(e), fill_key=key if e.rebuild else None) from None
-  vocab = manifest["vocab"]
-  try:
-    tokens = compiled_cache.tokens_of(manifest)
-  except compiled_cache.Miss as e:
-    raise _NotServed(str(e)) from None
-  prompts = [prompt for _, _, prompt in rows]
-  if tokens is None:
-    known = set(vocab)
-    if any(c not in known for prompt in prompts for c in prompt):
-      raise _NotServed("a --prompt character is not in the model's "
-                       "vocabulary")
-  else:  # The library's encoding; its refusals are the TensorFlow path's.
-    try:
-      if not all(len(tokens.encode(prompt)) for prompt in prompts):
-        raise ValueError("gives no tokens")
-    except ValueError:
-      raise _NotServed("a --prompt the model's vocabulary cannot encode"
-                       ) from None
-  # The artifact's inputs: every decoding option it has.
-  values = {name: value for name, value in decoding.items()
-            if name in litert_runner.ARTIFACT_OPTIONS}
-  regex = _regex_rows(len(_PROMPT.value), len(rows) // len(_PROMPT.value))
-  stops = _STOP.value or []
-  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
-  if beams > 1:  # As `_generate`: one search per prompt, its rows its best.
-    prompts = list(_PROMPT.value)
-    values = {name: (value[::returned] if isinstance(value, list) else value)
-              for name, value in values.items()}
-    regex = regex[::returned] if isinstance(regex, list) else regex
-  try:
-    texts = litert_runner.run_artifact(
-        flatbuffer, vocab, prompts, _NUM_STEPS.value, seed=seed,
-        tokens=tokens, stop=stops, regex=regex, **values)
-  except errors.ArgumentError as e:  # The library refuses it too: its words.
-    raise _NotServed(f"--{e.argument}: {e}") from None
-  except (ImportError, ValueError, RuntimeError) as e:
-    raise _NotServed(f"the compiled artifact failed ({type(e).__name__}: "
-                     f"{e})") from None
-  if beams > 1:
-    texts = [text for p in range(len(prompts))
-             for text in texts[p * beams:p * beams + returned]]
-  _say(f"fast path: compiled artifact "
-       f"{compiled_cache.entry_base(key)}.tflite (no TensorFlow)")
+    raise warm.NotServed(refusal)
+  per_prompt = len(rows) // len(_PROMPT.value)
+  served = warm.generate(
+      _model_path(), _PROMPT.value, per_prompt, _NUM_STEPS.value, seed=seed,
+      decoding=decoding, stop=_STOP.value or [],
+      regex=_regex_rows(len(_PROMPT.value), per_prompt))
+  _say(f"fast path: compiled artifact {served.artifact} (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
-    printer = Printer(out, rows, seed, stops, "text")
-    printer.add(texts)
+    printer = Printer(out, rows, seed, _STOP.value or [], "text")
+    printer.add(served.texts)
     printer.finish()
   return True
 
@@ -664,97 +554,6 @@ def _regex_rows(num_prompts, per_prompt):
       f"--regex is given {len(patterns)} times for {num_prompts} prompts x "
       f"{per_prompt} samples; give one, one per --prompt, or one per row",
       common.EXIT_USAGE)
-
-
-def _generate(model, rows, seed, decoding, printer, why_tensorflow):
-  """Calls the library (one batch) and prints through `printer`.
-
-  `why_tensorflow` (why the fast path did not serve) is said with --verbose,
-  with the TensorFlow path chosen, in one line.
-  """
-  prompts = [prompt for _, _, prompt in rows]
-  stops = _STOP.value or []
-  beams = decoding["num_beams"]
-  jit_compile, which = _jit_compile(model, len(rows), beams)
-  _say(f"{why_tensorflow} ({which})")
-  common_args = dict(seed=seed, stop=stops or None, return_scores=True,
-                     jit_compile=jit_compile,
-                     regex=_regex_rows(len(_PROMPT.value), len(rows)
-                                       // len(_PROMPT.value)))
-  sampling = {name: value for name, value in decoding.items()
-              if options_lib.BY_NAME[name].streams}
-  try:
-    if _STREAM.value:
-      for pieces, scores in rnnstep.stream(model, prompts, _NUM_STEPS.value,
-                                           chunk_size=_CHUNK_SIZE.value,
-                                           **sampling, **common_args):
-        printer.add(pieces, scores)
-    elif beams > 1:
-      # One beam search per prompt; its hypotheses are the prompt's rows.
-      unique = list(_PROMPT.value)
-      returned = decoding["num_return_sequences"]
-      # Per-row values belong to rows; beams run one row per prompt.
-      per_prompt = {name: (value[::returned] if isinstance(value, list)
-                           else value) for name, value in decoding.items()}
-      if isinstance(common_args["regex"], list):
-        common_args["regex"] = common_args["regex"][::returned]
-      with Progress(f"beam search, {beams} beams x "
-                    f"{len(unique)} prompts x {_NUM_STEPS.value} characters"):
-        texts, scores = rnnstep.generate(model, unique, _NUM_STEPS.value,
-                                         **per_prompt, **common_args)
-      if returned == 1:
-        texts, scores = [[t] for t in texts], [[s] for s in scores]
-      printer.add([t for per in texts for t in per],
-                  [s for per in scores for s in per])
-    else:
-      with Progress(f"generating {len(rows)} x {_NUM_STEPS.value} characters"):
-        texts, scores = rnnstep.generate(model, prompts, _NUM_STEPS.value,
-                                         **decoding, **common_args)
-      printer.add(texts, scores)
-    printer.finish()
-  except ValueError as e:
-    raise _blame(model, prompts, stops, e, len(rows)) from None
-
-
-def _jit_compile(model, num_rows: int, beams: int):
-  """The `jit_compile` to run, and a phrase saying which path and why.
-
-  --jit_compile/--nojit_compile when given, else the path for a process that
-  generates once (`paths.one_shot_path`).
-  """
-  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
-  if _JIT_COMPILE.value is not None:
-    return _JIT_COMPILE.value, (
-        f"{paths.from_jit_compile(_JIT_COMPILE.value)} path, as "
-        f"--{'' if _JIT_COMPILE.value else 'no'}jit_compile says")
-  # Beam search runs num_beams rows per prompt.
-  batch = num_rows if beams == 1 else len(_PROMPT.value) * beams
-  path = paths.one_shot_path(model, batch, _NUM_STEPS.value)
-  if path == paths.GRAPH and paths.default_path(model, batch) != path:
-    which = (f"graph path: {_NUM_STEPS.value} steps in float32, where "
-             "compiling XLA would cost this one run more than it saves")
-  else:
-    which = f"{path} path"
-  return paths.jit_compile_of(path), which
-
-
-def _blame(model, prompts, stops, error, num_rows) -> common.Failure:
-  """Names the flag behind a ValueError from the library."""
-  # A token model's stop strings are matched over its text, not encoded.
-  checked = (("--prompt", prompts), ("--stop", stops if model.is_characters
-                                     else ()))
-  for flag, texts in checked:
-    for text in texts:
-      try:
-        model.encode(text)
-      except ValueError as e:
-        return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
-  # The library's argument errors name their argument; its flag has the name.
-  argument = getattr(error, "argument", None)
-  if isinstance(error, errors.ArgumentError) and argument in FLAGS:
-    return common.Failure(f"--{argument}: {error}", common.EXIT_USAGE)
-  return common.Failure(f"--num_steps={_NUM_STEPS.value} for {num_rows} "
-                        f"rows (prompts x --num_samples): {error}")
 
 
 class Printer:
@@ -841,47 +640,6 @@ class Printer:
       self._started = False
     if self._flush:
       out.flush()
-
-
-class Progress:
-  """A spinner and elapsed time on stderr while a device call runs (TTY only)."""
-
-  def __init__(self, label: str, stream=None, interval: float = 0.2):
-    self._label = label
-    self._stream = stream or common.stderr()
-    self._interval = interval
-    self._done = threading.Event()
-    self._thread = None
-
-  def __enter__(self):
-    try:
-      tty = self._stream.isatty()
-    except (AttributeError, ValueError):
-      tty = False
-    if tty:
-      self._thread = threading.Thread(target=self._spin, daemon=True)
-      self._thread.start()
-    return self
-
-  def _spin(self):
-    start = time.monotonic()
-    frames = "|/-\\"
-    tick = 0
-    while True:
-      self._stream.write(f"\r{frames[tick % len(frames)]} {PROGRAM}: "
-                         f"{self._label}, {time.monotonic() - start:.1f} s")
-      self._stream.flush()
-      tick += 1
-      if self._done.wait(self._interval):
-        return
-
-  def __exit__(self, *exc_info):
-    if self._thread is not None:
-      self._done.set()
-      self._thread.join()
-      self._stream.write("\r\033[K")  # Erase the line.
-      self._stream.flush()
-    return False
 
 
 def _open_output(path):

@@ -173,7 +173,7 @@ def compile_stops(model, stop: Sequence[str]) -> Automaton:
   """Compiles stop strings for this model's vocabulary.
 
   `model` is an `rnnstep.Model`, or anything with its `is_characters`,
-  `vocab_size`, `tokens` and `encode` (`litert_inputs.Vocabulary`).
+  `vocab_size`, `tokens` and `encode` (`rnnstep.litert.inputs.Vocabulary`).
 
   A character model's stop strings are id sequences; a token model's are
   matched over its tokens' bytes, so one may span tokens

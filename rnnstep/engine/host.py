@@ -56,7 +56,7 @@ def check_output_fits(batch_size: int, num_steps: int) -> None:
 
 
 # Stop strings to the automaton over a model's ids: TensorFlow-free, so that
-# rnnstep-generate's warm path builds the same tables (`litert_inputs`).
+# rnnstep-generate's warm path builds the same tables (`rnnstep.litert.inputs`).
 stop_automaton = stopping.compile_stops
 
 

@@ -1,15 +1,14 @@
 """Exports: the whole generation loop as a file another runtime serves.
 
   saved_model   `rnnstep.export`: a strings-in, strings-out SavedModel
-  litert        `rnnstep.export_litert`: model.tflite (builtin ops) + vocab.json
-  litert_runner runs that model.tflite with the ai_edge_litert interpreter,
-                without TensorFlow (rnnstep-generate's warm path)
   web           `rnnstep.export(..., format="web")`: index.html, rnnstep.js,
                 model.json, weights.bin (generation in the browser)
+  (LiteRT)      `rnnstep.export_litert`: model.tflite (builtin ops) +
+                vocab.json, in its own package, `rnnstep.litert`, with the
+                runner, the cache and the warm path that use it
 
 This front holds the dispatcher, `export`, and imports the exporters (and so
-TensorFlow) only when one is called: `litert_runner` is imported through it
-on a warm run that must not load TensorFlow.
+TensorFlow) only when one is called.
 """
 
 FORMATS = ("saved_model", "web", "tflite")
@@ -56,7 +55,7 @@ def export(model, export_dir, *, jit_compile=False, format="saved_model",
     if format == "web":
       from rnnstep.exporters import web
       return web.export_web(model, export_dir)
-    from rnnstep.exporters import litert
+    from rnnstep.litert import export as litert
     return litert.export_litert(model, export_dir)
   from rnnstep.exporters import saved_model
   return saved_model.export_saved_model(model, export_dir,

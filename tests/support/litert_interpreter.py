@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from rnnstep.exporters import litert_inputs
+from rnnstep.litert import inputs as litert_inputs
 
 
 def run(flatbuffer, model, prompts, num_steps, temperature=0.0, seed=0,

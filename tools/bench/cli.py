@@ -4,7 +4,7 @@ Rows: the TensorFlow paths (--nojit_compile, --jit_compile), then paired
 rounds (A B C D, A B C D, ...) of four whole processes on the same weights:
 the TF tutorial's own generation script (tools/bench/tutorial_script.py:
 Keras 3, OneStep), rnnstep-generate on TensorFlow (--nocache), and the
-compiled-artifact cache (rnnstep/cli/compiled_cache.py) in a fresh cache
+compiled-artifact cache (rnnstep/litert/cache.py) in a fresh cache
 directory each round: "cold" is its first run (TensorFlow, then a detached
 export, which is waited for before the next timed run), "warm" the run after
 the export is in place (LiteRT, no TensorFlow import), then warm runs with

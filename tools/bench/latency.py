@@ -81,7 +81,7 @@ def _fill_artifact(model_path, env, cache_dir):
   Sets RNNSTEP_CACHE_DIR in `env` to `cache_dir`. Returns None, or why the
   fast path cannot be timed (no ai_edge_litert, a model it cannot export).
   """
-  from rnnstep.cli import compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   runtime = compiled_cache.runtime_version()
   if runtime is None:
     return "ai_edge_litert is not installed"
@@ -91,7 +91,7 @@ def _fill_artifact(model_path, env, cache_dir):
   timing.log("[latency] building the compiled artifact ...")
   key = json.dumps(compiled_cache.key(model_path, runtime), sort_keys=True)
   proc = subprocess.run(
-      [sys.executable, "-m", "rnnstep.cli.cache_fill", model_path, key],
+      [sys.executable, "-m", "rnnstep.litert.fill", model_path, key],
       capture_output=True, text=True, env=env, check=False)
   if proc.stdout.strip() != "built":
     return f"building it said {(proc.stdout + proc.stderr).strip()[-300:]!r}"

@@ -50,8 +50,8 @@ def _litert(model_path, num_chars, clock):
   import numpy as np
   from ai_edge_litert import interpreter
   clock("import_runtime")
-  from rnnstep.cli import compiled_cache
-  from rnnstep.exporters import litert_runner
+  from rnnstep.litert import cache as compiled_cache
+  from rnnstep.litert import runner as litert_runner
   # pylint: enable=g-import-not-at-top,unused-import
   clock("import_rnnstep")
   key = compiled_cache.key(model_path, compiled_cache.runtime_version())

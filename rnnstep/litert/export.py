@@ -7,7 +7,7 @@
       `rnnstep.generate`, beams included (per-row ones [B], or [1] for
       every row), the stop automaton and the regex DFA as tables ->
       ids int32 [N, num_steps], lengths int32 [N] (N: B rows, or B x k
-      with k beams) (`litert_inputs`: the inputs, their "off" values, and
+      with k beams) (`rnnstep.litert.inputs`: the inputs, their "off" values, and
       the tables built on the host with numpy)
   export_dir/vocab.json     the characters (or tokens) in id order (a JSON
                             list)
@@ -63,7 +63,7 @@ from rnnstep.decoding import stopping
 from rnnstep.engine import beams
 from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
-from rnnstep.exporters import litert_inputs
+from rnnstep.litert import inputs as litert_inputs
 from rnnstep import staging
 from rnnstep.model import vocabulary
 

@@ -1,18 +1,18 @@
 """Runs a LiteRT export's `generate` without TensorFlow: rnnstep-generate's warm path.
 
-`exporters.litert` writes the flatbuffer (with TensorFlow's converter); this
+`rnnstep.litert.export` writes the flatbuffer (with TensorFlow's converter); this
 module calls it with the `ai_edge_litert` interpreter from a process that
 imports no TensorFlow: numpy and rnnstep's TensorFlow-free modules (the
-vocabulary, and `litert_inputs` with the stop and regex tables;
+vocabulary, and `rnnstep.litert.inputs` with the stop and regex tables;
 `interegular` for a pattern, a subword model's `tokenizers`). The
-compiled-artifact cache (`rnnstep/cli/compiled_cache.py`) keeps one
+compiled-artifact cache (`rnnstep/litert/cache.py`) keeps one
 flatbuffer per model and keys it on `EXPORT_OPTIONS`. The interpreter is
 imported on first use.
 """
 
-from rnnstep.exporters import litert_inputs
+from rnnstep.litert import inputs as litert_inputs
 
-# The export's options: what `exporters.litert.convert` is asked for and the
+# The export's options: what `rnnstep.litert.export.convert` is asked for and the
 # signature `run_artifact` calls. A change to the export (its signature, its
 # dtype) changes this, and so every key of the compiled-artifact cache.
 EXPORT_OPTIONS = {"exporter": "litert", "signature": litert_inputs.SIGNATURE,

@@ -3,17 +3,17 @@
 A fresh `rnnstep-generate` pays seconds before its first character: importing
 TensorFlow (~4.4 s on a 2-vCPU Zen 3), tracing and compiling the loop (~3-4 s)
 and TF's teardown. The loop it runs can also be a LiteRT flatbuffer
-(`rnnstep.exporters.litert`: builtin ops only, the whole generation in one
+(`rnnstep.litert.export`: builtin ops only, the whole generation in one
 call, the library's text for the same seed), which the `ai_edge_litert`
 interpreter runs from a process that imports only numpy: ~0.3-0.5 s in all.
 
 So the command keeps one exported flatbuffer per model here, and a run
-whose request the flatbuffer serves (`_request_refusal` in cli/generate.py)
+whose request the flatbuffer serves (`rnnstep.litert.warm`, the warm path)
 runs it instead of TensorFlow. A run that finds no valid entry generates on
 the TensorFlow path as before and, once its text is written, starts a
-detached child (`rnnstep.cli.cache_fill`, `spawn_fill`) that builds the
+detached child (`rnnstep.litert.fill`, `spawn_fill`) that builds the
 entry for the next run; the user's command does not wait for it. The
-flatbuffer is run by `rnnstep.exporters.litert_runner`.
+flatbuffer is run by `rnnstep.litert.runner`.
 
 Entries live in `<cache dir>/litert/` (the tuning cache's directory:
 $RNNSTEP_CACHE_DIR, else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep;
@@ -64,7 +64,7 @@ its sys.path the parent's less the working directory), so a stray
 `numpy.py` where the user ran the command is not imported.
 
 This module imports neither TensorFlow nor the interpreter at module level:
-the fast path (`litert_runner.run_artifact`) imports `ai_edge_litert` and
+the fast path (`runner.run_artifact`) imports `ai_edge_litert` and
 numpy only (and, for a token model, `rnnstep.model.vocabulary`, which imports
 no TensorFlow; a subword model's `tokenizers`), the child imports TensorFlow
 to export.
@@ -82,10 +82,12 @@ from typing import List, Optional, Tuple
 
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
-from rnnstep.exporters import litert_runner
-import rnnstep
+from rnnstep.litert import runner
 from rnnstep import staging
+from rnnstep import version
 
+# The rnnstep package folder (whose sources `sources_digest` keys on).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT = "rnnstep-litert-cache"
 # 2: the key names every file the loader reads and the TensorFlow version.
 VERSION = 2
@@ -120,8 +122,8 @@ _RACY_SECONDS = 2.0
 # first, then the fill. `-I` ignores PYTHON* variables and the user's site,
 # and, with -c, adds no script folder (3.11+; before, '': the cache folder).
 _CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-          "from rnnstep.cli import cache_fill; "
-          "sys.exit(cache_fill.main(sys.argv))")
+          "from rnnstep.litert import fill; "
+          "sys.exit(fill.main(sys.argv))")
 
 
 class Miss(Exception):
@@ -220,7 +222,7 @@ def sources_digest(root: Optional[str] = None, digests=None) -> str:
     root: the package folder; default: the rnnstep imported.
     digests: a `_Digests` that remembers files' digests, or None.
   """
-  root = root or os.path.dirname(os.path.abspath(rnnstep.__file__))
+  root = root or PACKAGE_ROOT
   digest = hashlib.sha256()
   for directory, subdirs, files in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs
@@ -249,11 +251,11 @@ def key(model_path: str, runtime: str) -> dict:
   the_key = {"format": FORMAT, "version": VERSION,
              "model": model_digest(model_path, digests),
              "tensorflow": tuning_cache.installed_tensorflow_version(),
-             "rnnstep": rnnstep.__version__,
+             "rnnstep": version.__version__,
              "rnnstep_sources": sources_digest(digests=digests),
              "runtime": f"{RUNTIME_DISTRIBUTION} {runtime}",
              "cpu": this.name, "cpu_flags": list(this.features),
-             "export": litert_runner.EXPORT_OPTIONS}
+             "export": runner.EXPORT_OPTIONS}
   digests.save()
   return the_key
 
@@ -465,7 +467,7 @@ def child_path() -> List[str]:
   """The background child's sys.path: the folder this rnnstep was imported
   from, then the parent's sys.path less '' and relative entries and less
   the working directory (where a stray `numpy.py` may lie)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(rnnstep.__file__)))
+  root = os.path.dirname(PACKAGE_ROOT)
   try:
     here = os.path.realpath(os.getcwd())
   except OSError:
@@ -504,9 +506,12 @@ def _export(model_path: str):
     ValueError: the export refuses the model (e.g. one recording a window).
     Exception: anything loading or converting raises.
   """
-  from rnnstep.exporters import litert  # pylint: disable=g-import-not-at-top
-  model = rnnstep.load(model_path)
-  return (litert.convert(model), list(model.vocab),
+  # pylint: disable=g-import-not-at-top
+  from rnnstep import api
+  from rnnstep.litert import export
+  # pylint: enable=g-import-not-at-top
+  model = api.load(model_path)
+  return (export.convert(model), list(model.vocab),
           None if model.is_characters else model.tokens.to_json())
 
 

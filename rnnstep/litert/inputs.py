@@ -1,6 +1,6 @@
 """The LiteRT export's inputs, declared once and built on the host with numpy.
 
-The `generate` signature of `rnnstep.exporters.litert` takes every decoding
+The `generate` signature of `rnnstep.litert.export` takes every decoding
 option the SavedModel serves, beam search's included, so that one flatbuffer
 per model serves every request (rnnstep-generate's compiled-artifact cache
 keeps one entry per model, not one per set of flags). Its inputs (`INPUTS`:

@@ -1,10 +1,10 @@
 """The compiled-artifact cache's background child: builds one entry.
 
-Started detached by `compiled_cache.spawn_fill` after a cold rnnstep-generate
+Started detached by `cache.spawn_fill` after a cold rnnstep-generate
 run has written its text, isolated (`python -I`, in the cache folder, its
-sys.path set by `compiled_cache.child_path`); by hand and by the tools:
-`python -m rnnstep.cli.cache_fill MODEL_PATH KEY_JSON`. The work is
-`compiled_cache.fill`.
+sys.path set by `cache.child_path`); by hand and by the tools:
+`python -m rnnstep.litert.fill MODEL_PATH KEY_JSON`. The work is
+`cache.fill`.
 """
 
 import contextlib
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from rnnstep.cli import compiled_cache
+from rnnstep.litert import cache
 
 
 def main(argv) -> int:
@@ -21,7 +21,7 @@ def main(argv) -> int:
     os.nice(10)  # Background work: the user's next command comes first.
   try:
     model_path, the_key = argv[1], json.loads(argv[2])
-    print(compiled_cache.fill(model_path, the_key))
+    print(cache.fill(model_path, the_key))
     return 0
   except Exception as e:  # pylint: disable=broad-except
     # Detached, with no one to tell: the next cold run tries again.

@@ -1,0 +1,171 @@
+"""rnnstep-generate's TensorFlow path: the library's call for a run the warm
+path (`rnnstep.litert.warm`) does not serve.
+
+`generate` takes the run as plain values, picks the path for a process that
+generates once (`paths.one_shot_path`, unless --[no]jit_compile chose one),
+calls `rnnstep.generate` (one beam search per prompt with num_beams > 1) or
+`rnnstep.stream`, and hands the texts and scores to the command's printer;
+a ValueError from the library becomes one line naming the flag behind it.
+While a call runs, `Progress` shows a spinner on a terminal.
+"""
+
+import threading
+import time
+
+from rnnstep.cli import common
+from rnnstep.decoding import options as options_lib
+from rnnstep import errors
+import rnnstep
+
+
+def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
+             seed: int, decoding: dict, stop, regex, jit_compile, stream: bool,
+             chunk_size: int, flag_values, program: str, announce):
+  """Calls the library (one batch) and prints through `printer`.
+
+  Args:
+    model: the loaded model.
+    prompts: the distinct prompts (--prompt).
+    per_prompt: rows per prompt: samples, or with num_beams > 1 the
+      hypotheses returned.
+    num_steps, seed: the run's.
+    printer: the command's printer (`add(texts, scores)`, `finish()`).
+    decoding: every decoding option by name, per-row ones one value or one
+      per row.
+    stop: the stop strings (a list).
+    regex: None, a pattern, or one per row.
+    jit_compile: --[no]jit_compile, or None.
+    stream, chunk_size: --stream and --chunk_size.
+    flag_values: the command's flags (a library argument error names one).
+    program: the command's name, for the spinner.
+    announce: called with the phrase saying which path runs and why (for
+      --verbose), before the call.
+
+  Raises:
+    common.Failure: the library refused a value (naming the flag).
+  """
+  unique = list(prompts)
+  prompts = [prompt for prompt in unique for _ in range(per_prompt)]
+  beams = decoding["num_beams"]
+  # Beam search runs num_beams rows per prompt.
+  batch = len(prompts) if beams == 1 else len(unique) * beams
+  jit_compile, which = _jit_compile(model, jit_compile, batch, num_steps)
+  announce(which)
+  common_args = dict(seed=seed, stop=stop or None, return_scores=True,
+                     jit_compile=jit_compile, regex=regex)
+  sampling = {name: value for name, value in decoding.items()
+              if options_lib.BY_NAME[name].streams}
+  try:
+    if stream:
+      for pieces, scores in rnnstep.stream(model, prompts, num_steps,
+                                           chunk_size=chunk_size,
+                                           **sampling, **common_args):
+        printer.add(pieces, scores)
+    elif beams > 1:
+      # One beam search per prompt; its hypotheses are the prompt's rows.
+      returned = decoding["num_return_sequences"]
+      # Per-row values belong to rows; beams run one row per prompt.
+      per_prompt = {name: (value[::returned] if isinstance(value, list)
+                           else value) for name, value in decoding.items()}
+      if isinstance(common_args["regex"], list):
+        common_args["regex"] = common_args["regex"][::returned]
+      with Progress(program, f"beam search, {beams} beams x "
+                    f"{len(unique)} prompts x {num_steps} characters"):
+        texts, scores = rnnstep.generate(model, unique, num_steps,
+                                         **per_prompt, **common_args)
+      if returned == 1:
+        texts, scores = [[t] for t in texts], [[s] for s in scores]
+      printer.add([t for per in texts for t in per],
+                  [s for per in scores for s in per])
+    else:
+      with Progress(program,
+                    f"generating {len(prompts)} x {num_steps} characters"):
+        texts, scores = rnnstep.generate(model, prompts, num_steps,
+                                         **decoding, **common_args)
+      printer.add(texts, scores)
+    printer.finish()
+  except ValueError as e:
+    raise _blame(model, prompts, stop, e, num_steps, flag_values) from None
+
+
+def _jit_compile(model, given, batch: int, num_steps: int):
+  """The `jit_compile` to run, and a phrase saying which path and why.
+
+  --jit_compile/--nojit_compile (`given`) when given, else the path for a
+  process that generates once (`paths.one_shot_path`) over `batch` rows.
+  """
+  from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  if given is not None:
+    return given, (
+        f"{paths.from_jit_compile(given)} path, as "
+        f"--{'' if given else 'no'}jit_compile says")
+  path = paths.one_shot_path(model, batch, num_steps)
+  if path == paths.GRAPH and paths.default_path(model, batch) != path:
+    which = (f"graph path: {num_steps} steps in float32, where "
+             "compiling XLA would cost this one run more than it saves")
+  else:
+    which = f"{path} path"
+  return paths.jit_compile_of(path), which
+
+
+def _blame(model, prompts, stops, error, num_steps,
+           flag_values) -> common.Failure:
+  """Names the flag behind a ValueError from the library."""
+  # A token model's stop strings are matched over its text, not encoded.
+  checked = (("--prompt", prompts), ("--stop", stops if model.is_characters
+                                     else ()))
+  for flag, texts in checked:
+    for text in texts:
+      try:
+        model.encode(text)
+      except ValueError as e:
+        return common.Failure(f"{flag}={text!r}: {e}", common.EXIT_USAGE)
+  # The library's argument errors name their argument; its flag has the name.
+  argument = getattr(error, "argument", None)
+  if isinstance(error, errors.ArgumentError) and argument in flag_values:
+    return common.Failure(f"--{argument}: {error}", common.EXIT_USAGE)
+  return common.Failure(f"--num_steps={num_steps} for {len(prompts)} "
+                        f"rows (prompts x --num_samples): {error}")
+
+
+class Progress:
+  """A spinner and elapsed time on stderr while a device call runs (TTY only)."""
+
+  def __init__(self, program: str, label: str, stream=None,
+               interval: float = 0.2):
+    self._program = program
+    self._label = label
+    self._stream = stream or common.stderr()
+    self._interval = interval
+    self._done = threading.Event()
+    self._thread = None
+
+  def __enter__(self):
+    try:
+      tty = self._stream.isatty()
+    except (AttributeError, ValueError):
+      tty = False
+    if tty:
+      self._thread = threading.Thread(target=self._spin, daemon=True)
+      self._thread.start()
+    return self
+
+  def _spin(self):
+    start = time.monotonic()
+    frames = "|/-\\"
+    tick = 0
+    while True:
+      self._stream.write(f"\r{frames[tick % len(frames)]} {self._program}: "
+                         f"{self._label}, {time.monotonic() - start:.1f} s")
+      self._stream.flush()
+      tick += 1
+      if self._done.wait(self._interval):
+        return
+
+  def __exit__(self, *exc_info):
+    if self._thread is not None:
+      self._done.set()
+      self._thread.join()
+      self._stream.write("\r\033[K")  # Erase the line.
+      self._stream.flush()
+    return False

@@ -1,0 +1,171 @@
+"""rnnstep-generate's warm path: a generation from the cached LiteRT artifact.
+
+`generate` takes a generation's arguments as plain values (the model file,
+the prompts, num_steps, the seed, every decoding option, stop strings and
+patterns) and returns the texts the cached flatbuffer
+(`rnnstep.litert.cache`) gives for them, which are the library's texts for
+the same arguments; or it raises `NotServed` saying why it cannot (`refusal`:
+a request the artifact does not serve; else a cache miss, with the key to
+build in the background when building would help). The caller prints the
+texts, or generates with TensorFlow.
+
+This module imports no TensorFlow, nor numpy or the interpreter at module
+level: a warm `rnnstep-generate` imports it before it knows whether
+TensorFlow will be needed.
+"""
+
+import importlib.util
+from typing import List, NamedTuple, Optional
+
+from rnnstep import errors
+from rnnstep.litert import cache
+from rnnstep.litert import runner
+
+# Past this many characters x rows (num_steps x prompts x samples) the
+# TensorFlow path's fixed start-up is paid back and it beats the cached LiteRT
+# artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
+MAX_CHAR_ROWS = 40_000
+
+
+class NotServed(Exception):
+  """The warm path does not serve this generation: the message says why.
+
+  Attributes:
+    fill_key: the cache key to build in the background (the request would
+      be served once the entry exists), or None.
+  """
+
+  def __init__(self, reason: str, fill_key=None):
+    super().__init__(reason)
+    self.fill_key = fill_key
+
+
+class Served(NamedTuple):
+  """The warm path's texts, one per row, and the artifact that made them."""
+  texts: List[str]
+  artifact: str
+
+
+def interpreter_installed() -> bool:
+  """Whether `ai_edge_litert` can be imported (found without importing it)."""
+  return importlib.util.find_spec("ai_edge_litert") is not None
+
+
+def refusal(num_steps: int, num_rows: int, seed: int,
+            decoding: dict) -> Optional[str]:
+  """Why the compiled artifact cannot serve this request, or None.
+
+  The artifact (`rnnstep.litert.export`) takes prompts, num_steps, an int32
+  seed, every decoding option (per-row ones one value per row, beams
+  included), stop strings and patterns, and returns ids: no windows, and
+  not worth its fixed cost past `MAX_CHAR_ROWS`.
+
+  Args:
+    num_steps, seed: the generation's.
+    num_rows: the rows it generates (prompts x samples).
+    decoding: every decoding option by name.
+  """
+  if not cache.enabled():
+    return "RNNSTEP_COMPILED_CACHE is off"
+  if decoding["window"]:
+    return "--window: the compiled artifact steps the model statefully"
+  if not -2**31 <= seed < 2**31:
+    return f"--seed={seed}: the compiled artifact's seed is int32"
+  if num_steps * num_rows > MAX_CHAR_ROWS:
+    return (f"{num_steps} characters x {num_rows} rows is past the "
+            f"compiled artifact's crossover ({MAX_CHAR_ROWS:,} "
+            "char-rows), where TensorFlow is faster")
+  if not interpreter_installed():
+    return "ai_edge_litert is not installed (pip install ai-edge-litert)"
+  return None
+
+
+def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
+             seed: int, decoding: dict, stop=(), regex=None) -> Served:
+  """The texts of the model at `model_path` from its cached artifact.
+
+  Args:
+    model_path: the model file's absolute path (what the cache keys on).
+    prompts: the distinct prompts.
+    per_prompt: rows per prompt: samples, or with num_beams > 1 the
+      hypotheses returned (num_return_sequences).
+    num_steps, seed: the generation's.
+    decoding: every decoding option by name, per-row ones one value or one
+      per row (prompts x per_prompt, in row order).
+    stop: stop strings.
+    regex: None, a pattern, or one per row.
+
+  Returns:
+    `Served`: one text per row, in row order (prompt p's rows p * per_prompt
+    on), and the artifact's path.
+
+  Raises:
+    NotServed: the TensorFlow path must run (a missing or invalid entry
+      names the key to build after it).
+  """
+  prompts = list(prompts)
+  reason = refusal(num_steps, len(prompts) * per_prompt, seed, decoding)
+  if reason:
+    raise NotServed(reason)
+  runtime = cache.runtime_version()
+  if runtime is None:
+    raise NotServed("ai_edge_litert's version is unknown")
+  try:
+    key = cache.key(model_path, runtime)
+  except OSError as e:
+    where = f": {e.filename}" if e.strerror and e.filename else ""
+    raise NotServed(f"cannot read the model file ({e.strerror or e}{where})"
+                    ) from None
+  except ValueError as e:  # A folder too large to hash on every run.
+    raise NotServed(str(e)) from None
+  try:
+    flatbuffer, manifest = cache.lookup(key)
+  except cache.Miss as e:
+    raise NotServed(str(e), fill_key=key if e.rebuild else None) from None
+  vocab = manifest["vocab"]
+  try:
+    tokens = cache.tokens_of(manifest)
+  except cache.Miss as e:
+    raise NotServed(str(e)) from None
+  _check_prompts(prompts, vocab, tokens)
+  # The artifact's inputs: every decoding option it has.
+  values = {name: value for name, value in decoding.items()
+            if name in runner.ARTIFACT_OPTIONS}
+  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
+  if beams > 1:  # As the library: one search per prompt, its rows its best.
+    values = {name: (value[::returned] if isinstance(value, list) else value)
+              for name, value in values.items()}
+    regex = regex[::returned] if isinstance(regex, list) else regex
+  else:
+    prompts = [prompt for prompt in prompts for _ in range(per_prompt)]
+  try:
+    texts = runner.run_artifact(flatbuffer, vocab, prompts, num_steps,
+                                seed=seed, tokens=tokens, stop=list(stop),
+                                regex=regex, **values)
+  except errors.ArgumentError as e:  # The library refuses it too: its words.
+    raise NotServed(f"--{e.argument}: {e}") from None
+  except (ImportError, ValueError, RuntimeError) as e:
+    raise NotServed(f"the compiled artifact failed ({type(e).__name__}: "
+                    f"{e})") from None
+  if beams > 1:
+    texts = [text for p in range(len(prompts))
+             for text in texts[p * beams:p * beams + returned]]
+  return Served(texts, f"{cache.entry_base(key)}.tflite")
+
+
+def _check_prompts(prompts, vocab, tokens):
+  """Raises NotServed unless the model's vocabulary encodes every prompt
+  (a token model's by the library's encoding, whose refusals are the
+  TensorFlow path's)."""
+  if tokens is None:
+    known = set(vocab)
+    if any(c not in known for prompt in prompts for c in prompt):
+      raise NotServed("a --prompt character is not in the model's "
+                      "vocabulary")
+    return
+  try:
+    if not all(len(tokens.encode(prompt)) for prompt in prompts):
+      raise ValueError("gives no tokens")
+  except ValueError:
+    raise NotServed("a --prompt the model's vocabulary cannot encode"
+                    ) from None
