@@ -384,16 +384,99 @@ def test_readers_refuse_in_one_line(tmp_path):
   assert "official RWKV-7" in summary.format
 
 
-def test_web_and_litert_exports_refuse_in_one_line(preset_model):
-  """The web runtime has no RWKV-7 step; the LiteRT flatbuffer of one runs
-  but does not give the library's text (tried: `litert.REFUSED_KINDS`)."""
-  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+def test_web_export_refuses_in_one_line(preset_model):
+  """The web runtime has no RWKV-7 step."""
   from rnnstep.exporters import web  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="web export"):
     web.check_exportable(preset_model)
-  with pytest.raises(ValueError, match=r"LiteRT export refuses RWKV-7 "
-                     r"models \(.*not the library's\); export a SavedModel"):
-    litert.convert(preset_model)
+
+
+def test_litert_export_refuses_a_stack_the_converter_aborts_on():
+  """TensorFlow's LiteRT converter aborts the process on 9 blocks or more
+  (the 0.1B shape has 12): refused in one line before it runs."""
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import kinds, model_file, network  # pylint: disable=g-import-not-at-top
+  sizes = dict(blocks=litert.MAX_RWKV7_BLOCKS + 1, head_size=8, ffn=16,
+               decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
+  layer = model_file.LayerConfig(
+      "rwkv7", 16, sizes=tuple((k, sizes[k]) for k in kinds.RWKV7_SIZES))
+  config = model_file.ModelConfig(16, (layer,))
+  tensors = {k: np.zeros(shape, np.float32)
+             for k, shape in config.expected_shapes(8).items()}
+  model = network.Model(config, list("abcdefgh"), tensors)
+  with pytest.raises(ValueError, match=r"at most 8 blocks, this one has 9 "
+                     r"\(TensorFlow's LiteRT converter aborts on more\)"):
+    litert.convert(model)
+
+
+# The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
+LITERT_PROMPTS = ["Hello the poet said", "中文", "A"]
+LITERT_CASES = {
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, seed=5),
+    "top_k": dict(temperature=1.0, seed=-3, top_k=5),
+    "options": dict(temperature=0.9, seed=2**31 - 1, top_p=0.9,
+                    repetition_penalty=1.3, no_repeat_ngram_size=2,
+                    stop=["he"]),
+    "beams": dict(num_beams=2),
+}
+
+
+@pytest.mark.slow  # A LiteRT conversion a model.
+@pytest.mark.parametrize("which", ["preset", "pth"])
+def test_litert_artifact_gives_the_library_s_text(which, preset_model,
+                                                  pth_model):
+  """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
+  built with numpy), gives `generate`'s greedy, sampled and beam text
+  (the converter once dropped the feed-forward's ReLU: `_squared_relu`)."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
+  model = preset_model if which == "preset" else pth_model
+  flatbuffer = litert.convert(model)
+  for case, options in LITERT_CASES.items():
+    beams = options.get("num_beams", 1)
+    got = litert_runner.run_artifact(
+        flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
+        tokens=model.tokens, **dict(options, seed=options.get("seed", 0)))
+    want = rnnstep.generate(model, LITERT_PROMPTS, 30, jit_compile=False,
+                            **(dict(options, num_return_sequences=beams)
+                               if beams > 1 else options))
+    if beams > 1:
+      want = [text for texts in want for text in texts]
+    assert got == want, case
+
+
+@pytest.mark.slow  # A LiteRT conversion and a fresh process.
+def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
+                                              monkeypatch):
+  """rnnstep-generate on an RWKV-7 model file: the cache's fill (a cold
+  run's child's work, here in process) builds the artifact, and a warm run
+  prints `generate`'s text from it, TensorFlow never imported."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
+  weights = str(tmp_path / "rwkv7.npz")
+  convert.convert(PRESET, weights)
+  args = [f"--weights={weights}", "--prompt=Hello the poet said",
+          "--num_steps=24", "--temperature=0.8", "--seed=5", "--verbose"]
+  want = "Hello the poet said" + rnnstep.generate(
+      preset_model, "Hello the poet said", 24, temperature=0.8, seed=5) + "\n"
+  the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
+  os.chmod(cache, 0o700)
+  assert compiled_cache.fill(weights, the_key) == "built"
+  warm = fast.cli(cache, args, importtime=True)
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert warm.stdout == want
+  assert "fast path: compiled artifact" in fast.verbose_line(warm)
+  imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
 
 
 @pytest.mark.slow

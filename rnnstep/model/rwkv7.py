@@ -408,4 +408,10 @@ def _held(whole, index):
 
 
 def _squared_relu(x):
-  return tf.square(tf.nn.relu(as_float32(x)))
+  """relu(x)^2, bit for bit, without a Relu op: TensorFlow's LiteRT
+  converter fuses a Relu into the product before it, and where the weights
+  are not constants (a while loop's body takes them as arguments) that
+  product is a BATCH_MATMUL, which has no fused activation: the Relu was
+  dropped and the channel mix squared the negative values too."""
+  x = as_float32(x)
+  return tf.where(x > 0, tf.square(x), tf.zeros_like(x))
