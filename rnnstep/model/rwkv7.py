@@ -37,9 +37,6 @@ from rnnstep.model.cells import matmul
 RWKV7_LAYER_NORM_EPSILON = 1e-5
 RWKV7_GROUP_NORM_EPSILON = 64e-5
 RWKV7_NORMALIZE_EPSILON = 1e-12
-# Inside one XLA program, blocks 1..L-1 run as a loop over their stacked
-# tensors (`RWKV7Cell._over_blocks`), not as L-1 inlined copies.
-LOOP_BLOCKS_IN_XLA = True
 
 
 def layer_norm(x, gamma_beta, epsilon=RWKV7_LAYER_NORM_EPSILON):
@@ -134,14 +131,6 @@ class RWKV7Cell(Cell):
             zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))),
             *(blocks(t, self.compute_dtype) for t in (
                 receptance, key, value, output, ffn_key, ffn_value)))]
-    # The same tensors as stacks `[L, ...]`, which one XLA program's loop
-    # over the blocks indexes (`_over_blocks`, `_stacked_block`).
-    self._stacks = _Block(
-        *(tf.cast(t, tf.float32) for t in (ln, mix, vectors, ln_x)),
-        tuple(tf.cast(t, tf.float32) for t in (w1, w2, a1, a2, v1, v2, g1,
-                                               g2)),
-        *(tf.cast(t, self.compute_dtype) for t in (
-            receptance, key, value, output, ffn_key, ffn_value)))
     self.output_norm = tuple(tf.unstack(
         tf.convert_to_tensor(output_norm, tf.float32)))
     self._shift_in = self._elementwise(self._time_inputs)
@@ -185,68 +174,18 @@ class RWKV7Cell(Cell):
   def _mm(self, a, w):
     return matmul(a, w, self.compute_dtype, float32_result=False)
 
-  def _over_blocks(self, fn, carry, state):
-    """Runs `fn(block, carry, block_state, v_first) -> (carry, v_first,
-    block_state)` over the blocks in order, from `carry` and the cell's
-    `state`: the last carry and the blocks' new states, flat.
-
-    Block 0 (which sets v_first) runs as it is. Inside one XLA program the
-    others are one `tf.while_loop` over their stacked tensors: the program
-    holds two copies of a block, not L (XLA inlines every call, and the
-    0.1B shape's 12 blocks, in the priming and each decode loop, took most
-    of its compile); elsewhere each is a call (`_block_function`)."""
-    carry, v_first, first = fn(self.block_tensors[0], carry,
-                               tuple(state[1:4]), None)
-    if not (self.one_xla_program and LOOP_BLOCKS_IN_XLA and self.blocks > 2):
-      new_state = list(first)
-      for i, b in enumerate(self.block_tensors[1:], 1):
-        carry, v_first, block_state = fn(
-            b, carry, tuple(state[1 + 3 * i:4 + 3 * i]), v_first)
-        new_state += block_state
-      return carry, new_state
-    # Blocks 1..L-1's states, stacked per part (prev_att, S, prev_ffn).
-    stacked = tuple(tf.stack(state[4 + j::3]) for j in range(3))
-    outputs = tuple(tf.TensorArray(t.dtype, size=self.blocks - 1,
-                                   element_shape=t.shape[1:])
-                    for t in stacked)
-
-    def body(i, carry, v_first, outputs):
-      carry, v_first, block_state = fn(
-          self._stacked_block(i), carry,
-          tuple(part[i - 1] for part in stacked), v_first)
-      return i + 1, carry, v_first, tuple(
-          array.write(i - 1, part) for array, part in zip(outputs,
-                                                          block_state))
-
-    _, carry, _, outputs = tf.while_loop(
-        lambda i, *_: i < self.blocks, body,
-        (tf.constant(1), carry, v_first, outputs))
-    rest = [tf.unstack(array.stack()) for array in outputs]
-    return carry, list(first) + [part for parts in zip(*rest)
-                                 for part in parts]
-
-  def _stacked_block(self, i):
-    """Block i's `_Block`, indexed out of the stacks (`_over_blocks`)."""
-    row = lambda t: tuple(tf.unstack(t[i]))
-    stacks = self._stacks
-    return _Block(row(stacks.ln), row(stacks.mix), row(stacks.vectors),
-                  row(stacks.ln_x), tuple(t[i] for t in stacks.loras),
-                  *(t[i] for t in (stacks.r, stacks.k, stacks.v, stacks.o,
-                                   stacks.fk, stacks.fv)))
-
   def step(self, x_proj, state):
+    x = gather_rows(x_proj)
+    new_state, v_first, ffn_out = [None], None, None
     step_block = self._block_function(self._step_block,
                                       compile_on_graph_path=True)
-
-    def block(b, carry, block_state, v_first):
-      x, ffn_out, v_first, block_state = step_block(b, *carry, block_state,
-                                                    v_first)
-      return (x, ffn_out), v_first, block_state
-
-    (x, ffn_out), new_state = self._over_blocks(
-        block, (gather_rows(x_proj), None), state)
+    for i, b in enumerate(self.block_tensors):
+      x, ffn_out, v_first, block_state = step_block(
+          b, x, ffn_out, tuple(state[1 + 3 * i:4 + 3 * i]), v_first)
+      new_state += block_state
     h = self._out(x, ffn_out)
-    return h, (h, *new_state)
+    new_state[0] = h
+    return h, tuple(new_state)
 
   def _step_block(self, b, x, ffn_out, block_state, v_first):
     """One block's step: x and ffn_out (the block below's channel mix, added
@@ -299,12 +238,13 @@ class RWKV7Cell(Cell):
       # masked position holds.
       marks = tf.where(mask, tf.range(length)[:, None], -1)
       last = tf.scan(tf.maximum, marks)
+    x = tf.reshape(x, [length * batch, -1])
+    new_state, v_first = [None], None
     unroll_block = self._block_function(self._unroll_block)
-    x, new_state = self._over_blocks(
-        lambda b, x, block_state, v_first: unroll_block(
-            b, x, block_state, v_first, mask, last),
-        tf.reshape(x, [length * batch, -1]), state)
-    new_state = [None] + new_state
+    for i, b in enumerate(self.block_tensors):
+      x, v_first, block_state = unroll_block(
+          b, x, tuple(state[1 + 3 * i:4 + 3 * i]), v_first, mask, last)
+      new_state += block_state
     h = layer_norm(x, self.output_norm)
     if last is not None:
       whole = tf.concat([state[0][None], tf.reshape(h, [length, batch, -1])],
