@@ -54,6 +54,32 @@ class BucketTest(tf.test.TestCase):
         self.assertEqual(int(request_lib._batch_bucket_tensor(n)),  # pylint: disable=protected-access
                          request_lib.batch_bucket(n), n)
 
+  def test_chunked_width_is_a_power_of_two_and_a_multiple_of_the_chunk(self):
+    for n in [0, 1, 15, 16, 17, 33, 63, 64, 65, 300, 512, 513, 1500, 70000]:
+      width = request_lib.chunked_width(n)
+      self.assertGreaterEqual(width, max(n, request_lib.MIN_WIDTH))
+      self.assertLess(width, max(2 * n, request_lib.MIN_WIDTH + 1))
+      self.assertEqual(width & (width - 1), 0, n)
+      if width >= request_lib.PRIME_CHUNK:
+        self.assertEqual(width % request_lib.PRIME_CHUNK, 0, n)
+      self.assertEqual(int(request_lib._chunked_width_tensor(n)),  # pylint: disable=protected-access
+                       width, n)
+    # One width (one XLA program) for every prompt from 257 to 512 columns.
+    self.assertEqual({request_lib.chunked_width(n) for n in range(257, 513)},
+                     {512})
+
+  def test_chunked_prompts_pad_the_width_to_chunked_width(self):
+    for chunked, width in ((False, request_lib.bucket(300)),
+                           (True, request_lib.chunked_width(300))):
+      ids = np.ones([1, 300], np.int32)
+      request = request_lib.build(
+          request_lib.Prompts(ids, np.array([300], np.int32)), 4,
+          request_lib.Options(), seeds=request_lib.Seeds(
+              np.zeros([1], np.int64), np.zeros([1], np.int32)),
+          stops=stopping.stop_automaton([[1, 2]], 7), bucket_shapes=True,
+          state_sizes=[(8,)], chunked_prompts=chunked)
+      self.assertEqual(request.prompts.ids.shape, (1, width))
+
 
 class BuildTest(tf.test.TestCase):
 

@@ -17,14 +17,22 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import rnnstep
 from rnnstep import convert
 from rnnstep.convert import rwkv7 as rwkv7_reader
 from rnnstep.convert import torch_state_dict
 from rnnstep.convert import torch_zip
+from rnnstep.engine import loop
+from rnnstep.engine import request as request_lib
+from rnnstep.model import network as network_lib
 from tests.support import cli
 from tests.support import torch_files
 from tests.support.tiers import quick_params
@@ -230,6 +238,80 @@ def test_xla_path_streams_with_stop_regex_and_penalties(preset_model):
                                **kwargs))
   assert ["".join(c[i] for c in chunks) for i in range(2)] == want
   assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in want)
+
+
+def test_chunked_priming_holds_each_row_at_its_own_length(preset_model):
+  """XLA's priming in chunks (`loop.primes_in_chunks`) of a batch padded to
+  a chunked width: each row's state is the one its own prompt, unpadded and
+  unbucketed, primes to on the graph path (rows of 1, 3, one chunk less
+  one, one chunk and more, and the whole width). Run as a TF graph here:
+  the XLA path's text is `test_xla_bucketed_prompt_lengths_share_a_program`."""
+  architecture = preset_model.architecture
+  weights = preset_model.network_weights()
+  chunked = network_lib.network_of(architecture, weights,
+                                   one_xla_program=True)
+  graph = network_lib.network_of(architecture, weights)
+  assert loop.primes_in_chunks(chunked) and not loop.primes_in_chunks(graph)
+  chunk = request_lib.PRIME_CHUNK
+  lengths = [1, 3, chunk, chunk + 1, 2 * chunk + 5, 4 * chunk]
+  width = request_lib.chunked_width(max(lengths))
+  rng = np.random.default_rng(2)
+  ids = rng.integers(1, preset_model.vocab_size, [len(lengths), width],
+                     dtype=np.int32)
+  batched = loop.prime(chunked, request_lib.Prompts(
+      tf.constant(ids), tf.constant(lengths)), unconsumed=1)
+  for row, length in enumerate(lengths):
+    alone = loop.prime(graph, request_lib.Prompts(
+        tf.constant(ids[row:row + 1, :length]), tf.constant([length])),
+                       unconsumed=1)
+    for got, want in zip(tf.nest.flatten(batched), tf.nest.flatten(alone)):
+      np.testing.assert_allclose(got[row], want[0], rtol=2e-5, atol=2e-6,
+                                 err_msg=f"length {length}")
+
+
+# Generates at prompt lengths of one chunked width on the XLA path, greedy
+# and seeded, against the graph path, counting the generation's XLA
+# compilations from XLA's own module dumps (one module per compilation).
+BUCKET_SCRIPT = textwrap.dedent("""
+    import glob, json, os, sys
+    import numpy as np
+    import rnnstep
+    dump, preset = sys.argv[1:]
+    model = rnnstep.load(preset)
+
+    def compiled():
+      names = glob.glob(os.path.join(dump, "*generate_impl*"))
+      return len({os.path.basename(n).split(".")[0] for n in names})
+
+    rng = np.random.default_rng(0)
+    result = []
+    for length in (65, 100, 128):  # One chunked width: 128.
+      ids = rng.integers(97, 123, length)  # Letters: one token each.
+      text = bytes(ids.astype(np.uint8)).decode()
+      assert len(model.encode(text)) == length
+      for kwargs in (dict(temperature=0.0), dict(seed=5, temperature=1.3)):
+        xla, graph = (rnnstep.generate(model, text, 16, jit_compile=path,
+                                       **kwargs) for path in (True, False))
+        result.append([length, xla == graph, compiled()])
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.exhaustive  # A fresh interpreter and an XLA compile (minutes).
+def test_xla_bucketed_prompt_lengths_share_a_program(tmp_path):
+  """Prompt lengths that share a chunked width (`request.chunked_width`)
+  run on one XLA program, and their texts are the graph path's."""
+  root = pathlib.Path(__file__).parent.parent
+  result = subprocess.run(
+      [sys.executable, "-c", BUCKET_SCRIPT, str(tmp_path), PRESET],
+      capture_output=True, text=True, timeout=1200, cwd=root,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "XLA_FLAGS": f"--xla_dump_to={tmp_path} "
+                        "--xla_dump_hlo_module_re=.*generate_impl.*"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = json.loads(result.stdout.strip().splitlines()[-1])
+  assert [same for _, same, _ in rows] == [True] * len(rows), rows
+  assert [count for _, _, count in rows] == [1] * len(rows), rows
 
 
 @pytest.mark.parametrize("path", SWEEP_CASES)

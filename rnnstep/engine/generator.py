@@ -332,6 +332,8 @@ class Generator(tf.Module):
     model: the Model.
     path: the execution path.
     jit_compile: whether each function is one XLA program (path "xla").
+    chunked_prompts: whether its programs prime prompts in chunks
+      (`loop.primes_in_chunks`; `request.build`'s `chunked_prompts`).
     programs: the shared `Programs`.
   """
 
@@ -342,6 +344,10 @@ class Generator(tf.Module):
     self._model_ref = weakref.ref(model)
     self.path = paths.check_concrete(path)
     self.jit_compile = self.path == paths.XLA
+    # Under XLA such a model primes in chunks (`loop.primes_in_chunks`), and
+    # its prompts are padded to `request.chunked_width`.
+    self.chunked_prompts = self.jit_compile and network_lib.unrolls_blockwise(
+        model.config)
     self.programs = programs_for(model, self.path)
     for name in ("generate_fn", "continue_fn", "beam_fn", "window_fn",
                  "window_continue_fn", "serve_fn", "step"):

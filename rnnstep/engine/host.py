@@ -116,6 +116,7 @@ def build_request(generator, prompts: Sequence[str], num_steps: int,
       seeds=request_lib.Seeds(seeds, index),
       stops=stop_automaton(generator.model, options.stop),
       bucket_shapes=generator.jit_compile,
+      chunked_prompts=generator.chunked_prompts,
       state_sizes=generator.state_sizes(),
       constraint=(constraints.combine(generator.model, options.regex)
                   if options.regex else None),

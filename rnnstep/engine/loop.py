@@ -81,6 +81,8 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   steps = tf.reduce_max(prompts.lengths) - unconsumed
   if initial_state is None:
     initial_state = network.zero_state(batch)
+  if not stepwise and primes_in_chunks(network):
+    return _prime_in_chunks(network, prompts.ids, initial_state, mask, steps)
   if not stepwise:
     _, state = network.unroll(prompts.ids, initial_state, mask, steps=steps)
     return state
@@ -94,6 +96,39 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
 
   _, state = tf.while_loop(lambda t, state: t < steps, column,
                            (tf.constant(0), initial_state))
+  return state
+
+
+def primes_in_chunks(network) -> bool:
+  """Whether `prime` runs the prompt in chunks (`request.PRIME_CHUNK`): a
+  network traced into one XLA program whose cell unrolls block by block
+  (RWKV-7). Its unroll's products run over all of a sequence's rows at once,
+  so under XLA, where shapes are static, it would cost the padded width and
+  compile a program per width; in chunks it costs the prompt, rounded up to
+  a chunk, and one program serves any width (`request.chunked_width`)."""
+  return any(cell.unrolls_blockwise and cell.one_xla_program
+             for cell in network.cells)
+
+
+def _prime_in_chunks(network, ids, state, mask, steps):
+  """`prime`'s unroll, `request.PRIME_CHUNK` columns at a time, for the
+  first `steps` columns: a row's masked columns hold its state, so the
+  chunks past its length (the padding) leave it as it was."""
+  # Shapes of the inputs: compile-time constants to XLA.
+  batch, width = tf.shape(ids)[0], tf.shape(ids)[1]
+  chunk = tf.minimum(request_lib.PRIME_CHUNK, width)
+  padding = -width % chunk
+  count = (width + padding) // chunk
+  chunks = lambda x: tf.transpose(tf.reshape(
+      tf.pad(x, [[0, 0], [0, padding]]), [batch, count, chunk]), [1, 0, 2])
+  ids, mask = chunks(ids), chunks(mask)
+
+  def body(t, state):
+    _, state = network.unroll(ids[t], state, mask[t])
+    return t + 1, state
+
+  _, state = tf.while_loop(lambda t, _: t < (steps + chunk - 1) // chunk,
+                           body, (tf.constant(0), state))
   return state
 
 

@@ -23,6 +23,11 @@ Shapes are bucketed here, once, for the paths that compile per shape:
     copies of row 0, so a sweep over batch sizes 1..64 compiles 7 programs.
     Rows never interact, so padding never changes a real row; callers keep
     the first `batch` rows of the result.
+  - With `chunked_prompts` too (a model that unrolls block by block, RWKV-7,
+    whose XLA program primes in chunks of `PRIME_CHUNK` columns,
+    `loop.prime`), the prompt width is padded to a power of two instead
+    (`chunked_width`): one program serves every prompt from half its width
+    up, and padding costs at most one chunk's priming.
 
 `Carry` is what a continued generation (streaming) carries between calls.
 """
@@ -299,6 +304,13 @@ MIN_CAPACITY = 64
 # longest prompt, so padding costs only the batched input projection of the
 # layers above the first.
 MIN_WIDTH = 16
+# The columns of a prompt that a model unrolling block by block (RWKV-7)
+# primes at once under XLA (`loop.prime`): its big products run over a
+# chunk's rows, and the loop over chunks stops at the chunk holding the
+# longest prompt's end, so a width padded to a power of two costs at most
+# one chunk more than the prompt itself. A prompt narrower than a chunk is
+# one chunk of its own (bucketed) width.
+PRIME_CHUNK = 64
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -306,6 +318,12 @@ def bucket(n: int, minimum: int = 16) -> int:
   n = max(int(n), minimum)
   granule = max(1 << max(n.bit_length() - 3, 0), 1)
   return -(-n // granule) * granule
+
+
+def chunked_width(n: int) -> int:
+  """The padded prompt width of a chunk-primed model under XLA: the power of
+  two >= max(n, MIN_WIDTH) (a multiple of `PRIME_CHUNK` from it up)."""
+  return 1 << (max(int(n), MIN_WIDTH) - 1).bit_length()
 
 
 def batch_bucket(n: int) -> int:
@@ -328,6 +346,13 @@ def _bucket_tensor(n: tf.Tensor, minimum: int) -> tf.Tensor:
   return tf.cast(tf.minimum(rounded, np.iinfo(np.int32).max), tf.int32)
 
 
+def _chunked_width_tensor(n: tf.Tensor) -> tf.Tensor:
+  """`chunked_width` in TensorFlow ops."""
+  powers = tf.bitwise.left_shift(1, tf.range(31))
+  return tf.reduce_min(tf.where(powers >= tf.maximum(n, MIN_WIDTH), powers,
+                                powers[-1]))
+
+
 def _batch_bucket_tensor(n: tf.Tensor) -> tf.Tensor:
   """`batch_bucket` in TensorFlow ops."""
   powers = tf.constant([1, 2, 4, 8, 16, 32, 64], tf.int32)
@@ -348,6 +373,7 @@ class _ArrayOps(NamedTuple):
   columns: Callable     # (array) -> number of columns
   bucket: Callable      # (n, minimum) -> `bucket(n, minimum)`
   batch_bucket: Callable
+  chunked_width: Callable
   any: Callable         # (bool array) -> bool
   where: Callable       # (bool, a, b) -> a or b
   pad_columns: Callable  # (ids [B, T], width) -> [B, width]
@@ -364,6 +390,7 @@ _HOST = _ArrayOps(
     columns=lambda x: x.shape[1],
     bucket=lambda n, minimum: np.int32(bucket(int(n), minimum)),
     batch_bucket=lambda n: batch_bucket(int(n)),
+    chunked_width=lambda n: np.int32(chunked_width(int(n))),
     any=lambda x: bool(np.any(x)),
     where=lambda c, a, b: np.int32(a if c else b),
     pad_columns=lambda ids, width: np.pad(
@@ -383,6 +410,7 @@ _GRAPH = _ArrayOps(
     columns=lambda x: tf.shape(x)[1],
     bucket=_bucket_tensor,
     batch_bucket=_batch_bucket_tensor,
+    chunked_width=_chunked_width_tensor,
     any=tf.reduce_any,
     where=tf.where,
     pad_columns=lambda ids, width: tf.pad(
@@ -397,7 +425,8 @@ _GRAPH = _ArrayOps(
 
 def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
           stops: stopping.Automaton, bucket_shapes: bool, state_sizes,
-          constraint=None, capacity_steps=None, total_steps=None) -> Request:
+          constraint=None, capacity_steps=None, total_steps=None,
+          chunked_prompts: bool = False) -> Request:
   """Builds the `Request` that the compiled generation functions take.
 
   Runs on host values (numpy arrays, Python numbers; the request is then
@@ -430,6 +459,9 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
       num_steps); streaming sizes it for a whole chunk.
     total_steps: the steps of the whole generation (default: num_steps);
       streaming sizes the history for all its chunks.
+    chunked_prompts: the model primes in chunks under XLA (RWKV-7,
+      `loop.prime`): with `bucket_shapes`, the prompt width is padded to
+      `chunked_width`, not `bucket`.
 
   Returns:
     The `Request`; its batch may be larger than `B` (padding rows at the end).
@@ -445,7 +477,9 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
   capacity = ops.bucket(num_steps if capacity_steps is None
                         else capacity_steps, MIN_CAPACITY)
   if bucket_shapes:
-    ids = ops.pad_columns(ids, ops.bucket(ops.columns(ids), MIN_WIDTH))
+    ids = ops.pad_columns(ids, ops.chunked_width(ops.columns(ids))
+                          if chunked_prompts else
+                          ops.bucket(ops.columns(ids), MIN_WIDTH))
   ngram = ops.array(options.no_repeat_ngram_size, tf.int32)
   looks_back = ops.any(params.repetition_penalty != 1.0) | ops.any(ngram > 0)
   steps = num_steps if total_steps is None else ops.array(total_steps,

@@ -339,6 +339,7 @@ class ServingModule(tf.Module):
         request_lib.Prompts(prompt_ids, lengths), num_steps, served,
         seeds=request_lib.Seeds(tf.fill([batch], seed), tf.range(batch)),
         stops=stops, bucket_shapes=generator.jit_compile,
+        chunked_prompts=generator.chunked_prompts,
         state_sizes=generator.state_sizes(), constraint=constraint)
 
     def sample():

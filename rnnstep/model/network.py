@@ -702,6 +702,13 @@ def cell_class(kind: kinds.Kind) -> type:
   return getattr(module, kind.cell_class)
 
 
+def unrolls_blockwise(config) -> bool:
+  """Whether a `model_file.ModelConfig` has a cell that unrolls a sequence
+  block by block (`cells.Cell.unrolls_blockwise`: RWKV-7)."""
+  return any(cell_class(kinds.get(layer.kind)).unrolls_blockwise
+             for layer in config.layers)
+
+
 def make_cell(layer_config, tensors, compute_dtype=tf.float32,
               compile_elementwise=False) -> cells_lib.Cell:
   """Builds the cell for a `model_file.LayerConfig` from its tensors.
