@@ -328,7 +328,7 @@ class Background:
 
   It stands in for the XLA `Generator` where the host side calls one
   (`host.generate_ids`, `host.stream_ids`: `call`, `model`, `path`,
-  `jit_compile`, `state_sizes`, so requests are built with XLA's buckets).
+  `jit_compile`, `chunked_prompts`, `state_sizes`, so requests are built with XLA's buckets).
   A call whose shape's program is compiled runs under XLA; any other runs
   the graph path's function with the same arguments while the `Compiler`
   compiles it (`MAX_PROGRAMS` at most; past that, the graph path).
@@ -344,6 +344,9 @@ class Background:
     self.compiler = for_programs(self.xla.programs)
     self.path = paths.XLA
     self.jit_compile = True
+    # Requests are built with XLA's prompt widths, which the graph path
+    # primes as well (its unroll stops at the longest prompt).
+    self.chunked_prompts = self.xla.chunked_prompts
     self.programs = self.xla.programs
 
   @property
