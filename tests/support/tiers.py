@@ -100,6 +100,9 @@ LONGEST_FIRST = (
 # xdist worker (setup.cfg's `--dist loadgroup`; tests/conftest.py gives every
 # test its file's group); any other file is a group of its own.
 FAMILIES = {
+    # reference_models.large_projection_model(): its XLA programs at batch 1
+    # (a 16,384-wide projection) compiled once for the library's calls.
+    "large_projection": ("test_generator.py", "test_saved_model.py"),
     # reference_models.sampling_model(): graph, XLA and its XLA buckets.
     "sampling_model": ("test_sampling.py", "test_constraints.py"),
     # cli.write_model's architecture (GRU 32 over 65 characters, D=16):
