@@ -396,24 +396,10 @@ def _valid_calls(draw):
   return prompts, draw(st.integers(0, KERAS_STEPS)), kwargs
 
 
-# Every path for each drawn call: each new batch size and option set is a
-# compile on the XLA and elementwise paths, so the default run draws 6 calls
-# and the exhaustive tier 20 more.
-@settings(max_examples=6, deadline=None)
-@given(call=_valid_calls())
-@pytest.mark.slow
-def test_valid_arguments_give_checked_content_on_every_path(call):
-  _check_valid_call(call)
-
-
 @settings(max_examples=20, deadline=None)
 @given(call=_valid_calls())
-@pytest.mark.exhaustive
-def test_more_valid_arguments_give_checked_content_on_every_path(call):
-  _check_valid_call(call)
-
-
-def _check_valid_call(call):
+@pytest.mark.slow  # Every path, for each drawn call.
+def test_valid_arguments_give_checked_content_on_every_path(call):
   prompts, num_steps, kwargs = call
   outcomes = {jit: rnnstep.generate(_model(), prompts, num_steps,
                                     jit_compile=jit, **kwargs)
