@@ -87,12 +87,19 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
       if temperature == 0:
         self.assertEqual(text, want)  # The runner-up, as a banning reference.
 
-  @pytest.mark.slow  # Every path (22 s): out of the quick tier.
-  def test_a_large_projection_at_batch_1_matches_keras_on_every_path(self):
+  @parameterized.named_parameters(("graph", False),
+                                  ("elementwise", "elementwise"))
+  @pytest.mark.slow  # XLA programs with a 16,384-wide projection.
+  # Only the xla path unfuses the projection (`one_xla_program`): it is
+  # checked against the graph path by default, the elementwise path too in
+  # the exhaustive tier.
+  @quick_cases("graph")
+  def test_a_large_projection_at_batch_1_matches_keras_on_every_path(
+      self, other_path):
     """A projection of `UNFUSED_PROJECTION_ELEMENTS` weights, which the xla
     path keeps out of XLA's output fusion at batch 1 (network.py): greedy
     text is the Keras loop's, and a sampled text and its score are the same
-    on every path and in the stream."""
+    on the xla path, in its stream and on `other_path`."""
     keras_model, model = reference_models.large_projection_model()
     self.assertTrue(model_lib.network_of(
         model.architecture, model.network_weights(),
@@ -100,7 +107,7 @@ class GreedyTest(tf.test.TestCase, parameterized.TestCase):
     prompt = model.decode([7, 4000, 123, 9999])
     want = model.decode(kr.greedy(keras_model, model.encode(prompt), 24))
     sampled = {}
-    for jit in PATHS:
+    for jit in (True, other_path):
       self.assertEqual(rnnstep.generate(model, prompt, 24, temperature=0.0,
                                         jit_compile=jit), want, jit)
       sampled[jit] = rnnstep.generate(model, [prompt], 24, seed=3,

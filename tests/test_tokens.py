@@ -1200,7 +1200,6 @@ def test_serve_scheduler_sends_whole_characters():
                             vocab=TOKEN_TORCH / "bytes.json")
   import asyncio  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   import httpx  # pylint: disable=g-import-not-at-top
   from rnnstep.decoding import options  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import app  # pylint: disable=g-import-not-at-top
@@ -1247,11 +1246,14 @@ def test_serve_scheduler_sends_whole_characters():
     # runs off the event loop: /health answers meanwhile.
     check = rnnstep.api.check_record
 
-    checked = []
+    # The check waits until /health has answered: on the event loop it
+    # would block the answer, and wait out its 60 s for nothing.
+    check_started, health_answered = threading.Event(), threading.Event()
+    answered_first = []
 
     def slow_check(*args, **kwargs):
-      time.sleep(1.0)
-      checked.append(time.monotonic())
+      check_started.set()
+      answered_first.append(health_answered.wait(60))
       return check(*args, **kwargs)
 
     async def health_while_checking():
@@ -1259,15 +1261,15 @@ def test_serve_scheduler_sends_whole_characters():
           app=served.app), base_url="http://rnnstep") as client:
         post = asyncio.ensure_future(client.post("/v1/completions", json={
             "prompt": "the", "max_tokens": 2}))
-        await asyncio.sleep(0.2)
+        await asyncio.to_thread(check_started.wait, 60)
         health = await client.get("/health")
-        answered = time.monotonic()
+        health_answered.set()
         return (health.status_code, (await post).status_code,
-                answered < checked[0])
+                answered_first)
 
     rnnstep.api.check_record = slow_check
     try:
-      assert asyncio.run(health_while_checking()) == (200, 200, True)
+      assert asyncio.run(health_while_checking()) == (200, 200, [True])
     finally:
       rnnstep.api.check_record = check
   finally:

@@ -52,43 +52,38 @@ def quick_params(values, *quick):
           for value in values]
 
 
-# The test files that take longest, longest first (seconds per file in a
-# 2-worker run on a 2-core EPYC, 2026-12-02): tests/conftest.py queues them
+# The test files that take longest, longest first (seconds per file or
+# family, `--durations=0` of a 2-worker default run on a 2-core EPYC at load
+# 8-20, 2026-12-04: only their order matters): tests/conftest.py queues them
 # first and the rest after, in their own order. With `--dist loadgroup` each
 # file (or family, below) runs whole on one worker, and xdist's default queue
-# (files with the most tests first) left test_distribute (2 tests, ~150 s) and
-# test_saved_model (5 tests, ~110 s) for last, so one worker idled while the
-# other finished them. Longest first keeps the run's tail short. A file not
-# named here only runs later; keep the list roughly current (junit times).
+# (files with the most tests first) left long files of few tests for last,
+# so one worker idled while the other finished them. Longest first keeps the
+# run's tail short. A file not named here only runs later; keep the list
+# roughly current (`--durations=0`, summed per file).
 LONGEST_FIRST = (
-    "test_generator.py",        # 371 s
-    "test_distribute.py",       # 163
-    "test_recompute.py",        # 148
-    "test_tokens.py",           # 146
-    "test_rwkv7.py",            # ~150 (measured under load; XLA compiles)
-    "test_sampling.py",         # 124
-    "test_benchmark.py",        # 120
-    "test_saved_model.py",      # 112
-    "test_matrix.py",           # 95
-    "test_window.py",           # 86
-    "test_convert.py",          # 84
-    "test_serve_network.py",    # 75
-    "test_constraints.py",      # 72
-    "test_pipelines.py",        # 65 at load 7 (a pipeline on 2 workers: 37)
-    "test_serve_scheduler.py",  # 60
-    "test_serve.py",            # 59
-    "test_serve_hostile.py",    # 37
-    "test_convert_torch.py",    # 55
-    "test_fast_path.py",        # 53
-    "test_cache_trust.py",      # ~50 (three background exports)
-    "test_jobs.py",             # ~50 (est.: 180 at load 12)
-    "test_litert_options.py",   # ~50 (three LiteRT conversions)
-    "test_cli_generate.py",     # 49
+    "test_generator.py",        # 680 with test_saved_model (its family)
+    "test_api.py",              # 650 with the rest of the tiny family
+    "test_cache_trust.py",      # 454 (three background exports)
+    "test_tokens.py",           # 426 with test_scoring
+    "test_fast_path.py",        # 355
+    "test_recompute.py",        # 253
+    "test_cli_generate.py",     # 244
+    "test_rwkv7.py",            # 231 (XLA compiles)
+    "test_convert.py",          # 200
+    "test_sampling.py",         # 198 with test_constraints
+    "test_convert_torch.py",    # 170
+    "test_serve.py",            # 149
+    "test_serve_network.py",    # 148
+    "test_window.py",           # 141
+    "test_litert_options.py",   # 127 (three LiteRT conversions)
+    "test_serve_hostile.py",    # 74
+    "test_compiling.py",        # ~60 (fresh processes that compile)
+    # Measured 2026-12-02 (quieter: about half the figures above).
+    "test_jobs.py",             # ~50
     "test_beam_search.py",      # 48
     "test_processors.py",       # 45
     "test_litert.py",           # 42
-    "test_api.py",              # 38
-    "test_tuning.py",           # 36
     "test_request.py",          # 35
 )
 
@@ -100,6 +95,9 @@ LONGEST_FIRST = (
 # xdist worker (setup.cfg's `--dist loadgroup`; tests/conftest.py gives every
 # test its file's group); any other file is a group of its own.
 FAMILIES = {
+    # reference_models.large_projection_model(): its XLA programs at batch 1
+    # (a 16,384-wide projection) compiled once for the library's calls.
+    "large_projection": ("test_generator.py", "test_saved_model.py"),
     # reference_models.sampling_model(): graph, XLA and its XLA buckets.
     "sampling_model": ("test_sampling.py", "test_constraints.py"),
     # cli.write_model's architecture (GRU 32 over 65 characters, D=16):
