@@ -264,8 +264,10 @@ def test_chunked_priming_holds_each_row_at_its_own_length(preset_model):
     alone = loop.prime(graph, request_lib.Prompts(
         tf.constant(ids[row:row + 1, :length]), tf.constant([length])),
                        unconsumed=1)
+    # Float32 rounding of up to 4 chunks' sums against one unroll's: states
+    # of order 1 differ by a few units in their last place.
     for got, want in zip(tf.nest.flatten(batched), tf.nest.flatten(alone)):
-      np.testing.assert_allclose(got[row], want[0], rtol=2e-5, atol=2e-6,
+      np.testing.assert_allclose(got[row], want[0], rtol=2e-5, atol=5e-6,
                                  err_msg=f"length {length}")
 
 
