@@ -57,6 +57,25 @@ def enabled() -> bool:
   return os.environ.get("RNNSTEP_TUNING", "").strip().lower() not in OFF_VALUES
 
 
+# The cap on each of rnnstep's caches of compiled programs (the LiteRT
+# artifacts, XLA's programs), in MB, unless $RNNSTEP_CACHE_MAX_MB says
+# otherwise: ~64 LiteRT artifacts of the bundled model's size (7.6 MB).
+DEFAULT_MAX_MB = 512
+MAX_MB_ENV = "RNNSTEP_CACHE_MAX_MB"
+
+
+def max_bytes() -> int:
+  """The cap on a cache's total size: $RNNSTEP_CACHE_MAX_MB (a number >= 0;
+  another value is ignored) or DEFAULT_MAX_MB, in bytes."""
+  try:
+    megabytes = float(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB))
+  except ValueError:
+    megabytes = DEFAULT_MAX_MB
+  if not megabytes >= 0:  # Negative or NaN.
+    megabytes = DEFAULT_MAX_MB
+  return int(megabytes * (1 << 20))
+
+
 def cache_dir() -> str:
   """$RNNSTEP_CACHE_DIR, else $XDG_CACHE_HOME/rnnstep, else ~/.cache/rnnstep."""
   explicit = os.environ.get("RNNSTEP_CACHE_DIR")

@@ -39,7 +39,7 @@ once per file, `_complete`, and remembered by size and time in
 
 Bounded as the LiteRT artifacts are: at each process's `enable`, entries
 are removed least recently used first (by access or modification time)
-until they hold at most $RNNSTEP_CACHE_MAX_MB (default `DEFAULT_MAX_MB`).
+until they hold at most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`).
 RNNSTEP_XLA_CACHE=off (0, false, no) turns the cache off.
 """
 
@@ -57,10 +57,9 @@ from rnnstep.engine import tuning_cache
 SUBDIR = "xla"
 SWITCH_ENV = "RNNSTEP_XLA_CACHE"
 FLAG = "--tf_xla_persistent_cache_directory="
-# The LiteRT artifact cache's cap (`rnnstep.cli.compiled_cache`), read from
-# the same variable: the bundled model's program is about 1 MB.
-MAX_MB_ENV = "RNNSTEP_CACHE_MAX_MB"
-DEFAULT_MAX_MB = 512
+# The same cap as the LiteRT artifacts' (`tuning_cache.max_bytes`): the
+# bundled model's program is about 1 MB.
+max_bytes = tuning_cache.max_bytes
 CHECKED_FILE = "checked.json"
 _ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
 
@@ -89,16 +88,6 @@ def directory() -> str:
   name = hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
   return os.path.join(tuning_cache.cache_dir(), SUBDIR, name)
 
-
-def max_bytes() -> int:
-  """$RNNSTEP_CACHE_MAX_MB (a number >= 0) or DEFAULT_MAX_MB, in bytes."""
-  try:
-    megabytes = float(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB))
-  except ValueError:
-    megabytes = DEFAULT_MAX_MB
-  if not megabytes >= 0:  # Negative or NaN.
-    megabytes = DEFAULT_MAX_MB
-  return int(megabytes * (1 << 20))
 
 
 def enable() -> Optional[str]:

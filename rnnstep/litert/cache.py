@@ -43,7 +43,7 @@ used.
 
 The cache is bounded: after each fill, entries are removed least recently
 used first (a warm run's lookup touches its manifest) until they hold at
-most $RNNSTEP_CACHE_MAX_MB (default `DEFAULT_MAX_MB`); locks and temp files
+most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`); locks and temp files
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
@@ -94,10 +94,9 @@ VERSION = 2
 SUBDIR = "litert"
 RUNTIME_DISTRIBUTION = "ai-edge-litert"
 MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
-# The cap on the entries' total size, in MB, unless $RNNSTEP_CACHE_MAX_MB says
-# otherwise: ~64 artifacts of the bundled model's size (7.6 MB).
-DEFAULT_MAX_MB = 512
-MAX_MB_ENV = "RNNSTEP_CACHE_MAX_MB"
+# The cap on the entries' total size (`tuning_cache.max_bytes`).
+MAX_MB_ENV = tuning_cache.MAX_MB_ENV
+max_bytes = tuning_cache.max_bytes
 # A model folder with more files or bytes than this is not cached (hashing it
 # would cost each warm run more than it saves).
 MAX_MODEL_FILES = 1000
@@ -613,17 +612,6 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
       json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
   prune()
 
-
-def max_bytes() -> int:
-  """The cap on the entries' total size: $RNNSTEP_CACHE_MAX_MB (a number
-  >= 0; another value is ignored) or DEFAULT_MAX_MB, in bytes."""
-  try:
-    megabytes = float(os.environ.get(MAX_MB_ENV, DEFAULT_MAX_MB))
-  except ValueError:
-    megabytes = DEFAULT_MAX_MB
-  if not megabytes >= 0:  # Negative or NaN.
-    megabytes = DEFAULT_MAX_MB
-  return int(megabytes * (1 << 20))
 
 
 Entry = collections.namedtuple("Entry", "name bytes last_used status model")
