@@ -41,10 +41,14 @@ class Prepared(NamedTuple):
     history: its one-row `processors.History` after its whole prompt,
       where its last piece starts here (`ChunkCalls.history`), else None.
     primes_only: its piece is not its prompt's last: it only primes.
+    start_state: the state its piece starts from where it is not carried
+      (`Row.start_state`: a named state, or the prefix cache's), else None
+      (zeros, or its carried state).
   """
   piece: Optional[np.ndarray]
   history: Optional[processors.History]
   primes_only: bool
+  start_state: Optional[tuple] = None
 
 
 class ChunkCalls:
@@ -180,14 +184,38 @@ class ChunkCalls:
     self.tables.make_own(row.completion)
     if row.decoding:
       return Prepared(None, None, False)
-    primes_only = len(row.prompt_ids) - row.primed > self.prime_chars
-    return Prepared(self.piece(row), None if primes_only else
-                    self.history(row), primes_only)
+    piece = self.piece(row)
+    primes_only = row.primed + len(piece) < len(row.prompt_ids)
+    return Prepared(piece, None if primes_only else self.history(row),
+                    primes_only, row.start_state)
 
-  def piece(self, row: completion_lib.Row) -> np.ndarray:
+  def piece(self, row: completion_lib.Row,
+            primed: Optional[int] = None) -> np.ndarray:
     """The ids a fresh row primes in this call: its prompt from where its
-    state stands, at most `prime_chars` of them."""
-    return row.prompt_ids[row.primed:row.primed + self.prime_chars]
+    state stands (`primed`, default `row.primed`), at most `prime_chars` of
+    them, ending early where a cache point (`Row.cache_points`) falls
+    inside: the call then leaves the state after exactly the point's ids (a
+    piece's last `unconsumed` ids are left to the next)."""
+    start = row.primed if primed is None else primed
+    end = min(start + self.prime_chars, len(row.prompt_ids))
+    for point in row.cache_points:
+      if start < point and point + self.unconsumed < end:
+        end = point + self.unconsumed
+        break
+    return row.prompt_ids[start:end]
+
+  def boundaries(self, row: completion_lib.Row) -> List[int]:
+    """The prompt lengths a row's state stands at between its priming
+    pieces, primed from its start (`piece`'s, from `row.cache_points`):
+    where the prefix cache may resume it with the arithmetic it has
+    without the cache."""
+    ends, primed = [], 0
+    while True:
+      end = primed + len(self.piece(row, primed))
+      if end >= len(row.prompt_ids):
+        return ends
+      primed = end - self.unconsumed
+      ends.append(primed)
 
   def history(self, row: completion_lib.Row) -> processors.History:
     """A one-row `History` after the row's whole prompt, on the host.
@@ -336,6 +364,10 @@ class ChunkCalls:
       if p.history is not None:       # its whole prompt's.
         for whole, one in zip(carry.history, p.history):
           whole[r] = one[0]
+      if p.start_state is not None and r >= carried:
+        for whole, one in zip(tf.nest.flatten(carry.state),
+                              tf.nest.flatten(p.start_state)):
+          whole[r] = one
     offsets = tables_lib.place(rows, fresh, tables, carry)
     if len({row.completion.shared for row in rows}) > 1:
       self.stats.mixed_chunks += 1

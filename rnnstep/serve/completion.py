@@ -117,6 +117,13 @@ class Row:
       `dfa_state` points into (`constraints.FREE`: no pattern).
     prompt_scores: its prompt's `(logprobs, top_ids, top_logprobs)` until
       its first update carries them (`Completion.prompt_logprobs`).
+    start_state: the state its priming starts from, one row's arrays per
+      layer (its completion's named state, or the prefix cache's state
+      after its first `primed` ids), until its first call; None: zeros.
+    cache_points: prompt offsets (ascending) where a priming piece ends,
+      so that the state there is stored in the prefix cache
+      (`Completion.cache_points`, and where the prompt parts from a
+      recent one).
   """
   completion: "Completion"
   index: int
@@ -129,6 +136,8 @@ class Row:
   stop_offset: int = 0
   dfa_offset: int = constraints.FREE
   prompt_scores: Optional[tuple] = None
+  start_state: Optional[tuple] = None
+  cache_points: Tuple[int, ...] = ()
 
   def take_output(self, r: int, result, tokens) -> Update:
     """Its update from a call's result (it was the call's row `r`): the ids
@@ -196,6 +205,12 @@ class Completion:
       `constraints.limits` (a server's check): the scheduler then never
       compiles it, unbounded, once the compile cache has let it go (None:
       the scheduler compiles it).
+    cache_points: prompt offsets (in ids) where the state is worth keeping
+      in the server's prefix cache, for every row (a chat's message
+      boundaries: the prompts to come share the prefix up to them); the
+      scheduler ends a priming piece at each, which changes no text.
+    state: the name of the initial state its rows start from (the
+      scheduler's `states`), or None: the scheduler's default.
 
   Raises:
     ValueError: `logprobs` outside 0..`TOP_LOGPROBS`.
@@ -208,7 +223,9 @@ class Completion:
                logprobs: Optional[int] = None,
                prompt_logprobs: bool = False,
                stop_automaton: Optional[stopping.Automaton] = None,
-               pattern: Optional[constraints.Pattern] = None):
+               pattern: Optional[constraints.Pattern] = None,
+               cache_points: Sequence[int] = (),
+               state: Optional[str] = None):
     if logprobs is not None and not 0 <= int(logprobs) <= TOP_LOGPROBS:
       raise ValueError(f"logprobs must lie in 0..{TOP_LOGPROBS}, got "
                        f"{logprobs}")
@@ -221,12 +238,15 @@ class Completion:
     self.prompt_logprobs = bool(prompt_logprobs)
     self.stop_automaton = stop_automaton
     self.pattern = pattern
+    self.cache_points = tuple(sorted({int(p) for p in cache_points}))
+    self.state = state
     # Per distinct prompt (its bytes), its prompt log-probabilities: the
     # rows of a prompt's n choices share one computation.
     self.prompt_scores = {}
     self.cancelled = False
     self.submitted_at = time.monotonic()
-    self.rows = [Row(self, k, np.asarray(ids, np.int32), p)
+    self.rows = [Row(self, k, np.asarray(ids, np.int32), p,
+                     cache_points=self.cache_points)
                  for k, (ids, p) in enumerate(zip(rows_prompt_ids, params))]
 
   def cancel(self) -> None:

@@ -37,12 +37,13 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from rnnstep.engine import paths
 from rnnstep.model import network
 from rnnstep.serve import calls as calls_lib
 from rnnstep.serve import completion as completion_lib
@@ -94,6 +95,15 @@ class Scheduler:
       graph path until its shape's XLA program is compiled, on a thread of
       its own (`compiling.py`; the same text), then on XLA. Otherwise
       `warm_up` compiles every program first.
+    prefix_cache: None, or a `prefix_cache.PrefixCache` (lanes of one model
+      may share one): a fresh row starts from the state after the longest
+      cached prefix of its prompt and primes only the rest, and the state
+      at the end of each priming piece is stored (`_start_rows`,
+      `_store_states`). The text is the same as without it.
+    states: named initial states a completion may pick (`Completion.state`),
+      each one row's arrays per layer (the generator's `state_sizes`).
+    default_state: the name (in `states`) of the state a completion that
+      names none starts from; None: zeros.
 
   Attributes:
     calls: its `calls.ChunkCalls` (the device calls, their tables in
@@ -106,6 +116,9 @@ class Scheduler:
       the rest of a burst joins at its end (module docstring).
     deliver: as the argument (settable before `start`).
     max_prompt_tokens: as the argument.
+    prefix_cache, states, default_state: as the arguments.
+    splits_exact: whether priming a prompt in pieces split anywhere gives
+      its state bit for bit (`_start_rows`).
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
@@ -113,7 +126,12 @@ class Scheduler:
                max_prompt_tokens: int = 1024, strategy=None,
                deliver: Optional[Callable[
                    [List[Tuple[Completion, Update]]], None]] = None,
-               compile_in_background: bool = False):
+               compile_in_background: bool = False, prefix_cache=None,
+               states: Optional[Dict[str, tuple]] = None,
+               default_state: Optional[str] = None):
+    # The prefix cache's namespaces: lanes of one model share its entries,
+    # two models never do (nor two initial states: `_namespace`).
+    self._model_key = id(model)
     if strategy is not None:  # Its weights on every replica, as generate's.
       model = network.replicated(model, strategy)
     self.model = model
@@ -130,6 +148,28 @@ class Scheduler:
         strategy=strategy, compile_in_background=compile_in_background)
     self.generator = self.calls.generator
     self.prime_chars = self.calls.prime_chars
+    self.states = dict(states or {})
+    if default_state is not None and default_state not in self.states:
+      raise ValueError(f"default_state: no state named {default_state!r}")
+    self.default_state = default_state
+    shapes = [[(units,) for units in sizes]
+              for sizes in self.generator.state_sizes()]
+    for name, state in self.states.items():
+      got = [[np.shape(x) for x in layer] for layer in state]
+      if got != shapes:
+        raise ValueError(f"states: {name!r} has shapes {got}; this model's "
+                         f"state has {shapes}")
+    self.prefix_cache = prefix_cache
+    # Whether a prompt primed in pieces split anywhere leaves its state bit
+    # for bit (`_start_rows`): a cell stepped token by token, whose only
+    # products over all of a piece's columns are the layers above the
+    # first's inputs, which TensorFlow's matmuls round the same whatever
+    # their rows and XLA's do not.
+    self.splits_exact = not network.unrolls_blockwise(model.config) and (
+        self.generator.path != paths.XLA or len(model.config.layers) == 1)
+    if prefix_cache is not None:
+      for name in [None] + list(self.states):
+        prefix_cache.register(self._namespace(name), shapes)
     self.burst_steps = min(self.chunk_steps, max(8, self.chunk_steps // 8))
     self._waiting = collections.deque()
     self._active: List[Row] = []
@@ -153,10 +193,12 @@ class Scheduler:
 
     Raises:
       ValueError: a prompt of no ids, of more than `max_prompt_tokens`,
-        or of ids outside the vocabulary; `max_tokens` outside 1..
+        or of ids outside the vocabulary; a `state` not in `states`; `max_tokens` outside 1..
         `max_tokens_limit` (0 too where it wants the prompt's
         log-probabilities); `logprobs` over the model's alternatives.
     """
+    if completion.state is not None and completion.state not in self.states:
+      raise ValueError(f"state: no state named {completion.state!r}")
     for row in completion.rows:
       ids = row.prompt_ids
       if ids.ndim != 1 or not 1 <= len(ids) <= self.max_prompt_tokens:
@@ -299,6 +341,7 @@ class Scheduler:
     position = {row: i for i, row in enumerate(self._active)}
     started = time.monotonic()
     fresh_rows = self._with_prompt_scores(fresh_rows)
+    self._start_rows(fresh_rows)
     # Each row's host work on its own: a row it fails for is retired, the
     # others go on.
     rows, prepared = [], []
@@ -316,11 +359,14 @@ class Scheduler:
     ran, result, self._carry = (self._attempt(rows, prepared, carry, steps)
                                 if rows else ([], None, None))
     primes_only = {row: p.primes_only for row, p in zip(rows, prepared)}
+    pieces = {row: p.piece for row, p in zip(rows, prepared)}
     for row in ran:
+      row.start_state = None  # Carried from here on.
       if primes_only[row]:  # The piece's ids but the unconsumed ones.
-        row.primed += self.prime_chars - self.calls.unconsumed
+        row.primed += len(pieces[row]) - self.calls.unconsumed
       else:
         row.decoding = True
+    self._store_states(ran, [primes_only[row] for row in ran])
     self._active = self._hand_out(ran, result,
                                   [primes_only[row] for row in ran])
     self._round_rows = []
@@ -333,6 +379,72 @@ class Scheduler:
       survivors = [i for i, row in enumerate(ran) if row in self._active]
       self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                           self._carry)
+
+  def _namespace(self, state_name: Optional[str]):
+    """The prefix cache's namespace of rows starting from `state_name`'s
+    state (None: zeros): this model's, that state's."""
+    return (self._model_key, state_name)
+
+  def _state_name(self, row: Row) -> Optional[str]:
+    """The name of the initial state a row starts from (None: zeros)."""
+    name = row.completion.state
+    return self.default_state if name is None else name
+
+  def _start_rows(self, rows: List[Row]) -> None:
+    """Where each just admitted row's priming starts: its named state, or
+    the prefix cache's state after the longest cached prefix of its prompt
+    (all but its last id at most: an id must be left to feed the first
+    step), the rest to prime.
+
+    Where priming a prompt in pieces split anywhere gives the state bit for
+    bit (`splits_exact`), any cached prefix serves, and a piece also ends
+    where the prompt parts from a recent one (`Row.cache_points`), so that
+    the prompts to come that share it find its state. Elsewhere (RWKV-7,
+    whose unroll runs each piece's products and elementwise ops over all of
+    its columns at once; a stack under XLA, whose dots round by their row
+    count) a row resumes only at the end of one of its own pieces
+    (`ChunkCalls.boundaries`), so that it primes the very pieces it primes
+    without the cache.
+    """
+    for row in rows:
+      if row.primed or row.decoding:
+        continue
+      name = self._state_name(row)
+      row.start_state = self.states.get(name) if name is not None else None
+      if self.prefix_cache is None:
+        continue
+      try:
+        hit = self.prefix_cache.lookup(
+            self._namespace(name), row.prompt_ids, len(row.prompt_ids) - 1,
+            lengths=None if self.splits_exact else self.calls.boundaries(row))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("prefix cache lookup failed: %s",
+                        completion_lib.describe(e))
+        continue
+      if hit.length:
+        row.primed, row.start_state = hit.length, hit.state
+      if self.splits_exact and hit.diverges > row.primed:
+        row.cache_points = tuple(sorted(set(row.cache_points)
+                                        | {hit.diverges}))
+
+  def _store_states(self, rows: List[Row], primes_only: Sequence[bool]
+                    ) -> None:
+    """Stores in the prefix cache the state each row that only primed has
+    after its first `primed` ids (the call's carry, on the host)."""
+    if self.prefix_cache is None or self._carry is None:
+      return
+    for r, row in enumerate(rows):
+      if not primes_only[r]:
+        continue
+      namespace = self._namespace(self._state_name(row))
+      prefix = row.prompt_ids[:row.primed]
+      try:
+        if not self.prefix_cache.holds(namespace, prefix):
+          self.prefix_cache.insert(namespace, prefix, tf.nest.map_structure(
+              lambda x, r=r: x[r], self._carry.state))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("prefix cache insert failed: %s",
+                        completion_lib.describe(e))
 
   def _steps(self, rows: List[Row], prepared: List[calls_lib.Prepared],
              fresh: int) -> int:

@@ -1,0 +1,317 @@
+"""The server's prefix-state cache (rnnstep/serve/prefix_cache.py) and named
+initial states: a row that starts from a cached state gives the text it
+gives without the cache, and the cache never holds more than its bound.
+
+The reference of every text is the same scheduler without a cache (whose
+text is `rnnstep.generate`'s: tests/test_serve_scheduler.py), run over the
+same prompts; the models are the tiny GRU of `cli.write_model` and the
+RWKV-7 fixture (tests/data/rwkv7), on the graph path, and XLA (slow tier:
+it compiles).
+"""
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import rnnstep
+from rnnstep.decoding import options as options_lib
+from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import prefix_cache as prefix_cache_lib
+from rnnstep.serve import scheduler as scheduler_lib
+from tests.support import cli
+from tests.support import serve_process
+from tests.test_rwkv7 import PRESET
+from tests.test_serve_scheduler import Collector
+
+# A shared opening (a "system prompt") and the requests' own texts.
+SYSTEM = "ROMEO: But soft, what light through yonder window breaks? "
+USERS = ["It is the east", "And Juliet", "Arise, fair sun", "O",
+         "It is the east, and"]
+# Greedy, seeded, and options that look at the prompt's ids (the penalty's
+# counts, its window, the n-gram ban): the history is the whole prompt's
+# whatever the priming started from.
+CASES = [
+    (dict(temperature=0.0), completion_lib.Shared()),
+    (dict(temperature=0.9, top_k=20), completion_lib.Shared()),
+    (dict(temperature=0.7, repetition_penalty=1.5),
+     completion_lib.Shared(repetition_window=12, no_repeat_ngram_size=2)),
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("prefix_cache") / "tiny.npz")
+  cli.write_model(path)
+  return rnnstep.load(path)
+
+
+@pytest.fixture(scope="module")
+def rwkv7_model():
+  return rnnstep.load(PRESET)
+
+
+def make_scheduler(model, **kwargs):
+  settings = dict(path="graph", max_batch=8, chunk_steps=5, max_queue=64,
+                  max_tokens_limit=64, max_prompt_tokens=128)
+  settings.update(kwargs)
+  return scheduler_lib.Scheduler(model, **settings)
+
+
+def completion(model, prompts, options, shared, sink, seed=3, max_tokens=12,
+               **kwargs):
+  params = options_lib.Params(**{o.name: options.get(o.name, o.default)
+                                 for o in options_lib.PER_ROW})
+  return completion_lib.Completion(
+      [model.encode(p) for p in prompts], [params] * len(prompts), seed=seed,
+      max_tokens=max_tokens, shared=shared, want_scores=False, sink=sink,
+      **kwargs)
+
+
+def texts(scheduler, model, batches, options, shared, **kwargs):
+  """Runs each batch of prompts (one completion a prompt, all submitted at
+  once), batch after batch; returns every text in order."""
+  scheduler.start()
+  out = []
+  try:
+    for prompts in batches:
+      sinks = [Collector(1) for _ in prompts]
+      for prompt, sink in zip(prompts, sinks):
+        scheduler.submit(completion(model, [prompt], options, shared, sink,
+                                    **kwargs))
+      for sink in sinks:
+        assert sink.done.wait(300)
+        assert sink.reason(0) in ("length", "stop"), sink.updates[0][-1]
+      out += [sink.text(0) for sink in sinks]
+  finally:
+    assert scheduler.close(timeout=30)
+  return out
+
+
+def cached_and_not(model, batches, options, shared, *, cache_bytes=1 << 22,
+                   **settings):
+  """(texts without a cache, texts with one, the cache)."""
+  plain = texts(make_scheduler(model, **settings), model, batches, options,
+                shared)
+  cache = prefix_cache_lib.PrefixCache(cache_bytes)
+  cached = texts(make_scheduler(model, prefix_cache=cache, **settings),
+                 model, batches, options, shared)
+  return plain, cached, cache
+
+
+# One prompt first (the cache warms), then the others together, then all
+# again (each finds its own prompt's pieces, and where it parts from the
+# others).
+BATCHES = [[SYSTEM + USERS[0]], [SYSTEM + u for u in USERS],
+           [SYSTEM + u for u in USERS]]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_cached_prefixes_give_the_same_text_gru_graph(model, case):
+  options, shared = CASES[case]
+  plain, cached, cache = cached_and_not(model, BATCHES, options, shared)
+  assert cached == plain
+  assert cache.hits >= 2 * len(USERS) and cache.tokens_saved > 0
+
+
+def test_cached_prefixes_give_the_same_text_gru_elementwise(model):
+  # The elementwise path primes the whole prompt (nothing unconsumed).
+  plain, cached, cache = cached_and_not(model, BATCHES, *CASES[1],
+                                        path="elementwise")
+  assert cached == plain and cache.hits
+
+
+def _rwkv7_batches(model):
+  """Prompts of the RWKV-7 fixture's vocabulary sharing a long opening."""
+  letters = "abcdefghijklmnopqrstuvwxyz"  # One token each.
+  rng = np.random.default_rng(1)
+  system = "".join(rng.choice(list(letters), 70))
+  users = ["".join(rng.choice(list(letters), n)) for n in (3, 9, 17, 1)]
+  assert all(len(model.encode(system + u)) == len(system + u) for u in users)
+  return [[system + users[0]], [system + u for u in users],
+          [system + u for u in users]]
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_cached_prefixes_give_the_same_text_rwkv7_graph(rwkv7_model, case):
+  plain, cached, cache = cached_and_not(
+      rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=16,
+      cache_bytes=1 << 24)
+  assert cached == plain and cache.hits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [0, 1])
+def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
+  # XLA primes RWKV-7 in chunks (`loop.primes_in_chunks`): a row resumed
+  # from a cached state starts its chunks elsewhere.
+  plain, cached, cache = cached_and_not(
+      rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=16,
+      cache_bytes=1 << 24, path="xla", max_batch=4)
+  assert cached == plain and cache.hits
+
+
+def _primed(calls, model, ids, splits):
+  """The state after `ids[:splits[-1]]`, primed by `calls` a piece a call,
+  each piece ending at the next split (a cache point), each call starting
+  from the state the last one left (given, as the cache gives it)."""
+  row = completion(model, ["x"], {}, completion_lib.Shared(),
+                   lambda u: None).rows[0]
+  row.prompt_ids = np.asarray(ids, np.int32)
+  state = None
+  for start, end in zip(splits, splits[1:]):
+    row.primed, row.start_state, row.cache_points = start, state, (end,)
+    prepared = calls.prepare(row)
+    assert prepared.primes_only and len(prepared.piece) == (
+        end + calls.unconsumed - start)
+    _, carry = calls.run([row], [prepared], carry=None, steps=1)
+    state = tf.nest.map_structure(lambda x: x[0], carry.state)
+  return tf.nest.flatten(state)
+
+
+@pytest.mark.parametrize("path", ["graph", "elementwise"])
+def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
+    model, tmp_path, path):
+  """Where `splits_exact` holds (a stepped cell; TensorFlow's matmuls for
+  the layers above), the state after a prompt primed from a cached prefix
+  is the state after it primed from zeros, bit for bit, however the
+  pieces fall: one layer, and a stack (an LSTM over a GRU)."""
+  stack = str(tmp_path / "stack.npz")
+  cli.write_model(stack)
+  from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
+  config = model_file.ModelConfig(16, (model_file.LayerConfig("gru", 24),
+                                       model_file.LayerConfig("lstm", 20)))
+  rng = np.random.default_rng(3)
+  model_file.write(stack, config, list(model.tokens.vocab), {
+      k: (rng.normal(size=s) * 0.5).astype(np.float32)
+      for k, s in config.expected_shapes(model.vocab_size).items()},
+                   model.tokens)
+  for m in (model, rnnstep.load(stack)):
+    scheduler = make_scheduler(m, chunk_steps=16, path=path)
+    assert scheduler.splits_exact
+    ids = m.encode("but soft what light through yonder window breaks it is")
+    whole = _primed(scheduler.calls, m, ids, [0, 15, 30])
+    for splits in ([0, 7, 22, 30], [0, 1, 16, 30], [0, 13, 14, 29, 30]):
+      for got, want in zip(_primed(scheduler.calls, m, ids, splits), whole):
+        np.testing.assert_array_equal(got, want, err_msg=str(splits))
+
+
+def test_rwkv7_resumes_only_where_its_own_pieces_end(rwkv7_model):
+  """RWKV-7's unroll runs a piece's products and elementwise ops over all
+  of its columns at once, which round by the columns' count: a row resumes
+  only at the end of one of the pieces it primes without the cache."""
+  scheduler = make_scheduler(rwkv7_model, chunk_steps=16)
+  assert not scheduler.splits_exact
+  row = completion(rwkv7_model, ["a" * 50], {}, completion_lib.Shared(),
+                   lambda u: None, cache_points=[20]).rows[0]
+  # Pieces of 16 (15 primed, 1 left to the next), ended at the point 20.
+  assert scheduler.calls.boundaries(row) == [15, 20, 35]
+  cache = prefix_cache_lib.PrefixCache(1 << 24)
+  scheduler = make_scheduler(rwkv7_model, chunk_steps=16, prefix_cache=cache)
+  namespace = scheduler._namespace(None)  # pylint: disable=protected-access
+  state = tf.nest.map_structure(lambda x: x[0], scheduler.calls._template.state)  # pylint: disable=protected-access
+  for n in (15, 30, 34):  # 30 and 34 are no boundary of this row's.
+    cache.insert(namespace, row.prompt_ids[:n], state)
+  scheduler._start_rows([row])  # pylint: disable=protected-access
+  assert row.primed == 15 and row.cache_points == (20,)
+
+
+def test_cache_points_end_priming_pieces_and_change_no_text(model):
+  """A completion's cache points (a chat's message boundaries) are where
+  the states are stored: the next prompt sharing that prefix starts there."""
+  cut = len(model.encode(SYSTEM))
+  options, shared = CASES[1]
+  plain = texts(make_scheduler(model), model, [[SYSTEM + u] for u in USERS],
+                options, shared)
+  cache = prefix_cache_lib.PrefixCache(1 << 20)
+  scheduler = make_scheduler(model, prefix_cache=cache)
+  cached = texts(scheduler, model, [[SYSTEM + u] for u in USERS], options,
+                 shared, cache_points=[cut])
+  assert cached == plain
+  namespace = scheduler._namespace(None)  # pylint: disable=protected-access
+  assert cache.holds(namespace, model.encode(SYSTEM))
+  # Every prompt after the first started at the system prompt's end, or
+  # further on (where it parts from an earlier one: the last one's).
+  assert cache.hits == len(USERS) - 1
+  assert cache.tokens_saved >= cut * (len(USERS) - 1)
+
+
+# -- the map ------------------------------------------------------------------
+
+
+def _state(units, value=0.0):
+  return ((np.full([units], value, np.float32),),)
+
+
+def test_the_cache_never_holds_more_than_its_bound():
+  """Filled with distinct prefixes, least recently used first out, its bytes
+  never above the bound; a state larger than the bound is not held."""
+  bound = 10 * 32 * 4 + 100  # Ten states of 32 floats, and some.
+  cache = prefix_cache_lib.PrefixCache(bound)
+  cache.register("m", [[(32,)]])
+  rng = np.random.default_rng(0)
+  for i in range(200):
+    ids = rng.integers(0, 50, rng.integers(1, 30)).astype(np.int32)
+    assert cache.insert("m", ids, _state(32, i))
+    assert cache.bytes_held <= bound
+    assert cache.bytes_held == 32 * 4 * len(cache)
+  assert len(cache) == 10 and cache.evictions >= 190
+  big = prefix_cache_lib.PrefixCache(100)
+  big.register("m", [[(32,)]])
+  assert not big.insert("m", [1, 2], _state(32)) and big.bytes_held == 0
+
+
+def test_the_longest_cached_prefix_is_found_and_recency_kept():
+  cache = prefix_cache_lib.PrefixCache(3 * 16)
+  cache.register("m", [[(4,)]])
+  prompt = np.arange(1, 20, dtype=np.int32)
+  for n in (3, 7, 12):
+    cache.insert("m", prompt[:n], _state(4, n))
+  hit = cache.lookup("m", prompt, len(prompt) - 1)
+  assert hit.length == 12 and hit.state[0][0][0] == 12
+  assert cache.lookup("m", prompt, 11).length == 7  # At most `longest`.
+  other = prompt.copy()
+  other[5] = 0
+  assert cache.lookup("m", other, 18).length == 3
+  assert cache.hits == 3 and cache.tokens_saved == 22
+  assert cache.lookup("m", np.array([5, 5], np.int32), 1).length == 0
+  assert cache.misses == 1
+  # 12 was used least recently (7 and 3 since): the next insert drops it.
+  cache.insert("m", prompt[:15], _state(4, 15))
+  assert not cache.holds("m", prompt[:12]) and cache.holds("m", prompt[:7])
+
+
+def test_where_a_prompt_parts_from_a_recent_one_is_reported():
+  cache = prefix_cache_lib.PrefixCache(1 << 10)
+  cache.register("m", [[(4,)]])
+  first = np.arange(1, 30, dtype=np.int32)
+  assert cache.lookup("m", first, 28).diverges == 0
+  second = first.copy()
+  second[20:] += 100
+  assert cache.lookup("m", second, 28).diverges == 20
+  assert cache.lookup("m", second, 28).diverges == 20  # Not itself.
+
+
+def test_namespaces_and_shapes_keep_states_apart():
+  """Two models (or two named states) never share an entry, and a state of
+  another shape is never inserted."""
+  cache = prefix_cache_lib.PrefixCache(1 << 10)
+  cache.register(("model a", None), [[(4,)]])
+  cache.register(("model b", None), [[(4,)]])
+  cache.register(("model a", "tuned"), [[(4,)]])
+  ids = np.array([1, 2, 3], np.int32)
+  cache.insert(("model a", None), ids, _state(4, 1.0))
+  for other in (("model b", None), ("model a", "tuned")):
+    assert cache.lookup(other, np.array([1, 2, 3, 4], np.int32), 3).length == 0
+  with pytest.raises(ValueError, match="shapes"):
+    cache.insert(("model b", None), ids, _state(5))
+  with pytest.raises(ValueError, match="shapes"):
+    cache.insert(("model b", None), ids,
+                 ((np.zeros([4], np.float64),),))
+  with pytest.raises(ValueError, match="not declared"):
+    cache.insert(("model c", None), ids, _state(4))
+  with pytest.raises(ValueError, match="shapes"):
+    cache.register(("model a", None), [[(8,)]])
+  assert len(cache) == 1
