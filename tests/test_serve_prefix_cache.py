@@ -49,6 +49,21 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def memory_model(model, tmp_path_factory):
+  """A GRU of larger weights, whose text still shows its initial state
+  after a dozen characters (the tiny one's has forgotten it)."""
+  from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
+  config = model_file.ModelConfig(16, (model_file.LayerConfig("gru", 32),))
+  rng = np.random.default_rng(4)
+  path = tmp_path_factory.mktemp("prefix_cache") / "memory.npz"
+  model_file.write(path, config, list(model.tokens.vocab), {
+      k: (rng.normal(size=s) * 1.5).astype(np.float32)
+      for k, s in config.expected_shapes(model.vocab_size).items()},
+                   model.tokens)
+  return rnnstep.load(str(path))
+
+
+@pytest.fixture(scope="module")
 def rwkv7_model():
   return rnnstep.load(PRESET)
 
@@ -315,3 +330,150 @@ def test_namespaces_and_shapes_keep_states_apart():
   with pytest.raises(ValueError, match="shapes"):
     cache.register(("model a", None), [[(8,)]])
   assert len(cache) == 1
+
+
+# -- named initial states -----------------------------------------------------
+
+
+def _random_state(model, seed):
+  """One row's state (per layer a tuple of [U] arrays) and the same as
+  `generate`'s `initial_state` (one dict per layer of [1, U] arrays)."""
+  from rnnstep.model import cells  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  layers = model.config.layers
+  state = tuple(tuple(rng.normal(size=[size]).astype(np.float32)
+                      for size in cells.state_sizes(layer))
+                for layer in layers)
+  initial = [{name: x[None] for name, x in zip(cells.state_names(layer), s)}
+             for layer, s in zip(layers, state)]
+  return state, initial
+
+
+def test_named_states_start_rows_as_generate_s_initial_state(memory_model):
+  """A completion naming a state (or none: the default) gives `generate`'s
+  text from that initial state; the prefix cache keeps each state's
+  prefixes apart (a state's rows never start from another's)."""
+  warm, warm_initial = _random_state(memory_model, 1)
+  tuned, tuned_initial = _random_state(memory_model, 2)
+  cache = prefix_cache_lib.PrefixCache(1 << 20)
+  scheduler = make_scheduler(memory_model, prefix_cache=cache,
+                             states={"warm": warm, "tuned": tuned},
+                             default_state="warm")
+  options, shared = CASES[1]
+  prompt = "ROMEO: But so"  # Short: the GRU's text still shows its start.
+  scheduler.start()
+  got = {}
+  try:
+    for name in ("tuned", None, "tuned", None):  # Then each from the cache.
+      sink = Collector(1)
+      scheduler.submit(completion(memory_model, [prompt], options, shared,
+                                  sink, state=name))
+      assert sink.done.wait(300)
+      got.setdefault(name, []).append(sink.text(0))
+    with pytest.raises(ValueError, match="state: no state named 'cold'"):
+      scheduler.submit(completion(memory_model, [prompt], options, shared,
+                                  Collector(1), state="cold"))
+  finally:
+    assert scheduler.close(timeout=30)
+  assert cache.hits == 2
+  for name, initial in (("tuned", tuned_initial), (None, warm_initial)):
+    want = rnnstep.generate(memory_model, prompt, 12, seed=3,
+                            jit_compile=False, initial_state=initial,
+                            **options)
+    assert got[name] == [want, want]
+  assert got["tuned"] != got[None]
+  with pytest.raises(ValueError, match="default_state"):
+    make_scheduler(memory_model, states={"warm": warm}, default_state="cold")
+  with pytest.raises(ValueError, match="shapes"):
+    make_scheduler(memory_model,
+                   states={"bad": ((np.zeros([3], np.float32),),)})
+
+
+# -- over HTTP ----------------------------------------------------------------
+
+
+BOUND_MB = 0.01  # 10,485 bytes: 81 of the tiny GRU's 128-byte states.
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+  """One `rnnstep-serve` of the tiny GRU with a small prefix cache, pieces
+  of 4 ids (many states a prompt)."""
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  path = str(tmp_path_factory.mktemp("prefix_cache_server") / "tiny.npz")
+  cli.write_model(path)
+  with serve_process.RemoteServer([
+      f"--model={path}", "--max_batch=4", "--chunk_steps=4",
+      "--max_tokens_limit=32", "--max_prompt_tokens=128",
+      "--jit_compile=false", "--lanes=2",
+      f"--prefix_cache_mb={BOUND_MB}"]) as running:
+    yield running
+
+
+def _metrics(server):
+  text = httpx.get(server.url("/metrics"), timeout=30).text
+  values = {}
+  for line in text.splitlines():
+    if line.startswith("rnnstep_prefix_cache_"):
+      name, value = line.split()
+      values[name[len("rnnstep_prefix_cache_"):]] = float(value)
+  return values
+
+
+def test_server_texts_are_generate_s_and_metrics_count_the_cache(model,
+                                                                 server):
+  bodies = [dict(prompt=SYSTEM + u, max_tokens=10, seed=7, temperature=0.8)
+            for u in USERS]
+  before = _metrics(server)
+
+  def send(body):
+    reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return [c["text"] for c in reply.json()["choices"]]
+
+  texts_first = [send(bodies[0])]
+  threads_out = [None] * (len(bodies) - 1)
+
+  def send_at(i):
+    threads_out[i] = send(bodies[i + 1])
+
+  threads = [threading.Thread(target=send_at, args=(i,))
+             for i in range(len(bodies) - 1)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  got = texts_first + threads_out
+  want = [serve_process.expected(model, b, 7)[0] for b in bodies]
+  assert got == want
+  after = _metrics(server)
+  assert after["hits"] - before["hits"] >= len(bodies) - 1
+  assert after["tokens_saved"] - before["tokens_saved"] >= 4 * (
+      len(bodies) - 1)
+  assert after["misses"] >= 1
+  assert 0 < after["bytes"] <= BOUND_MB * (1 << 20)
+
+
+def test_server_cache_bytes_never_pass_the_bound(server):
+  """Distinct prompts of 90 ids (12 states each), one after another: after
+  each, the bytes held are within --prefix_cache_mb, and states were
+  dropped to stay there."""
+  rng = np.random.default_rng(5)
+  letters = list("abcdefghijklmnopqrstuvwxyz")
+  for _ in range(10):
+    prompt = "".join(rng.choice(letters, 90))
+    reply = httpx.post(server.url("/v1/completions"), json=dict(
+        prompt=prompt, max_tokens=2), timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert _metrics(server)["bytes"] <= BOUND_MB * (1 << 20)
+  assert _metrics(server)["evictions"] > 0
+
+
+def test_server_refuses_an_unknown_state_with_404_naming_it(server):
+  reply = httpx.post(server.url("/v1/completions"), json=dict(
+      prompt="ROMEO:", max_tokens=2, state="nonesuch"), timeout=60)
+  assert reply.status_code == 404, reply.text
+  assert reply.json()["error"]["param"] == "state"
+  assert "nonesuch" in reply.json()["error"]["message"]

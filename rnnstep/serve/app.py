@@ -241,6 +241,10 @@ class Server:
       parsed = protocol.checked_request(body, self.scheduler.max_batch)
     except errors.ArgumentError as e:
       raise http.bad_request(e) from None
+    if parsed.state is not None and parsed.state not in self.scheduler.states:
+      raise http.Refused(http.error_response(
+          404, f"the state {parsed.state[:100]!r} does not exist (rnnstep-serve"
+          " --states names them)", param="state", code="not_found"))
     checked = await self.checks.checked(parsed)
     parsed = checked[0]  # With what the checks found (frozen: a new one).
     completion, output = self._output(checked, arrived)

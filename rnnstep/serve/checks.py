@@ -162,4 +162,4 @@ def completion_of(checked, sink) -> completion_lib.Completion:
       want_scores=parsed.logprobs is not None, logprobs=parsed.logprobs,
       prompt_logprobs=parsed.echo and parsed.logprobs is not None,
       sink=sink, stop_automaton=parsed.stop_automaton,
-      pattern=parsed.pattern)
+      pattern=parsed.pattern, state=parsed.state)

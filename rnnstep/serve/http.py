@@ -90,6 +90,22 @@ class Metrics:
          "(--background_compile).")]:
       gauge = prometheus_client.Gauge(name, doc, registry=self.registry)
       gauge.set_function(lambda field=field: getattr(scheduler.stats, field))
+    # The prefix cache's counters (`prefix_cache.PrefixCache`; 0 without).
+    cache = getattr(scheduler, "prefix_cache", None)
+    for name, field, doc in [
+        ("rnnstep_prefix_cache_hits", "hits",
+         "Prompts that started from a cached prefix's state."),
+        ("rnnstep_prefix_cache_misses", "misses",
+         "Prompts that found no cached prefix."),
+        ("rnnstep_prefix_cache_tokens_saved", "tokens_saved",
+         "Prompt ids not primed again: the cached prefixes' lengths."),
+        ("rnnstep_prefix_cache_bytes", "bytes_held",
+         "Bytes of the states the prefix cache holds (at most "
+         "--prefix_cache_mb)."),
+        ("rnnstep_prefix_cache_evictions", "evictions",
+         "States the prefix cache dropped, least recently used first.")]:
+      gauge = prometheus_client.Gauge(name, doc, registry=self.registry)
+      gauge.set_function(lambda field=field: getattr(cache, field, 0))
     self.requests = prometheus_client.Counter(
         "rnnstep_requests", "Completion requests answered, by HTTP status.",
         ["status"], registry=self.registry)

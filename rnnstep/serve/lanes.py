@@ -72,6 +72,8 @@ class Lanes:
     max_batch: the slots of every lane together (a request may ask for up
       to this many rows: a lane with fewer slots runs them as they free).
     max_tokens_limit, max_prompt_tokens: the lanes' (equal) limits.
+    prefix_cache, states: the first lane's (`Scheduler`'s; the server gives
+      every lane the same).
   """
 
   def __init__(self, schedulers: List[scheduler_lib.Scheduler], max_queue: int):
@@ -85,6 +87,10 @@ class Lanes:
     self.max_tokens_limit = first.max_tokens_limit
     self.max_prompt_tokens = first.max_prompt_tokens
     self.generator = first.generator
+    # The lanes share one prefix cache (`rnnstep-serve` makes one) and the
+    # named states.
+    self.prefix_cache = first.prefix_cache
+    self.states = first.states
 
   @property
   def deliver(self):

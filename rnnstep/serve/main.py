@@ -131,6 +131,22 @@ _INTER_OP_THREADS = flags.DEFINE_integer(
     "ops at once. Default: --lanes with several, else as "
     "--intra_op_threads; 0: TensorFlow's own.", lower_bound=0,
     flag_values=FLAGS)
+_PREFIX_CACHE_MB = flags.DEFINE_float(
+    "prefix_cache_mb", 256.0, "MiB of recurrent states the prefix cache "
+    "holds (rnnstep/serve/prefix_cache.py; least recently used out first; "
+    "shared by the lanes): a request whose prompt starts with a cached "
+    "prefix primes only the rest, with the same text. The default holds "
+    "about 100 states of the 0.1B RWKV-7 shape (2.4 MB each: the pieces of "
+    "a dozen 1,000-token prompts) and tens of thousands of a char GRU's; "
+    "0 turns it off.", lower_bound=0.0, flag_values=FLAGS)
+_STATE = flags.DEFINE_string(
+    "state", None, "A state file (rnnstep.load_state's: an RWKV state "
+    "tuning .pth, .safetensors or .st) every request starts from unless it "
+    "names another (`state`, with --states).", flag_values=FLAGS)
+_STATES = flags.DEFINE_string(
+    "states", None, "A folder of state files a request picks by name with "
+    "its `state` field (the file's name without its suffix; an unknown "
+    "name gets 404 naming `state`).", flag_values=FLAGS)
 _DRAIN_TIMEOUT = flags.DEFINE_float(
     "drain_timeout", 30.0, "On SIGTERM, seconds to finish the requests in "
     "flight.", lower_bound=0.0, flag_values=FLAGS)
@@ -294,6 +310,62 @@ def _allowed_hosts():
   return ["localhost", "127.0.0.1"] if loopback else ["*"]
 
 
+# The state files --states offers (`rnnstep.load_state` reads each kind).
+STATE_SUFFIXES = (".pth", ".safetensors", ".st")
+
+
+def _states(model):
+  """The named initial states of --state and --states, and the default's
+  name (--state's: its file's stem; None without it).
+
+  Returns:
+    `({name: one row's state, per layer a tuple of [U] arrays}, default)`.
+
+  Raises:
+    common.Failure: a file that cannot be read as a state of this model, a
+      folder that is none or holds no state file, two files of one name.
+  """
+  if not _STATE.value and not _STATES.value:
+    return {}, None
+  # pylint: disable=g-import-not-at-top
+  import rnnstep
+  from rnnstep import api
+  # pylint: enable=g-import-not-at-top
+
+  def load(path, flag):
+    try:
+      state = api.check_initial_state(model, rnnstep.load_state(path, model),
+                                      1)
+    except (OSError, ValueError) as e:
+      raise common.Failure(f"--{flag}: {path}: {e}".splitlines()[0],
+                           common.EXIT_USAGE) from None
+    return tuple(tuple(x[0] for x in layer) for layer in state)
+
+  states, default = {}, None
+  if _STATES.value:
+    folder = pathlib.Path(_STATES.value)
+    if not folder.is_dir():
+      raise common.Failure(f"--states: {folder} is not a folder",
+                           common.EXIT_USAGE)
+    for path in sorted(folder.iterdir()):
+      if path.suffix not in STATE_SUFFIXES or not path.is_file():
+        continue
+      if path.stem in states:
+        raise common.Failure(f"--states: two files are named {path.stem} "
+                             f"in {folder}", common.EXIT_USAGE)
+      states[path.stem] = load(str(path), "states")
+    if not states:
+      raise common.Failure(f"--states: {folder} holds no state file "
+                           f"({', '.join(STATE_SUFFIXES)})", common.EXIT_USAGE)
+  if _STATE.value:
+    default = pathlib.Path(_STATE.value).stem
+    if default in states:
+      raise common.Failure(f"--state: {default} is also a state of --states",
+                           common.EXIT_USAGE)
+    states[default] = load(_STATE.value, "state")
+  return states, default
+
+
 def _model_name() -> str:
   if _SERVED_MODEL_NAME.value:
     return _SERVED_MODEL_NAME.value
@@ -307,6 +379,7 @@ def main(argv) -> int:
   import uvicorn
   from rnnstep.serve import app as app_lib
   from rnnstep.serve import lanes as lanes_lib
+  from rnnstep.serve import prefix_cache as prefix_cache_lib
   from rnnstep.serve import scheduler as scheduler_lib
   # pylint: enable=g-import-not-at-top
   lanes = _lanes()
@@ -320,13 +393,19 @@ def main(argv) -> int:
   # The library's choice for the rows one lane's device runs.
   path = _path(model, (strategy.num_replicas_in_sync if strategy else 1)
                * lanes)
+  states, default_state = _states(model)
+  # One cache for every lane: a prefix one lane primed serves them all.
+  prefix_cache = (prefix_cache_lib.PrefixCache(
+      prefix_cache_lib.megabytes_to_bytes(_PREFIX_CACHE_MB.value))
+                  if _PREFIX_CACHE_MB.value > 0 else None)
   schedulers = [scheduler_lib.Scheduler(
       model, path=path, max_batch=slots, chunk_steps=_CHUNK_STEPS.value,
       max_queue=lanes_lib.lane_queue(_MAX_QUEUE.value, _MAX_BATCH.value,
                                      slots),
       max_tokens_limit=_MAX_TOKENS_LIMIT.value,
       max_prompt_tokens=_MAX_PROMPT_TOKENS.value, strategy=strategy,
-      compile_in_background=_BACKGROUND_COMPILE.value)
+      compile_in_background=_BACKGROUND_COMPILE.value,
+      prefix_cache=prefix_cache, states=states, default_state=default_state)
                 for slots in lanes_lib.split_slots(_MAX_BATCH.value, lanes)]
   scheduler = (schedulers[0] if lanes == 1
                else lanes_lib.Lanes(schedulers, _MAX_QUEUE.value))

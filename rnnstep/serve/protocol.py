@@ -139,6 +139,10 @@ class CompletionFields(pydantic.BaseModel):
   include_stop_str_in_output: Optional[bool] = False
   regex: Optional[str] = pydantic.Field(
       None, description="A regular expression the text must match.")
+  state: Optional[Text] = pydantic.Field(
+      None, description="The name of the initial state to start from "
+      "(rnnstep-serve --states; default: --state's, else zeros); an unknown "
+      "name gets 404.")
 
 
 def completion_request(max_tokens_limit: int):
@@ -202,6 +206,8 @@ class CheckedRequest:
     prompt_ids: per choice, its prompt's ids (set once encoded).
     stop_automaton: the stop strings' automaton (set once checked).
     pattern: `regex` compiled (set once checked; None without one).
+    state: the named initial state it starts from, or None (the server's
+      default).
   """
   record: records.Record
   prompts: Tuple[str, ...]
@@ -217,6 +223,7 @@ class CheckedRequest:
   prompt_ids: Optional[list] = None
   stop_automaton: Any = None
   pattern: Any = None
+  state: Optional[str] = None
 
   @property
   def max_tokens(self) -> int:
@@ -329,7 +336,7 @@ def checked_request(request, max_batch: int) -> CheckedRequest:
                          and request.stream_options.include_usage),
       logprobs=logprobs, echo=bool(request.echo),
       include_stop_str_in_output=bool(request.include_stop_str_in_output),
-      model=request.model)
+      model=request.model, state=request.state)
 
 
 def trim_stop(text: str, stops: Sequence[str]) -> str:
