@@ -140,8 +140,9 @@ _PREFIX_CACHE_MB = flags.DEFINE_float(
     "a dozen 1,000-token prompts) and tens of thousands of a char GRU's; "
     "0 turns it off.", lower_bound=0.0, flag_values=FLAGS)
 _STATE = flags.DEFINE_string(
-    "state", None, "A state file (rnnstep.load_state's: an RWKV state "
-    "tuning .pth, .safetensors or .st) every request starts from unless it "
+    "state", None, "A state file (an RWKV state tuning .pth, .safetensors "
+    "or .st, as the library's load_state reads) every request starts from "
+    "unless it "
     "names another (`state`, with --states).", flag_values=FLAGS)
 _STATES = flags.DEFINE_string(
     "states", None, "A folder of state files a request picks by name with "
@@ -310,7 +311,7 @@ def _allowed_hosts():
   return ["localhost", "127.0.0.1"] if loopback else ["*"]
 
 
-# The state files --states offers (`rnnstep.load_state` reads each kind).
+# The state files --states offers (rnnstep.load_state reads each kind).
 STATE_SUFFIXES = (".pth", ".safetensors", ".st")
 
 
