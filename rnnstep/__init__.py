@@ -10,6 +10,9 @@ Public API:
   loglikelihood_rolling(model, texts)           each whole text's log-likelihood
   record_seed(base_seed, index)                 a bulk job's seed for record i
   hidden_states(model, texts_or_ids)            every layer's state at every position
+  prompt_state(model, texts_or_ids)             the state after each prompt
+  save_state(path, model, state)                a state file (.safetensors, .pth, .st)
+  load_state(path, model)                       a state file as an initial_state
   generate(model, prompts, num_steps, ...)      continuations, one compiled call
   stream(model, prompts, num_steps, ...)        the same, chunk by chunk
   export(model, export_dir)                     a strings-in, strings-out SavedModel
@@ -41,6 +44,9 @@ _EXPORTS = {
     "logits": "rnnstep.api",
     "loglikelihood": "rnnstep.api",
     "loglikelihood_rolling": "rnnstep.api",
+    "load_state": "rnnstep.api",
+    "prompt_state": "rnnstep.api",
+    "save_state": "rnnstep.api",
     "record_seed": "rnnstep.engine.host",
     "stream": "rnnstep.api",
     "tune": "rnnstep.tuning",

@@ -411,6 +411,32 @@ def define_vocab_flags(flag_values: flags.FlagValues):
   return corpus, vocab
 
 
+STATE_HELP = (
+    "A state file to start every prompt from (rnnstep.load_state): an RWKV-7 "
+    "model's state-tuned .pth or .safetensors (one blocks.N.att.time_state "
+    "per block, as RWKV-Runner loads them), ai00's .st, or a file "
+    "rnnstep.save_state wrote; checked against the model.")
+
+
+def define_state_flag(flag_values: flags.FlagValues, extra_help: str = ""):
+  """Defines --state (a state file every prompt starts from); returns its
+  holder. `extra_help` says how the tool uses it."""
+  state = flags.DEFINE_string("state", None, f"{STATE_HELP} {extra_help}".strip(),
+                              flag_values=flag_values)
+  forbid_empty(flag_values, "state")
+  return state
+
+
+def load_state(path, model, flag: str = "--state"):
+  """`rnnstep.load_state` (one row), its errors as a Failure naming the
+  flag and the file."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  try:
+    return rnnstep.load_state(path, model)
+  except (OSError, ValueError) as e:
+    raise Failure(f"{flag}={path}: {_without_path(e, path)}") from None
+
+
 def load_model(weights, dtype: str, corpus=None, vocab=None,
                flag: str = "--model"):
   """`rnnstep.load`, its errors as a Failure naming the flag at fault.

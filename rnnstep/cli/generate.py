@@ -247,6 +247,9 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "appended). Default: the batch size rnnstep-tune measured fastest here, "
     "else 256 (generation) or 1024 (--score).", lower_bound=1,
     flag_values=FLAGS)
+_STATE = common.define_state_flag(
+    FLAGS, "Every row starts from it; a --state run takes the TensorFlow path "
+    "(the compiled artifact starts from the zero state).")
 _VERBOSE = flags.DEFINE_boolean(
     "verbose", False,
     "Say on stderr which path generated the text (the cached compiled "
@@ -312,6 +315,8 @@ def main(argv):
     if note:  # The library logs it, but a tool's logging is quiet.
       print(f"{PROGRAM}: note: --dtype={_DTYPE.value}: {note}",
             file=common.stderr())
+    state = (None if _STATE.value is None
+             else common.load_state(_STATE.value, model))
     printer = Printer(out, rows, seed, _STOP.value or [], _FORMAT.value,
                       flush=_STREAM.value)
     # Imported here: a warm run, served above, needs none of it.
@@ -321,7 +326,8 @@ def main(argv):
         seed=seed, decoding=decoding, stop=_STOP.value or [],
         regex=_regex_rows(len(_PROMPT.value), per_prompt),
         jit_compile=_JIT_COMPILE.value, stream=_STREAM.value,
-        chunk_size=_CHUNK_SIZE.value, flag_values=FLAGS, program=PROGRAM,
+        chunk_size=_CHUNK_SIZE.value, initial_state=state,
+        flag_values=FLAGS, program=PROGRAM,
         announce=lambda which: _say(f"{why_tensorflow} ({which})"))
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
@@ -346,6 +352,7 @@ _NOT_IN_JOBS = {
     "num_return_sequences": "a record gets one text",
     "stream": "a job appends whole batches",
     "format": "a job writes jsonl",
+    "state": "a record starts from the zero state (give prompts with --prompt)",
 }
 
 
@@ -449,7 +456,7 @@ def _model_path() -> str:
 # What still runs on TensorFlow, for --verbose: the requests `_flag_refusal`
 # and `warm.refusal` send there (the compiled artifact serves every other
 # decoding option).
-TENSORFLOW_ONLY = ("--format=jsonl (its logprob)",
+TENSORFLOW_ONLY = ("--format=jsonl (its logprob)", "--state",
                    "--stream", "--dtype other than float32",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
@@ -474,6 +481,8 @@ def _flag_refusal():
             "artifact does not compute")
   if _STREAM.value:
     return "--stream: the compiled artifact generates in one call"
+  if _STATE.value is not None:
+    return "--state: the compiled artifact starts from the zero state"
   return None
 
 

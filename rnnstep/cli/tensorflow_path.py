@@ -12,6 +12,8 @@ While a call runs, `Progress` shows a spinner on a terminal.
 import threading
 import time
 
+import numpy as np
+
 from rnnstep.cli import common
 from rnnstep.decoding import options as options_lib
 from rnnstep import errors
@@ -20,7 +22,8 @@ import rnnstep
 
 def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
              seed: int, decoding: dict, stop, regex, jit_compile, stream: bool,
-             chunk_size: int, flag_values, program: str, announce):
+             chunk_size: int, flag_values, program: str, announce,
+             initial_state=None):
   """Calls the library (one batch) and prints through `printer`.
 
   Args:
@@ -36,6 +39,8 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
     regex: None, a pattern, or one per row.
     jit_compile: --[no]jit_compile, or None.
     stream, chunk_size: --stream and --chunk_size.
+    initial_state: None, or the one-row state every row starts from
+      (--state; `rnnstep.load_state`).
     flag_values: the command's flags (a library argument error names one).
     program: the command's name, for the spinner.
     announce: called with the phrase saying which path runs and why (for
@@ -53,12 +58,17 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
   announce(which)
   common_args = dict(seed=seed, stop=stop or None, return_scores=True,
                      jit_compile=jit_compile, regex=regex)
+  state_of = lambda rows: None if initial_state is None else [
+      {name: np.repeat(value, rows, axis=0) for name, value in layer.items()}
+      for layer in initial_state]
   sampling = {name: value for name, value in decoding.items()
               if options_lib.BY_NAME[name].streams}
   try:
     if stream:
       for pieces, scores in rnnstep.stream(model, prompts, num_steps,
                                            chunk_size=chunk_size,
+                                           initial_state=state_of(
+                                               len(prompts)),
                                            **sampling, **common_args):
         printer.add(pieces, scores)
     elif beams > 1:
@@ -72,6 +82,7 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
       with Progress(program, f"beam search, {beams} beams x "
                     f"{len(unique)} prompts x {num_steps} characters"):
         texts, scores = rnnstep.generate(model, unique, num_steps,
+                                         initial_state=state_of(len(unique)),
                                          **per_prompt, **common_args)
       if returned == 1:
         texts, scores = [[t] for t in texts], [[s] for s in scores]
@@ -81,6 +92,7 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
       with Progress(program,
                     f"generating {len(prompts)} x {num_steps} characters"):
         texts, scores = rnnstep.generate(model, prompts, num_steps,
+                                         initial_state=state_of(len(prompts)),
                                          **decoding, **common_args)
       printer.add(texts, scores)
     printer.finish()

@@ -847,6 +847,37 @@ def sequence_function(model: Model) -> BoundFunction:
                        model.network_weights)
 
 
+def final_state_function(model: Model) -> BoundFunction:
+  """The model's compiled `(ids, mask, state) -> final state`.
+
+  `Network.unroll`'s final state alone: what `sequence_function` gives at
+  the last position, without holding every position's state (a long
+  prompt's RWKV-7 states would fill memory). Built once per architecture,
+  with the same signature (nothing retraces for a new batch, length or
+  state).
+
+  Returns:
+    A `BoundFunction` of `ids` int32 `[B, T]`, `mask` bool `[B, T]` (False
+    on padding: a row's state is held there) and `state` (a `StackState`)
+    that returns the `StackState` after each row.
+  """
+  architecture = model.architecture
+
+  def build():
+    def final_state(weights, ids, mask, state):
+      network = network_of(architecture, weights)
+      _, final = network.unroll(ids, state, mask)
+      return final
+
+    return tf.function(
+        final_state, autograph=False, input_signature=[
+            model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None, None], tf.bool), state_spec(model)])
+
+  return BoundFunction(shared_function(architecture, "final_state", build),
+                       model.network_weights)
+
+
 _REPLICATED = weakref.WeakKeyDictionary()
 
 
