@@ -402,13 +402,20 @@ def server(model, tmp_path_factory):
   if not serve_process.stack_installed():
     pytest.skip("the serving stack is not installed (pip install "
                 "'rnnstep[serve]')")
-  path = str(tmp_path_factory.mktemp("prefix_cache_server") / "tiny.npz")
+  folder = tmp_path_factory.mktemp("prefix_cache_server")
+  path = str(folder / "tiny.npz")
   cli.write_model(path)
+  states = folder / "states"
+  states.mkdir()
+  for name, seed in (("warm.safetensors", 1), ("tuned.pth", 2)):
+    rnnstep.save_state(states / name, model, _random_state(model, seed)[1])
+  (states / "notes.txt").write_text("not a state")
   with serve_process.RemoteServer([
       f"--model={path}", "--max_batch=4", "--chunk_steps=4",
       "--max_tokens_limit=32", "--max_prompt_tokens=128",
-      "--jit_compile=false", "--lanes=2",
+      "--jit_compile=false", "--lanes=2", f"--states={states}",
       f"--prefix_cache_mb={BOUND_MB}"]) as running:
+    running.states = states
     yield running
 
 
@@ -477,3 +484,38 @@ def test_server_refuses_an_unknown_state_with_404_naming_it(server):
   assert reply.status_code == 404, reply.text
   assert reply.json()["error"]["param"] == "state"
   assert "nonesuch" in reply.json()["error"]["message"]
+
+
+def test_server_named_states_give_generate_s_text_from_them(model, server):
+  """`state` picks a --states file (its name less the suffix): the text is
+  `generate`'s from `load_state` of it, twice (the second from the cache);
+  no `state` starts from zeros (no --state)."""
+  prompt = "ROMEO: But so"
+  for name, file in (("warm", "warm.safetensors"), ("tuned", "tuned.pth"),
+                     (None, None)):
+    body = dict(prompt=prompt, max_tokens=12, seed=3, temperature=0.9)
+    if name:
+      body["state"] = name
+    initial = (rnnstep.load_state(server.states / file, model) if file
+               else None)
+    want = rnnstep.generate(model, prompt, 12, seed=3, temperature=0.9,
+                            jit_compile=False, initial_state=initial)
+    for _ in range(2):
+      reply = httpx.post(server.url("/v1/completions"), json=body,
+                         timeout=120)
+      assert reply.status_code == 200, reply.text
+      assert reply.json()["choices"][0]["text"] == want
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--state=/nonexistent/s.pth"], "--state: /nonexistent/s.pth"),
+    (["--states=/nonexistent"], "--states: /nonexistent is not a folder"),
+])
+def test_bad_state_flags_fail_in_one_line(model, tmp_path, flags, says):
+  path = str(tmp_path / "tiny.npz")
+  cli.write_model(path)
+  result = cli.run_binary(cli.command("rnnstep-serve", "rnnstep.serve.main"),
+                          [f"--model={path}", "--port=0", *flags])
+  assert result.returncode == 2, result
+  assert len(result.stderr_lines) == 1, result
+  assert says in result.stderr_lines[0], result

@@ -140,10 +140,10 @@ _PREFIX_CACHE_MB = flags.DEFINE_float(
     "a dozen 1,000-token prompts) and tens of thousands of a char GRU's; "
     "0 turns it off.", lower_bound=0.0, flag_values=FLAGS)
 _STATE = flags.DEFINE_string(
-    "state", None, "A state file (an RWKV state tuning .pth, .safetensors "
-    "or .st, as the library's load_state reads) every request starts from "
-    "unless it "
-    "names another (`state`, with --states).", flag_values=FLAGS)
+    "state", None, "A state file (`rnnstep.load_state`'s: an RWKV state "
+    "tuning .pth, .safetensors or .st, or `rnnstep.save_state`'s) every "
+    "request starts from unless it names another (`state`, with --states).",
+    flag_values=FLAGS)
 _STATES = flags.DEFINE_string(
     "states", None, "A folder of state files a request picks by name with "
     "its `state` field (the file's name without its suffix; an unknown "
@@ -311,10 +311,6 @@ def _allowed_hosts():
   return ["localhost", "127.0.0.1"] if loopback else ["*"]
 
 
-# The state files --states offers (rnnstep.load_state reads each kind).
-STATE_SUFFIXES = (".pth", ".safetensors", ".st")
-
-
 def _states(model):
   """The named initial states of --state and --states, and the default's
   name (--state's: its file's stem; None without it).
@@ -331,6 +327,7 @@ def _states(model):
   # pylint: disable=g-import-not-at-top
   import rnnstep
   from rnnstep import api
+  from rnnstep.convert import state_file
   # pylint: enable=g-import-not-at-top
 
   def load(path, flag):
@@ -349,7 +346,8 @@ def _states(model):
       raise common.Failure(f"--states: {folder} is not a folder",
                            common.EXIT_USAGE)
     for path in sorted(folder.iterdir()):
-      if path.suffix not in STATE_SUFFIXES or not path.is_file():
+      if (not path.name.lower().endswith(state_file.SUFFIXES)
+          or not path.is_file()):
         continue
       if path.stem in states:
         raise common.Failure(f"--states: two files are named {path.stem} "
@@ -357,7 +355,8 @@ def _states(model):
       states[path.stem] = load(str(path), "states")
     if not states:
       raise common.Failure(f"--states: {folder} holds no state file "
-                           f"({', '.join(STATE_SUFFIXES)})", common.EXIT_USAGE)
+                           f"({', '.join(state_file.SUFFIXES)})",
+                           common.EXIT_USAGE)
   if _STATE.value:
     default = pathlib.Path(_STATE.value).stem
     if default in states:
