@@ -229,8 +229,28 @@ def test_rwkv7_resumes_only_where_its_own_pieces_end(rwkv7_model):
   state = tf.nest.map_structure(lambda x: x[0], scheduler.calls._template.state)  # pylint: disable=protected-access
   for n in (15, 30, 34):  # 30 and 34 are no boundary of this row's.
     cache.insert(namespace, row.prompt_ids[:n], state)
-  scheduler._start_rows([row])  # pylint: disable=protected-access
+  scheduler._start_rows([row], [])  # pylint: disable=protected-access
   assert row.primed == 15 and row.cache_points == (20,)
+
+
+@pytest.mark.parametrize("which", ["gru", "rwkv7"])
+def test_rows_arriving_together_prime_their_shared_prefix_once(
+    model, rwkv7_model, which):
+  """A cold burst of prompts sharing a long opening: one row primes it,
+  the others wait for its states (and then start from them), the texts
+  unchanged."""
+  m = model if which == "gru" else rwkv7_model
+  system = ("but soft what light through yonder window breaks it is the "
+            "east and juliet is the sun")
+  users = ["arise fair sun", "and kill", "the envious moon", "who is"]
+  batches = [[system + u for u in users]]
+  assert all(len(m.encode(p)) > 60 for p in batches[0])
+  plain, cached, cache = cached_and_not(m, batches, *CASES[1],
+                                        cache_bytes=1 << 26, chunk_steps=16)
+  assert cached == plain
+  # Every row but the first started from the first's states.
+  assert cache.hits == len(users) - 1 and cache.misses == 1
+  assert cache.tokens_saved >= (len(users) - 1) * 45
 
 
 def test_cache_points_end_priming_pieces_and_change_no_text(model):

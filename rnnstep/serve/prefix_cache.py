@@ -105,10 +105,12 @@ class PrefixCache:
                          f"{shapes}")
 
   def lookup(self, namespace: Hashable, ids: np.ndarray, longest: int,
-             lengths: Optional[Sequence[int]] = None) -> Hit:
+             lengths: Optional[Sequence[int]] = None,
+             count: bool = True) -> Hit:
     """The state after the longest cached prefix of `ids` of at most
     `longest` ids (and at least 1), marked most recently used; counts a hit
-    or a miss, and remembers `ids` for `Hit.diverges`.
+    or a miss (unless `count` is False: `count` it once it is used), and
+    remembers `ids` for `Hit.diverges`.
 
     Args:
       namespace: the scheduler's namespace (model and initial state).
@@ -145,12 +147,20 @@ class PrefixCache:
           diverges = shared
       if not same:
         recent.append(ids)
-      if length:
+    hit = Hit(length, state, diverges)
+    if count:
+      self.count(hit)
+    return hit
+
+  def count(self, hit: Hit) -> None:
+    """Counts a lookup's answer (`lookup(count=False)`'s) as used: a hit and
+    its tokens saved, or a miss."""
+    with self._lock:
+      if hit.length:
         self.hits += 1
-        self.tokens_saved += length
+        self.tokens_saved += hit.length
       else:
         self.misses += 1
-      return Hit(length, state, diverges)
 
   def holds(self, namespace: Hashable, ids: np.ndarray) -> bool:
     """Whether the state after exactly `ids` is held (marks it used)."""

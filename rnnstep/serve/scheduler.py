@@ -174,6 +174,9 @@ class Scheduler:
     self._waiting = collections.deque()
     self._active: List[Row] = []
     self._carry = None  # numpy Carry of `_active`'s rows, in order.
+    # Admitted rows that wait for a row priming the same prefix to store
+    # its states (`_start_rows`): they hold their slots, out of the calls.
+    self._parked: List[Row] = []
     self._condition = threading.Condition()
     self._admitting = True
     self._stopping = False
@@ -229,7 +232,7 @@ class Scheduler:
       if not self._admitting:
         raise completion_lib.ShuttingDown()
       # Free slots take rows at the next chunk boundary: they count as room.
-      free = max(self.max_batch - len(self._active), 0)
+      free = max(self.max_batch - len(self._active) - len(self._parked), 0)
       if len(self._waiting) + len(completion.rows) > self.max_queue + free:
         raise completion_lib.QueueFull()
       self._waiting.extend(completion.rows)
@@ -256,12 +259,13 @@ class Scheduler:
     drained = True
     while self._thread is not None and self._thread.is_alive():
       with self._condition:
-        if not self._waiting and not self._active:
+        if not self._waiting and not self._active and not self._parked:
           break
       if deadline is not None and time.monotonic() > deadline:
         drained = False
         with self._condition:
-          for row in list(self._waiting) + list(self._active):
+          for row in (list(self._waiting) + list(self._active)
+                      + list(self._parked)):
             row.completion.cancel()
         break
       time.sleep(0.01)
@@ -296,7 +300,8 @@ class Scheduler:
         failed_rounds = 0
       except Exception as e:  # pylint: disable=broad-except
         logging.exception("a scheduler round failed: %s", e)
-        failed = list(dict.fromkeys(self._round_rows + self._active))
+        failed = list(dict.fromkeys(self._round_rows + self._active
+                                    + self._parked))
         failed_rounds += 1
         if not failed and failed_rounds > 1:
           # Failing again before any row ran: the first waiting row may be
@@ -308,6 +313,7 @@ class Scheduler:
               row, "error",
               f"the scheduler failed: {completion_lib.describe(e)}"))
         self._active, self._carry, self._round_rows = [], None, []
+        self._parked = []
         self.stats.running = 0
         try:
           self._flush()
@@ -318,14 +324,14 @@ class Scheduler:
     """Retires, admits, prepares, runs one call and hands out its output."""
     self._flush()  # The last round's updates (outside the lock).
     with self._condition:
-      while (not self._stopping and not self._active
+      while (not self._stopping and not self._active and not self._parked
              and not self._live_waiting()):
         self._condition.wait()
       if self._stopping:
-        for row in list(self._waiting) + self._active:
+        for row in list(self._waiting) + self._active + self._parked:
           self._send(row, completion_lib.ended(row, "cancelled"))
         self._waiting.clear()
-        self._active, self._carry = [], None
+        self._active, self._carry, self._parked = [], None, []
         self._flush()
         self._stopped = True
         return
@@ -340,8 +346,8 @@ class Scheduler:
     self._flush()  # The rows cancelled or failed now, before the call.
     position = {row: i for i, row in enumerate(self._active)}
     started = time.monotonic()
-    fresh_rows = self._with_prompt_scores(fresh_rows)
-    self._start_rows(fresh_rows)
+    fresh_rows = self._start_rows(self._with_prompt_scores(fresh_rows),
+                                  going_on)
     # Each row's host work on its own: a row it fails for is retired, the
     # others go on.
     rows, prepared = [], []
@@ -372,7 +378,7 @@ class Scheduler:
     self._round_rows = []
     self.stats.busy_seconds += time.monotonic() - started
     self.stats.chunks += bool(ran)
-    self.stats.running = len(self._active)
+    self.stats.running = len(self._active) + len(self._parked)
     if not self._active:
       self._carry = None
     elif len(self._active) < len(ran):
@@ -390,7 +396,7 @@ class Scheduler:
     name = row.completion.state
     return self.default_state if name is None else name
 
-  def _start_rows(self, rows: List[Row]) -> None:
+  def _start_rows(self, rows: List[Row], going_on: List[Row]) -> List[Row]:
     """Where each just admitted row's priming starts: its named state, or
     the prefix cache's state after the longest cached prefix of its prompt
     (all but its last id at most: an id must be left to feed the first
@@ -405,27 +411,78 @@ class Scheduler:
     count) a row resumes only at the end of one of its own pieces
     (`ChunkCalls.boundaries`), so that it primes the very pieces it primes
     without the cache.
+
+    A row whose next piece another row is priming now, on the same prefix
+    (requests that arrive together with one system prompt), waits for that
+    row to store its state (`_parked`, holding its slot) rather than prime
+    it too; the rows parked before are looked at again first.
+
+    Args:
+      rows: the rows admitted this round.
+      going_on: the carried rows of this round.
+
+    Returns:
+      The rows that start this round (parked ones that go on, then `rows`
+      but those now parked).
     """
-    for row in rows:
+    parked, self._parked = self._parked, []
+    # Rows priming in this round's call: their piece ends will be stored.
+    leaders = [row for row in going_on if not row.decoding]
+    starting = []
+    for row in parked + rows:
+      if row.completion.cancelled:
+        self._send(row, completion_lib.ended(row, "cancelled"))
+        continue
       if row.primed or row.decoding:
+        starting.append(row)
         continue
       name = self._state_name(row)
       row.start_state = self.states.get(name) if name is not None else None
       if self.prefix_cache is None:
+        starting.append(row)
         continue
+      namespace = self._namespace(name)
       try:
+        ends = self.calls.boundaries(row)
         hit = self.prefix_cache.lookup(
-            self._namespace(name), row.prompt_ids, len(row.prompt_ids) - 1,
-            lengths=None if self.splits_exact else self.calls.boundaries(row))
+            namespace, row.prompt_ids, len(row.prompt_ids) - 1,
+            lengths=None if self.splits_exact else ends, count=False)
+        if self.splits_exact and hit.diverges > hit.length:
+          row.cache_points = tuple(sorted(set(row.cache_points)
+                                          | {hit.diverges}))
+          ends = self.calls.boundaries(row)
+        if self._follows(row, hit.length, ends, namespace, leaders):
+          self._parked.append(row)
+          continue
+        self.prefix_cache.count(hit)
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("prefix cache lookup failed: %s",
                         completion_lib.describe(e))
+        starting.append(row)
         continue
       if hit.length:
         row.primed, row.start_state = hit.length, hit.state
-      if self.splits_exact and hit.diverges > row.primed:
-        row.cache_points = tuple(sorted(set(row.cache_points)
-                                        | {hit.diverges}))
+      starting.append(row)
+      leaders.append(row)
+    return starting
+
+  def _follows(self, row: Row, start: int, ends: List[int], namespace,
+               leaders: List[Row]) -> bool:
+    """Whether a row starting at `start` waits: one of `leaders` (rows
+    priming now, of the same namespace) will store the state at the row's
+    next piece end, the same prefix."""
+    following = [end for end in ends if end > start]
+    if not following:
+      return False
+    end = following[0]
+    prefix = row.prompt_ids[:end]
+    for leader in leaders:
+      if (leader.primed < end and len(leader.prompt_ids) > end
+          and self._namespace(self._state_name(leader)) == namespace
+          and np.array_equal(leader.prompt_ids[:end], prefix)
+          and end in self.calls.boundaries(leader)):
+        return True
+    return False
 
   def _store_states(self, rows: List[Row], primes_only: Sequence[bool]
                     ) -> None:
@@ -564,7 +621,7 @@ class Scheduler:
     Args:
       going_on: the running rows that go on into the next chunk.
     """
-    running = len(going_on)
+    running = len(going_on) + len(self._parked)
     if not self._admitting and not running and not self._waiting:
       return []
     stops = {row.completion.shared.stop for row in going_on}
