@@ -214,9 +214,9 @@ def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
 
 
 def test_rwkv7_resumes_only_where_its_own_pieces_end(rwkv7_model):
-  """RWKV-7's unroll runs a piece's products and elementwise ops over all
-  of its columns at once, which round by the columns' count: a row resumes
-  only at the end of one of the pieces it primes without the cache."""
+  """RWKV-7's priming multiplies all of a piece's columns at once, and a
+  column rounds by its place in the piece: a row resumes only at the end
+  of one of the pieces it primes without the cache."""
   scheduler = make_scheduler(rwkv7_model, chunk_steps=16)
   assert not scheduler.splits_exact
   row = completion(rwkv7_model, ["a" * 50], {}, completion_lib.Shared(),
