@@ -4,6 +4,7 @@ requests sharing a long system prompt, with the cache and without (issue 61).
     python tools/bench/prefix_cache.py                  # the 0.1B RWKV-7 shape
     python tools/bench/prefix_cache.py --requests=8 --system_tokens=300
     python tools/bench/prefix_cache.py --route=chat     # once the route exists
+    python tools/bench/prefix_cache.py --route=points   # in process, below
 
 The model is the 0.1B RWKV-7 shape with seeded random weights and the world
 vocabulary's size (tools/bench_rwkv7.py `random_model`'s), written to a
@@ -11,6 +12,10 @@ model file (--model: another file). Each prompt is one system text of
 --system_tokens ids (lowercase letters: one id each) and a user text of
 --user_tokens ids of its own; on the chat route they are a system and a user
 message (the template's boundary between them is a cache point).
+
+--route=points runs the scheduler in this process instead of a server (one
+lane, the graph path), each request a `Completion` whose cache point is
+the system text's end: what the chat route gives its message boundaries.
 
 Two `rnnstep-serve` processes run in turn, one with --prefix_cache_mb=0 and
 one with the default cache, each over two scenarios:
@@ -119,7 +124,7 @@ def body(route: str, system: str, user: str, seed: int, max_tokens: int
   if route == "chat":
     return dict(common, messages=[dict(role="system", content=system),
                                   dict(role="user", content=user)])
-  return dict(common, prompt=system + user)
+  return dict(common, prompt=system + user)  # "points" splits it again.
 
 
 async def one(client, url: str, route: str, request: dict):
@@ -180,12 +185,76 @@ def run_server(args, flags):
     server.close()
 
 
+def run_in_process(args, cache_mb: float):
+  """`run_server`'s results from a `Scheduler` in this process, each request
+  a completion with a cache point at the system text's end."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep.decoding import options as options_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import completion as completion_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import prefix_cache as prefix_cache_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import scheduler as scheduler_lib  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(args.model)
+  cache = (prefix_cache_lib.PrefixCache(
+      prefix_cache_lib.megabytes_to_bytes(cache_mb)) if cache_mb else None)
+  scheduler = scheduler_lib.Scheduler(
+      model, path="graph" if args.jit_compile == "false" else "xla",
+      max_batch=args.max_batch, chunk_steps=128, max_queue=256,
+      max_tokens_limit=max(args.max_tokens, 16),
+      max_prompt_tokens=args.system_tokens + args.user_tokens + 64,
+      prefix_cache=cache)
+  scheduler.warm_up()
+  scheduler.start()
+
+  def submit(request):
+    """(an event set at the first token, the times, the text pieces)."""
+    system, user = request["prompt"][:args.system_tokens], request[
+        "prompt"][args.system_tokens:]
+    first, pieces, done = [], [], threading.Event()
+    sent = time.monotonic()
+
+    def sink(update):
+      if update.text and not first:
+        first.append(time.monotonic() - sent)
+      pieces.append(update.text)
+      if update.finish_reason:
+        done.set()
+
+    params = options_lib.Params(**{
+        o.name: request.get(o.name, o.default) for o in options_lib.PER_ROW})
+    scheduler.submit(completion_lib.Completion(
+        [model.encode(system + user)], [params], seed=request["seed"],
+        max_tokens=request["max_tokens"], shared=completion_lib.Shared(),
+        want_scores=False, sink=sink,
+        cache_points=[len(model.encode(system))]))
+    return done, first, pieces
+
+  out = {}
+  try:
+    for name, warm_up, requests in scenarios(args):
+      for request in warm_up:
+        submit(request)[0].wait()
+      runs = [submit(r) for r in requests]
+      for done, _, _ in runs:
+        done.wait()
+      out[name] = ([r[1][0] for r in runs], ["".join(r[2]) for r in runs])
+      print(f"    {name}: median first token "
+            f"{statistics.median(out[name][0]):.2f} s "
+            f"(load {os.getloadavg()[0]:.1f})", flush=True)
+  finally:
+    scheduler.close(timeout=60)
+  counters = {} if cache is None else {
+      k: getattr(cache, k) for k in ("hits", "misses", "tokens_saved",
+                                     "bytes_held", "evictions")}
+  return out, counters
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--model", default=None,
                       help="model file (default: the 0.1B RWKV-7 shape, "
                       "random, written to a temporary folder)")
-  parser.add_argument("--route", choices=("completions", "chat"),
+  parser.add_argument("--route", choices=("completions", "chat", "points"),
                       default="completions")
   parser.add_argument("--requests", type=int, default=32)
   parser.add_argument("--system_tokens", type=int, default=1000)
@@ -210,8 +279,12 @@ def main():
         f"{args.user_tokens} ids, {args.max_tokens} tokens each, route "
         f"{args.route}, --jit_compile={args.jit_compile}", flush=True)
   try:
-    without, _ = run_server(args, ["--prefix_cache_mb=0"])
-    cached, counters = run_server(args, [])
+    if args.route == "points":
+      without, _ = run_in_process(args, 0)
+      cached, counters = run_in_process(args, 256)
+    else:
+      without, _ = run_server(args, ["--prefix_cache_mb=0"])
+      cached, counters = run_server(args, [])
   finally:
     if tmp is not None:
       tmp.cleanup()
