@@ -9,10 +9,11 @@ A template is a fact about the model, found in this order (`find`):
   - the model's own: a `tokenizer_config.json` with a `chat_template` in
     the model's folder (a Hugging Face or KerasHub folder converted on the
     fly);
-  - RWKV's convention for a model with RWKV's world vocabulary (`RWKV`),
+  - RWKV's convention for a model with RWKV's world vocabulary (`RwkvTemplate`),
     as BlinkDL's ChatRWKV (`API_DEMO_CHAT.py`) and RWKV-Runner
     (`backend-python/routes/completion.py`, `chat_template`) render it:
-    `System: ...\\n\\nUser: ...\\n\\nAssistant: ...\\n\\nUser: ...\\n\\nAssistant:`
+    `System: ...\\n\\nUser: ...\\n\\nAssistant: ...\\n\\nUser: ...`
+    `\\n\\nAssistant:`
     (no space after the last colon: the model writes it), each message
     stripped with its runs of line ends made one (ChatRWKV's
     `re.sub(r"\\n+", "\\n", msg)`: a blank line would end its turn), and

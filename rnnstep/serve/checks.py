@@ -120,8 +120,8 @@ class RequestChecks:
       for i, text in enumerate(parsed.prompts):
         if len(text) > limit:
           raise protocol.BadRequest(
-              parsed.prompt_field, f"prompt {i} has {len(text)} characters, at least "
-              f"as many tokens; this server takes at most {limit} "
+              parsed.prompt_field, f"prompt {i} has {len(text)} characters, "
+              f"at least as many tokens; this server takes at most {limit} "
               "(--max_prompt_tokens)")
     record = parsed.record
     if record.seed is None:  # A fresh seed, reported so it can be replayed.
@@ -134,8 +134,9 @@ class RequestChecks:
     for i, length in enumerate(prompt_lengths):
       if length > limit:
         raise protocol.BadRequest(
-            parsed.prompt_field, f"prompt {i} is {length} tokens (the model's ids); "
-            f"this server takes at most {limit} (--max_prompt_tokens)")
+            parsed.prompt_field, f"prompt {i} is {length} tokens (the "
+            f"model's ids); this server takes at most {limit} "
+            "(--max_prompt_tokens)")
     # What the checks found, into a new frozen request: usage counts ids, as
     # OpenAI's counts tokens (each prompt once, not n); the stop strings and
     # the pattern are compiled here, within the check's limits, once (the

@@ -11,9 +11,9 @@ any load; a chat request's, generate's on its messages rendered by the
 model's chat template (--chat_template), cut at the end of the turn.
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 POST /tokenize and /detokenize, GET /health (503 until warm), GET /metrics
-(Prometheus), GET /openapi.json. With --api_key (or --api_key_file, or RNNSTEP_API_KEY) every
-route but /health, /metrics and /openapi.json needs `Authorization: Bearer
-KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
+(Prometheus), GET /openapi.json. With --api_key (or --api_key_file, or
+RNNSTEP_API_KEY) every route but /health, /metrics and /openapi.json needs
+`Authorization: Bearer KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
 --drain_timeout s) and exits 0; a failed warm-up exits 1, saying why.
 """
 
