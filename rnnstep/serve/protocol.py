@@ -448,26 +448,13 @@ class ChatMessage(pydantic.BaseModel):
 
 
 class ChatFields(pydantic.BaseModel):
-  """OpenAI's chat completions request, as this server takes it (the
-  decoding options are added by `chat_request`)."""
+  """OpenAI's chat completions request, as this server takes it: its own
+  fields here, the rest as completions has them (`chat_request`)."""
   model_config = _STRICT
-  model: Optional[Text] = pydantic.Field(
-      None, description="The served model's name (--served_model_name); "
-      "another gets 404.")
   messages: Annotated[List[ChatMessage], pydantic.Field(
       min_length=1, max_length=MAX_MESSAGES)] = pydantic.Field(
           description="The conversation, rendered by the model's chat "
           "template (--chat_template).")
-  max_completion_tokens: Optional[Annotated[int, pydantic.Field(
-      json_schema_extra=_STEPS_SCHEMA)]] = pydantic.Field(
-          None, description="Tokens (the model's ids) to generate per "
-          "choice; max_tokens' newer name.")
-  stop: Optional[Union[str, List[str]]] = None
-  seed: Optional[int] = None
-  n: Optional[Annotated[int, pydantic.Field(ge=1)]] = 1
-  stream: Optional[bool] = False
-  stream_options: Optional[StreamOptions] = None
-  user: Optional[Text] = None
   logprobs: Optional[bool] = pydantic.Field(
       None, description="Each token's log-probability (chat's shape).")
   top_logprobs: Optional[Annotated[int, pydantic.Field(
@@ -482,23 +469,27 @@ class ChatFields(pydantic.BaseModel):
   frequency_penalty: Optional[Annotated[float, pydantic.Field(
       ge=-2, le=2)]] = pydantic.Field(None, description="Only 0 is taken "
                                       "(use repetition_penalty).")
-  regex: Optional[str] = pydantic.Field(
-      None, description="A regular expression the reply must match.")
+
+
+# The fields a chat request has as a completion request has them.
+CHAT_AS_COMPLETION = ("model", "max_tokens", "stop", "seed", "n", "stream",
+                      "stream_options", "user", "regex")
 
 
 def chat_request(max_tokens_limit: int):
   """The chat request model of a server with these limits (in its schema
-  too): `ChatFields` with `max_tokens` and `max_completion_tokens` bounded
-  and the decoding options of `completion_request`."""
+  too): `ChatFields`, `CHAT_AS_COMPLETION` and the decoding options as
+  `completion_request`'s, and `max_completion_tokens` bounded as
+  `max_tokens`."""
   completion = completion_request(max_tokens_limit)
+  names = set(CHAT_AS_COMPLETION) | {o.name for o in DECODING_OPTIONS}
   fields = {name: (field.annotation, field)
             for name, field in completion.model_fields.items()
-            if name in {o.name for o in DECODING_OPTIONS} | {"max_tokens"}}
-  steps = Optional[Annotated[int, pydantic.Field(
-      le=max_tokens_limit, json_schema_extra=_STEPS_SCHEMA)]]
-  fields["max_completion_tokens"] = (steps, pydantic.Field(
+            if name in names}
+  steps = completion.model_fields["max_tokens"]
+  fields["max_completion_tokens"] = (steps.annotation, pydantic.Field(
       None, description="Tokens (the model's ids) to generate per choice; "
-      "max_tokens' newer name."))
+      "max_tokens' newer name.", json_schema_extra=_STEPS_SCHEMA))
   return pydantic.create_model("ChatCompletionRequest", __base__=ChatFields,
                                **fields)
 
@@ -571,12 +562,12 @@ def checked_chat_request(request, prompt: str, end_of_turn: Sequence[str],
       request.stop or [])
   stops += [s for s in end_of_turn if s not in stops]
   fields = {name: getattr(request, name) for name in (
-      "model", "seed", "n", "stream", "stream_options", "user", "regex",
-      *(o.name for o in DECODING_OPTIONS))}
+      *CHAT_AS_COMPLETION, *(o.name for o in DECODING_OPTIONS))}
+  fields.update(max_tokens=max_tokens, stop=stops or None)
   # A completion request of the values the chat model has validated (its
   # defaults for any field a chat request does not have).
   as_completion = _completion_fields().model_construct(
-      prompt=prompt, max_tokens=max_tokens, stop=stops or None,
+      prompt=prompt,
       logprobs=(request.top_logprobs or 0) if request.logprobs else None,
       echo=False, include_stop_str_in_output=False, **fields)
   checked = checked_request(as_completion, max_batch)
