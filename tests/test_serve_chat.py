@@ -14,13 +14,16 @@ same seed, cut before the end of turn.
 
 import json
 import pathlib
+import shutil
 
 import httpx
 import numpy as np
 import pytest
 
 import rnnstep
+from rnnstep import convert
 from rnnstep.model import chat_template
+from rnnstep.model import model_file
 from tests.support import cli
 from tests.support import serve_process
 
@@ -68,9 +71,9 @@ def test_rwkv_convention_renders_chatrwkv_s_prompt():
 
 def test_find_takes_the_flag_then_the_model_s_then_rwkv_s(tmp_path):
   assert chat_template.find(None, "characters") is None
-  assert isinstance(chat_template.find("m.npz", "world"),
+  assert isinstance(chat_template.find(None, "world"),
                     chat_template.RwkvTemplate)
-  assert chat_template.find("m.npz", "world", end_of_turn=["\n"]
+  assert chat_template.find(None, "world", end_of_turn=["\n"]
                             ).end_of_turn == ("\n",)
   config = tmp_path / "tokenizer_config.json"
   config.write_text(json.dumps({
@@ -78,22 +81,62 @@ def test_find_takes_the_flag_then_the_model_s_then_rwkv_s(tmp_path):
                        "{{ m.content }}{{ eos_token }}{% endfor %}"
                        "{% if add_generation_prompt %}<assistant>{% endif %}",
       "bos_token": "<s>", "eos_token": {"content": "</s>"}}))
-  for found in (chat_template.find(str(tmp_path), "world"),
+  data = chat_template.read_tokenizer_config(str(config))
+  assert data == model_file.ChatTemplateData(
+      "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+      "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+      "{% endif %}", "<s>", "</s>")
+  for found in (chat_template.find(data, "world"),
                 chat_template.find(None, "characters", str(config))):
     assert found.render([chat_template.Message("user", "hi")]) == (
         "<s><user>hi</s><assistant>")
     assert found.end_of_turn == ("</s>",)
   jinja = tmp_path / "t.jinja"
   jinja.write_text("{{ messages[0].content }}!")
-  found = chat_template.find(None, "characters", str(jinja))
+  found = chat_template.find(data, "world", str(jinja))  # The flag first.
   assert found.render([chat_template.Message("user", "x")]) == "x!"
   assert found.end_of_turn == ()
   (tmp_path / "bad.json").write_text('{"eos_token": "x"}')
+  assert chat_template.read_tokenizer_config(str(tmp_path / "bad.json")) is None
   with pytest.raises(chat_template.TemplateError, match="no chat_template"):
     chat_template.find(None, "characters", str(tmp_path / "bad.json"))
   (tmp_path / "bad.jinja").write_text("{% for %}")
   with pytest.raises(chat_template.TemplateError, match="does not compile"):
     chat_template.find(None, "characters", str(tmp_path / "bad.jinja"))
+
+
+def test_the_converter_keeps_the_tokenizer_config_s_template(tmp_path):
+  """A folder converted (or loaded) with a Hugging Face tokenizer_config.json
+  keeps its chat template in the model file; a file without one is written
+  as before."""
+  folder = tmp_path / "preset"
+  shutil.copytree(PRESET, folder)
+  data = model_file.ChatTemplateData("{{ messages[0].content }}:", "", "<e>")
+  (folder / "tokenizer_config.json").write_text(json.dumps({
+      "chat_template": data.template, "eos_token": "<e>"}))
+  assert rnnstep.load(str(folder)).chat_template == data
+  out = tmp_path / "with.npz"
+  summary = convert.convert(str(folder), str(out))
+  assert any("chat template" in note for note in summary.notes)
+  assert rnnstep.load(str(out)).chat_template == data
+  assert model_file.read(str(out)).chat_template == data
+  convert.convert(PRESET, str(tmp_path / "without.npz"))
+  assert model_file.read(str(tmp_path / "without.npz")).chat_template is None
+  with np.load(tmp_path / "without.npz") as archive:
+    assert "chat_template" not in archive.files
+  # A template that does not compile is refused when converted, naming it.
+  (folder / "tokenizer_config.json").write_text(json.dumps({
+      "chat_template": "{% for %}"}))
+  with pytest.raises(ValueError, match="tokenizer_config.json: the chat "
+                     "template does not compile"):
+    convert.convert(str(folder), str(tmp_path / "bad.npz"))
+  assert not (tmp_path / "bad.npz").exists()
+  # A model file's member that is not a template object is refused.
+  members = dict(np.load(out))
+  members["chat_template"] = np.array('{"template": 3}')
+  np.savez(tmp_path / "hostile.npz", **members)
+  with pytest.raises(ValueError, match="hostile.npz: chat_template must be"):
+    model_file.read(str(tmp_path / "hostile.npz"))
 
 
 @pytest.mark.parametrize("text,refusal", [

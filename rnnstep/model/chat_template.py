@@ -6,9 +6,10 @@ A template is a fact about the model, found in this order (`find`):
   - a file given by hand (`rnnstep-serve --chat_template=FILE`): a Jinja
     template, or a Hugging Face `tokenizer_config.json` whose
     `chat_template` it uses with the `bos_token`/`eos_token` beside it;
-  - the model's own: a `tokenizer_config.json` with a `chat_template` in
-    the model's folder (a Hugging Face or KerasHub folder converted on the
-    fly);
+  - the model's own (`Model.chat_template`): the `chat_template` of a
+    `tokenizer_config.json` the converter found beside the vocabulary
+    file or in the folder it converted (`rnnstep.convert`), kept in the
+    model file;
   - RWKV's convention for a model with RWKV's world vocabulary (`RwkvTemplate`),
     as BlinkDL's ChatRWKV (`API_DEMO_CHAT.py`) and RWKV-Runner
     (`backend-python/routes/completion.py`, `chat_template`) render it:
@@ -41,10 +42,11 @@ only.
 
 import dataclasses
 import json
-import os
 import re
 import sys
 from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from rnnstep.model import model_file
 
 ROLES = ("system", "user", "assistant")
 # RWKV's role names (RWKV-Runner's `chat_template`).
@@ -307,6 +309,27 @@ def _render_bounded(template, context: Mapping[str, Any], max_chars: int,
   return "".join(pieces)
 
 
+def _read_text(path: str) -> str:
+  """A template file's text, bounded.
+
+  Raises:
+    TemplateError: naming the file: unreadable, too large, not UTF-8.
+  """
+  try:
+    with open(path, "rb") as f:
+      data = f.read(MAX_TEMPLATE_BYTES + 1)
+  except OSError as e:
+    raise TemplateError(f"{path}: cannot read it: {e.strerror or e}"
+                        ) from None
+  if len(data) > MAX_TEMPLATE_BYTES:
+    raise TemplateError(f"{path}: over {MAX_TEMPLATE_BYTES} bytes; a chat "
+                        "template is smaller")
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise TemplateError(f"{path}: not UTF-8 text ({e})") from None
+
+
 def read_file(path: str,
               end_of_turn: Optional[Sequence[str]] = None) -> JinjaTemplate:
   """A template file: Jinja, or a Hugging Face `tokenizer_config.json`.
@@ -319,22 +342,14 @@ def read_file(path: str,
   Raises:
     TemplateError: naming the file: unreadable, too large, not a template.
   """
-  try:
-    with open(path, "rb") as f:
-      data = f.read(MAX_TEMPLATE_BYTES + 1)
-  except OSError as e:
-    raise TemplateError(f"{path}: cannot read it: {e.strerror or e}"
-                        ) from None
-  if len(data) > MAX_TEMPLATE_BYTES:
-    raise TemplateError(f"{path}: over {MAX_TEMPLATE_BYTES} bytes; a chat "
-                        "template is smaller")
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise TemplateError(f"{path}: not UTF-8 text ({e})") from None
+  text = _read_text(path)
   if not path.endswith(".json"):
     return JinjaTemplate(text, source=path, end_of_turn=end_of_turn)
-  return _from_tokenizer_config(text, path, end_of_turn)
+  data = tokenizer_config(text, path)
+  if data is None:
+    raise TemplateError(f"{path}: holds no chat_template (a string, or a "
+                        "list with one named default)")
+  return from_data(data, path, end_of_turn)
 
 
 def _token_text(value) -> str:
@@ -344,9 +359,19 @@ def _token_text(value) -> str:
   return value if isinstance(value, str) else ""
 
 
-def _from_tokenizer_config(text: str, path: str,
-                           end_of_turn: Optional[Sequence[str]] = None
-                           ) -> JinjaTemplate:
+def tokenizer_config(text: str, path: str
+                     ) -> Optional[model_file.ChatTemplateData]:
+  """A Hugging Face `tokenizer_config.json`'s chat template, or None where it
+  has none, checked to compile.
+
+  Args:
+    text: the file's text.
+    path: the file (messages name it).
+
+  Raises:
+    TemplateError: naming the file: not JSON, or a template that does not
+      compile.
+  """
   try:
     config = json.loads(text)
   except ValueError as e:
@@ -357,21 +382,44 @@ def _from_tokenizer_config(text: str, path: str,
                      if isinstance(t, dict) and t.get("name") == "default"),
                     None)
   if not isinstance(template, str):
-    raise TemplateError(f"{path}: holds no chat_template (a string, or a "
-                        "list with one named default)")
-  return JinjaTemplate(template, source=path, end_of_turn=end_of_turn,
-                       bos_token=_token_text(config.get("bos_token")),
-                       eos_token=_token_text(config.get("eos_token")))
+    return None
+  data = model_file.ChatTemplateData(
+      template, _token_text(config.get("bos_token")),
+      _token_text(config.get("eos_token")))
+  from_data(data, path)  # Compiles it: refused here, not at its first use.
+  return data
 
 
-def find(model_path: Optional[str], tokens_kind: str,
-         template_file: Optional[str] = None,
+def read_tokenizer_config(path: str) -> Optional[model_file.ChatTemplateData]:
+  """`tokenizer_config` of a file (None: it holds no chat template).
+
+  Raises:
+    TemplateError: naming the file: unreadable, too large, not JSON, or a
+      template that does not compile.
+  """
+  return tokenizer_config(_read_text(path), path)
+
+
+def from_data(data: model_file.ChatTemplateData, source: str,
+              end_of_turn: Optional[Sequence[str]] = None) -> JinjaTemplate:
+  """The template of a `model_file.ChatTemplateData`.
+
+  Raises:
+    TemplateError: it does not compile.
+  """
+  return JinjaTemplate(data.template, source=source, end_of_turn=end_of_turn,
+                       bos_token=data.bos_token, eos_token=data.eos_token)
+
+
+def find(model_template: Optional[model_file.ChatTemplateData],
+         tokens_kind: str, template_file: Optional[str] = None,
          end_of_turn: Optional[Sequence[str]] = None
          ) -> Optional[ChatTemplate]:
   """The model's chat template (see the module's docstring for the order).
 
   Args:
-    model_path: the model's file or folder (None: the bundled model).
+    model_template: the template found with the model (its model file's,
+      `Model.chat_template`), or None.
     tokens_kind: its vocabulary's kind (`vocabulary.Tokens.kind`).
     template_file: a template given by hand, or None.
     end_of_turn: stop strings ending a reply, given by hand (None: the
@@ -381,18 +429,13 @@ def find(model_path: Optional[str], tokens_kind: str,
     The template, or None: the model has none and none was given.
 
   Raises:
-    TemplateError: a template file that cannot be used.
+    TemplateError: a template that cannot be used.
   """
   if template_file:
     return read_file(template_file, end_of_turn)
-  if model_path and os.path.isdir(model_path):
-    config = os.path.join(model_path, TOKENIZER_CONFIG)
-    if os.path.isfile(config):
-      with open(config, "rb") as f:
-        text = f.read(MAX_TEMPLATE_BYTES + 1)
-      if len(text) <= MAX_TEMPLATE_BYTES and b'"chat_template"' in text:
-        return _from_tokenizer_config(text.decode("utf-8", "replace"),
-                                      config, end_of_turn)
+  if model_template is not None:
+    return from_data(model_template, "the model's chat template",
+                     end_of_turn)
   if tokens_kind == "world":
     template = RwkvTemplate()
     if end_of_turn is not None:

@@ -139,8 +139,9 @@ _CHAT_TEMPLATE = flags.DEFINE_string(
     "messages with: a Jinja file (rendered in Jinja's sandbox, as Hugging "
     "Face renders one), or a Hugging Face tokenizer_config.json (its "
     "chat_template, bos_token and eos_token). Default: the model's own (a "
-    "tokenizer_config.json in the model's folder), else RWKV's convention "
-    "for a model with RWKV's world vocabulary; else chat requests get 400.",
+    "tokenizer_config.json's that rnnstep-convert found with it), else "
+    "RWKV's convention for a model with RWKV's world vocabulary; else chat "
+    "requests get 400.",
     flag_values=FLAGS)
 _CHAT_END_OF_TURN = flags.DEFINE_multi_string(
     "chat_end_of_turn", None, "A stop string that ends a chat reply "
@@ -332,7 +333,7 @@ def _chat_template(model):
       raise common.Failure("--chat_end_of_turn: a stop string is empty",
                            common.EXIT_USAGE)
   try:
-    return chat_template.find(_MODEL.value, model.tokens.kind,
+    return chat_template.find(model.chat_template, model.tokens.kind,
                               _CHAT_TEMPLATE.value, end_of_turn)
   except chat_template.TemplateError as e:
     flag = "--chat_template" if _CHAT_TEMPLATE.value else "--model"
