@@ -36,6 +36,10 @@ This module is the only place that knows the file's keys. A file holds:
                    "[UNK]" (never sampled); in version 2, the token strings
   tokens           version 2 only: str scalar, JSON `{"kind": K, rules...}`,
                    the vocabulary's kind and rules (`vocabulary.Tokens`)
+  chat_template    optional: str scalar, JSON `{"template": JINJA,
+                   "bos_token": S, "eos_token": S}`, the chat template the
+                   converter found with the model (a Hugging Face
+                   `tokenizer_config.json`'s; `ChatTemplateData`)
   embedding        float32 [V, D]
   layer{i}_kernel            float32 [D_i, G*U_i]   (D_0 = D, D_i = U_{i-1})
   layer{i}_recurrent_kernel  float32 [U_i, G*U_i]
@@ -222,17 +226,52 @@ class ModelConfig:
     return shapes
 
 
+# The largest chat template a model file holds.
+MAX_CHAT_TEMPLATE_CHARS = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplateData:
+  """A chat template found with the model: its Jinja text and the special
+  tokens it may write (`rnnstep.model.chat_template` renders it)."""
+  template: str
+  bos_token: str = ""
+  eos_token: str = ""
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+  @classmethod
+  def from_json(cls, data, path=None) -> "ChatTemplateData":
+    """Checks a file's `chat_template` member (its parsed JSON).
+
+    Raises:
+      ValueError: naming the file: not an object of strings, or too long.
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(data, dict) or "template" not in data or set(
+        data) - fields or not all(isinstance(v, str) for v in data.values()):
+      raise _fail(path, "chat_template must be an object of strings with a "
+                  "template (and bos_token, eos_token)")
+    if len(data["template"]) > MAX_CHAT_TEMPLATE_CHARS:
+      raise _fail(path, f"chat_template is over {MAX_CHAT_TEMPLATE_CHARS} "
+                  "characters")
+    return cls(**data)
+
+
 @dataclasses.dataclass
 class ModelFile:
   """What a model file holds, validated: config, vocabulary and float32 tensors.
 
   `tokens` is the vocabulary's kind and rules (`vocabulary.Tokens`); None
-  for a character model.
+  for a character model. `chat_template` is the chat template found with
+  the model, or None.
   """
   config: ModelConfig
   vocab: List[str]
   tensors: Dict[str, np.ndarray]
   tokens: Optional[vocabulary_lib.Tokens] = None
+  chat_template: Optional[ChatTemplateData] = None
 
 
 def _fail(path, problem: str, advice: str = "") -> ValueError:
@@ -435,7 +474,8 @@ def validate(config: ModelConfig, vocab: Sequence[str],
 
 def write(path, config: ModelConfig, vocab: Sequence[str],
           tensors: Mapping[str, np.ndarray],
-          tokens: Optional[vocabulary_lib.Tokens] = None) -> None:
+          tokens: Optional[vocabulary_lib.Tokens] = None,
+          chat_template: Optional[ChatTemplateData] = None) -> None:
   """Validates and writes a model file atomically (temp file, then rename).
 
   A character model (no `tokens`, or a characters kind) is written as format
@@ -447,6 +487,8 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
     vocab: characters (or token strings) in id order.
     tensors: the arrays named as in the module docstring.
     tokens: the vocabulary's kind and rules; None for characters.
+    chat_template: the model's chat template, if one was found (a member
+      only then: a file without one is written as before).
 
   Raises:
     ValueError: if the contents are inconsistent (nothing is written).
@@ -466,6 +508,8 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
                  vocab=np.array(json.dumps(vocab, ensure_ascii=False)))
   if tokens is not None:
     members["tokens"] = np.array(tokens.to_json())
+  if chat_template is not None:
+    members["chat_template"] = np.array(chat_template.to_json())
   with staging.staged_path(os.fspath(path), prefix=".rnnstep-") as tmp:
     with open(tmp, "wb") as f:
       np.savez(f, **members, **arrays)
@@ -515,8 +559,12 @@ def read(path) -> ModelFile:
   if has_tokens:
     tokens = vocabulary_lib.Tokens.from_json(
         _json_member(members.pop("tokens", None), "tokens", path), vocab, path)
+  chat_template = members.pop("chat_template", None)
+  if chat_template is not None:
+    chat_template = ChatTemplateData.from_json(
+        _json_member(chat_template, "chat_template", path), path)
   tensors = validate(config, vocab, members, path)
-  return ModelFile(config, vocab, tensors, tokens)
+  return ModelFile(config, vocab, tensors, tokens, chat_template)
 
 
 def _json_member(array: Optional[np.ndarray], key: str, path):

@@ -153,7 +153,10 @@ class Model(tf.Module):
     has_unk: whether id 0 is "[UNK]" (it is never sampled).
     compute_dtype: the dtype of the recurrent and output matmuls.
     source: the file the model was read from, if any.
+    chat_template: the `model_file.ChatTemplateData` found with it, or None.
   """
+
+  chat_template: Optional[model_file.ChatTemplateData] = None
 
   def __init__(self, config: model_file.ModelConfig, vocab: Sequence[str],
                tensors, dtype: str = "float32", source: Optional[str] = None,
@@ -910,5 +913,7 @@ def from_file(model_data: model_file.ModelFile, dtype: str = "float32",
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem) or None
     if name and name[0].isdigit():
       name = "m_" + name
-  return Model(model_data.config, model_data.vocab, model_data.tensors, dtype,
-               source, name=name, tokens=model_data.tokens)
+  model = Model(model_data.config, model_data.vocab, model_data.tensors,
+                dtype, source, name=name, tokens=model_data.tokens)
+  model.chat_template = model_data.chat_template
+  return model

@@ -7,17 +7,20 @@
 Every choice's text equals rnnstep.generate(model, prompt, max_tokens,
 seed=seed, **options) for the same request (choice k of a list of prompts, or
 of n > 1, is row k of generate over the prompts each repeated n times), under
-any load. Routes: POST /v1/completions, GET /v1/models, POST /tokenize and
-/detokenize, GET /health (503 until warm), GET /metrics (Prometheus), GET
-/openapi.json. With --api_key (or --api_key_file, or RNNSTEP_API_KEY) every
-route but /health, /metrics and /openapi.json needs `Authorization: Bearer
-KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
+any load; a chat request's, generate's on its messages rendered by the
+model's chat template (--chat_template), cut at the end of the turn.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+POST /tokenize and /detokenize, GET /health (503 until warm), GET /metrics
+(Prometheus), GET /openapi.json. With --api_key (or --api_key_file, or
+RNNSTEP_API_KEY) every route but /health, /metrics and /openapi.json needs
+`Authorization: Bearer KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
 --drain_timeout s) and exits 0; a failed warm-up exits 1, saying why.
 """
 
 import ipaddress
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -130,6 +133,20 @@ _INTER_OP_THREADS = flags.DEFINE_integer(
     "inter_op_threads", None, "TensorFlow's threads running independent "
     "ops at once. Default: --lanes with several, else as "
     "--intra_op_threads; 0: TensorFlow's own.", lower_bound=0,
+    flag_values=FLAGS)
+_CHAT_TEMPLATE = flags.DEFINE_string(
+    "chat_template", None, "The chat template /v1/chat/completions renders "
+    "messages with: a Jinja file (rendered in Jinja's sandbox, as Hugging "
+    "Face renders one), or a Hugging Face tokenizer_config.json (its "
+    "chat_template, bos_token and eos_token). Default: the model's own (a "
+    "tokenizer_config.json's that rnnstep-convert found with it), else "
+    "RWKV's convention for a model with RWKV's world vocabulary; else chat "
+    "requests get 400.",
+    flag_values=FLAGS)
+_CHAT_END_OF_TURN = flags.DEFINE_multi_string(
+    "chat_end_of_turn", None, "A stop string that ends a chat reply "
+    "(repeatable; \\n is a line end, \\t a tab, \\\\ a backslash). "
+    "Default: the template's own (its eos_token; RWKV's: a blank line).",
     flag_values=FLAGS)
 _DRAIN_TIMEOUT = flags.DEFINE_float(
     "drain_timeout", 30.0, "On SIGTERM, seconds to finish the requests in "
@@ -294,6 +311,35 @@ def _allowed_hosts():
   return ["localhost", "127.0.0.1"] if loopback else ["*"]
 
 
+def _unescape(text: str) -> str:
+  """A flag's text with \\n, \\t and \\\\ read as a line end, a tab and a
+  backslash."""
+  return re.sub(r"\\([nt\\])",
+                lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)],
+                text)
+
+
+def _chat_template(model):
+  """The model's chat template (`chat_template.find`), or None.
+
+  Raises:
+    common.Failure: --chat_template cannot be used, naming it.
+  """
+  from rnnstep.model import chat_template  # pylint: disable=g-import-not-at-top
+  end_of_turn = None
+  if _CHAT_END_OF_TURN.value:
+    end_of_turn = [_unescape(s) for s in _CHAT_END_OF_TURN.value]
+    if not all(end_of_turn):
+      raise common.Failure("--chat_end_of_turn: a stop string is empty",
+                           common.EXIT_USAGE)
+  try:
+    return chat_template.find(model.chat_template, model.tokens.kind,
+                              _CHAT_TEMPLATE.value, end_of_turn)
+  except chat_template.TemplateError as e:
+    flag = "--chat_template" if _CHAT_TEMPLATE.value else "--model"
+    raise common.Failure(f"{flag}: {e}", common.EXIT_USAGE) from None
+
+
 def _model_name() -> str:
   if _SERVED_MODEL_NAME.value:
     return _SERVED_MODEL_NAME.value
@@ -317,6 +363,7 @@ def main(argv) -> int:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
                          "serves stateful models only", common.EXIT_USAGE)
+  chat_template = _chat_template(model)
   # The library's choice for the rows one lane's device runs.
   path = _path(model, (strategy.num_replicas_in_sync if strategy else 1)
                * lanes)
@@ -335,7 +382,8 @@ def main(argv) -> int:
       max_body_bytes=_MAX_BODY_BYTES.value, api_keys=api_keys,
       allowed_origins=_ALLOWED_ORIGINS.value,
       allowed_hosts=_allowed_hosts(), body_seconds=_BODY_TIMEOUT.value,
-      check_seconds=_CHECK_TIMEOUT.value, max_queue=_MAX_QUEUE.value)
+      check_seconds=_CHECK_TIMEOUT.value, max_queue=_MAX_QUEUE.value,
+      chat_template=chat_template)
   failed = []  # Why the warm-up failed.
 
   class Uvicorn(uvicorn.Server):
