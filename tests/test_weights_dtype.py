@@ -242,3 +242,22 @@ def test_a_forged_reduced_file_is_refused_in_one_line(gru_file, tmp_path):
                    if k != "embedding__scale"})
   with pytest.raises(ValueError, match="missing tensor embedding__scale"):
     model_file.read(bad)
+
+
+@pytest.mark.slow  # A server process.
+def test_server_gives_the_library_s_int8_text(gru_file):
+  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  import httpx  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(gru_file, weights_dtype="int8")
+  body = dict(prompt=PROMPT, max_tokens=20, seed=1, temperature=0.9)
+  want = serve_process.expected(model, body, body["seed"])[0]
+  with serve_process.RemoteServer([f"--model={gru_file}",
+                                   "--weights_dtype=int8", "--max_batch=2",
+                                   "--jit_compile=false",
+                                   "--lanes=1"], startup_timeout=300) as server:
+    reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert [c["text"] for c in reply.json()["choices"]] == want

@@ -17,6 +17,8 @@ In-process variants (--variants), each warmed up by one call a batch size
   - rnnstep_prime: the same call generating 1 token (the prefill), so
     that rnnstep - rnnstep_prime is the decode steps' cost alone (the
     table's "decode" column);
+  - either with "@int8" (or @float16, @bfloat16): the same model loaded
+    with that weights_dtype (`rnnstep.load(..., weights_dtype=)`);
   - floor: a graph `tf.while_loop` that does only one token's products of
     the same weights a step (per block R, K, V, O, the four LoRAs' eight,
     the feed-forward's two, then the head): the bytes a token must read;
@@ -71,11 +73,13 @@ VARIANTS = ("rnnstep", "rnnstep_prime", "floor", "keras_hub", "keras_hub_jit")
 PROCESSES = ("rnnstep", "keras_hub")
 
 
-def random_model(dtype="float32"):
-  """The 0.1B-shaped rnnstep model, seeded random weights."""
+def random_model(dtype="float32", weights_dtype="float32"):
+  """The 0.1B-shaped rnnstep model, seeded random weights (rounded to
+  `weights_dtype`)."""
   from rnnstep.model import network
   config, vocab, tensors, tokens = _random_parts()
-  return network.Model(config, vocab, tensors, dtype, tokens=tokens)
+  return network.Model(config, vocab, tensors, dtype, tokens=tokens,
+                       weights_dtype=weights_dtype)
 
 
 _PARTS = []
@@ -338,7 +342,8 @@ def main():
   parser.add_argument("--variants", default=",".join(VARIANTS),
                       help="comma list of in-process variants: rnnstep "
                       "(or rnnstep:graph, rnnstep:xla, rnnstep:elementwise), "
-                      "rnnstep_prime, "
+                      "rnnstep_prime, each of them @int8 (@float16, "
+                      "@bfloat16: the model with that weights_dtype), "
                       "floor, floor_xla, floor_int8_xla, floor_bf16_xla, "
                       "floor_bf16, floor_litert, floor_litert_int8, "
                       "floor_litert_f16, keras_hub, keras_hub_jit")
@@ -380,13 +385,21 @@ def main():
       f"{args.dtype}; prompt {PROMPT} tokens, {STEPS} generated")
 
   runners = {}
+  reduced = {}  # weights dtype -> the model rounded to it.
   for name in variants:
-    if name == "rnnstep_prime":
-      runners[name] = Rnnstep(model, None, steps=1)
-    elif name.startswith("rnnstep"):
+    base, _, weights_dtype = name.partition("@")
+    if weights_dtype:
+      if weights_dtype not in reduced:
+        reduced[weights_dtype] = random_model(args.dtype, weights_dtype)
+      on = reduced[weights_dtype]
+    else:
+      on = model
+    if base == "rnnstep_prime":
+      runners[name] = Rnnstep(on, None, steps=1)
+    elif base.startswith("rnnstep"):
       path = {"rnnstep": None, "rnnstep:graph": False, "rnnstep:xla": True,
-              "rnnstep:elementwise": "elementwise"}[name]
-      runners[name] = Rnnstep(model, path)
+              "rnnstep:elementwise": "elementwise"}[base]
+      runners[name] = Rnnstep(on, path)
     elif name in FLOOR_VARIANTS:
       runtime, weights = FLOOR_VARIANTS[name]
       runners[name] = (FloorLiteRT(model, weights) if runtime == "litert"
@@ -473,13 +486,16 @@ def main():
       say(f"| {batch} | {name} | {ms:.1f} | {rounds} | {vs_floor} | "
           f"{faster} | {batch * 1e3 / ms:.1f} | {first:.1f} | "
           f"{min(loads):.1f}-{max(loads):.1f} |")
-    if "rnnstep" in medians and "rnnstep_prime" in medians:
+    for suffix in [""] + [f"@{d}" for d in reduced]:
+      whole, prime = "rnnstep" + suffix, "rnnstep_prime" + suffix
+      if whole not in medians or prime not in medians:
+        continue
       # Per round (paired): the decode steps alone, the prefill taken out.
       decode = [(a - b) / (STEPS - 1) * 1e3 for a, b in zip(
-          results[batch, "rnnstep"][1], results[batch, "rnnstep_prime"][1])]
+          results[batch, whole][1], results[batch, prime][1])]
       ms = statistics.median(decode)
       vs_floor = f"{ms / floor:.2f}" if floor else ""
-      say(f"| {batch} | rnnstep decode (rnnstep - rnnstep_prime) | {ms:.1f}"
+      say(f"| {batch} | {whole} decode ({whole} - {prime}) | {ms:.1f}"
           f" | {' '.join(f'{d:.0f}' for d in decode)} | {vs_floor} | | "
           f"{batch * 1e3 / ms:.1f} | | |")
   if process_results:

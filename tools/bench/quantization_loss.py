@@ -2,6 +2,7 @@
 
     python tools/bench/quantization_loss.py
     python tools/bench/quantization_loss.py --models=bundled --markdown=FILE
+    python tools/bench/quantization_loss.py --model=my.npz --text=heldout.txt
 
 Per model and weights dtype (float16, bfloat16, int8), against the same
 model in float32, over held-out text (teacher-forced, from a zero state, in
@@ -123,6 +124,12 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="",
                       help="comma list of name prefixes (default: all)")
+  parser.add_argument("--model", default="",
+                      help="measure this model file instead (with --text)")
+  parser.add_argument("--text", default="",
+                      help="--model's held-out text (UTF-8)")
+  parser.add_argument("--prompt", default="ROMEO:",
+                      help="--model's greedy prompt")
   parser.add_argument("--window", type=int, default=256)
   parser.add_argument("--markdown", default="")
   args = parser.parse_args()
@@ -139,7 +146,14 @@ def main():
            "difference |", "|---|---|---|---|---|---|---|---|"]
   print(lines[0], flush=True)
   wanted = [m for m in args.models.split(",") if m]
-  for name, (load, text, prompt) in _models().items():
+  models = _models()
+  if args.model:
+    if not args.text:
+      parser.error("--model needs --text (its held-out text)")
+    models = {args.model: (dict(path=args.model),
+                           pathlib.Path(args.text).read_text("utf-8"),
+                           args.prompt)}
+  for name, (load, text, prompt) in models.items():
     if wanted and not any(name.startswith(m) for m in wanted):
       continue
     for row in measure(name, load, text, prompt, args.window):
