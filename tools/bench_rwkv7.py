@@ -27,7 +27,9 @@ In-process variants (--variants), each warmed up by one call a batch size
     int8 or 16-bit weights converting them in registers?), the same
     products of the same matrices:
     floor_int8_xla: int8 per output channel, `x @ cast(w, f32) * scale`
-      under XLA; floor_bf16_xla: bfloat16 weights, bf16 x bf16 products
+      under XLA; floor_int8_reduce_xla: the same product written as
+      multiply-and-reduce (`sum(x * cast(w), axis)`, which XLA fuses, so
+      it reads int8); floor_bf16_xla: bfloat16 weights, bf16 x bf16 products
       under XLA; floor_bf16: the same in a graph (oneDNN's bf16 matmul);
     floor_litert, floor_litert_int8, floor_litert_f16: one token's
       products as a LiteRT flatbuffer (the weights its constants), invoked
@@ -124,7 +126,9 @@ FLOOR_NAMES = ("receptance", "key", "value", "output", "w1", "w2", "a1",
 # name -> (runtime, weights).
 FLOOR_VARIANTS = {
     "floor": ("graph", "float32"), "floor_xla": ("xla", "float32"),
-    "floor_int8_xla": ("xla", "int8"), "floor_bf16_xla": ("xla", "bfloat16"),
+    "floor_int8_xla": ("xla", "int8"),
+    "floor_int8_reduce_xla": ("xla", "int8_reduce"),
+    "floor_bf16_xla": ("xla", "bfloat16"),
     "floor_bf16": ("graph", "bfloat16"),
     "floor_litert": ("litert", "float32"),
     "floor_litert_int8": ("litert", "int8"),
@@ -134,7 +138,8 @@ FLOOR_VARIANTS = {
 def _floor_token(model, weights):
   """One token's products (`Floor`) as a function of x `[B, C]`, with the
   big matrices (not the LoRAs) stored in `weights`: float32, int8 (per
-  output channel, float32 scales), bfloat16 (bf16 x bf16, float32 out)."""
+  output channel, float32 scales; int8_reduce: as multiply-and-reduce),
+  bfloat16 (bf16 x bf16, float32 out)."""
   import tensorflow as tf
   w = model.layer_weights[0]
   big = {"receptance", "key", "value", "output", "ffn_key", "ffn_value"}
@@ -146,10 +151,15 @@ def _floor_token(model, weights):
       # float16: LiteRT's converter stores the constants as float16.
       kernel = tf.constant(array)
       return lambda x: tf.matmul(x, kernel)
-    if weights == "int8":
+    if weights.startswith("int8"):
       scale = np.abs(array).max(0) / 127
-      kernel = tf.constant(np.round(array / scale).astype(np.int8))
+      q = np.round(array / scale).astype(np.int8)
       scale = tf.constant(scale.astype(np.float32))
+      if weights == "int8_reduce":  # [out, in]: the reduction's axis minor.
+        kernel = tf.constant(q.T.copy())
+        return lambda x: tf.reduce_sum(
+            x[:, None, :] * tf.cast(kernel, tf.float32), -1) * scale
+      kernel = tf.constant(q)
       return lambda x: tf.matmul(x, tf.cast(kernel, tf.float32)) * scale
     kernel = tf.constant(array, tf.bfloat16)
     return lambda x: tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel),
@@ -344,7 +354,8 @@ def main():
                       "(or rnnstep:graph, rnnstep:xla, rnnstep:elementwise), "
                       "rnnstep_prime, each of them @int8 (@float16, "
                       "@bfloat16: the model with that weights_dtype), "
-                      "floor, floor_xla, floor_int8_xla, floor_bf16_xla, "
+                      "floor, floor_xla, floor_int8_xla, "
+                      "floor_int8_reduce_xla, floor_bf16_xla, "
                       "floor_bf16, floor_litert, floor_litert_int8, "
                       "floor_litert_f16, keras_hub, keras_hub_jit")
   parser.add_argument("--processes", default=",".join(PROCESSES),
