@@ -261,3 +261,20 @@ def test_server_gives_the_library_s_int8_text(gru_file):
     reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     assert [c["text"] for c in reply.json()["choices"]] == want
+
+
+def test_converting_weights_stores_them_reduced(tmp_path):
+  """rnnstep.convert.convert (rnnstep-convert) on PyTorch weights, stored
+  int8: the file loads as the weights loaded with weights_dtype int8."""
+  from rnnstep import convert  # pylint: disable=g-import-not-at-top
+  data = pathlib.Path(__file__).parent / "data" / "word_lm"
+  path = tmp_path / "gru-int8.npz"
+  summary = convert.convert(data / "gru.pt", path, corpus=data / "corpus",
+                            weights_dtype="int8")
+  assert "weights:    int8" in str(summary)
+  stored = rnnstep.load(str(path))
+  assert stored.weights_dtype == "int8"
+  loaded = rnnstep.load(str(data / "gru.pt"), corpus=str(data / "corpus"),
+                        weights_dtype="int8")
+  for key, value in loaded.tensors().items():
+    np.testing.assert_array_equal(stored.tensors()[key], value, err_msg=key)
