@@ -82,6 +82,7 @@ from rnnstep.convert.vocabulary import vocab_from_corpus
 from rnnstep.model import chat_template as chat_template_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import reduced_weights
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "describe", "holds_vocabulary",
@@ -147,7 +148,8 @@ def _read_weights(input_path: PathLike):
 
 def convert(input_path: PathLike, output_path: PathLike, *,
             corpus: Optional[PathLike] = None,
-            vocab: Union[None, PathLike, Sequence[str]] = None) -> Summary:
+            vocab: Union[None, PathLike, Sequence[str]] = None,
+            weights_dtype: str = "float32") -> Summary:
   """Converts a Keras weights file into an rnnstep model file.
 
   Args:
@@ -162,6 +164,8 @@ def convert(input_path: PathLike, output_path: PathLike, *,
       Neither for a file that holds its own vocabulary (a char-rnn-tensorflow
       save directory's `chars_vocab.pkl`, a Keras model's TextVectorization
       layer).
+    weights_dtype: what the file stores its large matrices in
+      (`model_file.write`): float32, float16, bfloat16 or int8.
 
   Returns:
     The Summary of what was read and written.
@@ -177,6 +181,8 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   if corpus is not None and vocab is not None:
     raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
+  if weights_dtype not in reduced_weights.WEIGHTS_DTYPES:
+    raise ValueError(reduced_weights.choices_message(weights_dtype))
   output_path = os.fspath(output_path)
   if os.path.isdir(output_path):
     raise IsADirectoryError(f"{output_path}: the output is a directory; give a "
@@ -194,7 +200,7 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   # The vocabulary is read after the model is mapped (`_read_mapped`): a model
   # rnnstep cannot run is the real blocker, whatever the vocabulary.
   return _contained(input_path, _convert, input_path, output_path, corpus,
-                    vocab)
+                    vocab, weights_dtype)
 
 
 def is_model_file(path: PathLike) -> bool:
@@ -465,24 +471,28 @@ def read_vocabulary(corpus, vocab):
           None)
 
 
-def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
+def _convert(input_path: str, output_path: str, corpus, vocab,
+             weights_dtype) -> Summary:
   chat_template = chat_template_beside(input_path, vocab)
   note = [] if chat_template is None else [
       "the chat template of the tokenizer_config.json beside it is kept"]
   if rwkv7.file_kind(input_path):
     read = rwkv7.read_model(input_path, corpus, vocab)
     model_file.write(output_path, read.config, read.vocab, read.tensors,
-                     read.tokens, chat_template)
+                     read.tokens, chat_template=chat_template,
+                     weights_dtype=weights_dtype)
     summary = rwkv7.summary(input_path, read)
     summary.vocab, summary.tokens = read.vocab, read.tokens
     summary.output_path = output_path
+    summary.weights_dtype = weights_dtype
     summary.notes += note
     return summary
   mapped, chars, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                            vocab)
   model_file.write(output_path, mapped.config, full_vocab, tensors, tokens,
-                   chat_template)
+                   chat_template=chat_template, weights_dtype=weights_dtype)
   summary = _summary(input_path, mapped)
+  summary.weights_dtype = weights_dtype
   summary.notes += note
   summary.vocab = full_vocab
   summary.tokens = tokens

@@ -35,6 +35,7 @@ FLAGS = flags.FlagValues()
 
 _MODEL, _DTYPE = common.define_model_flags(
     FLAGS, "Model file (.npz). Default: the bundled Shakespeare model.")
+_WEIGHTS_DTYPE = common.define_weights_dtype_flag(FLAGS)
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.",
                             flag_values=FLAGS)
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.",
@@ -358,7 +359,8 @@ def main(argv) -> int:
   lanes = _lanes()
   _threads(lanes)
   strategy = _strategy()
-  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name)
+  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name,
+                            weights_dtype=_WEIGHTS_DTYPE.value)
   if model.config.window:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
