@@ -28,6 +28,7 @@ from rnnstep import errors
 from rnnstep import records
 from rnnstep.model import cells
 from rnnstep.model import network as model_lib
+from rnnstep.model import reduced_weights
 from rnnstep.model import vocabulary
 
 Prompts = Union[str, Sequence[str]]
@@ -42,8 +43,8 @@ def bundled_model_path() -> str:
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
          dtype: str = "float32",
          corpus: Optional[Union[str, os.PathLike]] = None,
-         vocab: Union[None, str, os.PathLike, Sequence[str]] = None
-         ) -> model_lib.Model:
+         vocab: Union[None, str, os.PathLike, Sequence[str]] = None,
+         weights_dtype: Optional[str] = None) -> model_lib.Model:
   """Loads a model file, or converts Keras / PyTorch weights on the fly.
 
   Args:
@@ -63,6 +64,13 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       a list of characters or words (or textgenrnn's `{token: index}` dict,
       `textgen.vocab`). Neither for a
       Keras model with a TextVectorization layer, which holds its own.
+    weights_dtype: 'float16', 'bfloat16' or 'int8' rounds the large
+      matrices to that dtype (int8: per output channel, float32 scales),
+      and they are the model's weights from then on, on every path; the
+      arithmetic stays float32 (that is `dtype`). None keeps the file's
+      (float32 unless it was written with one); 'float32' keeps the
+      weights as they are. docs/guide/performance.md has what each costs in
+      quality and speed.
 
   Returns:
     The Model.
@@ -71,7 +79,7 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
     FileNotFoundError: no such file (or no bundled model in this install).
     ValueError: the file is not a valid model or weights file, a weights file
       without `corpus`/`vocab` (or a model file with one), a vocabulary that
-      does not fit, or a bad dtype.
+      does not fit, or a bad dtype or weights_dtype.
   """
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import convert as convert_lib  # Only loaded when needed.
@@ -86,9 +94,13 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   if dtype not in model_lib.DTYPES:
     raise errors.ArgumentError(
         "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
+  if weights_dtype is not None and (
+      weights_dtype not in reduced_weights.WEIGHTS_DTYPES):
+    raise errors.ArgumentError(
+        "weights_dtype", reduced_weights.choices_message(weights_dtype))
   return model_lib.from_file(
       convert_lib.read_any(path, corpus=corpus, vocab=vocab), dtype=dtype,
-      source=path)
+      source=path, weights_dtype=weights_dtype)
 
 
 def logits(model: model_lib.Model, ids, initial_state=None, *,

@@ -355,6 +355,19 @@ def test_models_health_and_one_completion_with_openai_client(server, model):
 
 
 @pytest.mark.slow
+def test_chat_without_a_template_is_400_naming_the_flag(server):
+  """A character model has no chat template of its own: without
+  --chat_template its chat requests are refused, never given a guessed
+  format (tests/test_serve_chat.py serves chat)."""
+  reply = httpx.post(server.url("/v1/chat/completions"), timeout=60, json=dict(
+      messages=[{"role": "user", "content": "hi"}], max_tokens=5))
+  assert reply.status_code == 400
+  error = reply.json()["error"]
+  assert "--chat_template" in error["message"]
+  assert error["code"] == "no_chat_template"
+
+
+@pytest.mark.slow
 def test_streamed_chunks_join_into_the_whole_text(server, model):
   for body in [
       dict(prompt=["ROMEO:", "a"], n=2, max_tokens=60, seed=3,

@@ -53,10 +53,19 @@ def model(model_path):
   return rnnstep.load(model_path)
 
 
+# A chat template for the tiny GRU's vocabulary (the fuzzer's chat requests
+# render through it).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m.role|upper }}: {{ m.content }}\n"
+                 "{% endfor %}ASSISTANT:")
+
+
 @pytest.fixture(scope="module")
-def server(model_path):
+def server(model_path, tmp_path_factory):
+  template = tmp_path_factory.mktemp("chat") / "chat.jinja"
+  template.write_text(CHAT_TEMPLATE)
   with serve_process.RemoteServer([
-      f"--model={model_path}", "--max_batch=8", "--chunk_steps=8",
+      f"--model={model_path}", f"--chat_template={template}",
+      "--chat_end_of_turn=\\n", "--max_batch=8", "--chunk_steps=8",
       "--max_tokens_limit=400", f"--max_prompt_tokens={MAX_PROMPT_TOKENS}",
       "--jit_compile=false", "--drain_timeout=20", "--lanes=2",
       f"--api_key={KEYS[0]}", f"--api_key={KEYS[1]}",
@@ -298,15 +307,16 @@ def test_schema_fuzzer_finds_no_server_error(server):
         operation.as_strategy(GenerationMode.POSITIVE),
         operation.as_strategy(GenerationMode.NEGATIVE)))
     def fuzz(case):
-      if case.body is not None and isinstance(case.body, dict) and (
-          "max_tokens" in case.body):
-        # Short generations; a value of another type (a negative case: a
-        # string, a list) goes as the fuzzer made it, for the server to
-        # refuse.
-        value = case.body["max_tokens"]
-        if value is None or (isinstance(value, (int, float))
-                             and not isinstance(value, bool)):
-          case.body["max_tokens"] = min(value or 0, 20)
+      for name in ("max_tokens", "max_completion_tokens"):
+        if case.body is not None and isinstance(case.body, dict) and (
+            name in case.body):
+          # Short generations; a value of another type (a negative case: a
+          # string, a list) goes as the fuzzer made it, for the server to
+          # refuse.
+          value = case.body[name]
+          if value is None or (isinstance(value, (int, float))
+                               and not isinstance(value, bool)):
+            case.body[name] = min(value or 0, 20)
       response = case.call(headers=AUTH, timeout=60)
       sent[0] += 1
       statuses[response.status_code] = statuses.get(

@@ -430,7 +430,10 @@ def server(model, tmp_path_factory):
   for name, seed in (("warm.safetensors", 1), ("tuned.pth", 2)):
     rnnstep.save_state(states / name, model, _random_state(model, seed)[1])
   (states / "notes.txt").write_text("not a state")
+  from tests.test_serve_chat import GRU_TEMPLATE  # pylint: disable=g-import-not-at-top
+  (folder / "chat.jinja").write_text(GRU_TEMPLATE)
   with serve_process.RemoteServer([
+      f"--chat_template={folder / 'chat.jinja'}",
       f"--model={path}", "--max_batch=4", "--chunk_steps=4",
       "--max_tokens_limit=32", "--max_prompt_tokens=128",
       "--jit_compile=false", "--lanes=2", f"--states={states}",
@@ -539,3 +542,48 @@ def test_bad_state_flags_fail_in_one_line(model, tmp_path, flags, says):
   assert result.returncode == 2, result
   assert len(result.stderr_lines) == 1, result
   assert says in result.stderr_lines[0], result
+
+
+def test_chat_message_boundaries_are_cache_points(model):
+  """A chat prompt's states are kept at its messages' boundaries: after the
+  system message and after all but the last, as offsets in ids."""
+  from rnnstep.model import chat_template  # pylint: disable=g-import-not-at-top
+  template = chat_template.RwkvTemplate()
+  messages = [chat_template.Message("system", "Be brief."),
+              chat_template.Message("user", "Hi"),
+              chat_template.Message("assistant", "Hello."),
+              chat_template.Message("user", "Why?")]
+  prompt = template.render(messages)
+  points = prefix_cache_lib.message_boundaries(template.render, messages,
+                                               prompt)
+  assert [prompt[:p] for p in points] == [
+      "System: Be brief.\n\n",
+      "System: Be brief.\n\nUser: Hi\n\nAssistant: Hello.\n\n"]
+  ids = model.encode(prompt)
+  assert prefix_cache_lib.token_offsets(model.encode, prompt, ids,
+                                        points) == points  # A char model.
+  assert prefix_cache_lib.message_boundaries(
+      template.render, messages[:1], template.render(messages[:1])) == ()
+
+
+def test_server_chat_requests_start_after_the_shared_system_message(
+    model, server):
+  """Chat requests sharing a system message: the second and later start
+  from the state at its end (the template's boundary a cache point), and
+  the text is `generate`'s on the rendered prompt."""
+  system = "You are a terse assistant who answers in one word only."
+  before = _metrics(server)
+  for user in ("Hi", "And now?", "Again"):
+    reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+        messages=[dict(role="system", content=system),
+                  dict(role="user", content=user)],
+        max_tokens=6, seed=2, temperature=0.8), timeout=120)
+    assert reply.status_code == 200, reply.text
+    prompt = f"SYSTEM: {system}\nUSER: {user}\nASSISTANT:"
+    want = rnnstep.generate(model, prompt, 6, seed=2, temperature=0.8,
+                            jit_compile=False)
+    assert reply.json()["choices"][0]["message"]["content"] == want
+  after = _metrics(server)
+  assert after["hits"] - before["hits"] >= 2
+  assert after["tokens_saved"] - before["tokens_saved"] >= 2 * len(
+      f"SYSTEM: {system}\n")

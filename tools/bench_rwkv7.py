@@ -17,10 +17,26 @@ In-process variants (--variants), each warmed up by one call a batch size
   - rnnstep_prime: the same call generating 1 token (the prefill), so
     that rnnstep - rnnstep_prime is the decode steps' cost alone (the
     table's "decode" column);
+  - either with "@int8" (or @float16, @bfloat16): the same model loaded
+    with that weights_dtype (`rnnstep.load(..., weights_dtype=)`);
   - floor: a graph `tf.while_loop` that does only one token's products of
     the same weights a step (per block R, K, V, O, the four LoRAs' eight,
     the feed-forward's two, then the head): the bytes a token must read;
     floor_xla: the same loop compiled by XLA (minutes to compile);
+  - floor with fewer bytes a weight (issue #62: which runtime multiplies by
+    int8 or 16-bit weights converting them in registers?), the same
+    products of the same matrices:
+    floor_int8_xla: int8 per output channel, `x @ cast(w, f32) * scale`
+      under XLA; floor_int8_reduce_xla: the same product written as
+      multiply-and-reduce (`sum(x * cast(w), axis)`, which XLA fuses, so
+      it reads int8); floor_bf16_xla: bfloat16 weights, bf16 x bf16 products
+      under XLA; floor_bf16: the same in a graph (oneDNN's bf16 matmul);
+    floor_litert, floor_litert_int8, floor_litert_f16: one token's
+      products as a LiteRT flatbuffer (the weights its constants), invoked
+      once a step, with float32 weights, dynamic-range int8 weights
+      (`Optimize.DEFAULT`) and float16 weights (`supported_types`), run by
+      XNNPACK; the interpreter's resident memory after its first call is
+      printed (float16 weights kept as float16 add half of float32's);
   - keras_hub, keras_hub_jit: `RWKV7CausalLM.generate` (greedy sampler,
     no stop token) as it runs by default and with jit_compile=True, whole
     call including the prefill, each in a worker process of the keras-hub
@@ -59,11 +75,13 @@ VARIANTS = ("rnnstep", "rnnstep_prime", "floor", "keras_hub", "keras_hub_jit")
 PROCESSES = ("rnnstep", "keras_hub")
 
 
-def random_model(dtype="float32"):
-  """The 0.1B-shaped rnnstep model, seeded random weights."""
+def random_model(dtype="float32", weights_dtype="float32"):
+  """The 0.1B-shaped rnnstep model, seeded random weights (rounded to
+  `weights_dtype`)."""
   from rnnstep.model import network
   config, vocab, tensors, tokens = _random_parts()
-  return network.Model(config, vocab, tensors, dtype, tokens=tokens)
+  return network.Model(config, vocab, tensors, dtype, tokens=tokens,
+                       weights_dtype=weights_dtype)
 
 
 _PARTS = []
@@ -102,41 +120,133 @@ def prompts(model, batch):
   return texts
 
 
-class Floor:
-  """The matmul-only loop (see the module docstring), graph or XLA."""
+FLOOR_NAMES = ("receptance", "key", "value", "output", "w1", "w2", "a1",
+               "a2", "v1", "v2", "g1", "g2", "ffn_key", "ffn_value")
+# The floor's variants of fewer bytes a weight (the module docstring):
+# name -> (runtime, weights).
+FLOOR_VARIANTS = {
+    "floor": ("graph", "float32"), "floor_xla": ("xla", "float32"),
+    "floor_int8_xla": ("xla", "int8"),
+    "floor_int8_reduce_xla": ("xla", "int8_reduce"),
+    "floor_bf16_xla": ("xla", "bfloat16"),
+    "floor_bf16": ("graph", "bfloat16"),
+    "floor_litert": ("litert", "float32"),
+    "floor_litert_int8": ("litert", "int8"),
+    "floor_litert_f16": ("litert", "float16")}
 
-  def __init__(self, model, xla):
+
+def _floor_token(model, weights):
+  """One token's products (`Floor`) as a function of x `[B, C]`, with the
+  big matrices (not the LoRAs) stored in `weights`: float32, int8 (per
+  output channel, float32 scales; int8_reduce: as multiply-and-reduce),
+  bfloat16 (bf16 x bf16, float32 out)."""
+  import tensorflow as tf
+  w = model.layer_weights[0]
+  big = {"receptance", "key", "value", "output", "ffn_key", "ffn_value"}
+
+  def product(array, large):
+    """(x -> x @ array) for one matrix, the weights stored as `weights`."""
+    array = np.asarray(array, np.float32)
+    if not large or weights in ("float32", "float16"):
+      # float16: LiteRT's converter stores the constants as float16.
+      kernel = tf.constant(array)
+      return lambda x: tf.matmul(x, kernel)
+    if weights.startswith("int8"):
+      scale = np.abs(array).max(0) / 127
+      q = np.round(array / scale).astype(np.int8)
+      scale = tf.constant(scale.astype(np.float32))
+      if weights == "int8_reduce":  # [out, in]: the reduction's axis minor.
+        kernel = tf.constant(q.T.copy())
+        return lambda x: tf.reduce_sum(
+            x[:, None, :] * tf.cast(kernel, tf.float32), -1) * scale
+      kernel = tf.constant(q)
+      return lambda x: tf.matmul(x, tf.cast(kernel, tf.float32)) * scale
+    kernel = tf.constant(array, tf.bfloat16)
+    return lambda x: tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), kernel),
+                             tf.float32)
+
+  # Per block, sliced once outside the loop (as rnnstep's cell does).
+  mats = [[product(m, n in big) for m in w[n].numpy()] for n in FLOOR_NAMES]
+  head = product(model.dense_kernel.numpy(), True)
+  c = SHAPE["units"]
+
+  def token(x):
+    acc = x
+    for i in range(SHAPE["blocks"]):
+      r, k, v, o, w1, w2, a1, a2, v1, v2, g1, g2, fk, fv = (
+          m[i] for m in mats)
+      y = (r(acc) + k(acc) + v(acc) + w2(w1(acc)) + a2(a1(acc))
+           + v2(v1(acc)) + g2(g1(acc)))
+      acc = o(y * 1e-3)
+      acc = fv(fk(acc) * 1e-3)
+    return x + head(acc)[:, :c] * 1e-9
+  return token
+
+
+class Floor:
+  """The matmul-only loop (see the module docstring), graph or XLA, with
+  float32, int8 or bfloat16 weights (`FLOOR_VARIANTS`)."""
+
+  def __init__(self, model, xla, weights="float32"):
     import tensorflow as tf
-    w = model.layer_weights[0]
-    names = ("receptance", "key", "value", "output", "w1", "w2", "a1", "a2",
-             "v1", "v2", "g1", "g2", "ffn_key", "ffn_value")
-    # Per block, sliced once outside the loop (as rnnstep's cell does).
-    mats = [tf.unstack(tf.convert_to_tensor(w[n])) for n in names]
-    head = tf.convert_to_tensor(model.dense_kernel)
-    c = SHAPE["units"]
+    token = _floor_token(model, weights)
 
     def loop(x):
-      def body(t, x):
-        acc = x
-        for i in range(SHAPE["blocks"]):
-          r, k, v, o, w1, w2, a1, a2, v1, v2, g1, g2, fk, fv = (
-              m[i] for m in mats)
-          y = (tf.matmul(acc, r) + tf.matmul(acc, k) + tf.matmul(acc, v)
-               + tf.matmul(tf.matmul(acc, w1), w2)
-               + tf.matmul(tf.matmul(acc, a1), a2)
-               + tf.matmul(tf.matmul(acc, v1), v2)
-               + tf.matmul(tf.matmul(acc, g1), g2))
-          acc = tf.matmul(y * 1e-3, o)
-          acc = tf.matmul(tf.matmul(acc, fk) * 1e-3, fv)
-        logits = tf.matmul(acc, head)
-        return t + 1, x + logits[:, :c] * 1e-9
-      return tf.while_loop(lambda t, x: t < STEPS, body, (0, x))[1]
+      return tf.while_loop(lambda t, x: t < STEPS,
+                           lambda t, x: (t + 1, token(x)), (0, x))[1]
 
     self.fn = tf.function(loop, jit_compile=xla, autograph=False)
     self.tf = tf
 
   def run(self, batch):
     self.fn(self.tf.ones([batch, SHAPE["units"]]) * 0.1).numpy()
+
+
+class FloorLiteRT:
+  """The floor's token as a LiteRT flatbuffer (weights constants), one
+  interpreter call a step; `weights`: float32, int8 (dynamic range) or
+  float16, as the converter stores them."""
+
+  def __init__(self, model, weights):
+    import tensorflow as tf
+    from ai_edge_litert import interpreter as litert
+    token = tf.function(
+        _floor_token(model, "float32"), autograph=False,
+        input_signature=[tf.TensorSpec([None, SHAPE["units"]], tf.float32)])
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [token.get_concrete_function()], token)
+    if weights != "float32":
+      converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if weights == "float16":
+      converter.target_spec.supported_types = [tf.float16]
+    flatbuffer = converter.convert()
+    before = _resident_bytes()
+    self.interpreter = litert.Interpreter(model_content=flatbuffer,
+                                          num_threads=os.cpu_count())
+    self.batch = None
+    self.run(1)
+    print(f"  LiteRT {weights}: flatbuffer {len(flatbuffer) / 1e6:.0f} MB, "
+          f"interpreter +{(_resident_bytes() - before) / 1e6:.0f} MB resident "
+          "after its first call", flush=True)
+
+  def run(self, batch):
+    it = self.interpreter
+    inp, out = (it.get_input_details()[0]["index"],
+                it.get_output_details()[0]["index"])
+    if batch != self.batch:
+      it.resize_tensor_input(inp, [batch, SHAPE["units"]])
+      it.allocate_tensors()
+      self.batch = batch
+    x = np.full([batch, SHAPE["units"]], 0.1, np.float32)
+    for _ in range(STEPS):
+      it.set_tensor(inp, x)
+      it.invoke()
+      x = it.get_tensor(out)
+
+
+def _resident_bytes():
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Rnnstep:
@@ -242,8 +352,12 @@ def main():
   parser.add_argument("--variants", default=",".join(VARIANTS),
                       help="comma list of in-process variants: rnnstep "
                       "(or rnnstep:graph, rnnstep:xla, rnnstep:elementwise), "
-                      "rnnstep_prime, "
-                      "floor, floor_xla, keras_hub, keras_hub_jit")
+                      "rnnstep_prime, each of them @int8 (@float16, "
+                      "@bfloat16: the model with that weights_dtype), "
+                      "floor, floor_xla, floor_int8_xla, "
+                      "floor_int8_reduce_xla, floor_bf16_xla, "
+                      "floor_bf16, floor_litert, floor_litert_int8, "
+                      "floor_litert_f16, keras_hub, keras_hub_jit")
   parser.add_argument("--processes", default=",".join(PROCESSES),
                       help="comma list of whole-process variants: rnnstep, "
                       "keras_hub (empty: none)")
@@ -282,15 +396,25 @@ def main():
       f"{args.dtype}; prompt {PROMPT} tokens, {STEPS} generated")
 
   runners = {}
+  reduced = {}  # weights dtype -> the model rounded to it.
   for name in variants:
-    if name == "rnnstep_prime":
-      runners[name] = Rnnstep(model, None, steps=1)
-    elif name.startswith("rnnstep"):
+    base, _, weights_dtype = name.partition("@")
+    if weights_dtype:
+      if weights_dtype not in reduced:
+        reduced[weights_dtype] = random_model(args.dtype, weights_dtype)
+      on = reduced[weights_dtype]
+    else:
+      on = model
+    if base == "rnnstep_prime":
+      runners[name] = Rnnstep(on, None, steps=1)
+    elif base.startswith("rnnstep"):
       path = {"rnnstep": None, "rnnstep:graph": False, "rnnstep:xla": True,
-              "rnnstep:elementwise": "elementwise"}[name]
-      runners[name] = Rnnstep(model, path)
-    elif name in ("floor", "floor_xla"):
-      runners[name] = Floor(model, name == "floor_xla")
+              "rnnstep:elementwise": "elementwise"}[base]
+      runners[name] = Rnnstep(on, path)
+    elif name in FLOOR_VARIANTS:
+      runtime, weights = FLOOR_VARIANTS[name]
+      runners[name] = (FloorLiteRT(model, weights) if runtime == "litert"
+                       else Floor(model, runtime == "xla", weights))
     elif name in ("keras_hub", "keras_hub_jit"):
       runners[name] = KerasHub(args.keras_hub_python,
                                True if name == "keras_hub_jit" else "auto")
@@ -357,6 +481,7 @@ def main():
   for batch in batches:
     medians = {name: statistics.median(results[batch, name][1]) / STEPS * 1e3
                for name in variants if results[batch, name][1]}
+    # The float32 floor: what the other variants' "x floor" is against.
     floor = min((medians[n] for n in ("floor", "floor_xla") if n in medians),
                 default=None)
     ours = medians.get("rnnstep")
@@ -372,13 +497,16 @@ def main():
       say(f"| {batch} | {name} | {ms:.1f} | {rounds} | {vs_floor} | "
           f"{faster} | {batch * 1e3 / ms:.1f} | {first:.1f} | "
           f"{min(loads):.1f}-{max(loads):.1f} |")
-    if "rnnstep" in medians and "rnnstep_prime" in medians:
+    for suffix in [""] + [f"@{d}" for d in reduced]:
+      whole, prime = "rnnstep" + suffix, "rnnstep_prime" + suffix
+      if whole not in medians or prime not in medians:
+        continue
       # Per round (paired): the decode steps alone, the prefill taken out.
       decode = [(a - b) / (STEPS - 1) * 1e3 for a, b in zip(
-          results[batch, "rnnstep"][1], results[batch, "rnnstep_prime"][1])]
+          results[batch, whole][1], results[batch, prime][1])]
       ms = statistics.median(decode)
       vs_floor = f"{ms / floor:.2f}" if floor else ""
-      say(f"| {batch} | rnnstep decode (rnnstep - rnnstep_prime) | {ms:.1f}"
+      say(f"| {batch} | {whole} decode ({whole} - {prime}) | {ms:.1f}"
           f" | {' '.join(f'{d:.0f}' for d in decode)} | {vs_floor} | | "
           f"{batch * 1e3 / ms:.1f} | | |")
   if process_results:

@@ -40,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from rnnstep import staging  # pylint: disable=g-import-not-at-top
+from rnnstep.model import reduced_weights  # pylint: disable=g-import-not-at-top
 
 # Flags defined by the helpers below belong to the tool that calls them (its
 # --help group), not to this module.
@@ -388,6 +389,24 @@ def define_model_flags(flag_values: flags.FlagValues,
   return ModelFlag(model, alias), dtype
 
 
+WEIGHTS_DTYPE_HELP = (
+    "Store the large matrices (embedding, kernels, the head) in fewer bits: "
+    "float16, bfloat16, or int8 (per output channel, float32 scales); those "
+    "rounded values are then the model's weights on every path, and the "
+    "arithmetic stays float32 (that is --dtype). Unset: the model file's "
+    "(float32 unless it was written with one). docs/guide/performance.md "
+    "has each one's loss and speed.")
+
+
+def define_weights_dtype_flag(flag_values: flags.FlagValues,
+                              help_text: str = WEIGHTS_DTYPE_HELP):
+  """Defines --weights_dtype (`rnnstep.load`'s weights_dtype); returns its
+  holder."""
+  return flags.DEFINE_enum("weights_dtype", None,
+                           reduced_weights.WEIGHTS_DTYPES, help_text,
+                           flag_values=flag_values)
+
+
 def define_vocab_flags(flag_values: flags.FlagValues):
   """Defines --corpus and --vocab (for --model files without a vocabulary);
   returns their holders."""
@@ -438,7 +457,7 @@ def load_state(path, model, flag: str = "--state"):
 
 
 def load_model(weights, dtype: str, corpus=None, vocab=None,
-               flag: str = "--model"):
+               flag: str = "--model", weights_dtype=None):
   """`rnnstep.load`, its errors as a Failure naming the flag at fault.
 
   `weights` may be a model file or any weights file rnnstep-convert reads;
@@ -448,7 +467,8 @@ def load_model(weights, dtype: str, corpus=None, vocab=None,
   import rnnstep  # pylint: disable=g-import-not-at-top
   from rnnstep import convert  # pylint: disable=g-import-not-at-top
   try:
-    return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab)
+    return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab,
+                        weights_dtype=weights_dtype)
   except convert.VocabularyRequired:
     raise Failure(f"{flag}={weights}: Keras and PyTorch weights hold no "
                   "vocabulary; give --corpus=TEXT_FILE (the training text, or "

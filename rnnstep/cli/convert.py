@@ -56,10 +56,18 @@ neither.
 --inspect prints what was found (format, layers, shapes, vocab size) and writes
 nothing; with --corpus or --vocab it also checks the vocabulary fits.
 
+--weights_dtype=float16|bfloat16|int8 stores the large matrices in fewer bits
+(int8: a quarter of the file); the file records it, and every tool loads it
+so. An rnnstep model file is an --input too, to store it again:
+
+  rnnstep-convert --input=model.npz --output=model-int8.npz --weights_dtype=int8
+
 Every failure exits non-zero with one line on stderr; a failed run leaves no
 file at --output. Set RNNSTEP_DEBUG=1 to see TensorFlow's own logging and
 tracebacks.
 """
+
+import os
 
 from absl import flags
 
@@ -91,6 +99,7 @@ flags.DEFINE_string("vocab", None, "A vocabulary file: a UTF-8 JSON list of "
                     flag_values=FLAGS)
 flags.DEFINE_bool("inspect", False, "Print what the input holds and write "
                   "nothing.", flag_values=FLAGS)
+_WEIGHTS_DTYPE = common.define_weights_dtype_flag(FLAGS)
 
 flags.mark_flag_as_required("input", flag_values=FLAGS)
 flags.mark_flags_as_mutual_exclusive(["corpus", "vocab"], flag_values=FLAGS)
@@ -142,6 +151,12 @@ def main(argv):
       print(f"vocabulary: {source} fits: {len(vocab)} entries{unk}")
     print("(--inspect: nothing written)")
     return 0
+  if _WEIGHTS_DTYPE.value and convert_lib.is_model_file(FLAGS.input):
+    if FLAGS.corpus is not None or FLAGS.vocab is not None:
+      raise common.Failure("--input is an rnnstep model file, which holds its "
+                           "own vocabulary; drop --corpus/--vocab",
+                           common.EXIT_USAGE)
+    return _store_again(FLAGS.input, FLAGS.output, _WEIGHTS_DTYPE.value)
   if (FLAGS.corpus is None and FLAGS.vocab is None
       and not convert_lib.holds_vocabulary(FLAGS.input)):
     raise common.Failure("give --corpus=TEXT_FILE or --vocab=VOCAB_FILE for "
@@ -149,9 +164,30 @@ def main(argv):
                          "directory, a KerasHub preset folder or a Keras "
                          "model with a TextVectorization layer holds its "
                          "own)", common.EXIT_USAGE)
-  summary = convert_lib.convert(FLAGS.input, FLAGS.output, corpus=FLAGS.corpus,
-                                vocab=FLAGS.vocab)
+  summary = convert_lib.convert(
+      FLAGS.input, FLAGS.output, corpus=FLAGS.corpus, vocab=FLAGS.vocab,
+      weights_dtype=_WEIGHTS_DTYPE.value or "float32")
   print(summary)
+  return 0
+
+
+def _store_again(input_path: str, output_path: str, weights_dtype: str):
+  """An rnnstep model file written again with another weights dtype."""
+  from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
+  if os.path.exists(output_path) and os.path.samefile(output_path,
+                                                      input_path):
+    raise common.Failure(f"--output={output_path}: would overwrite --input",
+                         common.EXIT_USAGE)
+  read = model_file.read(input_path)
+  tensors = model_file.reduce_tensors(read.config, read.tensors,
+                                      weights_dtype)
+  model_file.write(output_path, read.config, read.vocab, tensors,
+                   read.tokens, chat_template=read.chat_template,
+                   weights_dtype=weights_dtype)
+  print(f"input:      {input_path} (an rnnstep model file, weights "
+        f"{read.weights_dtype})\noutput:     {output_path}\nweights:    "
+        f"{weights_dtype} ({os.path.getsize(input_path):,} -> "
+        f"{os.path.getsize(output_path):,} bytes)")
   return 0
 
 

@@ -70,6 +70,7 @@ PROGRAM = "rnnstep-export"
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 _MODEL, _DTYPE = common.define_model_flags(FLAGS)
+_WEIGHTS_DTYPE = common.define_weights_dtype_flag(FLAGS)
 _CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _OUTPUT = flags.DEFINE_string(
     "output", None,
@@ -114,7 +115,8 @@ def main(argv):
     raise common.Failure(f"--output={output}: already exists and is not an "
                          "empty directory; choose a new one")
   model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
-                            _VOCAB.value, flag=_MODEL.name)
+                            _VOCAB.value, flag=_MODEL.name,
+                            weights_dtype=_WEIGHTS_DTYPE.value)
   with _parents_made(output):
     with common.staged_path(output, directory=True) as tmp:
       _pause_for_tests()

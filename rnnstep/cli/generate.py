@@ -107,6 +107,7 @@ MAX_INT32 = 2**31 - 1
 # Private flags: see common.py.
 FLAGS = flags.FlagValues()
 _MODEL, _DTYPE = common.define_model_flags(FLAGS)
+_WEIGHTS_DTYPE = common.define_weights_dtype_flag(FLAGS)
 _CORPUS, _VOCAB = common.define_vocab_flags(FLAGS)
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", [DEFAULT_PROMPT],
@@ -309,7 +310,8 @@ def main(argv):
         if fill_key else "")
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
-                              _VOCAB.value, flag=_MODEL.name)
+                              _VOCAB.value, flag=_MODEL.name,
+                              weights_dtype=_WEIGHTS_DTYPE.value)
     from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
     note = paths.slower_dtype_note(_DTYPE.value)
     if note:  # The library logs it, but a tool's logging is quiet.
@@ -386,6 +388,8 @@ def _run_job() -> int:
     fingerprint = dict(options, num_steps=_NUM_STEPS.value,
                        stop=_STOP.value or [], regex=_REGEX.value or [],
                        dtype=_DTYPE.value, seed=_SEED.value)
+  if _WEIGHTS_DTYPE.value is not None:  # Older jobs' fingerprints stay.
+    fingerprint["weights_dtype"] = _WEIGHTS_DTYPE.value
   lines = jobs.read_lines(_INPUT.value)
   try:
     model_hash = jobs.sha256_of([_model_path(), _CORPUS.value, _VOCAB.value])
@@ -401,7 +405,8 @@ def _run_job() -> int:
   output = jobs.Output(job, _OVERWRITE.value)
   output.check()
   model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
-                            _VOCAB.value, flag=_MODEL.name)
+                            _VOCAB.value, flag=_MODEL.name,
+                            weights_dtype=_WEIGHTS_DTYPE.value)
   say = lambda line: print(f"{PROGRAM}: {line}", file=common.stderr(),
                            flush=True)
   check = (jobs.scoring_check(model) if scoring
@@ -458,6 +463,7 @@ def _model_path() -> str:
 # decoding option).
 TENSORFLOW_ONLY = ("--format=jsonl (its logprob)", "--state",
                    "--stream", "--dtype other than float32",
+                   "--weights_dtype (a file stored with one is served)",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
@@ -474,6 +480,10 @@ def _flag_refusal():
     return "--corpus/--vocab: weights converted in memory are not cached"
   if _DTYPE.value != "float32":
     return f"--dtype={_DTYPE.value}: the compiled artifact is float32"
+  if _WEIGHTS_DTYPE.value is not None:
+    return (f"--weights_dtype={_WEIGHTS_DTYPE.value}: the compiled artifact "
+            "holds the file's weights (rnnstep-convert --weights_dtype "
+            "stores a file that it serves)")
   if _JIT_COMPILE.value is not None:
     return "--jit_compile/--nojit_compile choose a TensorFlow path"
   if _FORMAT.value != "text":

@@ -51,6 +51,7 @@ current TF tutorial's `StringLookup(mask_token=None)`). Any other mismatch is an
 error that gives both sizes.
 """
 
+import dataclasses
 import os
 from typing import Dict, Optional, Sequence, Tuple, Union
 
@@ -78,8 +79,10 @@ from rnnstep.convert.vocabulary import resolve_vocab
 from rnnstep.convert.vocabulary import VocabularyNotAllowed
 from rnnstep.convert.vocabulary import VocabularyRequired
 from rnnstep.convert.vocabulary import vocab_from_corpus
+from rnnstep.model import chat_template as chat_template_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import reduced_weights
 
 __all__ = ["LayerSummary", "Summary", "VocabularyNotAllowed",
            "VocabularyRequired", "convert", "describe", "holds_vocabulary",
@@ -145,7 +148,8 @@ def _read_weights(input_path: PathLike):
 
 def convert(input_path: PathLike, output_path: PathLike, *,
             corpus: Optional[PathLike] = None,
-            vocab: Union[None, PathLike, Sequence[str]] = None) -> Summary:
+            vocab: Union[None, PathLike, Sequence[str]] = None,
+            weights_dtype: str = "float32") -> Summary:
   """Converts a Keras weights file into an rnnstep model file.
 
   Args:
@@ -160,6 +164,8 @@ def convert(input_path: PathLike, output_path: PathLike, *,
       Neither for a file that holds its own vocabulary (a char-rnn-tensorflow
       save directory's `chars_vocab.pkl`, a Keras model's TextVectorization
       layer).
+    weights_dtype: what the file stores its large matrices in
+      (`model_file.write`): float32, float16, bfloat16 or int8.
 
   Returns:
     The Summary of what was read and written.
@@ -175,6 +181,8 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   if corpus is not None and vocab is not None:
     raise ValueError("give only one of corpus= (a text file) or vocab= (a "
                      "vocabulary file or list of characters)")
+  if weights_dtype not in reduced_weights.WEIGHTS_DTYPES:
+    raise ValueError(reduced_weights.choices_message(weights_dtype))
   output_path = os.fspath(output_path)
   if os.path.isdir(output_path):
     raise IsADirectoryError(f"{output_path}: the output is a directory; give a "
@@ -192,7 +200,7 @@ def convert(input_path: PathLike, output_path: PathLike, *,
   # The vocabulary is read after the model is mapped (`_read_mapped`): a model
   # rnnstep cannot run is the real blocker, whatever the vocabulary.
   return _contained(input_path, _convert, input_path, output_path, corpus,
-                    vocab)
+                    vocab, weights_dtype)
 
 
 def is_model_file(path: PathLike) -> bool:
@@ -339,12 +347,38 @@ def _own_vocabulary(input_path, mapped, tokens, corpus, vocab):
 
 
 def _read_any(input_path: str, corpus, vocab) -> model_file.ModelFile:
+  chat_template = chat_template_beside(input_path, vocab)
   if rwkv7.file_kind(input_path):
-    return rwkv7.read_model(input_path, corpus, vocab)
+    read = rwkv7.read_model(input_path, corpus, vocab)
+    return dataclasses.replace(read, chat_template=chat_template)
   mapped, _, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                        vocab)
   tensors = model_file.validate(mapped.config, full_vocab, tensors, input_path)
-  return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens)
+  return model_file.ModelFile(mapped.config, full_vocab, tensors, tokens,
+                              chat_template)
+
+
+def chat_template_beside(input_path: str, vocab
+                         ) -> Optional[model_file.ChatTemplateData]:
+  """The chat template of a Hugging Face `tokenizer_config.json` that comes
+  with the model: beside a vocabulary file given by path (a
+  `tokenizer.json`'s folder holds it) or in the folder converted; None
+  where there is none (another folder's is never taken).
+
+  Raises:
+    ValueError: naming the file: not JSON, or a template that does not
+      compile (`chat_template.TemplateError`).
+  """
+  folders = []
+  if isinstance(vocab, (str, os.PathLike)):
+    folders.append(os.path.dirname(os.path.abspath(vocab)))
+  if os.path.isdir(input_path):
+    folders.append(input_path)
+  for folder in folders:
+    path = os.path.join(folder, chat_template_lib.TOKENIZER_CONFIG)
+    if os.path.isfile(path):
+      return chat_template_lib.read_tokenizer_config(path)
+  return None
 
 
 def _looks_like_weights(path: str) -> bool:
@@ -437,19 +471,29 @@ def read_vocabulary(corpus, vocab):
           None)
 
 
-def _convert(input_path: str, output_path: str, corpus, vocab) -> Summary:
+def _convert(input_path: str, output_path: str, corpus, vocab,
+             weights_dtype) -> Summary:
+  chat_template = chat_template_beside(input_path, vocab)
+  note = [] if chat_template is None else [
+      "the chat template of the tokenizer_config.json beside it is kept"]
   if rwkv7.file_kind(input_path):
     read = rwkv7.read_model(input_path, corpus, vocab)
     model_file.write(output_path, read.config, read.vocab, read.tensors,
-                     read.tokens)
+                     read.tokens, chat_template=chat_template,
+                     weights_dtype=weights_dtype)
     summary = rwkv7.summary(input_path, read)
     summary.vocab, summary.tokens = read.vocab, read.tokens
     summary.output_path = output_path
+    summary.weights_dtype = weights_dtype
+    summary.notes += note
     return summary
   mapped, chars, full_vocab, tensors, tokens = _read_mapped(input_path, corpus,
                                                            vocab)
-  model_file.write(output_path, mapped.config, full_vocab, tensors, tokens)
+  model_file.write(output_path, mapped.config, full_vocab, tensors, tokens,
+                   chat_template=chat_template, weights_dtype=weights_dtype)
   summary = _summary(input_path, mapped)
+  summary.weights_dtype = weights_dtype
+  summary.notes += note
   summary.vocab = full_vocab
   summary.tokens = tokens
   summary.output_path = output_path

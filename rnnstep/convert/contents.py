@@ -188,6 +188,8 @@ class Summary:
     vocab: the vocabulary written (None for `describe`).
     output_path: the model file written (None for `describe`).
     tokens: the vocabulary's kind and rules where it is not characters.
+    weights_dtype: what the file written stores its large matrices in
+      (`reduced_weights`).
   """
   input_path: str
   format: str
@@ -200,6 +202,7 @@ class Summary:
   vocab: Optional[List[str]] = None
   output_path: Optional[str] = None
   tokens: Optional[object] = None
+  weights_dtype: str = "float32"
 
   @property
   def has_unk(self) -> Optional[bool]:
@@ -230,6 +233,9 @@ class Summary:
                    f"{json.dumps(shown[:80], ensure_ascii=False)}")
     if self.output_path is not None:
       lines.append(f"output:     {self.output_path}")
+      if self.weights_dtype != "float32":
+        lines.append(f"weights:    {self.weights_dtype} (the large "
+                     "matrices; the rest float32)")
     if self.notes:
       lines.append("notes:")
       lines += [f"  - {note}" for note in self.notes]

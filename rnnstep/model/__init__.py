@@ -11,4 +11,8 @@ and the command lines can read a file before TensorFlow loads.
   network      `Model`: the raw tensors and the step of the whole stack;
                `make_cell`, a layer's cell by its kind
   model_file   the .npz model file: its format, reader and writer
+  chat_template  a model's chat format: messages to a prompt, the end of a
+               reply (TensorFlow-free; `jinja2` for a Jinja template)
+  reduced_weights  weights stored in fewer bits (`weights_dtype`: float16,
+               bfloat16, int8): their rounding and storage (numpy only)
 """

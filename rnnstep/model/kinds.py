@@ -41,6 +41,9 @@ class Kind:
       arguments. `model_file`, `Model` and `network.make_cell` read them; a kind
       with other tensors declares them here (and its readers in `convert/`
       map them).
+    reduced_tensors: the large matrices among `tensor_names`, which a
+      weights dtype stores in fewer bits (`reduced_weights`); the rest
+      (biases, norms, RWKV-7's LoRAs and vectors) stay float32.
     activation: the candidate's (and an LSTM's output's) activation, Keras's
       `activation` (PyTorch's `nonlinearity`): one of `cells.ACTIVATIONS`.
     variant_of: for a kind that differs from another only in `activation`
@@ -63,6 +66,7 @@ class Kind:
   # The layer's tensors, in the model file's order (`layer{i}_{name}`), and
   # the keyword names of its cell class's constructor.
   tensor_names: Tuple[str, ...] = ("kernel", "recurrent_kernel", "bias")
+  reduced_tensors: Tuple[str, ...] = ("kernel", "recurrent_kernel")
   activation: str = "tanh"
   variant_of: Optional[str] = None
   # The sizes besides `units` a layer of this kind records in its config
@@ -123,6 +127,10 @@ RWKV7_SIZES = ("blocks", "head_size", "ffn", "decay_lora", "a_lora",
 RWKV7_TENSORS = ("kernel", "ln", "mix", "vectors", "ln_x", "w1", "w2", "a1",
                  "a2", "v1", "v2", "g1", "g2", "receptance", "key", "value",
                  "output", "ffn_key", "ffn_value", "output_norm")
+# The large matrices (`Kind.reduced_tensors`): R, K, V, O and the
+# feed-forward's two; `kernel` here is the input LayerNorm, not a matrix.
+RWKV7_REDUCED = ("receptance", "key", "value", "output", "ffn_key",
+                 "ffn_value")
 # Per block: the time mix's and the channel mix's previous normalized
 # input (the token shifts) and the WKV matrix per head, flattened.
 RWKV7_BLOCK_STATE = ("att_x", "wkv", "ffn_x")
@@ -188,7 +196,8 @@ KINDS: Dict[str, Kind] = {
                   state_tensors=0, has_reset_after=False, keras_classes=(),
                   cell_class="RWKV7Cell", torch_module=None,
                   torch_gate_order=(), torch_bias="sum",
-                  tensor_names=RWKV7_TENSORS, size_names=RWKV7_SIZES),
+                  tensor_names=RWKV7_TENSORS, size_names=RWKV7_SIZES,
+                  reduced_tensors=RWKV7_REDUCED),
 }
 
 # PyTorch's gate names spelled as Keras's: GRU n is Keras h, LSTM g is Keras c.

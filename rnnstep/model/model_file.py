@@ -36,6 +36,10 @@ This module is the only place that knows the file's keys. A file holds:
                    "[UNK]" (never sampled); in version 2, the token strings
   tokens           version 2 only: str scalar, JSON `{"kind": K, rules...}`,
                    the vocabulary's kind and rules (`vocabulary.Tokens`)
+  chat_template    optional: str scalar, JSON `{"template": JINJA,
+                   "bos_token": S, "eos_token": S}`, the chat template the
+                   converter found with the model (a Hugging Face
+                   `tokenizer_config.json`'s; `ChatTemplateData`)
   embedding        float32 [V, D]
   layer{i}_kernel            float32 [D_i, G*U_i]   (D_0 = D, D_i = U_{i-1})
   layer{i}_recurrent_kernel  float32 [U_i, G*U_i]
@@ -50,6 +54,14 @@ This module is the only place that knows the file's keys. A file holds:
   head{j}_bias     float32 [N_j]
   dense_kernel     float32 [N_last or the last layer's output width, V]
   dense_bias       float32 [V]
+  weights_dtype    optional str scalar: "float16", "bfloat16" or "int8" when the
+                   large matrices (`ModelConfig.reduced_keys`) are stored in
+                   fewer bits (`reduced_weights`): float16 as float16, bfloat16
+                   as its uint16 bits, int8 as the int8 values with their
+                   float32 scales in `<key>__scale` (per output column,
+                   `[..., 1, out]`; the embedding's per row, `[V, 1]`). Absent:
+                   float32, and the file is the bytes it was before weights
+                   dtypes.
 
 G is 3 for GRU (gate columns [z | r | h]), 4 for LSTM ([i | f | c | o]) and 1 for
 SimpleRNN: the Keras layouts, unchanged. Files are read with `allow_pickle=False`
@@ -68,12 +80,17 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from rnnstep.model import kinds
+from rnnstep.model import reduced_weights
 from rnnstep.model import vocabulary as vocabulary_lib
 from rnnstep import staging
 
 FORMAT_VERSION = 1  # A character model's: its files stay byte for byte as they were.
 TOKENS_FORMAT_VERSION = 2  # Any other vocabulary's: it adds the `tokens` member.
 UNK_TOKEN = "[UNK]"
+# The member naming a reduced weights dtype, and the suffix of an int8
+# tensor's scales (the module docstring).
+WEIGHTS_DTYPE = "weights_dtype"
+SCALE_SUFFIX = "__scale"
 
 # Gate blocks per recurrent kind (the kernel has GATES * units columns); the
 # kinds and their facts are described in `kinds.KINDS`.
@@ -221,18 +238,89 @@ class ModelConfig:
     shapes["dense_bias"] = (vocab_size,)
     return shapes
 
+  def reduced_keys(self) -> Dict[str, int]:
+    """The large matrices a weights dtype stores in fewer bits, each with
+    the axis its int8 scale is shared along: the embedding's columns (a
+    scale per row: it is gathered), a matrix's input rows (a scale per
+    output column)."""
+    keys = {"embedding": -1}
+    for i, layer in enumerate(self.layers):
+      for name in kinds.get(layer.kind).reduced_tensors:
+        keys[f"layer{i}_{name}"] = -2
+        if layer.bidirectional:
+          keys[f"layer{i}_{BACKWARD}{name}"] = -2
+    for j in range(len(self.head)):
+      keys[f"head{j}_kernel"] = -2
+    keys["dense_kernel"] = -2
+    return keys
+
+
+def reduce_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray],
+                   weights_dtype: str) -> Dict[str, np.ndarray]:
+  """The float32 weights of a model of `weights_dtype`: its reduced keys
+  rounded (`reduced_weights.reduce`), the rest as given.
+
+  Raises:
+    ValueError: a bad weights dtype, or float16 and a value beyond its range.
+  """
+  if weights_dtype not in reduced_weights.WEIGHTS_DTYPES:
+    raise ValueError(reduced_weights.choices_message(weights_dtype))
+  out = dict(tensors)
+  if weights_dtype != reduced_weights.FLOAT32:
+    for key, axis in config.reduced_keys().items():
+      out[key] = reduced_weights.reduce(tensors[key], weights_dtype, axis, key)
+  return out
+
+
+# The largest chat template a model file holds.
+MAX_CHAT_TEMPLATE_CHARS = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplateData:
+  """A chat template found with the model: its Jinja text and the special
+  tokens it may write (`rnnstep.model.chat_template` renders it)."""
+  template: str
+  bos_token: str = ""
+  eos_token: str = ""
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+  @classmethod
+  def from_json(cls, data, path=None) -> "ChatTemplateData":
+    """Checks a file's `chat_template` member (its parsed JSON).
+
+    Raises:
+      ValueError: naming the file: not an object of strings, or too long.
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(data, dict) or "template" not in data or set(
+        data) - fields or not all(isinstance(v, str) for v in data.values()):
+      raise _fail(path, "chat_template must be an object of strings with a "
+                  "template (and bos_token, eos_token)")
+    if len(data["template"]) > MAX_CHAT_TEMPLATE_CHARS:
+      raise _fail(path, f"chat_template is over {MAX_CHAT_TEMPLATE_CHARS} "
+                  "characters")
+    return cls(**data)
+
 
 @dataclasses.dataclass
 class ModelFile:
-  """What a model file holds, validated: config, vocabulary and float32 tensors.
+  """What a model file holds, validated: config, vocabulary and float32 tensors
+  (a reduced weights dtype's decoded).
 
   `tokens` is the vocabulary's kind and rules (`vocabulary.Tokens`); None
-  for a character model.
+  for a character model. `chat_template` is the chat template found with
+  the model, or None.
   """
   config: ModelConfig
   vocab: List[str]
   tensors: Dict[str, np.ndarray]
   tokens: Optional[vocabulary_lib.Tokens] = None
+  chat_template: Optional[ChatTemplateData] = None
+  # The file's weights dtype; `tensors` are its weights decoded to float32.
+  weights_dtype: str = reduced_weights.FLOAT32
 
 
 def _fail(path, problem: str, advice: str = "") -> ValueError:
@@ -435,11 +523,16 @@ def validate(config: ModelConfig, vocab: Sequence[str],
 
 def write(path, config: ModelConfig, vocab: Sequence[str],
           tensors: Mapping[str, np.ndarray],
-          tokens: Optional[vocabulary_lib.Tokens] = None) -> None:
+          tokens: Optional[vocabulary_lib.Tokens] = None, *,
+          chat_template: Optional[ChatTemplateData] = None,
+          weights_dtype: str = reduced_weights.FLOAT32) -> None:
   """Validates and writes a model file atomically (temp file, then rename).
 
   A character model (no `tokens`, or a characters kind) is written as format
-  1, exactly as before token vocabularies; any other as format 2.
+  1, exactly as before token vocabularies; any other as format 2. A reduced
+  `weights_dtype` stores the large matrices in fewer bits (the module
+  docstring): tensors already of that dtype (a model loaded with it) are
+  stored exactly; others are rounded first.
 
   Args:
     path: destination `.npz` path.
@@ -447,9 +540,13 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
     vocab: characters (or token strings) in id order.
     tensors: the arrays named as in the module docstring.
     tokens: the vocabulary's kind and rules; None for characters.
+    chat_template: the model's chat template, if one was found (a member
+      only then: a file without one is written as before).
+    weights_dtype: one of `reduced_weights.WEIGHTS_DTYPES`.
 
   Raises:
-    ValueError: if the contents are inconsistent (nothing is written).
+    ValueError: if the contents are inconsistent, or a bad weights dtype
+      (nothing is written).
     OSError: if the file cannot be written (nothing is left behind).
   """
   if tokens is not None and tokens.kind == "characters":
@@ -466,6 +563,18 @@ def write(path, config: ModelConfig, vocab: Sequence[str],
                  vocab=np.array(json.dumps(vocab, ensure_ascii=False)))
   if tokens is not None:
     members["tokens"] = np.array(tokens.to_json())
+  if chat_template is not None:
+    members["chat_template"] = np.array(chat_template.to_json())
+  if weights_dtype not in reduced_weights.WEIGHTS_DTYPES:
+    raise ValueError(reduced_weights.choices_message(weights_dtype))
+  if weights_dtype != reduced_weights.FLOAT32:
+    members[WEIGHTS_DTYPE] = np.array(weights_dtype)
+    for key, axis in config.reduced_keys().items():
+      stored, scale = reduced_weights.encode(arrays[key], weights_dtype,
+                                             axis, key)
+      arrays[key] = stored
+      if scale is not None:
+        arrays[key + SCALE_SUFFIX] = scale
   with staging.staged_path(os.fspath(path), prefix=".rnnstep-") as tmp:
     with open(tmp, "wb") as f:
       np.savez(f, **members, **arrays)
@@ -480,7 +589,7 @@ def read(path) -> ModelFile:
     path: the `.npz` file.
 
   Returns:
-    A ModelFile with float32 tensors.
+    A ModelFile with float32 tensors (a reduced weights dtype's decoded).
 
   Raises:
     FileNotFoundError / OSError: the file cannot be opened.
@@ -515,8 +624,43 @@ def read(path) -> ModelFile:
   if has_tokens:
     tokens = vocabulary_lib.Tokens.from_json(
         _json_member(members.pop("tokens", None), "tokens", path), vocab, path)
+  chat_template = members.pop("chat_template", None)
+  if chat_template is not None:
+    chat_template = ChatTemplateData.from_json(
+        _json_member(chat_template, "chat_template", path), path)
+  weights_dtype = _decode_reduced(members, config, path)
   tensors = validate(config, vocab, members, path)
-  return ModelFile(config, vocab, tensors, tokens)
+  return ModelFile(config, vocab, tensors, tokens, chat_template,
+                   weights_dtype)
+
+
+def _decode_reduced(members: Dict[str, np.ndarray], config: ModelConfig,
+                    path) -> str:
+  """Replaces a reduced file's stored matrices in `members` with their
+  float32 values (and drops their scales); returns the weights dtype."""
+  if WEIGHTS_DTYPE not in members:
+    return reduced_weights.FLOAT32
+  weights_dtype = _json_text(members.pop(WEIGHTS_DTYPE), WEIGHTS_DTYPE, path)
+  if weights_dtype not in reduced_weights.WEIGHTS_DTYPES[1:]:
+    raise _fail(path, f"{WEIGHTS_DTYPE} {weights_dtype!r} is not one of "
+                f"{', '.join(reduced_weights.WEIGHTS_DTYPES[1:])}",
+                "upgrade rnnstep or re-convert the model")
+  for key, axis in config.reduced_keys().items():
+    if key not in members:
+      continue  # `validate` names it with the others missing.
+    scale = members.pop(key + SCALE_SUFFIX, None)
+    problem = reduced_weights.check_stored(members[key], scale, weights_dtype,
+                                           axis, key, key + SCALE_SUFFIX)
+    if problem:
+      raise _fail(path, problem)
+    members[key] = reduced_weights.decode(members[key], scale, weights_dtype)
+  return weights_dtype
+
+
+def _json_text(array: np.ndarray, key: str, path) -> str:
+  if array.shape != () or array.dtype.kind != "U":
+    raise _fail(path, f"{key} must be a text scalar")
+  return str(array)
 
 
 def _json_member(array: Optional[np.ndarray], key: str, path):

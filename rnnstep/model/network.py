@@ -31,6 +31,7 @@ import tensorflow as tf
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
+from rnnstep.model import reduced_weights
 from rnnstep.model import rwkv7 as rwkv7_lib
 from rnnstep.model import vocabulary as vocabulary_lib
 
@@ -152,13 +153,20 @@ class Model(tf.Module):
       `encode` and `decode` follow.
     has_unk: whether id 0 is "[UNK]" (it is never sampled).
     compute_dtype: the dtype of the recurrent and output matmuls.
+    weights_dtype: the dtype its large matrices are stored in
+      (`reduced_weights`: float32, float16, bfloat16 or int8); the tensors
+      are those values, exactly, in float32.
     source: the file the model was read from, if any.
+    chat_template: the `model_file.ChatTemplateData` found with it, or None.
   """
+
+  chat_template: Optional[model_file.ChatTemplateData] = None
 
   def __init__(self, config: model_file.ModelConfig, vocab: Sequence[str],
                tensors, dtype: str = "float32", source: Optional[str] = None,
                name: Optional[str] = None,
-               tokens: Optional[vocabulary_lib.Tokens] = None):
+               tokens: Optional[vocabulary_lib.Tokens] = None,
+               weights_dtype: str = reduced_weights.FLOAT32):
     """Builds a model from validated tensors (see `model_file.validate`).
 
     Args:
@@ -169,9 +177,12 @@ class Model(tf.Module):
       source: where the weights came from, for messages.
       name: the tf.Module name.
       tokens: the vocabulary's kind and rules; None: characters.
+      weights_dtype: one of `reduced_weights.WEIGHTS_DTYPES`: the large
+        matrices are rounded to it (those already of it are kept exactly).
 
     Raises:
-      ValueError: an unknown dtype or tensors that do not fit the config.
+      ValueError: an unknown dtype or weights dtype, or tensors that do not
+        fit the config.
     """
     super().__init__(name=name)
     if dtype not in DTYPES:
@@ -182,7 +193,10 @@ class Model(tf.Module):
                                       tokens=tokens is not None)
     if tokens is not None and tuple(vocab) != tokens.vocab:
       raise ValueError("the vocab and the tokens' vocabulary differ")
-    tensors = model_file.validate(config, vocab, tensors, source)
+    tensors = model_file.reduce_tensors(
+        config, model_file.validate(config, vocab, tensors, source),
+        weights_dtype)
+    self.weights_dtype = weights_dtype
     self.config = config
     self.vocab = tuple(vocab)
     self.tokens = tokens or vocabulary_lib.characters(vocab)
@@ -896,19 +910,24 @@ def replicated(model: Model, strategy) -> Model:
     with strategy.scope():
       copy = Model(model.config, model.vocab, model.tensors(),
                    model.compute_dtype.name, model.source, name=model.name,
-                   tokens=model.tokens)
+                   tokens=model.tokens, weights_dtype=model.weights_dtype)
     per_strategy[strategy] = copy
   return copy
 
 
 def from_file(model_data: model_file.ModelFile, dtype: str = "float32",
-              source: Optional[str] = None) -> Model:
-  """Builds a Model from a read model file."""
+              source: Optional[str] = None,
+              weights_dtype: Optional[str] = None) -> Model:
+  """Builds a Model from a read model file; `weights_dtype` None keeps the
+  file's (another rounds its weights to that dtype)."""
   name = None
   if source:
     stem = os.path.splitext(os.path.basename(source))[0]
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem) or None
     if name and name[0].isdigit():
       name = "m_" + name
-  return Model(model_data.config, model_data.vocab, model_data.tensors, dtype,
-               source, name=name, tokens=model_data.tokens)
+  model = Model(model_data.config, model_data.vocab, model_data.tensors,
+                dtype, source, name=name, tokens=model_data.tokens,
+                weights_dtype=weights_dtype or model_data.weights_dtype)
+  model.chat_template = model_data.chat_template
+  return model

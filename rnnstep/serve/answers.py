@@ -92,6 +92,21 @@ class Answers:
         [None] + list(update.prompt_top_ids[:k]),
         [None] + list(update.prompt_top_logprobs[:k]), 0)
 
+  def _no_logprobs(self):
+    """The `logprobs` object of no tokens (what a choice's parts join to)."""
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+            "text_offset": []}
+
+  def _logprobs_chars(self, logprobs) -> int:
+    """The characters of a `logprobs` object's tokens (the next token's
+    `text_offset` moves by them)."""
+    return sum(len(t) for t in logprobs["tokens"])
+
+  def _running_chunk(self, head: str, index: int, text: str,
+                     logprobs=None) -> bytes:
+    """A running choice's event (`protocol.running_chunk`)."""
+    return protocol.running_chunk(head, index, text, logprobs)
+
   def _choice(self, parsed, index: int, text: str, reason, logprobs=None):
     return {"index": index, "text": text, "logprobs": logprobs,
             "finish_reason": reason}
@@ -152,8 +167,7 @@ class Answers:
           np.concatenate([u.token_logprobs for u in updates]),
           np.concatenate([u.top_ids for u in updates]),
           np.concatenate([u.top_logprobs for u in updates]), offset))
-    whole = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-             "text_offset": []}
+    whole = self._no_logprobs()
     for part in parts:
       for key in whole:
         whole[key] += part[key]
@@ -193,7 +207,7 @@ class Answers:
         prompt = parsed.prompts[k // parsed.n]
         offsets[k] = len(prompt)
         if output is None or not wants:
-          frames.append(protocol.running_chunk(head, k, prompt))
+          frames.append(self._running_chunk(head, k, prompt))
       if frames:
         yield b"".join(frames)
     if completion is None:  # max_tokens 0: one empty finished chunk each.
@@ -220,25 +234,24 @@ class Answers:
           index = update.index
           logprobs = None
           if wants:
-            logprobs = {"tokens": [], "token_logprobs": [],
-                        "top_logprobs": [], "text_offset": []}
+            logprobs = self._no_logprobs()
             if parsed.echo and update.prompt_logprobs is not None:
               logprobs = self._prompt_logprobs(parsed, index, update)
-              frames.append(protocol.running_chunk(
+              frames.append(self._running_chunk(
                   head, index, parsed.prompts[index // parsed.n], logprobs))
               logprobs = None
             if update.token_logprobs is not None:
               logprobs = self._logprobs(
                   parsed, update.ids, update.token_logprobs, update.top_ids,
                   update.top_logprobs, offsets[index])
-              offsets[index] += sum(len(t) for t in logprobs["tokens"])
+              offsets[index] += self._logprobs_chars(logprobs)
           text = pending[index] + update.text
           if update.finish_reason is None:
             cut = max(len(text) - hold, 0)
             text, pending[index] = text[:cut], text[cut:]
             if text or logprobs:
-              frames.append(protocol.running_chunk(head, index, text,
-                                                   logprobs))
+              frames.append(self._running_chunk(head, index, text,
+                                                logprobs))
             continue
           finished += 1
           text = self._final_text(parsed, text, update.finish_reason)

@@ -1,7 +1,9 @@
 """The HTTP server's routes: OpenAI's completions API on FastAPI.
 
-Routes: `POST /v1/completions` (JSON, or server-sent events with
-`stream: true`, ending with `data: [DONE]`), `GET /v1/models`,
+Routes: `POST /v1/completions` and `POST /v1/chat/completions` (JSON, or
+server-sent events with `stream: true`, ending with `data: [DONE]`; a chat
+request is a completion of its messages rendered by the model's chat
+template, `chat.py`), `GET /v1/models`,
 `POST /tokenize` and `/detokenize` (vLLM's), `GET /health` (503 until the
 model's programs are warm, and while draining), `GET /metrics` (Prometheus),
 `GET /openapi.json` (the schema, from the pydantic request models).
@@ -15,6 +17,8 @@ shapes (`answers.py`). The event loop only parses, formats and sends.
 """
 
 import asyncio
+import dataclasses
+import functools
 import time
 from typing import Optional, Sequence
 
@@ -30,9 +34,11 @@ from starlette.responses import JSONResponse, Response
 from rnnstep import errors
 from rnnstep.engine import host
 from rnnstep.serve import answers as answers_lib
+from rnnstep.serve import chat as chat_lib
 from rnnstep.serve import checks
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import http
+from rnnstep.serve import prefix_cache as prefix_cache_lib
 from rnnstep.serve import protocol
 
 
@@ -54,6 +60,8 @@ class Server:
     check_seconds: the time a request's check may take (400 past it).
     max_queue: rows waiting and being checked at most, beyond the free
       slots (the scheduler's own queue is the same limit).
+    chat_template: the model's `chat_template.ChatTemplate` (None: chat
+      requests get 400 naming --chat_template).
   """
 
   def __init__(self, model, scheduler, *, model_id: str,
@@ -61,7 +69,7 @@ class Server:
                allowed_origins: Sequence[str] = (),
                allowed_hosts: Sequence[str] = ("*",),
                body_seconds: float = 30.0, check_seconds: float = 10.0,
-               max_queue: Optional[int] = None):
+               max_queue: Optional[int] = None, chat_template=None):
     self.model = model
     self.scheduler = scheduler
     self.model_id = model_id
@@ -77,17 +85,23 @@ class Server:
         max_queue=scheduler.max_queue if max_queue is None else max_queue)
     self.request_model = protocol.completion_request(
         scheduler.max_tokens_limit)
+    self.chat_template = chat_template
+    self.chat_answers = chat_lib.ChatAnswers(model, model_id, self.metrics)
+    self.chat_model = protocol.chat_request(scheduler.max_tokens_limit)
     self._loop = None  # The event loop, when the first request comes.
     scheduler.deliver = self._deliver
     app = fastapi.FastAPI(
         title="rnnstep-serve", docs_url=None, redoc_url=None,
-        description="OpenAI's completions API over an rnnstep model.")
+        description="OpenAI's completions and chat completions APIs over an "
+        "rnnstep model.")
     body = lambda model_class: {"requestBody": {
         "required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{model_class.__name__}"}
         }}}}
     app.add_api_route("/v1/completions", self.completions, methods=["POST"],
                       openapi_extra=body(self.request_model))
+    app.add_api_route("/v1/chat/completions", self.chat_completions,
+                      methods=["POST"], openapi_extra=body(self.chat_model))
     app.add_api_route("/v1/models", self.models, methods=["GET"])
     app.add_api_route("/tokenize", self.tokenize, methods=["POST"],
                       openapi_extra=body(protocol.TokenizeRequest))
@@ -122,7 +136,8 @@ class Server:
           description=self.fastapi.description)
       components = schema.setdefault("components", {}).setdefault(
           "schemas", {})
-      for model_class in (self.request_model, protocol.TokenizeRequest,
+      for model_class in (self.request_model, self.chat_model,
+                          protocol.TokenizeRequest,
                           protocol.DetokenizeRequest):
         one = model_class.model_json_schema(
             ref_template="#/components/schemas/{model}")
@@ -229,18 +244,60 @@ class Server:
     except Exception as e:  # pylint: disable=broad-except
       return self._answer(http.fault("/v1/completions", e, request_id))
 
-  async def _completions(self, request: Request, request_id: str
-                         ) -> Response:
+  async def chat_completions(self, request: Request) -> Response:
+    """`POST /v1/chat/completions`."""
+    request_id = chat_lib.new_request_id()
+    try:
+      return await self._completions(request, request_id, chat=True)
+    except http.Refused as e:
+      return self._answer(e.response)
+    except Exception as e:  # pylint: disable=broad-except
+      return self._answer(http.fault("/v1/chat/completions", e, request_id))
+
+  async def _chat_request(self, request: Request) -> protocol.CheckedRequest:
+    """A chat request read, its messages rendered (on a checking thread)
+    and its values checked.
+
+    Raises:
+      http.Refused: as `_request_json`; 400 naming the field, or naming
+        --chat_template for a model without one.
+    """
+    body = await self._request_json(request, self.chat_model)
+    if self.chat_template is None:
+      raise http.Refused(http.error_response(400, chat_lib.NO_TEMPLATE,
+                                             code="no_chat_template"))
+    try:
+      messages = protocol.chat_messages(body)
+      prompt = await self.checks.run(chat_lib.render, self.chat_template,
+                                     messages)
+      checked = protocol.checked_chat_request(
+          body, prompt, self.chat_template.end_of_turn,
+          self.scheduler.max_batch)
+      # The messages' boundaries, where the prefix cache keeps states.
+      points = await self.checks.run(
+          prefix_cache_lib.message_boundaries,
+          functools.partial(chat_lib.render, self.chat_template), messages,
+          prompt)
+      return dataclasses.replace(checked, cache_points=points)
+    except errors.ArgumentError as e:
+      raise http.bad_request(e) from None
+
+  async def _completions(self, request: Request, request_id: str,
+                         chat: bool = False) -> Response:
     if self.draining or not self.ready:
       raise http.Refused(http.shutting_down(
           "the server is shutting down" if self.draining else
           "the model is still loading"))
     arrived = time.monotonic()
-    body = await self._request_json(request, self.request_model)
-    try:
-      parsed = protocol.checked_request(body, self.scheduler.max_batch)
-    except errors.ArgumentError as e:
-      raise http.bad_request(e) from None
+    answers = self.chat_answers if chat else self.answers
+    if chat:
+      parsed = await self._chat_request(request)
+    else:
+      body = await self._request_json(request, self.request_model)
+      try:
+        parsed = protocol.checked_request(body, self.scheduler.max_batch)
+      except errors.ArgumentError as e:
+        raise http.bad_request(e) from None
     if parsed.state is not None and parsed.state not in self.scheduler.states:
       raise http.Refused(http.error_response(
           404, f"the state {parsed.state[:100]!r} does not exist (rnnstep-serve"
@@ -262,10 +319,10 @@ class Server:
       # vLLM's OpenAI server sends them), with sse-starlette's headers.
       headers.update({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
       return http.EventStream(
-          self.answers.events(request_id, parsed, completion, output),
+          answers.events(request_id, parsed, completion, output),
           completion, headers)
     response = await self._whole(request, request_id, parsed, completion,
-                                 output)
+                                 output, answers)
     response.headers.update(headers)
     return self._answer(response)
 
@@ -302,8 +359,10 @@ class Server:
   # -- answers ---------------------------------------------------------------
 
   async def _whole(self, request: Request, request_id: str, parsed,
-                   completion, output: http.Output) -> Response:
-    """The non-streamed answer, once every choice has finished."""
+                   completion, output: http.Output,
+                   answers: answers_lib.Answers) -> Response:
+    """The non-streamed answer (in `answers`' shapes), once every choice
+    has finished."""
     count = len(parsed.prompts) * parsed.n
     if completion is None:
       output = None
@@ -328,5 +387,5 @@ class Server:
       if "cancelled" in reasons:
         return http.shutting_down("the server shut down before this "
                                   "request finished")
-    return JSONResponse(self.answers.whole(request_id, parsed, texts,
-                                           reasons, generated, output))
+    return JSONResponse(answers.whole(request_id, parsed, texts, reasons,
+                                      generated, output))

@@ -26,6 +26,7 @@ from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import prefix_cache
 from rnnstep.serve import http
 from rnnstep.serve import protocol
 
@@ -77,11 +78,22 @@ class RequestChecks:
       return await asyncio.get_running_loop().run_in_executor(
           pool, self.check, parsed)
     except errors.ArgumentError as e:
+      if (parsed.prompt_field != "prompt"
+          and protocol.param_of(e.argument) == "prompt"):
+        # A chat request's prompt is its rendered messages.
+        e = protocol.BadRequest(parsed.prompt_field,
+                                f"the conversation's prompt: {e}")
       raise http.bad_request(e) from None
     except constraints.Cancelled:
       raise http.Refused(http.shutting_down()) from None
     finally:
       self._checking_rows -= rows
+
+  async def run(self, fn, *args):
+    """`fn(*args)` on a checking thread (a chat template's rendering, which
+    may take up to its bounds: not on the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        self._checking, fn, *args)
 
   def check(self, parsed: protocol.CheckedRequest):
     """Checks a request (on a checking thread); what `completion_of` takes.
@@ -109,8 +121,8 @@ class RequestChecks:
       for i, text in enumerate(parsed.prompts):
         if len(text) > limit:
           raise protocol.BadRequest(
-              "prompt", f"prompt {i} has {len(text)} characters, at least "
-              f"as many tokens; this server takes at most {limit} "
+              parsed.prompt_field, f"prompt {i} has {len(text)} characters, "
+              f"at least as many tokens; this server takes at most {limit} "
               "(--max_prompt_tokens)")
     record = parsed.record
     if record.seed is None:  # A fresh seed, reported so it can be replayed.
@@ -123,8 +135,9 @@ class RequestChecks:
     for i, length in enumerate(prompt_lengths):
       if length > limit:
         raise protocol.BadRequest(
-            "prompt", f"prompt {i} is {length} tokens (the model's ids); "
-            f"this server takes at most {limit} (--max_prompt_tokens)")
+            parsed.prompt_field, f"prompt {i} is {length} tokens (the "
+            f"model's ids); this server takes at most {limit} "
+            "(--max_prompt_tokens)")
     # What the checks found, into a new frozen request: usage counts ids, as
     # OpenAI's counts tokens (each prompt once, not n); the stop strings and
     # the pattern are compiled here, within the check's limits, once (the
@@ -136,7 +149,11 @@ class RequestChecks:
         stop_automaton=host.stop_automaton(self.model, record.stop),
         pattern=(None if parsed.regex is None  # Compiled by the check.
                  else constraints.compile_pattern(self.model, parsed.regex)),
-        created=int(time.time()))  # One for all its chunks, as OpenAI's.
+        created=int(time.time()),  # One for all its chunks, as OpenAI's.
+        cache_points=prefix_cache.token_offsets(
+            self.model.encode, parsed.prompts[0], prompt_ids[0][
+                :prompt_lengths[0]], parsed.cache_points)
+        if parsed.cache_points else ())
     return parsed, list(rows), options
 
 def completion_of(checked, sink) -> completion_lib.Completion:
@@ -162,4 +179,5 @@ def completion_of(checked, sink) -> completion_lib.Completion:
       want_scores=parsed.logprobs is not None, logprobs=parsed.logprobs,
       prompt_logprobs=parsed.echo and parsed.logprobs is not None,
       sink=sink, stop_automaton=parsed.stop_automaton,
-      pattern=parsed.pattern, state=parsed.state)
+      pattern=parsed.pattern, state=parsed.state,
+      cache_points=parsed.cache_points)

@@ -7,17 +7,20 @@
 Every choice's text equals rnnstep.generate(model, prompt, max_tokens,
 seed=seed, **options) for the same request (choice k of a list of prompts, or
 of n > 1, is row k of generate over the prompts each repeated n times), under
-any load. Routes: POST /v1/completions, GET /v1/models, POST /tokenize and
-/detokenize, GET /health (503 until warm), GET /metrics (Prometheus), GET
-/openapi.json. With --api_key (or --api_key_file, or RNNSTEP_API_KEY) every
-route but /health, /metrics and /openapi.json needs `Authorization: Bearer
-KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
+any load; a chat request's, generate's on its messages rendered by the
+model's chat template (--chat_template), cut at the end of the turn.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+POST /tokenize and /detokenize, GET /health (503 until warm), GET /metrics
+(Prometheus), GET /openapi.json. With --api_key (or --api_key_file, or
+RNNSTEP_API_KEY) every route but /health, /metrics and /openapi.json needs
+`Authorization: Bearer KEY`. SIGTERM stops admitting (503), finishes the requests in flight (up to
 --drain_timeout s) and exits 0; a failed warm-up exits 1, saying why.
 """
 
 import ipaddress
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -32,6 +35,7 @@ FLAGS = flags.FlagValues()
 
 _MODEL, _DTYPE = common.define_model_flags(
     FLAGS, "Model file (.npz). Default: the bundled Shakespeare model.")
+_WEIGHTS_DTYPE = common.define_weights_dtype_flag(FLAGS)
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.",
                             flag_values=FLAGS)
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.",
@@ -148,6 +152,20 @@ _STATES = flags.DEFINE_string(
     "states", None, "A folder of state files a request picks by name with "
     "its `state` field (the file's name without its suffix; an unknown "
     "name gets 404 naming `state`).", flag_values=FLAGS)
+_CHAT_TEMPLATE = flags.DEFINE_string(
+    "chat_template", None, "The chat template /v1/chat/completions renders "
+    "messages with: a Jinja file (rendered in Jinja's sandbox, as Hugging "
+    "Face renders one), or a Hugging Face tokenizer_config.json (its "
+    "chat_template, bos_token and eos_token). Default: the model's own (a "
+    "tokenizer_config.json's that rnnstep-convert found with it), else "
+    "RWKV's convention for a model with RWKV's world vocabulary; else chat "
+    "requests get 400.",
+    flag_values=FLAGS)
+_CHAT_END_OF_TURN = flags.DEFINE_multi_string(
+    "chat_end_of_turn", None, "A stop string that ends a chat reply "
+    "(repeatable; \\n is a line end, \\t a tab, \\\\ a backslash). "
+    "Default: the template's own (its eos_token; RWKV's: a blank line).",
+    flag_values=FLAGS)
 _DRAIN_TIMEOUT = flags.DEFINE_float(
     "drain_timeout", 30.0, "On SIGTERM, seconds to finish the requests in "
     "flight.", lower_bound=0.0, flag_values=FLAGS)
@@ -366,6 +384,35 @@ def _states(model):
   return states, default
 
 
+def _unescape(text: str) -> str:
+  """A flag's text with \\n, \\t and \\\\ read as a line end, a tab and a
+  backslash."""
+  return re.sub(r"\\([nt\\])",
+                lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)],
+                text)
+
+
+def _chat_template(model):
+  """The model's chat template (`chat_template.find`), or None.
+
+  Raises:
+    common.Failure: --chat_template cannot be used, naming it.
+  """
+  from rnnstep.model import chat_template  # pylint: disable=g-import-not-at-top
+  end_of_turn = None
+  if _CHAT_END_OF_TURN.value:
+    end_of_turn = [_unescape(s) for s in _CHAT_END_OF_TURN.value]
+    if not all(end_of_turn):
+      raise common.Failure("--chat_end_of_turn: a stop string is empty",
+                           common.EXIT_USAGE)
+  try:
+    return chat_template.find(model.chat_template, model.tokens.kind,
+                              _CHAT_TEMPLATE.value, end_of_turn)
+  except chat_template.TemplateError as e:
+    flag = "--chat_template" if _CHAT_TEMPLATE.value else "--model"
+    raise common.Failure(f"{flag}: {e}", common.EXIT_USAGE) from None
+
+
 def _model_name() -> str:
   if _SERVED_MODEL_NAME.value:
     return _SERVED_MODEL_NAME.value
@@ -385,11 +432,13 @@ def main(argv) -> int:
   lanes = _lanes()
   _threads(lanes)
   strategy = _strategy()
-  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name)
+  model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name,
+                            weights_dtype=_WEIGHTS_DTYPE.value)
   if model.config.window:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
                          "serves stateful models only", common.EXIT_USAGE)
+  chat_template = _chat_template(model)
   # The library's choice for the rows one lane's device runs.
   path = _path(model, (strategy.num_replicas_in_sync if strategy else 1)
                * lanes)
@@ -414,7 +463,8 @@ def main(argv) -> int:
       max_body_bytes=_MAX_BODY_BYTES.value, api_keys=api_keys,
       allowed_origins=_ALLOWED_ORIGINS.value,
       allowed_hosts=_allowed_hosts(), body_seconds=_BODY_TIMEOUT.value,
-      check_seconds=_CHECK_TIMEOUT.value, max_queue=_MAX_QUEUE.value)
+      check_seconds=_CHECK_TIMEOUT.value, max_queue=_MAX_QUEUE.value,
+      chat_template=chat_template)
   failed = []  # Why the warm-up failed.
 
   class Uvicorn(uvicorn.Server):

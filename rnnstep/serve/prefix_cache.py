@@ -26,7 +26,7 @@ sharing that prefix finds its state.
 
 import collections
 import threading
-from typing import Hashable, NamedTuple, Optional, Sequence
+from typing import Hashable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -221,6 +221,47 @@ class PrefixCache:
       del lengths[length]
     self.bytes_held -= size
     self.evictions += 1
+
+
+def message_boundaries(render, messages, prompt: str) -> Tuple[int, ...]:
+  """Where a chat prompt's text stands after its leading messages: after
+  the first (a system prompt every conversation of a deployment shares)
+  and after all but the last (the conversation so far, which its next turn
+  repeats), as character offsets into `prompt` (the whole conversation's
+  rendering), for `cache_points`.
+
+  Args:
+    render: the chat template's `render(messages)` (which adds the
+      assistant's cue: the offset is how far its text agrees with `prompt`;
+      where it raises, that boundary is left out).
+    messages: the conversation's messages.
+    prompt: `render(messages)`.
+  """
+  points = set()
+  for count in {1, len(messages) - 1}:
+    if 0 < count < len(messages):
+      try:
+        lead = render(messages[:count])
+      except Exception:  # pylint: disable=broad-except
+        continue  # A template that refuses a part of the conversation.
+      points.add(_shared_length(np.frombuffer(lead.encode("utf-32-le"),
+                                              np.uint32),
+                                np.frombuffer(prompt.encode("utf-32-le"),
+                                              np.uint32), len(lead)))
+  return tuple(sorted(p for p in points if 0 < p < len(prompt)))
+
+
+def token_offsets(encode, prompt: str, ids: np.ndarray,
+                  offsets: Sequence[int]) -> Tuple[int, ...]:
+  """Character offsets of `prompt` as offsets into its ids `ids`
+  (`encode(prompt)`): each where the ids of the text before it are a prefix
+  of `ids` (a token boundary); others are left out."""
+  points = []
+  for offset in offsets:
+    lead = np.asarray(encode(prompt[:offset]), np.int32)
+    if 0 < len(lead) < len(ids) and np.array_equal(ids[:len(lead)], lead):
+      points.append(len(lead))
+  return tuple(points)
 
 
 def _shared_length(a: np.ndarray, b: np.ndarray, longest: int) -> int:

@@ -23,6 +23,7 @@ Nothing here imports TensorFlow.
 """
 
 import dataclasses
+import functools
 import json
 from typing import Annotated, Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -208,6 +209,11 @@ class CheckedRequest:
     pattern: `regex` compiled (set once checked; None without one).
     state: the named initial state it starts from, or None (the server's
       default).
+    prompt_field: the request field its prompts came from, which a refusal
+      of a prompt names (`messages` for a chat request).
+    cache_points: character offsets into its (one) prompt where the prefix
+      cache should keep the state (a chat's message boundaries); the
+      checks make them offsets in ids (`Completion.cache_points`).
   """
   record: records.Record
   prompts: Tuple[str, ...]
@@ -224,6 +230,8 @@ class CheckedRequest:
   stop_automaton: Any = None
   pattern: Any = None
   state: Optional[str] = None
+  prompt_field: str = "prompt"
+  cache_points: Tuple[int, ...] = ()
 
   @property
   def max_tokens(self) -> int:
@@ -418,3 +426,160 @@ def event(payload: str) -> bytes:
     `data: <payload>` and a blank line, as bytes.
   """
   return f"data: {payload}\r\n\r\n".encode()
+
+
+# -- chat completions ---------------------------------------------------------
+
+# Bounds of a chat request (its body is bounded too, --max_body_bytes).
+MAX_MESSAGES = 1024
+MAX_CONTENT_CHARS = 1 << 20
+# The most characters a conversation may render to (the prompt's tokens are
+# then bounded by --max_prompt_tokens).
+MAX_RENDERED_CHARS = 1 << 21
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class ContentPart(pydantic.BaseModel):
+  """A part of a message's content: only text parts are taken."""
+  model_config = pydantic.ConfigDict(strict=True, extra="allow")
+  type: Annotated[str, pydantic.Field(json_schema_extra={"enum": ["text"]})]
+  text: Optional[Annotated[Text, pydantic.Field(
+      max_length=MAX_CONTENT_CHARS)]] = None
+
+
+class ChatMessage(pydantic.BaseModel):
+  """One message (OpenAI's `name` is taken and not used)."""
+  model_config = _STRICT
+  role: Annotated[str, pydantic.Field(
+      json_schema_extra={"enum": list(CHAT_ROLES)})]
+  content: Union[Annotated[Text, pydantic.Field(max_length=MAX_CONTENT_CHARS)],
+                 Annotated[List[ContentPart], pydantic.Field(
+                     max_length=MAX_MESSAGES)]]
+  name: Optional[Text] = None
+
+
+class ChatFields(pydantic.BaseModel):
+  """OpenAI's chat completions request, as this server takes it: its own
+  fields here, the rest as completions has them (`chat_request`)."""
+  model_config = _STRICT
+  messages: Annotated[List[ChatMessage], pydantic.Field(
+      min_length=1, max_length=MAX_MESSAGES)] = pydantic.Field(
+          description="The conversation, rendered by the model's chat "
+          "template (--chat_template).")
+  logprobs: Optional[bool] = pydantic.Field(
+      None, description="Each token's log-probability (chat's shape).")
+  top_logprobs: Optional[Annotated[int, pydantic.Field(
+      ge=0, le=MAX_LOGPROBS)]] = pydantic.Field(
+          None, description="With logprobs: the k most likely alternatives "
+          "of each token.")
+  # OpenAI's penalties: rnnstep has none of their kind (its own is
+  # repetition_penalty), so only their no-op value is taken.
+  presence_penalty: Optional[Annotated[float, pydantic.Field(
+      ge=-2, le=2)]] = pydantic.Field(None, description="Only 0 is taken "
+                                      "(use repetition_penalty).")
+  frequency_penalty: Optional[Annotated[float, pydantic.Field(
+      ge=-2, le=2)]] = pydantic.Field(None, description="Only 0 is taken "
+                                      "(use repetition_penalty).")
+
+
+# The fields a chat request has as a completion request has them.
+CHAT_AS_COMPLETION = ("model", "max_tokens", "stop", "seed", "n", "stream",
+                      "stream_options", "user", "regex")
+
+
+def chat_request(max_tokens_limit: int):
+  """The chat request model of a server with these limits (in its schema
+  too): `ChatFields`, `CHAT_AS_COMPLETION` and the decoding options as
+  `completion_request`'s, and `max_completion_tokens` bounded as
+  `max_tokens`."""
+  completion = completion_request(max_tokens_limit)
+  names = set(CHAT_AS_COMPLETION) | {o.name for o in DECODING_OPTIONS}
+  fields = {name: (field.annotation, field)
+            for name, field in completion.model_fields.items()
+            if name in names}
+  steps = completion.model_fields["max_tokens"]
+  fields["max_completion_tokens"] = (steps.annotation, pydantic.Field(
+      None, description="Tokens (the model's ids) to generate per choice; "
+      "max_tokens' newer name.", json_schema_extra=_STEPS_SCHEMA))
+  return pydantic.create_model("ChatCompletionRequest", __base__=ChatFields,
+                               **fields)
+
+
+def chat_messages(request) -> List[Tuple[str, str]]:
+  """A validated chat request's messages as (role, text) pairs.
+
+  A list of content parts is its text parts joined by line ends (vLLM's
+  way).
+
+  Raises:
+    BadRequest: naming `messages[i].role` (not system, user or assistant)
+      or `messages[i].content[j].type` (a part that is not text).
+  """
+  out = []
+  for i, message in enumerate(request.messages):
+    if message.role not in CHAT_ROLES:
+      raise BadRequest(
+          f"messages[{i}].role", f"messages[{i}].role must be one of "
+          f"{', '.join(CHAT_ROLES)}, got {message.role[:40]!r}")
+    content = message.content
+    if not isinstance(content, str):
+      texts = []
+      for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+          raise BadRequest(
+              f"messages[{i}].content[{j}].type",
+              f"messages[{i}].content[{j}] must be a text part "
+              f"({{\"type\": \"text\", \"text\": ...}}), got type "
+              f"{part.type[:40]!r}")
+        texts.append(part.text)
+      content = "\n".join(texts)
+    out.append((message.role, content))
+  return out
+
+
+@functools.lru_cache(maxsize=1)
+def _completion_fields():
+  """A completion request model, for its fields (not its bounds)."""
+  return completion_request(1)
+
+
+def checked_chat_request(request, prompt: str, end_of_turn: Sequence[str],
+                         max_batch: int) -> CheckedRequest:
+  """The `CheckedRequest` of a validated `chat_request` instance whose
+  messages rendered to `prompt`: its values through the completions' one
+  check (`checked_request`), the template's end of turn added to its stop
+  strings, so that the reply is cut before it.
+
+  Raises:
+    BadRequest: naming the field: a penalty other than 0, both
+      `max_tokens` and `max_completion_tokens` given with different values,
+      `top_logprobs` without `logprobs`; or as `checked_request`.
+    errors.ArgumentError: as `checked_request`.
+  """
+  for name in ("presence_penalty", "frequency_penalty"):
+    if getattr(request, name):
+      raise BadRequest(name, f"{name}: rnnstep has no such penalty; only 0 "
+                       "is taken (its own is repetition_penalty)")
+  max_tokens = request.max_completion_tokens
+  if max_tokens is None:
+    max_tokens = request.max_tokens
+  elif "max_tokens" in request.model_fields_set and (
+      request.max_tokens not in (None, max_tokens)):
+    raise BadRequest("max_completion_tokens", "max_tokens and "
+                     "max_completion_tokens differ; give one")
+  if request.top_logprobs is not None and not request.logprobs:
+    raise BadRequest("top_logprobs", "top_logprobs needs logprobs: true")
+  stops = [request.stop] if isinstance(request.stop, str) else list(
+      request.stop or [])
+  stops += [s for s in end_of_turn if s not in stops]
+  fields = {name: getattr(request, name) for name in (
+      *CHAT_AS_COMPLETION, *(o.name for o in DECODING_OPTIONS))}
+  fields.update(max_tokens=max_tokens, stop=stops or None)
+  # A completion request of the values the chat model has validated (its
+  # defaults for any field a chat request does not have).
+  as_completion = _completion_fields().model_construct(
+      prompt=prompt,
+      logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+      echo=False, include_stop_str_in_output=False, **fields)
+  checked = checked_request(as_completion, max_batch)
+  return dataclasses.replace(checked, prompt_field="messages")

@@ -1,0 +1,280 @@
+"""weights_dtype: float16, bfloat16 and int8 weights (issue #62).
+
+Each reduced model's logits against an independent numpy forward of the
+same rounded weights (rounded here, with numpy and ml_dtypes: int8 per
+output channel, max|w| / 127), every path's text the same, the model file's
+round trip, and bad values refused in one line naming weights_dtype.
+"""
+
+import os
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tests.support import cli
+from tests.support import numpy_reference as nr
+from tests.support import rwkv7_reference
+
+import rnnstep
+from rnnstep import errors
+from rnnstep.model import model_file
+
+REDUCED = ("float16", "bfloat16", "int8")
+RWKV7_PRESET = str(pathlib.Path(__file__).parent / "data" / "rwkv7" /
+                   "preset")
+# The large matrices each model's weights dtype rounds (the rest stay).
+GRU_KEYS = ("embedding", "layer0_kernel", "layer0_recurrent_kernel",
+            "layer1_kernel", "layer1_recurrent_kernel", "dense_kernel")
+RWKV7_KEYS = ("embedding", "dense_kernel") + tuple(
+    f"layer0_{name}" for name in ("receptance", "key", "value", "output",
+                                  "ffn_key", "ffn_value"))
+PROMPT = "ROMEO: the king"
+
+
+def rounded(array, weights_dtype, per_row=False):
+  """numpy's rounding of one float32 tensor to `weights_dtype`."""
+  array = np.asarray(array, np.float32)
+  if weights_dtype == "float16":
+    return array.astype(np.float16).astype(np.float32)
+  if weights_dtype == "bfloat16":
+    return array.astype(ml_dtypes.bfloat16).astype(np.float32)
+  axis = -1 if per_row else -2  # The embedding's rows; a matrix's columns.
+  scale = np.abs(array).max(axis, keepdims=True) / 127
+  return (np.round(array / np.where(scale > 0, scale, 1)) * scale).astype(
+      np.float32)
+
+
+def reference_tensors(tensors, keys, weights_dtype):
+  return {k: rounded(v, weights_dtype, k == "embedding") if k in keys else v
+          for k, v in tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def gru_file(tmp_path_factory):
+  """A two-layer model (LSTM then GRU) over cli.VOCAB, random weights."""
+  rng = np.random.default_rng(3)
+  v, d = len(cli.VOCAB), 16
+  layers = (model_file.LayerConfig("lstm", 24),
+            model_file.LayerConfig("gru", 20, True))
+  config = model_file.ModelConfig(d, layers)
+  tensors = {k: (rng.normal(size=s) * 0.4).astype(np.float32)
+             for k, s in config.expected_shapes(v).items()}
+  path = tmp_path_factory.mktemp("weights_dtype") / "stack.npz"
+  model_file.write(path, config, cli.VOCAB, tensors)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def rwkv7_tensors():
+  return rnnstep.load(RWKV7_PRESET).tensors()
+
+
+@pytest.mark.parametrize("weights_dtype", REDUCED)
+def test_stack_logits_are_the_rounded_weights_numpy_forward(gru_file,
+                                                            weights_dtype):
+  model = rnnstep.load(gru_file, weights_dtype=weights_dtype)
+  assert model.weights_dtype == weights_dtype
+  plain = model_file.read(gru_file)
+  want = reference_tensors(plain.tensors, GRU_KEYS, weights_dtype)
+  got = model.tensors()
+  for key, value in want.items():
+    # int8's scales may sit one float32 step from max|w| / 127 (rnnstep
+    # keeps them where rounding again changes nothing).
+    np.testing.assert_allclose(got[key], value, rtol=2e-7, atol=0,
+                               err_msg=key)
+    if key not in GRU_KEYS:
+      np.testing.assert_array_equal(got[key], value, err_msg=key)
+  ids = model.encode(PROMPT)
+  reference = nr.Reference(want, plain.config.layers)
+  np.testing.assert_allclose(rnnstep.logits(model, ids)[0],
+                             reference.logits(ids), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights_dtype", REDUCED)
+def test_rwkv7_logits_are_the_rounded_weights_numpy_forward(rwkv7_tensors,
+                                                            weights_dtype):
+  model = rnnstep.load(RWKV7_PRESET, weights_dtype=weights_dtype)
+  want = reference_tensors(rwkv7_tensors, RWKV7_KEYS, weights_dtype)
+  ids = model.encode("Hello the poet said")
+  head_size = model.config.layers[0].size["head_size"]
+  np.testing.assert_allclose(rnnstep.logits(model, ids)[0],
+                             rwkv7_reference.logits(want, head_size, ids),
+                             rtol=1e-4, atol=1e-4)
+  # What stays float32 is untouched.
+  got = model.tensors()
+  for key in set(rwkv7_tensors) - set(RWKV7_KEYS):
+    np.testing.assert_array_equal(got[key], rwkv7_tensors[key], err_msg=key)
+
+
+def test_float32_is_the_weights_as_they_are(gru_file):
+  plain = model_file.read(gru_file)
+  assert plain.weights_dtype == "float32"
+  for model in (rnnstep.load(gru_file),
+                rnnstep.load(gru_file, weights_dtype="float32")):
+    assert model.weights_dtype == "float32"
+    for key, value in model.tensors().items():
+      np.testing.assert_array_equal(value, plain.tensors[key])
+
+
+@pytest.mark.parametrize("path", [False, True, "elementwise"])
+def test_every_path_gives_int8_s_text(gru_file, path):
+  model = rnnstep.load(gru_file, weights_dtype="int8")
+  want = rnnstep.generate(model, [PROMPT, "A"], 24, temperature=0.0,
+                          jit_compile=False)
+  assert rnnstep.generate(model, [PROMPT, "A"], 24, temperature=0.0,
+                          jit_compile=path) == want
+  sampled = dict(temperature=0.9, seed=4, top_k=8)
+  assert (rnnstep.generate(model, PROMPT, 24, jit_compile=path, **sampled)
+          == rnnstep.generate(model, PROMPT, 24, jit_compile=False,
+                              **sampled))
+
+
+@pytest.mark.parametrize("path", [False, "elementwise"])
+def test_rwkv7_paths_give_int8_s_text(path):
+  model = rnnstep.load(RWKV7_PRESET, weights_dtype="int8")
+  prompts = ["Hello the poet said", "A"]
+  assert (rnnstep.generate(model, prompts, 12, temperature=0.0,
+                           jit_compile=path)
+          == rnnstep.generate(model, prompts, 12, temperature=0.0,
+                              jit_compile=True))
+
+
+@pytest.mark.slow  # A LiteRT conversion.
+def test_litert_gives_int8_s_text(gru_file):
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(gru_file, weights_dtype="int8")
+  got = litert_runner.run_artifact(litert.convert(model), list(model.vocab),
+                                   [PROMPT, "A"], 24, tokens=model.tokens,
+                                   temperature=0.0, seed=0)
+  assert got == rnnstep.generate(model, [PROMPT, "A"], 24, temperature=0.0,
+                                 jit_compile=False)
+
+
+@pytest.mark.parametrize("weights_dtype", REDUCED)
+def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
+    gru_file, tmp_path, weights_dtype):
+  model = rnnstep.load(gru_file, weights_dtype=weights_dtype)
+  path = tmp_path / f"{weights_dtype}.npz"
+  model_file.write(path, model.config, model.vocab, model.tensors(),
+                   weights_dtype=weights_dtype)
+  # A tiny model: the biases and the members' headers are much of it.
+  assert os.path.getsize(path) < os.path.getsize(gru_file) * (
+      0.5 if weights_dtype == "int8" else 0.65)
+  with np.load(path) as members:
+    assert str(members["weights_dtype"]) == weights_dtype
+    stored = {"float16": np.float16, "bfloat16": np.uint16,
+              "int8": np.int8}[weights_dtype]
+    for key in GRU_KEYS:
+      assert members[key].dtype == stored, key
+    assert members["layer0_bias"].dtype == np.float32
+  again = rnnstep.load(str(path))  # No flag: the file's dtype.
+  assert again.weights_dtype == weights_dtype
+  for key, value in model.tensors().items():
+    np.testing.assert_array_equal(again.tensors()[key], value, err_msg=key)
+  # Rounding the rounded weights again changes nothing.
+  twice = rnnstep.load(str(path), weights_dtype=weights_dtype)
+  for key, value in model.tensors().items():
+    np.testing.assert_array_equal(twice.tensors()[key], value, err_msg=key)
+
+
+def test_cli_convert_stores_int8_and_generate_gives_the_library_s_text(
+    gru_file, tmp_path):
+  small = tmp_path / "int8.npz"
+  cli.ok(cli.run_binary(cli.command("rnnstep-convert", "rnnstep.cli.convert"),
+                        [f"--input={gru_file}", f"--output={small}",
+                         "--weights_dtype=int8"]))
+  want = rnnstep.generate(rnnstep.load(gru_file, weights_dtype="int8"),
+                          PROMPT, 20, temperature=0.0, seed=1)
+  generate = cli.command("rnnstep-generate", "rnnstep.cli.generate")
+  for args in ([f"--model={small}"],
+               [f"--model={gru_file}", "--weights_dtype=int8"]):
+    result = cli.run_binary(generate, args + [
+        f"--prompt={PROMPT}", "--num_steps=20", "--temperature=0",
+        "--seed=1", "--nocache"])
+    cli.ok(result)
+    assert result.stdout.rstrip("\n") == PROMPT + want
+
+
+def test_bad_values_are_refused_in_one_line(gru_file, tmp_path):
+  with pytest.raises(errors.ArgumentError, match="weights_dtype must be one"
+                     " of float32, float16, bfloat16, int8, got 'int4'"):
+    rnnstep.load(gru_file, weights_dtype="int4")
+  plain = model_file.read(gru_file)
+  with pytest.raises(ValueError, match="weights_dtype must be one of"):
+    model_file.write(tmp_path / "x.npz", plain.config, plain.vocab,
+                     plain.tensors, weights_dtype="int4")
+  big = dict(plain.tensors, dense_kernel=plain.tensors["dense_kernel"] * 1e5)
+  with pytest.raises(ValueError, match="weights_dtype=float16: tensor "
+                     "dense_kernel holds values beyond float16's range"):
+    model_file.write(tmp_path / "x.npz", plain.config, plain.vocab, big,
+                     weights_dtype="float16")
+  assert not (tmp_path / "x.npz").exists()
+  result = cli.run_binary(cli.command("rnnstep-generate",
+                                      "rnnstep.cli.generate"),
+                          [f"--model={gru_file}", "--weights_dtype=int4"])
+  assert "--weights_dtype" in cli.one_error_line(result)
+
+
+def test_a_forged_reduced_file_is_refused_in_one_line(gru_file, tmp_path):
+  path = tmp_path / "int8.npz"
+  plain = model_file.read(gru_file)
+  model_file.write(path, plain.config, plain.vocab, plain.tensors,
+                   weights_dtype="int8")
+  with np.load(path) as members:
+    members = dict(members)
+  forged = [("dense_kernel__scale", members["dense_kernel__scale"][0],
+             "dense_kernel__scale is float32"),
+            ("dense_kernel", members["dense_kernel"].astype(np.int16),
+             "dense_kernel is stored as int16, expected int8"),
+            ("weights_dtype", np.array("int4"), "weights_dtype 'int4'")]
+  for key, value, message in forged:
+    bad = tmp_path / f"bad_{key}.npz"
+    np.savez(bad, **dict(members, **{key: value}))
+    with pytest.raises(ValueError, match=message):
+      model_file.read(bad)
+  bad = tmp_path / "no_scale.npz"
+  np.savez(bad, **{k: v for k, v in members.items()
+                   if k != "embedding__scale"})
+  with pytest.raises(ValueError, match="missing tensor embedding__scale"):
+    model_file.read(bad)
+
+
+@pytest.mark.slow  # A server process.
+def test_server_gives_the_library_s_int8_text(gru_file):
+  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  import httpx  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(gru_file, weights_dtype="int8")
+  body = dict(prompt=PROMPT, max_tokens=20, seed=1, temperature=0.9)
+  want = serve_process.expected(model, body, body["seed"])[0]
+  with serve_process.RemoteServer([f"--model={gru_file}",
+                                   "--weights_dtype=int8", "--max_batch=2",
+                                   "--jit_compile=false",
+                                   "--lanes=1"], startup_timeout=300) as server:
+    reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert [c["text"] for c in reply.json()["choices"]] == want
+
+
+def test_converting_weights_stores_them_reduced(tmp_path):
+  """rnnstep.convert.convert (rnnstep-convert) on PyTorch weights, stored
+  int8: the file loads as the weights loaded with weights_dtype int8."""
+  from rnnstep import convert  # pylint: disable=g-import-not-at-top
+  data = pathlib.Path(__file__).parent / "data" / "word_lm"
+  path = tmp_path / "gru-int8.npz"
+  summary = convert.convert(data / "gru.pt", path, corpus=data / "corpus",
+                            weights_dtype="int8")
+  assert "weights:    int8" in str(summary)
+  stored = rnnstep.load(str(path))
+  assert stored.weights_dtype == "int8"
+  loaded = rnnstep.load(str(data / "gru.pt"), corpus=str(data / "corpus"),
+                        weights_dtype="int8")
+  for key, value in loaded.tensors().items():
+    np.testing.assert_array_equal(stored.tensors()[key], value, err_msg=key)
