@@ -112,7 +112,8 @@ def is_id_sequence(value) -> bool:
   if isinstance(value, np.ndarray):
     return value.ndim == 1 and value.dtype.kind in "iu" and value.size > 0
   return (isinstance(value, (list, tuple)) and len(value) > 0
-          and all(options_lib.is_int(v) for v in value))
+          and (all(type(v) is int for v in value)  # pylint: disable=unidiomatic-typecheck
+               or all(options_lib.is_int(v) for v in value)))
 
 
 def check_prompts(prompts) -> Tuple[Union[str, Tuple[int, ...]], ...]:
@@ -163,6 +164,10 @@ def _ids_of(prompt, where: str) -> Tuple[int, ...]:
     raise errors.ArgumentError(
         "prompts", f"{where} must be a 1-D array of integer token ids, got "
         f"{prompt.dtype} {list(prompt.shape)}")
+  if (isinstance(prompt, (list, tuple))
+      and all(type(v) is int for v in prompt)  # pylint: disable=unidiomatic-typecheck
+      and 0 <= min(prompt) and max(prompt) < STEPS_LIMIT):
+    return tuple(prompt)  # The common case (a JSON list), at C speed.
   for j, value in enumerate(prompt):
     if not options_lib.is_int(value) or not 0 <= value < STEPS_LIMIT:
       raise errors.ArgumentError(
