@@ -235,7 +235,8 @@ def test_a_gru_lstm_stack_s_state_round_trips(stack_model, tmp_path):
 
 def _write_safetensors(path, arrays):
   """A safetensors file of {name: array} in the arrays' own dtypes."""
-  codes = {"float32": "F32", "float16": "F16", "int32": "I32"}
+  codes = {"float32": "F32", "float16": "F16", "int32": "I32",
+           "uint16": "BF16"}  # bfloat16 as its raw 16 bits.
   header, offset, blobs = {}, 0, []
   for name, array in arrays.items():
     blob = np.ascontiguousarray(array).tobytes()
@@ -312,6 +313,19 @@ def test_a_pickle_that_runs_code_is_refused_and_runs_nothing(model,
   assert message.startswith(f"{path}: ") and "system" in message, message
   assert "\n" not in message
   assert not marker.exists()
+
+
+def test_a_bfloat16_state_reads_exactly(model, reference, tmp_path):
+  """State-tuned files are often bfloat16: widened to float32 exactly."""
+  wkv = reference["wkv"]
+  bits = (wkv.view(np.uint32) >> 16).astype(np.uint16)
+  _write_safetensors(tmp_path / "bf16.safetensors", {
+      f"blocks.{i}.att.time_state": bits[i] for i in range(3)})
+  state = rnnstep.load_state(tmp_path / "bf16.safetensors", model)
+  for i in range(3):
+    np.testing.assert_array_equal(
+        state[0][f"wkv{i}"][0],
+        (bits[i].astype(np.uint32) << 16).view(np.float32).reshape(-1))
 
 
 def test_other_refusals(model, stack_model, tmp_path):
