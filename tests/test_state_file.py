@@ -362,10 +362,16 @@ def test_other_refusals(model, stack_model, tmp_path):
 def test_cli_state_flag_generates_the_official_text(reference, model):
   generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
   want = model.tokens.decode(reference["greedy"])
-  got = cli.ok(cli.run_binary(generate_cmd, [
+  result = cli.run_binary(generate_cmd, [
       f"--model={PRESET}", f"--state={STATES / 'state.safetensors'}",
-      f"--prompt={PROMPT}", "--num_steps=16", "--temperature=0"]))
-  assert got == PROMPT + want + "\n"
+      f"--prompt={PROMPT}", "--num_steps=16", "--temperature=0",
+      "--verbose"])
+  assert result.returncode == 0, result
+  assert result.stdout == PROMPT + want + "\n"
+  # The warm path's artifact starts from the zero state: TensorFlow's path.
+  assert result.stderr_lines[0].startswith(
+      "rnnstep-generate: TensorFlow path: --state: the compiled artifact "
+      "starts from the zero state"), result
   line = cli.one_error_line(cli.run_binary(generate_cmd, [
       f"--model={PRESET}", f"--state={DATA / 'rwkv7.pth'}", "--num_steps=2"]))
   assert line.startswith(f"rnnstep-generate: error: --state={DATA / 'rwkv7.pth'}"
