@@ -31,7 +31,8 @@ from rnnstep.model import network as model_lib
 from rnnstep.model import reduced_weights
 from rnnstep.model import vocabulary
 
-Prompts = Union[str, Sequence[str]]
+# A str, token ids (a list of ints: one prompt), or a list of either.
+Prompts = Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]]
 
 
 def bundled_model_path() -> str:
@@ -166,8 +167,9 @@ def loglikelihood(model: model_lib.Model, pairs: Sequence[Pair], *,
 
   Args:
     model: the Model.
-    pairs: a list of `(context, continuation)` str pairs. A context must
-      give at least one token: the model reads its first token from the
+    pairs: a list of `(context, continuation)` str pairs, or pairs of
+      token-id lists (taken as they are: no re-tokenization of the two
+      together). A context must give at least one token: the model reads its first token from the
       zero state and predicts from there (score a whole text with
       `loglikelihood_rolling`). An empty continuation scores `(0.0, True)`.
     jit_compile: the path, as for `generate` (None: the library's choice).
@@ -204,8 +206,8 @@ def loglikelihood_rolling(model: model_lib.Model, texts: Sequence[str], *,
 
   Args:
     model: the Model.
-    texts: a list of str (any lengths, each at least one token; a single
-      token scores 0.0).
+    texts: a list of str or of token-id lists (any lengths, each at least
+      one token; a single token scores 0.0).
     jit_compile: the path, as for `generate`.
     window: as for `loglikelihood`.
 
@@ -240,14 +242,22 @@ def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
   rows = []
   for i, pair in enumerate(pairs):
     where = f"pairs[{i}]"
-    if (not isinstance(pair, (list, tuple)) or len(pair) != 2
-        or not all(isinstance(text, str) for text in pair)):
+    texts = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+        isinstance(text, str) for text in pair)
+    ids = (isinstance(pair, (list, tuple)) and len(pair) == 2
+           and all(_is_ids(part) for part in pair))
+    if not (texts or ids):
       raise errors.ArgumentError(
           "pairs", f"{where} must be a (context, continuation) pair of str, "
-          f"got {_kind_of(pair)}")
+          f"or of token-id lists, got {_kind_of(pair)}")
     context, continuation = pair
-    context_ids = _encode(model, context, f"{where} (the context)")
-    whole = _encode(model, context + continuation, f"{where}")
+    if texts:
+      context_ids = _encode(model, context, f"{where} (the context)")
+      whole = _encode(model, context + continuation, f"{where}")
+    else:  # Ids are taken as they are.
+      context_ids = host.check_ids(model, context, f"{where}[0]", "pairs")
+      whole = np.concatenate([context_ids, host.check_ids(
+          model, continuation, f"{where}[1]", "pairs")]).astype(np.int32)
     if not len(context_ids):
       raise errors.ArgumentError(
           "pairs", f"{where}: the context gives no tokens; the model reads "
@@ -276,15 +286,28 @@ def check_rolling(model: model_lib.Model, texts: Sequence[str]
         f"{_kind_of(texts)}")
   rows = []
   for i, text in enumerate(texts):
-    if not isinstance(text, str):
+    if _is_ids(text):
+      ids = host.check_ids(model, text, f"texts[{i}]", "texts")
+    elif isinstance(text, str):
+      ids = _encode(model, text, f"texts[{i}]")
+    else:
       raise errors.ArgumentError(
-          "texts", f"texts[{i}] must be a str, got {_kind_of(text)}")
-    ids = _encode(model, text, f"texts[{i}]")
+          "texts", f"texts[{i}] must be a str or a list of token ids, got "
+          f"{_kind_of(text)}")
     if not len(ids):
       raise errors.ArgumentError(
           "texts", f"texts[{i}] gives no tokens; give at least one")
     rows.append(scoring.Row(ids.astype(np.int32), 1))
   return rows
+
+
+def _is_ids(value) -> bool:
+  """Whether a scoring argument's part is token ids: a list, tuple or 1-D
+  array of integers (empty included: an empty continuation)."""
+  if isinstance(value, np.ndarray):
+    return value.ndim == 1 and (value.dtype.kind in "iu" or value.size == 0)
+  return isinstance(value, (list, tuple)) and all(
+      options_lib.is_int(v) for v in value)
 
 
 def _kind_of(value) -> str:
@@ -669,6 +692,11 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   Args:
     model: the Model.
     prompts: a str, or a list of str (any lengths; generated as one batch).
+      Token ids where text goes: a list of ints is one prompt of ids (taken
+      as they are: the same text as the prompt whose `model.encode` they
+      are), a list of such lists (or of str and id lists) a batch; an id
+      outside the vocabulary is refused by its index (`prompts[1][3] = 70000
+      is outside the vocabulary of 65536 ids`).
     num_steps: tokens to generate per prompt (characters for a character
       model; 0 gives empty strings).
     seed: None (fresh randomness), an int (row i uses (seed, i): same seed, same
@@ -707,7 +735,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   "Reproducibility").
 
   Returns:
-    The continuations only: a str for a str prompt, else a list of str. With
+    The continuations only: a str for a str prompt (or one list of ids),
+    else a list of str. With
     `num_return_sequences` r > 1, a list of r str (best first) per prompt
     instead of each str. With `return_scores`, `(texts, scores)`, the scores
     nested as the texts.
@@ -718,7 +747,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     ValueError: an output too large for memory (refused before allocating).
     TypeError: an unknown keyword argument.
   """
-  single = isinstance(prompts, str)
+  single = _is_one_prompt(prompts)
   prompt_list, options = _check_arguments(model, prompts, num_steps, seed,
                                           stop, return_scores, initial_state,
                                           decoding, streams=False, regex=regex)
@@ -739,7 +768,8 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
   # A token model's text is cut at its stop string's end (a character
   # model's already ends there).
   # (textgenrnn's word-level text also starts from its prompt's words.)
-  texts = shaped([[model.tokens.text(ids, options.stop, prompt)
+  texts = shaped([[model.tokens.text(ids, options.stop,
+                                     host.prompt_text(model, prompt))
                    for ids in seqs]
                   for prompt, seqs in zip(prompt_list, out.ids)])
   return (texts, shaped(out.scores)) if return_scores else texts
@@ -768,7 +798,8 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
 {options}
 
   Yields:
-    For a str prompt, the next piece of text; for a list, a list of pieces
+    For a str prompt (or one list of ids), the next piece of text; for a
+    list, a list of pieces
     (empty for rows that have already stopped). With `return_scores`,
     `(pieces, scores)`: each row's log-likelihood of its text so far.
 
@@ -777,7 +808,7 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       num_beams > 1.
     TypeError: an unknown keyword argument.
   """
-  single = isinstance(prompts, str)
+  single = _is_one_prompt(prompts)
   if not options_lib.is_int(chunk_size) or chunk_size < 1:
     raise errors.ArgumentError(
         "chunk_size", f"chunk_size must be a positive integer, got "
@@ -796,7 +827,8 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                          options.window)
   # One incremental decoder per row: a chunk never ends inside a character,
   # and a token model's text is cut at its stop string's end.
-  rows = [model.tokens.stream(options.stop, prompt) for prompt in prompt_list]
+  rows = [model.tokens.stream(options.stop, host.prompt_text(model, prompt))
+          for prompt in prompt_list]
   scores = [0.0] * len(prompt_list)
 
   def shaped(texts, scores):
@@ -837,6 +869,12 @@ def check_request(model: model_lib.Model, prompts: Prompts, num_steps: int,
   """
   return _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
                           None, decoding, streams=True, regex=regex)
+
+
+def _is_one_prompt(prompts) -> bool:
+  """Whether `prompts` is one prompt (a str, or a list of token ids), whose
+  continuation is returned alone rather than in a list."""
+  return isinstance(prompts, str) or records.is_id_sequence(prompts)
 
 
 def _generator(model, jit_compile, batch_size, window, strategy=None):

@@ -37,7 +37,8 @@ class Record:
   """A checked generation request: what every front end runs.
 
   Attributes:
-    prompts: the prompts (a str argument is a tuple of one).
+    prompts: the prompts (a str argument is a tuple of one), each a str or
+      a tuple of token ids (`check_prompts`).
     num_steps: tokens to generate per prompt.
     seed: None, an int, or a tuple of one int per prompt.
     stop: the stop strings (none: `()`).
@@ -47,7 +48,7 @@ class Record:
       checked: the given value (a per-row option's list as a tuple), else
       the declared default.
   """
-  prompts: Tuple[str, ...]
+  prompts: Tuple[Union[str, Tuple[int, ...]], ...]
   num_steps: int
   seed: Union[None, int, Tuple[int, ...]]
   stop: Tuple[str, ...]
@@ -62,7 +63,8 @@ def check(prompts, num_steps, *, seed=None, stop=None, regex=None,
   """Checks a generation request's values; the `Record` of them.
 
   Args:
-    prompts: a str, or a non-empty list of str.
+    prompts: a str, or a non-empty list of str; token ids where text goes:
+      a list of ints (one prompt) or a list of them (`check_prompts`).
     num_steps: a non-negative integer below 2**31.
     seed: None, a 64-bit integer, or one per prompt.
     stop: None, a stop string, or a list of them.
@@ -79,11 +81,8 @@ def check(prompts, num_steps, *, seed=None, stop=None, regex=None,
   """
   if isinstance(prompts, str):
     prompt_tuple = (prompts,)
-  elif isinstance(prompts, (list, tuple)) and not one_row:
-    prompt_tuple = tuple(prompts)
-    if not prompt_tuple:
-      raise errors.ArgumentError(
-          "prompts", "prompts is an empty list; give at least one prompt")
+  elif isinstance(prompts, (list, tuple, np.ndarray)) and not one_row:
+    prompt_tuple = check_prompts(prompts)
   else:
     raise errors.ArgumentError(
         "prompts", f"prompts must be a str or a list of str, got "
@@ -105,6 +104,76 @@ def check(prompts, num_steps, *, seed=None, stop=None, regex=None,
       else seed,
       stop=stops, regex=constraints.check(regex, len(prompt_tuple)),
       return_scores=bool(return_scores), options=types.MappingProxyType(values))
+
+
+def is_id_sequence(value) -> bool:
+  """Whether a value is one prompt of token ids: a non-empty list, tuple or
+  1-D array of integers (not bools)."""
+  if isinstance(value, np.ndarray):
+    return value.ndim == 1 and value.dtype.kind in "iu" and value.size > 0
+  return (isinstance(value, (list, tuple)) and len(value) > 0
+          and (all(type(v) is int for v in value)  # pylint: disable=unidiomatic-typecheck
+               or all(options_lib.is_int(v) for v in value)))
+
+
+def check_prompts(prompts) -> Tuple[Union[str, Tuple[int, ...]], ...]:
+  """A list argument of prompts: each a str, or a prompt of token ids.
+
+  A list of integers is one prompt of ids (OpenAI's completions `prompt`);
+  a list of str and of id lists (a 2-D array: its rows) is a batch. An id
+  prompt becomes a tuple of int; that each id is inside the model's
+  vocabulary is checked where the prompts are encoded
+  (`engine.host.prompt_batch`).
+
+  Raises:
+    errors.ArgumentError: naming `prompts` and the item at fault: an empty
+      list, an item that is neither a str nor a list of ids, an id that is
+      not a non-negative integer below 2**31.
+  """
+  if is_id_sequence(prompts):  # One prompt: prompt 0, as in a batch.
+    return (_ids_of(prompts, "prompts[0]"),)
+  if isinstance(prompts, np.ndarray) and prompts.ndim != 2:
+    raise errors.ArgumentError(
+        "prompts", f"prompts as an array must be 1-D (one prompt of token "
+        f"ids) or 2-D (one per row), got shape {prompts.shape}")
+  out = []
+  for i, prompt in enumerate(prompts):
+    where = f"prompts[{i}]"
+    if isinstance(prompt, str):
+      out.append(prompt)
+    elif isinstance(prompt, (list, tuple, np.ndarray)):
+      if not len(prompt):
+        raise errors.ArgumentError(
+            "prompts", f"{where} is an empty list of token ids; give at "
+            "least one")
+      out.append(_ids_of(prompt, where))
+    else:
+      raise errors.ArgumentError(
+          "prompts", f"{where} must be a str or a list of token ids, got "
+          f"{type(prompt).__name__} {repr(prompt)[:40]}")
+  if not out:
+    raise errors.ArgumentError(
+        "prompts", "prompts is an empty list; give at least one prompt")
+  return tuple(out)
+
+
+def _ids_of(prompt, where: str) -> Tuple[int, ...]:
+  """One prompt's token ids as a tuple of int, each checked alone."""
+  if isinstance(prompt, np.ndarray) and (prompt.ndim != 1
+                                         or prompt.dtype.kind not in "iu"):
+    raise errors.ArgumentError(
+        "prompts", f"{where} must be a 1-D array of integer token ids, got "
+        f"{prompt.dtype} {list(prompt.shape)}")
+  if (isinstance(prompt, (list, tuple))
+      and all(type(v) is int for v in prompt)  # pylint: disable=unidiomatic-typecheck
+      and 0 <= min(prompt) and max(prompt) < STEPS_LIMIT):
+    return tuple(prompt)  # The common case (a JSON list), at C speed.
+  for j, value in enumerate(prompt):
+    if not options_lib.is_int(value) or not 0 <= value < STEPS_LIMIT:
+      raise errors.ArgumentError(
+          "prompts", f"{where}[{j}] = {repr(value)[:40]} is not a token id "
+          "(an integer from 0)")
+  return tuple(int(value) for value in prompt)
 
 
 def check_steps(num_steps, name: str = "num_steps") -> int:

@@ -53,7 +53,16 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
       ("empty_prompt", dict(prompts=["A", ""]), "prompt 1 is empty"),
       ("empty_list", dict(prompts=[]), "empty list"),
       ("not_text", dict(prompts=5), "must be a str or a list"),
-      ("list_of_ints", dict(prompts=[1, 2]), "prompt 0 is a int"),
+      # Token ids (#61): a list of ints is one prompt; ids are checked.
+      ("list_of_floats", dict(prompts=[1.5, 2]),
+       r"^prompts\[0\] must be a str or a list of token ids, got float"),
+      ("id_outside_vocabulary", dict(prompts=[[1, 2], [3, 4, 65]]),
+       r"^prompts\[1\]\[2\] = 65 is outside the vocabulary of 65 ids "
+       r"\(0 to 64\)$"),
+      ("negative_id", dict(prompts=[3, -1]),
+       r"^prompts\[0\]\[1\] = -1 is not a token id"),
+      ("empty_ids", dict(prompts=["A", []]),
+       r"^prompts\[1\] is an empty list of token ids"),
       ("bad_stop", dict(stop=5), "stop must be"),
       ("empty_stop", dict(stop=""), "stop string is empty"),
       ("impossible_stop", dict(stop="zz"), "stop string 'zz' can never be"),
@@ -67,6 +76,37 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, pattern) as ctx:
       rnnstep.generate(self.model, prompts, num_steps, **kwargs)
     self.assertNotIn("\n", str(ctx.exception))
+
+  def test_token_ids_give_the_text_of_the_same_prompt_as_a_string(self):
+    """#61: ids where text goes: a list of ints is one prompt (its text
+    returned alone), a list of id lists (or a 1-D/2-D array) a batch, mixed
+    with str; greedy and seeded, generate and stream alike."""
+    model = self.model
+    texts = ["HELLO", "THE KING"]
+    ids = [model.encode(t).tolist() for t in texts]
+    for kwargs in (dict(temperature=0.0), dict(temperature=0.9, seed=5)):
+      want = rnnstep.generate(model, texts, 12, **kwargs)
+      self.assertEqual(rnnstep.generate(model, ids, 12, **kwargs), want)
+      self.assertEqual(rnnstep.generate(model, [ids[0], texts[1]], 12,
+                                        **kwargs), want)
+      self.assertEqual(rnnstep.generate(model, np.array(ids[0]), 12,
+                                        **kwargs), want[0])
+      self.assertEqual(rnnstep.generate(model, ids[1], 12, **kwargs),
+                       rnnstep.generate(model, texts[1], 12, **kwargs))
+      self.assertEqual("".join(rnnstep.stream(model, ids[0], 12, chunk_size=5,
+                                              **kwargs)), want[0])
+    self.assertEqual(
+        rnnstep.loglikelihood(model, [(ids[0], model.encode(" IS").tolist()),
+                                      (ids[1], [])]),
+        rnnstep.loglikelihood(model, [(texts[0], " IS"), (texts[1], "")]))
+    self.assertEqual(rnnstep.loglikelihood_rolling(model, ids),
+                     rnnstep.loglikelihood_rolling(model, texts))
+    with self.assertRaisesRegex(ValueError, r"^pairs\[0\]\[1\]\[0\] = 99 is "
+                                r"outside the vocabulary of 65 ids"):
+      rnnstep.loglikelihood(model, [(ids[0], [99])])
+    with self.assertRaisesRegex(ValueError, r"^texts\[1\]\[1\] = -2 is "
+                                r"outside the vocabulary"):
+      rnnstep.loglikelihood_rolling(model, [ids[0], [1, -2]])
 
   def test_output_too_large_is_refused_before_allocating(self):
     with self.assertRaisesRegex(ValueError, r"GiB for the output but only"):

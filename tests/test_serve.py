@@ -354,6 +354,45 @@ def test_models_health_and_one_completion_with_openai_client(server, model):
   assert response.usage.prompt_tokens == 6
 
 
+def test_token_id_prompts_answer_as_their_text_does(server, model):
+  """#61: `prompt` as a list of ints (one prompt) or of int lists (one
+  prompt each), as OpenAI's completions take it: the same continuation as
+  the prompt as a string (greedy and seeded, streamed too); an echo puts
+  the ids' text in front."""
+  texts = ["ROMEO:", "To be"]
+  ids = [model.encode(t).tolist() for t in texts]
+  for settings in (dict(temperature=0), dict(temperature=0.9, seed=11)):
+    for as_text, as_ids in ((texts[0], ids[0]), (texts, ids)):
+      body = dict(settings, prompt=as_text, max_tokens=24, n=2, seed=11)
+      want = post(server, body).json()
+      got = post(server, dict(body, prompt=as_ids)).json()
+      assert [c["text"] for c in got["choices"]] == [
+          c["text"] for c in want["choices"]], (body, got)
+      assert got["usage"] == want["usage"]
+      assert [c["text"] for c in got["choices"]] == serve_process.expected(
+          model, body, 11)[0]
+  streamed, _, _, _ = stream_text(server, dict(prompt=ids, max_tokens=24,
+                                               seed=4, temperature=0.9))
+  whole = post(server, dict(prompt=texts, max_tokens=24, seed=4,
+                            temperature=0.9)).json()
+  assert [streamed[k] for k in range(2)] == [c["text"] for c in
+                                             whole["choices"]]
+  echoed = post(server, dict(prompt=ids[1], max_tokens=5, seed=1,
+                             echo=True)).json()
+  assert echoed["choices"][0]["text"] == texts[1] + post(
+      server, dict(prompt=texts[1], max_tokens=5, seed=1)).json()[
+          "choices"][0]["text"]
+  client = server.openai_client()
+  response = client.completions.create(model="tiny", prompt=ids[0],
+                                       max_tokens=12, seed=2)
+  assert response.choices[0].text == serve_process.expected(
+      model, dict(prompt=texts[0], max_tokens=12), 2)[0][0]
+  reply = post(server, dict(prompt=[ids[0], [3, 4, 65]], max_tokens=5))
+  assert reply.status_code == 400
+  assert reply.json()["error"]["message"] == (
+      "prompts[1][2] = 65 is outside the vocabulary of 65 ids (0 to 64)")
+
+
 @pytest.mark.slow
 def test_chat_without_a_template_is_400_naming_the_flag(server):
   """A character model has no chat template of its own: without
@@ -639,7 +678,12 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server):
       (dict(prompt="a", max_tokens=5, top_k=-1), "top_k"),
       (dict(prompt="ab\u20ac", max_tokens=5), "prompt"),
       (dict(prompt="", max_tokens=5), "prompt"),
-      (dict(prompt=[1, 2], max_tokens=5), "prompt"),
+      # Token ids (#61): taken, but each one must be a usable id.
+      (dict(prompt=[1, 65], max_tokens=5), "prompt"),
+      (dict(prompt=[[1, 2], [3, -1]], max_tokens=5), "prompt"),
+      (dict(prompt=[[1, 2], "a"], max_tokens=5), "prompt"),
+      (dict(prompt=[[]], max_tokens=5), "prompt"),
+      (dict(prompt=[1, True], max_tokens=5), "prompt"),
       (dict(prompt="a", max_tokens=MAX_TOKENS_LIMIT + 1), "max_tokens"),
       (dict(prompt="a", max_tokens=-1), "max_tokens"),
       (dict(prompt=["a", "b", "c"], n=3, max_tokens=5), "n"),

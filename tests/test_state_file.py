@@ -235,7 +235,8 @@ def test_a_gru_lstm_stack_s_state_round_trips(stack_model, tmp_path):
 
 def _write_safetensors(path, arrays):
   """A safetensors file of {name: array} in the arrays' own dtypes."""
-  codes = {"float32": "F32", "float16": "F16", "int32": "I32"}
+  codes = {"float32": "F32", "float16": "F16", "int32": "I32",
+           "uint16": "BF16"}  # bfloat16 as its raw 16 bits.
   header, offset, blobs = {}, 0, []
   for name, array in arrays.items():
     blob = np.ascontiguousarray(array).tobytes()
@@ -314,6 +315,19 @@ def test_a_pickle_that_runs_code_is_refused_and_runs_nothing(model,
   assert not marker.exists()
 
 
+def test_a_bfloat16_state_reads_exactly(model, reference, tmp_path):
+  """State-tuned files are often bfloat16: widened to float32 exactly."""
+  wkv = reference["wkv"]
+  bits = (wkv.view(np.uint32) >> 16).astype(np.uint16)
+  _write_safetensors(tmp_path / "bf16.safetensors", {
+      f"blocks.{i}.att.time_state": bits[i] for i in range(3)})
+  state = rnnstep.load_state(tmp_path / "bf16.safetensors", model)
+  for i in range(3):
+    np.testing.assert_array_equal(
+        state[0][f"wkv{i}"][0],
+        (bits[i].astype(np.uint32) << 16).view(np.float32).reshape(-1))
+
+
 def test_other_refusals(model, stack_model, tmp_path):
   with pytest.raises(FileNotFoundError):
     rnnstep.load_state(tmp_path / "missing.pth", model)
@@ -348,10 +362,16 @@ def test_other_refusals(model, stack_model, tmp_path):
 def test_cli_state_flag_generates_the_official_text(reference, model):
   generate_cmd = cli.command("rnnstep-generate", "rnnstep.cli.generate")
   want = model.tokens.decode(reference["greedy"])
-  got = cli.ok(cli.run_binary(generate_cmd, [
+  result = cli.run_binary(generate_cmd, [
       f"--model={PRESET}", f"--state={STATES / 'state.safetensors'}",
-      f"--prompt={PROMPT}", "--num_steps=16", "--temperature=0"]))
-  assert got == PROMPT + want + "\n"
+      f"--prompt={PROMPT}", "--num_steps=16", "--temperature=0",
+      "--verbose"])
+  assert result.returncode == 0, result
+  assert result.stdout == PROMPT + want + "\n"
+  # The warm path's artifact starts from the zero state: TensorFlow's path.
+  assert result.stderr_lines[0].startswith(
+      "rnnstep-generate: TensorFlow path: --state: the compiled artifact "
+      "starts from the zero state"), result
   line = cli.one_error_line(cli.run_binary(generate_cmd, [
       f"--model={PRESET}", f"--state={DATA / 'rwkv7.pth'}", "--num_steps=2"]))
   assert line.startswith(f"rnnstep-generate: error: --state={DATA / 'rwkv7.pth'}"

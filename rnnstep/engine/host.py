@@ -60,15 +60,48 @@ def check_output_fits(batch_size: int, num_steps: int) -> None:
 stop_automaton = stopping.compile_stops
 
 
+def check_ids(model, ids, where: str, argument: str = "prompts"
+              ) -> np.ndarray:
+  """A sequence of token ids checked against the model's vocabulary, as
+  int32; each id outside it refused by its index.
+
+  Raises:
+    errors.ArgumentError: naming `argument`, e.g. "prompts[1][3] = 70000 is
+      outside the vocabulary of 65536 ids (0 to 65535)".
+  """
+  array = np.asarray(ids)
+  if array.dtype.kind not in "iu":
+    array = array.astype(np.int64)
+  outside = np.flatnonzero((array < 0) | (array >= model.vocab_size))
+  if outside.size:
+    j = int(outside[0])
+    raise errors.ArgumentError(
+        argument, f"{where}[{j}] = {int(array[j])} is outside the vocabulary "
+        f"of {model.vocab_size} ids (0 to {model.vocab_size - 1})")
+  return array.astype(np.int32)
+
+
+def prompt_text(model, prompt) -> str:
+  """A prompt as text: itself, or its token ids decoded (a recipe
+  vocabulary's text starts from its prompt's words; a server echoes it)."""
+  return prompt if isinstance(prompt, str) else model.decode(prompt)
+
+
 def prompt_batch(model, prompts: Sequence[str]):
   """Encodes prompts into right-padded ids `[B, T]` and lengths `[B]`.
 
+  A prompt of token ids (a tuple of int, `records.check_prompts`) is taken
+  as it is, each id checked against the vocabulary.
+
   Raises:
     errors.ArgumentError: an empty prompt or one with a character outside the
-      vocabulary.
+      vocabulary; an id outside it.
   """
   encoded = []
   for i, prompt in enumerate(prompts):
+    if isinstance(prompt, (tuple, list, np.ndarray)) and len(prompt):
+      encoded.append(check_ids(model, prompt, f"prompts[{i}]"))
+      continue
     if not isinstance(prompt, str):
       raise errors.ArgumentError(
           "prompts", f"prompt {i} is a {type(prompt).__name__}, not a str")
@@ -97,7 +130,7 @@ def build_request(generator, prompts: Sequence[str], num_steps: int,
 
   Args:
     generator: the `Generator` it is for (its model and path).
-    prompts: the prompts, as str.
+    prompts: the prompts, as str or token ids (`prompt_batch`).
     num_steps: steps to generate (in this call).
     options: the `request.Options`.
     capacity_steps: the steps the output buffer must hold (streaming).

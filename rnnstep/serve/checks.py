@@ -119,7 +119,7 @@ class RequestChecks:
     if self.model.tokens.kind in ("characters", "bytes"):
       # A character is at least one id: refused before it is encoded.
       for i, text in enumerate(parsed.prompts):
-        if len(text) > limit:
+        if isinstance(text, str) and len(text) > limit:
           raise protocol.BadRequest(
               parsed.prompt_field, f"prompt {i} has {len(text)} characters, "
               f"at least as many tokens; this server takes at most {limit} "
@@ -144,6 +144,9 @@ class RequestChecks:
     # scheduler takes them as they are, `completion.Completion`).
     parsed = dataclasses.replace(
         parsed, record=record, prompt_tokens=int(sum(prompt_lengths)),
+        # Token-id prompts as text, for an echo (the rows keep the ids).
+        prompts=tuple(host.prompt_text(self.model, prompt)
+                      for prompt in parsed.prompts),
         prompt_ids=[ids[:length] for ids, length in
                     zip(prompt_ids, prompt_lengths) for _ in range(parsed.n)],
         stop_automaton=host.stop_automaton(self.model, record.stop),

@@ -74,6 +74,11 @@ def _unicode(text: str) -> str:
 Text = Annotated[str, pydantic.AfterValidator(_unicode)]
 
 
+# One prompt as token ids (the model's vocabulary is checked with the model).
+TokenIds = Annotated[List[Annotated[int, pydantic.Field(ge=0)]],
+                     pydantic.Field(min_length=1)]
+
+
 class StreamOptions(pydantic.BaseModel):
   """OpenAI's `stream_options`."""
   model_config = _STRICT
@@ -116,9 +121,13 @@ class CompletionFields(pydantic.BaseModel):
   model: Optional[Text] = pydantic.Field(
       None, description="The served model's name (--served_model_name); "
       "another gets 404.")
-  prompt: Union[Text, Annotated[List[Text], pydantic.Field(min_length=1)]] = (
-      pydantic.Field(description="A prompt, or a list (token ids are not "
-                     "taken)."))
+  prompt: Union[Text, Annotated[List[Text], pydantic.Field(min_length=1)],
+                TokenIds, Annotated[List[TokenIds], pydantic.Field(
+                    min_length=1)]] = pydantic.Field(
+                        description="A prompt, a list of them, token ids (a "
+                        "list of ints: one prompt) or a list of token-id "
+                        "lists (one prompt each), as OpenAI's completions "
+                        "take.")
   max_tokens: Optional[Annotated[int, pydantic.Field(
       json_schema_extra=_STEPS_SCHEMA)]] = pydantic.Field(
           DEFAULT_MAX_TOKENS, description="Tokens (the model's ids) to "
@@ -194,7 +203,9 @@ class CheckedRequest:
   Attributes:
     record: the rows' `records.Record` (each prompt n times, `max_tokens`
       as its `num_steps`; its seed None until the server draws one).
-    prompts: the prompts (a str request is a tuple of one), each once.
+    prompts: the prompts (a str request is a tuple of one), each once: a
+      str, or a tuple of token ids until the server's checks decode it
+      (`RequestChecks`: the text an echo puts in front).
     n: choices per prompt.
     stream: answer with server-sent events.
     include_usage: end a stream with a usage chunk.
@@ -216,7 +227,7 @@ class CheckedRequest:
       checks make them offsets in ids (`Completion.cache_points`).
   """
   record: records.Record
-  prompts: Tuple[str, ...]
+  prompts: Tuple[Union[str, Tuple[int, ...]], ...]
   n: int
   stream: bool
   include_usage: bool
@@ -297,8 +308,9 @@ def _bad_request(model_class, error: pydantic.ValidationError) -> BadRequest:
                       f"{', '.join(model_class.model_fields)}"[:600])
   message = first["msg"].removeprefix("Value error, ")
   if name == "prompt" and first["type"] != "value_error":
-    return BadRequest(name, "prompt must be a string or a non-empty list of "
-                      "strings (token ids are not taken), got "
+    return BadRequest(name, "prompt must be a string, a non-empty list of "
+                      "strings, a non-empty list of token ids (integers from "
+                      "0) or a list of such lists, got "
                       f"{first['input']!r:.80}")
   # The union's branch names (loc[1:]) say nothing a client can act on.
   return BadRequest(name, f"{name}: {message}, got "
@@ -320,7 +332,7 @@ def checked_request(request, max_batch: int) -> CheckedRequest:
       argument (`param_of` names its field).
   """
   prompts = ((request.prompt,) if isinstance(request.prompt, str)
-             else tuple(request.prompt))
+             else records.check_prompts(request.prompt))
   n = request.n or 1
   if n * len(prompts) > max_batch:
     raise BadRequest("n", f"n x prompts = {n} x {len(prompts)} = "
