@@ -205,7 +205,7 @@ def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
                    model.tokens)
   for m in (model, rnnstep.load(stack)):
     scheduler = make_scheduler(m, chunk_steps=16, path=path)
-    assert scheduler.splits_exact
+    assert scheduler.starts.splits_exact
     ids = m.encode("but soft what light through yonder window breaks it is")
     whole = _primed(scheduler.calls, m, ids, [0, 15, 30])
     for splits in ([0, 7, 22, 30], [0, 1, 16, 30], [0, 13, 14, 29, 30]):
@@ -218,18 +218,18 @@ def test_rwkv7_resumes_only_where_its_own_pieces_end(rwkv7_model):
   column rounds by its place in the piece: a row resumes only at the end
   of one of the pieces it primes without the cache."""
   scheduler = make_scheduler(rwkv7_model, chunk_steps=16)
-  assert not scheduler.splits_exact
+  assert not scheduler.starts.splits_exact
   row = completion(rwkv7_model, ["a" * 50], {}, completion_lib.Shared(),
                    lambda u: None, cache_points=[20]).rows[0]
   # Pieces of 16 (15 primed, 1 left to the next), ended at the point 20.
   assert scheduler.calls.boundaries(row) == [15, 20, 35]
   cache = prefix_cache_lib.PrefixCache(1 << 24)
   scheduler = make_scheduler(rwkv7_model, chunk_steps=16, prefix_cache=cache)
-  namespace = scheduler._namespace(None)  # pylint: disable=protected-access
+  namespace = scheduler.starts.namespace(None)
   state = tf.nest.map_structure(lambda x: x[0], scheduler.calls._template.state)  # pylint: disable=protected-access
   for n in (15, 30, 34):  # 30 and 34 are no boundary of this row's.
     cache.insert(namespace, row.prompt_ids[:n], state)
-  scheduler._start_rows([row], [])  # pylint: disable=protected-access
+  scheduler.starts.start([row], [], [])
   assert row.primed == 15 and row.cache_points == (20,)
 
 
@@ -265,7 +265,7 @@ def test_cache_points_end_priming_pieces_and_change_no_text(model):
   cached = texts(scheduler, model, [[SYSTEM + u] for u in USERS], options,
                  shared, cache_points=[cut])
   assert cached == plain
-  namespace = scheduler._namespace(None)  # pylint: disable=protected-access
+  namespace = scheduler.starts.namespace(None)
   assert cache.holds(namespace, model.encode(SYSTEM))
   # Every prompt after the first started at the system prompt's end, or
   # further on (where it parts from an earlier one: the last one's).

@@ -119,7 +119,7 @@ class PrefixCache:
         an id is left to feed the first step).
       lengths: None, or the only prefix lengths usable (the ends of the
         prompt's own priming pieces, where resuming elsewhere would round
-        otherwise: `Scheduler._start_rows`).
+        otherwise: `starts.RowStarts.start`).
     """
     ids = np.asarray(ids, np.int32)
     longest = min(int(longest), len(ids))

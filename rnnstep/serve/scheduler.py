@@ -43,10 +43,10 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from rnnstep.engine import paths
 from rnnstep.model import network
 from rnnstep.serve import calls as calls_lib
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import starts as starts_lib
 from rnnstep.serve.completion import Completion
 from rnnstep.serve.completion import Row
 from rnnstep.serve.completion import Update
@@ -95,15 +95,9 @@ class Scheduler:
       graph path until its shape's XLA program is compiled, on a thread of
       its own (`compiling.py`; the same text), then on XLA. Otherwise
       `warm_up` compiles every program first.
-    prefix_cache: None, or a `prefix_cache.PrefixCache` (lanes of one model
-      may share one): a fresh row starts from the state after the longest
-      cached prefix of its prompt and primes only the rest, and the state
-      at the end of each priming piece is stored (`_start_rows`,
-      `_store_states`). The text is the same as without it.
-    states: named initial states a completion may pick (`Completion.state`),
-      each one row's arrays per layer (the generator's `state_sizes`).
-    default_state: the name (in `states`) of the state a completion that
-      names none starts from; None: zeros.
+    prefix_cache, states, default_state: where rows start (`starts.RowStarts`:
+      the prefix cache, lanes may share one; named initial states a
+      completion picks, `Completion.state`; the default's name).
 
   Attributes:
     calls: its `calls.ChunkCalls` (the device calls, their tables in
@@ -117,8 +111,7 @@ class Scheduler:
     deliver: as the argument (settable before `start`).
     max_prompt_tokens: as the argument.
     prefix_cache, states, default_state: as the arguments.
-    splits_exact: whether priming a prompt in pieces split anywhere gives
-      its state bit for bit (`_start_rows`).
+    starts: the `starts.RowStarts` that says where admitted rows start.
   """
 
   def __init__(self, model, *, path: str, max_batch: int, chunk_steps: int,
@@ -129,9 +122,7 @@ class Scheduler:
                compile_in_background: bool = False, prefix_cache=None,
                states: Optional[Dict[str, tuple]] = None,
                default_state: Optional[str] = None):
-    # The prefix cache's namespaces: lanes of one model share its entries,
-    # two models never do (nor two initial states: `_namespace`).
-    self._model_key = id(model)
+    model_key = id(model)  # Lanes of one model share cached states.
     if strategy is not None:  # Its weights on every replica, as generate's.
       model = network.replicated(model, strategy)
     self.model = model
@@ -148,34 +139,17 @@ class Scheduler:
         strategy=strategy, compile_in_background=compile_in_background)
     self.generator = self.calls.generator
     self.prime_chars = self.calls.prime_chars
-    self.states = dict(states or {})
-    if default_state is not None and default_state not in self.states:
-      raise ValueError(f"default_state: no state named {default_state!r}")
-    self.default_state = default_state
-    shapes = [[(units,) for units in sizes]
-              for sizes in self.generator.state_sizes()]
-    for name, state in self.states.items():
-      got = [[np.shape(x) for x in layer] for layer in state]
-      if got != shapes:
-        raise ValueError(f"states: {name!r} has shapes {got}; this model's "
-                         f"state has {shapes}")
+    self.starts = starts_lib.RowStarts(
+        self.calls, model, prefix_cache, dict(states or {}), default_state,
+        model_key=model_key)
+    self.states, self.default_state = self.starts.states, default_state
     self.prefix_cache = prefix_cache
-    # Whether a prompt primed in pieces split anywhere leaves its state bit
-    # for bit (`_start_rows`): a cell stepped token by token, whose only
-    # products over all of a piece's columns are the layers above the
-    # first's inputs, which TensorFlow's matmuls round the same whatever
-    # their rows and XLA's do not.
-    self.splits_exact = not network.unrolls_blockwise(model.config) and (
-        self.generator.path != paths.XLA or len(model.config.layers) == 1)
-    if prefix_cache is not None:
-      for name in [None] + list(self.states):
-        prefix_cache.register(self._namespace(name), shapes)
     self.burst_steps = min(self.chunk_steps, max(8, self.chunk_steps // 8))
     self._waiting = collections.deque()
     self._active: List[Row] = []
     self._carry = None  # numpy Carry of `_active`'s rows, in order.
     # Admitted rows that wait for a row priming the same prefix to store
-    # its states (`_start_rows`): they hold their slots, out of the calls.
+    # its states (`RowStarts.start`): they hold their slots, out of the calls.
     self._parked: List[Row] = []
     self._condition = threading.Condition()
     self._admitting = True
@@ -346,8 +320,10 @@ class Scheduler:
     self._flush()  # The rows cancelled or failed now, before the call.
     position = {row: i for i, row in enumerate(self._active)}
     started = time.monotonic()
-    fresh_rows = self._start_rows(self._with_prompt_scores(fresh_rows),
-                                  going_on)
+    fresh_rows, self._parked, cancelled = self.starts.start(
+        self._with_prompt_scores(fresh_rows), going_on, self._parked)
+    for row in cancelled:
+      self._send(row, completion_lib.ended(row, "cancelled"))
     # Each row's host work on its own: a row it fails for is retired, the
     # others go on.
     rows, prepared = [], []
@@ -372,7 +348,7 @@ class Scheduler:
         row.primed += len(pieces[row]) - self.calls.unconsumed
       else:
         row.decoding = True
-    self._store_states(ran, [primes_only[row] for row in ran])
+    self.starts.store(ran, [primes_only[row] for row in ran], self._carry)
     self._active = self._hand_out(ran, result,
                                   [primes_only[row] for row in ran])
     self._round_rows = []
@@ -385,126 +361,6 @@ class Scheduler:
       survivors = [i for i, row in enumerate(ran) if row in self._active]
       self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                           self._carry)
-
-  def _namespace(self, state_name: Optional[str]):
-    """The prefix cache's namespace of rows starting from `state_name`'s
-    state (None: zeros): this model's, that state's."""
-    return (self._model_key, state_name)
-
-  def _state_name(self, row: Row) -> Optional[str]:
-    """The name of the initial state a row starts from (None: zeros)."""
-    name = row.completion.state
-    return self.default_state if name is None else name
-
-  def _start_rows(self, rows: List[Row], going_on: List[Row]) -> List[Row]:
-    """Where each just admitted row's priming starts: its named state, or
-    the prefix cache's state after the longest cached prefix of its prompt
-    (all but its last id at most: an id must be left to feed the first
-    step), the rest to prime.
-
-    Where priming a prompt in pieces split anywhere gives the state bit for
-    bit (`splits_exact`), any cached prefix serves, and a piece also ends
-    where the prompt parts from a recent one (`Row.cache_points`), so that
-    the prompts to come that share it find its state. Elsewhere (RWKV-7,
-    whose unroll multiplies all of a piece's columns at once, so that a
-    column rounds by its place in the piece: on the graph path, pieces
-    split at multiples of 16 columns gave the whole prompt's state bit for
-    bit, other splits states 3e-5 apart at the 0.1B shape; a stack under
-    XLA, whose dots round by their row count) a row resumes only at the
-    end of one of its own pieces
-    (`ChunkCalls.boundaries`), so that it primes the very pieces it primes
-    without the cache.
-
-    A row whose next piece another row is priming now, on the same prefix
-    (requests that arrive together with one system prompt), waits for that
-    row to store its state (`_parked`, holding its slot) rather than prime
-    it too; the rows parked before are looked at again first.
-
-    Args:
-      rows: the rows admitted this round.
-      going_on: the carried rows of this round.
-
-    Returns:
-      The rows that start this round (parked ones that go on, then `rows`
-      but those now parked).
-    """
-    parked, self._parked = self._parked, []
-    # Rows priming in this round's call: their piece ends will be stored.
-    leaders = [row for row in going_on if not row.decoding]
-    starting = []
-    for row in parked + rows:
-      if row.completion.cancelled:
-        self._send(row, completion_lib.ended(row, "cancelled"))
-        continue
-      if row.primed or row.decoding:
-        starting.append(row)
-        continue
-      name = self._state_name(row)
-      row.start_state = self.states.get(name) if name is not None else None
-      if self.prefix_cache is None:
-        starting.append(row)
-        continue
-      namespace = self._namespace(name)
-      try:
-        ends = self.calls.boundaries(row)
-        hit = self.prefix_cache.lookup(
-            namespace, row.prompt_ids, len(row.prompt_ids) - 1,
-            lengths=None if self.splits_exact else ends, count=False)
-        if self.splits_exact and hit.diverges > hit.length:
-          row.cache_points = tuple(sorted(set(row.cache_points)
-                                          | {hit.diverges}))
-          ends = self.calls.boundaries(row)
-        if self._follows(row, hit.length, ends, namespace, leaders):
-          self._parked.append(row)
-          continue
-        self.prefix_cache.count(hit)
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("prefix cache lookup failed: %s",
-                        completion_lib.describe(e))
-        starting.append(row)
-        continue
-      if hit.length:
-        row.primed, row.start_state = hit.length, hit.state
-      starting.append(row)
-      leaders.append(row)
-    return starting
-
-  def _follows(self, row: Row, start: int, ends: List[int], namespace,
-               leaders: List[Row]) -> bool:
-    """Whether a row starting at `start` waits: one of `leaders` (rows
-    priming now, of the same namespace) will store the state at the row's
-    next piece end, the same prefix."""
-    following = [end for end in ends if end > start]
-    if not following:
-      return False
-    end = following[0]
-    prefix = row.prompt_ids[:end]
-    for leader in leaders:
-      if (leader.primed < end and len(leader.prompt_ids) > end
-          and self._namespace(self._state_name(leader)) == namespace
-          and np.array_equal(leader.prompt_ids[:end], prefix)
-          and end in self.calls.boundaries(leader)):
-        return True
-    return False
-
-  def _store_states(self, rows: List[Row], primes_only: Sequence[bool]
-                    ) -> None:
-    """Stores in the prefix cache the state each row that only primed has
-    after its first `primed` ids (the call's carry, on the host)."""
-    if self.prefix_cache is None or self._carry is None:
-      return
-    for r, row in enumerate(rows):
-      if not primes_only[r]:
-        continue
-      namespace = self._namespace(self._state_name(row))
-      prefix = row.prompt_ids[:row.primed]
-      try:
-        if not self.prefix_cache.holds(namespace, prefix):
-          self.prefix_cache.insert(namespace, prefix, tf.nest.map_structure(
-              lambda x, r=r: x[r], self._carry.state))
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning("prefix cache insert failed: %s",
-                        completion_lib.describe(e))
 
   def _steps(self, rows: List[Row], prepared: List[calls_lib.Prepared],
              fresh: int) -> int:
