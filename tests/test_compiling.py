@@ -204,16 +204,27 @@ print(text)
 """
 
 
+# Work that traces other functions first: TensorFlow numbers every traced
+# function's names by one counter, which `generator.stable_names` sets aside.
+TRACE_OTHERS_FIRST = """
+import rnnstep
+import tensorflow as tf
+rnnstep.generate(rnnstep.load(), "ab", 5, seed=1, jit_compile=False)
+tf.function(lambda x: x + 1)(tf.constant(1))
+"""
+
+
 @pytest.mark.slow  # Two processes importing TensorFlow, one XLA compile.
 def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
+  """Even when it traced other functions before (in another order)."""
   env = fresh_process_env(tmp_path)
-  run = lambda: subprocess.run(
-      [sys.executable, "-c", COMPILE_AND_USE], capture_output=True, text=True,
+  run = lambda script: subprocess.run(
+      [sys.executable, "-c", script], capture_output=True, text=True,
       env=env, timeout=cli.TIMEOUT, check=True).stdout
-  text = run()
+  text = run(COMPILE_AND_USE)
   compiled = entries(tmp_path)
   assert compiled  # One file a program, written by TensorFlow.
-  assert run() == text
+  assert run(TRACE_OTHERS_FIRST + COMPILE_AND_USE) == text
   # Nothing compiled again: no new program, none written again.
   assert entries(tmp_path) == compiled
   folder = os.path.join(tmp_path, xla_cache.SUBDIR)
@@ -273,3 +284,24 @@ def test_a_process_exiting_while_a_program_compiles_keeps_its_status(tmp_path):
   assert result.returncode == 3, result.stderr[-2000:]
   assert "compiling 1" in result.stdout.splitlines()
   assert not entries(tmp_path)
+
+
+def test_stable_names_number_a_trace_from_a_base_of_its_own():
+  """The same trace gets the same names in any process; the same base asked
+  for twice in one process keeps TensorFlow's numbers (no clash)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def trace():
+    function = tf.function(lambda n: tf.while_loop(
+        lambda i: i < n, lambda i: i + 1, [tf.constant(0)]))
+    return function.get_concrete_function(tf.TensorSpec([], tf.int32))
+
+  with generator_lib.stable_names("a test's trace"):
+    first = trace()
+  base = int(first.name.decode().rsplit("_", 1)[1])
+  assert base >= generator_lib._NAME_BASE
+  with generator_lib.stable_names("a test's trace"):
+    again = trace()
+  assert int(again.name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
+  assert int(trace().name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
+  assert first(tf.constant(3))[0].numpy() == again(tf.constant(3))[0].numpy()

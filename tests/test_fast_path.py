@@ -66,7 +66,8 @@ def cli(cache_dir, args, importtime=False, switch="on"):
 # What --verbose adds for a short float32 run on a CPU where the library's
 # default would be XLA (these tests' batches: at most 16 rows).
 ONE_SHOT_GRAPH = ("graph path: 40 steps in float32, where compiling XLA would "
-                  "cost this one run more than it saves")
+                  "cost this one run more than it saves; XLA where its disk "
+                  "cache holds the program")
 
 
 # --verbose's last line: what the compiled artifact leaves to TensorFlow.
