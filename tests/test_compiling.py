@@ -2,6 +2,7 @@
 (rnnstep/engine/compiling.py) and XLA's disk cache of programs
 (rnnstep/engine/xla_cache.py)."""
 
+import ast
 import collections
 import os
 import subprocess
@@ -225,6 +226,19 @@ def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
   compiled = entries(tmp_path)
   assert compiled  # One file a program, written by TensorFlow.
   assert run(TRACE_OTHERS_FIRST + COMPILE_AND_USE) == text
+  # rnnstep-generate, which would not compile XLA for 40 steps, runs the
+  # program on disk (TensorFlow's log says it loaded it), with its text.
+  result = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate", "--prompt=ROMEO:",
+       "--prompt=a", "--num_steps=40", "--seed=3", "--nocache", "--verbose"],
+      capture_output=True, text=True, timeout=cli.TIMEOUT, check=True,
+      env=dict(env, RNNSTEP_DEBUG="1", TF_CPP_MIN_LOG_LEVEL="0",
+               TF_CPP_VMODULE="device_executable_persistor=1"))
+  assert "Loading cached entry for: __inference__generate_impl" in (
+      result.stderr), result.stderr[-3000:]
+  assert "XLA where its disk cache holds the program" in result.stderr
+  for prompt, generated in zip(["ROMEO:", "a"], ast.literal_eval(text)):
+    assert f"{prompt}{generated}\n" in result.stdout
   # Nothing compiled again: no new program, none written again.
   assert entries(tmp_path) == compiled
   folder = os.path.join(tmp_path, xla_cache.SUBDIR)
