@@ -205,6 +205,12 @@ print(text)
 """
 
 
+# Scoring's XLA program (its own function, traced as generation's are).
+SCORE = """
+rnnstep.loglikelihood(model, [("ROMEO:", " a")], jit_compile=True)
+"""
+
+
 # Work that traces other functions first: TensorFlow numbers every traced
 # function's names by one counter, which `generator.stable_names` sets aside.
 TRACE_OTHERS_FIRST = """
@@ -222,10 +228,10 @@ def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
   run = lambda script: subprocess.run(
       [sys.executable, "-c", script], capture_output=True, text=True,
       env=env, timeout=cli.TIMEOUT, check=True).stdout
-  text = run(COMPILE_AND_USE)
+  text = run(COMPILE_AND_USE + SCORE)
   compiled = entries(tmp_path)
   assert compiled  # One file a program, written by TensorFlow.
-  assert run(TRACE_OTHERS_FIRST + COMPILE_AND_USE) == text
+  assert run(TRACE_OTHERS_FIRST + COMPILE_AND_USE + SCORE) == text
   # rnnstep-generate, which would not compile XLA for 40 steps, runs the
   # program on disk (TensorFlow's log says it loaded it), with its text.
   result = subprocess.run(
