@@ -348,6 +348,7 @@ def _artifact_size_refusal(model, fill_key: dict):
       weight_bytes, host.available_memory_bytes())
   if record:
     with contextlib.suppress(OSError):
+      artifact_cache.ensure_directory()
       artifact_cache.write_entry(fill_key, unsupported=refusal,
                                  model_path=_model_path())
   return refusal

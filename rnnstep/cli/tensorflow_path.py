@@ -98,10 +98,11 @@ def _jit_compile(model, given, batch: int, num_steps: int, calls_rows: int):
   than it saves, None: the library's XLA where the call's program is in
   XLA's disk cache, else the graph path, compiling nothing
   (`compiling.generate_once`; `calls_rows`, the rows `rnnstep.generate`
-  is given, must pick XLA there too).
+  is given, must pick XLA there too); not for RWKV-7 (see below).
   """
   from rnnstep.engine import compiling  # pylint: disable=g-import-not-at-top
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import network  # pylint: disable=g-import-not-at-top
   if given is not None:
     return given, (
         f"{paths.from_jit_compile(given)} path, as "
@@ -110,7 +111,11 @@ def _jit_compile(model, given, batch: int, num_steps: int, calls_rows: int):
   if path == paths.GRAPH and paths.default_path(model, batch) != path:
     which = (f"graph path: {num_steps} steps in float32, where "
              "compiling XLA would cost this one run more than it saves")
-    if paths.default_path(model, calls_rows) == paths.XLA:
+    # A model that unrolls block by block (RWKV-7) lowers to so large an
+    # HLO that finding its program on disk (a trace and the lowering)
+    # costs a short run more than XLA saves it.
+    if (paths.default_path(model, calls_rows) == paths.XLA
+        and not network.unrolls_blockwise(model.config)):
       compiling.generate_once()
       return None, f"{which}; XLA where its disk cache holds the program"
   else:
