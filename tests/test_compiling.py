@@ -325,3 +325,35 @@ def test_stable_names_number_a_trace_from_a_base_of_its_own():
   assert int(again.name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
   assert int(trace().name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
   assert first(tf.constant(3))[0].numpy() == again(tf.constant(3))[0].numpy()
+
+
+def test_the_program_index_is_read_as_the_entries_are_trusted(
+    tmp_path, monkeypatch):
+  """`programs.json` names TensorFlow's entries of a program: written whole
+  and owner-only, read only when ours, not writable by others, bounded and
+  well formed, a key found only while its files are there (pruned with
+  them)."""
+  whole = entry_bytes((1, b"key"), (2, b"hlo"), (3, b"machine code"))
+  name = "xla_compile_cache__1__2__XLA_CPU_JIT.pb"
+  (tmp_path / name).write_bytes(whole)
+  monkeypatch.setattr(xla_cache, "_enabled", [str(tmp_path)])
+  assert xla_cache.entry_names() == {name}
+  xla_cache.record_program("abc123", [name])
+  index = tmp_path / xla_cache.INDEX_FILE
+  assert index.stat().st_mode & 0o777 == 0o600
+  assert xla_cache.has_program("abc123") and xla_cache.has_programs("abc")
+  assert not xla_cache.has_program("abc") and not xla_cache.has_programs("x")
+  good = index.read_bytes()
+  for hostile in (b"[1, 2]", b"{", b'{"k": ["../../etc/passwd"]}',
+                  b'{"k": "' + b"x" * xla_cache.MAX_INDEX_BYTES + b'"}'):
+    index.write_bytes(hostile)
+    assert xla_cache._read_index(str(tmp_path)) == {}
+  index.write_bytes(good)
+  index.chmod(0o666)  # Writable by others: not read.
+  assert not xla_cache.has_program("abc123")
+  index.chmod(0o600)
+  assert xla_cache.has_program("abc123")
+  (tmp_path / name).unlink()  # Its program pruned: the key is not there.
+  assert not xla_cache.has_program("abc123")
+  xla_cache.prune(str(tmp_path))
+  assert xla_cache._read_index(str(tmp_path)) == {}

@@ -317,6 +317,9 @@ class Background:
                      **buffer_steps) -> bool:
     """Whether the first call of a generation (its request as `host` builds
     it for XLA) has its program compiled or on disk."""
+    if not (self.compiler.compiled or xla_cache.has_programs(
+        self.programs.index_prefix())):
+      return False  # Nothing of this model's: no request built for XLA.
     request = host.build_request(self, prompts, num_steps, options,
                                  **buffer_steps)
     if options.num_beams > 1:

@@ -110,15 +110,21 @@ class Programs(tf.Module):
     process (XLA: compiled, or loaded from XLA's disk cache)."""
     return key in self._compiled
 
-  def program_key(self, key) -> str:
-    """What XLA's program index (`xla_cache.record_program`) knows the
-    program of `key` (`shape_key`) by, in every process: a digest of the
-    architecture, path, function, shapes and TensorFlow's thread pools
-    (XLA's program is compiled for them)."""
-    text = repr((self.architecture, self.path, key,
+  def index_prefix(self) -> str:
+    """What every key of these programs in XLA's program index starts with
+    (`program_key`): a digest of the architecture, path and TensorFlow's
+    thread pools (XLA's programs are compiled for them)."""
+    text = repr((self.architecture, self.path,
                  tf.config.threading.get_intra_op_parallelism_threads(),
                  tf.config.threading.get_inter_op_parallelism_threads()))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+  def program_key(self, key) -> str:
+    """What XLA's program index (`xla_cache.record_program`) knows the
+    program of `key` (`shape_key`) by, in every process: `index_prefix`,
+    then a digest of the function and shapes."""
+    return self.index_prefix() + hashlib.sha256(
+        repr(key).encode("utf-8")).hexdigest()[:16]
 
   def call(self, name: str, weights, *args):
     """Calls the concrete function `name`; under XLA, the first call of a

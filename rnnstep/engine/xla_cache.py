@@ -346,6 +346,13 @@ def record_program(key: str, files: Iterable[str]) -> None:
     _warn("XLA's program index was not written: %s", e)
 
 
+def has_programs(prefix: str) -> bool:
+  """Whether any program whose key starts with `prefix` is recorded."""
+  folder = enable()
+  return folder is not None and any(
+      key.startswith(prefix) for key in _read_index(folder))
+
+
 def has_program(key: str) -> bool:
   """Whether the program of `key` is on disk: recorded, and its files are
   there."""
