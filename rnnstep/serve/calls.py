@@ -215,7 +215,9 @@ class ChunkCalls:
         np.asarray(prompt, np.int32)[None, :]))
 
   def prompt_width(self, longest: int) -> int:
-    """The prompt ids' width: under XLA one of two, so widths compile twice."""
+    """The prompt ids' width: under XLA one of two, so widths compile twice
+    (powers of two: a model priming in chunks, RWKV-7, takes them as
+    `request.chunked_width` would, as the library's requests do)."""
     if not self._bucketed:
       return longest
     narrow = request_lib.MIN_WIDTH  # What `request.build` pads to anyway.
@@ -316,6 +318,7 @@ class ChunkCalls:
             np.array([row.completion.seed for row in rows], np.int64),
             np.array([row.index for row in rows], np.int32)),
         stops=tables.stops, bucket_shapes=self._bucketed,
+        chunked_prompts=self.generator.chunked_prompts,
         state_sizes=self.generator.state_sizes(), constraint=tables.dfa,
         capacity_steps=self.chunk_steps)
     # One history width for every call: carried rows keep their buffers.
