@@ -140,6 +140,22 @@ def test_a_compiler_compiles_at_most_its_bound_of_programs():
   assert compiling.MAX_PROGRAMS == 64
 
 
+def test_a_shape_queued_by_a_model_since_freed_is_not_marked_failed():
+  # A freed model's queued shape is dropped, not failed: a failure would keep
+  # every later model of the architecture on the graph path for that shape.
+  compiler = compiling.Compiler()
+  freed = FakeGenerator()
+  freed.model = None  # What a generator's weak reference gives once freed.
+  assert compiler.want("a", freed, (Request(50),), name="generate_fn")
+  wait_compiled(compiler)
+  assert not compiler.failed("a") and not compiler.ready("a")
+  assert freed.calls == []
+  alive = FakeGenerator()
+  assert compiler.want("a", alive, (Request(50),), name="generate_fn")
+  wait_compiled(compiler)
+  assert compiler.ready("a") and alive.calls == [("generate_fn", 1)]
+
+
 def fresh_process_env(cache_dir):
   """The environment of a process with its own rnnstep cache folder and no
   XLA cache folder of its own (tests/conftest.py sets one for the suite)."""

@@ -162,19 +162,28 @@ class Compiler:
         _COMPILING.add(self)
       started = time.monotonic()
       try:
-        generator.call(name, *args)
-        done = self._ready
-        logging.info("compiled an XLA program (%s) in %.1f s", name,
-                     time.monotonic() - started)
+        # Held for the call: the generator keeps only a weak reference.
+        model = getattr(generator, "model", True)
+        if model is None:
+          # Its model was freed while the shape waited: nothing to compile
+          # with, and nothing wrong with the shape (another model of the
+          # architecture may ask for it again).
+          done = None
+        else:
+          generator.call(name, *args)
+          done = self._ready
+          logging.info("compiled an XLA program (%s) in %.1f s", name,
+                       time.monotonic() - started)
       except Exception as e:  # pylint: disable=broad-except
         # Its calls stay on the graph path, which gives the same text.
         logging.warning("compiling an XLA program (%s) failed (its calls "
                         "stay on the graph path): %s", name,
                         str(e).splitlines()[0][:300] if str(e) else e)
         done = self._failed
-      del generator, args
+      del generator, args, model
       with self._lock:
-        done.add(key)
+        if done is not None:
+          done.add(key)
         self._compiling = None
         _COMPILING.discard(self)
 
