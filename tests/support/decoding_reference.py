@@ -130,7 +130,7 @@ def continuation_log_likelihood(reference, prompt_ids, continuation):
 
 def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
                 length_penalty=1.0, banned=(), theta=1.0, window=0, ngram=0,
-                stopped=None, allowed=None, complete=None):
+                frequency=0.0, presence=0.0, stopped=None, allowed=None, complete=None):
   """Brute-force beam search (HF rules, early_stopping=False).
 
   Every step expands every live beam by every id, sorts all candidates, sets
@@ -176,7 +176,8 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
       logits, new_state = reference.step(last, state)
       history = list(prompt_ids) + ids
       processed = process(logits, history, banned=banned, theta=theta,
-                          window=window, ngram=ngram)
+                          window=window, ngram=ngram, frequency=frequency,
+                          presence=presence, prompt_length=len(prompt_ids))
       if allowed is not None:
         processed[[v for v in range(len(logits))
                    if not allowed(ids + [v])]] = -np.inf
