@@ -180,7 +180,7 @@ class Carry(NamedTuple):
     step: int32 `[]`, the global step the continuation starts at (`[B]`,
       one per row, for the serving engine's `Programs.serve_fn`: the noise
       of step t of a row is keyed by its own position, `sampling.py`).
-    history: the `processors.History` (ids so far and penalty counts).
+    history: the `processors.History` (ids so far and the penalties' counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
     dfa_state: int32 `[B]`, each row's `constraints.Dfa` state.
