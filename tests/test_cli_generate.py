@@ -55,7 +55,8 @@ BAD_VALUES = [
 # Decoding options: per-prompt temperatures, the look-back rules, min-p.
 DECODING = {"temperature": "0.5,1.0", "min_p": "0.05",
             "repetition_penalty": "1.3", "repetition_window": "16",
-            "no_repeat_ngram_size": "3", "typical_p": "0.9"}
+            "no_repeat_ngram_size": "3", "typical_p": "0.9",
+            "frequency_penalty": "0.4", "presence_penalty": "-0.3"}
 BEAMS = {"num_beams": "4", "num_return_sequences": "2", "length_penalty": "0.7"}
 
 
@@ -283,8 +284,8 @@ def test_decoding_options_and_logprob_match_the_library(env):
   batch = [prompt for prompt in PROMPTS for _ in range(SAMPLES)]
   options = dict(temperature=[0.5, 0.5, 1.0, 1.0], min_p=0.05,
                  repetition_penalty=1.3, repetition_window=16,
-                 no_repeat_ngram_size=3, typical_p=0.9, seed=SEED,
-                 return_scores=True)
+                 no_repeat_ngram_size=3, typical_p=0.9, frequency_penalty=0.4,
+                 presence_penalty=-0.3, seed=SEED, return_scores=True)
   texts, scores = rnnstep.generate(model, batch, STEPS, **options)
   records = [json.loads(line) for line in
              ok(env["results"]["decoding_jsonl"]).splitlines()]
