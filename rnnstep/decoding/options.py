@@ -20,8 +20,8 @@ Per step the general loop applies, in HF `generate`'s order: the `[UNK]` ban,
 the look-back options (stage `HISTORY`: repetition penalty, frequency and
 presence penalties in vLLM's `apply_penalties` order, n-gram ban), the
 temperature, then the filters (stage `FILTER`: top-k, top-p, min-p,
-typical-p), then one draw (`sampling.py`). A new option is one declaration here, its
-`apply` function, and its tests.
+typical-p), then one draw (`sampling.py`). A new option is one declaration
+here, its `apply` function, and its tests.
 
 `apply` names its function as "module:function" (resolved on first use):
 this module must stay TensorFlow-free, since the command-line tools build their
