@@ -310,7 +310,7 @@ def test_refusals_are_one_line(bundled, tmp_path):
 
 def test_bundled_texts_are_the_librarys(probe):
   got = probe["bundled"]
-  assert len(got) == len(BUNDLED_CASES) == 20
+  assert len(got) == len(BUNDLED_CASES) == 22
   for case, result, want in zip(BUNDLED_CASES, got,
                                 probe["library"]["bundled"]):
     assert "error" not in result, result
