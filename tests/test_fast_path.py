@@ -206,12 +206,13 @@ def test_warm_text_equals_the_library_for_options_and_seeds(env, warm, args,
 
 
 def test_warm_runs_every_option_without_tensorflow(env, warm):
-  """--stop, --regex, the penalties and window, the n-gram ban, min-p,
-  typical-p and per-row temperatures together, warm: the library's text,
-  and no TensorFlow imported."""
+  """--stop, --regex, the penalties (repetition with its window, frequency,
+  presence), the n-gram ban, min-p, typical-p and per-row temperatures
+  together, warm: the library's text, and no TensorFlow imported."""
   options = dict(regex="[A-Za-z ,.:]+", repetition_penalty=1.3,
                  repetition_window=16, no_repeat_ngram_size=3, min_p=0.05,
-                 typical_p=0.95, temperature=[0.5, 0.9, 1.2, 0.7])
+                 typical_p=0.95, temperature=[0.5, 0.9, 1.2, 0.7],
+                 frequency_penalty=0.4, presence_penalty=[0.6, 0.0, -0.3, 1.0])
   # Two rows' own text halfway: they stop there.
   plain = rnnstep.generate(env["model"], env["rows"], 40, seed=5, **options)
   stops = [plain[0][20:22], plain[3][20:22]]
@@ -316,7 +317,8 @@ def refusal(*args):
     # Every decoding option, stop strings and patterns are served.
     (["--stop=e", "--regex=[a-z]+", "--repetition_penalty=1.2",
       "--repetition_window=3", "--no_repeat_ngram_size=2", "--min_p=0.1",
-      "--typical_p=0.9", "--temperature=0.5,1.0", "--top_k=3,0,5,9"], None),
+      "--typical_p=0.9", "--temperature=0.5,1.0", "--top_k=3,0,5,9",
+      "--frequency_penalty=0.5", "--presence_penalty=-0.5,1.0"], None),
     (["--num_beams=2", "--num_samples=1", "--length_penalty=0.5"], None),
     (["--window=0"], None),
     (["--stream"], "--stream"),

@@ -193,8 +193,9 @@ class ChunkCalls:
     """A one-row `History` after the row's whole prompt, on the host.
 
     `processors.start`'s values for the prompt (which `serve_fn` cannot
-    make from a prompt primed in pieces): its ids, its length, and the
-    counts of its last `repetition_window` ids (all of them for 0).
+    make from a prompt primed in pieces): its ids, its length, the
+    counts of its last `repetition_window` ids (all of them for 0), and no
+    generated ids yet.
     """
     prompt = row.prompt_ids
     ids = np.zeros([1, self._history_length], np.int32)
@@ -203,7 +204,8 @@ class ChunkCalls:
     first = max(len(prompt) - window, 0) if window > 0 else 0
     counts = np.bincount(prompt[first:], minlength=self.model.vocab_size)
     return processors.History(ids, np.array([len(prompt)], np.int32),
-                              counts.astype(np.int32)[None, :])
+                              counts.astype(np.int32)[None, :],
+                              np.zeros_like(counts, np.int32)[None, :])
 
   def prompt_scores(self, prompt: np.ndarray):
     """`(logprobs [L-1], top_ids [L-1, K], top_logprobs [L-1, K])` of a
@@ -374,6 +376,7 @@ class ChunkCalls:
         step=np.zeros([1], np.int32),
         history=processors.History(
             np.zeros([1, self._history_length], np.int32),
-            np.zeros([1], np.int32), np.zeros([1, vocab_size], np.int32)),
+            np.zeros([1], np.int32), np.zeros([1, vocab_size], np.int32),
+            np.zeros([1, vocab_size], np.int32)),
         scores=np.zeros([1], np.float32),
         dfa_state=np.zeros([1], np.int32))
