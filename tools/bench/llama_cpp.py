@@ -200,6 +200,24 @@ def write_hf_folder(folder, official, vocab_path):
 # --------------------------------------------------------------- llama.cpp
 
 
+class CommandFailed(RuntimeError):
+  """A llama.cpp or --convert_python command exited non-zero."""
+
+
+def checked(argv, **kwargs):
+  """subprocess.run with the output captured; CommandFailed (the command
+  and its last lines of stderr) when it exits non-zero."""
+  done = subprocess.run(argv, capture_output=True, check=False, **kwargs)
+  if done.returncode:
+    err = done.stderr if isinstance(done.stderr, str) else done.stderr.decode(
+        "utf-8", "replace")
+    tail = "\n    ".join(err.strip().splitlines()[-8:])
+    raise CommandFailed(f"{os.path.basename(str(argv[0]))} "
+                        f"{' '.join(map(str, argv[1:3]))} ... exited "
+                        f"{done.returncode}:\n    {tail}")
+  return done
+
+
 class LlamaCpp:
   """A llama.cpp tree built apart (see the module docstring)."""
 
@@ -218,24 +236,22 @@ class LlamaCpp:
           f"{' '.join(BINARIES)})")
 
   def run(self, argv, **kwargs):
-    """A llama.cpp binary's run (check=True, output captured)."""
-    return subprocess.run([str(self.bin / argv[0])] + list(argv[1:]),
-                          check=True, capture_output=True, **kwargs)
+    """A llama.cpp binary's run, its output captured."""
+    return checked([str(self.bin / argv[0])] + list(argv[1:]), **kwargs)
 
   def convert(self, hf_folder, outtype, out):
-    subprocess.run([self.python, str(self.converter), str(hf_folder),
-                    f"--outtype={outtype}", f"--outfile={out}"], check=True,
-                   capture_output=True)
+    checked([self.python, str(self.converter), str(hf_folder),
+             f"--outtype={outtype}", f"--outfile={out}"])
 
   def quantize(self, source, kind, out):
     self.run(["llama-quantize", str(source), str(out), kind])
 
   def build_ggufs(self, hf_folder, kinds_wanted, folder):
-    """{kind: GGUF path}: F32 and F16 from the converter, the others
-    `llama-quantize`d from the F32 file."""
-    paths = {}
+    """{kind: GGUF path}: F32 (always: the check reads it) and F16 from
+    the converter, the others `llama-quantize`d from the F32 file."""
     f32 = pathlib.Path(folder) / "model-F32.gguf"
     self.convert(hf_folder, "f32", f32)
+    paths = {"F32": f32}
     for kind in kinds_wanted:
       path = pathlib.Path(folder) / f"model-{kind}.gguf"
       if kind == "F32":
@@ -253,8 +269,8 @@ class LlamaCpp:
               "r = GGUFReader(sys.argv[1]); "
               "print(json.dumps({t.name: int(t.n_bytes) for t in r.tensors}))")
     env = dict(os.environ, PYTHONPATH=str(self.tree / "gguf-py"))
-    out = subprocess.run([self.python, "-c", script, str(gguf_path)],
-                         check=True, capture_output=True, text=True, env=env)
+    out = checked([self.python, "-c", script, str(gguf_path)], text=True,
+                  env=env)
     return json.loads(out.stdout)
 
   def bench(self, gguf_path, threads, prompt, generate, repetitions):
@@ -316,8 +332,8 @@ def official_reference(python, pth, vocab_path, prompt, steps):
   greedy id ([steps + 1, V]), the greedy ids' bytes."""
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "reference.npz")
-    subprocess.run([python, "-c", REFERENCE_SCRIPT, str(pth), str(vocab_path),
-                    prompt, str(steps), out], check=True, capture_output=True)
+    checked([python, "-c", REFERENCE_SCRIPT, str(pth), str(vocab_path),
+             prompt, str(steps), out])
     with np.load(out) as data:
       return {k: data[k] for k in data.files}
 
