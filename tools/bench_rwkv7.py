@@ -308,11 +308,14 @@ class RnnstepPeer:
     self.prefill_prompt = [letters(PREFILL_PROMPT, 2)]
 
   def bytes_a_token(self):
-    """Every weight's bytes but the input table's, of which one row."""
+    """Every weight's bytes but the embedding's and the input table's (the
+    embedding with layer 0's input side folded in), of which a step reads
+    one row."""
     size = lambda v: v.shape.num_elements() * v.dtype.size
-    table = self.model.embedding
-    return (sum(size(v) for v in self.model.variables) - size(table)
-            + size(table) // table.shape[0])
+    tables = [self.model.embedding, self.model.input_table]
+    return (sum(size(v) for v in self.model.variables)
+            - sum(size(t) for t in tables)
+            + size(tables[-1]) // tables[-1].shape[0])
 
   def call(self, prompts, steps):
     return timed(lambda: self.rnnstep.generate(
