@@ -403,28 +403,32 @@ def compare_llama_cpp(args):
     names = list(runners)
     results = {name: [] for name in names}  # [{"tg": t/s, "pp": t/s}]
     loads = []
-    for r in range(args.rounds):
-      for name in names[r % len(names):] + names[:r % len(names)]:
-        got = runners[name]()
-        # llama-bench's median of its 3 repetitions (rnnstep's one figure).
-        got = {k: statistics.median(v) if isinstance(v, list) else v
-               for k, v in got.items()}
-        results[name].append(got)
-        loads.append(load())
-        say(f"  round {r} {name}: decode {got['tg']:.1f}, prefill "
-            f"{got['pp']:.0f} tokens/s (load {load():.1f})")
+    try:
+      for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+          got = runners[name]()
+          # llama-bench's median of its 3 repetitions (rnnstep's one figure).
+          got = {k: statistics.median(v) if isinstance(v, list) else v
+                 for k, v in got.items()}
+          results[name].append(got)
+          loads.append(load())
+          say(f"  round {r} {name}: decode {got['tg']:.1f}, prefill "
+              f"{got['pp']:.0f} tokens/s (load {load():.1f})")
+    except KeyboardInterrupt:  # A long run cut short keeps its rounds.
+      say(f"  stopped in round {r}: the table holds the rounds done")
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
   say(f"load at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
-      f"during the rounds {min(loads):.1f}-{max(loads):.1f}")
+      f"during the rounds {min(loads, default=0):.1f}-"
+      f"{max(loads, default=0):.1f}")
   say("")
   say(f"| engine, weights | bytes read a token | decode (tg{DECODE_STEPS}), "
       f"tokens/s | prefill (pp{PREFILL_PROMPT}), tokens/s | decode vs "
       "rnnstep float32 | prefill vs rnnstep float32 |")
   say("|---|---|---|---|---|---|")
   base = results.get("rnnstep float32")
-  for name in names:
+  for name in (n for n in names if results[n]):
     cells = []
     for key in ("tg", "pp"):
       values = [round_[key] for round_ in results[name]]
