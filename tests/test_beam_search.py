@@ -59,7 +59,9 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
           length_penalty=kwargs.get("length_penalty", 1.0),
           theta=kwargs.get("repetition_penalty", 1.0),
           window=kwargs.get("repetition_window", 0),
-          ngram=kwargs.get("no_repeat_ngram_size", 0))
+          ngram=kwargs.get("no_repeat_ngram_size", 0),
+          frequency=kwargs.get("frequency_penalty", 0.0),
+          presence=kwargs.get("presence_penalty", 0.0))
       self.assertEqual(got_texts[:len(want)],
                        [model.decode(ids) for ids, _, _ in want], prompt)
       for (ids, _, raw), text, score in zip(want, got_texts, got_scores):
@@ -90,6 +92,16 @@ class BeamSearchTest(tf.test.TestCase, parameterized.TestCase):
     self.check(model, reference, ["HELLO", "A", "XYZZY"], 15, 5, jit,
                banned=[0], repetition_penalty=1.5, repetition_window=6,
                no_repeat_ngram_size=2, stop=["E", "QQ"], length_penalty=1.5)
+
+  @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
+  def test_small_model_with_openai_penalties(self, jit):
+    """Each beam's own continuation is counted (the counts follow the
+    beams' reordering), never the prompt."""
+    model, reference = small()
+    self.check(model, reference, ["HELLO", "A", "XYZZY"], 15, 4, jit,
+               banned=[0], frequency_penalty=1.5, presence_penalty=0.5,
+               repetition_penalty=1.2, stop=["E", "QQ"])
 
   @pytest.mark.slow  # A program per batch.
   def test_each_prompt_equals_itself_alone(self):

@@ -490,3 +490,23 @@ def test_two_children_filling_one_entry_leave_one_good_entry(cache, weights):
   assert sorted(set(os.listdir(os.path.dirname(
       compiled_cache.entry_base(the_key)))) - {compiled_cache.DIGESTS_FILE}
                 ) == [f"{name}.json", f"{name}.tflite"]
+
+
+def test_an_artifact_over_the_cap_or_memory_is_refused_before_converting(
+    monkeypatch):
+  """The flatbuffer holds every weight at least once: weights over the cap
+  are refused (and recorded), a conversion needing more memory than is
+  available is not started (and not recorded: memory frees up)."""
+  monkeypatch.setenv(compiled_cache.MAX_MB_ENV, "512")
+  weights = 644 << 20  # An 8-block, 768-wide RWKV-7 (an 886 MB artifact).
+  assert compiled_cache.size_refusal(weights, None) == (
+      "its float32 weights alone (644 MB) exceed the cache's cap "
+      "(RNNSTEP_CACHE_MAX_MB=512)", True)
+  assert compiled_cache.size_refusal(10 << 20, 64 << 30) == (None, False)
+  reason, record = compiled_cache.size_refusal(100 << 20, 1 << 30)
+  assert reason == "converting needs about 1.2 GB, 1.0 GB is available"
+  assert not record
+  monkeypatch.setenv(compiled_cache.MAX_MB_ENV, "0.05")
+  assert compiled_cache.size_refusal(60 << 10, None)[0] == (
+      "its float32 weights alone (0.059 MB) exceed the cache's cap "
+      "(RNNSTEP_CACHE_MAX_MB=0.05)")

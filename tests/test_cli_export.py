@@ -38,6 +38,7 @@ CALLS = [  # (signature, its arguments besides the prompts)
         "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
         "repetition_penalty": 1.2, "repetition_window": 0,
         "no_repeat_ngram_size": 0, "num_beams": 1, "length_penalty": 1.0,
+        "frequency_penalty": 0.3, "presence_penalty": 0.0,
         "stop": ["e", "th"], "regex": "[a-z ,]+[.!?]"}),
 ]
 
@@ -77,7 +78,8 @@ LITERT = textwrap.dedent("""
     off = dict(temperature=[1.0], top_k=[0], top_p=[1.0], min_p=[0.0],
                typical_p=[1.0], repetition_penalty=[1.0],
                repetition_window=0, no_repeat_ngram_size=0, num_beams=1,
-               length_penalty=1.0)
+               length_penalty=1.0, frequency_penalty=[0.0],
+               presence_penalty=[0.0])
     texts = []
     for args in calls:
       # Per-row inputs (a list above) are [B] or [1]; the others scalars.

@@ -37,7 +37,8 @@ OWN_FLAGS = ["weights", "prompt", "num_steps", "temperature", "top_k", "top_p",
              "repetition_window", "no_repeat_ngram_size", "num_beams",
              "length_penalty", "num_return_sequences", "corpus", "vocab",
              "typical_p", "regex", "cache", "verbose", "input", "overwrite",
-             "skip_bad_lines", "score", "batch_size"]
+             "skip_bad_lines", "score", "batch_size", "frequency_penalty",
+             "presence_penalty"]
 
 # Bad values, in groups run together: all are checked after parsing and
 # reported in the one error line (one process per group: TF imports are slow).
@@ -48,12 +49,14 @@ BAD_VALUES = [
      ("top_k", "2.5")],
     [("min_p", "1.5"), ("repetition_penalty", "0"), ("repetition_window", "-1"),
      ("no_repeat_ngram_size", "-2"), ("num_beams", "0"),
-     ("num_return_sequences", "0"), ("length_penalty", "inf")],
+     ("num_return_sequences", "0"), ("length_penalty", "inf"),
+     ("frequency_penalty", "2.5"), ("presence_penalty", "-3")],
 ]
 # Decoding options: per-prompt temperatures, the look-back rules, min-p.
 DECODING = {"temperature": "0.5,1.0", "min_p": "0.05",
             "repetition_penalty": "1.3", "repetition_window": "16",
-            "no_repeat_ngram_size": "3", "typical_p": "0.9"}
+            "no_repeat_ngram_size": "3", "typical_p": "0.9",
+            "frequency_penalty": "0.4", "presence_penalty": "-0.3"}
 BEAMS = {"num_beams": "4", "num_return_sequences": "2", "length_penalty": "0.7"}
 
 
@@ -281,8 +284,8 @@ def test_decoding_options_and_logprob_match_the_library(env):
   batch = [prompt for prompt in PROMPTS for _ in range(SAMPLES)]
   options = dict(temperature=[0.5, 0.5, 1.0, 1.0], min_p=0.05,
                  repetition_penalty=1.3, repetition_window=16,
-                 no_repeat_ngram_size=3, typical_p=0.9, seed=SEED,
-                 return_scores=True)
+                 no_repeat_ngram_size=3, typical_p=0.9, frequency_penalty=0.4,
+                 presence_penalty=-0.3, seed=SEED, return_scores=True)
   texts, scores = rnnstep.generate(model, batch, STEPS, **options)
   records = [json.loads(line) for line in
              ok(env["results"]["decoding_jsonl"]).splitlines()]

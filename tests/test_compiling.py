@@ -2,6 +2,7 @@
 (rnnstep/engine/compiling.py) and XLA's disk cache of programs
 (rnnstep/engine/xla_cache.py)."""
 
+import ast
 import collections
 import os
 import subprocess
@@ -139,6 +140,22 @@ def test_a_compiler_compiles_at_most_its_bound_of_programs():
   assert compiling.MAX_PROGRAMS == 64
 
 
+def test_a_shape_queued_by_a_model_since_freed_is_not_marked_failed():
+  # A freed model's queued shape is dropped, not failed: a failure would keep
+  # every later model of the architecture on the graph path for that shape.
+  compiler = compiling.Compiler()
+  freed = FakeGenerator()
+  freed.model = None  # What a generator's weak reference gives once freed.
+  assert compiler.want("a", freed, (Request(50),), name="generate_fn")
+  wait_compiled(compiler)
+  assert not compiler.failed("a") and not compiler.ready("a")
+  assert freed.calls == []
+  alive = FakeGenerator()
+  assert compiler.want("a", alive, (Request(50),), name="generate_fn")
+  wait_compiled(compiler)
+  assert compiler.ready("a") and alive.calls == [("generate_fn", 1)]
+
+
 def fresh_process_env(cache_dir):
   """The environment of a process with its own rnnstep cache folder and no
   XLA cache folder of its own (tests/conftest.py sets one for the suite)."""
@@ -204,16 +221,46 @@ print(text)
 """
 
 
+# Scoring's XLA program (its own function, traced as generation's are).
+SCORE = """
+rnnstep.loglikelihood(model, [("ROMEO:", " a")], jit_compile=True)
+"""
+
+
+# Work that traces other functions first: TensorFlow numbers every traced
+# function's names by one counter, which `generator.stable_names` sets aside.
+TRACE_OTHERS_FIRST = """
+import rnnstep
+import tensorflow as tf
+rnnstep.generate(rnnstep.load(), "ab", 5, seed=1, jit_compile=False)
+tf.function(lambda x: x + 1)(tf.constant(1))
+"""
+
+
 @pytest.mark.slow  # Two processes importing TensorFlow, one XLA compile.
 def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
+  """Even when it traced other functions before (in another order)."""
   env = fresh_process_env(tmp_path)
-  run = lambda: subprocess.run(
-      [sys.executable, "-c", COMPILE_AND_USE], capture_output=True, text=True,
+  run = lambda script: subprocess.run(
+      [sys.executable, "-c", script], capture_output=True, text=True,
       env=env, timeout=cli.TIMEOUT, check=True).stdout
-  text = run()
+  text = run(COMPILE_AND_USE + SCORE)
   compiled = entries(tmp_path)
   assert compiled  # One file a program, written by TensorFlow.
-  assert run() == text
+  assert run(TRACE_OTHERS_FIRST + COMPILE_AND_USE + SCORE) == text
+  # rnnstep-generate, which would not compile XLA for 40 steps, runs the
+  # program on disk (TensorFlow's log says it loaded it), with its text.
+  result = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate", "--prompt=ROMEO:",
+       "--prompt=a", "--num_steps=40", "--seed=3", "--nocache", "--verbose"],
+      capture_output=True, text=True, timeout=cli.TIMEOUT, check=True,
+      env=dict(env, RNNSTEP_DEBUG="1", TF_CPP_MIN_LOG_LEVEL="0",
+               TF_CPP_VMODULE="device_executable_persistor=1"))
+  assert "Loading cached entry for: __inference__generate_impl" in (
+      result.stderr), result.stderr[-3000:]
+  assert "XLA where its disk cache holds the program" in result.stderr
+  for prompt, generated in zip(["ROMEO:", "a"], ast.literal_eval(text)):
+    assert f"{prompt}{generated}\n" in result.stdout
   # Nothing compiled again: no new program, none written again.
   assert entries(tmp_path) == compiled
   folder = os.path.join(tmp_path, xla_cache.SUBDIR)
@@ -273,3 +320,56 @@ def test_a_process_exiting_while_a_program_compiles_keeps_its_status(tmp_path):
   assert result.returncode == 3, result.stderr[-2000:]
   assert "compiling 1" in result.stdout.splitlines()
   assert not entries(tmp_path)
+
+
+def test_stable_names_number_a_trace_from_a_base_of_its_own():
+  """The same trace gets the same names in any process; the same base asked
+  for twice in one process keeps TensorFlow's numbers (no clash)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def trace():
+    function = tf.function(lambda n: tf.while_loop(
+        lambda i: i < n, lambda i: i + 1, [tf.constant(0)]))
+    return function.get_concrete_function(tf.TensorSpec([], tf.int32))
+
+  with generator_lib.stable_names("a test's trace"):
+    first = trace()
+  base = int(first.name.decode().rsplit("_", 1)[1])
+  assert base >= generator_lib._NAME_BASE
+  with generator_lib.stable_names("a test's trace"):
+    again = trace()
+  assert int(again.name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
+  assert int(trace().name.decode().rsplit("_", 1)[1]) < generator_lib._NAME_BASE
+  assert first(tf.constant(3))[0].numpy() == again(tf.constant(3))[0].numpy()
+
+
+def test_the_program_index_is_read_as_the_entries_are_trusted(
+    tmp_path, monkeypatch):
+  """`programs.json` names TensorFlow's entries of a program: written whole
+  and owner-only, read only when ours, not writable by others, bounded and
+  well formed, a key found only while its files are there (pruned with
+  them)."""
+  whole = entry_bytes((1, b"key"), (2, b"hlo"), (3, b"machine code"))
+  name = "xla_compile_cache__1__2__XLA_CPU_JIT.pb"
+  (tmp_path / name).write_bytes(whole)
+  monkeypatch.setattr(xla_cache, "_enabled", [str(tmp_path)])
+  assert xla_cache.entry_names() == {name}
+  xla_cache.record_program("abc123", [name])
+  index = tmp_path / xla_cache.INDEX_FILE
+  assert index.stat().st_mode & 0o777 == 0o600
+  assert xla_cache.has_program("abc123") and xla_cache.has_programs("abc")
+  assert not xla_cache.has_program("abc") and not xla_cache.has_programs("x")
+  good = index.read_bytes()
+  for hostile in (b"[1, 2]", b"{", b'{"k": ["../../etc/passwd"]}',
+                  b'{"k": "' + b"x" * xla_cache.MAX_INDEX_BYTES + b'"}'):
+    index.write_bytes(hostile)
+    assert xla_cache._read_index(str(tmp_path)) == {}
+  index.write_bytes(good)
+  index.chmod(0o666)  # Writable by others: not read.
+  assert not xla_cache.has_program("abc123")
+  index.chmod(0o600)
+  assert xla_cache.has_program("abc123")
+  (tmp_path / name).unlink()  # Its program pruned: the key is not there.
+  assert not xla_cache.has_program("abc123")
+  xla_cache.prune(str(tmp_path))
+  assert xla_cache._read_index(str(tmp_path)) == {}

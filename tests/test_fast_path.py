@@ -11,6 +11,7 @@ itself (its key, lookup, fill and trust) is tests/test_cache_trust.py's.
 """
 
 import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -43,7 +44,7 @@ def write_model(path):
   cli_support.write_model(path, seed=3)
 
 
-def cli(cache_dir, args, importtime=False, switch="on"):
+def cli(cache_dir, args, importtime=False, switch="on", **environ):
   """Runs rnnstep-generate (a fresh interpreter); returns the CompletedProcess.
 
   With `importtime`, `python -X importtime` lists every import on stderr,
@@ -51,7 +52,8 @@ def cli(cache_dir, args, importtime=False, switch="on"):
   pointed at /dev/null, which would hide the imports made in `main`).
   """
   env = dict(os.environ, RNNSTEP_CACHE_DIR=str(cache_dir),
-             RNNSTEP_COMPILED_CACHE=switch, TF_CPP_MIN_LOG_LEVEL="3")
+             RNNSTEP_COMPILED_CACHE=switch, TF_CPP_MIN_LOG_LEVEL="3",
+             **environ)
   env.pop("RNNSTEP_DEBUG", None)
   if importtime:
     env["RNNSTEP_DEBUG"] = "1"
@@ -66,7 +68,8 @@ def cli(cache_dir, args, importtime=False, switch="on"):
 # What --verbose adds for a short float32 run on a CPU where the library's
 # default would be XLA (these tests' batches: at most 16 rows).
 ONE_SHOT_GRAPH = ("graph path: 40 steps in float32, where compiling XLA would "
-                  "cost this one run more than it saves")
+                  "cost this one run more than it saves; XLA where its disk "
+                  "cache holds the program")
 
 
 # --verbose's last line: what the compiled artifact leaves to TensorFlow.
@@ -132,10 +135,15 @@ def env(tmp_path_factory):
       "stream": (tmp / "stream", BASE + ["--stream"]),
       # The environment's switch (what tests/conftest.py sets for the suite).
       "switch_off": (tmp / "switch_off", BASE),
+      # A cache capped below the model's weights (an artifact of them
+      # would be evicted at once).
+      "over_cap": (tmp / "over_cap", BASE),
   }
+  environ = {"over_cap": {compiled_cache.MAX_MB_ENV: "0.01"}}
   with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
     futures = {name: pool.submit(cli, cache, [f"--weights={weights}", *args],
-                                 switch="off" if name == "switch_off" else "on")
+                                 switch="off" if name == "switch_off" else "on",
+                                 **environ.get(name, {}))
                for name, (cache, args) in runs.items()}
     results = {name: f.result() for name, f in futures.items()}
   return dict(tmp=tmp, weights=weights, model=model, rows=rows, key=the_key,
@@ -198,12 +206,13 @@ def test_warm_text_equals_the_library_for_options_and_seeds(env, warm, args,
 
 
 def test_warm_runs_every_option_without_tensorflow(env, warm):
-  """--stop, --regex, the penalties and window, the n-gram ban, min-p,
-  typical-p and per-row temperatures together, warm: the library's text,
-  and no TensorFlow imported."""
+  """--stop, --regex, the penalties (repetition with its window, frequency,
+  presence), the n-gram ban, min-p, typical-p and per-row temperatures
+  together, warm: the library's text, and no TensorFlow imported."""
   options = dict(regex="[A-Za-z ,.:]+", repetition_penalty=1.3,
                  repetition_window=16, no_repeat_ngram_size=3, min_p=0.05,
-                 typical_p=0.95, temperature=[0.5, 0.9, 1.2, 0.7])
+                 typical_p=0.95, temperature=[0.5, 0.9, 1.2, 0.7],
+                 frequency_penalty=0.4, presence_penalty=[0.6, 0.0, -0.3, 1.0])
   # Two rows' own text halfway: they stop there.
   plain = rnnstep.generate(env["model"], env["rows"], 40, seed=5, **options)
   stops = [plain[0][20:22], plain[3][20:22]]
@@ -248,6 +257,24 @@ def test_warm_single_sample_to_an_output_file(env, warm, tmp_path):
   assert os.listdir(tmp_path) == ["out.txt"]
 
 
+def test_an_artifact_over_the_cap_is_refused_before_converting(env):
+  """Its size is known from the weights: no child converts it, the reason
+  is said and recorded (the next run says it and builds nothing)."""
+  result = env["results"]["over_cap"]
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert verbose_line(result) == (
+      "rnnstep-generate: TensorFlow path: no compiled artifact for this "
+      "model yet; not building the compiled artifact: its float32 weights "
+      "alone (0.044 MB) exceed the cache's cap (RNNSTEP_CACHE_MAX_MB=0.01) "
+      f"({ONE_SHOT_GRAPH})")
+  assert result.stdout == env["text"]
+  names = entry_files(env["tmp"] / "over_cap")
+  assert [os.path.splitext(n)[1] for n in names] == [".json"]
+  with open(os.path.join(env["tmp"] / "over_cap", compiled_cache.SUBDIR,
+                         names[0]), encoding="utf-8") as f:
+    assert "exceed the cache's cap" in json.load(f)["unsupported"]
+
+
 def test_a_request_the_artifact_does_not_serve_falls_back_with_the_reason(
     env):
   result = env["results"]["stream"]
@@ -290,7 +317,8 @@ def refusal(*args):
     # Every decoding option, stop strings and patterns are served.
     (["--stop=e", "--regex=[a-z]+", "--repetition_penalty=1.2",
       "--repetition_window=3", "--no_repeat_ngram_size=2", "--min_p=0.1",
-      "--typical_p=0.9", "--temperature=0.5,1.0", "--top_k=3,0,5,9"], None),
+      "--typical_p=0.9", "--temperature=0.5,1.0", "--top_k=3,0,5,9",
+      "--frequency_penalty=0.5", "--presence_penalty=-0.5,1.0"], None),
     (["--num_beams=2", "--num_samples=1", "--length_penalty=0.5"], None),
     (["--window=0"], None),
     (["--stream"], "--stream"),

@@ -38,6 +38,8 @@ CASES = {
                               repetition_window=4),
     "no_repeat_ngram_size": dict(temperature=0.9, seed=3,
                                  no_repeat_ngram_size=2),
+    "openai_penalties": dict(temperature=0.9, seed=3, frequency_penalty=0.7,
+                             presence_penalty=[1.2, -0.5]),
     "min_p": dict(temperature=1.2, seed=5, min_p=0.1),
     "typical_p": dict(temperature=1.0, seed=5, typical_p=0.8),
     "per_row": dict(temperature=[0.3, 1.5], seed=-9, top_k=[0, 5],

@@ -1,4 +1,5 @@
-"""The look-back rules (repetition penalty, n-gram ban) against numpy references.
+"""The look-back rules (repetition, frequency and presence penalties, n-gram
+ban) against numpy references.
 
 The rules are checked on random logits and histories, eagerly and compiled
 (graph and XLA), then step by step along generated text: every chosen id must
@@ -89,6 +90,55 @@ class RulesTest(tf.test.TestCase, parameterized.TestCase):
                             msg=f"trial {trial} row {r}: {row} {window[r]} "
                             f"{ngram[r]}")
 
+  @parameterized.parameters("eager", "graph", "xla")
+  @quick_cases(0)  # Eager (graph and XLA: slow).
+  def test_openai_penalties_count_the_continuation_only(self, mode):
+    """frequency_penalty and presence_penalty (per row, beside θ and the
+    n-gram ban) against vLLM's rule: the prompt's ids are not counted."""
+    rng = np.random.default_rng(2)
+    for trial in range(12):
+      rows = [list(rng.integers(0, V, rng.integers(1, 8))) for _ in range(4)]
+      steps = int(rng.integers(0, 8))
+      continuation = rng.integers(0, V, [4, steps]).astype(np.int32)
+      logits = rng.normal(0, 2, [4, V]).astype(np.float32)
+      values = dict(
+          repetition_penalty=rng.choice([1.0, 1.3], 4),
+          frequency_penalty=rng.choice([0.0, 0.5, -0.7, 2.0], 4),
+          presence_penalty=rng.choice([0.0, 1.1, -2.0], 4))
+      window, ngram = int(rng.choice([0, 3])), int(rng.choice([0, 2]))
+      ids, lengths = _history(rows, 16, 16, rng)
+      settings = processors.Settings(tf.constant(window), tf.constant(ngram),
+                                     tf.constant(16))
+
+      def run(logits, ids, lengths, continuation, values):
+        history = processors.start(ids, lengths, V, settings,
+                                   tf.constant(True))
+        for t in range(steps):
+          history = processors.append(history, continuation[:, t], settings)
+        params = sampling.Params(*[
+            tf.cast(values[name], dtype) if name in values
+            else tf.fill([4], tf.cast(default, dtype))
+            for name, default, dtype in zip(sampling.Params._fields,
+                                            sampling.DEFAULTS,
+                                            sampling.PARAM_DTYPES)])
+        parts = pipeline.active(params, settings, V)
+        return pipeline.look_back(logits, params, parts, history, settings)
+
+      if mode != "eager":
+        run = tf.function(run, jit_compile=mode == "xla", autograph=False)
+      got = run(tf.constant(logits), ids, lengths, continuation,
+                {k: tf.constant(v, tf.float32) for k, v in values.items()})
+      for r, row in enumerate(rows):
+        want = dr.process(
+            logits[r], row + list(continuation[r]),
+            theta=float(np.float32(values["repetition_penalty"][r])),
+            window=window, ngram=ngram, prompt_length=len(row),
+            frequency=float(np.float32(values["frequency_penalty"][r])),
+            presence=float(np.float32(values["presence_penalty"][r])))
+        self.assertAllClose(got[r], want, rtol=1e-6, atol=1e-5,
+                            msg=f"trial {trial} row {r}: {row} "
+                            f"{continuation[r]} {values}")
+
   def test_append_moves_the_window(self):
     settings = processors.Settings(tf.constant(3), tf.constant(0),
                                    tf.constant(12))
@@ -103,6 +153,8 @@ class RulesTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllEqual(history.counts[0], want)
       self.assertAllEqual(history.ids[0, :len(row)], row)
       self.assertEqual(int(history.length[0]), len(row))
+      self.assertAllEqual(history.generated[0],
+                          np.bincount(row[3:], minlength=V))
 
 
 def _model():
@@ -126,23 +178,50 @@ class GenerationTest(tf.test.TestCase, parameterized.TestCase):
              dict(repetition_penalty=[1.2, 1.0, 3.0], no_repeat_ngram_size=2),
              dict(repetition_penalty=1.4)]
     for case in cases:
-      texts = rnnstep.generate(model, prompts, 30, temperature=0.0,
-                               jit_compile=jit, **case)
-      for r, (prompt, text) in enumerate(zip(prompts, texts)):
-        theta = case.get("repetition_penalty", 1.0)
-        theta = theta[r] if isinstance(theta, list) else theta
-        history = list(model.encode(prompt))
-        logits_all = reference.logits(np.array(history + list(model.encode(text))))
-        for t, token in enumerate(model.encode(text)):
-          raw = logits_all[len(history) - 1]
-          want = dr.process(raw, history, theta=theta,
-                            window=case.get("repetition_window", 0),
-                            ngram=case.get("no_repeat_ngram_size", 0))
-          ordered = np.sort(want[np.isfinite(want)])
-          self.assertEqual(int(np.argmax(want)), int(token),
-                           f"{case} row {r} step {t}: gap "
-                           f"{ordered[-1] - ordered[-2] if len(ordered) > 1 else 0}")
-          history.append(int(token))
+      self._assert_greedy_steps_are_the_reference_argmax(
+          model, reference, prompts, case, jit)
+
+  @parameterized.parameters(False, True, "elementwise")
+  @quick_cases(0)  # The graph path.
+  def test_openai_penalties_greedy_steps_are_the_reference_argmax(self, jit):
+    model, reference = _model()
+    prompts = ["ab ab ab", "c", "jihgf"]
+    cases = [dict(frequency_penalty=0.8),
+             dict(presence_penalty=1.5, no_repeat_ngram_size=4),
+             dict(frequency_penalty=[0.5, 0.0, -0.3],
+                  presence_penalty=[0.0, 1.0, 0.7], repetition_penalty=1.2,
+                  repetition_window=3)]
+    for case in cases:
+      self._assert_greedy_steps_are_the_reference_argmax(
+          model, reference, prompts, case, jit)
+
+  def _assert_greedy_steps_are_the_reference_argmax(self, model, reference,
+                                                    prompts, case, jit):
+    texts = rnnstep.generate(model, prompts, 30, temperature=0.0,
+                             jit_compile=jit, **case)
+
+    def of_row(name, r, default):
+      value = case.get(name, default)
+      return value[r] if isinstance(value, list) else value
+
+    for r, (prompt, text) in enumerate(zip(prompts, texts)):
+      history = list(model.encode(prompt))
+      prompt_length = len(history)
+      logits_all = reference.logits(np.array(history + list(model.encode(text))))
+      for t, token in enumerate(model.encode(text)):
+        raw = logits_all[len(history) - 1]
+        want = dr.process(raw, history,
+                          theta=of_row("repetition_penalty", r, 1.0),
+                          window=case.get("repetition_window", 0),
+                          ngram=case.get("no_repeat_ngram_size", 0),
+                          frequency=of_row("frequency_penalty", r, 0.0),
+                          presence=of_row("presence_penalty", r, 0.0),
+                          prompt_length=prompt_length)
+        ordered = np.sort(want[np.isfinite(want)])
+        self.assertEqual(int(np.argmax(want)), int(token),
+                         f"{case} row {r} step {t}: gap "
+                         f"{ordered[-1] - ordered[-2] if len(ordered) > 1 else 0}")
+        history.append(int(token))
 
   @pytest.mark.slow  # The default path's programs.
   def test_ngram_ban_removes_repeats_that_greedy_makes(self):
@@ -163,6 +242,19 @@ class GenerationTest(tf.test.TestCase, parameterized.TestCase):
     model, _ = _model()
     kwargs = dict(seed=3, repetition_penalty=1.6, repetition_window=5,
                   no_repeat_ngram_size=3, jit_compile=jit)
+    whole = rnnstep.generate(model, ["ab", "c d"], 50, **kwargs)
+    chunks = list(rnnstep.stream(model, ["ab", "c d"], 50, chunk_size=7,
+                                 **kwargs))
+    self.assertEqual(["".join(c[i] for c in chunks) for i in range(2)], whole)
+
+  @parameterized.parameters(False, True, "elementwise")
+  @quick_cases(0)  # The graph path.
+  def test_stream_carries_the_continuations_counts(self, jit):
+    """The frequency and presence penalties count every chunk's ids (the
+    history's `generated` travels in the carry), never the prompt's."""
+    model, _ = _model()
+    kwargs = dict(seed=4, frequency_penalty=[0.6, -0.4],
+                  presence_penalty=[0.9, 0.3], jit_compile=jit)
     whole = rnnstep.generate(model, ["ab", "c d"], 50, **kwargs)
     chunks = list(rnnstep.stream(model, ["ab", "c d"], 50, chunk_size=7,
                                  **kwargs))

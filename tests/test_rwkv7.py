@@ -361,6 +361,25 @@ def test_stream_stop_and_regex_over_the_world_vocabulary(path, preset_model):
   assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in texts)
 
 
+def test_the_servers_xla_calls_take_the_librarys_chunked_prompt_widths(
+    preset_model):
+  """Under XLA the server's calls pad RWKV-7 prompt pieces to powers of two,
+  the widths `request.chunked_width` gives the library's requests, so its
+  programs prime in the same chunks (`loop.primes_in_chunks`)."""
+  from rnnstep.serve import calls as calls_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import scheduler as scheduler_lib  # pylint: disable=g-import-not-at-top
+  for chunk_steps, max_prompt in ((8, 32), (40, 300), (200, 1024)):
+    calls = calls_lib.ChunkCalls(
+        preset_model, path="xla", max_batch=2, chunk_steps=chunk_steps,
+        max_tokens_limit=32, max_prompt_tokens=max_prompt,
+        stats=scheduler_lib.Stats())
+    assert calls.generator.chunked_prompts
+    for longest in range(1, calls.prime_chars + 1):
+      width = calls.prompt_width(longest)
+      assert width >= longest
+      assert width == request_lib.chunked_width(width), (chunk_steps, longest)
+
+
 @pytest.mark.slow
 def test_rnnstep_serve_over_http_equals_generate(preset_model):
   """A real `rnnstep-serve` process on the preset folder: concurrent

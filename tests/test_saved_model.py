@@ -36,18 +36,23 @@ STEPS = 50
 DECODING_DEFAULTS = dict(temperature=1.0, seed=0, top_k=0, top_p=1.0,
                          min_p=0.0, repetition_penalty=1.0, repetition_window=0,
                          no_repeat_ngram_size=0, num_beams=1,
-                         length_penalty=1.0, typical_p=1.0)
+                         length_penalty=1.0, typical_p=1.0,
+                         frequency_penalty=0.0, presence_penalty=0.0)
 DECODING_DTYPES = dict(temperature="float32", seed="int64", top_k="int32",
                        top_p="float32", min_p="float32",
                        repetition_penalty="float32", repetition_window="int32",
                        no_repeat_ngram_size="int32", num_beams="int32",
-                       length_penalty="float32", typical_p="float32")
+                       length_penalty="float32", typical_p="float32",
+                       frequency_penalty="float32",
+                       presence_penalty="float32")
 DECODING_CASES = {
     "penalized": dict(DECODING_DEFAULTS, temperature=0.9, seed=3, min_p=0.1,
                       repetition_penalty=1.4, repetition_window=8,
                       no_repeat_ngram_size=3),
     "beams": dict(DECODING_DEFAULTS, num_beams=4, length_penalty=0.8),
     "typical": dict(DECODING_DEFAULTS, temperature=1.2, seed=4, typical_p=0.6),
+    "openai_penalties": dict(DECODING_DEFAULTS, temperature=0.9, seed=5,
+                             frequency_penalty=0.8, presence_penalty=-0.6),
 }
 
 # Serves every export directory given; prints one JSON object per directory.

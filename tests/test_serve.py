@@ -154,6 +154,10 @@ def test_scheduler_rows_equal_generate_whatever_shares_the_batch(model):
        completion_lib.Shared(repetition_window=7), True,
        dict(repetition_penalty=1.3)),
       ([PROMPTS[4] + PROMPTS[3]], 20, 8, completion_lib.Shared(), False, {}),
+      # OpenAI's penalties count each row's continuation across chunks, not
+      # its prompt (primed across chunks here too).
+      ([PROMPTS[4] * 2, "ab"], 30, 10, completion_lib.Shared(), False,
+       dict(frequency_penalty=0.7, presence_penalty=-0.4)),
   ]
   outputs = []
   for prompts, max_tokens, seed, key, want, options in cases:
@@ -669,7 +673,7 @@ def test_the_xla_server_answers_while_its_programs_compile(model_path,
 
 
 @pytest.mark.slow
-def test_bad_input_answers_400_naming_the_field_then_serves(server):
+def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
   cases = [
       (b"{not json", "body"),
       (dict(prompt="a", max_tokens=5, colour="red"), "colour"),
@@ -693,6 +697,10 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server):
       (dict(prompt="a", max_tokens=5, seed="x"), "seed"),
       (dict(prompt="a", max_tokens=5, stream="yes"), "stream"),
       (dict(prompt="a", max_tokens=5, logprobs=9), "logprobs"),
+      (dict(prompt="a", max_tokens=5, presence_penalty=2.5),
+       "presence_penalty"),
+      (dict(prompt="a", max_tokens=5, frequency_penalty="x"),
+       "frequency_penalty"),
   ]
   for body, param in cases:
     if isinstance(body, bytes):
@@ -715,6 +723,13 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server):
                      headers={"content-type": "application/json"})
   assert reply.status_code == 413
   assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
+  # OpenAI's penalties, as the openai client sends them, are generate's.
+  penalized = server.openai_client().completions.create(
+      model="tiny", prompt="ROMEO:", max_tokens=30, seed=3,
+      frequency_penalty=0.8, presence_penalty=-0.5)
+  assert penalized.choices[0].text == serve_process.expected(model, dict(
+      prompt="ROMEO:", max_tokens=30, frequency_penalty=0.8,
+      presence_penalty=-0.5), 3)[0][0]
 
 
 def metric(server, name, labels=""):

@@ -332,6 +332,13 @@ def test_char_model_chat_with_a_template_file(servers, gru_model):
   contents, streamed, _ = stream_chat(client, messages=messages, **body)
   assert [contents[k] for k in range(3)] == want
   assert [streamed[k] for k in range(3)] == reasons
+  # OpenAI's penalties, as the client sends them: generate's text with them.
+  body = dict(max_tokens=40, temperature=0, frequency_penalty=1.5,
+              presence_penalty=-0.5)
+  want, reasons = expected(gru_model, prompt, 0, "\n", **body)
+  reply = client.chat.completions.create(model=MODEL, messages=messages,
+                                         seed=0, **body)
+  assert [reply.choices[0].message.content] == want
 
 
 def post_chat(server, body, **kwargs):
@@ -361,7 +368,7 @@ def test_bad_chat_requests_get_400_naming_the_field(servers):
       (dict(messages=[user] * 1025), "messages"),
       (dict(messages=[{"role": "user", "content": "a" * 2000}]),
        "messages"),  # Over --max_prompt_tokens, rendered.
-      (dict(messages=[user], presence_penalty=0.5), "presence_penalty"),
+      (dict(messages=[user], presence_penalty=2.5), "presence_penalty"),
       (dict(messages=[user], top_logprobs=2), "top_logprobs"),
       (dict(messages=[user], max_tokens=MAX_TOKENS_LIMIT + 1), "max_tokens"),
       (dict(messages=[user], max_tokens=3, max_completion_tokens=4),

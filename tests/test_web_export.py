@@ -66,6 +66,9 @@ BUNDLED_CASES = [
     ("ROMEO:", {"temperature": 1.0, "stop": "\n"}, 19),
     ("ROMEO:", {"temperature": 0, "stop": ["court", "xyz"]}, None),
     ("\n", {"temperature": 1.5, "no_repeat_ngram_size": 2}, 20),
+    ("a", {"temperature": 0, "frequency_penalty": 0.9}, None),
+    ("My lord", {"temperature": 1.0, "presence_penalty": 1.5,
+                 "frequency_penalty": -0.4, "repetition_penalty": 1.2}, 21),
 ]
 
 # The small stack: every kind, "[UNK]" at id 0 (never drawn).
@@ -83,6 +86,8 @@ SMALL_CASES = [
     ("ponm", {"temperature": 1.0, "top_p": 0.8, "min_p": 0.05,
               "window": 0}, 5),
     ("ponm", {"temperature": 1.0, "typical_p": 0.7, "window": 0}, 6),
+    ("ab", {"temperature": 0.8, "frequency_penalty": 1.3,
+            "presence_penalty": 0.6, "window": 0}, 8),
     ("abcdefghij", {"temperature": 0}, None),  # Over its recorded window.
     ("a", {"temperature": 1.0, "window": 3}, 7),
 ]
@@ -305,7 +310,7 @@ def test_refusals_are_one_line(bundled, tmp_path):
 
 def test_bundled_texts_are_the_librarys(probe):
   got = probe["bundled"]
-  assert len(got) == len(BUNDLED_CASES) == 20
+  assert len(got) == len(BUNDLED_CASES) == 22
   for case, result, want in zip(BUNDLED_CASES, got,
                                 probe["library"]["bundled"]):
     assert "error" not in result, result

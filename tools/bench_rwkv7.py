@@ -51,6 +51,44 @@ every variant meets the same load), and each figure is the median over
 --rounds in ms per generated step (the prefill included, divided over the
 steps); the ratios are taken within the run. Prints the machine and the
 load before and after, and a Markdown table (--markdown=FILE writes it).
+
+llama.cpp as a peer (issue #62), instead of the runs above:
+
+    python tools/bench_rwkv7.py --llama_cpp_dir=/work/llama_src/llama.cpp \
+        --convert_python=/work/llama_src/venv/bin/python --rounds=7
+    python tools/bench_rwkv7.py --llama_cpp_dir=... --convert_python=... \
+        --gguf_types=F32,F16,Q8_0,Q4_0 \
+        --rnnstep_weights_dtypes=float32,float16,int8
+
+--llama_cpp_dir is a llama.cpp tree built apart (nothing of it is part of
+rnnstep), e.g. the llama-cpp-python source package's `vendor/llama.cpp`:
+
+    pip download llama-cpp-python --no-deps --no-binary :all: -d SRC
+    (unpack; if vendor/llama.cpp holds a `.git` file pointing outside the
+    package, move it away, or CMake re-runs forever)
+    cmake -S vendor/llama.cpp -B vendor/llama.cpp/build -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+    ninja -C vendor/llama.cpp/build llama-bench llama-quantize llama-simple \
+        llama-debug
+
+--convert_python is a Python with torch, transformers, numpy and the `rwkv`
+package (llama.cpp's `convert_hf_to_gguf.py` and the official reference run
+there). The same seeded weights go rnnstep -> an official `.pth` -> fla's
+Hugging Face layout -> GGUF (`tools/bench/llama_cpp.py`); F32 is first
+checked against the official reference (the `rwkv` package's RWKV_x070 on
+the `.pth`, --check_steps greedy tokens: llama.cpp's greedy text and its
+logits after the prompt; rnnstep's greedy ids and logits on the same
+`.pth`), and nothing is timed if they disagree. Then --rounds rounds, the
+order rotated each round, each run `llama-bench -t 2 -p 512 -n 128
+-r 3` on each --gguf_types GGUF and, for each --rnnstep_weights_dtypes
+(`rnnstep.load(..., weights_dtype=...)`; a dtype the installed rnnstep
+refuses is skipped, with the reason), rnnstep's default path after a
+warm-up call of each shape: decode (tg128's equivalent) is a 128-token
+greedy call less the 1-token call of the same 16-token prompt, over 127
+steps; prefill (pp512's) a 512-token prompt's 1-token call. The table
+gives bytes read a token, tokens/s medians with their range over the
+rounds (a llama.cpp round's figure: the median of llama-bench's 3
+repetitions), and each one's ratio to rnnstep float32's, paired by round.
 """
 
 import argparse
@@ -103,6 +141,9 @@ def _random_parts():
     tensors[key] = (rng.standard_normal(shape, np.float32) * scale)
   layer0 = tensors["layer0_ln"]
   layer0[:, 0] = layer0[:, 2] = 1  # LayerNorm gammas.
+  # RWKV-7 has no head bias: the official checkpoint the llama.cpp peer is
+  # converted from could not hold one.
+  tensors["dense_bias"][:] = 0
   vocab = [vocabulary.world_entry(bytes([i]) if i < 256 else
                                   f"t{i}".encode(), i)
            for i in range(SHAPE["vocab"])]
@@ -346,6 +387,172 @@ def load():
   return os.getloadavg()[0]
 
 
+# The llama.cpp comparison (see the module docstring).
+DECODE_PROMPT, DECODE_STEPS, PREFILL_PROMPT = 16, 128, 512
+
+
+class ConversionMismatch(Exception):
+  """llama.cpp's or rnnstep's F32 does not match the official reference."""
+
+
+def letters(count, seed):
+  """A prompt of `count` lowercase letters (a token each in the random
+  model's vocabulary)."""
+  rng = np.random.default_rng(seed)
+  return bytes(rng.integers(97, 123, count).astype(np.uint8)).decode()
+
+
+class RnnstepPeer:
+  """rnnstep's default path on the random model's file, loaded with a
+  `weights_dtype` (float32: the plain load): tg128's and pp512's
+  equivalents (see the module docstring)."""
+
+  def __init__(self, path, weights_dtype):
+    import rnnstep
+    self.rnnstep = rnnstep
+    if weights_dtype == "float32":
+      self.model = rnnstep.load(path)
+    else:
+      self.model = rnnstep.load(path, weights_dtype=weights_dtype)
+    self.decode_prompt = [letters(DECODE_PROMPT, 1)]
+    self.prefill_prompt = [letters(PREFILL_PROMPT, 2)]
+
+  def bytes_a_token(self):
+    """Every weight's bytes but the embedding's and the input table's (the
+    embedding with layer 0's input side folded in), of which a step reads
+    one row."""
+    size = lambda v: v.shape.num_elements() * v.dtype.size
+    tables = [self.model.embedding, self.model.input_table]
+    return (sum(size(v) for v in self.model.variables)
+            - sum(size(t) for t in tables)
+            + size(tables[-1]) // tables[-1].shape[0])
+
+  def call(self, prompts, steps):
+    return timed(lambda: self.rnnstep.generate(
+        self.model, prompts, steps, seed=1, temperature=0.0))
+
+  def run(self):
+    """{"tg": decode tokens/s, "pp": prefill tokens/s} of one round."""
+    many = self.call(self.decode_prompt, DECODE_STEPS)
+    one = self.call(self.decode_prompt, 1)
+    prefill = self.call(self.prefill_prompt, 1)
+    return {"tg": (DECODE_STEPS - 1) / max(many - one, 1e-9),
+            "pp": PREFILL_PROMPT / prefill}
+
+
+def compare_llama_cpp(args):
+  """llama.cpp's llama-bench against rnnstep on the same weights."""
+  from rnnstep.model import model_file
+  from tests.support import torch_files
+  from tools.bench import llama_cpp
+  llama = llama_cpp.LlamaCpp(args.llama_cpp_dir, args.convert_python)
+  lines = []
+  say = lambda text: (print(text, flush=True), lines.append(text))
+  with open("/proc/cpuinfo") as f:
+    cpu = next((l.split(":", 1)[1].strip() for l in f
+                if l.startswith("model name")), "?")
+  say(f"machine: {cpu}, {os.cpu_count()} CPUs; load at start "
+      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  vocab_path = args.world_vocab or subprocess.run(
+      [args.convert_python, "-c", "import os, rwkv; print(os.path.join("
+       "os.path.dirname(rwkv.__file__), 'rwkv_vocab_v20230424.txt'))"],
+      check=True, capture_output=True, text=True).stdout.strip()
+  if not os.path.isfile(vocab_path):
+    raise FileNotFoundError(f"--world_vocab: no such file {vocab_path}")
+  gguf_kinds = [k for k in args.gguf_types.split(",") if k]
+  tmp = tempfile.mkdtemp(prefix="bench_rwkv7_llama_")
+  try:
+    config, vocab, tensors, tokens = _random_parts()
+    model_path = os.path.join(tmp, "rwkv7-0.1b-random.npz")
+    model_file.write(model_path, config, vocab, tensors, tokens)
+    official = llama_cpp.official_state_dict(config, tensors)
+    pth = os.path.join(tmp, "rwkv7-0.1b-random.pth")
+    torch_files.write_state_dict(pth, official)
+    hf = os.path.join(tmp, "hf")
+    llama_cpp.write_hf_folder(hf, official, vocab_path)
+    start = time.perf_counter()
+    ggufs = llama.build_ggufs(hf, gguf_kinds, tmp)
+    say(f"GGUFs {', '.join(gguf_kinds)} built in "
+        f"{time.perf_counter() - start:.0f} s (load {load():.1f})")
+
+    say(f"check against the official reference ({args.check_steps} greedy "
+        "tokens):")
+    prompt = "The quick brown fox jumps over the lazy dog. In a hole"
+    reference = llama_cpp.official_reference(
+        args.convert_python, pth, vocab_path, prompt, args.check_steps)
+    ok = llama_cpp.check_conversion(llama, ggufs["F32"], reference, prompt,
+                                    say)
+    import rnnstep
+    ok &= llama_cpp.check_rnnstep(rnnstep.load(pth, vocab=vocab_path),
+                                  reference, say)
+    if not ok:
+      raise ConversionMismatch("the conversion does not match the official "
+                               "reference (above); nothing timed")
+
+    vocab_size = SHAPE["vocab"]
+    runners, sizes = {}, {}
+    for kind in gguf_kinds:
+      name = f"llama.cpp {kind}"
+      runners[name] = (lambda path: lambda: llama.bench(
+          path, args.threads, PREFILL_PROMPT, DECODE_STEPS, 3))(ggufs[kind])
+      sizes[name] = llama_cpp.bytes_a_token(llama.tensor_bytes(ggufs[kind]),
+                                            vocab_size)
+    for dtype in (d for d in args.rnnstep_weights_dtypes.split(",") if d):
+      name = f"rnnstep {dtype}"
+      try:
+        peer = RnnstepPeer(model_path, dtype)
+      except (TypeError, ValueError) as e:  # rnnstep's ArgumentError too.
+        say(f"  {name}: skipped, the installed rnnstep refuses it ({e})")
+        continue
+      first = peer.run()  # Traces or compiles each shape.
+      say(f"  {name}: warm-up round {first['tg']:.1f} tokens/s decode "
+          f"(load {load():.1f})")
+      runners[name], sizes[name] = peer.run, peer.bytes_a_token()
+
+    names = list(runners)
+    results = {name: [] for name in names}  # [{"tg": t/s, "pp": t/s}]
+    loads = []
+    try:
+      for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+          got = runners[name]()
+          # llama-bench's median of its 3 repetitions (rnnstep's one figure).
+          got = {k: statistics.median(v) if isinstance(v, list) else v
+                 for k, v in got.items()}
+          results[name].append(got)
+          loads.append(load())
+          say(f"  round {r} {name}: decode {got['tg']:.1f}, prefill "
+              f"{got['pp']:.0f} tokens/s (load {load():.1f})")
+    except KeyboardInterrupt:  # A long run cut short keeps its rounds.
+      say(f"  stopped in round {r}: the table holds the rounds done")
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+  say(f"load at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+      f"during the rounds {min(loads, default=0):.1f}-"
+      f"{max(loads, default=0):.1f}")
+  say("")
+  say(f"| engine, weights | bytes read a token | decode (tg{DECODE_STEPS}), "
+      f"tokens/s | prefill (pp{PREFILL_PROMPT}), tokens/s | decode vs "
+      "rnnstep float32 | prefill vs rnnstep float32 |")
+  say("|---|---|---|---|---|---|")
+  base = results.get("rnnstep float32")
+  for name in (n for n in names if results[n]):
+    cells = []
+    for key in ("tg", "pp"):
+      values = [round_[key] for round_ in results[name]]
+      cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}-"
+                   f"{max(values):.1f})")
+    for key in ("tg", "pp"):
+      # Paired: each round's ratio to rnnstep float32's in the same round.
+      ratios = [a[key] / b[key] for a, b in zip(results[name], base or [])]
+      cells.append(f"{statistics.median(ratios):.2f}x" if ratios else "")
+    say(f"| {name} | {sizes[name] / 1e6:.0f} MB | " + " | ".join(cells) + " |")
+  if args.markdown:
+    pathlib.Path(args.markdown).write_text("\n".join(lines) + "\n")
+
+
 def main():
   global STEPS
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -374,9 +581,36 @@ def main():
                       help="tokens generated a call")
   parser.add_argument("--markdown", default="",
                       help="also write the table to this file")
+  parser.add_argument("--llama_cpp_dir", default="",
+                      help="a llama.cpp tree built apart: run the llama.cpp "
+                      "comparison instead (see the docstring)")
+  parser.add_argument("--convert_python", default="",
+                      help="a Python with torch, transformers and the rwkv "
+                      "package (llama.cpp's converter, the reference)")
+  parser.add_argument("--world_vocab", default="",
+                      help="rwkv_vocab_v20230424.txt (default: the rwkv "
+                      "package's, found by --convert_python)")
+  parser.add_argument("--gguf_types", default="F32,F16,Q8_0",
+                      help="F32, F16 (converted) and llama-quantize types")
+  parser.add_argument("--rnnstep_weights_dtypes", default="float32",
+                      help="rnnstep.load's weights_dtype of each rnnstep "
+                      "variant (float32: the default load)")
+  parser.add_argument("--check_steps", type=int, default=40,
+                      help="greedy tokens the conversion check compares")
+  parser.add_argument("--threads", type=int, default=2,
+                      help="llama-bench's -t")
   args = parser.parse_args()
   STEPS = args.steps
   sys.path.insert(0, str(ROOT))
+  if args.llama_cpp_dir:
+    if not args.convert_python:
+      parser.error("--llama_cpp_dir needs --convert_python (a Python with "
+                   "torch, transformers and the rwkv package)")
+    try:
+      compare_llama_cpp(args)
+    except (FileNotFoundError, ConversionMismatch, RuntimeError) as e:
+      sys.exit(f"bench_rwkv7: {e}")  # llama_cpp.CommandFailed included.
+    return
   variants = [v for v in args.variants.split(",") if v]
   processes = [p for p in args.processes.split(",") if p]
   if any(v.startswith("keras_hub") for v in variants + processes) and (

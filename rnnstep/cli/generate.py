@@ -305,13 +305,19 @@ def main(argv):
       return 0
   except warm.NotServed as e:
     fill_key = e.fill_key
-    why_tensorflow = f"TensorFlow path: {e}" + (
-        "; building the compiled artifact in the background for the next run"
-        if fill_key else "")
+    why_tensorflow = f"TensorFlow path: {e}"
   with _open_output(_OUTPUT.value) as out:
     model = common.load_model(_MODEL.value, _DTYPE.value, _CORPUS.value,
                               _VOCAB.value, flag=_MODEL.name,
                               weights_dtype=_WEIGHTS_DTYPE.value)
+    if fill_key is not None:
+      refusal = _artifact_size_refusal(model, fill_key)
+      if refusal:
+        fill_key = None
+        why_tensorflow += f"; not building the compiled artifact: {refusal}"
+      else:
+        why_tensorflow += ("; building the compiled artifact in the "
+                           "background for the next run")
     from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
     note = paths.slower_dtype_note(_DTYPE.value)
     if note:  # The library logs it, but a tool's logging is quiet.
@@ -336,6 +342,24 @@ def main(argv):
     _flush_outputs()
     artifact_cache.spawn_fill(_model_path(), fill_key)
   return 0
+
+
+def _artifact_size_refusal(model, fill_key: dict):
+  """Why the compiled artifact of `model` is not built (its size or the
+  memory converting it needs: `cache.size_refusal`), or None. A size over
+  the cache's cap is recorded in the entry, as a refused export is."""
+  from rnnstep.engine import host  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  weight_bytes = 4 * sum(math.prod(w.shape) for w in
+                         tf.nest.flatten(model.network_weights()))
+  refusal, record = artifact_cache.size_refusal(
+      weight_bytes, host.available_memory_bytes())
+  if record:
+    with contextlib.suppress(OSError):
+      artifact_cache.ensure_directory()
+      artifact_cache.write_entry(fill_key, unsupported=refusal,
+                                 model_path=_model_path())
+  return refusal
 
 
 def _fresh_seed() -> int:

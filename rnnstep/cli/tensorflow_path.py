@@ -54,7 +54,8 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
   beams = decoding["num_beams"]
   # Beam search runs num_beams rows per prompt.
   batch = len(prompts) if beams == 1 else len(unique) * beams
-  jit_compile, which = _jit_compile(model, jit_compile, batch, num_steps)
+  jit_compile, which = _jit_compile(model, jit_compile, batch, num_steps,
+                                    len(unique) if beams > 1 else len(prompts))
   announce(which)
   common_args = dict(seed=seed, stop=stop or None, return_scores=True,
                      jit_compile=jit_compile, regex=regex)
@@ -100,13 +101,20 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
     raise _blame(model, prompts, stop, e, num_steps, flag_values) from None
 
 
-def _jit_compile(model, given, batch: int, num_steps: int):
+def _jit_compile(model, given, batch: int, num_steps: int, calls_rows: int):
   """The `jit_compile` to run, and a phrase saying which path and why.
 
   --jit_compile/--nojit_compile (`given`) when given, else the path for a
   process that generates once (`paths.one_shot_path`) over `batch` rows.
+  Where that is the graph path only because XLA's compile would cost more
+  than it saves, None: the library's XLA where the call's program is in
+  XLA's disk cache, else the graph path, compiling nothing
+  (`compiling.generate_once`; `calls_rows`, the rows `rnnstep.generate`
+  is given, must pick XLA there too); not for RWKV-7 (see below).
   """
+  from rnnstep.engine import compiling  # pylint: disable=g-import-not-at-top
   from rnnstep.engine import paths  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import network  # pylint: disable=g-import-not-at-top
   if given is not None:
     return given, (
         f"{paths.from_jit_compile(given)} path, as "
@@ -115,6 +123,13 @@ def _jit_compile(model, given, batch: int, num_steps: int):
   if path == paths.GRAPH and paths.default_path(model, batch) != path:
     which = (f"graph path: {num_steps} steps in float32, where "
              "compiling XLA would cost this one run more than it saves")
+    # A model that unrolls block by block (RWKV-7) lowers to so large an
+    # HLO that finding its program on disk (a trace and the lowering)
+    # costs a short run more than XLA saves it.
+    if (paths.default_path(model, calls_rows) == paths.XLA
+        and not network.unrolls_blockwise(model.config)):
+      compiling.generate_once()
+      return None, f"{which}; XLA where its disk cache holds the program"
   else:
     which = f"{path} path"
   return paths.jit_compile_of(path), which

@@ -5,7 +5,8 @@ is a function of logits and per-row tensors, so the loops in `rnnstep.engine`
 compose them and the references in tests/ check them alone.
 
   options      every decoding option, declared once (defaults, checks, flags)
-  processors   repetition penalty and the n-gram ban (look-back over ids)
+  processors   the repetition, frequency and presence penalties and the
+               n-gram ban (look-back over ids)
   sampling     temperature, top-k, top-p, min-p, typical and the seeded draw
   constraints  regex= as a DFA over the vocabulary, masked per row
   stopping     stop strings as an automaton over ids

@@ -17,10 +17,11 @@ the pipeline's one order). From `OPTIONS` derive:
     `pipeline.Invariants`.
 
 Per step the general loop applies, in HF `generate`'s order: the `[UNK]` ban,
-the look-back options (stage `HISTORY`: repetition penalty, n-gram ban), the
-temperature, then the filters (stage `FILTER`: top-k, top-p, min-p, typical-p),
-then one draw (`sampling.py`). A new option is one declaration here, its
-`apply` function, and its tests.
+the look-back options (stage `HISTORY`: repetition penalty, frequency and
+presence penalties in vLLM's `apply_penalties` order, n-gram ban), the
+temperature, then the filters (stage `FILTER`: top-k, top-p, min-p,
+typical-p), then one draw (`sampling.py`). A new option is one declaration
+here, its `apply` function, and its tests.
 
 `apply` names its function as "module:function" (resolved on first use):
 this module must stay TensorFlow-free, since the command-line tools build their
@@ -204,6 +205,23 @@ OPTIONS = (
            "negative one multiplied (the CTRL/HF rule; 1 = off).",
            active=lambda values, vocab_size: values != 1.0,
            apply="rnnstep.decoding.processors:penalize"),
+    # OpenAI's two additive penalties, as vLLM applies them: after the
+    # repetition penalty, frequency first, over the continuation's ids only
+    # (vLLM's `output_bin_counts`; the prompt is not counted).
+    Option("frequency_penalty", "float32", 0.0, 0.0, True,
+           _real(-2, 2, words="in [-2, 2] (0 = off)"), HISTORY,
+           "OpenAI's: each id's logit is lowered by frequency_penalty times "
+           "the times the continuation (not the prompt) holds it so far "
+           "(negative values favour repeats; 0 = off).",
+           active=lambda values, vocab_size: values != 0.0,
+           apply="rnnstep.decoding.processors:penalize_frequency"),
+    Option("presence_penalty", "float32", 0.0, 0.0, True,
+           _real(-2, 2, words="in [-2, 2] (0 = off)"), HISTORY,
+           "OpenAI's: the logit of each id the continuation (not the prompt) "
+           "holds so far is lowered by presence_penalty (negative values "
+           "favour repeats; 0 = off).",
+           active=lambda values, vocab_size: values != 0.0,
+           apply="rnnstep.decoding.processors:penalize_presence"),
     Option("no_repeat_ngram_size", "int32", 0, 0, False,
            _int(0, words="a non-negative integer (0 = off)"), HISTORY,
            "n > 0 bans any id that would complete an n-gram already in prompt "

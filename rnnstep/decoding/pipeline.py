@@ -5,8 +5,9 @@ the logits to a tail made here, which applies the declared options
 (`options.py`) in their one order and advances each row's bookkeeping:
 
   1. the `[UNK]` ban (`ban`: -inf at id 0 where the vocabulary has one);
-  2. the HISTORY options (repetition penalty, n-gram ban), under one
-     `tf.cond` on whether any row looks back (`look_back`);
+  2. the HISTORY options (repetition, frequency and presence penalties,
+     n-gram ban), under one `tf.cond` on whether any row looks back
+     (`look_back`);
   2b. the `regex=` constraint (`constrain`, under a `tf.cond` on whether any
      row has a pattern): -inf at the ids leading to a dead DFA state. After
      the look-back options and before the temperature and filters, where HF
@@ -97,7 +98,7 @@ class RowProgress(NamedTuple):
     stop_state: int32 `[B]`, the row's stop-automaton state.
     done: bool `[B]`, rows that have met a stop string.
     lengths: int32 `[B]`, ids generated in this call up to the row's end.
-    history: the `processors.History` (ids so far, penalty counts).
+    history: the `processors.History` (ids so far, the penalties' counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
     dfa_state: int32 `[B]`, the row's `constraints.Dfa` state.

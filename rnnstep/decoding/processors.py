@@ -1,27 +1,36 @@
-"""Logit processors that look back: repetition penalty and the n-gram ban.
+"""Logit processors that look back: the repetition, frequency and presence
+penalties and the n-gram ban.
 
-Both read each row's history (prompt + continuation), which the decode loop
+They read each row's history (prompt + continuation), which the decode loop
 keeps on device as a `History`:
 
-  ids     int32 `[B, L]`  the row's ids so far, from position 0;
-  length  int32 `[B]`     how many of them are valid;
-  counts  int32 `[B, V]`  occurrences of each id among the last
-                          `repetition_window` ids (all of them for 0).
+  ids        int32 `[B, L]`  the row's ids so far, from position 0;
+  length     int32 `[B]`     how many of them are valid;
+  counts     int32 `[B, V]`  occurrences of each id among the last
+                             `repetition_window` ids (all of them for 0);
+  generated  int32 `[B, V]`  occurrences of each id in the continuation
+                             (the ids after the prompt).
 
 The counts move with the window: the id entering and the id leaving it (read
-from `ids`), so the penalty costs O(B·V) per step and no sort.
+from `ids`), so the penalty costs O(B·V) per step and no sort; `generated`
+only gains the id entering.
 
 Rules (as HF `RepetitionPenaltyLogitsProcessor` and
-`NoRepeatNGramLogitsProcessor`; see docs/dev/decoding-options.md):
+`NoRepeatNGramLogitsProcessor`, and vLLM's `apply_penalties` for OpenAI's two;
+see docs/dev/decoding-options.md):
 
   - repetition penalty θ: for every distinct id in the window,
     `logit / θ if logit > 0 else logit * θ` (θ > 1 discourages repeats);
+  - frequency penalty f, then presence penalty p (OpenAI's definition, in
+    vLLM's order, after θ): `logit - f * c` and then `- p * (c > 0)`, c the
+    id's count in the continuation. As vLLM (`output_bin_counts`), the
+    prompt's ids are not counted, unlike θ's window;
   - no-repeat n-gram size n: an id that would complete an n-gram already
     present in the history gets -inf.
 
-Both are declared in `options.py` (stage HISTORY); neither does any work, nor
-keeps a history, for a request whose rows all have θ = 1 and n = 0: the loop
-asks `pipeline.looks_back` and skips both under `tf.cond`.
+All are declared in `options.py` (stage HISTORY); none does any work, nor
+keeps a history, for a request whose rows all have θ = 1, f = p = 0 and
+n = 0: the loop asks `pipeline.looks_back` and skips them under `tf.cond`.
 """
 
 from typing import NamedTuple
@@ -56,6 +65,7 @@ class History(NamedTuple):
   ids: tf.Tensor
   length: tf.Tensor
   counts: tf.Tensor
+  generated: tf.Tensor
 
 
 def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
@@ -94,7 +104,7 @@ def start(prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, vocab_size: int,
             tf.zeros([batch, vocab_size], tf.int32))
 
   ids, counts = tf.cond(use, filled, empty)
-  return History(ids, prompt_lengths, counts)
+  return History(ids, prompt_lengths, counts, tf.zeros_like(counts))
 
 
 def append(history: History, new_ids: tf.Tensor, settings: Settings) -> History:
@@ -106,14 +116,15 @@ def append(history: History, new_ids: tf.Tensor, settings: Settings) -> History:
   position = tf.minimum(history.length, last)
   ids = tf.tensor_scatter_nd_update(history.ids, tf.stack([rows, position], 1),
                                     new_ids)
-  counts = history.counts + tf.one_hot(new_ids, vocab_size, dtype=tf.int32)
+  new = tf.one_hot(new_ids, vocab_size, dtype=tf.int32)
+  counts = history.counts + new
   window = settings.repetition_window  # [] or [B]: broadcasts either way.
   leaving_at = history.length - window
   leaving = tf.gather(ids, tf.clip_by_value(leaving_at, 0, last), batch_dims=1)
   leaves = (window > 0) & (leaving_at >= 0)
   counts -= (tf.one_hot(leaving, vocab_size, dtype=tf.int32)
              * tf.cast(leaves, tf.int32)[:, None])
-  return History(ids, history.length + 1, counts)
+  return History(ids, history.length + 1, counts, history.generated + new)
 
 
 def penalize(logits: tf.Tensor, penalty: tf.Tensor, history: History,
@@ -134,6 +145,42 @@ def penalize(logits: tf.Tensor, penalty: tf.Tensor, history: History,
   theta = penalty[:, None]
   penalized = tf.where(logits > 0, logits / theta, logits * theta)
   return tf.where(seen & (theta != 1.0), penalized, logits)
+
+
+def penalize_frequency(logits: tf.Tensor, penalty: tf.Tensor,
+                       history: History, settings: Settings) -> tf.Tensor:
+  """OpenAI's frequency penalty on logits `[B, V]` (after the repetition
+  penalty): `logits - f * count`, count over the continuation only.
+
+  Args:
+    logits: float32 `[B, V]`.
+    penalty: float32 `[B]`, f per row (0 = off).
+    history: the rows' `History` (its `generated` counts).
+    settings: the `Settings` (unused).
+
+  Returns:
+    float32 `[B, V]`.
+  """
+  del settings
+  return logits - penalty[:, None] * tf.cast(history.generated, tf.float32)
+
+
+def penalize_presence(logits: tf.Tensor, penalty: tf.Tensor,
+                      history: History, settings: Settings) -> tf.Tensor:
+  """OpenAI's presence penalty on logits `[B, V]` (after the frequency
+  penalty): `logits - p` on every id the continuation holds (not the prompt's).
+
+  Args:
+    logits: float32 `[B, V]`.
+    penalty: float32 `[B]`, p per row (0 = off).
+    history: the rows' `History` (its `generated` counts).
+    settings: the `Settings` (unused).
+
+  Returns:
+    float32 `[B, V]`.
+  """
+  del settings
+  return logits - penalty[:, None] * tf.cast(history.generated > 0, tf.float32)
 
 
 def ban_ngrams(logits: tf.Tensor, n: tf.Tensor, history: History,

@@ -1,7 +1,8 @@
 """Beam search inside the one on-device loop.
 
 Standard beam search of width k over the log-probabilities of the processed
-logits (`[UNK]` ban, repetition penalty, n-gram ban; then log-softmax), as HF
+logits (`[UNK]` ban, the look-back options: repetition, frequency and
+presence penalties, n-gram ban; then log-softmax), as HF
 `generate(num_beams=k, do_sample=False)`. Temperature, top-k/p, min-p and the
 seed do not apply. Beams are rows: prompt p's beams are rows p*k .. p*k+k-1.
 

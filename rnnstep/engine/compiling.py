@@ -50,11 +50,9 @@ import sys
 import threading
 import time
 import weakref
-from typing import Hashable
 
 from absl import logging
 import numpy as np
-import tensorflow as tf
 
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
@@ -66,24 +64,8 @@ from rnnstep.engine import xla_cache
 MAX_PROGRAMS = 64
 
 
-def shape_key(args, name: str = "serve_fn") -> Hashable:
-  """What XLA compiles a call's program for: the function, the shape of
-  every argument, and the values XLA takes as constants (`request.capacity`,
-  the output buffer's length; the history's length; a window's length; the
-  beam width).
-
-  Args:
-    args: the function's arguments but the weights (a request first).
-    name: the compiled function (`Programs`' attribute).
-  """
-  request = args[0]
-  constants = [int(request.capacity), int(request.lookback.history_length)]
-  if name.startswith("window"):
-    constants.append(int(args[-1]))
-  if name == "beam_fn":
-    constants.append(int(request.beams.num_beams))
-  return (name, tuple(np.shape(x) for x in tf.nest.flatten(args)),
-          tuple(constants))
+# What XLA compiles a call's program for (the server's calls use it too).
+shape_key = generator_lib.shape_key
 
 
 class Compiler:
@@ -104,11 +86,6 @@ class Compiler:
     self._queue = collections.OrderedDict()
     self._compiling = None  # The key being compiled now.
     self._thread = None
-    # (programs, name) to trace, in the order they were asked for, on a
-    # thread of their own (`_trace_work`, see `wait_traced`).
-    self._to_trace = collections.deque()
-    self._tracer = None
-    self._traced = threading.Condition(self._lock)
 
   def ready(self, key) -> bool:
     """Whether the program of `key` (`shape_key`) is compiled."""
@@ -159,15 +136,6 @@ class Compiler:
         # One step is all a compile needs (the steps are not a constant).
         args = (request._replace(num_steps=np.int32(1)),) + tuple(args[1:])
         self._queue[key] = (generator, name, args, owner)
-        programs = generator.programs
-        if (not programs.traced(name)
-            and (programs, name) not in self._to_trace):
-          self._to_trace.append((programs, name))
-          if self._tracer is None:
-            _exit_at_once_while_compiling()
-            self._tracer = threading.Thread(target=self._trace_work,
-                                            daemon=True, name="rnnstep-trace")
-            self._tracer.start()
       if first:
         self._queue.move_to_end(key, last=False)
       if self._thread is None:
@@ -176,39 +144,6 @@ class Compiler:
                                         name="rnnstep-compile")
         self._thread.start()
       return True
-
-  def wait_traced(self) -> None:
-    """Waits until the functions queued so far are traced.
-
-    TensorFlow names the functions inside a program by a process-wide
-    counter, and XLA's disk cache (`xla_cache.py`) finds a program only by
-    an equal HLO, names included: so traces run one at a time in the order
-    they were asked for. A caller about to trace a function of its own
-    (the graph path's first call of it) waits here first; a trace takes
-    seconds at most, never a compile (`_trace_work` runs apart from them).
-    """
-    with self._lock:
-      while self._to_trace:
-        self._traced.wait()
-
-  def _trace_work(self) -> None:
-    while True:
-      with self._lock:
-        if not self._to_trace:
-          self._tracer = None
-          self._traced.notify_all()
-          return
-        programs, name = self._to_trace[0]
-        _COMPILING.add(self)
-      try:
-        programs.concrete(name)
-      except Exception:  # pylint: disable=broad-except
-        pass  # Its compile fails and says why.
-      with self._lock:
-        self._to_trace.popleft()
-        self._traced.notify_all()
-        if self._compiling is None:
-          _COMPILING.discard(self)
 
   def forget(self, owner) -> None:
     """Drops the shapes `owner` queued that are not being compiled yet."""
@@ -225,31 +160,37 @@ class Compiler:
         key, (generator, name, args, _) = self._queue.popitem(last=False)
         self._compiling = key
         _COMPILING.add(self)
-        while (generator.programs, name) in self._to_trace:
-          self._traced.wait()  # Traced in its turn (`wait_traced`).
       started = time.monotonic()
       try:
-        generator.call(name, *args)
-        done = self._ready
-        logging.info("compiled an XLA program (%s) in %.1f s", name,
-                     time.monotonic() - started)
+        # Held for the call: the generator keeps only a weak reference.
+        model = getattr(generator, "model", True)
+        if model is None:
+          # Its model was freed while the shape waited: nothing to compile
+          # with, and nothing wrong with the shape (another model of the
+          # architecture may ask for it again).
+          done = None
+        else:
+          generator.call(name, *args)
+          done = self._ready
+          logging.info("compiled an XLA program (%s) in %.1f s", name,
+                       time.monotonic() - started)
       except Exception as e:  # pylint: disable=broad-except
         # Its calls stay on the graph path, which gives the same text.
         logging.warning("compiling an XLA program (%s) failed (its calls "
                         "stay on the graph path): %s", name,
                         str(e).splitlines()[0][:300] if str(e) else e)
         done = self._failed
-      del generator, args
+      del generator, args, model
       with self._lock:
-        done.add(key)
+        if done is not None:
+          done.add(key)
         self._compiling = None
-        if self._tracer is None:
-          _COMPILING.discard(self)
+        _COMPILING.discard(self)
 
 
 _COMPILERS = weakref.WeakKeyDictionary()
 _COMPILERS_LOCK = threading.Lock()
-# Compilers whose thread is inside a compile now.
+# Compilers whose thread is inside a compile (or its trace) now.
 _COMPILING = weakref.WeakSet()
 _EXIT_HANDLER = []
 
@@ -333,15 +274,23 @@ class Background:
   the graph path's function with the same arguments while the `Compiler`
   compiles it (`MAX_PROGRAMS` at most; past that, the graph path).
 
+  In a process that generates once (`generate_once`: rnnstep-generate),
+  nothing is compiled (the process would not live to use it): a call runs
+  under XLA where its program is in XLA's disk cache (`xla_cache.has_program`,
+  loaded in seconds), else on the graph path, with the graph path's exact
+  shapes when the generation's first call is not on disk.
+
   Args:
     model: the `rnnstep.Model`.
+    compiles: whether calls not compiled queue their compile.
   """
 
-  def __init__(self, model):
+  def __init__(self, model, compiles: bool = True):
     xla_cache.prune_once()  # Before TensorFlow loads a program from it.
     self.xla = generator_lib.cached(model, paths.XLA)
     self.graph = generator_lib.cached(model, paths.GRAPH)
     self.compiler = for_programs(self.xla.programs)
+    self.compiles = compiles
     self.path = paths.XLA
     self.jit_compile = True
     # Requests are built with XLA's prompt widths, which the graph path
@@ -359,27 +308,64 @@ class Background:
   def generate_ids(self, prompts, num_steps, options, *, strategy=None):
     """`host.generate_ids` through `call` (no strategy)."""
     assert strategy is None, "a strategy's replicas run XLA in the foreground"
+    if not self.compiles and not self._first_on_disk(prompts, num_steps,
+                                                     options):
+      return host.generate_ids(self.graph, prompts, num_steps, options)
     return host.generate_ids(self, prompts, num_steps, options)
 
   def stream_ids(self, prompts, num_steps, chunk_size, options):
     """`host.stream_ids` through `call`."""
+    if not self.compiles and not self._first_on_disk(
+        prompts, min(chunk_size, num_steps), options,
+        capacity_steps=chunk_size, total_steps=num_steps):
+      return host.stream_ids(self.graph, prompts, num_steps, chunk_size,
+                             options)
     return host.stream_ids(self, prompts, num_steps, chunk_size, options)
+
+  def _first_on_disk(self, prompts, num_steps, options,
+                     **buffer_steps) -> bool:
+    """Whether the first call of a generation (its request as `host` builds
+    it for XLA) has its program compiled or on disk."""
+    if not (self.compiler.compiled or xla_cache.has_programs(
+        self.programs.index_prefix())):
+      return False  # Nothing of this model's: no request built for XLA.
+    request = host.build_request(self, prompts, num_steps, options,
+                                 **buffer_steps)
+    if options.num_beams > 1:
+      return self._xla_ready(shape_key((request,), "beam_fn"))
+    if options.window:
+      return self._xla_ready(shape_key(
+          (request, np.int32(options.window)), "window_fn"))
+    return self._xla_ready(shape_key((request,), "generate_fn"))
+
+  def _xla_ready(self, key) -> bool:
+    """Whether `key`'s XLA program runs without compiling: compiled here,
+    or (where this generator compiles nothing) on disk."""
+    if self.compiler.ready(key) or self.programs.compiled(key):
+      return True
+    return not self.compiles and xla_cache.has_program(
+        self.programs.program_key(key))
 
   def call(self, name: str, *args):
     """`Generator.call` on XLA if its program is ready, else on the graph
     path, queueing the program's compile."""
     key = shape_key(args, name)
-    if self.compiler.ready(key):
+    if self._xla_ready(key):
       return self.xla.call(name, *args)
-    if not self.graph.programs.traced(name):
-      self.compiler.wait_traced()  # The traces in their order (see there).
     result = self.graph.call(name, *args)
-    if not self.compiler.failed(key):
+    if self.compiles and not self.compiler.failed(key):
       self.compiler.want(key, self.xla, args, first=True, name=name)
     return result
 
 
 _BACKGROUND = weakref.WeakKeyDictionary()
+_GENERATES_ONCE = []
+
+
+def generate_once() -> None:
+  """Says this process generates once and exits (rnnstep-generate): its
+  `Background`s compile nothing and take XLA only for programs on disk."""
+  _GENERATES_ONCE[:] = [True]
 
 
 def background(model) -> Background:
@@ -387,5 +373,6 @@ def background(model) -> Background:
   `generator.cached`'s generators are)."""
   found = _BACKGROUND.get(model)
   if found is None:
-    found = _BACKGROUND[model] = Background(model)
+    found = _BACKGROUND[model] = Background(
+        model, compiles=not _GENERATES_ONCE)
   return found

@@ -19,9 +19,13 @@ by chunk with the state carried on device between calls; the sampling noise is
 keyed by the global step, so the chunks join into exactly the one-shot text.
 """
 
+import contextlib
+import hashlib
+import threading
 import weakref
-from typing import Iterator, Sequence
+from typing import Hashable, Iterator, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from rnnstep.decoding import pipeline
@@ -98,6 +102,47 @@ class Programs(tf.Module):
         weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
         carry_spec.state])
     self._concrete_functions = {}
+    # Under XLA, the `shape_key`s called here (their programs compiled).
+    self._compiled = set()
+
+  def compiled(self, key) -> bool:
+    """Whether the program of `key` (`shape_key`) was called in this
+    process (XLA: compiled, or loaded from XLA's disk cache)."""
+    return key in self._compiled
+
+  def index_prefix(self) -> str:
+    """What every key of these programs in XLA's program index starts with
+    (`program_key`): a digest of the architecture, path and TensorFlow's
+    thread pools (XLA's programs are compiled for them)."""
+    text = repr((self.architecture, self.path,
+                 tf.config.threading.get_intra_op_parallelism_threads(),
+                 tf.config.threading.get_inter_op_parallelism_threads()))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+  def program_key(self, key) -> str:
+    """What XLA's program index (`xla_cache.record_program`) knows the
+    program of `key` (`shape_key`) by, in every process: `index_prefix`,
+    then a digest of the function and shapes."""
+    return self.index_prefix() + hashlib.sha256(
+        repr(key).encode("utf-8")).hexdigest()[:16]
+
+  def call(self, name: str, weights, *args):
+    """Calls the concrete function `name`; under XLA, the first call of a
+    shape in this process records the program's files in XLA's program
+    index (`xla_cache.record_program`)."""
+    concrete = self.concrete(name)
+    if not self.jit_compile:
+      return concrete(weights, *args)
+    key = shape_key(args, name)
+    if key in self._compiled:
+      return concrete(weights, *args)
+    before = xla_cache.entry_names()
+    result = concrete(weights, *args)
+    self._compiled.add(key)
+    written = xla_cache.entry_names() - before
+    if written:  # Compiled here, not loaded from the disk cache.
+      xla_cache.record_program(self.program_key(key), written)
+    return result
 
   def traced(self, name: str) -> bool:
     """Whether `concrete(name)` has been traced."""
@@ -112,7 +157,8 @@ class Programs(tf.Module):
     """
     concrete = self._concrete_functions.get(name)
     if concrete is None:
-      concrete = getattr(self, name).get_concrete_function()
+      with stable_names(f"{self.architecture!r}/{self.path}/{name}"):
+        concrete = getattr(self, name).get_concrete_function()
       self._concrete_functions[name] = concrete
     return concrete
 
@@ -250,6 +296,104 @@ class Programs(tf.Module):
     return window_lib.run_decode(self._network(weights), request, carry, window)
 
 
+# TensorFlow names a traced function and every function inside it (loop
+# bodies, branches) by a process-wide counter (`ops.uid`), and the names are
+# in the HLO that XLA's disk cache (`xla_cache.py`) keys a program on: so a
+# program traced after other work (another function, another path) had
+# other names and was compiled again in the next process. `stable_names`
+# numbers one trace's names from a base of its own, the same in every
+# process: a digest of what is traced, spaced `_NAME_SPACING` apart.
+_NAME_SPACING = 1 << 20
+_NAME_BASE = 1 << 52
+_name_lock = threading.Lock()
+_name_ranges = []  # [start, end) of the numbers each stable trace used.
+_name_counter = threading.local()  # `.next`: the tracing thread's numbers.
+_name_patched = []  # [whether TensorFlow's counter could be wrapped]
+
+
+def _uid(original):
+  def uid():
+    numbers = getattr(_name_counter, "next", None)
+    return original() if numbers is None else next(numbers)
+  return uid
+
+
+@contextlib.contextmanager
+def stable_names(description: str):
+  """Numbers the names of what this thread traces inside from a base given
+  by `description` (what is traced: architecture, path, function), so the
+  same trace has the same names in every process.
+
+  Other threads keep TensorFlow's counter. A base whose numbers this
+  process used already (the same function traced again) or that would
+  overlap another trace's is not used: that trace keeps TensorFlow's names
+  (its program is compiled again in the next process, nothing worse).
+  """
+  if getattr(_name_counter, "next", None) is not None:
+    yield  # Inside another stable trace: its numbers.
+    return
+  digest = int(hashlib.sha256(description.encode("utf-8")).hexdigest(), 16)
+  base = _NAME_BASE + digest % (1 << 30) * _NAME_SPACING
+  with _name_lock:
+    free = not any(start < base + _NAME_SPACING and base < end
+                   for start, end in _name_ranges)
+    if not _name_patched:  # Once: TensorFlow's counter, this thread's.
+      try:
+        from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+        ops.uid = _uid(ops.uid)
+        _name_patched.append(True)
+      except (ImportError, AttributeError):
+        _name_patched.append(False)
+    free = free and _name_patched[0]
+    if free:
+      used = [base, base + _NAME_SPACING]
+      _name_ranges.append(used)
+  if not free:
+    yield
+    return
+  # A thread's first use of TensorFlow's default graph makes it, taking a
+  # number: taken here, before the trace, on any thread.
+  tf.compat.v1.get_default_graph()
+  numbers = _name_counter.next = _Counting(base)
+  try:
+    yield
+  finally:
+    _name_counter.next = None
+    with _name_lock:
+      used[1] = max(used[1], numbers.last + 1)
+
+
+class _Counting:
+  """Numbers from `start` up, remembering the last one given."""
+
+  def __init__(self, start: int):
+    self.last = start - 1
+
+  def __next__(self) -> int:
+    self.last += 1
+    return self.last
+
+
+def shape_key(args, name: str = "serve_fn") -> Hashable:
+  """What XLA compiles a call's program for: the function, the shape of
+  every argument, and the values XLA takes as constants (`request.capacity`,
+  the output buffer's length; the history's length; a window's length; the
+  beam width).
+
+  Args:
+    args: the function's arguments but the weights (a request first).
+    name: the compiled function (`Programs`' attribute).
+  """
+  request = args[0]
+  constants = [int(request.capacity), int(request.lookback.history_length)]
+  if name.startswith("window"):
+    constants.append(int(args[-1]))
+  if name == "beam_fn":
+    constants.append(int(request.beams.num_beams))
+  return (name, tuple(np.shape(x) for x in tf.nest.flatten(args)),
+          tuple(constants))
+
+
 def state_sizes_of(config):
   """Per layer, the widths of its state tensors; a recomputed model's state
   is its window's ids (`recompute.state_sizes`)."""
@@ -362,8 +506,9 @@ class Generator(tf.Module):
     return self.model.network_weights()
 
   def call(self, name: str, *args):
-    """Calls the compiled function `name` through its one concrete function."""
-    return self.programs.concrete(name)(self._network_weights(), *args)
+    """Calls the compiled function `name` through its one concrete function
+    (`Programs.call`)."""
+    return self.programs.call(name, self._network_weights(), *args)
 
   def state_sizes(self):
     """Per layer, the widths of its state tensors (`state_sizes_of`)."""

@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from rnnstep.decoding import constraints
+from rnnstep.decoding import options as options_lib
 from rnnstep.decoding import processors
 from rnnstep.decoding import sampling as sampling_lib
 from rnnstep.decoding import stopping
@@ -179,7 +180,7 @@ class Carry(NamedTuple):
     step: int32 `[]`, the global step the continuation starts at (`[B]`,
       one per row, for the serving engine's `Programs.serve_fn`: the noise
       of step t of a row is keyed by its own position, `sampling.py`).
-    history: the `processors.History` (ids so far and penalty counts).
+    history: the `processors.History` (ids so far and the penalties' counts).
     scores: float32 `[B]`, each row's log-likelihood so far (0 unless the
       request wants scores).
     dfa_state: int32 `[B]`, each row's `constraints.Dfa` state.
@@ -287,6 +288,7 @@ def carry_spec(state_sizes, vocab_size: int, *,
       history=processors.History(
           tf.TensorSpec([None, None], tf.int32),
           tf.TensorSpec(rows, tf.int32),
+          tf.TensorSpec([None, vocab_size], tf.int32),
           tf.TensorSpec([None, vocab_size], tf.int32)),
       scores=tf.TensorSpec(rows, tf.float32),
       dfa_state=tf.TensorSpec(rows, tf.int32))
@@ -483,7 +485,11 @@ def build(prompts: Prompts, num_steps, options: Options, *, seeds: Seeds,
                           if chunked_prompts else
                           ops.bucket(ops.columns(ids), MIN_WIDTH))
   ngram = ops.array(options.no_repeat_ngram_size, tf.int32)
-  looks_back = ops.any(params.repetition_penalty != 1.0) | ops.any(ngram > 0)
+  looks_back = ops.any(ngram > 0)
+  for option in options_lib.HISTORY_OPTIONS:
+    if option.per_row:  # Their `active` reads no vocabulary size.
+      looks_back = looks_back | ops.any(
+          option.active(getattr(params, option.name), None))
   steps = num_steps if total_steps is None else ops.array(total_steps,
                                                           tf.int32)
   history_length = ops.where(

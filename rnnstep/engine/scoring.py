@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from rnnstep.decoding import pipeline
 from rnnstep.decoding import sampling
+from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
 from rnnstep.engine import recompute
@@ -140,9 +141,10 @@ def function(model, path: str, windowed: bool) -> network_lib.BoundFunction:
     specs = [model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
              (tf.TensorSpec([], tf.int32) if windowed
               else network_lib.state_spec(model))]
-    return tf.function(over_windows if windowed else stepped,
-                       jit_compile=path == paths.XLA, autograph=False,
-                       input_signature=specs)
+    return _traced(tf.function(over_windows if windowed else stepped,
+                               jit_compile=path == paths.XLA,
+                               autograph=False, input_signature=specs),
+                   architecture, name)
 
   name = f"loglikelihood/{path}/{'windows' if windowed else 'stepped'}"
   return network_lib.BoundFunction(
@@ -163,16 +165,26 @@ def prefix_function(model, path: str) -> network_lib.BoundFunction:
                                 mask)
       return state
 
-    return tf.function(prefix_state, jit_compile=path == paths.XLA,
-                       autograph=False, input_signature=[
-                           model.weights_spec(),
-                           tf.TensorSpec([None, None], tf.int32),
-                           tf.TensorSpec([None, None], tf.bool)])
+    return _traced(tf.function(prefix_state, jit_compile=path == paths.XLA,
+                               autograph=False, input_signature=[
+                                   model.weights_spec(),
+                                   tf.TensorSpec([None, None], tf.int32),
+                                   tf.TensorSpec([None, None], tf.bool)]),
+                   architecture, name)
 
+  name = f"loglikelihood/{path}/prefix"
   return network_lib.BoundFunction(
-      network_lib.shared_function(architecture,
-                                  f"loglikelihood/{path}/prefix", build),
+      network_lib.shared_function(architecture, name, build),
       model.network_weights)
+
+
+def _traced(function, architecture, name: str):
+  """`function` (of one input signature) traced now, its names numbered as
+  the generation programs' are (`generator.stable_names`), so its XLA
+  programs are found in XLA's disk cache by the next process."""
+  with generator_lib.stable_names(f"{architecture!r}/{name}"):
+    function.get_concrete_function()
+  return function
 
 
 def _network(architecture, weights, path):

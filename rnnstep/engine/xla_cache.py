@@ -21,7 +21,11 @@ the TensorFlow version, rnnstep's version and the CPU (model name and
 `cpu.FEATURES`): a program compiled for one CPU's instructions is machine
 code another CPU may not run. rnnstep's sources need no key of their own:
 TensorFlow compares the whole HLO of an entry with the one it lowered
-(changed code is another program).
+(changed code is another program). The HLO holds the names TensorFlow gave
+the traced functions from a process-wide counter, so a program would be
+found again only by a process that traced in the same order:
+`generator.stable_names` numbers each trace of a `Programs` function from a
+base of its own, the same in every process.
 
 What TensorFlow checks: the entry's key (signature and HLO fingerprint,
 device type) and, strictly, that its HLO equals the lowered one; then it
@@ -37,6 +41,18 @@ place: a process killed while writing leaves a truncated file; checked
 once per file, `_complete`, and remembered by size and time in
 `checked.json`).
 
+Which programs are on disk: TensorFlow's file names are digests only a
+compile can make, so when rnnstep's call of a shape compiles a program
+(`generator.Programs`) it records the files that appeared under a key of
+its own (`record_program`: the architecture, path, function, shapes and
+threads) in `programs.json` beside them, written whole (a temp file
+renamed) under a lock on the folder. A process that generates once
+(rnnstep-generate) asks `has_program` before choosing XLA over the graph
+path (`compiling.Background`). The index is read as the entries are
+trusted: ours, not writable by others, at most `MAX_INDEX_BYTES`, every
+name a TensorFlow entry's; a key whose files are gone (pruned) is not
+there.
+
 Bounded as the LiteRT artifacts are: at each process's `enable`, entries
 are removed least recently used first (by access or modification time)
 until they hold at most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`).
@@ -48,8 +64,9 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
-from typing import Optional
+from typing import Iterable, Optional, Set
 
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
@@ -61,6 +78,9 @@ FLAG = "--tf_xla_persistent_cache_directory="
 # bundled model's program is about 1 MB.
 max_bytes = tuning_cache.max_bytes
 CHECKED_FILE = "checked.json"
+INDEX_FILE = "programs.json"
+# ~150 bytes a program: thousands of programs, far more than the cap holds.
+MAX_INDEX_BYTES = 1 << 20
 _ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
 
 _lock = threading.Lock()
@@ -214,7 +234,7 @@ def prune(folder: str, cap: Optional[int] = None) -> None:
   kept, now_checked = [], {}
   for name in os.listdir(folder):
     path = os.path.join(folder, name)
-    if name == CHECKED_FILE or name.startswith("."):
+    if name in (CHECKED_FILE, INDEX_FILE) or name.startswith("."):
       continue  # Ours, or another process's `staging` temp file.
     try:
       st = os.lstat(path)
@@ -239,7 +259,106 @@ def prune(folder: str, cap: Optional[int] = None) -> None:
         os.unlink(os.path.join(folder, name))
       del now_checked[name]
   if now_checked != checked:
-    from rnnstep import staging  # pylint: disable=g-import-not-at-top
-    with staging.staged_path(checked_path, mode=0o600) as tmp:
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(now_checked, f, sort_keys=True)
+    _write_json(checked_path, dict(sorted(now_checked.items())))
+  with _locked(folder):
+    index = _read_index(folder)
+    kept = {key: files for key, files in index.items()
+            if all(name in now_checked for name in files)}
+    if kept != index:
+      _write_json(os.path.join(folder, INDEX_FILE), kept)
+
+
+def _write_json(path: str, value: dict) -> None:
+  """Writes `value` to `path` whole (a temp file renamed), owner-only, in
+  its order."""
+  from rnnstep import staging  # pylint: disable=g-import-not-at-top
+  with staging.staged_path(path, mode=0o600) as tmp:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(value, f)
+
+
+@contextlib.contextmanager
+def _locked(folder: str):
+  """Holds an exclusive lock on `folder` (the index's read and write)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  fd = os.open(folder, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # Releases the lock.
+
+
+def _read_index(folder: str) -> dict:
+  """`programs.json` (key -> TensorFlow's file names), or {} where it is
+  missing, not ours, writable by others, too long or not such a map."""
+  path = os.path.join(folder, INDEX_FILE)
+  try:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+  except OSError:
+    return {}
+  with os.fdopen(fd, "rb") as f:
+    st = os.fstat(f.fileno())
+    if (st.st_uid != os.getuid() or st.st_mode & 0o022
+        or not stat.S_ISREG(st.st_mode)
+        or st.st_size > MAX_INDEX_BYTES):
+      return {}
+    data = f.read(MAX_INDEX_BYTES + 1)
+  try:
+    index = json.loads(data.decode("utf-8"))
+  except ValueError:
+    return {}
+  if not isinstance(index, dict) or not all(
+      isinstance(key, str) and isinstance(files, list) and files
+      and all(isinstance(n, str) and _ENTRY.match(n) for n in files)
+      for key, files in index.items()):
+    return {}
+  return index
+
+
+def entry_names() -> Set[str]:
+  """TensorFlow's entries in the folder now (none where the cache is off)."""
+  folder = _enabled[0] if _enabled else None
+  if folder is None:
+    return set()
+  try:
+    return {name for name in os.listdir(folder) if _ENTRY.match(name)}
+  except OSError:
+    return set()
+
+
+def record_program(key: str, files: Iterable[str]) -> None:
+  """Records that the program of `key` (the caller's digest of what it
+  compiled) is in `files`, the entries its compile wrote."""
+  folder = _enabled[0] if _enabled else None
+  files = sorted(files)
+  if folder is None or not files:
+    return
+  try:
+    with _locked(folder):
+      index = _read_index(folder)
+      index.pop(key, None)
+      index[key] = files  # Last: the first kept when the index is full.
+      while (len(index) > 1 and len(json.dumps(index)) > MAX_INDEX_BYTES):
+        del index[next(iter(index))]
+      _write_json(os.path.join(folder, INDEX_FILE), index)
+  except OSError as e:
+    _warn("XLA's program index was not written: %s", e)
+
+
+def has_programs(prefix: str) -> bool:
+  """Whether any program whose key starts with `prefix` is recorded."""
+  folder = enable()
+  return folder is not None and any(
+      key.startswith(prefix) for key in _read_index(folder))
+
+
+def has_program(key: str) -> bool:
+  """Whether the program of `key` is on disk: recorded, and its files are
+  there."""
+  folder = enable()
+  if folder is None:
+    return False
+  files = _read_index(folder).get(key)
+  return bool(files) and all(
+      os.path.isfile(os.path.join(folder, name)) for name in files)

@@ -11,6 +11,7 @@ Keras) can serve it. Signatures:
                   -> {"text": string [B]}
   generate_decoding(prompts, num_steps, seed + one scalar input per served
                   decoding option of `options.py`: repetition_penalty,
+                  frequency_penalty, presence_penalty,
                   no_repeat_ngram_size, repetition_window, temperature,
                   top_k, top_p, min_p, typical_p, num_beams, length_penalty)
                   -> {"text": string [B], "logprob": float32 [B]}

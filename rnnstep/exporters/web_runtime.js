@@ -403,7 +403,8 @@ var rnnstep = (function () {
      * @param {string} prompt at least one character of the vocabulary.
      * @param {number} numChars characters to generate.
      * @param {object} options temperature, top_k, top_p, min_p, typical_p,
-     *   repetition_penalty, repetition_window, no_repeat_ngram_size, window,
+     *   repetition_penalty, frequency_penalty, presence_penalty,
+     *   repetition_window, no_repeat_ngram_size, window,
      *   stop (a string or a list), seed (null: random).
      * @throws {RnnstepError} a bad argument, before anything is generated.
      */
@@ -422,14 +423,17 @@ var rnnstep = (function () {
       const counts = new Int32Array(V);
       const first = s.repetition_window > 0 ? history.length - s.repetition_window : 0;
       for (let p = Math.max(first, 0); p < history.length; p++) counts[history[p]]++;
+      // The frequency and presence penalties' counts: the continuation's ids.
+      const generated = new Int32Array(V);
       const stops = s.stops;
       for (let t = 0; t < numChars; t++) {
         if (s.window) this._windowLogits(history, s.window, logits);
-        const id = this._choose(logits, scores, bits, s, history, counts, t);
+        const id = this._choose(logits, scores, bits, s, history, counts, generated, t);
         // processors.append: the window's counts follow the new id.
         const leaving = history.length - s.repetition_window;
         history.push(id);
         counts[id]++;
+        generated[id]++;
         if (s.repetition_window > 0 && leaving >= 0) counts[history[leaving]]--;
         yield this.vocab[id];
         if (stops.length && this._stopped(history, s.promptIds.length, stops)) return;
@@ -450,7 +454,7 @@ var rnnstep = (function () {
     }
 
     // pipeline.choose for one row, in pipeline.tails' order.
-    _choose(logits, scores, bits, s, history, counts, step) {
+    _choose(logits, scores, bits, s, history, counts, generated, step) {
       const V = this.vocabSize;
       scores.set(logits);
       if (this.hasUnk) scores[0] = -Infinity;  // The [UNK] ban.
@@ -459,6 +463,14 @@ var rnnstep = (function () {
         for (let v = 0; v < V; v++) {
           if (counts[v] > 0) scores[v] = scores[v] > 0 ? fround(scores[v] / theta) : fround(scores[v] * theta);
         }
+      }
+      // OpenAI's penalties, in vLLM's order: frequency, then presence.
+      const f = s.frequency_penalty, p = s.presence_penalty;
+      if (f !== 0) {
+        for (let v = 0; v < V; v++) scores[v] = fround(scores[v] - fround(f * generated[v]));
+      }
+      if (p !== 0) {
+        for (let v = 0; v < V; v++) if (generated[v] > 0) scores[v] = fround(scores[v] - p);
       }
       if (s.no_repeat_ngram_size > 0) banNgrams(scores, history, s.no_repeat_ngram_size);
       if (s.temperature === 0) return firstMax(scores);

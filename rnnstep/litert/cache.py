@@ -97,6 +97,10 @@ MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
 # The cap on the entries' total size (`tuning_cache.max_bytes`).
 MAX_MB_ENV = tuning_cache.MAX_MB_ENV
 max_bytes = tuning_cache.max_bytes
+# Converting held about this many bytes per byte of the model's float32
+# weights (TensorFlow's LiteRT converter on an 8-block, 768-wide RWKV-7:
+# 7.6 GB for 644 MB of weights, 248 s, an 886 MB artifact).
+CONVERT_BYTES_PER_WEIGHT_BYTE = 12
 # A model folder with more files or bytes than this is not cached (hashing it
 # would cost each warm run more than it saves).
 MAX_MODEL_FILES = 1000
@@ -581,6 +585,34 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
   write_entry(the_key, model_path=model_path, **fields)
   return ("unsupported" if "unsupported" in fields
           else "failed" if "failed" in fields else "built")
+
+
+def size_refusal(weight_bytes: int, available_memory: Optional[int]
+                 ) -> Tuple[Optional[str], bool]:
+  """Why the artifact of a model with `weight_bytes` of float32 weights is
+  not built, before converting, and whether to record it; (None, False)
+  when it may be.
+
+  The flatbuffer holds every weight at least once, so weights over the
+  cap (`max_bytes`) make an artifact that would be evicted at once
+  (recorded: not tried again until the key changes, as a refused export
+  is). A conversion needing more than `available_memory` (about
+  `CONVERT_BYTES_PER_WEIGHT_BYTE` x the weights) is not started this time.
+  """
+  cap = max_bytes()
+  if weight_bytes > cap:
+    return (f"its float32 weights alone ({_megabytes(weight_bytes)} MB) "
+            f"exceed the cache's cap ({MAX_MB_ENV}={_megabytes(cap)})"), True
+  need = CONVERT_BYTES_PER_WEIGHT_BYTE * weight_bytes
+  if available_memory is not None and need > available_memory:
+    return (f"converting needs about {need / 2**30:.1f} GB, "
+            f"{available_memory / 2**30:.1f} GB is available"), False
+  return None, False
+
+
+def _megabytes(n: int) -> str:
+  megabytes = n / 2**20
+  return f"{megabytes:.0f}" if megabytes >= 10 else f"{megabytes:.2g}"
 
 
 def _one_line(error: BaseException) -> str:

@@ -11,7 +11,9 @@ the options in their declaration order) are
   num_steps int32 []
   seed int32 []                   row i draws with the key (seed, i)
   repetition_penalty float32 [B]  the per-row options, each [B] or [1] (one
-  temperature float32 [B]         value for every row)
+  frequency_penalty float32 [B]   value for every row)
+  presence_penalty float32 [B]
+  temperature float32 [B]
   top_k int32 [B]
   top_p, min_p, typical_p float32 [B]
   no_repeat_ngram_size int32 []   the shared options

@@ -335,8 +335,8 @@ class CompletionsModelHandler(_Handler):
   decoding option of `rnnstep.generate` (`temperature`, `top_k`, ...; not
   `num_return_sequences`); what it leaves out, the handler's arguments give.
   Records run in one call whatever their per-row options (temperature,
-  top_k, top_p, min_p, typical_p, repetition_penalty, regex: `generate`
-  takes one value per prompt) and seeds; records that differ in a per-call
+  top_k, top_p, min_p, typical_p, repetition_penalty, frequency_penalty,
+  presence_penalty, regex: `generate` takes one value per prompt) and seeds; records that differ in a per-call
   setting (max_tokens, stop, the look-back, beam and window options) are
   grouped, one `generate` call per group of the batch.
 

@@ -221,8 +221,9 @@ class ChunkCalls:
     """A one-row `History` after the row's whole prompt, on the host.
 
     `processors.start`'s values for the prompt (which `serve_fn` cannot
-    make from a prompt primed in pieces): its ids, its length, and the
-    counts of its last `repetition_window` ids (all of them for 0).
+    make from a prompt primed in pieces): its ids, its length, the
+    counts of its last `repetition_window` ids (all of them for 0), and no
+    generated ids yet.
     """
     prompt = row.prompt_ids
     ids = np.zeros([1, self._history_length], np.int32)
@@ -231,7 +232,8 @@ class ChunkCalls:
     first = max(len(prompt) - window, 0) if window > 0 else 0
     counts = np.bincount(prompt[first:], minlength=self.model.vocab_size)
     return processors.History(ids, np.array([len(prompt)], np.int32),
-                              counts.astype(np.int32)[None, :])
+                              counts.astype(np.int32)[None, :],
+                              np.zeros_like(counts, np.int32)[None, :])
 
   def prompt_scores(self, prompt: np.ndarray):
     """`(logprobs [L-1], top_ids [L-1, K], top_logprobs [L-1, K])` of a
@@ -243,7 +245,9 @@ class ChunkCalls:
         np.asarray(prompt, np.int32)[None, :]))
 
   def prompt_width(self, longest: int) -> int:
-    """The prompt ids' width: under XLA one of two, so widths compile twice."""
+    """The prompt ids' width: under XLA one of two, so widths compile twice
+    (powers of two: a model priming in chunks, RWKV-7, takes them as
+    `request.chunked_width` would, as the library's requests do)."""
     if not self._bucketed:
       return longest
     narrow = request_lib.MIN_WIDTH  # What `request.build` pads to anyway.
@@ -344,6 +348,7 @@ class ChunkCalls:
             np.array([row.completion.seed for row in rows], np.int64),
             np.array([row.index for row in rows], np.int32)),
         stops=tables.stops, bucket_shapes=self._bucketed,
+        chunked_prompts=self.generator.chunked_prompts,
         state_sizes=self.generator.state_sizes(), constraint=tables.dfa,
         capacity_steps=self.chunk_steps)
     # One history width for every call: carried rows keep their buffers.
@@ -403,6 +408,7 @@ class ChunkCalls:
         step=np.zeros([1], np.int32),
         history=processors.History(
             np.zeros([1, self._history_length], np.int32),
-            np.zeros([1], np.int32), np.zeros([1, vocab_size], np.int32)),
+            np.zeros([1], np.int32), np.zeros([1, vocab_size], np.int32),
+            np.zeros([1, vocab_size], np.int32)),
         scores=np.zeros([1], np.float32),
         dfa_state=np.zeros([1], np.int32))

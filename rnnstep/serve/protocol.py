@@ -484,14 +484,6 @@ class ChatFields(pydantic.BaseModel):
       ge=0, le=MAX_LOGPROBS)]] = pydantic.Field(
           None, description="With logprobs: the k most likely alternatives "
           "of each token.")
-  # OpenAI's penalties: rnnstep has none of their kind (its own is
-  # repetition_penalty), so only their no-op value is taken.
-  presence_penalty: Optional[Annotated[float, pydantic.Field(
-      ge=-2, le=2)]] = pydantic.Field(None, description="Only 0 is taken "
-                                      "(use repetition_penalty).")
-  frequency_penalty: Optional[Annotated[float, pydantic.Field(
-      ge=-2, le=2)]] = pydantic.Field(None, description="Only 0 is taken "
-                                      "(use repetition_penalty).")
 
 
 # The fields a chat request has as a completion request has them.
@@ -563,15 +555,11 @@ def checked_chat_request(request, prompt: str, end_of_turn: Sequence[str],
   strings, so that the reply is cut before it.
 
   Raises:
-    BadRequest: naming the field: a penalty other than 0, both
-      `max_tokens` and `max_completion_tokens` given with different values,
+    BadRequest: naming the field: both `max_tokens` and
+      `max_completion_tokens` given with different values,
       `top_logprobs` without `logprobs`; or as `checked_request`.
     errors.ArgumentError: as `checked_request`.
   """
-  for name in ("presence_penalty", "frequency_penalty"):
-    if getattr(request, name):
-      raise BadRequest(name, f"{name}: rnnstep has no such penalty; only 0 "
-                       "is taken (its own is repetition_penalty)")
   max_tokens = request.max_completion_tokens
   if max_tokens is None:
     max_tokens = request.max_tokens

@@ -1,7 +1,8 @@
 """Independent numpy references for the decoding rules (tests only).
 
 Written from the rules as stated (HF `generate`; docs/dev/decoding-options.md),
-plainly and slowly, sharing no code with rnnstep: the repetition penalty, the
+plainly and slowly, sharing no code with rnnstep: the repetition penalty,
+OpenAI's frequency and presence penalties (vLLM's `apply_penalties`), the
 n-gram ban, min-p / top-k / top-p supports, log-likelihood scores and a
 brute-force beam search over a float64 forward (`numpy_reference.Reference`).
 """
@@ -34,12 +35,30 @@ def ngram_banned(history, n):
   return banned
 
 
-def process(logits, history, *, banned=(), theta=1.0, window=0, ngram=0):
-  """[UNK] ban -> repetition penalty -> n-gram ban, on raw logits `[V]`."""
+def penalize_openai(logits, continuation, frequency, presence):
+  """OpenAI's penalties as vLLM applies them: for each id c times in the
+  generated ids (the prompt's not counted), `- frequency * c`, then
+  `- presence`."""
+  logits = np.array(logits, np.float64)
+  for token in set(int(t) for t in continuation):
+    times = sum(int(t) == token for t in continuation)
+    logits[token] -= frequency * times
+    logits[token] -= presence
+  return logits
+
+
+def process(logits, history, *, banned=(), theta=1.0, window=0, ngram=0,
+            frequency=0.0, presence=0.0, prompt_length=None):
+  """[UNK] ban -> repetition penalty -> frequency and presence penalties
+  (over `history[prompt_length:]`) -> n-gram ban, on raw logits `[V]`."""
   logits = np.array(logits, np.float64)
   logits[list(banned)] = -np.inf
   if theta != 1.0:
     logits = penalize(logits, history, theta, window)
+  if frequency or presence:
+    assert prompt_length is not None, "the penalties count the continuation"
+    logits = penalize_openai(logits, history[prompt_length:], frequency,
+                             presence)
   logits[list(ngram_banned(history, ngram))] = -np.inf
   return logits
 
@@ -111,7 +130,7 @@ def continuation_log_likelihood(reference, prompt_ids, continuation):
 
 def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
                 length_penalty=1.0, banned=(), theta=1.0, window=0, ngram=0,
-                stopped=None, allowed=None, complete=None):
+                frequency=0.0, presence=0.0, stopped=None, allowed=None, complete=None):
   """Brute-force beam search (HF rules, early_stopping=False).
 
   Every step expands every live beam by every id, sorts all candidates, sets
@@ -157,7 +176,8 @@ def beam_search(reference, prompt_ids, num_steps, num_beams, *, stops=(),
       logits, new_state = reference.step(last, state)
       history = list(prompt_ids) + ids
       processed = process(logits, history, banned=banned, theta=theta,
-                          window=window, ngram=ngram)
+                          window=window, ngram=ngram, frequency=frequency,
+                          presence=presence, prompt_length=len(prompt_ids))
       if allowed is not None:
         processed[[v for v in range(len(logits))
                    if not allowed(ids + [v])]] = -np.inf

@@ -156,6 +156,8 @@ def random_body(rng, prompts, max_tokens: int):
                      ("min_p", lambda: 0.05),
                      ("typical_p", lambda: 0.8),
                      ("repetition_penalty", lambda: 1.2),
+                     ("frequency_penalty", lambda: 0.5),
+                     ("presence_penalty", lambda: rng.choice([-0.5, 1.0])),
                      ("stop", lambda: rng.choice(["e", ["\n", "th"]])),
                      ("no_repeat_ngram_size", lambda: 3)]:
     if rng.random() < 0.25:
