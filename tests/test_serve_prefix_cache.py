@@ -528,6 +528,21 @@ def test_server_named_states_give_generate_s_text_from_them(model, server):
                          timeout=120)
       assert reply.status_code == 200, reply.text
       assert reply.json()["choices"][0]["text"] == want
+  # A chat picks a state alike (its prompt rendered by the template).
+  messages = [{"role": "user", "content": "Hi"}]
+  prompt = "USER: Hi\nASSISTANT:"
+  want = rnnstep.generate(
+      model, prompt, 12, seed=3, temperature=0.9, jit_compile=False,
+      stop="\n", initial_state=rnnstep.load_state(
+          server.states / "warm.safetensors", model))
+  reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+      messages=messages, max_tokens=12, seed=3, temperature=0.9,
+      state="warm"), timeout=120)
+  assert reply.status_code == 200, reply.text
+  assert reply.json()["choices"][0]["message"]["content"] == want
+  reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+      messages=messages, max_tokens=2, state="nonesuch"), timeout=60)
+  assert reply.status_code == 404 and reply.json()["error"]["param"] == "state"
 
 
 @pytest.mark.parametrize("flags, says", [

@@ -488,7 +488,7 @@ class ChatFields(pydantic.BaseModel):
 
 # The fields a chat request has as a completion request has them.
 CHAT_AS_COMPLETION = ("model", "max_tokens", "stop", "seed", "n", "stream",
-                      "stream_options", "user", "regex")
+                      "stream_options", "user", "regex", "state")
 
 
 def chat_request(max_tokens_limit: int):
