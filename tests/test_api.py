@@ -125,23 +125,6 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
 
 
 @pytest.mark.slow  # a SavedModel export
-class ExportDefaultPathTest(tf.test.TestCase):
-
-  # None exports the library's portable default, the plain graph.
-  def test_export_with_jit_compile_none_serves_the_graph_text(self):
-    model = small_model()
-    export_dir = os.path.join(self.create_tempdir().full_path, "served")
-    rnnstep.export(model, export_dir, jit_compile=None)
-    served = tf.saved_model.load(export_dir).signatures["serving_default"]
-    prompts = ["HELLO", "A", "THE KING"]
-    text = served(prompts=tf.constant(prompts), num_steps=tf.constant(40),
-                  temperature=tf.constant(0.8),
-                  seed=tf.constant(5, tf.int64))["text"]
-    self.assertEqual([t.decode() for t in text.numpy()],
-                     rnnstep.generate(model, prompts, 40, temperature=0.8,
-                                      seed=5, jit_compile=False))
-
-
 class LoadTest(tf.test.TestCase):
 
   def test_load_file_and_dtype(self):

@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tests.support import cli as cli_support
+from tests.support import forkserver
 import rnnstep
 from rnnstep.litert import cache as compiled_cache
 from rnnstep.engine import cpu
@@ -472,11 +473,15 @@ def test_a_second_filler_leaves_while_the_first_holds_the_lock(cache,
 def test_two_children_filling_one_entry_leave_one_good_entry(cache, weights):
   the_key = compiled_cache.key(weights, RUNTIME)
   compiled_cache.ensure_directory()
-  env = dict(os.environ, PYTHONPATH=REPO)
+  # Two processes of their own, forked from an interpreter that has imported
+  # TensorFlow (tests/support/forkserver.py): the lock between them is the
+  # point here, not a fresh interpreter's start (the isolated child's test
+  # above starts one as `spawn_fill` does).
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
   command = [sys.executable, "-m", "rnnstep.litert.fill", weights,
              json.dumps(the_key, sort_keys=True)]
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    results = list(pool.map(lambda _: subprocess.run(
+    results = list(pool.map(lambda _: forkserver.run(
         command, capture_output=True, text=True, env=env, timeout=600,
         check=False), range(2)))
   said = sorted(r.stdout.strip() for r in results)

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.support import cli as cli_support
+from tests.support import forkserver
 import rnnstep
 from rnnstep.litert import cache as compiled_cache
 from rnnstep.cli import generate
@@ -44,12 +45,16 @@ def write_model(path):
   cli_support.write_model(path, seed=3)
 
 
-def cli(cache_dir, args, importtime=False, switch="on", **environ):
+def cli(cache_dir, args, importtime=False, switch="on", fork=False,
+        **environ):
   """Runs rnnstep-generate (a fresh interpreter); returns the CompletedProcess.
 
   With `importtime`, `python -X importtime` lists every import on stderr,
   and RNNSTEP_DEBUG=1 keeps fd 2 open while the tool runs (it is otherwise
-  pointed at /dev/null, which would hide the imports made in `main`).
+  pointed at /dev/null, which would hide the imports made in `main`). With
+  `fork`, a run that takes the TensorFlow path anyway and is not about a
+  fresh process (a refusal, --nocache, the switch) is forked from
+  tests/support/forkserver.py's interpreter, skipping TensorFlow's import.
   """
   env = dict(os.environ, RNNSTEP_CACHE_DIR=str(cache_dir),
              RNNSTEP_COMPILED_CACHE=switch, TF_CPP_MIN_LOG_LEVEL="3",
@@ -60,9 +65,10 @@ def cli(cache_dir, args, importtime=False, switch="on", **environ):
   env["PYTHONPATH"] = os.pathsep.join(
       [REPO] + [p for p in [env.get("PYTHONPATH")] if p])
   prefix = [sys.executable] + (["-X", "importtime"] if importtime else [])
-  return subprocess.run(prefix + ["-m", "rnnstep.cli.generate", *args],
-                        capture_output=True, text=True, timeout=TIMEOUT,
-                        env=env, stdin=subprocess.DEVNULL, cwd=REPO)
+  run = forkserver.run if fork and not importtime else subprocess.run
+  return run(prefix + ["-m", "rnnstep.cli.generate", *args],
+             capture_output=True, text=True, timeout=TIMEOUT, env=env,
+             stdin=subprocess.DEVNULL, cwd=REPO)
 
 
 # What --verbose adds for a short float32 run on a CPU where the library's
@@ -128,6 +134,9 @@ def env(tmp_path_factory):
   rows = [p for p in PROMPTS for _ in range(2)]
   want = rnnstep.generate(model, rows, 40, seed=7, temperature=0.8, top_k=20)
   the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
+  # The cold run is a fresh interpreter (what a user's first run is); the
+  # others take the TensorFlow path for a reason the flags or the
+  # environment give, which a forked interpreter shows as well.
   runs = {
       "cold": (tmp / "cache", BASE),
       "nocache": (tmp / "nocache", BASE + ["--nocache"]),
@@ -143,6 +152,7 @@ def env(tmp_path_factory):
   with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
     futures = {name: pool.submit(cli, cache, [f"--weights={weights}", *args],
                                  switch="off" if name == "switch_off" else "on",
+                                 fork=name != "cold",
                                  **environ.get(name, {}))
                for name, (cache, args) in runs.items()}
     results = {name: f.result() for name, f in futures.items()}

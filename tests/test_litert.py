@@ -44,8 +44,8 @@ STEPS = 30
 
 
 @functools.lru_cache(maxsize=None)
-def exported(name):
-  """(keras model, rnnstep model, flatbuffer bytes) for a stack.
+def models(name):
+  """(keras model, rnnstep model) for a stack.
 
   Keras' initial weights are scaled up so that greedy text depends on the
   state (at init it settles on one repeated character), and id 0 is "[UNK]"
@@ -63,8 +63,23 @@ def exported(name):
   bias[0] = 1.0
   dense.set_weights([kernel * 3, bias])
   vocab = ["[UNK]"] + kr.default_vocab(65)
-  model = kr.rnnstep_model(keras_model, layers, vocab)
+  return keras_model, kr.rnnstep_model(keras_model, layers, vocab)
+
+
+@functools.lru_cache(maxsize=None)
+def exported(name):
+  """(keras model, rnnstep model, flatbuffer bytes) for a stack: each
+  conversion (seconds of CPU) is made once, and only for the stacks that
+  the selected tests run."""
+  keras_model, model = models(name)
   return keras_model, model, litert.convert(model)
+
+
+# The stack the default run converts; a test about something other than
+# the cell kinds (banning, padding, zero steps) runs on it by default and on
+# its other stack in the exhaustive tier, so the default run converts one
+# model (and `test_export_writes_both_files_and_leaves_no_temp` its own).
+QUICK_STACK = "lstm_then_gru"
 
 
 def op_codes(flatbuffer):
@@ -80,7 +95,7 @@ def op_codes(flatbuffer):
   return codes
 
 
-@pytest.mark.parametrize("name", quick_params(list(STACKS), "lstm_then_gru"))
+@pytest.mark.parametrize("name", quick_params(list(STACKS), QUICK_STACK))
 def test_greedy_equals_keras_and_the_library(name):
   keras_model, model, flatbuffer = exported(name)
   got = run(flatbuffer, model, PROMPTS, STEPS)
@@ -107,14 +122,18 @@ def test_seeded_text_equals_the_library_and_repeats(kwargs):
                     **dict(kwargs, seed=kwargs["seed"] ^ 1))
 
 
-def test_unk_is_never_generated():
-  _, model, flatbuffer = exported("gru_reset_after")
+@pytest.mark.parametrize("name", quick_params(["gru_reset_after",
+                                                  QUICK_STACK], QUICK_STACK))
+def test_unk_is_never_generated(name):
+  _, model, flatbuffer = exported(name)
   text = "".join(run(flatbuffer, model, PROMPTS, 200, temperature=5.0, seed=1))
   assert len(text) == 600 and "[UNK]" not in text
 
 
-def test_each_row_of_a_mixed_batch_equals_its_prompt_alone():
-  _, model, flatbuffer = exported("gru_reset_before")
+@pytest.mark.parametrize("name", quick_params(["gru_reset_before",
+                                                  QUICK_STACK], QUICK_STACK))
+def test_each_row_of_a_mixed_batch_equals_its_prompt_alone(name):
+  _, model, flatbuffer = exported(name)
   batch = run(flatbuffer, model, PROMPTS, STEPS)
   assert batch == [run(flatbuffer, model, [p], STEPS)[0] for p in PROMPTS]
   # Row 0 of a seeded batch has the key (seed, 0), as it has alone.
@@ -123,8 +142,10 @@ def test_each_row_of_a_mixed_batch_equals_its_prompt_alone():
                            temperature=1.0, seed=4)[0]
 
 
-def test_zero_steps_give_an_empty_row_each():
-  _, model, flatbuffer = exported("simple_rnn")
+@pytest.mark.parametrize("name", quick_params(["simple_rnn", QUICK_STACK],
+                                              QUICK_STACK))
+def test_zero_steps_give_an_empty_row_each(name):
+  _, model, flatbuffer = exported(name)
   assert run(flatbuffer, model, PROMPTS, 0) == ["", "", ""]
 
 
@@ -146,7 +167,7 @@ def test_row_keys_equal_the_library_s_for_int32_seeds():
 
 
 def test_export_writes_both_files_and_leaves_no_temp(tmp_path):
-  _, model, _ = exported("gru_reset_after")
+  _, model = models("gru_reset_after")
   target = tmp_path / "out"
   assert rnnstep.export_litert(model, target) == str(target)
   assert sorted(os.listdir(tmp_path)) == ["out"]
@@ -162,7 +183,7 @@ def test_export_writes_both_files_and_leaves_no_temp(tmp_path):
 
 
 def test_export_refuses_a_non_empty_directory(tmp_path):
-  _, model, _ = exported("gru_reset_after")
+  _, model = models("gru_reset_after")
   (tmp_path / "keep.txt").write_text("keep")
   with pytest.raises(ValueError, match="not an empty directory"):
     rnnstep.export_litert(model, tmp_path)

@@ -141,9 +141,8 @@ SAMPLED_SCRIPT = textwrap.dedent("""
 """)
 
 # Every export path, as `jit_compile` values. None exports the same module as
-# False (ServingModule maps AUTO to the graph path), so it is not exported a
-# second time here: tests/test_api.py's ExportDefaultPathTest checks that
-# None serves the graph text.
+# False (ServingModule maps AUTO to the graph path): the default run exports
+# None (`SavedModelTest`), the exhaustive tier False and the compiled paths.
 EXPORT_PATHS = (False, True, "elementwise")
 
 
@@ -174,11 +173,12 @@ def serve(cases, prompts=PROMPTS, steps=STEPS):
 
 
 class SavedModelTest(tf.test.TestCase, parameterized.TestCase):
-  """The default run exports the float32 model on the graph path (its XLA
+  """The default run exports the float32 model with jit_compile=None, the
+  library's portable default, which serves the graph path's text (its XLA
   and elementwise programs are exported by the large projection's and the
   bfloat16 model's tests); `EveryPathSavedModelTest` every path."""
 
-  export_paths = (False,)
+  export_paths = (None,)
 
   @classmethod
   def setUpClass(cls):

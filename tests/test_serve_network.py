@@ -24,6 +24,7 @@ import pytest
 
 import rnnstep
 from tests.support import cli
+from tests.support import forkserver
 from tests.support import serve_process
 from tests.support import token_models
 
@@ -390,7 +391,9 @@ def test_a_failed_warm_up_exits_non_zero_saying_why(model_path):
       "sys.argv = ['rnnstep-serve', '--model=' + sys.argv[1], '--port=' + "
       "sys.argv[2], '--jit_compile=false', '--lanes=1']\n"
       "main.run()\n")
-  result = subprocess.run(
+  # Forked (tests/support/forkserver.py): the warm-up's failure is the
+  # point, not a fresh interpreter's start.
+  result = forkserver.run(
       [sys.executable, "-c", script, model_path,
        str(serve_process.free_port())], capture_output=True, text=True,
       timeout=120, cwd=cli.REPO, env=cli.ENV)
