@@ -478,10 +478,17 @@ def test_a_long_prompt_is_primed_across_chunks_while_others_decode(
   long_prompt = " ".join([PROMPTS[3]] * 7)
   alone = dict(prompt=long_prompt, max_tokens=16, seed=11)
   chunks = once_idle(server, "rnnstep_chunks")
+  saved = once_idle(server, "rnnstep_prefix_cache_tokens_saved")
   assert post(server, alone).json()["choices"][0]["text"] == (
       serve_process.expected(model, alone, 11)[0][0])
   # 16 characters take 2 calls of 8 steps: primed whole, 2 calls in all.
-  assert once_idle(server, "rnnstep_chunks") - chunks == 32 + 2
+  # Fewer where the prefix cache held a prefix of it (earlier tests on this
+  # server send PROMPTS[3]): those pieces are not primed again.
+  calls = once_idle(server, "rnnstep_chunks") - chunks
+  if once_idle(server, "rnnstep_prefix_cache_tokens_saved") == saved:
+    assert calls == 32 + 2
+  else:
+    assert calls < 32 + 2
   # Beside rows decoding (streamed, admitted first) and rows of its own
   # request that decode while it primes; the penalty reads the whole
   # prompt's history.
