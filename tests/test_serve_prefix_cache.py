@@ -23,6 +23,7 @@ from rnnstep.serve import prefix_cache as prefix_cache_lib
 from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
 from tests.support import serve_process
+from tests.support.tiers import quick_params
 from tests.test_rwkv7 import PRESET
 from tests.test_serve_scheduler import Collector
 
@@ -149,7 +150,7 @@ def _rwkv7_batches(model):
           [system + u for u in users]]
 
 
-@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("case", quick_params([0, 1], 1))
 def test_cached_prefixes_give_the_same_text_rwkv7_graph(rwkv7_model, case):
   plain, cached, cache = cached_and_not(
       rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=16,
@@ -158,7 +159,7 @@ def test_cached_prefixes_give_the_same_text_rwkv7_graph(rwkv7_model, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [0, 1])
+@pytest.mark.parametrize("case", quick_params([0, 1], 1))
 def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
   # XLA primes RWKV-7 in chunks (`loop.primes_in_chunks`): a row resumed
   # from a cached state starts its chunks elsewhere.
