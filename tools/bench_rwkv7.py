@@ -113,6 +113,17 @@ VARIANTS = ("rnnstep", "rnnstep_prime", "floor", "keras_hub", "keras_hub_jit")
 PROCESSES = ("rnnstep", "keras_hub")
 
 
+def machine_line() -> str:
+  """The CPU's name, its count, the load and the time: each table's first
+  line."""
+  with open("/proc/cpuinfo") as f:
+    cpu = next((l.split(":", 1)[1].strip() for l in f
+                if l.startswith("model name")), "?")
+  return (f"machine: {cpu}, {os.cpu_count()} CPUs; load at start "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
 def random_model(dtype="float32", weights_dtype="float32"):
   """The 0.1B-shaped rnnstep model, seeded random weights (rounded to
   `weights_dtype`)."""
@@ -448,12 +459,7 @@ def compare_llama_cpp(args):
   llama = llama_cpp.LlamaCpp(args.llama_cpp_dir, args.convert_python)
   lines = []
   say = lambda text: (print(text, flush=True), lines.append(text))
-  with open("/proc/cpuinfo") as f:
-    cpu = next((l.split(":", 1)[1].strip() for l in f
-                if l.startswith("model name")), "?")
-  say(f"machine: {cpu}, {os.cpu_count()} CPUs; load at start "
-      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
-      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  say(machine_line())
   vocab_path = args.world_vocab or subprocess.run(
       [args.convert_python, "-c", "import os, rwkv; print(os.path.join("
        "os.path.dirname(rwkv.__file__), 'rwkv_vocab_v20230424.txt'))"],
@@ -619,12 +625,7 @@ def main():
   batches = [int(b) for b in args.batches.split(",") if b]
   lines = []
   say = lambda text: (print(text, flush=True), lines.append(text))
-  with open("/proc/cpuinfo") as f:
-    cpu = next((l.split(":", 1)[1].strip() for l in f
-                if l.startswith("model name")), "?")
-  say(f"machine: {cpu}, {os.cpu_count()} CPUs; load at start "
-      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
-      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  say(machine_line())
   model = random_model(args.dtype)
   say(f"model: 0.1B shape, {model.num_parameters:,} parameters, "
       f"{args.dtype}; prompt {PROMPT} tokens, {STEPS} generated")
