@@ -77,7 +77,8 @@ LAYERS = (
     ("rnnstep.api",),
     # The LiteRT export, its runner and cache, and rnnstep-generate's warm
     # path (below the exporters: `rnnstep.export` dispatches to it).
-    ("rnnstep.litert",),
+    # states: a model's states and state files (on top of api's checks).
+    ("rnnstep.litert", "rnnstep.states"),
     ("rnnstep.tuning", "rnnstep.exporters", "rnnstep.inspect"),
     ("rnnstep",),
     ("rnnstep.cli", "rnnstep.pipelines"),  # Front ends: command lines, Beam.

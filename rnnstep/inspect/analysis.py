@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from rnnstep import api
+from rnnstep import states as states_lib
 from rnnstep.decoding import options
 from rnnstep.model import kinds
 from rnnstep.model import network as model_lib
@@ -247,7 +248,7 @@ def analyze(model: model_lib.Model, text: str,
     text = tuple(vocab[i] for i in ids[0])
     if not ids.shape[1]:
       raise ValueError("text gives no tokens")
-  api.check_states_fit(model, 1, len(text), "text")
+  states_lib.check_states_fit(model, 1, len(text), "text")
   state = api.check_initial_state(model, initial_state, 1)
   sequences, logits = model_lib.sequence_function(model)(
       ids, np.ones(ids.shape, bool), state)
