@@ -27,6 +27,7 @@ from rnnstep.engine import xla_cache
 from rnnstep import errors
 from rnnstep import records
 from rnnstep.model import cells
+from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as model_lib
 from rnnstep.model import reduced_weights
 from rnnstep.model import vocabulary
@@ -138,7 +139,7 @@ def logits(model: model_lib.Model, ids, initial_state=None, *,
   if initial_state is None:
     return model.score(array).numpy()
   state = check_initial_state(model, initial_state, array.shape[0])
-  _, result = model_lib.sequence_function(model)(
+  _, result = functions_lib.sequence_function(model)(
       array, np.ones(array.shape, bool), state)
   return result.numpy()
 
@@ -361,9 +362,9 @@ def check_initial_state(model, initial_state, batch_size: int,
   """An `initial_state` argument as a `model.StackState` of numpy arrays.
 
   None is the zero state. Anything else must be exactly one dict per layer
-  of float32 `[batch_size, U]` arrays named by `model.STATE_NAMES`. Public
-  for the callers above the API that take the same argument
-  (`inspect.analyze`).
+  of float32 `[batch_size, U]` arrays named by
+  `rnnstep.model.functions.STATE_NAMES`. Public for the callers above the API
+  that take the same argument (`inspect.analyze`).
 
   Args:
     model: the `Model` the state is for.

@@ -22,6 +22,7 @@ from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
 from rnnstep.engine import window as window_lib
 from rnnstep.model import cells
+from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as model_lib
 
 
@@ -58,7 +59,7 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
   """
   ids, mask, state = _stepped_rows(model, texts_or_ids, initial_state,
                                    "hidden_states", every_position=True)
-  sequences, _ = model_lib.sequence_function(model)(ids, mask, state)
+  sequences, _ = functions_lib.sequence_function(model)(ids, mask, state)
   return [dict(zip(cells.state_names(config), (s.numpy() for s in layer)))
           for config, layer in zip(model.config.layers, sequences)]
 
@@ -111,7 +112,7 @@ def prompt_state(model: model_lib.Model, texts_or_ids, initial_state=None):
   """
   ids, mask, state = _stepped_rows(model, texts_or_ids, initial_state,
                                    "prompt_state", every_position=False)
-  final = model_lib.final_state_function(model)(ids, mask, state)
+  final = functions_lib.final_state_function(model)(ids, mask, state)
   return [dict(zip(cells.state_names(config), (s.numpy() for s in layer)))
           for config, layer in zip(model.config.layers, final)]
 

@@ -19,7 +19,7 @@ from rnnstep import api
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.model import model_file
-from rnnstep.model import network as model_lib
+from rnnstep.model import functions as functions_lib
 
 LAYERS = reference_models.TINY_LAYERS
 
@@ -271,7 +271,7 @@ class HiddenStatesTest(tf.test.TestCase, parameterized.TestCase):
     ids = tf.constant(self.ids)
     mask = tf.sequence_mask([25, 4, 11], 25)
     eager, _ = network.unroll_states(ids, network.zero_state(3), mask)
-    function = model_lib.sequence_function(self.model)
+    function = functions_lib.sequence_function(self.model)
     compiled, _ = function(ids, mask, network.zero_state(3))
     tf.nest.map_structure(
         lambda a, b: self.assertAllClose(a, b, atol=1e-6, rtol=0),

@@ -20,6 +20,7 @@ from rnnstep.decoding import stopping
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import paths
 from rnnstep.model import model_file
+from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as model_lib
 
 # Every execution path (`jit_compile` values; see generator.py).
@@ -352,8 +353,8 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     for model in models:
       rnnstep.logits(model, [model.encode(prompt)])
       rnnstep.hidden_states(model, prompt)
-    score = model_lib.score_function(models[1])
-    sequences = model_lib.sequence_function(models[1])
+    score = functions_lib.score_function(models[1])
+    sequences = functions_lib.sequence_function(models[1])
     self.assertEqual(score.experimental_get_tracing_count(), 1)
     self.assertEqual(sequences.experimental_get_tracing_count(), 1)
 

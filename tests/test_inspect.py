@@ -12,7 +12,7 @@ from tests.support import numpy_reference as nr
 import rnnstep
 from rnnstep.inspect import analysis as inspect
 from rnnstep.model import model_file
-from rnnstep.model import network as model_lib
+from rnnstep.model import functions as functions_lib
 
 LAYERS = [kr.layer("lstm", 12), kr.layer("gru", 10)]
 # 65 characters with a newline, so that texts have lines.
@@ -142,7 +142,7 @@ class AnalyzeTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotIn("\n", str(ctx.exception))
 
   def test_retraces_never(self):
-    function = model_lib.sequence_function(self.model)
+    function = functions_lib.sequence_function(self.model)
     inspect.analyze(self.model, "AB")
     before = function.experimental_get_tracing_count()
     inspect.analyze(self.model, TEXT)

@@ -41,6 +41,7 @@ from rnnstep.engine import recompute
 from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
 from rnnstep import errors
+from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as network_lib
 
 # How many logits (batch x positions x vocabulary) one call holds at most:
@@ -105,7 +106,7 @@ def function(model, path: str, windowed: bool) -> network_lib.BoundFunction:
     path: a concrete path (`paths.CONCRETE`).
     windowed: whether it scores over windows (its second argument, int32
       `[]`, is the window k > 0); else the second argument is the state each
-      row starts from (`network.state_spec`: zeros for a whole row).
+      row starts from (`functions.state_spec`: zeros for a whole row).
 
   Returns:
     A `BoundFunction` returning float32 `[B, T-1]` (at t, log p(ids[:, t+1]
@@ -140,7 +141,7 @@ def function(model, path: str, windowed: bool) -> network_lib.BoundFunction:
 
     specs = [model.weights_spec(), tf.TensorSpec([None, None], tf.int32),
              (tf.TensorSpec([], tf.int32) if windowed
-              else network_lib.state_spec(model))]
+              else functions_lib.state_spec(model))]
     return _traced(tf.function(over_windows if windowed else stepped,
                                jit_compile=path == paths.XLA,
                                autograph=False, input_signature=specs),
@@ -337,7 +338,7 @@ def score(model, path: str, rows: Sequence[Row], window: int = 0) -> Scores:
     else:
       extra = tf.nest.map_structure(
           lambda spec: np.zeros([batch, spec.shape[1]], np.float32),
-          network_lib.state_spec(model))
+          functions_lib.state_spec(model))
       if states is not None:
         for slot, index in enumerate(members):
           if owner[index] >= 0:

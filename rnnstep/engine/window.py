@@ -224,7 +224,7 @@ def score_function(model):
   """The model's compiled `(ids [B, T], window []) -> logits [B, T, V]`.
 
   One TF graph call with a fixed signature, built once per architecture (the
-  model's weights are passed at each call, as `network.sequence_function`).
+  model's weights are passed at each call, as `functions.sequence_function`).
   """
   architecture = model.architecture
 

@@ -23,7 +23,7 @@ offered, strongest first; the rest of the offer is the neurons whose
 activation varies most over the text (standard deviation), which catches
 neurons that track something the list does not name.
 
-Everything is computed in one compiled call (`model.sequence_function`):
+Everything is computed in one compiled call (`model.functions.sequence_function`):
 the states after every character and the logits there.
 """
 
@@ -36,6 +36,7 @@ from rnnstep import api
 from rnnstep import states as states_lib
 from rnnstep.decoding import options
 from rnnstep.model import kinds
+from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as model_lib
 
 TOP_K = 5
@@ -75,7 +76,7 @@ def parse_neuron(spec: str, layers) -> Neuron:
   """
   parts = spec.split(":") if isinstance(spec, str) else []
   if (len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2])
-      or (len(parts) == 3 and parts[2] not in model_lib.STATE_NAMES)):
+      or (len(parts) == 3 and parts[2] not in functions_lib.STATE_NAMES)):
     raise ValueError("expected LAYER:UNIT (e.g. 0:117), or LAYER:UNIT:c for an "
                      "LSTM's cell state")
   neuron = Neuron(int(parts[0]), int(parts[1]), *parts[2:])
@@ -250,9 +251,9 @@ def analyze(model: model_lib.Model, text: str,
       raise ValueError("text gives no tokens")
   states_lib.check_states_fit(model, 1, len(text), "text")
   state = api.check_initial_state(model, initial_state, 1)
-  sequences, logits = model_lib.sequence_function(model)(
+  sequences, logits = functions_lib.sequence_function(model)(
       ids, np.ones(ids.shape, bool), state)
-  states = [dict(zip(model_lib.STATE_NAMES, (s.numpy()[0] for s in layer)))
+  states = [dict(zip(functions_lib.STATE_NAMES, (s.numpy()[0] for s in layer)))
             for layer in sequences]
   probs = _probabilities(logits.numpy()[0], model.has_unk)
   top_ids = np.argsort(-probs, axis=-1, kind="stable")[:, :TOP_K]

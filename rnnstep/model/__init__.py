@@ -10,6 +10,8 @@ and the command lines can read a file before TensorFlow loads.
   rwkv7        RWKV-7's stack of blocks as one cell (its WKV math)
   network      `Model`: the raw tensors and the step of the whole stack;
                `make_cell`, a layer's cell by its kind
+  functions    a model's compiled whole-sequence functions: scores, every
+               position's states, the final state
   model_file   the .npz model file: its format, reader and writer
   chat_template  a model's chat format: messages to a prompt, the end of a
                reply (TensorFlow-free; `jinja2` for a Jinja template)
