@@ -353,7 +353,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     for model in models:
       rnnstep.logits(model, [model.encode(prompt)])
       rnnstep.hidden_states(model, prompt)
-    score = functions_lib.score_function(models[1])
+    score = model_lib.score_function(models[1])
     sequences = functions_lib.sequence_function(models[1])
     self.assertEqual(score.experimental_get_tracing_count(), 1)
     self.assertEqual(sequences.experimental_get_tracing_count(), 1)

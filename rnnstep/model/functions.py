@@ -1,38 +1,18 @@
-"""A model's compiled whole-sequence functions: scores, every position's
-states, the final state.
+"""A model's compiled whole-sequence functions with states: every
+position's states and logits, and the final state alone.
 
 Each is one `tf.function` with a fixed signature, built once per architecture
 (`network.shared_function`) and bound to a model's weights
 (`network.BoundFunction`): nothing retraces for a new batch, length, state or
-model of the same shape. The library's scoring and states, the inspection
-and the windowed scores call them; generation has its own loops
-(`rnnstep.engine`).
+model of the same shape. The library's logits and states and the inspection
+call them; `Model.score` (logits without states) is `network.score_function`,
+and generation has its own loops (`rnnstep.engine`).
 """
 
 import tensorflow as tf
 
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import network as network_lib
-
-
-def score_function(model: network_lib.Model) -> network_lib.BoundFunction:
-  """The compiled `ids [B, T] -> logits [B, T, V]` (`Model.score`) for a model.
-
-  Built once per architecture; the model's weights are passed at each call.
-  """
-  architecture = model.architecture
-
-  def build():
-    def score(weights, ids):
-      network = network_lib.network_of(architecture, weights)
-      outputs, _ = network.unroll(ids, network.zero_state(tf.shape(ids)[0]))
-      return network.logits(outputs)
-    return tf.function(score, autograph=False, input_signature=[
-        model.weights_spec(), tf.TensorSpec([None, None], tf.int32)])
-
-  return network_lib.BoundFunction(
-      network_lib.shared_function(architecture, "score", build),
-      model.network_weights)
 
 
 STATE_NAMES = ("h", "c")

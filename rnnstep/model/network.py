@@ -796,6 +796,26 @@ def network_of(architecture: Architecture, weights: dict,
                  one_xla_program)
 
 
+def score_function(model: Model) -> BoundFunction:
+  """The compiled `ids [B, T] -> logits [B, T, V]` (`Model.score`) for a model.
+
+  Built once per architecture; the model's weights are passed at each call.
+  """
+  architecture = model.architecture
+
+  def build():
+    def score(weights, ids):
+      network = network_of(architecture, weights)
+      outputs, _ = network.unroll(ids, network.zero_state(tf.shape(ids)[0]))
+      return network.logits(outputs)
+    return tf.function(score, autograph=False, input_signature=[
+        model.weights_spec(), tf.TensorSpec([None, None], tf.int32)])
+
+  return BoundFunction(
+      shared_function(architecture, "score", build),
+      model.network_weights)
+
+
 _REPLICATED = weakref.WeakKeyDictionary()
 
 
