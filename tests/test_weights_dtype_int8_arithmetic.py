@@ -1,0 +1,108 @@
+"""int8 x int8 products as one arithmetic on every runtime (issue #62):
+tools/bench/int8_products.py's definitions against numpy.
+
+int8 weights decode faster only where the activations are rounded to int8
+too and the products summed in int32 (LiteRT/XNNPACK's dynamic-range int8,
+oneDNN's u8 x s8, llama.cpp's Q8_0). The int32 sums are exact, so such an
+arithmetic can give one result on every runtime, if its float32 steps are
+written as ops no compiler rewrites. These tests pin what step 2 of the
+issue builds on, each against an independent numpy reference (int64
+sums): TensorFlow's graph (`tf.linalg.matmul(int8, int8)` and oneDNN's
+`QuantizedMatMulWithBias`) and XLA give the numpy int8 x int8 product bit
+for bit; LiteRT/XNNPACK's dynamic-range fully-connected product equals
+XNNPACK's arithmetic written in numpy bit for bit, and the converter keeps
+rnnstep's int8 weights and scales as they are.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from rnnstep.model import reduced_weights
+from tools.bench import int8_products
+
+
+def weights(k, n, seed=0):
+  """rnnstep's int8 weights of a random `[k, n]` kernel, as float32."""
+  rng = np.random.default_rng(seed)
+  return reduced_weights.reduce(
+      (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), "int8",
+      -2)
+
+
+def activations(k, rows=40, seed=1):
+  """Random rows, and the edge cases: a zero row, a one-hot row, a row of
+  one value (every element at the scale's extreme), halves of the scale."""
+  rng = np.random.default_rng(seed)
+  x = (rng.standard_normal((rows, k)) * rng.uniform(0.01, 30, (rows, 1))
+       ).astype(np.float32)
+  x[0] = 0
+  x[1] = 0
+  x[1, 3] = -2.5
+  x[2] = 7.0
+  x[3] = (np.arange(k) % 255 - 127).astype(np.float32) * np.float32(0.5)
+  return x
+
+
+@pytest.mark.parametrize("how", ["s8s8", "onednn_u8s8"])
+@pytest.mark.parametrize("k,n", [(64, 48), (200, 24)])
+def test_graph_int8_products_equal_numpy(how, k, n):
+  array = weights(k, n)
+  q, scale = int8_products.quantize_columns(array)
+  x = activations(k)
+  for const_in_body in (False, True):
+    got = tf.function(int8_products.int8_product(array, how, const_in_body))(
+        tf.constant(x)).numpy()
+    np.testing.assert_array_equal(
+        got, int8_products.numpy_int8_product(x, q, scale))
+
+
+def test_xla_int8_product_equals_numpy():
+  array = weights(96, 40)
+  q, scale = int8_products.quantize_columns(array)
+  x = activations(96)
+  got = tf.function(int8_products.int8_product(array, "s8s8"),
+                    jit_compile=True)(tf.constant(x)).numpy()
+  np.testing.assert_array_equal(
+      got, int8_products.numpy_int8_product(x, q, scale))
+
+
+def test_int8_product_is_near_the_float32_product():
+  """The arithmetic is the float32 product up to the activations' and the
+  weights' rounding (a sanity check of the reference itself)."""
+  array = weights(256, 32)
+  q, scale = int8_products.quantize_columns(array)
+  x = activations(256)[4:]
+  want = x @ array
+  got = int8_products.numpy_int8_product(x, q, scale)
+  bound = np.abs(x).max(-1, keepdims=True) / 127 * np.abs(array).sum(0) / 2
+  assert (np.abs(got - want) <= bound * 1.001 + 1e-6).all()
+
+
+@pytest.mark.slow
+def test_litert_dynamic_int8_is_xnnpack_arithmetic():
+  from ai_edge_litert import interpreter as litert
+  k, n = 160, 56
+  array = weights(k, n)
+  q, scale = int8_products.quantize_columns(array)
+  interpreter = litert.Interpreter(
+      model_content=int8_products.litert_product(array, True))
+  interpreter.allocate_tensors()
+  kernel = next(t for t in interpreter.get_tensor_details()
+                if t["dtype"] == np.int8 and list(t["shape"]) == [n, k])
+  stored = interpreter.get_tensor(kernel["index"])
+  stored_scale = kernel["quantization_parameters"]["scales"]
+  # The converter keeps rnnstep's int8 weights: the same q and scales.
+  np.testing.assert_array_equal(stored.T, q)
+  np.testing.assert_array_equal(stored_scale.astype(np.float32), scale)
+  x = activations(k)
+  x[5] = np.abs(x[5])  # All positive: the zero point at its end.
+  x[6] = -np.abs(x[6])
+  for row in x:
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
+                           row[None])
+    interpreter.invoke()
+    got = interpreter.get_tensor(
+        interpreter.get_output_details()[0]["index"])[0]
+    np.testing.assert_array_equal(
+        got, int8_products.xnnpack_dynamic_int8(row, stored, scale))
