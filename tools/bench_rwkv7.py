@@ -37,6 +37,13 @@ In-process variants (--variants), each warmed up by one call a batch size
       (`Optimize.DEFAULT`) and float16 weights (`supported_types`), run by
       XNNPACK; the interpreter's resident memory after its first call is
       printed (float16 weights kept as float16 add half of float32's);
+    int8 x int8 products (the activations rounded per row to int8 too,
+      exact int32 sums, then scaled): floor_int8_matmul
+      (`tf.linalg.matmul(int8, int8, output_type=tf.int32)`, graph),
+      floor_int8_matmul_xla (the same under XLA), floor_int8_onednn
+      (oneDNN's `QuantizedMatMulWithBias`, u8 x s8, the weights constants
+      of the loop's body) and its baseline floor_const (float32, the
+      weights constants of the body too);
   - keras_hub, keras_hub_jit: `RWKV7CausalLM.generate` (greedy sampler,
     no stop token) as it runs by default and with jit_compile=True, whole
     call including the prefill, each in a worker process of the keras-hub
@@ -184,22 +191,41 @@ FLOOR_VARIANTS = {
     "floor_bf16": ("graph", "bfloat16"),
     "floor_litert": ("litert", "float32"),
     "floor_litert_int8": ("litert", "int8"),
-    "floor_litert_f16": ("litert", "float16")}
+    "floor_litert_f16": ("litert", "float16"),
+    "floor_const": ("graph", "float32_const"),
+    "floor_int8_matmul": ("graph", "int8_matmul"),
+    "floor_int8_matmul_xla": ("xla", "int8_matmul"),
+    "floor_int8_onednn": ("graph", "int8_onednn")}
 
 
 def _floor_token(model, weights):
   """One token's products (`Floor`) as a function of x `[B, C]`, with the
   big matrices (not the LoRAs) stored in `weights`: float32, int8 (per
   output channel, float32 scales; int8_reduce: as multiply-and-reduce),
-  bfloat16 (bf16 x bf16, float32 out)."""
+  bfloat16 (bf16 x bf16, float32 out); float32_const: float32 as constants
+  of the loop's body (not captured tensors), the baseline of int8_onednn;
+  int8 x int8 (`tools/bench/int8_products.py`: the activations per row to
+  int8 too, exact int32 sums, then scaled): int8_matmul as
+  `tf.linalg.matmul(..., output_type=tf.int32)`, int8_onednn as oneDNN's
+  `QuantizedMatMulWithBias` (u8 x s8), the weights constants of the body,
+  which oneDNN needs to reorder them once."""
   import tensorflow as tf
+  from tools.bench import int8_products
   w = model.layer_weights[0]
   big = {"receptance", "key", "value", "output", "ffn_key", "ffn_value"}
 
   def product(array, large):
     """(x -> x @ array) for one matrix, the weights stored as `weights`."""
     array = np.asarray(array, np.float32)
-    if not large or weights in ("float32", "float16"):
+    if large and weights == "int8_matmul":
+      return int8_products.int8_product(array, "s8s8")
+    if large and weights == "int8_onednn":
+      return int8_products.int8_product(array, "onednn_u8s8",
+                                        const_in_body=True)
+    if weights == "float32_const":
+      return lambda x: tf.matmul(x, tf.constant(array))
+    if not large or weights in ("float32", "float16", "int8_matmul",
+                                "int8_onednn"):
       # float16: LiteRT's converter stores the constants as float16.
       kernel = tf.constant(array)
       return lambda x: tf.matmul(x, kernel)
@@ -570,7 +596,9 @@ def main():
                       "floor, floor_xla, floor_int8_xla, "
                       "floor_int8_reduce_xla, floor_bf16_xla, "
                       "floor_bf16, floor_litert, floor_litert_int8, "
-                      "floor_litert_f16, keras_hub, keras_hub_jit")
+                      "floor_litert_f16, floor_const, floor_int8_matmul, "
+                      "floor_int8_matmul_xla, floor_int8_onednn, keras_hub, "
+                      "keras_hub_jit")
   parser.add_argument("--processes", default=",".join(PROCESSES),
                       help="comma list of whole-process variants: rnnstep, "
                       "keras_hub (empty: none)")
