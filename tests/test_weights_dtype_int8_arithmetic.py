@@ -106,3 +106,29 @@ def test_litert_dynamic_int8_is_xnnpack_arithmetic():
         interpreter.get_output_details()[0]["index"])[0]
     np.testing.assert_array_equal(
         got, int8_products.xnnpack_dynamic_int8(row, stored, scale))
+
+
+@pytest.mark.slow
+def test_graph_computes_litert_dynamic_int8_bit_for_bit():
+  """XNNPACK's arithmetic in a TensorFlow graph (oneDNN's u8 x s8 sums)
+  gives LiteRT's outputs exactly: one int8 text on both is possible."""
+  from ai_edge_litert import interpreter as litert
+  k, n = 192, 40
+  array = weights(k, n, seed=3)
+  _, scale = int8_products.quantize_columns(array)
+  interpreter = litert.Interpreter(
+      model_content=int8_products.litert_product(array, True))
+  interpreter.allocate_tensors()
+  x = activations(k, seed=4)
+  x[5] = np.abs(x[5])
+  x[6] = -np.abs(x[6])
+  litert_rows = []
+  for row in x:
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
+                           row[None])
+    interpreter.invoke()
+    litert_rows.append(interpreter.get_tensor(
+        interpreter.get_output_details()[0]["index"])[0])
+  graph = tf.function(int8_products.xnnpack_int8_product(array))(
+      tf.constant(x), tf.constant(scale)).numpy()
+  np.testing.assert_array_equal(graph, np.stack(litert_rows))

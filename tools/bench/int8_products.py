@@ -76,7 +76,8 @@ def quantize_rows(x):
   `numpy_int8_product` is the same in numpy.
 
   Written as TensorFlow's graph optimizer leaves it: it turns `x / 127`
-  into `x * (1 / 127)` and regroups a chain of products to bring a
+  into `x * (1 / 127)` and `1 / x` into a Reciprocal (approximate in
+  Eigen), and regroups a chain of products to bring a
   constant to the smaller operand (`(sum * row) * column` into
   `sum * (row * column)`, and `(row * c1) * c2` into `row * (c1 * c2)`),
   either of which changes the last bit of some results. So no constant
@@ -161,6 +162,48 @@ def xnnpack_dynamic_int8(x, q_out_in, scale):
   w = q_out_in.astype(np.int64)
   sums = (w @ qx - zero_point * w.sum(1)).astype(f)
   return (sums * f(f(1) / multiplier)) * scale
+
+
+def xnnpack_int8_product(array):
+  """XNNPACK's dynamic-range arithmetic (`xnnpack_dynamic_int8`) in
+  TensorFlow, the int32 sums by oneDNN's u8 x s8 (an asymmetric int8 row
+  plus 128 is a u8 row; 128 and the zero point come off in int32), the
+  weights constants of the graph: (x `[B, K]`, column scale `[N]`) ->
+  x @ array. The column scale is an argument: a constant there would be
+  regrouped by the graph optimizer (`quantize_rows`), and XNNPACK
+  multiplies by the row's scale first."""
+  import tensorflow as tf
+  q, _ = quantize_columns(np.asarray(array, np.float32))
+  column_sums = q.astype(np.int32).sum(0)
+  zero_bias = np.zeros(q.shape[1], np.int32)
+  f = lambda value: tf.constant(np.float32(value))
+
+  def product(x, column_scale):
+    low = tf.minimum(f(0), tf.reduce_min(x, -1, keepdims=True))
+    high = tf.maximum(f(0), tf.reduce_max(x, -1, keepdims=True))
+    multiplier = tf.where(low == high, f(1), f(255) / (high - low))
+    low_scaled, high_scaled = low * multiplier, high * multiplier
+    zero_point = tf.where((f(-128) + low_scaled) + (f(127) + high_scaled) > 0,
+                          f(-128) - low_scaled, f(127) - high_scaled)
+    zero_point = tf.round(tf.clip_by_value(zero_point, f(-128), f(127)))
+    qx = tf.clip_by_value(tf.round(x * multiplier) + zero_point, f(-128),
+                          f(127))
+    shifted = tf.cast(tf.cast(qx, tf.int32) + 128, tf.uint8)
+    sums = tf.raw_ops.QuantizedMatMulWithBias(
+        a=tf.bitcast(shifted, tf.quint8), b=tf.constant(q, tf.qint8),
+        bias=tf.bitcast(tf.constant(zero_bias), tf.qint32),
+        min_a=f(0), max_a=f(255), min_b=f(-127), max_b=f(127),
+        Toutput=tf.qint32)[0]
+    offset = tf.cast(zero_point, tf.int32) + 128
+    sums = tf.bitcast(sums, tf.int32) - offset * column_sums
+    # Not `1 / multiplier`: the graph optimizer makes that a Reciprocal,
+    # which Eigen computes approximately (off in the last bit).
+    row_scale = tf.math.divide_no_nan(f(1), multiplier)
+    # MulNoNan (exact where the scale is not 0) keeps the two products
+    # apart: the optimizer regroups a chain of Muls of different shapes.
+    return tf.math.multiply_no_nan(tf.cast(sums, tf.float32) * row_scale,
+                                   column_scale)
+  return product
 
 
 class TfLoop:
@@ -258,6 +301,11 @@ def check(array, rows=100):
       found[f"{'xla' if xla else 'graph'}_{how} == numpy int8 x int8"] = (
           np.array_equal(got, want))
   flatbuffer = litert_product(array, True)
+  xnnpack = tf.function(xnnpack_int8_product(array))
+  got = xnnpack(tf.constant(x), tf.constant(scale)).numpy()
+  want = np.stack([xnnpack_dynamic_int8(row, q.T, scale) for row in x])
+  found["graph_onednn_u8s8, XNNPACK's arithmetic == numpy XNNPACK dynamic "
+        "int8"] = np.array_equal(got, want)
   for name, options in [("litert_dynamic_int8", {}), (
       "litert_dynamic_int8_builtin",
       {"experimental_op_resolver_type":
