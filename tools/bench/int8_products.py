@@ -168,17 +168,14 @@ def xnnpack_int8_product(array):
   """XNNPACK's dynamic-range arithmetic (`xnnpack_dynamic_int8`) in
   TensorFlow, the int32 sums by oneDNN's u8 x s8 (an asymmetric int8 row
   plus 128 is a u8 row; 128 and the zero point come off in int32), the
-  weights constants of the graph: (x `[B, K]`, column scale `[N]`) ->
-  x @ array. The column scale is an argument: a constant there would be
-  regrouped by the graph optimizer (`quantize_rows`), and XNNPACK
-  multiplies by the row's scale first."""
+  weights constants of the graph: x `[B, K]` -> x @ array."""
   import tensorflow as tf
-  q, _ = quantize_columns(np.asarray(array, np.float32))
+  q, column_scale = quantize_columns(np.asarray(array, np.float32))
   column_sums = q.astype(np.int32).sum(0)
   zero_bias = np.zeros(q.shape[1], np.int32)
   f = lambda value: tf.constant(np.float32(value))
 
-  def product(x, column_scale):
+  def product(x):
     low = tf.minimum(f(0), tf.reduce_min(x, -1, keepdims=True))
     high = tf.maximum(f(0), tf.reduce_max(x, -1, keepdims=True))
     multiplier = tf.where(low == high, f(1), f(255) / (high - low))
@@ -199,8 +196,9 @@ def xnnpack_int8_product(array):
     # Not `1 / multiplier`: the graph optimizer makes that a Reciprocal,
     # which Eigen computes approximately (off in the last bit).
     row_scale = tf.math.divide_no_nan(f(1), multiplier)
-    # MulNoNan (exact where the scale is not 0) keeps the two products
-    # apart: the optimizer regroups a chain of Muls of different shapes.
+    # XNNPACK multiplies by the row's scale first. MulNoNan (exact where the
+    # scale is not 0) keeps the two products apart: the graph optimizer
+    # regroups a chain of Muls of different shapes (`quantize_rows`).
     return tf.math.multiply_no_nan(tf.cast(sums, tf.float32) * row_scale,
                                    column_scale)
   return product
@@ -302,7 +300,7 @@ def check(array, rows=100):
           np.array_equal(got, want))
   flatbuffer = litert_product(array, True)
   xnnpack = tf.function(xnnpack_int8_product(array))
-  got = xnnpack(tf.constant(x), tf.constant(scale)).numpy()
+  got = xnnpack(tf.constant(x)).numpy()
   want = np.stack([xnnpack_dynamic_int8(row, q.T, scale) for row in x])
   found["graph_onednn_u8s8, XNNPACK's arithmetic == numpy XNNPACK dynamic "
         "int8"] = np.array_equal(got, want)
