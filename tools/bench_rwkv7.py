@@ -43,7 +43,10 @@ In-process variants (--variants), each warmed up by one call a batch size
       floor_int8_matmul_xla (the same under XLA), floor_int8_onednn
       (oneDNN's `QuantizedMatMulWithBias`, u8 x s8, the weights constants
       of the loop's body) and its baseline floor_const (float32, the
-      weights constants of the body too);
+      weights constants of the body too); floor_int8_xnnpack_onednn: the
+      same oneDNN sums in LiteRT/XNNPACK's dynamic-range arithmetic
+      (activations asymmetric per row), which gives XNNPACK's results bit
+      for bit;
   - keras_hub, keras_hub_jit: `RWKV7CausalLM.generate` (greedy sampler,
     no stop token) as it runs by default and with jit_compile=True, whole
     call including the prefill, each in a worker process of the keras-hub
@@ -195,7 +198,8 @@ FLOOR_VARIANTS = {
     "floor_const": ("graph", "float32_const"),
     "floor_int8_matmul": ("graph", "int8_matmul"),
     "floor_int8_matmul_xla": ("xla", "int8_matmul"),
-    "floor_int8_onednn": ("graph", "int8_onednn")}
+    "floor_int8_onednn": ("graph", "int8_onednn"),
+    "floor_int8_xnnpack_onednn": ("graph", "int8_xnnpack_onednn")}
 
 
 def _floor_token(model, weights):
@@ -222,10 +226,11 @@ def _floor_token(model, weights):
     if large and weights == "int8_onednn":
       return int8_products.int8_product(array, "onednn_u8s8",
                                         const_in_body=True)
+    if large and weights == "int8_xnnpack_onednn":
+      return int8_products.xnnpack_int8_product(array)
     if weights == "float32_const":
       return lambda x: tf.matmul(x, tf.constant(array))
-    if not large or weights in ("float32", "float16", "int8_matmul",
-                                "int8_onednn"):
+    if not large or weights in ("float32", "float16"):
       # float16: LiteRT's converter stores the constants as float16.
       kernel = tf.constant(array)
       return lambda x: tf.matmul(x, kernel)
@@ -597,8 +602,8 @@ def main():
                       "floor_int8_reduce_xla, floor_bf16_xla, "
                       "floor_bf16, floor_litert, floor_litert_int8, "
                       "floor_litert_f16, floor_const, floor_int8_matmul, "
-                      "floor_int8_matmul_xla, floor_int8_onednn, keras_hub, "
-                      "keras_hub_jit")
+                      "floor_int8_matmul_xla, floor_int8_onednn, "
+                      "floor_int8_xnnpack_onednn, keras_hub, keras_hub_jit")
   parser.add_argument("--processes", default=",".join(PROCESSES),
                       help="comma list of whole-process variants: rnnstep, "
                       "keras_hub (empty: none)")
