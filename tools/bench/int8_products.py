@@ -92,7 +92,7 @@ def quantize_rows(x):
 
 
 def numpy_int8_product(x, q, scale):
-  """The int8 x int8 product in numpy (int64 sums: exact), the reference
+  """The int8 x int8 product in numpy (exact integer sums), the reference
   every runtime's `int8_product` must equal bit for bit."""
   x = np.asarray(x, np.float32)
   largest = np.abs(x).max(-1, keepdims=True)
@@ -101,8 +101,9 @@ def numpy_int8_product(x, q, scale):
                           np.float32(0)).astype(np.float32)
     row_scale = np.where(multiplier > 0, np.float32(1) / multiplier,
                          np.float32(0)).astype(np.float32)
-  qx = np.rint(x * multiplier).astype(np.int64)
-  sums = (qx @ q.astype(np.int64)).astype(np.float32)
+  qx = np.rint(x * multiplier)
+  # float64 products of integers: exact (every sum is far below 2**53).
+  sums = (qx.astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
   return sums * (row_scale * scale)
 
 
@@ -142,26 +143,27 @@ def int8_product(array, how, const_in_body=False):
 
 
 def xnnpack_dynamic_int8(x, q_out_in, scale):
-  """LiteRT/XNNPACK's dynamic-range fully-connected product in numpy: x
-  `[K]` rounded asymmetrically to int8 (XNNPACK's
+  """LiteRT/XNNPACK's dynamic-range fully-connected product in numpy: each
+  row of x `[..., K]` rounded asymmetrically to int8 (XNNPACK's
   `xnn_f32_qd8_asymmetric_quantization_params`: a zero point, the
-  multiplier 255 / (max(0, max x) - min(0, min x))), exact int32 sums
+  multiplier 255 / (max(0, max x) - min(0, min x))), exact integer sums
   with the int8 weights `[N, K]` (the converter's: symmetric per output
   channel), then `(float32(sum) * (1 / multiplier)) * scale`."""
   f = np.float32
   x = np.asarray(x, f)
-  low, high = min(f(0), x.min()), max(f(0), x.max())
-  multiplier = f(1) if low == high else f(f(255) / f(high - low))
-  low_scaled, high_scaled = f(low * multiplier), f(high * multiplier)
-  zero_point = (f(-128) - low_scaled
-                if f(f(-128) + low_scaled) + f(f(127) + high_scaled) > 0
-                else f(127) - high_scaled)
-  zero_point = int(np.rint(min(max(zero_point, f(-128)), f(127))))
-  qx = np.clip(np.rint(x * multiplier) + zero_point, -128, 127).astype(
-      np.int64)
-  w = q_out_in.astype(np.int64)
-  sums = (w @ qx - zero_point * w.sum(1)).astype(f)
-  return (sums * f(f(1) / multiplier)) * scale
+  low = np.minimum(f(0), x.min(-1, keepdims=True))
+  high = np.maximum(f(0), x.max(-1, keepdims=True))
+  with np.errstate(divide="ignore"):
+    multiplier = np.where(low == high, f(1), f(255) / (high - low)).astype(f)
+  low_scaled, high_scaled = low * multiplier, high * multiplier
+  zero_point = np.where((f(-128) + low_scaled) + (f(127) + high_scaled) > 0,
+                        f(-128) - low_scaled, f(127) - high_scaled)
+  zero_point = np.rint(np.clip(zero_point, f(-128), f(127)))
+  qx = np.clip(np.rint(x * multiplier) + zero_point, -128, 127)
+  w = q_out_in.astype(np.float64)
+  # float64 products of integers: exact (every sum is far below 2**53).
+  sums = qx.astype(np.float64) @ w.T - zero_point.astype(np.float64) * w.sum(1)
+  return (sums.astype(f) * (f(1) / multiplier)) * scale
 
 
 def xnnpack_int8_product(array):
@@ -301,7 +303,7 @@ def check(array, rows=100):
   flatbuffer = litert_product(array, True)
   xnnpack = tf.function(xnnpack_int8_product(array))
   got = xnnpack(tf.constant(x)).numpy()
-  want = np.stack([xnnpack_dynamic_int8(row, q.T, scale) for row in x])
+  want = xnnpack_dynamic_int8(x, q.T, scale)
   found["graph_onednn_u8s8, XNNPACK's arithmetic == numpy XNNPACK dynamic "
         "int8"] = np.array_equal(got, want)
   for name, options in [("litert_dynamic_int8", {}), (
