@@ -11,7 +11,8 @@ sums): TensorFlow's graph (`tf.linalg.matmul(int8, int8)` and oneDNN's
 `QuantizedMatMulWithBias`) and XLA give the numpy int8 x int8 product bit
 for bit; LiteRT/XNNPACK's dynamic-range fully-connected product equals
 XNNPACK's arithmetic written in numpy bit for bit, and the converter keeps
-rnnstep's int8 weights and scales as they are.
+rnnstep's int8 weights and scales as they are; and a TensorFlow graph
+computes XNNPACK's arithmetic (on oneDNN's sums) to LiteRT's very bits.
 """
 
 import numpy as np

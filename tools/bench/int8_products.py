@@ -17,10 +17,9 @@ int8 x int8 here means (`quantize_rows`, `int8_product`): the weights
 rnnstep's int8 weights (per output column), the activations rounded per
 row to int8 too (symmetric: multiplier = 127 / max|row|,
 q = round(x * multiplier), scale = 1 / multiplier), the products summed
-exactly in int32,
-then `float32(sum) * (row scale * column scale)`.
-The int32 sums are exact, so any runtime that computes them gives the
-same float32 result bit for bit. The variants:
+exactly in int32, then `float32(sum) * (row scale * column scale)`. The
+int32 sums are exact, so any runtime that computes them gives the same
+float32 result bit for bit. The variants:
 
   graph_f32: `tf.matmul` in a graph `tf.while_loop` (the weights captured:
     what rnnstep's programs read, their weights being arguments);
@@ -39,7 +38,8 @@ same float32 result bit for bit. The variants:
 
 LiteRT's dynamic-range int8 is not the arithmetic above: it rounds each
 activation row asymmetrically (a zero point). `xnnpack_dynamic_int8`
-writes XNNPACK's arithmetic in numpy; --check_only (and every run, first)
+writes XNNPACK's arithmetic in numpy, `xnnpack_int8_product` in a
+TensorFlow graph on oneDNN's sums; --check_only (and every run, first)
 prints whether each runtime's outputs equal their numpy definition bit for
 bit over 100 random rows.
 """
