@@ -158,7 +158,11 @@ COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # a fresh interpreter
+# Every batch size 1-64 under XLA, in a fresh interpreter: a sweep, so in
+# the exhaustive tier. By default BucketTest checks the seven buckets and
+# tests/test_jobs.py's short last batch that XLA reuses a bucket's program.
+@pytest.mark.slow
+@pytest.mark.exhaustive
 class CompileCountTest(tf.test.TestCase):
 
   def test_xla_batch_sweep_compiles_at_most_seven_programs(self):

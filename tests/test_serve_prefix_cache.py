@@ -132,6 +132,7 @@ def test_cached_prefixes_give_the_same_text_gru_graph(model, case):
   assert cache.hits >= 2 * len(USERS) and cache.tokens_saved > 0
 
 
+@pytest.mark.exhaustive  # The path sweep: the graph path by default.
 def test_cached_prefixes_give_the_same_text_gru_elementwise(model):
   # The elementwise path primes the whole prompt (nothing unconsumed).
   plain, cached, cache = cached_and_not(model, BATCHES, *CASES[1],
@@ -158,8 +159,11 @@ def test_cached_prefixes_give_the_same_text_rwkv7_graph(rwkv7_model, case):
   assert cached == plain and cache.hits
 
 
+# The path sweep (the graph path by default); where RWKV-7 resumes under
+# XLA is test_rwkv7_resumes_only_where_its_own_pieces_end, by default.
 @pytest.mark.slow
-@pytest.mark.parametrize("case", quick_params([0, 1], 1))
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("case", [0, 1])
 def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
   # XLA primes RWKV-7 in chunks (`loop.primes_in_chunks`): a row resumed
   # from a cached state starts its chunks elsewhere.
@@ -187,7 +191,8 @@ def _primed(calls, model, ids, splits):
   return tf.nest.flatten(state)
 
 
-@pytest.mark.parametrize("path", ["graph", "elementwise"])
+@pytest.mark.parametrize("path",
+                         quick_params(["graph", "elementwise"], "graph"))
 def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
     model, tmp_path, path):
   """Where `splits_exact` holds (a stepped cell; TensorFlow's matmuls for

@@ -16,6 +16,7 @@ import pytest
 from tests.support import cli
 from tests.support import numpy_reference as nr
 from tests.support import rwkv7_reference
+from tests.support.tiers import quick_params
 
 import rnnstep
 from rnnstep import errors
@@ -118,7 +119,10 @@ def test_float32_is_the_weights_as_they_are(gru_file):
       np.testing.assert_array_equal(value, plain.tensors[key])
 
 
-@pytest.mark.parametrize("path", [False, True, "elementwise"])
+# XLA against the graph path in the default run; the elementwise path (and
+# the graph against itself) in the exhaustive tier, as the other sweeps.
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              True))
 def test_every_path_gives_int8_s_text(gru_file, path):
   model = rnnstep.load(gru_file, weights_dtype="int8")
   want = rnnstep.generate(model, [PROMPT, "A"], 24, temperature=0.0,
@@ -131,7 +135,8 @@ def test_every_path_gives_int8_s_text(gru_file, path):
                               **sampled))
 
 
-@pytest.mark.parametrize("path", [False, "elementwise"])
+# The graph path against XLA by default; elementwise in the exhaustive tier.
+@pytest.mark.parametrize("path", quick_params([False, "elementwise"], False))
 def test_rwkv7_paths_give_int8_s_text(path):
   model = rnnstep.load(RWKV7_PRESET, weights_dtype="int8")
   prompts = ["Hello the poet said", "A"]

@@ -81,6 +81,7 @@ def test_int8_product_is_near_the_float32_product():
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # A benchmark tool's finding (LiteRT conversions).
 def test_litert_dynamic_int8_is_xnnpack_arithmetic():
   from ai_edge_litert import interpreter as litert
   k, n = 160, 56
@@ -110,6 +111,7 @@ def test_litert_dynamic_int8_is_xnnpack_arithmetic():
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # A benchmark tool's finding (LiteRT conversions).
 def test_graph_computes_litert_dynamic_int8_bit_for_bit():
   """XNNPACK's arithmetic in a TensorFlow graph (oneDNN's u8 x s8 sums)
   gives LiteRT's outputs exactly: one int8 text on both is possible."""

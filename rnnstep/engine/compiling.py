@@ -154,7 +154,7 @@ class Compiler:
   def _work(self) -> None:
     while True:
       with self._lock:
-        if not self._queue:
+        if not self._queue or _EXITING:
           self._thread = None
           return
         key, (generator, name, args, _) = self._queue.popitem(last=False)
@@ -193,6 +193,9 @@ _COMPILERS_LOCK = threading.Lock()
 # Compilers whose thread is inside a compile (or its trace) now.
 _COMPILING = weakref.WeakSet()
 _EXIT_HANDLER = []
+# Set (under every compiler's lock) when the process exits: no compile starts
+# after the exit handler has looked for one running.
+_EXITING = False
 
 
 def for_programs(programs) -> Compiler:
@@ -217,6 +220,15 @@ def _exit_while_compiling() -> None:
   """At exit, while a program compiles (or traces): the other exit handlers,
   then `os._exit` with the process's status (the interpreter's own exit
   would abort inside XLA; see the module docstring)."""
+  global _EXITING
+  with _COMPILERS_LOCK:
+    compilers = list(_COMPILERS.values())
+  # Under each compiler's lock, so that a compile thread between two shapes
+  # either sees the flag and stops or is already in `_COMPILING` here.
+  for compiler in compilers:
+    with compiler._lock:  # pylint: disable=protected-access
+      _EXITING = True
+  _EXITING = True
   if not any(True for _ in _COMPILING):
     return
   atexit.unregister(_exit_while_compiling)
