@@ -43,7 +43,8 @@ used.
 
 The cache is bounded: after each fill, entries are removed least recently
 used first (a warm run's lookup touches its manifest) until they hold at
-most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`); locks and temp files
+most `max_bytes` ($RNNSTEP_CACHE_MAX_MB, else the larger of
+`tuning_cache.DEFAULT_MAX_MB` and twice the largest artifact); locks and temp files
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
@@ -94,12 +95,12 @@ VERSION = 2
 SUBDIR = "litert"
 RUNTIME_DISTRIBUTION = "ai-edge-litert"
 MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
-# The cap on the entries' total size (`tuning_cache.max_bytes`).
+# The explicit cap on the entries' total size (`max_bytes`).
 MAX_MB_ENV = tuning_cache.MAX_MB_ENV
-max_bytes = tuning_cache.max_bytes
 # Converting held about this many bytes per byte of the model's float32
-# weights (TensorFlow's LiteRT converter on an 8-block, 768-wide RWKV-7:
-# 7.6 GB for 644 MB of weights, 248 s, an 886 MB artifact).
+# weights (TensorFlow's LiteRT converter on the 0.1B RWKV-7, 12 blocks x
+# 768: 8.8 GB peak for 729 MB of weights, 165 s, a 766 MB artifact; an
+# 8-block one, with a tensor per block part, 7.6 GB for 644 MB).
 CONVERT_BYTES_PER_WEIGHT_BYTE = 12
 # A model folder with more files or bytes than this is not cached (hashing it
 # would cost each warm run more than it saves).
@@ -577,9 +578,10 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
     fields["failed"] = f"{type(e).__name__}: {_one_line(e)}"
   else:
     fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens)
-    if len(flatbuffer) > max_bytes():  # It would be evicted at once.
+    cap = max_bytes(len(flatbuffer))
+    if len(flatbuffer) > cap:  # It would be evicted at once.
       fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "
-                f"exceed the cache's cap ({MAX_MB_ENV}={max_bytes() >> 20})"}
+                f"exceed the cache's cap ({MAX_MB_ENV}={cap >> 20})"}
   if model_digest(model_path) != the_key["model"]:
     return "model file changed"
   write_entry(the_key, model_path=model_path, **fields)
@@ -593,13 +595,14 @@ def size_refusal(weight_bytes: int, available_memory: Optional[int]
   not built, before converting, and whether to record it; (None, False)
   when it may be.
 
-  The flatbuffer holds every weight at least once, so weights over the
-  cap (`max_bytes`) make an artifact that would be evicted at once
-  (recorded: not tried again until the key changes, as a refused export
-  is). A conversion needing more than `available_memory` (about
-  `CONVERT_BYTES_PER_WEIGHT_BYTE` x the weights) is not started this time.
+  The flatbuffer holds every weight at least once, so weights over an
+  explicit cap (`max_bytes`: the default one grows to admit them) make an
+  artifact that would be evicted at once (recorded: not tried again until
+  the key changes, as a refused export is). A conversion needing more than
+  `available_memory` (about `CONVERT_BYTES_PER_WEIGHT_BYTE` x the weights)
+  is not started this time.
   """
-  cap = max_bytes()
+  cap = max_bytes(weight_bytes)
   if weight_bytes > cap:
     return (f"its float32 weights alone ({_megabytes(weight_bytes)} MB) "
             f"exceed the cache's cap ({MAX_MB_ENV}={_megabytes(cap)})"), True
@@ -608,6 +611,28 @@ def size_refusal(weight_bytes: int, available_memory: Optional[int]
     return (f"converting needs about {need / 2**30:.1f} GB, "
             f"{available_memory / 2**30:.1f} GB is available"), False
   return None, False
+
+
+def max_bytes(admitting: int = 0) -> int:
+  """The cap on the entries' total size, in bytes.
+
+  $RNNSTEP_CACHE_MAX_MB where set (`tuning_cache.max_bytes`). Otherwise it
+  follows the models its user runs: the larger of the default
+  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest artifact,
+  one kept or the `admitting` bytes about to be, so that the largest model
+  and another of its size stay (the 0.1B RWKV-7's artifact alone is 766
+  MB). The memory converting needs (`size_refusal`) bounds what is built.
+  """
+  if MAX_MB_ENV in os.environ:
+    return tuning_cache.max_bytes()
+  largest = admitting
+  with contextlib.suppress(OSError):
+    folder = directory()
+    for name in os.listdir(folder):
+      if name.endswith(".tflite") and _ENTRY_FILE.match(name):
+        with contextlib.suppress(OSError):
+          largest = max(largest, os.path.getsize(os.path.join(folder, name)))
+  return max(tuning_cache.max_bytes(), 2 * largest)
 
 
 def _megabytes(n: int) -> str:
