@@ -549,15 +549,18 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
   flatbuffer = litert.convert(model)
   for case, options in LITERT_CASES.items():
     beams = options.get("num_beams", 1)
-    got = litert_runner.run_artifact(
-        flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
-        tokens=model.tokens, **dict(options, seed=options.get("seed", 0)))
     want = rnnstep.generate(model, LITERT_PROMPTS, 30, jit_compile=False,
                             **(dict(options, num_return_sequences=beams)
                                if beams > 1 else options))
     if beams > 1:
       want = [text for texts in want for text in texts]
-    assert got == want, case
+    # XNNPACK's kernels (small artifacts) and the builtin ones (large).
+    for builtin_kernels in (False, True):
+      got = litert_runner.run_artifact(
+          flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
+          tokens=model.tokens, builtin_kernels=builtin_kernels,
+          **dict(options, seed=options.get("seed", 0)))
+      assert got == want, (case, builtin_kernels)
 
 
 @pytest.mark.slow  # A LiteRT conversion and a fresh process.
