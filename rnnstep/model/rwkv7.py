@@ -123,12 +123,9 @@ class RWKV7Cell(Cell):
     # Each block's tensors are sliced here, once, outside the loops: a
     # slice inside a graph loop's body is an op a step (a copy of each
     # matrix, every token, measured 2-3x the weight-reading floor).
-    self._stacked = (
-        *(tf.cast(t, tf.float32) for t in (
-            ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2, g1, g2)),
-        *(tf.cast(t, self.compute_dtype) for t in (
-            receptance, key, value, output, ffn_key, ffn_value)))
-    self.block_tensors = _blocks_of(tf.unstack, self._stacked)
+    self._stacked = (ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2, g1, g2,
+                     receptance, key, value, output, ffn_key, ffn_value)
+    self.block_tensors = _blocks_of(tf.unstack, self._cast(self._stacked))
     # See `blocks_sliced_in_step`.
     self.slices_blocks_in_step = False
     self.output_norm = tuple(tf.unstack(
@@ -191,7 +188,13 @@ class RWKV7Cell(Cell):
     if not self.slices_blocks_in_step:
       return self.block_tensors
     return _blocks_of(lambda t: [t[i] for i in range(self.blocks)],
-                      self._stacked)
+                      self._cast(self._stacked))
+
+  def _cast(self, stacked):
+    """The stacked tensors (`_blocks_of`'s order) in their dtypes: the
+    vectors and LoRAs float32, the big matrices the compute dtype."""
+    return (*(tf.cast(t, tf.float32) for t in stacked[:12]),
+            *(tf.cast(t, self.compute_dtype) for t in stacked[12:]))
 
   def step(self, x_proj, state):
     x = gather_rows(x_proj)
