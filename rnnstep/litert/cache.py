@@ -99,8 +99,9 @@ MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
 MAX_MB_ENV = tuning_cache.MAX_MB_ENV
 # Converting held about this many bytes per byte of the model's float32
 # weights (TensorFlow's LiteRT converter on the 0.1B RWKV-7, 12 blocks x
-# 768: 8.8 GB peak for 729 MB of weights, 165 s, a 766 MB artifact; an
-# 8-block one, with a tensor per block part, 7.6 GB for 644 MB).
+# 768, 729 MB of weights, a 766 MB artifact: 8.8 GB peak with the model
+# loaded in the converting process, 6.1 GB in `_export`'s, whose child
+# loads it, 175 s; kept at 12 for the converter's own variation).
 CONVERT_BYTES_PER_WEIGHT_BYTE = 12
 # A model folder with more files or bytes than this is not cached (hashing it
 # would cost each warm run more than it saves).
@@ -506,17 +507,64 @@ def spawn_fill(model_path: str, the_key: dict):
 def _export(model_path: str):
   """(flatbuffer, vocab, tokens JSON or None) of the model (imports TF).
 
+  A child process loads the model and saves its generation as a SavedModel
+  (`_save_child`); this one converts that, never holding the model: the
+  0.1B RWKV-7's conversion peaked at 8.8 GB with the model loaded in the
+  same process (~11x its weights, TensorFlow's own ~0.6 GB aside), ~8.4x
+  without it.
+
   Raises:
     ValueError: the export refuses the model (e.g. one recording a window).
     Exception: anything loading or converting raises.
   """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as work:
+    saved = os.path.join(work, "saved")
+    child = subprocess.run(
+        [sys.executable, "-I", "-c", _SAVE_CHILD, json.dumps(child_path()),
+         model_path, saved, os.path.join(work, "vocab.json")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, cwd=work, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    said = child.stderr.decode("utf-8", "replace").strip().splitlines()
+    said = said[-1] if said else f"exit status {child.returncode}"
+    if child.returncode == _REFUSED:
+      raise ValueError(said)
+    if child.returncode:
+      raise RuntimeError(f"saving the model for conversion failed: {said}")
+    with open(os.path.join(work, "vocab.json"), encoding="utf-8") as f:
+      vocab, tokens = json.load(f)
+    from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
+    return export.convert_saved(saved), vocab, tokens
+
+
+# `_export`'s child: loads the model, saves its generation for the
+# converter and its vocabulary beside; exit status _REFUSED with the
+# export's refusal (a ValueError) as its last line on stderr.
+_REFUSED = 3
+_SAVE_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+               "from rnnstep.litert import cache; "
+               "sys.exit(cache.save_child(*sys.argv[1:]))")
+
+
+def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
+  """`_export`'s child's work (imports TensorFlow): see `_SAVE_CHILD`."""
   # pylint: disable=g-import-not-at-top
   from rnnstep import api
   from rnnstep.litert import export
   # pylint: enable=g-import-not-at-top
-  model = api.load(model_path)
-  return (export.convert(model), list(model.vocab),
-          None if model.is_characters else model.tokens.to_json())
+  try:
+    model = api.load(model_path)
+    os.mkdir(saved_dir, 0o700)
+    export.save_generation(model, saved_dir)
+  except ValueError as e:
+    print(_one_line(e), file=sys.stderr)
+    return _REFUSED
+  with open(vocab_path, "w", encoding="utf-8") as f:
+    json.dump([list(model.vocab),
+               None if model.is_characters else model.tokens.to_json()], f)
+  return 0
 
 
 def fill(model_path: str, the_key: dict) -> str:
