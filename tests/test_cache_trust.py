@@ -246,6 +246,21 @@ def test_the_default_cap_is_a_few_hundred_megabytes(monkeypatch):
   assert compiled_cache.max_bytes() == 64 << 20
 
 
+def test_the_default_cap_keeps_twice_the_largest_artifact(cache):
+  """Unset, the cap follows the models run: the 0.1B RWKV-7 (729 MB of
+  float32 weights) is admitted, and a kept artifact of 400 MB keeps the
+  cache at 800 MB; set, $RNNSTEP_CACHE_MAX_MB is the cap."""
+  default = tuning_cache.DEFAULT_MAX_MB << 20
+  assert compiled_cache.max_bytes() == default
+  assert compiled_cache.max_bytes(729 << 20) == 2 * (729 << 20)
+  assert compiled_cache.size_refusal(729 << 20, None) == (None, False)
+  folder = compiled_cache.ensure_directory()
+  with open(os.path.join(folder, "ab" * 20 + ".tflite"), "wb") as f:
+    f.truncate(400 << 20)  # Sparse: no disk written.
+  assert compiled_cache.max_bytes() == 800 << 20
+  assert compiled_cache.max_bytes(100 << 20) == 800 << 20
+
+
 def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
                                                           monkeypatch):
   the_key = compiled_cache.key(weights, RUNTIME)

@@ -494,24 +494,6 @@ def test_web_export_refuses_in_one_line(preset_model):
     web.check_exportable(preset_model)
 
 
-def test_litert_export_refuses_a_stack_the_converter_aborts_on():
-  """TensorFlow's LiteRT converter aborts the process on 9 blocks or more
-  (the 0.1B shape has 12): refused in one line before it runs."""
-  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
-  from rnnstep.model import kinds, model_file, network  # pylint: disable=g-import-not-at-top
-  sizes = dict(blocks=litert.MAX_RWKV7_BLOCKS + 1, head_size=8, ffn=16,
-               decay_lora=4, a_lora=4, v_lora=4, gate_lora=4)
-  layer = model_file.LayerConfig(
-      "rwkv7", 16, sizes=tuple((k, sizes[k]) for k in kinds.RWKV7_SIZES))
-  config = model_file.ModelConfig(16, (layer,))
-  tensors = {k: np.zeros(shape, np.float32)
-             for k, shape in config.expected_shapes(8).items()}
-  model = network.Model(config, list("abcdefgh"), tensors)
-  with pytest.raises(ValueError, match=r"at most 8 blocks, this one has 9 "
-                     r"\(TensorFlow's LiteRT converter aborts on more\)"):
-    litert.convert(model)
-
-
 # The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
 LITERT_PROMPTS = ["Hello the poet said", "中文", "A"]
 LITERT_CASES = {
@@ -525,30 +507,60 @@ LITERT_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def deep_pth_model(tmp_path_factory):
+  """A 12-block official `.pth` (the 0.1B model's depth): the fixture's
+  three blocks four times over, block 0's ln0 once."""
+  obj, _, close = torch_zip.read_zip(PTH)
+  try:
+    arrays = {name: tensor.read(PTH, name) for name, tensor in
+              torch_state_dict.find_state_dict(obj, PTH).tensors.items()}
+  finally:
+    close()
+  deep = {name: array for name, array in arrays.items()
+          if not name.startswith("blocks.")}
+  for block in range(12):
+    prefix = f"blocks.{block % 3}."
+    deep.update((f"blocks.{block}.{name[len(prefix):]}", array)
+                for name, array in arrays.items() if name.startswith(prefix)
+                and (block == 0 or ".ln0." not in name))
+  folder = tmp_path_factory.mktemp("rwkv7_deep")
+  torch_files.write_state_dict(folder / "deep.pth", deep)
+  convert.convert(folder / "deep.pth", folder / "deep.npz", vocab=VOCAB)
+  return rnnstep.load(str(folder / "deep.npz"))
+
+
 @pytest.mark.slow  # A LiteRT conversion a model.
-@pytest.mark.parametrize("which", ["preset", "pth"])
+@pytest.mark.parametrize("which", ["preset", "pth", "12 blocks"])
 def test_litert_artifact_gives_the_library_s_text(which, preset_model,
-                                                  pth_model):
+                                                  pth_model, deep_pth_model):
   """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
   built with numpy), gives `generate`'s greedy, sampled and beam text
-  (the converter once dropped the feed-forward's ReLU: `_squared_relu`)."""
+  (the converter once dropped the feed-forward's ReLU: `_squared_relu`),
+  at 12 blocks too (TensorFlow 2.21's converter aborted the process from 9
+  blocks on before the step's tensors were stacked:
+  `RWKV7Cell.blocks_sliced_in_step`)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
-  model = preset_model if which == "preset" else pth_model
+  model = {"preset": preset_model, "pth": pth_model,
+           "12 blocks": deep_pth_model}[which]
   flatbuffer = litert.convert(model)
   for case, options in LITERT_CASES.items():
     beams = options.get("num_beams", 1)
-    got = litert_runner.run_artifact(
-        flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
-        tokens=model.tokens, **dict(options, seed=options.get("seed", 0)))
     want = rnnstep.generate(model, LITERT_PROMPTS, 30, jit_compile=False,
                             **(dict(options, num_return_sequences=beams)
                                if beams > 1 else options))
     if beams > 1:
       want = [text for texts in want for text in texts]
-    assert got == want, case
+    # XNNPACK's kernels (small artifacts) and the builtin ones (large).
+    for builtin_kernels in (False, True):
+      got = litert_runner.run_artifact(
+          flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
+          tokens=model.tokens, builtin_kernels=builtin_kernels,
+          **dict(options, seed=options.get("seed", 0)))
+      assert got == want, (case, builtin_kernels)
 
 
 @pytest.mark.slow  # A LiteRT conversion and a fresh process.

@@ -57,7 +57,8 @@ same text. --verbose says which path ran and why, and what still takes
 TensorFlow; --nocache turns the cache off. The cache is keyed on every file
 the model is read from, the TensorFlow, rnnstep and ai_edge_litert versions
 and the CPU, holds at most
-$RNNSTEP_CACHE_MAX_MB (default 512) MB, least recently used entries removed
+$RNNSTEP_CACHE_MAX_MB MB (default: 512, or twice the largest artifact),
+least recently used entries removed
 first; --cache_info lists it, --cache_clear empties it.
 
 Bulk jobs: --input=IN.jsonl --output=OUT.jsonl reads one record a line,

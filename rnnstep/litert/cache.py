@@ -43,7 +43,8 @@ used.
 
 The cache is bounded: after each fill, entries are removed least recently
 used first (a warm run's lookup touches its manifest) until they hold at
-most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`); locks and temp files
+most `max_bytes` ($RNNSTEP_CACHE_MAX_MB, else the larger of
+`tuning_cache.DEFAULT_MAX_MB` and twice the largest artifact); locks and temp files
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
@@ -94,12 +95,13 @@ VERSION = 2
 SUBDIR = "litert"
 RUNTIME_DISTRIBUTION = "ai-edge-litert"
 MAX_MANIFEST_BYTES = 16 << 20  # A manifest holds the vocabulary (<= 1M chars).
-# The cap on the entries' total size (`tuning_cache.max_bytes`).
+# The explicit cap on the entries' total size (`max_bytes`).
 MAX_MB_ENV = tuning_cache.MAX_MB_ENV
-max_bytes = tuning_cache.max_bytes
 # Converting held about this many bytes per byte of the model's float32
-# weights (TensorFlow's LiteRT converter on an 8-block, 768-wide RWKV-7:
-# 7.6 GB for 644 MB of weights, 248 s, an 886 MB artifact).
+# weights (TensorFlow's LiteRT converter on the 0.1B RWKV-7, 12 blocks x
+# 768, 729 MB of weights, a 766 MB artifact: 8.8 GB peak with the model
+# loaded in the converting process, 6.1 GB in `_export`'s, whose child
+# loads it, 175 s; kept at 12 for the converter's own variation).
 CONVERT_BYTES_PER_WEIGHT_BYTE = 12
 # A model folder with more files or bytes than this is not cached (hashing it
 # would cost each warm run more than it saves).
@@ -505,17 +507,64 @@ def spawn_fill(model_path: str, the_key: dict):
 def _export(model_path: str):
   """(flatbuffer, vocab, tokens JSON or None) of the model (imports TF).
 
+  A child process loads the model and saves its generation as a SavedModel
+  (`_save_child`); this one converts that, never holding the model: the
+  0.1B RWKV-7's conversion peaked at 8.8 GB with the model loaded in the
+  same process (~11x its weights, TensorFlow's own ~0.6 GB aside), ~8.4x
+  without it.
+
   Raises:
     ValueError: the export refuses the model (e.g. one recording a window).
     Exception: anything loading or converting raises.
   """
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as work:
+    saved = os.path.join(work, "saved")
+    child = subprocess.run(
+        [sys.executable, "-I", "-c", _SAVE_CHILD, json.dumps(child_path()),
+         model_path, saved, os.path.join(work, "vocab.json")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, cwd=work, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    said = child.stderr.decode("utf-8", "replace").strip().splitlines()
+    said = said[-1] if said else f"exit status {child.returncode}"
+    if child.returncode == _REFUSED:
+      raise ValueError(said)
+    if child.returncode:
+      raise RuntimeError(f"saving the model for conversion failed: {said}")
+    with open(os.path.join(work, "vocab.json"), encoding="utf-8") as f:
+      vocab, tokens = json.load(f)
+    from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
+    return export.convert_saved(saved), vocab, tokens
+
+
+# `_export`'s child: loads the model, saves its generation for the
+# converter and its vocabulary beside; exit status _REFUSED with the
+# export's refusal (a ValueError) as its last line on stderr.
+_REFUSED = 3
+_SAVE_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+               "from rnnstep.litert import cache; "
+               "sys.exit(cache.save_child(*sys.argv[1:]))")
+
+
+def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
+  """`_export`'s child's work (imports TensorFlow): see `_SAVE_CHILD`."""
   # pylint: disable=g-import-not-at-top
   from rnnstep import api
   from rnnstep.litert import export
   # pylint: enable=g-import-not-at-top
-  model = api.load(model_path)
-  return (export.convert(model), list(model.vocab),
-          None if model.is_characters else model.tokens.to_json())
+  try:
+    model = api.load(model_path)
+    os.mkdir(saved_dir, 0o700)
+    export.save_generation(model, saved_dir)
+  except ValueError as e:
+    print(_one_line(e), file=sys.stderr)
+    return _REFUSED
+  with open(vocab_path, "w", encoding="utf-8") as f:
+    json.dump([list(model.vocab),
+               None if model.is_characters else model.tokens.to_json()], f)
+  return 0
 
 
 def fill(model_path: str, the_key: dict) -> str:
@@ -577,9 +626,10 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
     fields["failed"] = f"{type(e).__name__}: {_one_line(e)}"
   else:
     fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens)
-    if len(flatbuffer) > max_bytes():  # It would be evicted at once.
+    cap = max_bytes(len(flatbuffer))
+    if len(flatbuffer) > cap:  # It would be evicted at once.
       fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "
-                f"exceed the cache's cap ({MAX_MB_ENV}={max_bytes() >> 20})"}
+                f"exceed the cache's cap ({MAX_MB_ENV}={cap >> 20})"}
   if model_digest(model_path) != the_key["model"]:
     return "model file changed"
   write_entry(the_key, model_path=model_path, **fields)
@@ -593,13 +643,14 @@ def size_refusal(weight_bytes: int, available_memory: Optional[int]
   not built, before converting, and whether to record it; (None, False)
   when it may be.
 
-  The flatbuffer holds every weight at least once, so weights over the
-  cap (`max_bytes`) make an artifact that would be evicted at once
-  (recorded: not tried again until the key changes, as a refused export
-  is). A conversion needing more than `available_memory` (about
-  `CONVERT_BYTES_PER_WEIGHT_BYTE` x the weights) is not started this time.
+  The flatbuffer holds every weight at least once, so weights over an
+  explicit cap (`max_bytes`: the default one grows to admit them) make an
+  artifact that would be evicted at once (recorded: not tried again until
+  the key changes, as a refused export is). A conversion needing more than
+  `available_memory` (about `CONVERT_BYTES_PER_WEIGHT_BYTE` x the weights)
+  is not started this time.
   """
-  cap = max_bytes()
+  cap = max_bytes(weight_bytes)
   if weight_bytes > cap:
     return (f"its float32 weights alone ({_megabytes(weight_bytes)} MB) "
             f"exceed the cache's cap ({MAX_MB_ENV}={_megabytes(cap)})"), True
@@ -608,6 +659,28 @@ def size_refusal(weight_bytes: int, available_memory: Optional[int]
     return (f"converting needs about {need / 2**30:.1f} GB, "
             f"{available_memory / 2**30:.1f} GB is available"), False
   return None, False
+
+
+def max_bytes(admitting: int = 0) -> int:
+  """The cap on the entries' total size, in bytes.
+
+  $RNNSTEP_CACHE_MAX_MB where set (`tuning_cache.max_bytes`). Otherwise it
+  follows the models its user runs: the larger of the default
+  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest artifact,
+  one kept or the `admitting` bytes about to be, so that the largest model
+  and another of its size stay (the 0.1B RWKV-7's artifact alone is 766
+  MB). The memory converting needs (`size_refusal`) bounds what is built.
+  """
+  if MAX_MB_ENV in os.environ:
+    return tuning_cache.max_bytes()
+  largest = admitting
+  with contextlib.suppress(OSError):
+    folder = directory()
+    for name in os.listdir(folder):
+      if name.endswith(".tflite") and _ENTRY_FILE.match(name):
+        with contextlib.suppress(OSError):
+          largest = max(largest, os.path.getsize(os.path.join(folder, name)))
+  return max(tuning_cache.max_bytes(), 2 * largest)
 
 
 def _megabytes(n: int) -> str:

@@ -65,6 +65,7 @@ from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep.litert import inputs as litert_inputs
 from rnnstep import staging
+from rnnstep.model import rwkv7
 from rnnstep.model import vocabulary
 
 SIGNATURE = litert_inputs.SIGNATURE
@@ -72,16 +73,6 @@ MODEL_FILE = "model.tflite"
 VOCAB_FILE = "vocab.json"
 TOKENS_FILE = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_FILE = vocabulary.Tokens.TOKENIZER_FILE
-
-
-# The most RWKV-7 blocks TensorFlow's LiteRT converter converts (TF 2.21):
-# on 9, 10 and 12 blocks 64 wide, and on 12 blocks of the 0.1B shape (768
-# wide), its MLIR passes abort the whole process (glibc finds the heap
-# corrupt, in ErrorCollectorInstrumentation::runAfterPass, on one CPU too),
-# which no except clause can catch; 3, 6 and 8 blocks convert. Refused in
-# one line instead, so that rnnstep-generate's cache records the refusal
-# rather than start a doomed conversion after every cold run.
-MAX_RWKV7_BLOCKS = 8
 
 
 def _spec(declared: litert_inputs.Input) -> tf.TensorSpec:
@@ -136,6 +127,9 @@ class GenerateModule(tf.Module):
     """Continues each prompt by up to `num_steps` ids (see the module doc)."""
     values = dict(zip((i.name for i in litert_inputs.INPUTS), inputs))
     network = self.model.network()
+    for cell in network.cells:  # See `RWKV7Cell.blocks_sliced_in_step`.
+      if isinstance(cell, rwkv7.RWKV7Cell):
+        cell.slices_blocks_in_step = True
     prompt_ids = values["prompt_ids"]
     batch = tf.shape(prompt_ids)[0]
     width = tf.shape(prompt_ids)[1]
@@ -228,23 +222,28 @@ def convert(model) -> bytes:
   """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only).
 
   Raises:
-    ValueError: the model is not float32, is an RWKV-7 stack of more than
-      `MAX_RWKV7_BLOCKS` blocks, or its file records a window (the LiteRT
-      loop steps a model statefully, which would not give its text).
+    ValueError: the model is not float32, or its file records a window
+      (the LiteRT loop steps a model statefully, which would not give its
+      text).
+  """
+  # Through a SavedModel: the only converter route that names the signature
+  # (from_concrete_functions calls a single function "serving_default").
+  with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as saved:
+    save_generation(model, saved)
+    return convert_saved(saved)
+
+
+def save_generation(model, saved_dir: str):
+  """Writes the SavedModel `convert_saved` converts (`generate` as its
+  signature) into the existing, empty `saved_dir`.
+
+  Raises:
+    ValueError: as `convert`.
   """
   if model.compute_dtype != tf.float32:
     raise ValueError(
         f"the LiteRT export is float32 only, but the model was loaded as "
         f"{model.compute_dtype.name}; load it with dtype='float32'")
-  for layer in model.config.layers:
-    if (layer.kind == "rwkv7"
-        and layer.size["blocks"] > MAX_RWKV7_BLOCKS):
-      raise ValueError(
-          f"{model.source or 'the model'}: the LiteRT export takes RWKV-7 "
-          f"stacks of at most {MAX_RWKV7_BLOCKS} blocks, this one has "
-          f"{layer.size['blocks']} (TensorFlow's LiteRT converter aborts on "
-          "more); export a SavedModel (--format=saved_model) or generate "
-          "with TensorFlow")
   if model.config.window:
     raise ValueError(
         f"{model.source or 'the model'} records window={model.config.window} "
@@ -252,14 +251,19 @@ def convert(model) -> bytes:
         "statefully and would not give its text; export a SavedModel "
         "(--format=saved_model), which serves its windows")
   module = GenerateModule(model)
-  # Through a SavedModel: the only converter route that names the signature
-  # (from_concrete_functions calls a single function "serving_default").
-  with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as saved:
-    tf.saved_model.save(module, saved, signatures={SIGNATURE: module.generate})
-    converter = tf.lite.TFLiteConverter.from_saved_model(
-        saved, signature_keys=[SIGNATURE])
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    return converter.convert()
+  tf.saved_model.save(module, saved_dir,
+                      signatures={SIGNATURE: module.generate})
+
+
+def convert_saved(saved_dir: str) -> bytes:
+  """The LiteRT flatbuffer (builtin ops only) of `save_generation`'s
+  SavedModel. Apart from the model, so that a process converting need not
+  hold it (`rnnstep.litert.cache`'s fill: ~8.4x the weights at the
+  converter's peak, against ~11x with the model loaded)."""
+  converter = tf.lite.TFLiteConverter.from_saved_model(
+      saved_dir, signature_keys=[SIGNATURE])
+  converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+  return converter.convert()
 
 
 def export_litert(model, export_dir) -> str:

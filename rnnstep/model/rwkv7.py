@@ -123,14 +123,11 @@ class RWKV7Cell(Cell):
     # Each block's tensors are sliced here, once, outside the loops: a
     # slice inside a graph loop's body is an op a step (a copy of each
     # matrix, every token, measured 2-3x the weight-reading floor).
-    blocks = lambda t, dtype=tf.float32: tf.unstack(tf.cast(t, dtype))
-    rows = lambda t: [tuple(tf.unstack(b)) for b in blocks(t)]
-    self.block_tensors = [
-        _Block(*parts) for parts in zip(
-            rows(ln), rows(mix), rows(vectors), rows(ln_x),
-            zip(*map(blocks, (w1, w2, a1, a2, v1, v2, g1, g2))),
-            *(blocks(t, self.compute_dtype) for t in (
-                receptance, key, value, output, ffn_key, ffn_value)))]
+    self._stacked = (ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2, g1, g2,
+                     receptance, key, value, output, ffn_key, ffn_value)
+    self.block_tensors = _blocks_of(tf.unstack, self._cast(self._stacked))
+    # See `blocks_sliced_in_step`.
+    self.slices_blocks_in_step = False
     self.output_norm = tuple(tf.unstack(
         tf.convert_to_tensor(output_norm, tf.float32)))
     self._shift_in = self._elementwise(self._time_inputs)
@@ -174,12 +171,37 @@ class RWKV7Cell(Cell):
   def _mm(self, a, w):
     return matmul(a, w, self.compute_dtype, float32_result=False)
 
+  def blocks_sliced_in_step(self):
+    """Each block's tensors sliced from the stacked ones where the step runs
+    (`slices_blocks_in_step`, set by the LiteRT export), else those sliced
+    once at construction.
+
+    TensorFlow's LiteRT converter (2.21) passes every tensor a loop uses
+    into each conditional's branch as an argument, and its
+    ReduceWhileOperandsPass marks a while loop's operands in a bit vector
+    sized by that loop's own operand count, indexed by the numbers of the
+    enclosing function's arguments it reaches: past ~190 arguments (33 a
+    block: 5 or more blocks) it writes outside the vector and corrupts the
+    heap, and the process aborts. Stacked, the step's tensors are 18 at any
+    depth. The slices are the same values, so the step's math is unchanged.
+    """
+    if not self.slices_blocks_in_step:
+      return self.block_tensors
+    return _blocks_of(lambda t: [t[i] for i in range(self.blocks)],
+                      self._cast(self._stacked))
+
+  def _cast(self, stacked):
+    """The stacked tensors (`_blocks_of`'s order) in their dtypes: the
+    vectors and LoRAs float32, the big matrices the compute dtype."""
+    return (*(tf.cast(t, tf.float32) for t in stacked[:12]),
+            *(tf.cast(t, self.compute_dtype) for t in stacked[12:]))
+
   def step(self, x_proj, state):
     x = gather_rows(x_proj)
     new_state, v_first, ffn_out = [None], None, None
     step_block = self._block_function(self._step_block,
                                       compile_on_graph_path=True)
-    for i, b in enumerate(self.block_tensors):
+    for i, b in enumerate(self.blocks_sliced_in_step()):
       x, ffn_out, v_first, block_state = step_block(
           b, x, ffn_out, tuple(state[1 + 3 * i:4 + 3 * i]), v_first)
       new_state += block_state
@@ -375,6 +397,18 @@ class RWKV7Cell(Cell):
 
   def _output(self, x, ffn_out):
     return layer_norm(x + as_float32(ffn_out), self.output_norm)
+
+
+def _blocks_of(split, stacked):
+  """Per block, a `_Block` of its tensors: `split(t)` gives a stacked
+  tensor's per-block parts; stacked: ln, mix, vectors, ln_x, the eight
+  LoRA matrices, then R, K, V, O, FK, FV (each `[blocks, ...]`)."""
+  ln, mix, vectors, ln_x = stacked[:4]
+  loras, matrices = stacked[4:12], stacked[12:]
+  rows = lambda t: [tuple(tf.unstack(b)) for b in split(t)]
+  return [_Block(*parts) for parts in zip(
+      rows(ln), rows(mix), rows(vectors), rows(ln_x),
+      zip(*map(split, loras)), *map(split, matrices))]
 
 
 def _shifted(seq, initial, length, batch, last):
