@@ -11,10 +11,11 @@ compiles its XLA programs behind `/health` and keeps them on disk. Then it
 stops the server (SIGTERM) and starts it again --restarts times over the
 same folder. For each start it prints when `/health` first answered 200 and
 when `programs_compiling` reached 0 after it (`tools/bench/serve.py`'s
-`start`), the XLA cache's entries (no new one after a restart: nothing was
+`start`), the XLA programs on disk (no new one after a restart: nothing was
 compiled again) and the machine's load.
 """
 
+import logging
 import os
 import signal
 import sys
@@ -31,21 +32,25 @@ _RESTARTS = flags.DEFINE_integer("restarts", 2, "Starts after the first.")
 
 
 def _entries(folder: str) -> int:
-  return sum(len(files) for _, _, files in os.walk(os.path.join(folder,
-                                                                "xla")))
+  """The compiled programs TensorFlow keeps in the folder (its `.pb`s)."""
+  return sum(name.endswith(".pb") for _, _, names in
+             os.walk(os.path.join(folder, "xla")) for name in names)
 
 
 def main(argv):
+  logging.getLogger("httpx").setLevel(logging.WARNING)
   extra = [arg for arg in argv[1:] if arg.startswith("-")]
   with tempfile.TemporaryDirectory(prefix="rnnstep_restart_") as folder:
     for start in range(1 + _RESTARTS.value):
       before = _entries(folder)
       print(f"start {start} ({serve.load()}):", flush=True)
+      # TF_XLA_FLAGS emptied: this process's own cache folder (named there
+      # when it imported rnnstep) is not the server's.
       process, _ = serve.start("serve", [f"RNNSTEP_CACHE_DIR={folder}",
-                                         *extra])
+                                         "TF_XLA_FLAGS=", *extra])
       process.send_signal(signal.SIGTERM)
       process.wait(timeout=120)
-      print(f"  XLA cache entries {before} -> {_entries(folder)}",
+      print(f"  XLA programs on disk {before} -> {_entries(folder)}",
             flush=True)
 
 
