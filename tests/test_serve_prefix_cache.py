@@ -167,6 +167,41 @@ def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
       rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=16,
       cache_bytes=1 << 24, path="xla", max_batch=4)
   assert cached == plain and cache.hits
+  # Pieces wider than a call's chunk of many rows (`request.chunk_columns`).
+  plain, cached, cache = cached_and_not(
+      rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=64,
+      cache_bytes=1 << 24, path="xla", max_batch=8)
+  assert cached == plain and cache.hits
+
+
+@pytest.mark.slow
+def test_rwkv7_xla_many_rows_prime_in_narrower_chunks_to_the_same_state(
+    rwkv7_model):
+  """Under XLA a call over many rows primes RWKV-7 in chunks of
+  `request.chunk_columns(batch)` columns (16 for 8 rows), stopping at the
+  chunk holding the longest piece's end, where one row takes chunks of the
+  whole width: each row's state is the one it has primed alone, to float32
+  rounding (first pieces of 2 to 64 ids, most ending short of the
+  width)."""
+  scheduler = make_scheduler(rwkv7_model, path="xla", max_batch=8,
+                             chunk_steps=64)
+  letters = "abcdefghijklmnopqrstuvwxyz"  # One token each.
+  rng = np.random.default_rng(2)
+  rows = completion(rwkv7_model, [
+      "".join(rng.choice(list(letters), 90)) for _ in range(8)], {},
+                    completion_lib.Shared(), lambda u: None).rows
+  for row, end in zip(rows, (63, 1, 16, 39, 62, 20, 4, 50)):
+    row.cache_points = (end,)  # A first piece ending there: primes only.
+  calls = scheduler.calls
+  prepared = [calls.prepare(row) for row in rows]
+  assert all(p.primes_only for p in prepared)
+  _, together = calls.run(rows, prepared, carry=None, steps=1)
+  for r, (row, p) in enumerate(zip(rows, prepared)):
+    _, alone = calls.run([row], [p], carry=None, steps=1)
+    for got, want in zip(tf.nest.flatten(together.state),
+                         tf.nest.flatten(alone.state)):
+      np.testing.assert_allclose(got[r], want[0], rtol=1e-5, atol=1e-5,
+                                 err_msg=f"row {r}")
 
 
 def _primed(calls, model, ids, splits):
