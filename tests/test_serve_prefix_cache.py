@@ -10,6 +10,7 @@ it compiles).
 """
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -19,6 +20,7 @@ import tensorflow as tf
 import rnnstep
 from rnnstep.decoding import options as options_lib
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import prefix_cache as prefix_cache_lib
 from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
@@ -287,6 +289,48 @@ def test_rows_arriving_together_prime_their_shared_prefix_once(
   # Every row but the first started from the first's states.
   assert cache.hits == len(users) - 1 and cache.misses == 1
   assert cache.tokens_saved >= (len(users) - 1) * 45
+
+
+def test_a_burst_splits_evenly_over_the_lanes(model):
+  """Requests arriving one after another while the lanes' calls run (a
+  long prompt's calls take seconds): a lane counts the rows it admitted as
+  running from their admission, not from its call's end, so each request
+  goes to the lane with fewer rows (`Lanes.submit`) and a burst splits
+  evenly: no lane primes the shared prefix for more rows than the other,
+  nor runs them in a larger batch."""
+  cache = prefix_cache_lib.PrefixCache(1 << 22)
+  schedulers = [make_scheduler(model, prefix_cache=cache, chunk_steps=16)
+                for _ in range(2)]
+  lanes = lanes_lib.Lanes(schedulers, max_queue=64)
+  ran = [set(), set()]  # The completions each lane's calls ran.
+  uncounted = []  # Calls of more rows than their lane counted running.
+  for lane, scheduler in enumerate(schedulers):
+
+    def slow_run(rows, prepared, *, carry, steps, lane=lane,
+                 scheduler=scheduler, run=scheduler.calls.run):
+      if scheduler.stats.running < len(rows):
+        uncounted.append((lane, len(rows), scheduler.stats.running))
+      time.sleep(0.2)  # As a long prompt's piece takes.
+      ran[lane].update(id(row.completion) for row in rows)
+      return run(rows, prepared, carry=carry, steps=steps)
+
+    scheduler.calls.run = slow_run
+  system = SYSTEM + SYSTEM[:40]  # Several pieces of 16.
+  lanes.start()
+  try:
+    sinks = []
+    for i in range(8):
+      sinks.append(Collector(1))
+      lanes.submit(completion(model, [system + USERS[i % len(USERS)]],
+                              *CASES[1], sinks[-1], seed=i))
+      time.sleep(0.05)  # Read one after another, as the HTTP side does.
+    for sink in sinks:
+      assert sink.done.wait(300)
+  finally:
+    assert lanes.close(timeout=30)
+  assert not uncounted
+  assert [len(r) for r in ran] == [4, 4]
+  assert cache.hits >= 6
 
 
 def test_cache_points_end_priming_pieces_and_change_no_text(model):
