@@ -240,7 +240,7 @@ class Programs(tf.Module):
     # mostly prime short pieces.
     started = loop.start_carry(
         network, request._replace(initial_state=carry.state),
-        unconsumed=self.unconsumed, rows_per_chunk=True)
+        unconsumed=self.unconsumed, batch_sized_chunks=True)
 
     def pick(new, old):
       mask = tf.reshape(fresh, [-1] + [1] * (len(old.shape) - 1))

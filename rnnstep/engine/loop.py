@@ -60,7 +60,7 @@ def prime_mask(prompts: request_lib.Prompts, unconsumed: int) -> tf.Tensor:
 
 def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
           initial_state=None, stepwise: bool = False,
-          rows_per_chunk: bool = False):
+          batch_sized_chunks: bool = False):
   """The state after each row's prompt but its last `unconsumed` characters.
 
   Args:
@@ -71,7 +71,7 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
       else 0.
     stepwise: one while loop over the columns through every layer, with no
       TensorArray (LiteRT's builtin ops) instead of layer by layer.
-    rows_per_chunk: a model priming in chunks (`primes_in_chunks`) takes
+    batch_sized_chunks: a model priming in chunks (`primes_in_chunks`) takes
       chunks of `request.chunk_columns(batch)` columns rather than
       `PRIME_CHUNK` (the server's calls, whose pieces end where their
       prompts do, mostly short of the padded width).
@@ -87,7 +87,7 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   if initial_state is None:
     initial_state = network.zero_state(batch)
   if not stepwise and primes_in_chunks(network):
-    chunk = (request_lib.chunk_columns(batch) if rows_per_chunk
+    chunk = (request_lib.chunk_columns(batch) if batch_sized_chunks
              else request_lib.PRIME_CHUNK)
     return _prime_in_chunks(network, prompts.ids, initial_state, mask, steps,
                             chunk)
@@ -141,19 +141,19 @@ def _prime_in_chunks(network, ids, state, mask, steps, columns):
 
 
 def start_carry(network, request: request_lib.Request, unconsumed: int,
-                state=None, rows_per_chunk: bool = False
+                state=None, batch_sized_chunks: bool = False
                 ) -> request_lib.Carry:
   """The `Carry` of a fresh generation: primed state, history, zero scores.
 
   `state`, where given, is the primed state already (`window.prime`);
-  `rows_per_chunk`: as `prime`'s.
+  `batch_sized_chunks`: as `prime`'s.
   """
   prompts = request.prompts
   batch = tf.shape(prompts.ids)[0]
   if state is None:
     state = prime(network, prompts, unconsumed,
                   initial_state=request.initial_state,
-                  rows_per_chunk=rows_per_chunk)
+                  batch_sized_chunks=batch_sized_chunks)
   parts = pipeline.active(request.sampling, request.lookback,
                           network.vocab_size)
   history = processors.start(prompts.ids, prompts.lengths, network.vocab_size,

@@ -319,7 +319,7 @@ PRIME_CHUNK = 128
 
 def chunk_columns(batch):
   """The columns of one priming chunk over `batch` rows in the server's
-  calls (`loop.prime`'s `rows_per_chunk`): `PRIME_CHUNK // batch`, at least
+  calls (`loop.prime`'s `batch_sized_chunks`): `PRIME_CHUNK // batch`, at least
   `MIN_WIDTH` (`PRIME_CHUNK` for one row). The loop over chunks stops at the
   chunk holding the longest piece's end, and the rows a call admits
   together mostly prime short pieces (the text after a cached prefix: a
