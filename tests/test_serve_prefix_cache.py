@@ -10,6 +10,7 @@ it compiles).
 """
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -19,6 +20,7 @@ import tensorflow as tf
 import rnnstep
 from rnnstep.decoding import options as options_lib
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import prefix_cache as prefix_cache_lib
 from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
@@ -171,6 +173,41 @@ def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
       rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=16,
       cache_bytes=1 << 24, path="xla", max_batch=4)
   assert cached == plain and cache.hits
+  # Pieces wider than a call's chunk of many rows (`request.chunk_columns`).
+  plain, cached, cache = cached_and_not(
+      rwkv7_model, _rwkv7_batches(rwkv7_model), *CASES[case], chunk_steps=64,
+      cache_bytes=1 << 24, path="xla", max_batch=8)
+  assert cached == plain and cache.hits
+
+
+@pytest.mark.slow
+def test_rwkv7_xla_many_rows_prime_in_narrower_chunks_to_the_same_state(
+    rwkv7_model):
+  """Under XLA a call over many rows primes RWKV-7 in chunks of
+  `request.chunk_columns(batch)` columns (16 for 8 rows), stopping at the
+  chunk holding the longest piece's end, where one row takes chunks of the
+  whole width: each row's state is the one it has primed alone, to float32
+  rounding (first pieces of 2 to 64 ids, most ending short of the
+  width)."""
+  scheduler = make_scheduler(rwkv7_model, path="xla", max_batch=8,
+                             chunk_steps=64)
+  letters = "abcdefghijklmnopqrstuvwxyz"  # One token each.
+  rng = np.random.default_rng(2)
+  rows = completion(rwkv7_model, [
+      "".join(rng.choice(list(letters), 90)) for _ in range(8)], {},
+                    completion_lib.Shared(), lambda u: None).rows
+  for row, end in zip(rows, (63, 1, 16, 39, 62, 20, 4, 50)):
+    row.cache_points = (end,)  # A first piece ending there: primes only.
+  calls = scheduler.calls
+  prepared = [calls.prepare(row) for row in rows]
+  assert all(p.primes_only for p in prepared)
+  _, together = calls.run(rows, prepared, carry=None, steps=1)
+  for r, (row, p) in enumerate(zip(rows, prepared)):
+    _, alone = calls.run([row], [p], carry=None, steps=1)
+    for got, want in zip(tf.nest.flatten(together.state),
+                         tf.nest.flatten(alone.state)):
+      np.testing.assert_allclose(got[r], want[0], rtol=1e-5, atol=1e-5,
+                                 err_msg=f"row {r}")
 
 
 def _primed(calls, model, ids, splits):
@@ -257,6 +294,48 @@ def test_rows_arriving_together_prime_their_shared_prefix_once(
   # Every row but the first started from the first's states.
   assert cache.hits == len(users) - 1 and cache.misses == 1
   assert cache.tokens_saved >= (len(users) - 1) * 45
+
+
+def test_a_burst_splits_evenly_over_the_lanes(model):
+  """Requests arriving one after another while the lanes' calls run (a
+  long prompt's calls take seconds): a lane counts the rows it admitted as
+  running from their admission, not from its call's end, so each request
+  goes to the lane with fewer rows (`Lanes.submit`) and a burst splits
+  evenly: no lane primes the shared prefix for more rows than the other,
+  nor runs them in a larger batch."""
+  cache = prefix_cache_lib.PrefixCache(1 << 22)
+  schedulers = [make_scheduler(model, prefix_cache=cache, chunk_steps=16)
+                for _ in range(2)]
+  lanes = lanes_lib.Lanes(schedulers, max_queue=64)
+  ran = [set(), set()]  # The completions each lane's calls ran.
+  uncounted = []  # Calls of more rows than their lane counted running.
+  for lane, scheduler in enumerate(schedulers):
+
+    def slow_run(rows, prepared, *, carry, steps, lane=lane,
+                 scheduler=scheduler, run=scheduler.calls.run):
+      if scheduler.stats.running < len(rows):
+        uncounted.append((lane, len(rows), scheduler.stats.running))
+      time.sleep(0.2)  # As a long prompt's piece takes.
+      ran[lane].update(id(row.completion) for row in rows)
+      return run(rows, prepared, carry=carry, steps=steps)
+
+    scheduler.calls.run = slow_run
+  system = SYSTEM + SYSTEM[:40]  # Several pieces of 16.
+  lanes.start()
+  try:
+    sinks = []
+    for i in range(8):
+      sinks.append(Collector(1))
+      lanes.submit(completion(model, [system + USERS[i % len(USERS)]],
+                              *CASES[1], sinks[-1], seed=i))
+      time.sleep(0.05)  # Read one after another, as the HTTP side does.
+    for sink in sinks:
+      assert sink.done.wait(300)
+  finally:
+    assert lanes.close(timeout=30)
+  assert not uncounted
+  assert [len(r) for r in ran] == [4, 4]
+  assert cache.hits >= 6
 
 
 def test_cache_points_end_priming_pieces_and_change_no_text(model):

@@ -235,9 +235,12 @@ class Programs(tf.Module):
         meaningless).
     """
     network = self._network(weights)
+    # Chunks of as many columns as keep their products over PRIME_CHUNK
+    # rows (`request.chunk_columns`): the rows a call admits together
+    # mostly prime short pieces.
     started = loop.start_carry(
         network, request._replace(initial_state=carry.state),
-        unconsumed=self.unconsumed)
+        unconsumed=self.unconsumed, batch_sized_chunks=True)
 
     def pick(new, old):
       mask = tf.reshape(fresh, [-1] + [1] * (len(old.shape) - 1))

@@ -59,7 +59,8 @@ def prime_mask(prompts: request_lib.Prompts, unconsumed: int) -> tf.Tensor:
 
 
 def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
-          initial_state=None, stepwise: bool = False):
+          initial_state=None, stepwise: bool = False,
+          batch_sized_chunks: bool = False):
   """The state after each row's prompt but its last `unconsumed` characters.
 
   Args:
@@ -70,6 +71,10 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
       else 0.
     stepwise: one while loop over the columns through every layer, with no
       TensorArray (LiteRT's builtin ops) instead of layer by layer.
+    batch_sized_chunks: a model priming in chunks (`primes_in_chunks`) takes
+      chunks of `request.chunk_columns(batch)` columns rather than
+      `PRIME_CHUNK` (the server's calls, whose pieces end where their
+      prompts do, mostly short of the padded width).
 
   Returns:
     The state: one tuple of `[B, U]` per layer.
@@ -82,7 +87,10 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   if initial_state is None:
     initial_state = network.zero_state(batch)
   if not stepwise and primes_in_chunks(network):
-    return _prime_in_chunks(network, prompts.ids, initial_state, mask, steps)
+    chunk = (request_lib.chunk_columns(batch) if batch_sized_chunks
+             else request_lib.PRIME_CHUNK)
+    return _prime_in_chunks(network, prompts.ids, initial_state, mask, steps,
+                            chunk)
   if not stepwise:
     _, state = network.unroll(prompts.ids, initial_state, mask, steps=steps)
     return state
@@ -110,13 +118,13 @@ def primes_in_chunks(network) -> bool:
              for cell in network.cells)
 
 
-def _prime_in_chunks(network, ids, state, mask, steps):
-  """`prime`'s unroll, `request.PRIME_CHUNK` columns at a time, for the
-  first `steps` columns: a row's masked columns hold its state, so the
+def _prime_in_chunks(network, ids, state, mask, steps, columns):
+  """`prime`'s unroll, `columns` columns at a time (at most the width), for
+  the first `steps` columns: a row's masked columns hold its state, so the
   chunks past its length (the padding) leave it as it was."""
   # Shapes of the inputs: compile-time constants to XLA.
   batch, width = tf.shape(ids)[0], tf.shape(ids)[1]
-  chunk = tf.minimum(request_lib.PRIME_CHUNK, width)
+  chunk = tf.minimum(columns, width)
   padding = -width % chunk
   count = (width + padding) // chunk
   chunks = lambda x: tf.transpose(tf.reshape(
@@ -133,16 +141,19 @@ def _prime_in_chunks(network, ids, state, mask, steps):
 
 
 def start_carry(network, request: request_lib.Request, unconsumed: int,
-                state=None) -> request_lib.Carry:
+                state=None, batch_sized_chunks: bool = False
+                ) -> request_lib.Carry:
   """The `Carry` of a fresh generation: primed state, history, zero scores.
 
-  `state`, where given, is the primed state already (`window.prime`).
+  `state`, where given, is the primed state already (`window.prime`);
+  `batch_sized_chunks`: as `prime`'s.
   """
   prompts = request.prompts
   batch = tf.shape(prompts.ids)[0]
   if state is None:
     state = prime(network, prompts, unconsumed,
-                  initial_state=request.initial_state)
+                  initial_state=request.initial_state,
+                  batch_sized_chunks=batch_sized_chunks)
   parts = pipeline.active(request.sampling, request.lookback,
                           network.vocab_size)
   history = processors.start(prompts.ids, prompts.lengths, network.vocab_size,

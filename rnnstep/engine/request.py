@@ -317,6 +317,23 @@ MIN_WIDTH = 16
 PRIME_CHUNK = 128
 
 
+def chunk_columns(batch):
+  """The columns of one priming chunk over `batch` rows in the server's
+  calls (`loop.prime`'s `batch_sized_chunks`): `PRIME_CHUNK // batch`, at least
+  `MIN_WIDTH` (`PRIME_CHUNK` for one row). The loop over chunks stops at the
+  chunk holding the longest piece's end, and the rows a call admits
+  together mostly prime short pieces (the text after a cached prefix: a
+  chat's last message), whose padding up to the width cost as much as
+  their own columns in a chunk of `PRIME_CHUNK`; a narrower chunk spares
+  it, while its products still run over `PRIME_CHUNK` rows or more, so the
+  weights are read once for as many rows as a single row's chunk has.
+  `batch`: an int, or a scalar tensor (a compile-time constant under XLA,
+  whose batch is bucketed)."""
+  if isinstance(batch, int):
+    return max(MIN_WIDTH, PRIME_CHUNK // max(batch, 1))
+  return tf.maximum(MIN_WIDTH, PRIME_CHUNK // tf.maximum(batch, 1))
+
+
 def bucket(n: int, minimum: int = 16) -> int:
   """Rounds n up so that at most ~25% is padding: few distinct XLA shapes."""
   n = max(int(n), minimum)

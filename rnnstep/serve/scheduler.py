@@ -316,6 +316,11 @@ class Scheduler:
         else:
           going_on.append(row)
       fresh_rows = self._admit(going_on)
+      # Running from their admission, not from the call's end: a call takes
+      # seconds, and the lanes send each request to the lane with the
+      # fewest rows (`lanes.Lanes.submit`), which must count the rows in it.
+      self.stats.running = (len(going_on) + len(fresh_rows)
+                            + len(self._parked))
     self._round_rows = going_on + fresh_rows
     self._flush()  # The rows cancelled or failed now, before the call.
     position = {row: i for i, row in enumerate(self._active)}
