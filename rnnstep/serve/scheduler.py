@@ -75,8 +75,7 @@ class Scheduler:
     path: the concrete execution path ("xla", "graph", "elementwise").
     max_batch: slots (rows decoded together at most).
     chunk_steps: steps per device call.
-    max_queue: rows waiting at most beyond the free slots; more is
-      `QueueFull`.
+    max_queue: rows waiting at most beyond the free slots (more: QueueFull).
     max_tokens_limit: the largest `max_tokens` a request may ask.
     max_prompt_tokens: the longest prompt, in the model's ids (every buffer
       is sized from it: the history holds a prompt and its whole
@@ -109,8 +108,7 @@ class Scheduler:
       into a batch that is not full (an eighth of `chunk_steps`, at least 8):
       the rest of a burst joins at its end (module docstring).
     deliver: as the argument (settable before `start`).
-    max_prompt_tokens: as the argument.
-    prefix_cache, states, default_state: as the arguments.
+    max_prompt_tokens, prefix_cache, states, default_state: as the arguments.
     starts: the `starts.RowStarts` that says where admitted rows start.
   """
 
@@ -169,10 +167,11 @@ class Scheduler:
     server refuses such requests before, naming the field).
 
     Raises:
-      ValueError: a prompt of no ids, of more than `max_prompt_tokens`,
-        or of ids outside the vocabulary; a `state` not in `states`; `max_tokens` outside 1..
-        `max_tokens_limit` (0 too where it wants the prompt's
-        log-probabilities); `logprobs` over the model's alternatives.
+      ValueError: a prompt of no ids, of more than `max_prompt_tokens` or
+        of ids outside the vocabulary; a `state` not in `states`;
+        `max_tokens` outside 1..`max_tokens_limit` (0 too where it wants the
+        prompt's log-probabilities); `logprobs` over the model's
+        alternatives.
     """
     if completion.state is not None and completion.state not in self.states:
       raise ValueError(f"state: no state named {completion.state!r}")
@@ -316,9 +315,8 @@ class Scheduler:
         else:
           going_on.append(row)
       fresh_rows = self._admit(going_on)
-      # Running from their admission, not from the call's end: a call takes
-      # seconds, and the lanes send each request to the lane with the
-      # fewest rows (`lanes.Lanes.submit`), which must count the rows in it.
+      # Running from their admission, not the call's end (seconds later):
+      # `lanes.Lanes.submit` sends a request to the lane of fewest rows.
       self.stats.running = (len(going_on) + len(fresh_rows)
                             + len(self._parked))
     self._round_rows = going_on + fresh_rows
@@ -454,9 +452,8 @@ class Scheduler:
     self._outbox.append((row.completion, update))
 
   def _flush(self) -> None:
-    """Hands the round's updates to `deliver`; a failing hand-off (a
-    closed event loop) cancels their completions rather than stopping the
-    scheduler."""
+    """Hands the round's updates to `deliver`; a failing hand-off (a closed
+    event loop) cancels their completions, not the scheduler."""
     if not self._outbox:
       return
     updates, self._outbox = self._outbox, []
