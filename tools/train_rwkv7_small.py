@@ -8,10 +8,10 @@ with no trained checkpoint to download, this trains one here, on CPU:
     rnnstep-convert --input=/tmp/rwkv7-small.pth \
         --vocab=<rwkv package>/rwkv_vocab_v20230424.txt --output=/tmp/r.npz
     python tools/bench/quantization_loss.py --model=/tmp/r.npz \
-        --text=tests/data/tinyshakespeare_heldout_excerpt.txt --chars=8000
+        --text=tests/data/tinyshakespeare_heldout_excerpt.txt
 
 (about 18 minutes on one core of an AMD EPYC Zen 4, to a held-out loss of
-4.22 nats a token against the unigram's 6.80:
+4.22 nats a token against the unigram model's 6.80:
 benchmarks/results/rwkv7-trained-loss-epyc-zen4-2026-12.md.)
 
 (torch and the `rwkv` pip package: the world tokenizer and, with --check,
@@ -34,8 +34,8 @@ row *is* the softmax over all 65,536 ids of the saved file: the held-out
 loss printed is the saved model's exact loss. (A full 65,536-row head
 would cost six times the compute per step, on CPU.)
 
-Data: the text's last --heldout fraction is held out (the excerpt
-tests/data/tinyshakespeare_heldout_excerpt.txt begins exactly there), the
+Data: the text's last --heldout fraction is held out (every piece of the
+excerpt tests/data/tinyshakespeare_heldout_excerpt.txt is in it), the
 rest is cut into random windows of --seq_len tokens, each from a zero
 state (as tools/bench/quantization_loss.py scores). Seeded: the same flags
 give the same weights on the same torch build and thread count.
