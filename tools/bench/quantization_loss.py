@@ -3,6 +3,8 @@
     python tools/bench/quantization_loss.py
     python tools/bench/quantization_loss.py --models=bundled --markdown=FILE
     python tools/bench/quantization_loss.py --model=my.npz --text=heldout.txt
+    python tools/bench/quantization_loss.py --model=rwkv7-small.npz \
+        --text=tests/data/tinyshakespeare_heldout_excerpt.txt --chars=8000
 
 Per model and weights dtype (float16, bfloat16, int8), against the same
 model in float32, over held-out text (teacher-forced, from a zero state, in
@@ -128,6 +130,8 @@ def main():
                       help="measure this model file instead (with --text)")
   parser.add_argument("--text", default="",
                       help="--model's held-out text (UTF-8)")
+  parser.add_argument("--chars", type=int, default=0,
+                      help="--text's first this many characters (0: all)")
   parser.add_argument("--prompt", default="ROMEO:",
                       help="--model's greedy prompt")
   parser.add_argument("--window", type=int, default=256)
@@ -151,7 +155,8 @@ def main():
     if not args.text:
       parser.error("--model needs --text (its held-out text)")
     models = {args.model: (dict(path=args.model),
-                           pathlib.Path(args.text).read_text("utf-8"),
+                           pathlib.Path(args.text).read_text("utf-8")[
+                               :args.chars or None],
                            args.prompt)}
   for name, (load, text, prompt) in models.items():
     if wanted and not any(name.startswith(m) for m in wanted):
