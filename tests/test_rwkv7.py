@@ -132,6 +132,17 @@ MIXED_TEXT = ("Hello, 世界! Ça va? naïve cafe\u0301 — 日本語とカタ�
               "\u2028 end\n\n")
 
 
+def _pth_arrays() -> dict:
+  """The official `.pth` fixture's tensors, by name (read as rnnstep's
+  converter reads a `.pth`: no unpickling)."""
+  obj, _, close = torch_zip.read_zip(PTH)
+  try:
+    return {name: tensor.read(PTH, name) for name, tensor in
+            torch_state_dict.find_state_dict(obj, PTH).tensors.items()}
+  finally:
+    close()
+
+
 def test_the_real_world_vocabulary_converts_and_tokenizes_as_rwkv_s(
     tmp_path):
   """`rwkv_vocab_v20230424.txt` as RWKV-LM and the `rwkv` package ship it
@@ -143,12 +154,7 @@ def test_the_real_world_vocabulary_converts_and_tokenizes_as_rwkv_s(
   vocab = pathlib.Path(rwkv.__file__).parent / "rwkv_vocab_v20230424.txt"
   assert vocab.read_bytes()[:14] == b"1 '\\x00' 1\r\n2 "
   # The test model's weights with the real vocabulary's 65,536 rows.
-  obj, _, close = torch_zip.read_zip(PTH)
-  try:
-    arrays = {name: tensor.read(PTH, name) for name, tensor in
-              torch_state_dict.find_state_dict(obj, PTH).tensors.items()}
-  finally:
-    close()
+  arrays = _pth_arrays()
   rng = np.random.default_rng(0)
   for name in ("emb.weight", "head.weight"):
     arrays[name] = rng.normal(0, 0.1, (65536, arrays[name].shape[1]))
@@ -511,12 +517,7 @@ LITERT_CASES = {
 def deep_pth_model(tmp_path_factory):
   """A 12-block official `.pth` (the 0.1B model's depth): the fixture's
   three blocks four times over, block 0's ln0 once."""
-  obj, _, close = torch_zip.read_zip(PTH)
-  try:
-    arrays = {name: tensor.read(PTH, name) for name, tensor in
-              torch_state_dict.find_state_dict(obj, PTH).tensors.items()}
-  finally:
-    close()
+  arrays = _pth_arrays()
   deep = {name: array for name, array in arrays.items()
           if not name.startswith("blocks.")}
   for block in range(12):
@@ -530,8 +531,11 @@ def deep_pth_model(tmp_path_factory):
   return rnnstep.load(str(folder / "deep.npz"))
 
 
-@pytest.mark.slow  # A LiteRT conversion a model.
-@pytest.mark.parametrize("which", ["preset", "pth", "12 blocks"])
+# A LiteRT conversion a model: by default the KerasHub preset and the
+# 12-block official .pth (the 3-block .pth, its blocks, is exhaustive).
+@pytest.mark.slow
+@pytest.mark.parametrize("which", quick_params(["preset", "pth", "12 blocks"],
+                                               "preset", "12 blocks"))
 def test_litert_artifact_gives_the_library_s_text(which, preset_model,
                                                   pth_model, deep_pth_model):
   """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
