@@ -651,7 +651,7 @@ def _generator(model, jit_compile, batch_size, window, strategy=None):
 def _path(model, jit_compile, batch_size, window: int = 0) -> str:
   """The concrete path for a user's `jit_compile` value (auto resolved here)."""
   path = paths.from_jit_compile(jit_compile)
-  if path == paths.AUTO and window:
+  if path == paths.AUTO and window and paths.pinned_path() is None:
     # The bands are for stateful steps; over windows XLA ran fastest at 1 and
     # 64 rows (measured on a Zen 3 with the recipe's LSTM 128).
     return paths.XLA

@@ -41,10 +41,29 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 os.environ["RNNSTEP_CACHE_DIR"] = tempfile.mkdtemp(prefix="rnnstep_test_cache_")
 atexit.register(shutil.rmtree, os.environ["RNNSTEP_CACHE_DIR"], True)
+# Calls that leave the path to rnnstep (`jit_compile=None`, a server's
+# default --jit_compile) take the graph path (rnnstep/engine/paths.py's
+# `pinned_path`), so that which XLA programs the suite compiles, in the
+# foreground or the background, does not depend on the CPU's kind: the
+# tests of each path name it, and the tests of the automatic choice unpin it
+# (the `unpinned_default_path` fixture). `RNNSTEP_DEFAULT_PATH= python -m
+# pytest` runs the suite with the choice this machine makes.
+os.environ.setdefault("RNNSTEP_DEFAULT_PATH", "graph")
 # Nor does a CLI run start a background export for the compiled-artifact
 # cache (rnnstep/litert/cache.py): tests/test_fast_path.py turns it on
 # for its own runs.
 os.environ["RNNSTEP_COMPILED_CACHE"] = "off"
+
+
+@pytest.fixture
+def unpinned_default_path(monkeypatch):
+  """`jit_compile=None` as users get it: the tuning cache's and the tables'
+  choice for this machine, not the suite's pinned graph path (for this
+  process and the subprocesses `tests.support.cli` starts)."""
+  monkeypatch.delenv("RNNSTEP_DEFAULT_PATH", raising=False)
+  from tests.support import cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.delitem(cli.ENV, "RNNSTEP_DEFAULT_PATH", raising=False)
+
 
 def pytest_sessionfinish(session, exitstatus):
   """A background XLA compile still running when pytest exits ends the

@@ -20,6 +20,9 @@ from rnnstep.engine import paths
 from rnnstep.engine import xla_cache
 from tests.support import cli
 
+# These tests are about the choice jit_compile=None makes (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("unpinned_default_path")
+
 
 @pytest.fixture(scope="module")
 def model():

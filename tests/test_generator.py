@@ -359,6 +359,7 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(sequences.experimental_get_tracing_count(), 1)
 
   @pytest.mark.slow  # XLA and elementwise programs.
+  @pytest.mark.usefixtures("unpinned_default_path")
   def test_default_path_traces_each_path_once(self):
     if paths.gpu_visible():
       self.skipTest("with a GPU the default is XLA at every batch")

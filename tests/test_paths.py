@@ -25,6 +25,9 @@ from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 from rnnstep.model import model_file
 
+# These tests are about the choice jit_compile=None makes (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("unpinned_default_path")
+
 LAYERS = [kr.layer("gru", 16)]
 EXCERPT = (pathlib.Path(__file__).resolve().parent / "data"
            / "tinyshakespeare_heldout_excerpt.txt")
@@ -309,6 +312,39 @@ class DefaultPathTest(tf.test.TestCase):
     tuning_cache.write(tuning_cache.cache_file(), {key: {"path": "graph"}})
     with mock.patch.object(paths, "gpu_visible", return_value=True):
       self.assertEqual(paths.default_path(full, 1), "xla")
+
+  def test_rnnstep_default_path_pins_every_automatic_choice(self):
+    """RNNSTEP_DEFAULT_PATH wins over a GPU, the tuning cache, a cell kind's
+    own bands, the tables, the lanes' table, one-shot runs, windows and
+    scoring; a value that names no path is refused naming the variable."""
+    from rnnstep import api  # pylint: disable=g-import-not-at-top
+    from rnnstep import errors  # pylint: disable=g-import-not-at-top
+    from rnnstep.engine import scoring  # pylint: disable=g-import-not-at-top
+    full, half = small_models()
+    tuning_cache.write(tuning_cache.cache_file(),
+                       {tuning_cache.cache_key(full, 1): {"path": "xla"}})
+    tuning_cache.reload()
+    for pinned in paths.CONCRETE:
+      with mock.patch.dict(os.environ, {paths.DEFAULT_PATH_ENV: pinned}):
+        for model in (full, half):
+          for batch in (1, 32, 256):
+            self.assertEqual(paths.default_path(model, batch), pinned)
+            self.assertEqual(paths.lane_path(model, batch, 2), pinned)
+            self.assertEqual(paths.one_shot_path(model, batch, 10), pinned)
+          self.assertEqual(api._path(model, None, 1, window=8), pinned)
+        self.assertEqual(api._path(full, False, 1), "graph")  # Explicit.
+        for window in (0, 8):
+          self.assertEqual(scoring.default_path(window), pinned)
+        with mock.patch.object(paths, "gpu_visible", return_value=True):
+          self.assertEqual(paths.default_path(full, 1), pinned)
+    with mock.patch.dict(os.environ, {paths.DEFAULT_PATH_ENV: " Graph "}):
+      self.assertEqual(paths.default_path(full, 1), "graph")
+    with mock.patch.dict(os.environ, {paths.DEFAULT_PATH_ENV: "fast"}):
+      with self.assertRaisesRegex(
+          errors.ArgumentError,
+          "RNNSTEP_DEFAULT_PATH must be one of xla, graph, elementwise "
+          r"\(or unset\), got 'fast'"):
+        paths.default_path(full, 1)
 
   def test_reduced_precision_without_arithmetic_is_said_once(self):
     full, half = small_models()

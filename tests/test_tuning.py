@@ -28,6 +28,9 @@ from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 from rnnstep import tuning
 
+# These tests are about the choice jit_compile=None makes (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("unpinned_default_path")
+
 LAYERS = reference_models.TINY_LAYERS
 PATHS = ("xla", "graph", "elementwise")
 

@@ -22,6 +22,7 @@ It imports no measuring code: `tuning.py` sits above the API.
 """
 
 import functools
+import os
 
 from absl import logging
 import numpy as np
@@ -82,6 +83,29 @@ def jit_compile_of(path: str):
 
 
 # -- the default path ----------------------------------------------------------
+
+# Names the path `jit_compile=None` takes in this process, over the tuning
+# cache and the tables: a deployment that wants no XLA compile at all (or one
+# path for every call) sets it; the test suite pins "graph" so that the
+# programs its calls compile do not depend on the CPU it runs on.
+DEFAULT_PATH_ENV = "RNNSTEP_DEFAULT_PATH"
+
+
+def pinned_path():
+  """The path `RNNSTEP_DEFAULT_PATH` pins `jit_compile=None` to, else None.
+
+  Raises:
+    errors.ArgumentError: a value that names no path.
+  """
+  value = os.environ.get(DEFAULT_PATH_ENV, "").strip().lower()
+  if not value:
+    return None
+  if value not in CONCRETE:
+    raise errors.ArgumentError(
+        DEFAULT_PATH_ENV, f"{DEFAULT_PATH_ENV} must be one of "
+        f"{', '.join(CONCRETE)} (or unset), got {value!r}")
+  return value
+
 
 # The fastest path per CPU kind (`cpu.kind`) and compute dtype, as (largest
 # batch size, path) bands, measured on 2-vCPU VMs with `python
@@ -144,7 +168,8 @@ def _kind_bands(model, dtype: str):
 def default_path(model, batch_size: int) -> str:
   """The path `jit_compile=None` takes: "xla", "graph" or "elementwise".
 
-  On a GPU, XLA. Otherwise a winner measured on this machine by
+  The path `RNNSTEP_DEFAULT_PATH` names, where it is set (`pinned_path`).
+  Else on a GPU, XLA. Otherwise a winner measured on this machine by
   `rnnstep.tune` (the tuning cache, `tuning_cache.cached_path`) comes first;
   then the bands of a cell kind with its own (`KIND_PATHS`); then the
   fastest measured on a CPU of this kind (`table_path`). Nothing is
@@ -165,6 +190,9 @@ def default_path(model, batch_size: int) -> str:
   Returns:
     One of CONCRETE.
   """
+  pinned = pinned_path()
+  if pinned is not None:
+    return pinned
   if gpu_visible():
     # The bands are CPU measurements; on a GPU XLA's dots use the vendor
     # libraries (bf16 included) and the whole-XLA loop has the fewest launches.
@@ -261,7 +289,7 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   Returns:
     One of CONCRETE.
   """
-  if threads != 1 or gpu_visible():
+  if threads != 1 or gpu_visible() or pinned_path() is not None:
     return default_path(model, rows)
   dtype = model.compute_dtype.name
   if slower_dtype_note(dtype):
@@ -323,7 +351,8 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
     One of CONCRETE.
   """
   path = default_path(model, batch_size)
-  if (path == XLA and num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
+  if (path == XLA and pinned_path() is None
+      and num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
       and batch_size * num_steps <= ONE_SHOT_GRAPH_MAX_ROW_STEPS
       and model.compute_dtype.name == "float32" and not gpu_visible()):
     return GRAPH

@@ -85,7 +85,8 @@ class Scores(NamedTuple):
 def default_path(window: int) -> str:
   """The path `jit_compile=None` scores on.
 
-  Over windows, XLA (as `generate`'s windows). Otherwise on a GPU XLA, and
+  The path `RNNSTEP_DEFAULT_PATH` names, where it is set. Over windows,
+  XLA (as `generate`'s windows). Otherwise on a GPU XLA, and
   on a CPU "elementwise": scoring is the recurrent matmul at a large batch,
   whichever path runs it, and TF's matmul plus the fused gate math measured
   fastest there (the bundled model, 2 AVX2 cores: 10-20% ahead of XLA, whose
@@ -93,6 +94,9 @@ def default_path(window: int) -> str:
   benchmarks/results/bulk-epyc-zen3-2026-12.md). Generation's table
   (`paths.default_path`) measures decode steps, not this.
   """
+  pinned = paths.pinned_path()
+  if pinned is not None:
+    return pinned
   if window or paths.gpu_visible():
     return paths.XLA
   return paths.ELEMENTWISE
