@@ -255,14 +255,25 @@ def save_generation(model, saved_dir: str):
                       signatures={SIGNATURE: module.generate})
 
 
-def convert_saved(saved_dir: str) -> bytes:
+def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
   """The LiteRT flatbuffer (builtin ops only) of `save_generation`'s
   SavedModel. Apart from the model, so that a process converting need not
   hold it (`rnnstep.litert.cache`'s fill: ~8.4x the weights at the
-  converter's peak, against ~11x with the model loaded)."""
+  converter's peak, against ~11x with the model loaded).
+
+  Args:
+    saved_dir: `save_generation`'s SavedModel.
+    dynamic_range_int8: store the constant weights of the products as int8
+      per output channel (the converter's `Optimize.DEFAULT`); the
+      interpreter then rounds each product's input rows to int8 as it runs
+      (another arithmetic than `rnnstep.generate`'s: issue 62's
+      measurement, `tools/bench/int8_litert.py`, not a served artifact).
+  """
   converter = tf.lite.TFLiteConverter.from_saved_model(
       saved_dir, signature_keys=[SIGNATURE])
   converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+  if dynamic_range_int8:
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
   return converter.convert()
 
 

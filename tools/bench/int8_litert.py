@@ -1,0 +1,525 @@
+"""int8 weights through LiteRT/XNNPACK: does the 0.1B RWKV-7 decode at
+>= 2.6x rnnstep's float32 and >= llama.cpp's Q8_0? (issue 62).
+
+    python tools/bench/int8_litert.py convert --model=M.npz --out=/tmp/int8lite
+    python tools/bench/int8_litert.py bench --out=/tmp/int8lite \\
+        --llama_cpp_bin=/work/llama_src/llama.cpp/build/bin \\
+        --gguf=F32:/work/llama_src/try/m-F32.gguf,Q8_0:/tmp/int8lite/m-Q8_0.gguf
+    python tools/bench/int8_litert.py check      # a small RWKV-7's int8 text
+
+convert: rnnstep's LiteRT export of --model (`rnnstep.litert.export`: the
+whole generation, one flatbuffer), once as it is (float32) and once with
+the converter's dynamic-range int8 (`Optimize.DEFAULT`:
+`export.convert_saved(..., dynamic_range_int8=True)`): the constant weights
+of every product stored int8 per output channel, each product's input rows
+rounded to int8 as the interpreter runs. One process at a time (a child
+saves the SavedModel, one child a conversion: ~6 GB each at the 0.1B
+shape); prints each one's time, peak resident memory and what the
+flatbuffer holds (its int8 and float32 constants, its products).
+
+bench: decode tokens/s at batch 1, greedy, a 16-token prompt
+(`bench_rwkv7.letters`), 128 tokens: the 128-token call less the 1-token
+call, over 127 steps (as `tools/bench_rwkv7.py`'s llama.cpp comparison):
+  - litert {float32, int8} x {xnnpack, builtin} x --threads: each a fresh
+    process a round (the flatbuffer mapped from its file, the interpreter
+    built with num_threads, XNNPACK the interpreter's default delegate,
+    builtin its kernels without it), a 1-token call first (XNNPACK packs
+    its weights then), then the two timed calls; its peak resident memory;
+  - rnnstep float32: `rnnstep.generate` on the default path of --model
+    (this process; TensorFlow's own threads);
+  - llama.cpp: `llama-bench -p 0 -n 128 -r 3 -t T` on each --gguf (the
+    median of its repetitions), T in --threads.
+The variants run in rounds, the order rotated each round; figures are
+medians over --rounds with their ranges, ratios paired by round (against
+rnnstep float32 and llama.cpp Q8_0 at 2 threads). Every variant's greedy
+ids are compared with the float32 artifact's on builtin kernels at 1
+thread (and the int8 ones with int8 on XNNPACK at 1 thread).
+
+check: the small RWKV-7 fixture (tests/data/rwkv7/rwkv7.pth) exported
+with dynamic-range int8, its greedy ids on XNNPACK and builtin kernels against a numpy RWKV-7
+(`tests/support/rwkv7_reference.py`'s equations in float32) whose
+int8-weight products are XNNPACK's arithmetic
+(`int8_products.xnnpack_dynamic_int8`) with the flatbuffer's own int8
+weights and scales.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+PROMPT_TOKENS, DECODE_STEPS = 16, 128
+KINDS = ("float32", "int8")
+
+
+def load():
+  return os.getloadavg()[0]
+
+
+def say(text=""):
+  print(text, flush=True)
+
+
+# ----------------------------------------------------------------- convert
+
+
+def child_peak(argv, **kwargs):
+  """Runs argv to its end: (exit status, stdout, stderr, peak resident
+  bytes of that process alone)."""
+  proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, **kwargs)
+  # Popen.communicate reaps the child itself; its rusage is wait4's.
+  out, err = [], []
+  import threading  # pylint: disable=g-import-not-at-top
+  readers = [threading.Thread(target=lambda s, b: b.append(s.read()),
+                              args=(stream, buf))
+             for stream, buf in ((proc.stdout, out), (proc.stderr, err))]
+  for r in readers:
+    r.start()
+  _, status, usage = os.wait4(proc.pid, 0)
+  for r in readers:
+    r.join()
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  return proc.returncode, out[0], err[0], usage.ru_maxrss * 1024
+
+
+CONVERT_CHILD = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from rnnstep.litert import export
+saved, kind, out = sys.argv[2:5]
+start = time.perf_counter()
+flatbuffer = export.convert_saved(saved, dynamic_range_int8=(kind == "int8"))
+with open(out + ".tmp", "wb") as f:
+  f.write(flatbuffer)
+os.replace(out + ".tmp", out)
+print(time.perf_counter() - start)
+"""
+
+
+def artifact_path(out, kind):
+  return os.path.join(out, f"{kind}.tflite")
+
+
+def convert(args):
+  from rnnstep.litert import cache  # pylint: disable=g-import-not-at-top
+  os.makedirs(args.out, exist_ok=True)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=os.pathsep.join(
+                 [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  saved = os.path.join(args.out, "saved")
+  if not os.path.isdir(saved):
+    start = time.perf_counter()
+    status, _, err, peak = child_peak(
+        [sys.executable, "-c",
+         "import sys; from rnnstep.litert import cache; "
+         "sys.exit(cache.save_child(*sys.argv[1:]))", args.model, saved,
+         os.path.join(args.out, "vocab.json")], env=env)
+    if status:
+      raise SystemExit(f"saving {args.model} failed: {err.strip()[-400:]}")
+    say(f"SavedModel of {args.model}: {time.perf_counter() - start:.0f} s, "
+        f"peak {peak / 1e9:.1f} GB")
+  del cache
+  for kind in KINDS:
+    path = artifact_path(args.out, kind)
+    if os.path.isfile(path):
+      say(f"{path}: kept")
+    else:
+      status, out, err, peak = child_peak(
+          [sys.executable, "-c", CONVERT_CHILD, str(ROOT), saved, kind, path],
+          env=env)
+      if status:
+        raise SystemExit(f"converting {kind} failed: {err.strip()[-400:]}")
+      say(f"{kind}: converted in {float(out):.0f} s, peak "
+          f"{peak / 1e9:.1f} GB (load {load():.1f})")
+    say(f"  {describe(path)}")
+
+
+def describe(path):
+  """What a flatbuffer holds: its size, its constants by type, its
+  products by the type of their weights."""
+  from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
+  it = interpreter_lib.Interpreter(
+      model_path=path, experimental_op_resolver_type=(
+          interpreter_lib.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
+  by_type = {}
+  for t in it.get_tensor_details():
+    if t["shape"].size and int(np.prod(t["shape"])) >= 1024:
+      name = np.dtype(t["dtype"]).name
+      by_type[name] = by_type.get(name, 0) + int(
+          np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
+  ops = {}
+  for op in it._get_ops_details():  # pylint: disable=protected-access
+    ops[op["op_name"]] = ops.get(op["op_name"], 0) + 1
+  products = {k: v for k, v in ops.items()
+              if k in ("FULLY_CONNECTED", "BATCH_MATMUL", "DEQUANTIZE")}
+  return (f"{os.path.getsize(path) / 1e6:.0f} MB; tensors of >= 1024 "
+          f"values in the main graph by type (MB): "
+          + ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sorted(by_type.items()))
+          + f"; main graph's ops {sum(ops.values())}, {products}")
+
+
+# ------------------------------------------------------------------- bench
+
+
+class Ids:
+  """What the worker's inputs need of a vocabulary (no stop strings, no
+  pattern)."""
+
+  def __init__(self, vocab_size):
+    self.vocab_size, self.has_unk = vocab_size, False
+
+
+WORKER = """
+import json, os, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from tools.bench import int8_litert
+print(json.dumps(int8_litert.litert_decode(*json.loads(sys.argv[2]))))
+"""
+
+
+def litert_decode(path, kernels, threads, prompt_ids, vocab_size, steps):
+  """One fresh interpreter's decode: {"tg": tokens/s, "ids": [...],
+  "start_s": building it and its first 1-token call, "peak": bytes}."""
+  import resource  # pylint: disable=g-import-not-at-top
+  from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
+  resolver = (interpreter_lib.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+              if kernels == "builtin" else interpreter_lib.OpResolverType.AUTO)
+  start = time.perf_counter()
+  runner = interpreter_lib.Interpreter(
+      model_path=path, num_threads=threads,
+      experimental_op_resolver_type=resolver).get_signature_runner(
+          litert_inputs.SIGNATURE)
+
+  def call(num_steps):
+    inputs = litert_inputs.build(Ids(vocab_size), [prompt_ids], num_steps,
+                                 seed=1, temperature=0.0)
+    begin = time.perf_counter()
+    out = runner(**inputs)
+    return time.perf_counter() - begin, out["ids"][0][:out["lengths"][0]]
+
+  call(1)
+  start_s = time.perf_counter() - start
+  one, _ = call(1)
+  many, ids = call(steps)
+  return {"tg": (steps - 1) / max(many - one, 1e-9), "ids": ids.tolist(),
+          "start_s": start_s,
+          "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+class LiteRT:
+  """A LiteRT variant: one fresh worker process a round."""
+
+  def __init__(self, path, kernels, threads, prompt_ids, vocab_size):
+    self.argv = [sys.executable, "-c", WORKER, str(ROOT), json.dumps(
+        [path, kernels, threads, prompt_ids, vocab_size, DECODE_STEPS])]
+
+  def run(self):
+    status, out, err, peak = child_peak(self.argv)
+    if status:
+      raise RuntimeError(f"the LiteRT worker failed: {err.strip()[-600:]}")
+    got = json.loads(out.strip().splitlines()[-1])
+    got["peak"] = peak
+    return got
+
+
+class Library:
+  """`rnnstep.generate` on the default path, in this process."""
+
+  def __init__(self, model_path, prompt):
+    import rnnstep  # pylint: disable=g-import-not-at-top
+    self.rnnstep, self.prompt = rnnstep, prompt
+    self.model = rnnstep.load(model_path)
+    self.run()  # Traces each call's shape.
+
+  def call(self, steps):
+    start = time.perf_counter()
+    text = self.rnnstep.generate(self.model, [self.prompt], steps, seed=1,
+                                 temperature=0.0)[0]
+    return time.perf_counter() - start, text
+
+  def run(self):
+    one, _ = self.call(1)
+    many, text = self.call(DECODE_STEPS)
+    import resource  # pylint: disable=g-import-not-at-top
+    return {"tg": (DECODE_STEPS - 1) / max(many - one, 1e-9),
+            "ids": self.model.encode(text),
+            "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+class LlamaBench:
+  """`llama-bench -p 0 -n 128 -r 3 -t T` on a GGUF: its tg samples'
+  median."""
+
+  def __init__(self, binary_dir, gguf, threads):
+    self.argv = [os.path.join(binary_dir, "llama-bench"), "-m", gguf, "-t",
+                 str(threads), "-p", "0", "-n", str(DECODE_STEPS), "-r", "3",
+                 "-o", "json"]
+
+  def run(self):
+    status, out, err, peak = child_peak(self.argv)
+    if status:
+      raise RuntimeError(f"llama-bench failed: {err.strip()[-600:]}")
+    samples = [float(s) for test in json.loads(out) if test["n_gen"]
+               for s in test["samples_ts"]]
+    return {"tg": statistics.median(samples), "peak": peak}
+
+
+def bench(args):
+  import bench_rwkv7  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
+  say(bench_rwkv7.machine_line())
+  threads = [int(t) for t in args.threads.split(",")]
+  prompt = bench_rwkv7.letters(PROMPT_TOKENS, 1)
+  with open(os.path.join(args.out, "vocab.json"), encoding="utf-8") as f:
+    vocab, tokens_json = json.load(f)
+  tokens = vocabulary.Tokens.from_json(json.loads(tokens_json), vocab)
+  prompt_ids = [int(i) for i in tokens.encode(prompt)]
+  assert len(prompt_ids) == PROMPT_TOKENS, prompt_ids
+  runners = {}
+  for kind in (k for k in args.kinds.split(",") if k):
+    for kernels in (k for k in args.kernels.split(",") if k):
+      for t in threads:
+        runners[f"LiteRT {kind}, {kernels}, {t}T"] = LiteRT(
+            artifact_path(args.out, kind), kernels, t, prompt_ids, len(vocab))
+  if args.library:
+    start = time.perf_counter()
+    runners["rnnstep float32 (library)"] = Library(args.model, prompt)
+    say(f"rnnstep float32 loaded and warmed up in "
+        f"{time.perf_counter() - start:.0f} s")
+  for spec in (s for s in args.gguf.split(",") if s):
+    kind, path = spec.split(":", 1)
+    for t in threads:
+      runners[f"llama.cpp {kind}, {t}T"] = LlamaBench(args.llama_cpp_bin,
+                                                       path, t)
+  names = list(runners)
+  results = {name: [] for name in names}
+  loads = []
+  try:
+    for r in range(args.rounds):
+      for name in names[r % len(names):] + names[:r % len(names)]:
+        got = runners[name].run()
+        got["round"] = r
+        results[name].append(got)
+        loads.append(load())
+        extra = (f", first call {got['start_s']:.1f} s"
+                 if "start_s" in got else "")
+        say(f"  round {r} {name}: {got['tg']:.1f} tokens/s, peak "
+            f"{got['peak'] / 1e9:.2f} GB{extra} (load {loads[-1]:.1f})")
+  except KeyboardInterrupt:
+    say(f"  stopped in round {r}: the table holds the rounds done")
+  say(f"load during the rounds {min(loads, default=0):.1f}-"
+      f"{max(loads, default=0):.1f}; at end "
+      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+  table(results, names)
+  agreement(results, names)
+
+
+def paired(results, name, base):
+  """The median over rounds of name's tokens/s / base's, in the same round."""
+  by_round = {g["round"]: g["tg"] for g in results.get(base, [])}
+  ratios = [g["tg"] / by_round[g["round"]] for g in results[name]
+            if g["round"] in by_round]
+  return f"{statistics.median(ratios):.2f}x" if ratios else ""
+
+
+def table(results, names):
+  library = "rnnstep float32 (library)"
+  q8 = next((n for n in names if n.startswith("llama.cpp Q8_0, 2T")), None)
+  say()
+  say(f"| variant | decode, tokens/s (tg{DECODE_STEPS}) | vs rnnstep float32 "
+      "| vs llama.cpp Q8_0 2T | peak resident memory | first call |")
+  say("|---|---|---|---|---|---|")
+  for name in (n for n in names if results[n]):
+    tg = [g["tg"] for g in results[name]]
+    peaks = [g["peak"] for g in results[name]]
+    starts = [g["start_s"] for g in results[name] if "start_s" in g]
+    say(f"| {name} | {statistics.median(tg):.1f} ({min(tg):.1f}-"
+        f"{max(tg):.1f}) | {paired(results, name, library)} | "
+        f"{paired(results, name, q8) if q8 else ''} | "
+        f"{max(peaks) / 1e9:.2f} GB | "
+        + (f"{statistics.median(starts):.1f} s" if starts else "") + " |")
+
+
+def agreement(results, names):
+  """Greedy ids against the float32 artifact's (builtin, 1 thread) and,
+  for int8, int8 on XNNPACK at 1 thread."""
+  def ids_of(name):
+    got = results.get(name) or [{}]
+    return got[0].get("ids")
+  bases = {"float32": "LiteRT float32, builtin, 1T",
+           "int8": "LiteRT int8, xnnpack, 1T"}
+  say()
+  for name in names:
+    mine = ids_of(name)
+    if mine is None:
+      continue
+    line = []
+    for label, base in bases.items():
+      theirs = ids_of(base)
+      if theirs is not None and base != name:
+        same = sum(a == b for a, b in zip(mine, theirs))
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs))
+                      if a != b), None)
+        line.append(f"{same}/{len(theirs)} ids as {label}'s" + (
+            f" (first differs at {first})" if first is not None else ""))
+    say(f"{name}: " + "; ".join(line))
+
+
+# ------------------------------------------------------------------- check
+
+
+def check(args):
+  """The small fixture's int8 artifact against a numpy RWKV-7 whose int8
+  products are XNNPACK's arithmetic."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
+  from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(args.check_model, vocab=args.check_vocab or None)
+  with tempfile.TemporaryDirectory(prefix="int8_litert_") as work:
+    saved = os.path.join(work, "saved")
+    export.save_generation(model, saved)
+    flatbuffer = export.convert_saved(saved, dynamic_range_int8=True)
+  resolver = interpreter_lib.OpResolverType
+  int8 = int8_weights(flatbuffer)
+  prompt = model.encode(args.check_prompt)
+  say(f"{args.check_model}: {len(flatbuffer) / 1e6:.1f} MB int8 artifact, "
+      f"{len(int8)} int8 matrices; prompt {len(prompt)} ids, "
+      f"{args.check_steps} greedy steps")
+  want, shapes = numpy_greedy(model, int8, prompt, args.check_steps)
+  plain, _ = numpy_greedy(model, [], prompt, args.check_steps)
+  say(f"  the reference's products (weights [in, out]): {shapes}")
+  library = rnnstep.generate(model, [args.check_prompt], args.check_steps,
+                             seed=1, temperature=0.0)[0]
+  say(f"  rnnstep.generate float32 == the float32 reference's text: "
+      f"{library == model.decode(plain)}")
+  for kernels, kind in (("xnnpack", resolver.AUTO), (
+      "builtin", resolver.BUILTIN_WITHOUT_DEFAULT_DELEGATES)):
+    from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
+    runner = interpreter_lib.Interpreter(
+        model_content=flatbuffer, experimental_op_resolver_type=kind
+    ).get_signature_runner(litert_inputs.SIGNATURE)
+    out = runner(**litert_inputs.build(model, [prompt], args.check_steps,
+                                       seed=1, temperature=0.0))
+    got = out["ids"][0][:out["lengths"][0]].tolist()
+    say(f"  int8 artifact on {kernels}: {same_ids(got, want)} the numpy "
+        f"XNNPACK-arithmetic reference's; {same_ids(got, plain)} the "
+        "float32 reference's")
+  say(f"  the numpy references: XNNPACK arithmetic vs float32: "
+      f"{same_ids(want, plain)}")
+
+
+def same_ids(a, b):
+  same = sum(x == y for x, y in zip(a, b))
+  first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+  return f"{same}/{len(b)}" + (f" (first differs at {first})"
+                               if first is not None else "")
+
+
+def int8_weights(flatbuffer):
+  """[(int8 `[N, K]`, float32 scales `[N]`)]: the flatbuffer's constant
+  per-channel int8 matrices, in every subgraph (the loops' bodies hold the
+  products), each buffer once."""
+  from ai_edge_litert import schema_py_generated as schema  # pylint: disable=g-import-not-at-top
+  model = schema.Model.GetRootAs(flatbuffer, 0)
+  found, seen = [], set()
+  for g in range(model.SubgraphsLength()):
+    graph = model.Subgraphs(g)
+    for t in range(graph.TensorsLength()):
+      tensor = graph.Tensors(t)
+      buffer = model.Buffers(tensor.Buffer())
+      quantization = tensor.Quantization()
+      if (tensor.Type() != schema.TensorType.INT8 or tensor.ShapeLength() != 2
+          or tensor.Buffer() in seen or buffer is None
+          or quantization is None or not quantization.ScaleLength()):
+        continue
+      if buffer.DataLength():
+        data = buffer.DataAsNumpy()
+      else:  # Past 2 GB the converter keeps buffers after the flatbuffer.
+        data = np.frombuffer(flatbuffer, np.uint8, int(buffer.Size()),
+                             int(buffer.Offset()))
+      shape = tensor.ShapeAsNumpy()
+      if data.size != np.prod(shape):  # Not a constant.
+        continue
+      seen.add(tensor.Buffer())
+      found.append((data.view(np.int8).reshape(shape),
+                    quantization.ScaleAsNumpy().astype(np.float32)))
+  return found
+
+
+def matcher(int8):
+  """product(x, w): x @ w in XNNPACK's arithmetic where w `[K, N]` is one
+  of the flatbuffer's int8 matrices (its dequantized values within half a
+  step of w's), else in float32."""
+  from tools.bench import int8_products  # pylint: disable=g-import-not-at-top
+
+  def product(x, w):
+    x = np.asarray(x, np.float32)
+    for q, scale in int8:
+      if q.shape == (w.shape[1], w.shape[0]) and np.all(
+          np.abs(q.T * scale - w) <= scale * 0.5001):
+        product.shapes.add(("int8",) + w.shape)
+        return int8_products.xnnpack_dynamic_int8(x[None], q, scale)[0]
+    product.shapes.add(("float32",) + w.shape)
+    return (x @ w).astype(np.float32)
+  product.shapes = set()
+  return product
+
+
+def numpy_greedy(model, int8, prompt, steps):
+  """Greedy ids from `rwkv7_reference`'s equations in float32, its products
+  by `matcher(int8)`."""
+  from tests.support import rwkv7_reference  # pylint: disable=g-import-not-at-top
+  tensors = model.tensors()
+  head_size = model.config.layers[0].size["head_size"]
+  ids = list(prompt)
+  product = matcher(int8)
+  for _ in range(steps):
+    logits = rwkv7_reference.logits(tensors, head_size, ids, product=product,
+                                    dtype=np.float32)
+    ids.append(int(np.argmax(logits[-1])))
+  return ids[len(prompt):], sorted(product.shapes)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("command", choices=("convert", "bench", "check"))
+  parser.add_argument("--model", default="/work/llama_src/try/m.npz",
+                      help="the 0.1B RWKV-7 model file")
+  parser.add_argument("--out", default="/tmp/int8lite",
+                      help="where the SavedModel and the artifacts are kept")
+  parser.add_argument("--threads", default="1,2")
+  parser.add_argument("--kinds", default="float32,int8",
+                      help="the LiteRT artifacts to run")
+  parser.add_argument("--kernels", default="xnnpack,builtin")
+  parser.add_argument("--library", type=int, default=1,
+                      help="1: rnnstep.generate float32 as a variant")
+  parser.add_argument("--llama_cpp_bin", default="")
+  parser.add_argument("--gguf", default="",
+                      help="KIND:PATH,... of GGUFs of the same weights")
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--check_model",
+                      default=str(ROOT / "tests/data/rwkv7/rwkv7.pth"))
+  parser.add_argument(
+      "--check_vocab",
+      default=str(ROOT / "tests/data/rwkv7/preset/assets/tokenizer/"
+                  "vocabulary.txt"))
+  parser.add_argument("--check_prompt", default="The quick brown fox")
+  parser.add_argument("--check_steps", type=int, default=40)
+  args = parser.parse_args()
+  {"convert": convert, "bench": bench, "check": check}[args.command](args)
+
+
+if __name__ == "__main__":
+  main()
