@@ -4,7 +4,7 @@
     python tools/bench/int8_litert.py convert --model=M.npz --out=/tmp/int8lite
     python tools/bench/int8_litert.py bench --out=/tmp/int8lite \\
         --llama_cpp_bin=/work/llama_src/llama.cpp/build/bin \\
-        --gguf=F32:/work/llama_src/try/m-F32.gguf,Q8_0:/tmp/int8lite/m-Q8_0.gguf
+        --gguf=F32:/work/llama_src/try/m-F32.gguf:1,Q8_0:/tmp/int8lite/m-Q8_0.gguf
     python tools/bench/int8_litert.py check      # a small RWKV-7's int8 text
 
 convert: rnnstep's LiteRT export of --model (`rnnstep.litert.export`: the
@@ -73,24 +73,30 @@ def say(text=""):
 # ----------------------------------------------------------------- convert
 
 
+# Runs argv as its child and prints, last on stderr, that child's peak
+# resident bytes. Not wait4 on the child directly: a process exec'd from a
+# fork of this one reports at least this one's resident size at the fork
+# (Linux keeps the replaced memory's high-water mark), and this one holds
+# the library's model while it measures.
+PEAK_SHIM = """
+import os, sys
+pid = os.fork()
+if not pid:
+  os.execvp(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(f"peak_bytes {usage.ru_maxrss * 1024}", file=sys.stderr)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def child_peak(argv, **kwargs):
-  """Runs argv to its end: (exit status, stdout, stderr, peak resident
-  bytes of that process alone)."""
-  proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, **kwargs)
-  # Popen.communicate reaps the child itself; its rusage is wait4's.
-  out, err = [], []
-  import threading  # pylint: disable=g-import-not-at-top
-  readers = [threading.Thread(target=lambda s, b: b.append(s.read()),
-                              args=(stream, buf))
-             for stream, buf in ((proc.stdout, out), (proc.stderr, err))]
-  for r in readers:
-    r.start()
-  _, status, usage = os.wait4(proc.pid, 0)
-  for r in readers:
-    r.join()
-  proc.returncode = os.waitstatus_to_exitcode(status)
-  return proc.returncode, out[0], err[0], usage.ru_maxrss * 1024
+  """Runs argv to its end: (exit status, stdout, stderr, its peak resident
+  bytes)."""
+  done = subprocess.run([sys.executable, "-c", PEAK_SHIM] + list(argv),
+                        capture_output=True, text=True, check=False, **kwargs)
+  err, _, last = done.stderr.rstrip().rpartition("\n")
+  peak = int(last.split()[1]) if last.startswith("peak_bytes ") else 0
+  return done.returncode, done.stdout, err, peak
 
 
 CONVERT_CHILD = """
@@ -146,27 +152,40 @@ def convert(args):
 
 
 def describe(path):
-  """What a flatbuffer holds: its size, its constants by type, its
-  products by the type of their weights."""
-  from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
-  it = interpreter_lib.Interpreter(
-      model_path=path, experimental_op_resolver_type=(
-          interpreter_lib.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
-  by_type = {}
-  for t in it.get_tensor_details():
-    if t["shape"].size and int(np.prod(t["shape"])) >= 1024:
-      name = np.dtype(t["dtype"]).name
-      by_type[name] = by_type.get(name, 0) + int(
-          np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
-  ops = {}
-  for op in it._get_ops_details():  # pylint: disable=protected-access
-    ops[op["op_name"]] = ops.get(op["op_name"], 0) + 1
-  products = {k: v for k, v in ops.items()
-              if k in ("FULLY_CONNECTED", "BATCH_MATMUL", "DEQUANTIZE")}
-  return (f"{os.path.getsize(path) / 1e6:.0f} MB; tensors of >= 1024 "
-          f"values in the main graph by type (MB): "
-          + ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sorted(by_type.items()))
-          + f"; main graph's ops {sum(ops.values())}, {products}")
+  """What a flatbuffer holds: its size, its constants by type (each buffer
+  once, over every subgraph), and its products (fully-connected ops) by
+  the type of their weights, over the loops' bodies."""
+  from ai_edge_litert import schema_py_generated as schema  # pylint: disable=g-import-not-at-top
+  with open(path, "rb") as f:
+    flatbuffer = f.read()
+  model = schema.Model.GetRootAs(flatbuffer, 0)
+  type_name = {v: k for k, v in vars(schema.TensorType).items()
+               if not k.startswith("_")}
+  fully_connected = [i for i in range(model.OperatorCodesLength()) if max(
+      model.OperatorCodes(i).BuiltinCode(),
+      model.OperatorCodes(i).DeprecatedBuiltinCode())
+                     == schema.BuiltinOperator.FULLY_CONNECTED]
+  constants, products, seen = {}, {}, set()
+  for g in range(model.SubgraphsLength()):
+    graph = model.Subgraphs(g)
+    for t in range(graph.TensorsLength()):
+      tensor = graph.Tensors(t)
+      buffer = model.Buffers(tensor.Buffer())
+      size = buffer and max(buffer.DataLength(), buffer.Size())
+      if size and tensor.Buffer() not in seen:
+        seen.add(tensor.Buffer())
+        name = type_name[tensor.Type()]
+        constants[name] = constants.get(name, 0) + size
+    for o in range(graph.OperatorsLength()):
+      op = graph.Operators(o)
+      if op.OpcodeIndex() in fully_connected:
+        name = type_name[graph.Tensors(op.Inputs(1)).Type()]
+        products[name] = products.get(name, 0) + 1
+  return (f"{len(flatbuffer) / 1e6:.0f} MB; constants "
+          + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(
+              constants.items()) if v >= 1e5)
+          + "; fully-connected ops by weight type "
+          + ", ".join(f"{k} {v}" for k, v in sorted(products.items())))
 
 
 # ------------------------------------------------------------------- bench
@@ -254,7 +273,7 @@ class Library:
     many, text = self.call(DECODE_STEPS)
     import resource  # pylint: disable=g-import-not-at-top
     return {"tg": (DECODE_STEPS - 1) / max(many - one, 1e-9),
-            "ids": self.model.encode(text),
+            "ids": self.model.encode(text).tolist(),
             "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -277,6 +296,8 @@ class LlamaBench:
 
 
 def bench(args):
+  if args.replay:
+    return replay(args.replay)
   import bench_rwkv7  # pylint: disable=g-import-not-at-top
   from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
   say(bench_rwkv7.machine_line())
@@ -299,8 +320,8 @@ def bench(args):
     say(f"rnnstep float32 loaded and warmed up in "
         f"{time.perf_counter() - start:.0f} s")
   for spec in (s for s in args.gguf.split(",") if s):
-    kind, path = spec.split(":", 1)
-    for t in threads:
+    kind, path, *only = spec.split(":")
+    for t in [int(t) for t in only[0].split("+")] if only else threads:
       runners[f"llama.cpp {kind}, {t}T"] = LlamaBench(args.llama_cpp_bin,
                                                        path, t)
   names = list(runners)
@@ -336,20 +357,39 @@ def paired(results, name, base):
 
 def table(results, names):
   library = "rnnstep float32 (library)"
-  q8 = next((n for n in names if n.startswith("llama.cpp Q8_0, 2T")), None)
+  peers = [n for n in names if n.startswith("llama.cpp Q8_0")]
   say()
-  say(f"| variant | decode, tokens/s (tg{DECODE_STEPS}) | vs rnnstep float32 "
-      "| vs llama.cpp Q8_0 2T | peak resident memory | first call |")
-  say("|---|---|---|---|---|---|")
+  say(f"| variant | decode, tokens/s (tg{DECODE_STEPS}) | vs rnnstep float32 | "
+      + "".join(f"vs {p} | " for p in peers)
+      + "peak resident memory | first call |")
+  say("|---|---|---|" + "---|" * len(peers) + "---|---|")
   for name in (n for n in names if results[n]):
     tg = [g["tg"] for g in results[name]]
     peaks = [g["peak"] for g in results[name]]
     starts = [g["start_s"] for g in results[name] if "start_s" in g]
     say(f"| {name} | {statistics.median(tg):.1f} ({min(tg):.1f}-"
         f"{max(tg):.1f}) | {paired(results, name, library)} | "
-        f"{paired(results, name, q8) if q8 else ''} | "
-        f"{max(peaks) / 1e9:.2f} GB | "
+        + "".join(f"{paired(results, name, p)} | " for p in peers)
+        + f"{max(peaks) / 1e9:.2f} GB | "
         + (f"{statistics.median(starts):.1f} s" if starts else "") + " |")
+
+
+def replay(path):
+  """The table of a run's log (its round lines)."""
+  import re  # pylint: disable=g-import-not-at-top
+  results = {}
+  line_re = re.compile(r"  round (\d+) (.+?): ([\d.]+) tokens/s, peak "
+                       r"([\d.]+) GB(?:, first call ([\d.]+) s)?")
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      m = line_re.match(line)
+      if m:
+        got = {"round": int(m.group(1)), "tg": float(m.group(3)),
+               "peak": float(m.group(4)) * 1e9}
+        if m.group(5):
+          got["start_s"] = float(m.group(5))
+        results.setdefault(m.group(2), []).append(got)
+  table(results, list(results))
 
 
 def agreement(results, names):
@@ -380,26 +420,36 @@ def agreement(results, names):
 # ------------------------------------------------------------------- check
 
 
+def int8_flatbuffer(model):
+  """`model`'s LiteRT export with dynamic-range int8 weights."""
+  from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix="int8_litert_") as work:
+    saved = os.path.join(work, "saved")
+    export.save_generation(model, saved)
+    return export.convert_saved(saved, dynamic_range_int8=True)
+
+
 def check(args):
   """The small fixture's int8 artifact against a numpy RWKV-7 whose int8
   products are XNNPACK's arithmetic."""
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
   from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
   model = rnnstep.load(args.check_model, vocab=args.check_vocab or None)
-  with tempfile.TemporaryDirectory(prefix="int8_litert_") as work:
-    saved = os.path.join(work, "saved")
-    export.save_generation(model, saved)
-    flatbuffer = export.convert_saved(saved, dynamic_range_int8=True)
+  flatbuffer = int8_flatbuffer(model)
   resolver = interpreter_lib.OpResolverType
-  int8 = int8_weights(flatbuffer)
+  int8 = int8_constants(flatbuffer)
+  table = primed_table(int8)
   prompt = model.encode(args.check_prompt)
   say(f"{args.check_model}: {len(flatbuffer) / 1e6:.1f} MB int8 artifact, "
-      f"{len(int8)} int8 matrices; prompt {len(prompt)} ids, "
+      f"{len(int8)} int8 matrices (the priming loop's input table among "
+      f"them: {table is not None}); prompt {len(prompt)} ids, "
       f"{args.check_steps} greedy steps")
-  want, shapes = numpy_greedy(model, int8, prompt, args.check_steps)
+  want, shapes = numpy_greedy(model, int8, prompt, args.check_steps, table)
+  products_only, _ = numpy_greedy(model, int8, prompt, args.check_steps)
   plain, _ = numpy_greedy(model, [], prompt, args.check_steps)
   say(f"  the reference's products (weights [in, out]): {shapes}")
+  say(f"  the reference without the int8 table: "
+      f"{same_ids(products_only, want)} its ids")
   library = rnnstep.generate(model, [args.check_prompt], args.check_steps,
                              seed=1, temperature=0.0)[0]
   say(f"  rnnstep.generate float32 == the float32 reference's text: "
@@ -427,10 +477,11 @@ def same_ids(a, b):
                                if first is not None else "")
 
 
-def int8_weights(flatbuffer):
-  """[(int8 `[N, K]`, float32 scales `[N]`)]: the flatbuffer's constant
-  per-channel int8 matrices, in every subgraph (the loops' bodies hold the
-  products), each buffer once."""
+def int8_constants(flatbuffer):
+  """[(int8 `[N, K]`, float32 scales, int zero points)]: the flatbuffer's
+  constant int8 matrices, in every subgraph (the loops' bodies hold the
+  products), each buffer once: the products' weights (a scale per output
+  channel) and the input table the priming loop gathers (one scale)."""
   from ai_edge_litert import schema_py_generated as schema  # pylint: disable=g-import-not-at-top
   model = schema.Model.GetRootAs(flatbuffer, 0)
   found, seen = [], set()
@@ -454,7 +505,8 @@ def int8_weights(flatbuffer):
         continue
       seen.add(tensor.Buffer())
       found.append((data.view(np.int8).reshape(shape),
-                    quantization.ScaleAsNumpy().astype(np.float32)))
+                    quantization.ScaleAsNumpy().astype(np.float32),
+                    quantization.ZeroPointAsNumpy()))
   return found
 
 
@@ -464,37 +516,102 @@ def matcher(int8):
   step of w's), else in float32."""
   from tools.bench import int8_products  # pylint: disable=g-import-not-at-top
 
+  int8 = [(q, scale) for q, scale, _ in int8 if scale.size == q.shape[0]]
+  known = {}  # A matrix's shape and sampled values -> its int8 or None.
+
   def product(x, w):
     x = np.asarray(x, np.float32)
-    for q, scale in int8:
-      if q.shape == (w.shape[1], w.shape[0]) and np.all(
-          np.abs(q.T * scale - w) <= scale * 0.5001):
-        product.shapes.add(("int8",) + w.shape)
-        return int8_products.xnnpack_dynamic_int8(x[None], q, scale)[0]
+    key = w.shape + (w.ravel()[::max(1, w.size // 64)].tobytes(),)
+    if key not in known:
+      known[key] = next((
+          (q, scale) for q, scale in int8 if q.shape == w.shape[::-1]
+          and np.all(np.abs(q.T * scale - w) <= scale * 0.5001)), None)
+    if known[key] is not None:
+      product.shapes.add(("int8",) + w.shape)
+      return int8_products.xnnpack_dynamic_int8(x[None], *known[key])[0]
     product.shapes.add(("float32",) + w.shape)
     return (x @ w).astype(np.float32)
   product.shapes = set()
   return product
 
 
-def numpy_greedy(model, int8, prompt, steps):
+def primed_table(int8):
+  """The input table the priming loop gathers, float32 from its int8 (one
+  scale for the whole table), or None."""
+  for q, scale, zero_point in int8:
+    if scale.size == 1 and q.shape[0] > 1:
+      return (q.astype(np.float32) - np.float32(zero_point[0])) * scale[0]
+  return None
+
+
+def numpy_greedy(model, int8, prompt, steps, table=None):
   """Greedy ids from `rwkv7_reference`'s equations in float32, its products
-  by `matcher(int8)`."""
+  by `matcher(int8)`, the prompt but its last id (the priming loop's) from
+  `table` where given (the decode loop gathers float32 rows)."""
   from tests.support import rwkv7_reference  # pylint: disable=g-import-not-at-top
   tensors = model.tensors()
   head_size = model.config.layers[0].size["head_size"]
   ids = list(prompt)
   product = matcher(int8)
+  primed = lambda position, token: (
+      table[token] if table is not None and position < len(prompt) - 1
+      else None)
   for _ in range(steps):
     logits = rwkv7_reference.logits(tensors, head_size, ids, product=product,
-                                    dtype=np.float32)
+                                    dtype=np.float32, input_row=primed)
     ids.append(int(np.argmax(logits[-1])))
   return ids[len(prompt):], sorted(product.shapes)
 
 
+# ----------------------------------------------------------------- quality
+
+
+def quality(args):
+  """Mean KL(float32 || XNNPACK int8) and held-out NLL on a trained RWKV-7,
+  teacher-forced in windows (as `quantization_loss.py` scores): the
+  products in XNNPACK's arithmetic with the converter's own int8 weights,
+  the input rows float32 (the decode loop's) and int8 (the priming
+  loop's table: what a prompt's tokens go through)."""
+  import rnnstep  # pylint: disable=g-import-not-at-top
+  from tests.support import rwkv7_reference  # pylint: disable=g-import-not-at-top
+  from tools.bench import quantization_loss as loss  # pylint: disable=g-import-not-at-top
+  say(f"{args.quality_model}, {args.text} (load {load():.1f}, "
+      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+  model = rnnstep.load(args.quality_model)
+  int8 = int8_constants(int8_flatbuffer(model))
+  table = primed_table(int8)
+  text = pathlib.Path(args.text).read_text("utf-8")
+  windows = loss._windows(model.encode(text), args.window)  # pylint: disable=protected-access
+  logp = loss._scored(model, windows)  # pylint: disable=protected-access
+  nll = loss._nll(logp, windows)  # pylint: disable=protected-access
+  tensors = model.tensors()
+  head_size = model.config.layers[0].size["head_size"]
+  say("| arithmetic | tokens | mean KL(f32 ‖ q), nats/token | held-out NLL "
+      "| NLL / float32's | top-1 agreement (teacher-forced) |")
+  say("|---|---|---|---|---|---|")
+  say(f"| float32 (rnnstep.logits) | {windows.size - len(windows):,} | 0 | "
+      f"{nll:.4f} | 1 | 1 |")
+  for name, rows in (("float32 reference (numpy)", None),
+                     ("XNNPACK int8 products, float32 input rows", None),
+                     ("XNNPACK int8 products, int8 input table", table)):
+    product = matcher([] if name.startswith("float32") else int8)
+    start = time.perf_counter()
+    logq = np.stack([loss._log_softmax(rwkv7_reference.logits(  # pylint: disable=protected-access
+        tensors, head_size, w[:-1], product=product, dtype=np.float32,
+        input_row=None if rows is None else lambda _, token: rows[token]))
+                     for w in windows])
+    kl = float((np.exp(logp) * (logp - logq)).sum(-1).mean())
+    nll_q = loss._nll(logq, windows)  # pylint: disable=protected-access
+    agree = float((logq.argmax(-1) == logp.argmax(-1)).mean())
+    say(f"| {name} | {windows.size - len(windows):,} | {kl:.2e} | "
+        f"{nll_q:.4f} | {nll_q / nll:.4f} | {agree:.4f} |  "
+        f"({time.perf_counter() - start:.0f} s, load {load():.1f})")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("command", choices=("convert", "bench", "check"))
+  parser.add_argument("command",
+                      choices=("convert", "bench", "check", "quality"))
   parser.add_argument("--model", default="/work/llama_src/try/m.npz",
                       help="the 0.1B RWKV-7 model file")
   parser.add_argument("--out", default="/tmp/int8lite",
@@ -507,8 +624,12 @@ def main():
                       help="1: rnnstep.generate float32 as a variant")
   parser.add_argument("--llama_cpp_bin", default="")
   parser.add_argument("--gguf", default="",
-                      help="KIND:PATH,... of GGUFs of the same weights")
+                      help="KIND:PATH[:T+T],... GGUFs of the same "
+                      "weights (and their threads, else --threads)")
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--replay", default="",
+                      help="bench: print the table of this earlier run's "
+                      "log instead of running")
   parser.add_argument("--check_model",
                       default=str(ROOT / "tests/data/rwkv7/rwkv7.pth"))
   parser.add_argument(
@@ -517,8 +638,15 @@ def main():
                   "vocabulary.txt"))
   parser.add_argument("--check_prompt", default="The quick brown fox")
   parser.add_argument("--check_steps", type=int, default=40)
+  parser.add_argument("--quality_model",
+                      default="/tmp/rwtrain/rwkv7-small.npz",
+                      help="a trained RWKV-7 (tools/train_rwkv7_small.py)")
+  parser.add_argument("--text", default=str(
+      ROOT / "tests/data/tinyshakespeare_heldout_excerpt.txt"))
+  parser.add_argument("--window", type=int, default=256)
   args = parser.parse_args()
-  {"convert": convert, "bench": bench, "check": check}[args.command](args)
+  {"convert": convert, "bench": bench, "check": check,
+   "quality": quality}[args.command](args)
 
 
 if __name__ == "__main__":
