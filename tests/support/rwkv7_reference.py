@@ -21,12 +21,14 @@ def _sigmoid(x):
   return 1 / (1 + np.exp(-x))
 
 
-def logits(tensors, head_size, ids, product=np.matmul, dtype=np.float64):
+def logits(tensors, head_size, ids, product=np.matmul, dtype=np.float64,
+           input_row=None):
   """Teacher-forced logits `[T, V]` of ids `[T]` from a zero state.
 
-  `product(x, w)` computes each `x @ w` by a weight matrix `w` `[in, out]`
-  (another arithmetic: tools/bench/int8_litert.py's XNNPACK int8); `dtype`
-  that of the tensors and the state.
+  Another arithmetic (tools/bench/int8_litert.py's XNNPACK int8):
+  `product(x, w)` computes each `x @ w` by a weight matrix `w` `[in, out]`;
+  `dtype` is that of the tensors and the state; `input_row(position, id)`,
+  where it returns a row, replaces LayerNorm_0(embedding[id]) there.
   """
   t = {k: np.asarray(v, dtype) for k, v in tensors.items()}
   blocks, c = t["layer0_ln"].shape[0], t["layer0_ln"].shape[-1]
@@ -36,8 +38,10 @@ def logits(tensors, head_size, ids, product=np.matmul, dtype=np.float64):
   states = [np.zeros((heads, head_size, head_size), dtype)
             for _ in range(blocks)]
   out = []
-  for token in ids:
-    x = _layer_norm(t["embedding"][token], *t["layer0_kernel"])
+  for position, token in enumerate(ids):
+    x = input_row(position, token) if input_row else None
+    if x is None:
+      x = _layer_norm(t["embedding"][token], *t["layer0_kernel"])
     v_first = None
     for i in range(blocks):
       ln, mix, vec = t["layer0_ln"][i], t["layer0_mix"][i], t[
