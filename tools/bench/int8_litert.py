@@ -2,10 +2,14 @@
 >= 2.6x rnnstep's float32 and >= llama.cpp's Q8_0? (issue 62).
 
     python tools/bench/int8_litert.py convert --model=M.npz --out=/tmp/int8lite
-    python tools/bench/int8_litert.py bench --out=/tmp/int8lite \\
-        --llama_cpp_bin=/work/llama_src/llama.cpp/build/bin \\
-        --gguf=F32:/work/llama_src/try/m-F32.gguf:1,Q8_0:/tmp/int8lite/m-Q8_0.gguf
+    python tools/bench/int8_litert.py bench --model=M.npz --out=/tmp/int8lite \\
+        --threads=2 --kernels=xnnpack --rounds=5
     python tools/bench/int8_litert.py check      # a small RWKV-7's int8 text
+    python tools/bench/int8_litert.py quality --quality_model=R.npz
+
+(M.npz: the 0.1B shape's seeded random weights, `bench_rwkv7.random_model`'s,
+written by `model_file.write`; R.npz: a trained RWKV-7,
+tools/train_rwkv7_small.py's.)
 
 convert: rnnstep's LiteRT export of --model (`rnnstep.litert.export`: the
 whole generation, one flatbuffer), once as it is (float32) and once with
@@ -17,23 +21,25 @@ saves the SavedModel, one child a conversion: ~6 GB each at the 0.1B
 shape); prints each one's time, peak resident memory and what the
 flatbuffer holds (its int8 and float32 constants, its products).
 
-bench: decode tokens/s at batch 1, greedy, a 16-token prompt
-(`bench_rwkv7.letters`), 128 tokens: the 128-token call less the 1-token
-call, over 127 steps (as `tools/bench_rwkv7.py`'s llama.cpp comparison):
-  - litert {float32, int8} x {xnnpack, builtin} x --threads: each a fresh
-    process a round (the flatbuffer mapped from its file, the interpreter
-    built with num_threads, XNNPACK the interpreter's default delegate,
-    builtin its kernels without it), a 1-token call first (XNNPACK packs
-    its weights then), then the two timed calls; its peak resident memory;
+bench: at batch 1, greedy, `bench_rwkv7.RnnstepPeer`'s calls (llama-bench's
+tg128 and pp512): decode tokens/s from a 16-token prompt, the 128-token
+call less the 1-token call over 127 steps; prefill tokens/s, a 512-token
+prompt's 1-token call:
+  - litert {float32, int8} x --kernels {xnnpack, builtin} x --threads: each
+    a fresh process a round (the flatbuffer mapped from its file, the
+    interpreter built with num_threads, XNNPACK the interpreter's default
+    delegate, builtin its kernels without it), a 1-token call first
+    (XNNPACK packs its weights then), then the timed calls; its peak
+    resident memory;
   - rnnstep float32: `rnnstep.generate` on the default path of --model
     (this process; TensorFlow's own threads);
-  - llama.cpp: `llama-bench -p 0 -n 128 -r 3 -t T` on each --gguf (the
+  - llama.cpp: `llama-bench -p 512 -n 128 -r 3 -t T` on each --gguf (the
     median of its repetitions), T in --threads.
 The variants run in rounds, the order rotated each round; figures are
 medians over --rounds with their ranges, ratios paired by round (against
-rnnstep float32 and llama.cpp Q8_0 at 2 threads). Every variant's greedy
-ids are compared with the float32 artifact's on builtin kernels at 1
-thread (and the int8 ones with int8 on XNNPACK at 1 thread).
+rnnstep float32, LiteRT float32 on the same kernels and threads, and
+llama.cpp Q8_0). Every variant's greedy ids are compared with the
+library's (float32's text) and the first int8 variant's.
 
 check: the small RWKV-7 fixture (tests/data/rwkv7/rwkv7.pth) exported
 with dynamic-range int8, its greedy ids on XNNPACK and builtin kernels against a numpy RWKV-7
@@ -58,8 +64,14 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-PROMPT_TOKENS, DECODE_STEPS = 16, 128
+import bench_rwkv7  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# llama-bench's tg128 and pp512, as bench_rwkv7's llama.cpp comparison.
+DECODE_PROMPT = bench_rwkv7.DECODE_PROMPT
+DECODE_STEPS = bench_rwkv7.DECODE_STEPS
+PREFILL_PROMPT = bench_rwkv7.PREFILL_PROMPT
 KINDS = ("float32", "int8")
+LIBRARY = "rnnstep float32 (library)"
 
 
 def load():
@@ -207,9 +219,11 @@ print(json.dumps(int8_litert.litert_decode(*json.loads(sys.argv[2]))))
 """
 
 
-def litert_decode(path, kernels, threads, prompt_ids, vocab_size, steps):
-  """One fresh interpreter's decode: {"tg": tokens/s, "ids": [...],
-  "start_s": building it and its first 1-token call, "peak": bytes}."""
+def litert_decode(path, kernels, threads, prompt_ids, prefill_ids,
+                  vocab_size, steps):
+  """One fresh interpreter's decode and prefill: {"tg": tokens/s, "pp":
+  prompt tokens/s, "ids": [...], "start_s": building it and its first
+  1-token call, "peak": bytes}."""
   import resource  # pylint: disable=g-import-not-at-top
   from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
@@ -221,18 +235,20 @@ def litert_decode(path, kernels, threads, prompt_ids, vocab_size, steps):
       experimental_op_resolver_type=resolver).get_signature_runner(
           litert_inputs.SIGNATURE)
 
-  def call(num_steps):
-    inputs = litert_inputs.build(Ids(vocab_size), [prompt_ids], num_steps,
+  def call(prompt, num_steps):
+    inputs = litert_inputs.build(Ids(vocab_size), [prompt], num_steps,
                                  seed=1, temperature=0.0)
     begin = time.perf_counter()
     out = runner(**inputs)
     return time.perf_counter() - begin, out["ids"][0][:out["lengths"][0]]
 
-  call(1)
+  call(prompt_ids, 1)
   start_s = time.perf_counter() - start
-  one, _ = call(1)
-  many, ids = call(steps)
-  return {"tg": (steps - 1) / max(many - one, 1e-9), "ids": ids.tolist(),
+  one, _ = call(prompt_ids, 1)
+  many, ids = call(prompt_ids, steps)
+  prefill, _ = call(prefill_ids, 1)
+  return {"tg": (steps - 1) / max(many - one, 1e-9),
+          "pp": len(prefill_ids) / prefill, "ids": ids.tolist(),
           "start_s": start_s,
           "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
@@ -240,9 +256,11 @@ def litert_decode(path, kernels, threads, prompt_ids, vocab_size, steps):
 class LiteRT:
   """A LiteRT variant: one fresh worker process a round."""
 
-  def __init__(self, path, kernels, threads, prompt_ids, vocab_size):
+  def __init__(self, path, kernels, threads, prompt_ids, prefill_ids,
+               vocab_size):
     self.argv = [sys.executable, "-c", WORKER, str(ROOT), json.dumps(
-        [path, kernels, threads, prompt_ids, vocab_size, DECODE_STEPS])]
+        [path, kernels, threads, prompt_ids, prefill_ids, vocab_size,
+         DECODE_STEPS])]
 
   def run(self):
     status, out, err, peak = child_peak(self.argv)
@@ -253,90 +271,87 @@ class LiteRT:
     return got
 
 
-class Library:
-  """`rnnstep.generate` on the default path, in this process."""
-
-  def __init__(self, model_path, prompt):
-    import rnnstep  # pylint: disable=g-import-not-at-top
-    self.rnnstep, self.prompt = rnnstep, prompt
-    self.model = rnnstep.load(model_path)
-    self.run()  # Traces each call's shape.
-
-  def call(self, steps):
-    start = time.perf_counter()
-    text = self.rnnstep.generate(self.model, [self.prompt], steps, seed=1,
-                                 temperature=0.0)[0]
-    return time.perf_counter() - start, text
-
-  def run(self):
-    one, _ = self.call(1)
-    many, text = self.call(DECODE_STEPS)
-    import resource  # pylint: disable=g-import-not-at-top
-    return {"tg": (DECODE_STEPS - 1) / max(many - one, 1e-9),
-            "ids": self.model.encode(text).tolist(),
-            "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+def library(model_path):
+  """`rnnstep.generate` on the default path of model_path, in this process:
+  `bench_rwkv7.RnnstepPeer`'s decode and prefill, with this table's peak
+  and greedy ids."""
+  import resource  # pylint: disable=g-import-not-at-top
+  peer = bench_rwkv7.RnnstepPeer(model_path, "float32")
+  peer.run()  # Traces each call's shape.
+  text = peer.rnnstep.generate(peer.model, peer.decode_prompt, DECODE_STEPS,
+                               seed=1, temperature=0.0)[0]
+  ids = peer.model.encode(text).tolist()
+  return lambda: dict(
+      peer.run(), ids=ids,
+      peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 class LlamaBench:
-  """`llama-bench -p 0 -n 128 -r 3 -t T` on a GGUF: its tg samples'
-  median."""
+  """`llama-bench -p 512 -n 128 -r 3 -t T` on a GGUF: the median of its
+  tg samples and of its pp samples."""
 
   def __init__(self, binary_dir, gguf, threads):
     self.argv = [os.path.join(binary_dir, "llama-bench"), "-m", gguf, "-t",
-                 str(threads), "-p", "0", "-n", str(DECODE_STEPS), "-r", "3",
-                 "-o", "json"]
+                 str(threads), "-p", str(PREFILL_PROMPT), "-n",
+                 str(DECODE_STEPS), "-r", "3", "-o", "json"]
 
   def run(self):
     status, out, err, peak = child_peak(self.argv)
     if status:
       raise RuntimeError(f"llama-bench failed: {err.strip()[-600:]}")
-    samples = [float(s) for test in json.loads(out) if test["n_gen"]
-               for s in test["samples_ts"]]
-    return {"tg": statistics.median(samples), "peak": peak}
+    got = {"peak": peak}
+    for test in json.loads(out):
+      got["tg" if test["n_gen"] else "pp"] = statistics.median(
+          float(s) for s in test["samples_ts"])
+    return got
 
 
 def bench(args):
   if args.replay:
     return replay(args.replay)
-  import bench_rwkv7  # pylint: disable=g-import-not-at-top
   from rnnstep.model import vocabulary  # pylint: disable=g-import-not-at-top
   say(bench_rwkv7.machine_line())
   threads = [int(t) for t in args.threads.split(",")]
-  prompt = bench_rwkv7.letters(PROMPT_TOKENS, 1)
   with open(os.path.join(args.out, "vocab.json"), encoding="utf-8") as f:
     vocab, tokens_json = json.load(f)
   tokens = vocabulary.Tokens.from_json(json.loads(tokens_json), vocab)
-  prompt_ids = [int(i) for i in tokens.encode(prompt)]
-  assert len(prompt_ids) == PROMPT_TOKENS, prompt_ids
+  # RnnstepPeer's prompts (one letter a token).
+  prompt_ids, prefill_ids = ([int(i) for i in tokens.encode(
+      bench_rwkv7.letters(count, seed))] for count, seed in (
+          (DECODE_PROMPT, 1), (PREFILL_PROMPT, 2)))
+  assert len(prompt_ids) == DECODE_PROMPT, prompt_ids
+  assert len(prefill_ids) == PREFILL_PROMPT, len(prefill_ids)
   runners = {}
   for kind in (k for k in args.kinds.split(",") if k):
     for kernels in (k for k in args.kernels.split(",") if k):
       for t in threads:
         runners[f"LiteRT {kind}, {kernels}, {t}T"] = LiteRT(
-            artifact_path(args.out, kind), kernels, t, prompt_ids, len(vocab))
+            artifact_path(args.out, kind), kernels, t, prompt_ids,
+            prefill_ids, len(vocab)).run
   if args.library:
     start = time.perf_counter()
-    runners["rnnstep float32 (library)"] = Library(args.model, prompt)
+    runners[LIBRARY] = library(args.model)
     say(f"rnnstep float32 loaded and warmed up in "
         f"{time.perf_counter() - start:.0f} s")
   for spec in (s for s in args.gguf.split(",") if s):
     kind, path, *only = spec.split(":")
     for t in [int(t) for t in only[0].split("+")] if only else threads:
       runners[f"llama.cpp {kind}, {t}T"] = LlamaBench(args.llama_cpp_bin,
-                                                       path, t)
+                                                       path, t).run
   names = list(runners)
   results = {name: [] for name in names}
   loads = []
   try:
     for r in range(args.rounds):
       for name in names[r % len(names):] + names[:r % len(names)]:
-        got = runners[name].run()
+        got = runners[name]()
         got["round"] = r
         results[name].append(got)
         loads.append(load())
         extra = (f", first call {got['start_s']:.1f} s"
                  if "start_s" in got else "")
-        say(f"  round {r} {name}: {got['tg']:.1f} tokens/s, peak "
+        say(f"  round {r} {name}: {got['tg']:.1f} tokens/s, prefill "
+            f"{got.get('pp', float('nan')):.1f} tokens/s, peak "
             f"{got['peak'] / 1e9:.2f} GB{extra} (load {loads[-1]:.1f})")
   except KeyboardInterrupt:
     say(f"  stopped in round {r}: the table holds the rounds done")
@@ -347,30 +362,41 @@ def bench(args):
   agreement(results, names)
 
 
-def paired(results, name, base):
-  """The median over rounds of name's tokens/s / base's, in the same round."""
-  by_round = {g["round"]: g["tg"] for g in results.get(base, [])}
-  ratios = [g["tg"] / by_round[g["round"]] for g in results[name]
-            if g["round"] in by_round]
+def paired(results, name, base, key="tg"):
+  """The median over rounds of name's `key` tokens/s / base's, in the same
+  round."""
+  by_round = {g["round"]: g[key] for g in results.get(base, []) if key in g}
+  ratios = [g[key] / by_round[g["round"]] for g in results[name]
+            if g["round"] in by_round and key in g]
   return f"{statistics.median(ratios):.2f}x" if ratios else ""
 
 
+def spread(values):
+  """Median (range) of values."""
+  return (f"{statistics.median(values):.1f} ({min(values):.1f}-"
+          f"{max(values):.1f})" if values else "")
+
+
 def table(results, names):
-  library = "rnnstep float32 (library)"
   peers = [n for n in names if n.startswith("llama.cpp Q8_0")]
   say()
   say(f"| variant | decode, tokens/s (tg{DECODE_STEPS}) | vs rnnstep float32 | "
+      "vs LiteRT float32 (same kernels, threads) | "
       + "".join(f"vs {p} | " for p in peers)
-      + "peak resident memory | first call |")
-  say("|---|---|---|" + "---|" * len(peers) + "---|---|")
+      + f"prefill, tokens/s (pp{PREFILL_PROMPT}) | vs rnnstep float32 | "
+      "peak resident memory | first call |")
+  say("|---|---|---|---|" + "---|" * len(peers) + "---|---|---|---|")
   for name in (n for n in names if results[n]):
-    tg = [g["tg"] for g in results[name]]
-    peaks = [g["peak"] for g in results[name]]
-    starts = [g["start_s"] for g in results[name] if "start_s" in g]
-    say(f"| {name} | {statistics.median(tg):.1f} ({min(tg):.1f}-"
-        f"{max(tg):.1f}) | {paired(results, name, library)} | "
+    got = results[name]
+    starts = [g["start_s"] for g in got if "start_s" in g]
+    float32 = name.replace("LiteRT int8,", "LiteRT float32,")
+    say(f"| {name} | {spread([g['tg'] for g in got])} | "
+        f"{paired(results, name, LIBRARY)} | "
+        f"{paired(results, name, float32) if float32 != name else ''} | "
         + "".join(f"{paired(results, name, p)} | " for p in peers)
-        + f"{max(peaks) / 1e9:.2f} GB | "
+        + f"{spread([g['pp'] for g in got if 'pp' in g])} | "
+        f"{paired(results, name, LIBRARY, 'pp')} | "
+        f"{max(g['peak'] for g in got) / 1e9:.2f} GB | "
         + (f"{statistics.median(starts):.1f} s" if starts else "") + " |")
 
 
@@ -378,42 +404,33 @@ def replay(path):
   """The table of a run's log (its round lines)."""
   import re  # pylint: disable=g-import-not-at-top
   results = {}
-  line_re = re.compile(r"  round (\d+) (.+?): ([\d.]+) tokens/s, peak "
-                       r"([\d.]+) GB(?:, first call ([\d.]+) s)?")
+  line_re = re.compile(r"  round (\d+) (.+?): ([\d.]+) tokens/s, prefill "
+                       r"([\d.]+|nan) tokens/s, peak ([\d.]+) GB"
+                       r"(?:, first call ([\d.]+) s)?")
   with open(path, encoding="utf-8") as f:
     for line in f:
       m = line_re.match(line)
       if m:
         got = {"round": int(m.group(1)), "tg": float(m.group(3)),
-               "peak": float(m.group(4)) * 1e9}
-        if m.group(5):
-          got["start_s"] = float(m.group(5))
+               "peak": float(m.group(5)) * 1e9}
+        if m.group(4) != "nan":
+          got["pp"] = float(m.group(4))
+        if m.group(6):
+          got["start_s"] = float(m.group(6))
         results.setdefault(m.group(2), []).append(got)
   table(results, list(results))
 
 
 def agreement(results, names):
-  """Greedy ids against the float32 artifact's (builtin, 1 thread) and,
-  for int8, int8 on XNNPACK at 1 thread."""
-  def ids_of(name):
-    got = results.get(name) or [{}]
-    return got[0].get("ids")
-  bases = {"float32": "LiteRT float32, builtin, 1T",
-           "int8": "LiteRT int8, xnnpack, 1T"}
+  """Each variant's greedy ids against the library's (float32's text) and
+  the first int8 variant's."""
+  ids = {name: results[name][0]["ids"] for name in names
+         if results[name] and "ids" in results[name][0]}
+  int8 = next((n for n in ids if "int8" in n), None)
   say()
-  for name in names:
-    mine = ids_of(name)
-    if mine is None:
-      continue
-    line = []
-    for label, base in bases.items():
-      theirs = ids_of(base)
-      if theirs is not None and base != name:
-        same = sum(a == b for a, b in zip(mine, theirs))
-        first = next((i for i, (a, b) in enumerate(zip(mine, theirs))
-                      if a != b), None)
-        line.append(f"{same}/{len(theirs)} ids as {label}'s" + (
-            f" (first differs at {first})" if first is not None else ""))
+  for name, mine in ids.items():
+    line = [f"{same_ids(mine, ids[base])} ids as {base}'s"
+            for base in (LIBRARY, int8) if base in ids and base != name]
     say(f"{name}: " + "; ".join(line))
 
 
