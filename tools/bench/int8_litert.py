@@ -583,46 +583,142 @@ def numpy_greedy(model, int8, prompt, steps, table=None):
 # ----------------------------------------------------------------- quality
 
 
+class Rwkv7Scorer:
+  """`rwkv7_reference`'s RWKV-7 in float32, one window at a time."""
+
+  windows_a_call = 1
+
+  def __init__(self, model):
+    from tests.support import rwkv7_reference  # pylint: disable=g-import-not-at-top
+    self.reference = rwkv7_reference
+    self.tensors = model.tensors()
+    self.head_size = model.config.layers[0].size["head_size"]
+
+  def logits(self, ids, product, input_row=None):
+    """`[B, T, V]` logits of ids `[B, T]`; `input_row(position, id)` as
+    `rwkv7_reference.logits`'s."""
+    return np.stack([self.reference.logits(
+        self.tensors, self.head_size, row, product=product, dtype=np.float32,
+        input_row=input_row) for row in ids])
+
+
+class GruScorer:
+  """`int8_activation_loss.NumpyGru` (the bundled model's GRU), its
+  products by the matrices' values (`matcher`'s). Many windows a call:
+  XNNPACK rounds each row apart, so a batch's rows are each one's own."""
+
+  windows_a_call = 64
+
+  def __init__(self, model):
+    from tools.bench import int8_activation_loss  # pylint: disable=g-import-not-at-top
+    self.gru = int8_activation_loss.NumpyGru(model)
+    self.float32_table = self.gru.table
+
+  def logits(self, ids, product, input_row=None):
+    table = self.float32_table.copy()
+    if input_row:  # The GRU's input row depends on the id alone.
+      for i in set(np.asarray(ids).ravel().tolist()):
+        row = input_row(0, i)
+        if row is not None:
+          table[i] = row
+    self.gru.table = table
+    return self.gru.logits(np.asarray(ids),
+                           lambda x, name: product(x, self.gru.kernels[name]))
+
+
+def artifact_greedy(flatbuffer, model, prompt, steps):
+  """The flatbuffer's greedy ids on XNNPACK (the interpreter's default)."""
+  from ai_edge_litert import interpreter as interpreter_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
+  runner = interpreter_lib.Interpreter(
+      model_content=flatbuffer).get_signature_runner(litert_inputs.SIGNATURE)
+  out = runner(**litert_inputs.build(model, [model.encode(prompt)], steps,
+                                     seed=1, temperature=0.0))
+  return out["ids"][0][:out["lengths"][0]].tolist()
+
+
 def quality(args):
-  """Mean KL(float32 || XNNPACK int8) and held-out NLL on a trained RWKV-7,
-  teacher-forced in windows (as `quantization_loss.py` scores): the
-  products in XNNPACK's arithmetic with the converter's own int8 weights,
-  the input rows float32 (the decode loop's) and int8 (the priming
-  loop's table: what a prompt's tokens go through)."""
+  """Mean KL(float32 || XNNPACK int8), held-out NLL and greedy agreement of
+  each --quality_models, teacher-forced in windows from a zero state (as
+  `quantization_loss.py` scores), with the converter's own int8 weights:
+  the products in XNNPACK's arithmetic, the input rows float32 (the decode
+  loop's) or from the int8 table (the priming loop's: what a prompt's
+  tokens go through). Scored a window at a time (a 65,536-id model's
+  log-probabilities of a whole text do not fit in memory)."""
   import rnnstep  # pylint: disable=g-import-not-at-top
-  from tests.support import rwkv7_reference  # pylint: disable=g-import-not-at-top
   from tools.bench import quantization_loss as loss  # pylint: disable=g-import-not-at-top
-  say(f"{args.quality_model}, {args.text} (load {load():.1f}, "
-      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
-  model = rnnstep.load(args.quality_model)
-  int8 = int8_constants(int8_flatbuffer(model))
-  table = primed_table(int8)
-  text = pathlib.Path(args.text).read_text("utf-8")
-  windows = loss._windows(model.encode(text), args.window)  # pylint: disable=protected-access
-  logp = loss._scored(model, windows)  # pylint: disable=protected-access
-  nll = loss._nll(logp, windows)  # pylint: disable=protected-access
-  tensors = model.tensors()
-  head_size = model.config.layers[0].size["head_size"]
-  say("| arithmetic | tokens | mean KL(f32 ‖ q), nats/token | held-out NLL "
-      "| NLL / float32's | top-1 agreement (teacher-forced) |")
-  say("|---|---|---|---|---|---|")
-  say(f"| float32 (rnnstep.logits) | {windows.size - len(windows):,} | 0 | "
-      f"{nll:.4f} | 1 | 1 |")
-  for name, rows in (("float32 reference (numpy)", None),
-                     ("XNNPACK int8 products, float32 input rows", None),
-                     ("XNNPACK int8 products, int8 input table", table)):
-    product = matcher([] if name.startswith("float32") else int8)
-    start = time.perf_counter()
-    logq = np.stack([loss._log_softmax(rwkv7_reference.logits(  # pylint: disable=protected-access
-        tensors, head_size, w[:-1], product=product, dtype=np.float32,
-        input_row=None if rows is None else lambda _, token: rows[token]))
-                     for w in windows])
-    kl = float((np.exp(logp) * (logp - logq)).sum(-1).mean())
-    nll_q = loss._nll(logq, windows)  # pylint: disable=protected-access
-    agree = float((logq.argmax(-1) == logp.argmax(-1)).mean())
-    say(f"| {name} | {windows.size - len(windows):,} | {kl:.2e} | "
-        f"{nll_q:.4f} | {nll_q / nll:.4f} | {agree:.4f} |  "
-        f"({time.perf_counter() - start:.0f} s, load {load():.1f})")
+  say(bench_rwkv7.machine_line())
+  for spec in (m for m in args.quality_models.split(",") if m):
+    path, _, text_path = spec.partition("@")
+    model = rnnstep.load(None if path == "bundled" else path)
+    text = pathlib.Path(text_path or args.text).read_text("utf-8")
+    if args.heldout:
+      text = text[int(len(text) * (1 - args.heldout)):]
+    text = text[:args.chars or None]
+    flatbuffer = int8_flatbuffer(model)
+    int8 = int8_constants(flatbuffer)
+    table = primed_table(int8)
+    scorer = (Rwkv7Scorer if model.config.layers[0].kind == "rwkv7"
+              else GruScorer)(model)
+    windows = loss._windows(model.encode(text), args.window)  # pylint: disable=protected-access
+    tokens = windows.size - len(windows)
+    say(f"\n{path}: {len(text):,} characters of {text_path or args.text}"
+        f"{f' (its last {args.heldout:.0%})' if args.heldout else ''}, "
+        f"{tokens:,} tokens in windows of {args.window}; the int8 artifact "
+        f"{len(flatbuffer) / 1e6:.1f} MB, {len(int8)} int8 matrices")
+
+    # Float32's greedy text, then each variant's argmax along it
+    # (teacher-forced), the prompt's rows as the artifact primes them.
+    prompt_ids = model.encode(args.prompt).tolist()
+    greedy = rnnstep.generate(model, [args.prompt], loss.GREEDY_STEPS, seed=1,
+                              temperature=0.0)[0]
+    along = prompt_ids + model.encode(greedy).tolist()[:loss.GREEDY_STEPS]
+    start = len(prompt_ids) - 1
+    want = loss._argmax(model, rnnstep.logits(  # pylint: disable=protected-access
+        model, np.array(along[:-1]))[0])[start:]
+    free = artifact_greedy(flatbuffer, model, args.prompt, loss.GREEDY_STEPS)
+    first = next((i for i, (a, b) in enumerate(zip(free, along[start + 1:]))
+                  if a != b), None)
+    say(f"the int8 artifact's own greedy text (XNNPACK) from {args.prompt!r}: "
+        f"{same_ids(free, along[start + 1:])} float32's ids"
+        + ("" if first is None else f"; from step {first}: "
+           f"{model.decode(free[first:first + 12])!r} against "
+           f"{model.decode(along[start + 1 + first:][:12])!r}"))
+
+    calls = [windows[i:i + scorer.windows_a_call]
+             for i in range(0, len(windows), scorer.windows_a_call)]
+    logp = [loss._log_softmax(rnnstep.logits(model, w[:, :-1]))  # pylint: disable=protected-access
+            for w in calls]
+    nll = float(np.mean(np.concatenate([
+        -np.take_along_axis(lp, w[:, 1:, None], -1).ravel()
+        for lp, w in zip(logp, calls)])))
+    say("| model | arithmetic | tokens | mean KL(f32 ‖ q), nats/token | "
+        "held-out NLL, nats/token | NLL / float32's | greedy agreement "
+        f"({loss.GREEDY_STEPS} steps, teacher-forced) |")
+    say("|---|---|---|---|---|---|---|")
+    say(f"| {path} | float32 (rnnstep.logits) | {tokens:,} | 0 | {nll:.4f} "
+        "| 1 | 1 |")
+    primed = lambda position, token: (
+        table[token] if table is not None and position < start else None)
+    for name, weights, rows, greedy_rows in (
+        ("float32 reference (numpy)", [], None, None),
+        ("XNNPACK int8 products, float32 input rows", int8, None, primed),
+        ("XNNPACK int8 products, int8 input table", int8,
+         lambda _, token: table[token], primed)):
+      begin = time.perf_counter()
+      product = matcher(weights)
+      kl, nll_q = [], []
+      for lp, w in zip(logp, calls):
+        lq = loss._log_softmax(scorer.logits(w[:, :-1], product, rows))  # pylint: disable=protected-access
+        kl.append((np.exp(lp) * (lp - lq)).sum(-1).ravel())
+        nll_q.append(-np.take_along_axis(lq, w[:, 1:, None], -1).ravel())
+      kl, nll_q = float(np.concatenate(kl).mean()), float(
+          np.concatenate(nll_q).mean())
+      got = loss._argmax(model, scorer.logits(  # pylint: disable=protected-access
+          np.array(along[:-1])[None], product, greedy_rows))[0, start:]
+      say(f"| {path} | {name} | {tokens:,} | {kl:.2e} | {nll_q:.4f} | "
+          f"{nll_q / nll:.4f} | {float((got == want).mean()):.3f} |  "
+          f"({time.perf_counter() - begin:.0f} s, load {load():.1f})")
 
 
 def main():
@@ -655,11 +751,20 @@ def main():
                   "vocabulary.txt"))
   parser.add_argument("--check_prompt", default="The quick brown fox")
   parser.add_argument("--check_steps", type=int, default=40)
-  parser.add_argument("--quality_model",
-                      default="/tmp/rwtrain/rwkv7-small.npz",
-                      help="a trained RWKV-7 (tools/train_rwkv7_small.py)")
+  parser.add_argument(
+      "--quality_models", default="bundled",
+      help="quality: comma list of model files (bundled: the bundled GRU), "
+      "each @TEXT for its own held-out text (else --text)")
   parser.add_argument("--text", default=str(
       ROOT / "tests/data/tinyshakespeare_heldout_excerpt.txt"))
+  parser.add_argument("--heldout", type=float, default=0.0,
+                      help="quality: score the text's last this fraction "
+                      "(0.1: tinyshakespeare's held-out part)")
+  parser.add_argument("--chars", type=int, default=0,
+                      help="quality: then its first this many characters "
+                      "(0: all)")
+  parser.add_argument("--prompt", default="ROMEO:",
+                      help="quality: the greedy texts' prompt")
   parser.add_argument("--window", type=int, default=256)
   args = parser.parse_args()
   {"convert": convert, "bench": bench, "check": check,
