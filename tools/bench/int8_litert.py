@@ -1,15 +1,18 @@
 """int8 weights through LiteRT/XNNPACK: does the 0.1B RWKV-7 decode at
 >= 2.6x rnnstep's float32 and >= llama.cpp's Q8_0? (issue 62).
 
-    python tools/bench/int8_litert.py convert --model=M.npz --out=/tmp/int8lite
-    python tools/bench/int8_litert.py bench --model=M.npz --out=/tmp/int8lite \\
+    python tools/bench/int8_litert.py random_model --model=/tmp/int8lite/m.npz
+    python tools/bench/int8_litert.py convert --model=/tmp/int8lite/m.npz
+    python tools/bench/int8_litert.py bench --model=/tmp/int8lite/m.npz \\
         --threads=2 --kernels=xnnpack --rounds=5
     python tools/bench/int8_litert.py check      # a small RWKV-7's int8 text
-    python tools/bench/int8_litert.py quality --quality_model=R.npz
+    python tools/bench/int8_litert.py quality --quality_models=bundled \\
+        --text=../shared/data/tinyshakespeare.txt --heldout=0.1
+    python tools/bench/int8_litert.py quality --quality_models=R.npz
 
-(M.npz: the 0.1B shape's seeded random weights, `bench_rwkv7.random_model`'s,
-written by `model_file.write`; R.npz: a trained RWKV-7,
-tools/train_rwkv7_small.py's.)
+random_model: writes the 0.1B shape with `bench_rwkv7.py`'s seeded random
+weights (the llama.cpp comparison's) to --model. (R.npz: a trained RWKV-7,
+tools/train_rwkv7_small.py's, converted by rnnstep-convert.)
 
 convert: rnnstep's LiteRT export of --model (`rnnstep.litert.export`: the
 whole generation, one flatbuffer), once as it is (float32) and once with
@@ -47,6 +50,10 @@ with dynamic-range int8, its greedy ids on XNNPACK and builtin kernels against a
 int8-weight products are XNNPACK's arithmetic
 (`int8_products.xnnpack_dynamic_int8`) with the flatbuffer's own int8
 weights and scales.
+
+quality: each --quality_models (bundled: the bundled GRU) scored in
+numpy with its int8 artifact's own weights in XNNPACK's arithmetic,
+against float32 (see `quality`).
 """
 
 import argparse
@@ -83,6 +90,13 @@ def say(text=""):
 
 
 # ----------------------------------------------------------------- convert
+
+
+def random_model(args):
+  from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(os.path.dirname(os.path.abspath(args.model)), exist_ok=True)
+  model_file.write(args.model, *bench_rwkv7._random_parts())  # pylint: disable=protected-access
+  say(f"wrote {args.model}")
 
 
 # Runs argv as its child and prints, last on stderr, that child's peak
@@ -724,8 +738,9 @@ def quality(args):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("command",
-                      choices=("convert", "bench", "check", "quality"))
-  parser.add_argument("--model", default="/work/llama_src/try/m.npz",
+                      choices=("random_model", "convert", "bench", "check",
+                               "quality"))
+  parser.add_argument("--model", default="/tmp/int8lite/m.npz",
                       help="the 0.1B RWKV-7 model file")
   parser.add_argument("--out", default="/tmp/int8lite",
                       help="where the SavedModel and the artifacts are kept")
@@ -767,8 +782,8 @@ def main():
                       help="quality: the greedy texts' prompt")
   parser.add_argument("--window", type=int, default=256)
   args = parser.parse_args()
-  {"convert": convert, "bench": bench, "check": check,
-   "quality": quality}[args.command](args)
+  {"random_model": random_model, "convert": convert, "bench": bench,
+   "check": check, "quality": quality}[args.command](args)
 
 
 if __name__ == "__main__":
