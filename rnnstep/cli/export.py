@@ -39,8 +39,9 @@ TensorFlow needed). Its one signature works on ids, float32 models only:
            top_p: float32, seed: int32) -> {"ids": int32 [B, num_steps]}
 With --dynamic_range_int8 the products' weights are stored int8 (LiteRT's
 dynamic-range int8: a quarter of their bytes) and XNNPACK rounds each
-product's input rows to int8 as it runs: on the 0.1B RWKV-7 it decodes ~3x
-faster, but its text is that arithmetic's, not rnnstep.generate's (nor
+product's input rows to int8 as it runs: on the 0.1B RWKV-7 it decodes 2.8x
+as fast as rnnstep.generate's float32 (and primes a prompt at about half
+its speed), but its text is that arithmetic's, not rnnstep.generate's (nor
 --weights_dtype=int8's); its measured loss: docs/guide/performance.md.
 
 --format=web writes DIR/index.html (a page that generates in the browser,

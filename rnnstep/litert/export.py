@@ -270,9 +270,9 @@ def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
       (XNNPACK's dynamic-range arithmetic), and the priming loop's input
       table is int8 too. The products read a quarter of the bytes
       (benchmarks/results/int8-litert-epyc-zen4-2026-12.md: the 0.1B
-      RWKV-7 decodes ~3x faster), but the text is that arithmetic's, not
-      `rnnstep.generate`'s (nor `weights_dtype="int8"`'s, which keeps the
-      products float32).
+      RWKV-7 decodes 2.8x the library's float32), but the text is that
+      arithmetic's, not `rnnstep.generate`'s (nor `weights_dtype="int8"`'s,
+      which keeps the products float32).
   """
   converter = tf.lite.TFLiteConverter.from_saved_model(
       saved_dir, signature_keys=[SIGNATURE])
