@@ -142,6 +142,12 @@ def env(tmp_path_factory):
                    f"--output={tmp / 'litert_errors' / 'e'}"], False),
       "bad_format": ([f"--weights={weights}", "--format=onnx",
                       f"--output={tmp / 'litert_errors' / 'd'}"], False),
+      "int8_saved_model": ([f"--weights={weights}", "--dynamic_range_int8",
+                            f"--output={tmp / 'litert_errors' / 'h'}"], False),
+      "int8_rounded_weights": ([f"--weights={weights}", "--format=tflite",
+                                "--dynamic_range_int8", "--weights_dtype=int8",
+                                f"--output={tmp / 'litert_errors' / 'i'}"],
+                               False),
   }
   return {"tmp": tmp, "weights": weights, "served": served,
           "results": run_concurrently(COMMAND, runs)}
@@ -226,6 +232,10 @@ def test_web_export_reports_the_files(env):
     ("web_jit", 2, "--jit_compile applies to --format=saved_model only"),
     ("tflite_regex", 2, "--regex applies to --format=saved_model only"),
     ("bad_regex", 2, "--regex: "),
+    ("int8_saved_model", 2,
+     "--dynamic_range_int8 applies to --format=tflite only"),
+    ("int8_rounded_weights", 2,
+     "--weights_dtype=int8: --dynamic_range_int8 rounds the float32 weights"),
 ])
 def test_tflite_bad_values_are_one_line_and_create_nothing(env, run, status,
                                                           words):
@@ -240,7 +250,7 @@ def test_help_lists_the_flags(env):
   text = ok(env["results"]["help"])
   assert "USAGE: rnnstep-export" in text
   for flag in ("--weights", "--output", "--[no]jit_compile", "--dtype",
-               "--format", "--corpus", "--vocab"):
+               "--format", "--corpus", "--vocab", "--[no]dynamic_range_int8"):
     assert flag in text, flag
 
 

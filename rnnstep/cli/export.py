@@ -2,7 +2,7 @@
 
 USAGE: rnnstep-export --output=DIR [--format=saved_model|tflite|web]
                       [--model=NPZ] [--dtype=...] [--jit_compile]
-                      [--regex=PATTERN ...]
+                      [--regex=PATTERN ...] [--dynamic_range_int8]
        [--corpus=TEXT_FILE | --vocab=VOCAB_FILE  (with Keras/PyTorch --model)]
 
   rnnstep-export --output=served/1                     # the bundled model
@@ -37,6 +37,12 @@ TensorFlow needed). Its one signature works on ids, float32 models only:
   generate(prompt_ids: int32 [B, T] (right-padded), prompt_lengths: int32 [B],
            num_steps: int32, temperature: float32, top_k: int32,
            top_p: float32, seed: int32) -> {"ids": int32 [B, num_steps]}
+With --dynamic_range_int8 the products' weights are stored int8 (LiteRT's
+dynamic-range int8: a quarter of their bytes) and XNNPACK rounds each
+product's input rows to int8 as it runs: on the 0.1B RWKV-7 it decodes 2.8x
+as fast as rnnstep.generate's float32 (and primes a prompt at about half
+its speed), but its text is that arithmetic's, not rnnstep.generate's (nor
+--weights_dtype=int8's); its measured loss: docs/guide/performance.md.
 
 --format=web writes DIR/index.html (a page that generates in the browser,
 everything inline, so it works from file:// and loads nothing), DIR/rnnstep.js
@@ -87,6 +93,13 @@ _JIT_COMPILE = flags.DEFINE_boolean(
     "Mark the generation body for XLA compilation (--format=saved_model "
     "only). Off by default: every TensorFlow runtime can run the plain graph.",
     flag_values=FLAGS)
+_DYNAMIC_RANGE_INT8 = flags.DEFINE_boolean(
+    "dynamic_range_int8", False,
+    "--format=tflite only: store the products' weights int8 (LiteRT's "
+    "dynamic-range int8, decoded by XNNPACK's int8 kernels: fewer bytes a "
+    "token, faster); its text is XNNPACK int8 arithmetic's, not the "
+    "float32 text of rnnstep.generate (docs/guide/performance.md has its "
+    "measured loss).", flag_values=FLAGS)
 _REGEX = flags.DEFINE_multi_string(
     "regex", [],
     "A pattern (Python syntax; repeatable) the SavedModel serves: "
@@ -106,6 +119,16 @@ def main(argv):
     if (litert or web) and FLAGS[name].present:
       raise common.Failure(f"--{name} applies to --format=saved_model only; "
                            "drop it", common.EXIT_USAGE)
+  if _DYNAMIC_RANGE_INT8.value and not litert:
+    raise common.Failure("--dynamic_range_int8 applies to --format=tflite "
+                         "only; add --format=tflite or drop it",
+                         common.EXIT_USAGE)
+  if _DYNAMIC_RANGE_INT8.value and _WEIGHTS_DTYPE.value not in (None,
+                                                                "float32"):
+    raise common.Failure(
+        f"--weights_dtype={_WEIGHTS_DTYPE.value}: --dynamic_range_int8 "
+        "rounds the float32 weights itself; drop --weights_dtype",
+        common.EXIT_USAGE)
   if (litert or web) and _DTYPE.value != "float32":
     raise common.Failure(f"--dtype={_DTYPE.value}: --format={_FORMAT.value} "
                          "exports float32 models only; drop --dtype",
@@ -121,7 +144,8 @@ def main(argv):
     with common.staged_path(output, directory=True) as tmp:
       _pause_for_tests()
       if litert:
-        rnnstep.export_litert(model, tmp)
+        rnnstep.export_litert(model, tmp,
+                              dynamic_range_int8=_DYNAMIC_RANGE_INT8.value)
       elif web:
         rnnstep.export(model, tmp, format="web")
       else:
@@ -139,7 +163,9 @@ def main(argv):
     return 0
   if litert:
     from rnnstep.litert import export as lib  # pylint: disable=g-import-not-at-top
-    print(f"wrote a LiteRT model of {weights} (float32) to {output}: "
+    arithmetic = ("dynamic-range int8: XNNPACK's int8 arithmetic, its own "
+                  "text" if _DYNAMIC_RANGE_INT8.value else "float32")
+    print(f"wrote a LiteRT model of {weights} ({arithmetic}) to {output}: "
           f"{lib.MODEL_FILE}, {lib.VOCAB_FILE}")
     print("signature:")
     print(f"  {lib.signature_text()}")

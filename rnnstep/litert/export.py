@@ -218,8 +218,9 @@ def row_keys(seeds, index):
   return sampling.fmix32(tf.bitwise.bitwise_xor(key, tf.cast(index, tf.uint32)))
 
 
-def convert(model) -> bytes:
-  """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only).
+def convert(model, dynamic_range_int8: bool = False) -> bytes:
+  """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only);
+  `dynamic_range_int8` as `convert_saved`'s.
 
   Raises:
     ValueError: the model is not float32, or its file records a window
@@ -230,7 +231,7 @@ def convert(model) -> bytes:
   # (from_concrete_functions calls a single function "serving_default").
   with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as saved:
     save_generation(model, saved)
-    return convert_saved(saved)
+    return convert_saved(saved, dynamic_range_int8)
 
 
 def save_generation(model, saved_dir: str):
@@ -255,18 +256,33 @@ def save_generation(model, saved_dir: str):
                       signatures={SIGNATURE: module.generate})
 
 
-def convert_saved(saved_dir: str) -> bytes:
+def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
   """The LiteRT flatbuffer (builtin ops only) of `save_generation`'s
   SavedModel. Apart from the model, so that a process converting need not
   hold it (`rnnstep.litert.cache`'s fill: ~8.4x the weights at the
-  converter's peak, against ~11x with the model loaded)."""
+  converter's peak, against ~11x with the model loaded).
+
+  Args:
+    saved_dir: `save_generation`'s SavedModel.
+    dynamic_range_int8: store the constant weights of the products as int8
+      per output channel (the converter's `Optimize.DEFAULT`); the
+      interpreter then rounds each product's input rows to int8 as it runs
+      (XNNPACK's dynamic-range arithmetic), and the priming loop's input
+      table is int8 too. The products read a quarter of the bytes
+      (benchmarks/results/int8-litert-epyc-zen4-2026-12.md: the 0.1B
+      RWKV-7 decodes 2.8x the library's float32), but the text is that
+      arithmetic's, not `rnnstep.generate`'s (nor `weights_dtype="int8"`'s,
+      which keeps the products float32).
+  """
   converter = tf.lite.TFLiteConverter.from_saved_model(
       saved_dir, signature_keys=[SIGNATURE])
   converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+  if dynamic_range_int8:
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
   return converter.convert()
 
 
-def export_litert(model, export_dir) -> str:
+def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
   """Writes `model.tflite` and `vocab.json` (and a token model's
   `tokens.json`, a subword model's `tokenizer.json`) into a new `export_dir`.
 
@@ -276,6 +292,8 @@ def export_litert(model, export_dir) -> str:
   Args:
     model: a float32 `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
+    dynamic_range_int8: int8 weights in XNNPACK's arithmetic, its own text
+      (see `convert_saved`).
 
   Returns:
     The export directory.
@@ -285,7 +303,7 @@ def export_litert(model, export_dir) -> str:
       exported (see `convert`).
   """
   export_dir = staging.require_new_directory(export_dir)
-  flatbuffer = convert(model)
+  flatbuffer = convert(model, dynamic_range_int8)
   with staging.staged_path(export_dir, directory=True) as tmp:
     with open(os.path.join(tmp, MODEL_FILE), "wb") as f:
       f.write(flatbuffer)

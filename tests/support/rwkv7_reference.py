@@ -21,17 +21,27 @@ def _sigmoid(x):
   return 1 / (1 + np.exp(-x))
 
 
-def logits(tensors, head_size, ids):
-  """Teacher-forced logits `[T, V]` of ids `[T]` from a zero state."""
-  t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+def logits(tensors, head_size, ids, product=np.matmul, dtype=np.float64,
+           input_row=None):
+  """Teacher-forced logits `[T, V]` of ids `[T]` from a zero state.
+
+  Another arithmetic (tools/bench/int8_litert.py's XNNPACK int8):
+  `product(x, w)` computes each `x @ w` by a weight matrix `w` `[in, out]`;
+  `dtype` is that of the tensors and the state; `input_row(position, id)`,
+  where it returns a row, replaces LayerNorm_0(embedding[id]) there.
+  """
+  t = {k: np.asarray(v, dtype) for k, v in tensors.items()}
   blocks, c = t["layer0_ln"].shape[0], t["layer0_ln"].shape[-1]
   heads = c // head_size
-  att_x = [np.zeros(c) for _ in range(blocks)]
-  ffn_x = [np.zeros(c) for _ in range(blocks)]
-  states = [np.zeros((heads, head_size, head_size)) for _ in range(blocks)]
+  att_x = [np.zeros(c, dtype) for _ in range(blocks)]
+  ffn_x = [np.zeros(c, dtype) for _ in range(blocks)]
+  states = [np.zeros((heads, head_size, head_size), dtype)
+            for _ in range(blocks)]
   out = []
-  for token in ids:
-    x = _layer_norm(t["embedding"][token], *t["layer0_kernel"])
+  for position, token in enumerate(ids):
+    x = input_row(position, token) if input_row else None
+    if x is None:
+      x = _layer_norm(t["embedding"][token], *t["layer0_kernel"])
     v_first = None
     for i in range(blocks):
       ln, mix, vec = t["layer0_ln"][i], t["layer0_mix"][i], t[
@@ -42,12 +52,12 @@ def logits(tensors, head_size, ids):
       shift = att_x[i] - xx
       att_x[i] = xx
       xr, xw, xk, xv, xa, xg = (xx + shift * mix[j] for j in range(6))
-      r = xr @ m("receptance")
-      w = np.tanh(xw @ m("w1")) @ m("w2")
-      k = xk @ m("key")
-      v = xv @ m("value")
-      a = _sigmoid(a0 + (xa @ m("a1")) @ m("a2"))
-      g = _sigmoid(xg @ m("g1")) @ m("g2")
+      r = product(xr, m("receptance"))
+      w = product(np.tanh(product(xw, m("w1"))), m("w2"))
+      k = product(xk, m("key"))
+      v = product(xv, m("value"))
+      a = _sigmoid(a0 + product(product(xa, m("a1")), m("a2")))
+      g = product(_sigmoid(product(xg, m("g1"))), m("g2"))
       kk = (k * k_k).reshape(heads, head_size)
       kk = (kk / np.maximum(np.linalg.norm(kk, axis=-1, keepdims=True),
                             1e-12)).reshape(-1)
@@ -55,7 +65,8 @@ def logits(tensors, head_size, ids):
       if i == 0:
         v_first = v
       else:
-        v = v + (v_first - v) * _sigmoid(v0 + (xv @ m("v1")) @ m("v2"))
+        v = v + (v_first - v) * _sigmoid(
+            v0 + product(product(xv, m("v1")), m("v2")))
       decay = np.exp(-np.exp(-0.5) * _sigmoid(w0 + w))
       vk = v.reshape(heads, head_size, 1) @ k.reshape(heads, 1, head_size)
       ab = (-kk).reshape(heads, head_size, 1) @ (kk * a).reshape(
@@ -70,12 +81,12 @@ def logits(tensors, head_size, ids):
       y = y * m("ln_x")[0] + m("ln_x")[1]
       y = y + ((r * k * r_k).reshape(heads, head_size).sum(-1, keepdims=True)
                * v.reshape(heads, head_size)).reshape(-1)
-      x = x + (y * g) @ m("output")
+      x = x + product(y * g, m("output"))
       xx = _layer_norm(x, ln[2], ln[3])
       shift = ffn_x[i] - xx
       ffn_x[i] = xx
-      hidden = np.maximum((xx + shift * mix[6]) @ m("ffn_key"), 0)
-      x = x + hidden ** 2 @ m("ffn_value")
+      hidden = np.maximum(product(xx + shift * mix[6], m("ffn_key")), 0)
+      x = x + product(hidden ** 2, m("ffn_value"))
     x = _layer_norm(x, *t["layer0_output_norm"])
-    out.append(x @ t["dense_kernel"] + t["dense_bias"])
+    out.append(product(x, t["dense_kernel"]) + t["dense_bias"])
   return np.stack(out)
