@@ -63,20 +63,30 @@ def flip_a_byte(path, offset=0):
     f.write(bytes([byte[0] ^ 1]))
 
 
-def plant(the_key, size=1000, vocab=("a", "b")):
+def plant(the_key, size=1000, vocab=("a", "b"), packed=0):
   """A valid-looking entry for `the_key` (its flatbuffer bytes never run),
-  written as `fill` writes one, then pruned to the cap as `fill` does."""
+  written as `fill` writes one, then pruned to the cap as `fill` does;
+  with `packed` bytes of packed weights (`runner.pack_weights`' file)."""
   flatbuffer = os.urandom(size)
   base = compiled_cache.entry_base(the_key)
   os.makedirs(os.path.dirname(base), mode=0o700, exist_ok=True)
   with open(base + ".tflite", "wb") as f:
     f.write(flatbuffer)
+  manifest = {"format": compiled_cache.FORMAT,
+              "version": compiled_cache.VERSION, "key": the_key,
+              "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
+              "tflite_bytes": size, "vocab": list(vocab), "tokens": None}
+  suffixes = [".json", ".tflite"]
+  if packed:
+    weights = os.urandom(packed)
+    with open(base + compiled_cache.PACKED_SUFFIX, "wb") as f:
+      f.write(weights)
+    manifest.update(xnnpack_sha256=hashlib.sha256(weights).hexdigest(),
+                    xnnpack_bytes=packed)
+    suffixes.append(compiled_cache.PACKED_SUFFIX)
   with open(base + ".json", "w", encoding="utf-8") as f:
-    json.dump({"format": compiled_cache.FORMAT,
-               "version": compiled_cache.VERSION, "key": the_key,
-               "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
-               "tflite_bytes": size, "vocab": list(vocab), "tokens": None}, f)
-  for suffix in (".json", ".tflite"):
+    json.dump(manifest, f)
+  for suffix in suffixes:
     os.chmod(base + suffix, 0o600)
   if hasattr(compiled_cache, "prune"):
     compiled_cache.prune()
@@ -403,14 +413,40 @@ def test_cache_folders_are_private(cache):
     assert stat.S_IMODE(os.stat(base + suffix).st_mode) & 0o077 == 0
 
 
-@pytest.mark.parametrize("target", [".json", ".tflite", "folder"])
+@pytest.mark.parametrize("target", [".json", ".tflite", ".xnnpack", "folder"])
 def test_an_entry_others_can_write_is_ignored(cache, target):
-  base = plant(fake_key(1))
+  base = plant(fake_key(1), packed=100)
   compiled_cache.lookup(fake_key(1))
   path = os.path.dirname(base) if target == "folder" else base + target
   os.chmod(path, os.stat(path).st_mode | 0o022)
   with pytest.raises(compiled_cache.Miss, match="writable by others"):
     compiled_cache.lookup(fake_key(1))
+
+
+@pytest.mark.parametrize("suffix", [".tflite", ".xnnpack"])
+def test_an_entry_s_files_are_checked_through_the_files_it_runs(cache,
+                                                                suffix):
+  """`open_entry` checks the flatbuffer and its packed weights (size and
+  sha256) and hands the runtime paths to the files it checked (Linux:
+  /proc/self/fd/N), so a file put in their place afterwards is not run."""
+  base = plant(fake_key(1), packed=100)
+  with open(base + suffix, "rb") as f:
+    checked = f.read()
+  with compiled_cache.open_entry(fake_key(1)) as artifact:
+    path = {".tflite": artifact.path,
+            ".xnnpack": artifact.weight_cache}[suffix]
+    os.replace(plant(fake_key(2), packed=100) + suffix, base + suffix)
+    with open(path, "rb") as f:
+      assert f.read() == checked or os.name != "posix"
+  plant(fake_key(1), packed=100)
+  compiled_cache.open_entry(fake_key(1)).close()
+  flip_a_byte(base + suffix, 50)
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
+  with open(base + suffix, "r+b") as f:
+    f.truncate(99)
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
 
 
 def test_an_entry_another_user_owns_is_ignored(cache, monkeypatch):
@@ -427,9 +463,9 @@ def test_an_entry_another_user_owns_is_ignored(cache, monkeypatch):
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0,
                     reason="os.chown to another user needs root")
-@pytest.mark.parametrize("target", [".json", ".tflite"])
+@pytest.mark.parametrize("target", [".json", ".tflite", ".xnnpack"])
 def test_an_entry_chowned_to_another_user_is_ignored(cache, target):
-  base = plant(fake_key(1))
+  base = plant(fake_key(1), packed=100)
   os.chown(base + target, 12345, -1)
   with pytest.raises(compiled_cache.Miss, match="owned by another user"):
     compiled_cache.lookup(fake_key(1))

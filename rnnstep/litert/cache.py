@@ -114,7 +114,9 @@ TEXTGENRNN_SIDECARS = ("_vocab.json", "_config.json")
 # A TF checkpoint's files (`convert.tf_checkpoint.is_checkpoint_file`).
 _CHECKPOINT_FILE = re.compile(r"\.index$|\.data-\d+-of-\d+$")
 # An entry's files: the key's sha256 (40 hex digits) and a suffix.
-_ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|lock)$")
+_ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|xnnpack|lock)$")
+# The suffix of an entry's weights packed for XNNPACK (`runner.pack_weights`).
+PACKED_SUFFIX = ".xnnpack"
 # Temp files older than this are left by a killed writer.
 _STALE_TEMP_SECONDS = 3600
 _CHUNK = 1 << 20
@@ -364,6 +366,9 @@ def read_manifest(base: str, the_key: dict) -> dict:
   vocab = manifest.get("vocab")
   if (not isinstance(manifest.get("tflite_sha256"), str)
       or not isinstance(manifest.get("tflite_bytes"), int)
+      or ("xnnpack_sha256" in manifest
+          and (not isinstance(manifest["xnnpack_sha256"], str)
+               or not isinstance(manifest.get("xnnpack_bytes"), int)))
       or not isinstance(vocab, list) or not vocab
       or not all(isinstance(c, str) for c in vocab)
       or not isinstance(manifest.get("tokens"), (str, type(None)))):
@@ -447,25 +452,108 @@ def enabled() -> bool:
 
 
 def lookup(the_key: dict) -> Tuple[bytes, dict]:
-  """(flatbuffer bytes, manifest) of a valid entry; raises Miss.
+  """(flatbuffer bytes, manifest) of a valid entry (`open_entry`'s);
+  raises Miss."""
+  with open_entry(the_key) as artifact:
+    return artifact.read(), artifact.manifest
 
-  A hit marks the entry used (its manifest's mtime), for the cap's LRU.
+
+class Artifact:
+  """A valid entry's files, open and checked (`open_entry`).
+
+  `path` (and `weight_cache`) name the files that were checked, not what
+  their names hold by the time the runtime opens them (/proc/self/fd/N
+  where the system has it). `close`, or a `with` block, releases them.
+
+  Attributes:
+    manifest: the entry's manifest.
+    path: the flatbuffer's.
+    weight_cache: its weights packed for XNNPACK (`runner.pack_weights`),
+      or None where the entry has none.
+  """
+
+  def __init__(self, manifest: dict, flatbuffer, packed=None):
+    self.manifest = manifest
+    self._files = [f for f in (flatbuffer, packed) if f is not None]
+    self.path = _path_of(flatbuffer)
+    self.weight_cache = None if packed is None else _path_of(packed)
+
+  def read(self) -> bytes:
+    """The flatbuffer's bytes."""
+    self._files[0].seek(0)
+    return self._files[0].read()
+
+  def close(self):
+    for f in self._files:
+      f.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.close()
+
+
+def open_entry(the_key: dict) -> Artifact:
+  """The valid entry for `the_key`, its files checked and left open; raises
+  Miss.
+
+  The flatbuffer and its packed weights are each opened once, checked
+  (owner and mode, then size and sha256 against the manifest) through that
+  open file, and run through it. A hit marks the entry used (its
+  manifest's mtime), for the cap's LRU.
   """
   base = entry_base(the_key)
   _check_directory(os.path.dirname(base))
   manifest = read_manifest(base, the_key)
-  try:
-    flatbuffer = _read_trusted(base + ".tflite", manifest["tflite_bytes"],
-                               "the compiled artifact")
-  except OSError as e:
-    raise Miss(f"compiled artifact unreadable ({e.strerror or e})") from None
-  if (len(flatbuffer) != manifest["tflite_bytes"]
-      or hashlib.sha256(flatbuffer).hexdigest() != manifest["tflite_sha256"]):
-    raise Miss("compiled artifact does not match its manifest's sha256 "
-               "(corrupt or truncated)")
+  flatbuffer = _open_checked(base + ".tflite", manifest["tflite_bytes"],
+                             manifest["tflite_sha256"], "compiled artifact")
+  packed = None
+  if "xnnpack_sha256" in manifest:
+    try:
+      packed = _open_checked(base + PACKED_SUFFIX, manifest["xnnpack_bytes"],
+                             manifest["xnnpack_sha256"], "packed weights")
+    except BaseException:
+      flatbuffer.close()
+      raise
   with contextlib.suppress(OSError):
     os.utime(base + ".json")
-  return flatbuffer, manifest
+  return Artifact(manifest, flatbuffer, packed)
+
+
+def _open_checked(path: str, size: int, sha256: str, what: str):
+  """`path` open for reading, once its owner and mode pass and its bytes
+  are `size` long with this sha256; raises Miss."""
+  try:
+    f = open(path, "rb")  # pylint: disable=consider-using-with
+  except OSError as e:
+    raise Miss(f"{what} unreadable ({e.strerror or e})") from None
+  try:
+    _check_trusted(os.fstat(f.fileno()), f"the {what}")
+    digest = hashlib.sha256()
+    read = 0
+    for chunk in iter(lambda: f.read(_CHUNK), b""):
+      read += len(chunk)
+      if read > size:
+        break
+      digest.update(chunk)
+    if read != size or digest.hexdigest() != sha256:
+      raise Miss(f"{what} does not match its manifest's sha256 (corrupt "
+                 "or truncated)")
+  except OSError as e:
+    f.close()
+    raise Miss(f"{what} unreadable ({e.strerror or e})") from None
+  except BaseException:
+    f.close()
+    raise
+  return f
+
+
+def _path_of(f) -> str:
+  """A path that opens the file `f` has open, whatever its name holds now
+  (Linux's /proc/self/fd), else its name."""
+  fd_path = f"/proc/self/fd/{f.fileno()}"
+  return fd_path if os.path.exists(fd_path) else f.name
 
 
 def child_path() -> List[str]:
@@ -632,7 +720,7 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
                 f"exceed the cache's cap ({MAX_MB_ENV}={cap >> 20})"}
   if model_digest(model_path) != the_key["model"]:
     return "model file changed"
-  write_entry(the_key, model_path=model_path, **fields)
+  write_entry(the_key, model_path=model_path, pack=True, **fields)
   return ("unsupported" if "unsupported" in fields
           else "failed" if "failed" in fields else "built")
 
@@ -666,21 +754,53 @@ def max_bytes(admitting: int = 0) -> int:
 
   $RNNSTEP_CACHE_MAX_MB where set (`tuning_cache.max_bytes`). Otherwise it
   follows the models its user runs: the larger of the default
-  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest artifact,
-  one kept or the `admitting` bytes about to be, so that the largest model
-  and another of its size stay (the 0.1B RWKV-7's artifact alone is 766
-  MB). The memory converting needs (`size_refusal`) bounds what is built.
+  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest entry's
+  flatbuffer and packed weights, one kept or the `admitting` bytes about to
+  be, so that the largest model and another of its size stay (the 0.1B
+  RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The memory converting needs (`size_refusal`) bounds what is built.
   """
   if MAX_MB_ENV in os.environ:
     return tuning_cache.max_bytes()
-  largest = admitting
+  sizes = collections.Counter()  # An entry's flatbuffer and packed weights.
   with contextlib.suppress(OSError):
     folder = directory()
     for name in os.listdir(folder):
-      if name.endswith(".tflite") and _ENTRY_FILE.match(name):
+      match = _ENTRY_FILE.match(name)
+      if match and match.group(2) in ("tflite", PACKED_SUFFIX[1:]):
         with contextlib.suppress(OSError):
-          largest = max(largest, os.path.getsize(os.path.join(folder, name)))
+          sizes[match.group(1)] += os.path.getsize(os.path.join(folder, name))
+  largest = max([admitting, *sizes.values()])
   return max(tuning_cache.max_bytes(), 2 * largest)
+
+
+# `_packed_weights`' child: packs the flatbuffer at argv[1] into argv[2]
+# (it imports ai_edge_litert only, where the fill has TensorFlow).
+_PACK_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+               "from rnnstep.litert import runner; "
+               "runner.pack_weights(*sys.argv[1:])")
+
+
+def _packed_weights(base: str) -> dict:
+  """Packs the entry's flatbuffer's weights for XNNPACK into
+  `base`.xnnpack (atomically, 0600; `runner.pack_weights` in a child) and
+  returns the manifest's fields for it: none where packing failed (the
+  artifact then runs on LiteRT's builtin kernels)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  path = base + PACKED_SUFFIX
+  try:
+    with staging.staged_path(path, mode=0o600) as tmp:
+      os.unlink(tmp)  # LiteRT writes a file of its own there.
+      child = subprocess.run(
+          [sys.executable, "-I", "-c", _PACK_CHILD, json.dumps(child_path()),
+           base + ".tflite", tmp],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+          stderr=subprocess.DEVNULL, cwd=os.path.dirname(base), check=False)
+      if child.returncode or not os.path.isfile(tmp):
+        raise OSError(f"packing exited {child.returncode}")
+  except OSError:
+    return {}
+  return {"xnnpack_sha256": file_sha256(path),
+          "xnnpack_bytes": os.path.getsize(path)}
 
 
 def _megabytes(n: int) -> str:
@@ -695,9 +815,14 @@ def _one_line(error: BaseException) -> str:
 def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
                 vocab=None, tokens: Optional[str] = None,
                 unsupported: Optional[str] = None,
-                failed: Optional[str] = None, model_path: str = ""):
+                failed: Optional[str] = None, model_path: str = "",
+                pack: bool = False):
   """Writes an entry (flatbuffer first, manifest last, each atomically and
-  0600), then trims the cache to its cap (`prune`)."""
+  0600), then trims the cache to its cap (`prune`).
+
+  With `pack`, a flatbuffer past `runner.BUILTIN_KERNELS_FROM_BYTES` gets
+  its weights packed for XNNPACK (`_packed_weights`) before the manifest.
+  """
   base = entry_base(the_key)
   manifest = {"format": FORMAT, "version": VERSION, "key": the_key,
               "model_path": model_path}
@@ -712,6 +837,10 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
     manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
                     tflite_bytes=len(flatbuffer), vocab=list(vocab),
                     tokens=tokens)
+    with contextlib.suppress(OSError):
+      os.unlink(base + PACKED_SUFFIX)  # An earlier build's.
+    if pack and len(flatbuffer) > runner.BUILTIN_KERNELS_FROM_BYTES:
+      manifest.update(_packed_weights(base))
   with staging.staged_path(base + ".json", mode=0o600) as tmp:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
@@ -739,7 +868,7 @@ def entries() -> List[Entry]:
       continue
     base = os.path.join(folder, match.group(1))
     size = 0
-    for suffix in (".json", ".tflite"):
+    for suffix in (".json", ".tflite", PACKED_SUFFIX):
       with contextlib.suppress(OSError):
         size += os.path.getsize(base + suffix)
     try:
@@ -758,7 +887,7 @@ def entries() -> List[Entry]:
 
 
 def _remove(base: str):
-  for suffix in (".json", ".tflite", ".lock"):
+  for suffix in (".json", ".tflite", PACKED_SUFFIX, ".lock"):
     with contextlib.suppress(OSError):
       os.unlink(base + suffix)
 
