@@ -215,6 +215,31 @@ def test_a_remembered_digest_still_sees_one_changed_byte(cache, weights,
   assert compiled_cache.key(weights, RUNTIME) != before
 
 
+@pytest.mark.parametrize("suffix", [".tflite", ".xnnpack"])
+def test_a_remembered_entry_digest_still_sees_one_changed_byte(
+    cache, suffix, monkeypatch):
+  """A warm run does not hash an entry's files again while their stat is
+  the one their digest was taken with; a changed byte (its mtime restored)
+  is still a miss."""
+  monkeypatch.setattr(compiled_cache, "_RACY_SECONDS", -1.0)  # As above.
+  base = plant(fake_key(1), packed=100)
+  compiled_cache.open_entry(fake_key(1)).close()
+  with open(os.path.join(compiled_cache.directory(),
+                         compiled_cache.DIGESTS_FILE), encoding="utf-8") as f:
+    assert base + suffix in json.load(f)
+  hashed = []
+  with monkeypatch.context() as patch:
+    patch.setattr(compiled_cache, "_stream_sha256",
+                  lambda f: hashed.append(f.name) or "0" * 64)
+    compiled_cache.open_entry(fake_key(1)).close()  # Remembered: no hash.
+  assert hashed == []
+  old = os.stat(base + suffix)
+  flip_a_byte(base + suffix, 50)
+  os.utime(base + suffix, ns=(old.st_atime_ns, old.st_mtime_ns))
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
+
+
 def test_a_digests_file_others_can_write_is_ignored(cache, weights):
   folder = compiled_cache.ensure_directory()
   st = os.stat(weights)

@@ -27,6 +27,10 @@ both folders made 0700), one per key, named by the key's sha256:
                 model recording a window), {"unsupported": reason}; or, for
                 an export that failed, {"failed": reason}. Neither is
                 retried until the key changes (`--cache_clear` forgets them).
+  NAME.xnnpack  an artifact past `runner.BUILTIN_KERNELS_FROM_BYTES`: its
+                weights packed for XNNPACK (`runner.pack_weights`, by the
+                child after the export; its sha256 and size in the
+                manifest), which each run maps instead of packing a copy
   NAME.lock     held (flock) by the child that builds the entry, removed by
                 it when done
 
@@ -48,16 +52,20 @@ most `max_bytes` ($RNNSTEP_CACHE_MAX_MB, else the larger of
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
-Nothing here is trusted: `lookup` ignores an entry (and the folder) owned by
-another user or writable by group or others (on a shared $RNNSTEP_CACHE_DIR
-anyone could otherwise plant an artifact: the manifest's sha256 proves
-integrity, not origin), reads the manifest (JSON only, size-capped), checks
-its key, reads the flatbuffer and checks its sha256 against the manifest
-before the interpreter sees a byte; anything missing, corrupt or stale is a
-miss, and the next cold run rebuilds it. Writes are atomic
-(`staging.staged_path`: temp file + os.replace, mode 0600), flatbuffer first
-and manifest last, so a reader never sees a manifest whose artifact is not
-complete; two children filling one entry are serialised by the lock (the
+Nothing here is trusted: `open_entry` (and `lookup`) ignores an entry (and
+the folder) owned by another user or writable by group or others (on a
+shared $RNNSTEP_CACHE_DIR anyone could otherwise plant an artifact: the
+manifest's sha256 proves integrity, not origin), reads the manifest (JSON
+only, size-capped), checks its key, opens the flatbuffer (and its packed
+weights) and checks its size and sha256 against the manifest through the
+open file before the runtime sees a byte, and the runtime reads that open
+file (/proc/self/fd/N); anything missing, corrupt or stale is a miss, and
+the next cold run rebuilds it. The sha256 is remembered by the file's stat
+as the key's are (`_Digests`: any write changes the ctime, so one changed
+byte is still seen) and not taken again while that stat holds. Writes are
+atomic (`staging.staged_path`: temp file + os.replace, mode 0600),
+flatbuffer and packed weights first and manifest last, so a reader never
+sees a manifest whose artifact is not complete; two children filling one entry are serialised by the lock (the
 second one exits), and the export is reproducible (the same bytes from a
 fresh process), so even last-writer-wins would leave identical content. The
 child runs isolated (`python -I`, its working directory the cache folder,
@@ -147,10 +155,15 @@ class Miss(Exception):
 
 
 def file_sha256(path) -> str:
-  digest = hashlib.sha256()
   with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(_CHUNK), b""):
-      digest.update(chunk)
+    return _stream_sha256(f)
+
+
+def _stream_sha256(f) -> str:
+  """The sha256 of what is left to read of the open file `f`."""
+  digest = hashlib.sha256()
+  for chunk in iter(lambda: f.read(_CHUNK), b""):
+    digest.update(chunk)
   return digest.hexdigest()
 
 
@@ -380,8 +393,9 @@ class _Digests:
   """sha256 of files, remembered by their stat in `litert/digests.json`.
 
   A warm run keys on ~75 source files and the model's files: reading and
-  hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3. A
-  remembered digest is used only while the file's size, mtime, ctime,
+  hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3; it
+  checks its entry's flatbuffer and packed weights too (`open_entry`: 1.3
+  GB at the 0.1B RWKV-7, ~0.6 s of hashing a run). A remembered digest is used only while the file's size, mtime, ctime,
   inode and device are those it was taken with; a write changes the ctime
   (which no user call can set back), and a file modified within
   `_RACY_SECONDS` of hashing is not remembered, so one changed byte is
@@ -399,14 +413,19 @@ class _Digests:
       if isinstance(data, dict):
         self.known = data
 
-  def sha256(self, path: str) -> str:
-    st = os.stat(path)
+  def sha256(self, path: str, f=None) -> str:
+    """`path`'s sha256; with `f`, the file open there, stat and read
+    through `f` (the file checked is the file used)."""
+    st = os.fstat(f.fileno()) if f else os.stat(path)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     found = self.known.get(path)
     if (isinstance(found, list) and len(found) == 2 and found[0] == stamp
         and isinstance(found[1], str)):
       return found[1]
-    digest = file_sha256(path)
+    if f is None:
+      digest = file_sha256(path)
+    else:
+      digest = _stream_sha256(f)
     newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
     if time.time() - newest > _RACY_SECONDS:
       self.added[path] = [stamp, digest]
@@ -506,38 +525,37 @@ def open_entry(the_key: dict) -> Artifact:
   base = entry_base(the_key)
   _check_directory(os.path.dirname(base))
   manifest = read_manifest(base, the_key)
+  digests = _Digests()
   flatbuffer = _open_checked(base + ".tflite", manifest["tflite_bytes"],
-                             manifest["tflite_sha256"], "compiled artifact")
+                             manifest["tflite_sha256"], "compiled artifact",
+                             digests)
   packed = None
   if "xnnpack_sha256" in manifest:
     try:
       packed = _open_checked(base + PACKED_SUFFIX, manifest["xnnpack_bytes"],
-                             manifest["xnnpack_sha256"], "packed weights")
+                             manifest["xnnpack_sha256"], "packed weights",
+                             digests)
     except BaseException:
       flatbuffer.close()
       raise
+  digests.save()
   with contextlib.suppress(OSError):
     os.utime(base + ".json")
   return Artifact(manifest, flatbuffer, packed)
 
 
-def _open_checked(path: str, size: int, sha256: str, what: str):
+def _open_checked(path: str, size: int, sha256: str, what: str, digests):
   """`path` open for reading, once its owner and mode pass and its bytes
-  are `size` long with this sha256; raises Miss."""
+  are `size` long with this sha256 (the `_Digests`' remembered one while
+  the open file's stat is the one it was taken with); raises Miss."""
   try:
     f = open(path, "rb")  # pylint: disable=consider-using-with
   except OSError as e:
     raise Miss(f"{what} unreadable ({e.strerror or e})") from None
   try:
-    _check_trusted(os.fstat(f.fileno()), f"the {what}")
-    digest = hashlib.sha256()
-    read = 0
-    for chunk in iter(lambda: f.read(_CHUNK), b""):
-      read += len(chunk)
-      if read > size:
-        break
-      digest.update(chunk)
-    if read != size or digest.hexdigest() != sha256:
+    st = os.fstat(f.fileno())
+    _check_trusted(st, f"the {what}")
+    if st.st_size != size or digests.sha256(path, f) != sha256:
       raise Miss(f"{what} does not match its manifest's sha256 (corrupt "
                  "or truncated)")
   except OSError as e:
