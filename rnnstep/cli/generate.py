@@ -535,11 +535,10 @@ def _generate_fast(rows, seed, decoding) -> bool:
   if refusal:
     raise warm.NotServed(refusal)
   per_prompt = len(rows) // len(_PROMPT.value)
-  with common.quiet_stderr():  # LiteRT's runtime logs what it loads.
-    served = warm.generate(
-        _model_path(), _PROMPT.value, per_prompt, _NUM_STEPS.value,
-        seed=seed, decoding=decoding, stop=_STOP.value or [],
-        regex=_regex_rows(len(_PROMPT.value), per_prompt))
+  served = warm.generate(
+      _model_path(), _PROMPT.value, per_prompt, _NUM_STEPS.value, seed=seed,
+      decoding=decoding, stop=_STOP.value or [],
+      regex=_regex_rows(len(_PROMPT.value), per_prompt))
   _say(f"fast path: compiled artifact {served.artifact} (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
     printer = Printer(out, rows, seed, _STOP.value or [], "text")
