@@ -132,8 +132,8 @@ def _cli():
     library.stdin.write("go\n")
     library.stdin.flush()
     answer = json.loads(library.stdout.readline())
-    # The command prints the text and a newline.
-    same = cli_text.rstrip("\n") == answer["text"]
+    # The command prints the prompt, its continuation and a newline.
+    same = cli_text == _PROMPT.value + answer["text"] + "\n"
     print(f"| {pair + 1} | {load} | {wall:.2f} s | {rss:.0f} MB | "
           f"{rss / size:.2f} | {answer['seconds']:.2f} s | "
           f"{wall - answer['seconds']:+.2f} s | "
