@@ -296,6 +296,46 @@ def test_the_default_cap_keeps_twice_the_largest_artifact(cache):
   assert compiled_cache.max_bytes(100 << 20) == 800 << 20
 
 
+# `write_entry`'s packing child (`compiled_cache._PACK_CHILD`'s argv: the
+# flatbuffer, then the file to write), made up: 600 kB of packed weights, or
+# half a file and a failure.
+PACKS = {"made": "import sys; open(sys.argv[3], 'wb').write(bytes(600_000))",
+         "failed": ("import sys; open(sys.argv[3], 'wb').write(b'half'); "
+                    "sys.exit(1)")}
+
+
+@pytest.mark.parametrize("pack, cap_mb, kept", [
+    ("made", None, True), ("made", "2", True), ("made", "1", False),
+    ("failed", None, False)])
+def test_packed_weights_are_kept_whole_and_under_the_cap(cache, monkeypatch,
+                                                         pack, cap_mb, kept):
+  """A large artifact's weights packed for XNNPACK are kept (0600, in the
+  manifest, run) only where the child made them and the entry stays under
+  an explicit cap (1 MB holds the 600 kB flatbuffer, not both; the default
+  cap grows to twice the entry); otherwise the entry is its flatbuffer
+  alone, valid, and no file of the packing is left."""
+  monkeypatch.setattr(compiled_cache.runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
+  monkeypatch.setattr(compiled_cache, "_PACK_CHILD", PACKS[pack])
+  if cap_mb:
+    monkeypatch.setenv(compiled_cache.MAX_MB_ENV, cap_mb)
+  compiled_cache.ensure_directory()
+  compiled_cache.write_entry(fake_key(1), flatbuffer=os.urandom(600_000),
+                             vocab=["a", "b"], pack=True)
+  base = compiled_cache.entry_base(fake_key(1))
+  with compiled_cache.open_entry(fake_key(1)) as artifact:
+    assert (artifact.weight_cache is not None) == kept
+    assert ("xnnpack_sha256" in artifact.manifest) == kept
+  assert os.path.exists(base + compiled_cache.PACKED_SUFFIX) == kept
+  assert not [name for name in os.listdir(os.path.dirname(base))
+              if name.endswith(".tmp")]
+  if kept:
+    packed = os.stat(base + compiled_cache.PACKED_SUFFIX)
+    assert stat.S_IMODE(packed.st_mode) == 0o600
+    if not cap_mb:  # The default cap counts the packed weights (sparse).
+      os.truncate(base + compiled_cache.PACKED_SUFFIX, 300 << 20)
+      assert compiled_cache.max_bytes() == 2 * (600_000 + (300 << 20))
+
+
 def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
                                                           monkeypatch):
   the_key = compiled_cache.key(weights, RUNTIME)

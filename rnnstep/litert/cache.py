@@ -65,12 +65,13 @@ as the key's are (`_Digests`: any write changes the ctime, so one changed
 byte is still seen) and not taken again while that stat holds. Writes are
 atomic (`staging.staged_path`: temp file + os.replace, mode 0600),
 flatbuffer and packed weights first and manifest last, so a reader never
-sees a manifest whose artifact is not complete; two children filling one entry are serialised by the lock (the
-second one exits), and the export is reproducible (the same bytes from a
-fresh process), so even last-writer-wins would leave identical content. The
-child runs isolated (`python -I`, its working directory the cache folder,
-its sys.path the parent's less the working directory), so a stray
-`numpy.py` where the user ran the command is not imported.
+sees a manifest whose artifact is not complete; two children filling one
+entry are serialised by the lock (the second one exits), and the export
+is reproducible (the same bytes from a fresh process), so even
+last-writer-wins would leave identical content. The child runs isolated
+(`python -I`, its working directory the cache folder, its sys.path the
+parent's less the working directory), so a stray `numpy.py` where the
+user ran the command is not imported.
 
 This module imports neither TensorFlow nor the interpreter at module level:
 the fast path (`runner.run_artifact`) imports `ai_edge_litert` and
@@ -395,12 +396,13 @@ class _Digests:
   A warm run keys on ~75 source files and the model's files: reading and
   hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3; it
   checks its entry's flatbuffer and packed weights too (`open_entry`: 1.3
-  GB at the 0.1B RWKV-7, ~0.6 s of hashing a run). A remembered digest is used only while the file's size, mtime, ctime,
-  inode and device are those it was taken with; a write changes the ctime
-  (which no user call can set back), and a file modified within
-  `_RACY_SECONDS` of hashing is not remembered, so one changed byte is
-  always seen. The file is trusted as an entry is (owner, mode) and written
-  atomically; a lost update only costs a re-hash.
+  GB at the 0.1B RWKV-7, ~0.6 s of hashing a run). A remembered digest
+  is used only while the file's size, mtime, ctime, inode and device are
+  those it was taken with; a write changes the ctime (which no user call
+  can set back), and a file modified within `_RACY_SECONDS` of hashing is
+  not remembered, so one changed byte is always seen. The file is trusted
+  as an entry is (owner, mode) and written atomically; a lost update only
+  costs a re-hash.
   """
 
   def __init__(self):
@@ -775,7 +777,10 @@ def max_bytes(admitting: int = 0) -> int:
   (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest entry's
   flatbuffer and packed weights, one kept or the `admitting` bytes about to
   be, so that the largest model and another of its size stay (the 0.1B
-  RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The memory converting needs (`size_refusal`) bounds what is built.
+  RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The
+  memory converting needs (`size_refusal`) bounds what is built; packed
+  weights that would take an entry past an explicit cap are not kept
+  (`_packed_weights`).
   """
   if MAX_MB_ENV in os.environ:
     return tuning_cache.max_bytes()
@@ -798,15 +803,15 @@ _PACK_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
                "runner.pack_weights(*sys.argv[1:])")
 
 
-def _packed_weights(base: str) -> dict:
+def _packed_weights(base: str, flatbuffer_bytes: int) -> dict:
   """Packs the entry's flatbuffer's weights for XNNPACK into
   `base`.xnnpack (atomically, 0600; `runner.pack_weights` in a child) and
-  returns the manifest's fields for it: none where packing failed (the
-  artifact then runs on LiteRT's builtin kernels)."""
+  returns the manifest's fields for it: none where packing failed or the
+  entry would then pass an explicit cap (the artifact then runs on
+  LiteRT's builtin kernels)."""
   import subprocess  # pylint: disable=g-import-not-at-top
-  path = base + PACKED_SUFFIX
   try:
-    with staging.staged_path(path, mode=0o600) as tmp:
+    with staging.staged_path(base + PACKED_SUFFIX, mode=0o600) as tmp:
       os.unlink(tmp)  # LiteRT writes a file of its own there.
       child = subprocess.run(
           [sys.executable, "-I", "-c", _PACK_CHILD, json.dumps(child_path()),
@@ -815,10 +820,19 @@ def _packed_weights(base: str) -> dict:
           stderr=subprocess.DEVNULL, cwd=os.path.dirname(base), check=False)
       if child.returncode or not os.path.isfile(tmp):
         raise OSError(f"packing exited {child.returncode}")
-  except OSError:
+      packed_bytes = os.path.getsize(tmp)
+      entry_bytes = flatbuffer_bytes + packed_bytes
+      # `_fill_locked` admitted the flatbuffer alone; only an explicit cap
+      # can be below the two (the default one is twice the largest entry).
+      if entry_bytes > max_bytes(entry_bytes):
+        raise OSError("the packed weights would pass the cache's cap")
+      # Hashed before the rename: the digest is of the bytes the child
+      # wrote, whatever the entry's name holds later.
+      fields = {"xnnpack_sha256": file_sha256(tmp),
+                "xnnpack_bytes": packed_bytes}
+  except OSError:  # The temp file is gone (`staged_path`).
     return {}
-  return {"xnnpack_sha256": file_sha256(path),
-          "xnnpack_bytes": os.path.getsize(path)}
+  return fields
 
 
 def _megabytes(n: int) -> str:
@@ -858,7 +872,7 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
     with contextlib.suppress(OSError):
       os.unlink(base + PACKED_SUFFIX)  # An earlier build's.
     if pack and len(flatbuffer) > runner.BUILTIN_KERNELS_FROM_BYTES:
-      manifest.update(_packed_weights(base))
+      manifest.update(_packed_weights(base, len(flatbuffer)))
   with staging.staged_path(base + ".json", mode=0o600) as tmp:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
