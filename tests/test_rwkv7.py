@@ -583,7 +583,8 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   run's child's work, here in process) builds the artifact and, as for an
   artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), its
   weights packed for XNNPACK; a warm run prints `generate`'s text from
-  them, TensorFlow never imported."""
+  them, TensorFlow never imported, and one whose packed weights were cut
+  short prints it from TensorFlow's path."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
@@ -611,6 +612,18 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
               if line.startswith("import time:")]
   assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
+  # Packed weights cut short are never run (XNNPACK would read them, or
+  # rebuild them in place): the run takes TensorFlow's path, the same text,
+  # and its child rebuilds the entry.
+  packed = compiled_cache.entry_base(the_key) + compiled_cache.PACKED_SUFFIX
+  os.truncate(packed, os.path.getsize(packed) // 2)
+  cold = fast.cli(cache, args)
+  assert cold.returncode == 0, cold.stderr[-3000:]
+  assert cold.stdout == want
+  line = fast.verbose_line(cold)
+  assert "TensorFlow path: packed-weights file does not match" in line
+  assert "building the compiled artifact in the background" in line
+  fast.wait_for_valid_entry(cache, the_key, monkeypatch)
 
 
 @pytest.mark.slow

@@ -535,7 +535,7 @@ def open_entry(the_key: dict) -> Artifact:
   if "xnnpack_sha256" in manifest:
     try:
       packed = _open_checked(base + PACKED_SUFFIX, manifest["xnnpack_bytes"],
-                             manifest["xnnpack_sha256"], "packed weights",
+                             manifest["xnnpack_sha256"], "packed-weights file",
                              digests)
     except BaseException:
       flatbuffer.close()
