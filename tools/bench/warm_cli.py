@@ -3,6 +3,8 @@ done-when: "at most 1.5 s more than 200 tokens take in a warm library call,
 peak memory at most 1.3x the model file, the same text").
 
     python tools/bench/warm_cli.py cli --model=m.npz --pairs=3
+    python tools/bench/warm_cli.py cli --model=m.npz --trees=/work/main,.
+    python tools/bench/warm_cli.py cold --model=m.npz --trees=/work/main,.
     python tools/bench/warm_cli.py runs --model=m.npz --configs=builtin:1,packed:1
 
 `cli`: A B A B pairs, back to back, of (A) `rnnstep-generate --model=M
@@ -13,6 +15,17 @@ once its background compile is done; the process waits for it).
 The cache folder is $RNNSTEP_CACHE_DIR's, as a user's; the compiled-artifact
 cache must be on (RNNSTEP_COMPILED_CACHE unset) and hold the model's
 artifact, else the command runs cold (its --verbose line is printed).
+
+With --trees (source checkouts, e.g. main's and a branch's), each pair
+runs the command once per tree (PYTHONPATH=TREE, the order turned each
+pair; the library process is this environment's), to compare the trees'
+warm runs side by side.
+
+`cold`: the command's cold run (no entry: TensorFlow's path, then the
+detached child that builds the entry) as a whole process, once per --trees
+tree a pair (the order turned each pair), each in a fresh cache folder;
+the child is stopped once the command exits (it would take the CPU from
+the next run for minutes), so the figure is the command's own.
 
 `runs`: the model's cached artifact run in this process by
 `runner.run_artifact` in each --configs way in turn (kernels and threads),
@@ -26,6 +39,7 @@ Each row prints the load average; the machine may be shared, so compare the
 pairs' ratios, not the absolute times.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +48,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl import app
@@ -58,6 +73,9 @@ _CONFIGS = flags.DEFINE_list(
     "kernels), xnnpack (the interpreter's XNNPACK delegate) or packed "
     "(XNNPACK on the entry's packed weights); THREADS 0: every CPU this "
     "process may use.")
+_TREES = flags.DEFINE_list(
+    "trees", [], "cli, cold: source checkouts whose rnnstep the command "
+    "runs (PYTHONPATH), one run each a pair; default: this environment's.")
 _ARTIFACT = flags.DEFINE_string(
     "artifact", None, "runs: an entry's .tflite, its .json and .xnnpack "
     "beside (default: the model's entry for the current key).")
@@ -100,14 +118,22 @@ def _generation_flags():
           f"--temperature={_TEMPERATURE.value}", f"--seed={_SEED.value}"]
 
 
-def _cli_once():
-  """(wall s, peak RSS MB, text, verbose line) of one whole process."""
+def _cli_once(tree=None, cache_dir=None):
+  """(wall s, peak RSS MB, text, verbose line) of one whole process, with
+  `tree`'s rnnstep (None: this environment's) and `cache_dir` (None: the
+  environment's)."""
   exe = shutil.which("rnnstep-generate")
   if exe is None:
     raise SystemExit("rnnstep-generate is not on PATH")
+  env = dict(os.environ)
+  if tree:
+    env["PYTHONPATH"] = os.path.abspath(tree)
+  if cache_dir:
+    env["RNNSTEP_CACHE_DIR"] = cache_dir
   done = subprocess.run(
       ["/usr/bin/time", "-v", exe, f"--model={_MODEL.value}", "--verbose",
-       *_generation_flags()], capture_output=True, text=True, check=True)
+       *_generation_flags()], capture_output=True, text=True, check=True,
+      env=env)
   wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)",
                    done.stderr)
   hours, minutes, seconds = wall.groups()
@@ -117,6 +143,11 @@ def _cli_once():
           if "compiled artifact" in line or "TensorFlow" in line]
   return (int(hours or 0) * 3600 + int(minutes) * 60 + float(seconds),
           rss / 1024, done.stdout, said[0] if said else "")
+
+
+def _turned(items, pair):
+  """`items` turned by `pair` (A B, B A, ...): each meets the same load."""
+  return items[pair % len(items):] + items[:pair % len(items)]
 
 
 def _cli():
@@ -129,27 +160,71 @@ def _cli():
   print(f"model {size:.0f} MB; {_NUM_STEPS.value} tokens after "
         f"{_PROMPT.value!r}, temperature {_TEMPERATURE.value}, seed "
         f"{_SEED.value}")
-  print("| pair | load | warm CLI (whole process) | peak RSS | x file "
+  print("| pair | tree | load | warm CLI (whole process) | peak RSS | x file "
         "| library, warm call | CLI - library | ratio | same text |")
-  print("|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   for pair in range(_PAIRS.value):
-    load = _load()
-    wall, rss, cli_text, said = _cli_once()
-    library.stdin.write("go\n")
-    library.stdin.flush()
-    answer = json.loads(library.stdout.readline())
-    # The command prints the prompt, its continuation and a newline.
-    same = cli_text == _PROMPT.value + answer["text"] + "\n"
-    print(f"| {pair + 1} | {load} | {wall:.2f} s | {rss:.0f} MB | "
-          f"{rss / size:.2f} | {answer['seconds']:.2f} s | "
-          f"{wall - answer['seconds']:+.2f} s | "
-          f"{wall / answer['seconds']:.2f} | "
-          f"{'yes' if same else 'NO'} ({_digest(answer['text'])}) |",
-          flush=True)
-    if pair == 0:
-      print(f"<!-- the command said: {said} -->", flush=True)
+    for tree in _turned(_TREES.value or [None], pair):
+      load = _load()
+      wall, rss, cli_text, said = _cli_once(tree)
+      library.stdin.write("go\n")
+      library.stdin.flush()
+      answer = json.loads(library.stdout.readline())
+      # The command prints the prompt, its continuation and a newline.
+      same = cli_text == _PROMPT.value + answer["text"] + "\n"
+      print(f"| {pair + 1} | {tree or '-'} | {load} | {wall:.2f} s | "
+            f"{rss:.0f} MB | {rss / size:.2f} | {answer['seconds']:.2f} s | "
+            f"{wall - answer['seconds']:+.2f} s | "
+            f"{wall / answer['seconds']:.2f} | "
+            f"{'yes' if same else 'NO'} ({_digest(answer['text'])}) |",
+            flush=True)
+      if pair == 0:
+        print(f"<!-- the command said: {said} -->", flush=True)
   library.stdin.close()
   library.wait()
+
+
+def _stop_children_in(folder: str):
+  """Stops the processes working in `folder` (the detached child a cold run
+  started there: its working directory is the cache's) and waits for
+  them."""
+  import signal  # pylint: disable=g-import-not-at-top
+  stopped = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+      continue
+    if cwd == folder or cwd.startswith(folder + os.sep):
+      with contextlib.suppress(OSError):
+        os.kill(int(pid), signal.SIGKILL)
+        stopped.append(pid)
+  while any(os.path.exists(f"/proc/{pid}") for pid in stopped):
+    time.sleep(0.1)
+  return len(stopped)
+
+
+def _cold():
+  size = os.path.getsize(_MODEL.value) / 2**20
+  trees = _TREES.value or [None]
+  print(f"model {size:.0f} MB; {_NUM_STEPS.value} tokens after "
+        f"{_PROMPT.value!r}, temperature {_TEMPERATURE.value}, seed "
+        f"{_SEED.value}; a fresh cache folder each run")
+  print("| pair | tree | load | cold CLI (whole process) | peak RSS "
+        "| x file | children stopped | text |")
+  print("|---|---|---|---|---|---|---|---|")
+  with tempfile.TemporaryDirectory(prefix="warm_cli_cold_") as tmp:
+    for pair in range(_PAIRS.value):
+      for n, tree in enumerate(_turned(trees, pair)):
+        folder = os.path.realpath(os.path.join(tmp, f"{pair}-{n}"))
+        load = _load()
+        wall, rss, text, said = _cli_once(tree, folder)
+        stopped = _stop_children_in(folder)
+        print(f"| {pair + 1} | {tree or '-'} | {load} | {wall:.2f} s | "
+              f"{rss:.0f} MB | {rss / size:.2f} | {stopped} | "
+              f"{_digest(text)} |", flush=True)
+        if pair == 0:
+          print(f"<!-- the command said: {said} -->", flush=True)
 
 
 def _runs():
@@ -165,10 +240,8 @@ def _runs():
         cache.key(os.path.abspath(_MODEL.value), cache.runtime_version()))
     manifest, path, packed = (artifact.manifest, artifact.path,
                               artifact.weight_cache)
-  with open(path, "rb") as f:
-    flatbuffer = f.read()
   tokens = cache.tokens_of(manifest)
-  print(f"artifact {len(flatbuffer) / 2**20:.0f} MB; {_NUM_STEPS.value} "
+  print(f"artifact {os.path.getsize(path) / 2**20:.0f} MB; {_NUM_STEPS.value} "
         f"tokens after {_PROMPT.value!r}, temperature {_TEMPERATURE.value}")
   print("| round | kernels | threads | load | seconds | CPU seconds | "
         "peak RSS so far | text |")
@@ -182,7 +255,7 @@ def _runs():
       load = _load()
       start, cpu = time.perf_counter(), time.process_time()
       text, = runner.run_artifact(
-          path if kernels == "packed" else flatbuffer, manifest["vocab"],
+          path, manifest["vocab"],  # Its file: each way maps what it reads.
           [_PROMPT.value], _NUM_STEPS.value, seed=_SEED.value, tokens=tokens,
           builtin_kernels=kernels == "builtin",
           weight_cache=packed if kernels == "packed" else None,
@@ -195,7 +268,7 @@ def _runs():
 
 
 def main(argv):
-  sections = {"cli": _cli, "runs": _runs}
+  sections = {"cli": _cli, "cold": _cold, "runs": _runs}
   if len(argv) != 2 or argv[1] not in sections:
     raise app.UsageError(f"one section: {' or '.join(sections)}")
   sections[argv[1]]()
