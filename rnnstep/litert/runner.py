@@ -59,8 +59,9 @@ def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
       (`pack_weights`' file, for the same flatbuffer): the artifact, given
       by its path, runs on XNNPACK through LiteRT's `CompiledModel`, its
       weights mapped from that file (`builtin_kernels` is not used).
-    num_threads: the runtime's threads; None: one (LiteRT's default). One
-      was faster on 2 vCPUs shared with other work, and the builtin
+    num_threads: the runtime's threads; None: one (LiteRT's default, what
+      the command runs: on 2 shared vCPUs two were not reliably faster,
+      benchmarks/results/warm-cli-epyc-zen4-2026-12.md), and the builtin
       kernels ran on one thread whatever the number.
     **values: decoding options by name (`ARTIFACT_OPTIONS`; per-row ones
       one value or a list with one per prompt).
