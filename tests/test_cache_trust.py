@@ -63,20 +63,30 @@ def flip_a_byte(path, offset=0):
     f.write(bytes([byte[0] ^ 1]))
 
 
-def plant(the_key, size=1000, vocab=("a", "b")):
+def plant(the_key, size=1000, vocab=("a", "b"), packed=0):
   """A valid-looking entry for `the_key` (its flatbuffer bytes never run),
-  written as `fill` writes one, then pruned to the cap as `fill` does."""
+  written as `fill` writes one, then pruned to the cap as `fill` does;
+  with `packed` bytes of packed weights (`runner.pack_weights`' file)."""
   flatbuffer = os.urandom(size)
   base = compiled_cache.entry_base(the_key)
   os.makedirs(os.path.dirname(base), mode=0o700, exist_ok=True)
   with open(base + ".tflite", "wb") as f:
     f.write(flatbuffer)
+  manifest = {"format": compiled_cache.FORMAT,
+              "version": compiled_cache.VERSION, "key": the_key,
+              "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
+              "tflite_bytes": size, "vocab": list(vocab), "tokens": None}
+  suffixes = [".json", ".tflite"]
+  if packed:
+    weights = os.urandom(packed)
+    with open(base + compiled_cache.PACKED_SUFFIX, "wb") as f:
+      f.write(weights)
+    manifest.update(xnnpack_sha256=hashlib.sha256(weights).hexdigest(),
+                    xnnpack_bytes=packed)
+    suffixes.append(compiled_cache.PACKED_SUFFIX)
   with open(base + ".json", "w", encoding="utf-8") as f:
-    json.dump({"format": compiled_cache.FORMAT,
-               "version": compiled_cache.VERSION, "key": the_key,
-               "tflite_sha256": hashlib.sha256(flatbuffer).hexdigest(),
-               "tflite_bytes": size, "vocab": list(vocab), "tokens": None}, f)
-  for suffix in (".json", ".tflite"):
+    json.dump(manifest, f)
+  for suffix in suffixes:
     os.chmod(base + suffix, 0o600)
   if hasattr(compiled_cache, "prune"):
     compiled_cache.prune()
@@ -205,6 +215,31 @@ def test_a_remembered_digest_still_sees_one_changed_byte(cache, weights,
   assert compiled_cache.key(weights, RUNTIME) != before
 
 
+@pytest.mark.parametrize("suffix", [".tflite", ".xnnpack"])
+def test_a_remembered_entry_digest_still_sees_one_changed_byte(
+    cache, suffix, monkeypatch):
+  """A warm run does not hash an entry's files again while their stat is
+  the one their digest was taken with; a changed byte (its mtime restored)
+  is still a miss."""
+  monkeypatch.setattr(compiled_cache, "_RACY_SECONDS", -1.0)  # As above.
+  base = plant(fake_key(1), packed=100)
+  compiled_cache.open_entry(fake_key(1)).close()
+  with open(os.path.join(compiled_cache.directory(),
+                         compiled_cache.DIGESTS_FILE), encoding="utf-8") as f:
+    assert base + suffix in json.load(f)
+  hashed = []
+  with monkeypatch.context() as patch:
+    patch.setattr(compiled_cache, "_stream_sha256",
+                  lambda f: hashed.append(f.name) or "0" * 64)
+    compiled_cache.open_entry(fake_key(1)).close()  # Remembered: no hash.
+  assert hashed == []
+  old = os.stat(base + suffix)
+  flip_a_byte(base + suffix, 50)
+  os.utime(base + suffix, ns=(old.st_atime_ns, old.st_mtime_ns))
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
+
+
 def test_a_digests_file_others_can_write_is_ignored(cache, weights):
   folder = compiled_cache.ensure_directory()
   st = os.stat(weights)
@@ -259,6 +294,46 @@ def test_the_default_cap_keeps_twice_the_largest_artifact(cache):
     f.truncate(400 << 20)  # Sparse: no disk written.
   assert compiled_cache.max_bytes() == 800 << 20
   assert compiled_cache.max_bytes(100 << 20) == 800 << 20
+
+
+# `write_entry`'s packing child (`compiled_cache._PACK_CHILD`'s argv: the
+# flatbuffer, then the file to write), made up: 600 kB of packed weights, or
+# half a file and a failure.
+PACKS = {"made": "import sys; open(sys.argv[3], 'wb').write(bytes(600_000))",
+         "failed": ("import sys; open(sys.argv[3], 'wb').write(b'half'); "
+                    "sys.exit(1)")}
+
+
+@pytest.mark.parametrize("pack, cap_mb, kept", [
+    ("made", None, True), ("made", "2", True), ("made", "1", False),
+    ("failed", None, False)])
+def test_packed_weights_are_kept_whole_and_under_the_cap(cache, monkeypatch,
+                                                         pack, cap_mb, kept):
+  """A large artifact's weights packed for XNNPACK are kept (0600, in the
+  manifest, run) only where the child made them and the entry stays under
+  an explicit cap (1 MB holds the 600 kB flatbuffer, not both; the default
+  cap grows to twice the entry); otherwise the entry is its flatbuffer
+  alone, valid, and no file of the packing is left."""
+  monkeypatch.setattr(compiled_cache.runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
+  monkeypatch.setattr(compiled_cache, "_PACK_CHILD", PACKS[pack])
+  if cap_mb:
+    monkeypatch.setenv(compiled_cache.MAX_MB_ENV, cap_mb)
+  compiled_cache.ensure_directory()
+  compiled_cache.write_entry(fake_key(1), flatbuffer=os.urandom(600_000),
+                             vocab=["a", "b"], pack=True)
+  base = compiled_cache.entry_base(fake_key(1))
+  with compiled_cache.open_entry(fake_key(1)) as artifact:
+    assert (artifact.weight_cache is not None) == kept
+    assert ("xnnpack_sha256" in artifact.manifest) == kept
+  assert os.path.exists(base + compiled_cache.PACKED_SUFFIX) == kept
+  assert not [name for name in os.listdir(os.path.dirname(base))
+              if name.endswith(".tmp")]
+  if kept:
+    packed = os.stat(base + compiled_cache.PACKED_SUFFIX)
+    assert stat.S_IMODE(packed.st_mode) == 0o600
+    if not cap_mb:  # The default cap counts the packed weights (sparse).
+      os.truncate(base + compiled_cache.PACKED_SUFFIX, 300 << 20)
+      assert compiled_cache.max_bytes() == 2 * (600_000 + (300 << 20))
 
 
 def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
@@ -403,14 +478,40 @@ def test_cache_folders_are_private(cache):
     assert stat.S_IMODE(os.stat(base + suffix).st_mode) & 0o077 == 0
 
 
-@pytest.mark.parametrize("target", [".json", ".tflite", "folder"])
+@pytest.mark.parametrize("target", [".json", ".tflite", ".xnnpack", "folder"])
 def test_an_entry_others_can_write_is_ignored(cache, target):
-  base = plant(fake_key(1))
+  base = plant(fake_key(1), packed=100)
   compiled_cache.lookup(fake_key(1))
   path = os.path.dirname(base) if target == "folder" else base + target
   os.chmod(path, os.stat(path).st_mode | 0o022)
   with pytest.raises(compiled_cache.Miss, match="writable by others"):
     compiled_cache.lookup(fake_key(1))
+
+
+@pytest.mark.parametrize("suffix", [".tflite", ".xnnpack"])
+def test_an_entry_s_files_are_checked_through_the_files_it_runs(cache,
+                                                                suffix):
+  """`open_entry` checks the flatbuffer and its packed weights (size and
+  sha256) and hands the runtime paths to the files it checked (Linux:
+  /proc/self/fd/N), so a file put in their place afterwards is not run."""
+  base = plant(fake_key(1), packed=100)
+  with open(base + suffix, "rb") as f:
+    checked = f.read()
+  with compiled_cache.open_entry(fake_key(1)) as artifact:
+    path = {".tflite": artifact.path,
+            ".xnnpack": artifact.weight_cache}[suffix]
+    os.replace(plant(fake_key(2), packed=100) + suffix, base + suffix)
+    with open(path, "rb") as f:
+      assert f.read() == checked or os.name != "posix"
+  plant(fake_key(1), packed=100)
+  compiled_cache.open_entry(fake_key(1)).close()
+  flip_a_byte(base + suffix, 50)
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
+  with open(base + suffix, "r+b") as f:
+    f.truncate(99)
+  with pytest.raises(compiled_cache.Miss, match="sha256"):
+    compiled_cache.open_entry(fake_key(1))
 
 
 def test_an_entry_another_user_owns_is_ignored(cache, monkeypatch):
@@ -427,9 +528,9 @@ def test_an_entry_another_user_owns_is_ignored(cache, monkeypatch):
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0,
                     reason="os.chown to another user needs root")
-@pytest.mark.parametrize("target", [".json", ".tflite"])
+@pytest.mark.parametrize("target", [".json", ".tflite", ".xnnpack"])
 def test_an_entry_chowned_to_another_user_is_ignored(cache, target):
-  base = plant(fake_key(1))
+  base = plant(fake_key(1), packed=100)
   os.chown(base + target, 12345, -1)
   with pytest.raises(compiled_cache.Miss, match="owned by another user"):
     compiled_cache.lookup(fake_key(1))

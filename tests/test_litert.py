@@ -21,6 +21,7 @@ from tests.support.tiers import quick_params
 import rnnstep
 from rnnstep.decoding import sampling
 from rnnstep.litert import export as litert
+from rnnstep.litert import runner as litert_runner
 from rnnstep.model import model_file
 
 # Quick tier (-m "not slow") leaves this file out: LiteRT exports of every
@@ -39,6 +40,10 @@ STACKS = {
     "simple_rnn": [kr.layer("simple_rnn", 20)],
     "lstm_then_gru": [kr.layer("lstm", 16), kr.layer("gru", 12, False)],
 }
+# Wide enough that XNNPACK splits a product's output channels across
+# threads (the stacks above are too narrow to be split).
+WIDE_STACK = "wide_gru"
+STACK_LAYERS = dict(STACKS, **{WIDE_STACK: [kr.layer("gru", 256, True)]})
 PROMPTS = ["ROMEO: ", "A", "THE KING'S SPEECH"]  # Mixed lengths: padded rows.
 STEPS = 30
 
@@ -52,7 +57,7 @@ def models(name):
   with a raised bias, so that it is often the argmax: the export must never
   generate it.
   """
-  layers = STACKS[name]
+  layers = STACK_LAYERS[name]
   keras_model = kr.build(layers, vocab_size=66, seed=7)
   embedding, *recurrent, dense = keras_model.layers[1:]
   embedding.set_weights([embedding.get_weights()[0] * 40])
@@ -147,6 +152,33 @@ def test_each_row_of_a_mixed_batch_equals_its_prompt_alone(name):
 def test_zero_steps_give_an_empty_row_each(name):
   _, model, flatbuffer = exported(name)
   assert run(flatbuffer, model, PROMPTS, 0) == ["", "", ""]
+
+
+def test_every_kernel_set_on_two_threads_gives_the_library_s_text(tmp_path):
+  """rnnstep-generate's warm path runs an artifact on LiteRT's builtin
+  kernels, the interpreter's XNNPACK delegate, or XNNPACK on weights packed
+  into a file once (`runner.pack_weights`, the cache's large artifacts): on
+  one thread and on two, each gives the library's greedy and seeded text
+  (threads split a product's output channels, never its sums)."""
+  _, model, flatbuffer = exported(WIDE_STACK)
+  path = str(tmp_path / "model.tflite")
+  with open(path, "wb") as f:
+    f.write(flatbuffer)
+  packed = str(tmp_path / "model.xnnpack")
+  litert_runner.pack_weights(path, packed)
+  ways = {"builtin": dict(flatbuffer=flatbuffer, builtin_kernels=True),
+          "xnnpack": dict(flatbuffer=flatbuffer, builtin_kernels=False),
+          "packed": dict(flatbuffer=path, weight_cache=packed)}
+  for options in (dict(temperature=0.0), dict(temperature=0.8, seed=5)):
+    want = rnnstep.generate(model, PROMPTS, STEPS, jit_compile=False,
+                            **options)
+    for threads in (1, 2):
+      for way, how in ways.items():
+        got = litert_runner.run_artifact(
+            vocab=list(model.vocab), prompts=PROMPTS, num_steps=STEPS,
+            num_threads=threads, **how, **dict(options,
+                                               seed=options.get("seed", 0)))
+        assert got == want, (way, threads, options)
 
 
 def test_the_flatbuffer_holds_builtin_ops_only():

@@ -537,7 +537,8 @@ def deep_pth_model(tmp_path_factory):
 @pytest.mark.parametrize("which", quick_params(["preset", "pth", "12 blocks"],
                                                "preset", "12 blocks"))
 def test_litert_artifact_gives_the_library_s_text(which, preset_model,
-                                                  pth_model, deep_pth_model):
+                                                  pth_model, deep_pth_model,
+                                                  tmp_path):
   """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
   built with numpy), gives `generate`'s greedy, sampled and beam text
   (the converter once dropped the feed-forward's ReLU: `_squared_relu`),
@@ -551,6 +552,15 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
   model = {"preset": preset_model, "pth": pth_model,
            "12 blocks": deep_pth_model}[which]
   flatbuffer = litert.convert(model)
+  path, packed = str(tmp_path / "m.tflite"), str(tmp_path / "m.xnnpack")
+  with open(path, "wb") as f:
+    f.write(flatbuffer)
+  litert_runner.pack_weights(path, packed)
+  # XNNPACK's kernels (small artifacts), the builtin ones, and XNNPACK on
+  # weights packed once into a file (large artifacts in the cache).
+  ways = {"xnnpack": dict(flatbuffer=flatbuffer, builtin_kernels=False),
+          "builtin": dict(flatbuffer=flatbuffer, builtin_kernels=True),
+          "packed": dict(flatbuffer=path, weight_cache=packed)}
   for case, options in LITERT_CASES.items():
     beams = options.get("num_beams", 1)
     want = rnnstep.generate(model, LITERT_PROMPTS, 30, jit_compile=False,
@@ -558,24 +568,27 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
                                if beams > 1 else options))
     if beams > 1:
       want = [text for texts in want for text in texts]
-    # XNNPACK's kernels (small artifacts) and the builtin ones (large).
-    for builtin_kernels in (False, True):
+    for way, how in ways.items():
       got = litert_runner.run_artifact(
-          flatbuffer, list(model.vocab), LITERT_PROMPTS, 30,
-          tokens=model.tokens, builtin_kernels=builtin_kernels,
+          vocab=list(model.vocab), prompts=LITERT_PROMPTS, num_steps=30,
+          tokens=model.tokens, **how,
           **dict(options, seed=options.get("seed", 0)))
-      assert got == want, (case, builtin_kernels)
+      assert got == want, (case, way)
 
 
 @pytest.mark.slow  # A LiteRT conversion and a fresh process.
 def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
                                               monkeypatch):
   """rnnstep-generate on an RWKV-7 model file: the cache's fill (a cold
-  run's child's work, here in process) builds the artifact, and a warm run
-  prints `generate`'s text from it, TensorFlow never imported."""
+  run's child's work, here in process) builds the artifact and, as for an
+  artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), its
+  weights packed for XNNPACK; a warm run prints `generate`'s text from
+  them, TensorFlow never imported, and one whose packed weights were cut
+  short prints it from TensorFlow's path."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
   from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
   cache = tmp_path / "cache"
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
@@ -588,7 +601,10 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
   os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
   os.chmod(cache, 0o700)
+  monkeypatch.setattr(litert_runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
   assert compiled_cache.fill(weights, the_key) == "built"
+  with compiled_cache.open_entry(the_key) as artifact:
+    assert artifact.weight_cache is not None
   warm = fast.cli(cache, args, importtime=True)
   assert warm.returncode == 0, warm.stderr[-3000:]
   assert warm.stdout == want
@@ -596,6 +612,18 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
               if line.startswith("import time:")]
   assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
+  # Packed weights cut short are never run (XNNPACK would read them, or
+  # rebuild them in place): the run takes TensorFlow's path, the same text,
+  # and its child rebuilds the entry.
+  packed = compiled_cache.entry_base(the_key) + compiled_cache.PACKED_SUFFIX
+  os.truncate(packed, os.path.getsize(packed) // 2)
+  cold = fast.cli(cache, args)
+  assert cold.returncode == 0, cold.stderr[-3000:]
+  assert cold.stdout == want
+  line = fast.verbose_line(cold)
+  assert "TensorFlow path: packed-weights file does not match" in line
+  assert "building the compiled artifact in the background" in line
+  fast.wait_for_valid_entry(cache, the_key, monkeypatch)
 
 
 @pytest.mark.slow

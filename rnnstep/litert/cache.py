@@ -27,6 +27,10 @@ both folders made 0700), one per key, named by the key's sha256:
                 model recording a window), {"unsupported": reason}; or, for
                 an export that failed, {"failed": reason}. Neither is
                 retried until the key changes (`--cache_clear` forgets them).
+  NAME.xnnpack  an artifact past `runner.BUILTIN_KERNELS_FROM_BYTES`: its
+                weights packed for XNNPACK (`runner.pack_weights`, by the
+                child after the export; its sha256 and size in the
+                manifest), which each run maps instead of packing a copy
   NAME.lock     held (flock) by the child that builds the entry, removed by
                 it when done
 
@@ -48,21 +52,26 @@ most `max_bytes` ($RNNSTEP_CACHE_MAX_MB, else the larger of
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
-Nothing here is trusted: `lookup` ignores an entry (and the folder) owned by
-another user or writable by group or others (on a shared $RNNSTEP_CACHE_DIR
-anyone could otherwise plant an artifact: the manifest's sha256 proves
-integrity, not origin), reads the manifest (JSON only, size-capped), checks
-its key, reads the flatbuffer and checks its sha256 against the manifest
-before the interpreter sees a byte; anything missing, corrupt or stale is a
-miss, and the next cold run rebuilds it. Writes are atomic
-(`staging.staged_path`: temp file + os.replace, mode 0600), flatbuffer first
-and manifest last, so a reader never sees a manifest whose artifact is not
-complete; two children filling one entry are serialised by the lock (the
-second one exits), and the export is reproducible (the same bytes from a
-fresh process), so even last-writer-wins would leave identical content. The
-child runs isolated (`python -I`, its working directory the cache folder,
-its sys.path the parent's less the working directory), so a stray
-`numpy.py` where the user ran the command is not imported.
+Nothing here is trusted: `open_entry` (and `lookup`) ignores an entry (and
+the folder) owned by another user or writable by group or others (on a
+shared $RNNSTEP_CACHE_DIR anyone could otherwise plant an artifact: the
+manifest's sha256 proves integrity, not origin), reads the manifest (JSON
+only, size-capped), checks its key, opens the flatbuffer (and its packed
+weights) and checks its size and sha256 against the manifest through the
+open file before the runtime sees a byte, and the runtime reads that open
+file (/proc/self/fd/N); anything missing, corrupt or stale is a miss, and
+the next cold run rebuilds it. The sha256 is remembered by the file's stat
+as the key's are (`_Digests`: any write changes the ctime, so one changed
+byte is still seen) and not taken again while that stat holds. Writes are
+atomic (`staging.staged_path`: temp file + os.replace, mode 0600),
+flatbuffer and packed weights first and manifest last, so a reader never
+sees a manifest whose artifact is not complete; two children filling one
+entry are serialised by the lock (the second one exits), and the export
+is reproducible (the same bytes from a fresh process), so even
+last-writer-wins would leave identical content. The child runs isolated
+(`python -I`, its working directory the cache folder, its sys.path the
+parent's less the working directory), so a stray `numpy.py` where the
+user ran the command is not imported.
 
 This module imports neither TensorFlow nor the interpreter at module level:
 the fast path (`runner.run_artifact`) imports `ai_edge_litert` and
@@ -114,7 +123,9 @@ TEXTGENRNN_SIDECARS = ("_vocab.json", "_config.json")
 # A TF checkpoint's files (`convert.tf_checkpoint.is_checkpoint_file`).
 _CHECKPOINT_FILE = re.compile(r"\.index$|\.data-\d+-of-\d+$")
 # An entry's files: the key's sha256 (40 hex digits) and a suffix.
-_ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|lock)$")
+_ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|xnnpack|lock)$")
+# The suffix of an entry's weights packed for XNNPACK (`runner.pack_weights`).
+PACKED_SUFFIX = ".xnnpack"
 # Temp files older than this are left by a killed writer.
 _STALE_TEMP_SECONDS = 3600
 _CHUNK = 1 << 20
@@ -145,10 +156,15 @@ class Miss(Exception):
 
 
 def file_sha256(path) -> str:
-  digest = hashlib.sha256()
   with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(_CHUNK), b""):
-      digest.update(chunk)
+    return _stream_sha256(f)
+
+
+def _stream_sha256(f) -> str:
+  """The sha256 of what is left to read of the open file `f`."""
+  digest = hashlib.sha256()
+  for chunk in iter(lambda: f.read(_CHUNK), b""):
+    digest.update(chunk)
   return digest.hexdigest()
 
 
@@ -364,6 +380,9 @@ def read_manifest(base: str, the_key: dict) -> dict:
   vocab = manifest.get("vocab")
   if (not isinstance(manifest.get("tflite_sha256"), str)
       or not isinstance(manifest.get("tflite_bytes"), int)
+      or ("xnnpack_sha256" in manifest
+          and (not isinstance(manifest["xnnpack_sha256"], str)
+               or not isinstance(manifest.get("xnnpack_bytes"), int)))
       or not isinstance(vocab, list) or not vocab
       or not all(isinstance(c, str) for c in vocab)
       or not isinstance(manifest.get("tokens"), (str, type(None)))):
@@ -375,13 +394,15 @@ class _Digests:
   """sha256 of files, remembered by their stat in `litert/digests.json`.
 
   A warm run keys on ~75 source files and the model's files: reading and
-  hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3. A
-  remembered digest is used only while the file's size, mtime, ctime,
-  inode and device are those it was taken with; a write changes the ctime
-  (which no user call can set back), and a file modified within
-  `_RACY_SECONDS` of hashing is not remembered, so one changed byte is
-  always seen. The file is trusted as an entry is (owner, mode) and written
-  atomically; a lost update only costs a re-hash.
+  hashing them all costs it ~15 ms of its ~0.25 s on a 2-vCPU Zen 3; it
+  checks its entry's flatbuffer and packed weights too (`open_entry`: 1.3
+  GB at the 0.1B RWKV-7, ~0.6 s of hashing a run). A remembered digest
+  is used only while the file's size, mtime, ctime, inode and device are
+  those it was taken with; a write changes the ctime (which no user call
+  can set back), and a file modified within `_RACY_SECONDS` of hashing is
+  not remembered, so one changed byte is always seen. The file is trusted
+  as an entry is (owner, mode) and written atomically; a lost update only
+  costs a re-hash.
   """
 
   def __init__(self):
@@ -394,14 +415,19 @@ class _Digests:
       if isinstance(data, dict):
         self.known = data
 
-  def sha256(self, path: str) -> str:
-    st = os.stat(path)
+  def sha256(self, path: str, f=None) -> str:
+    """`path`'s sha256; with `f`, the file open there, stat and read
+    through `f` (the file checked is the file used)."""
+    st = os.fstat(f.fileno()) if f else os.stat(path)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     found = self.known.get(path)
     if (isinstance(found, list) and len(found) == 2 and found[0] == stamp
         and isinstance(found[1], str)):
       return found[1]
-    digest = file_sha256(path)
+    if f is None:
+      digest = file_sha256(path)
+    else:
+      digest = _stream_sha256(f)
     newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
     if time.time() - newest > _RACY_SECONDS:
       self.added[path] = [stamp, digest]
@@ -447,25 +473,107 @@ def enabled() -> bool:
 
 
 def lookup(the_key: dict) -> Tuple[bytes, dict]:
-  """(flatbuffer bytes, manifest) of a valid entry; raises Miss.
+  """(flatbuffer bytes, manifest) of a valid entry (`open_entry`'s);
+  raises Miss."""
+  with open_entry(the_key) as artifact:
+    return artifact.read(), artifact.manifest
 
-  A hit marks the entry used (its manifest's mtime), for the cap's LRU.
+
+class Artifact:
+  """A valid entry's files, open and checked (`open_entry`).
+
+  `path` (and `weight_cache`) name the files that were checked, not what
+  their names hold by the time the runtime opens them (/proc/self/fd/N
+  where the system has it). `close`, or a `with` block, releases them.
+
+  Attributes:
+    manifest: the entry's manifest.
+    path: the flatbuffer's.
+    weight_cache: its weights packed for XNNPACK (`runner.pack_weights`),
+      or None where the entry has none.
+  """
+
+  def __init__(self, manifest: dict, flatbuffer, packed=None):
+    self.manifest = manifest
+    self._files = [f for f in (flatbuffer, packed) if f is not None]
+    self.path = _path_of(flatbuffer)
+    self.weight_cache = None if packed is None else _path_of(packed)
+
+  def read(self) -> bytes:
+    """The flatbuffer's bytes."""
+    self._files[0].seek(0)
+    return self._files[0].read()
+
+  def close(self):
+    for f in self._files:
+      f.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.close()
+
+
+def open_entry(the_key: dict) -> Artifact:
+  """The valid entry for `the_key`, its files checked and left open; raises
+  Miss.
+
+  The flatbuffer and its packed weights are each opened once, checked
+  (owner and mode, then size and sha256 against the manifest) through that
+  open file, and run through it. A hit marks the entry used (its
+  manifest's mtime), for the cap's LRU.
   """
   base = entry_base(the_key)
   _check_directory(os.path.dirname(base))
   manifest = read_manifest(base, the_key)
-  try:
-    flatbuffer = _read_trusted(base + ".tflite", manifest["tflite_bytes"],
-                               "the compiled artifact")
-  except OSError as e:
-    raise Miss(f"compiled artifact unreadable ({e.strerror or e})") from None
-  if (len(flatbuffer) != manifest["tflite_bytes"]
-      or hashlib.sha256(flatbuffer).hexdigest() != manifest["tflite_sha256"]):
-    raise Miss("compiled artifact does not match its manifest's sha256 "
-               "(corrupt or truncated)")
+  digests = _Digests()
+  flatbuffer = _open_checked(base + ".tflite", manifest["tflite_bytes"],
+                             manifest["tflite_sha256"], "compiled artifact",
+                             digests)
+  packed = None
+  if "xnnpack_sha256" in manifest:
+    try:
+      packed = _open_checked(base + PACKED_SUFFIX, manifest["xnnpack_bytes"],
+                             manifest["xnnpack_sha256"], "packed-weights file",
+                             digests)
+    except BaseException:
+      flatbuffer.close()
+      raise
+  digests.save()
   with contextlib.suppress(OSError):
     os.utime(base + ".json")
-  return flatbuffer, manifest
+  return Artifact(manifest, flatbuffer, packed)
+
+
+def _open_checked(path: str, size: int, sha256: str, what: str, digests):
+  """`path` open for reading, once its owner and mode pass and its bytes
+  are `size` long with this sha256 (the `_Digests`' remembered one while
+  the open file's stat is the one it was taken with); raises Miss."""
+  try:
+    f = open(path, "rb")  # pylint: disable=consider-using-with
+  except OSError as e:
+    raise Miss(f"{what} unreadable ({e.strerror or e})") from None
+  try:
+    st = os.fstat(f.fileno())
+    _check_trusted(st, f"the {what}")
+    if st.st_size != size or digests.sha256(path, f) != sha256:
+      raise Miss(f"{what} does not match its manifest's sha256 (corrupt "
+                 "or truncated)")
+  except OSError as e:
+    f.close()
+    raise Miss(f"{what} unreadable ({e.strerror or e})") from None
+  except BaseException:
+    f.close()
+    raise
+  return f
+
+
+def _path_of(f) -> str:
+  """A path that opens the file `f` has open, whatever its name holds now
+  (Linux's /proc/self/fd), else its name."""
+  fd_path = f"/proc/self/fd/{f.fileno()}"
+  return fd_path if os.path.exists(fd_path) else f.name
 
 
 def child_path() -> List[str]:
@@ -632,7 +740,7 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
                 f"exceed the cache's cap ({MAX_MB_ENV}={cap >> 20})"}
   if model_digest(model_path) != the_key["model"]:
     return "model file changed"
-  write_entry(the_key, model_path=model_path, **fields)
+  write_entry(the_key, model_path=model_path, pack=True, **fields)
   return ("unsupported" if "unsupported" in fields
           else "failed" if "failed" in fields else "built")
 
@@ -666,21 +774,65 @@ def max_bytes(admitting: int = 0) -> int:
 
   $RNNSTEP_CACHE_MAX_MB where set (`tuning_cache.max_bytes`). Otherwise it
   follows the models its user runs: the larger of the default
-  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest artifact,
-  one kept or the `admitting` bytes about to be, so that the largest model
-  and another of its size stay (the 0.1B RWKV-7's artifact alone is 766
-  MB). The memory converting needs (`size_refusal`) bounds what is built.
+  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest entry's
+  flatbuffer and packed weights, one kept or the `admitting` bytes about to
+  be, so that the largest model and another of its size stay (the 0.1B
+  RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The
+  memory converting needs (`size_refusal`) bounds what is built; packed
+  weights that would take an entry past an explicit cap are not kept
+  (`_packed_weights`).
   """
   if MAX_MB_ENV in os.environ:
     return tuning_cache.max_bytes()
-  largest = admitting
+  sizes = collections.Counter()  # An entry's flatbuffer and packed weights.
   with contextlib.suppress(OSError):
     folder = directory()
     for name in os.listdir(folder):
-      if name.endswith(".tflite") and _ENTRY_FILE.match(name):
+      match = _ENTRY_FILE.match(name)
+      if match and match.group(2) in ("tflite", PACKED_SUFFIX[1:]):
         with contextlib.suppress(OSError):
-          largest = max(largest, os.path.getsize(os.path.join(folder, name)))
+          sizes[match.group(1)] += os.path.getsize(os.path.join(folder, name))
+  largest = max([admitting, *sizes.values()])
   return max(tuning_cache.max_bytes(), 2 * largest)
+
+
+# `_packed_weights`' child: packs the flatbuffer at argv[1] into argv[2]
+# (it imports ai_edge_litert only, where the fill has TensorFlow).
+_PACK_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
+               "from rnnstep.litert import runner; "
+               "runner.pack_weights(*sys.argv[1:])")
+
+
+def _packed_weights(base: str, flatbuffer_bytes: int) -> dict:
+  """Packs the entry's flatbuffer's weights for XNNPACK into
+  `base`.xnnpack (atomically, 0600; `runner.pack_weights` in a child) and
+  returns the manifest's fields for it: none where packing failed or the
+  entry would then pass an explicit cap (the artifact then runs on
+  LiteRT's builtin kernels)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    with staging.staged_path(base + PACKED_SUFFIX, mode=0o600) as tmp:
+      os.unlink(tmp)  # LiteRT writes a file of its own there.
+      child = subprocess.run(
+          [sys.executable, "-I", "-c", _PACK_CHILD, json.dumps(child_path()),
+           base + ".tflite", tmp],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+          stderr=subprocess.DEVNULL, cwd=os.path.dirname(base), check=False)
+      if child.returncode or not os.path.isfile(tmp):
+        raise OSError(f"packing exited {child.returncode}")
+      packed_bytes = os.path.getsize(tmp)
+      entry_bytes = flatbuffer_bytes + packed_bytes
+      # `_fill_locked` admitted the flatbuffer alone; only an explicit cap
+      # can be below the two (the default one is twice the largest entry).
+      if entry_bytes > max_bytes(entry_bytes):
+        raise OSError("the packed weights would pass the cache's cap")
+      # Hashed before the rename: the digest is of the bytes the child
+      # wrote, whatever the entry's name holds later.
+      fields = {"xnnpack_sha256": file_sha256(tmp),
+                "xnnpack_bytes": packed_bytes}
+  except OSError:  # The temp file is gone (`staged_path`).
+    return {}
+  return fields
 
 
 def _megabytes(n: int) -> str:
@@ -695,9 +847,14 @@ def _one_line(error: BaseException) -> str:
 def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
                 vocab=None, tokens: Optional[str] = None,
                 unsupported: Optional[str] = None,
-                failed: Optional[str] = None, model_path: str = ""):
+                failed: Optional[str] = None, model_path: str = "",
+                pack: bool = False):
   """Writes an entry (flatbuffer first, manifest last, each atomically and
-  0600), then trims the cache to its cap (`prune`)."""
+  0600), then trims the cache to its cap (`prune`).
+
+  With `pack`, a flatbuffer past `runner.BUILTIN_KERNELS_FROM_BYTES` gets
+  its weights packed for XNNPACK (`_packed_weights`) before the manifest.
+  """
   base = entry_base(the_key)
   manifest = {"format": FORMAT, "version": VERSION, "key": the_key,
               "model_path": model_path}
@@ -712,6 +869,10 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
     manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
                     tflite_bytes=len(flatbuffer), vocab=list(vocab),
                     tokens=tokens)
+    with contextlib.suppress(OSError):
+      os.unlink(base + PACKED_SUFFIX)  # An earlier build's.
+    if pack and len(flatbuffer) > runner.BUILTIN_KERNELS_FROM_BYTES:
+      manifest.update(_packed_weights(base, len(flatbuffer)))
   with staging.staged_path(base + ".json", mode=0o600) as tmp:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(manifest, f, ensure_ascii=False, sort_keys=True)
@@ -739,7 +900,7 @@ def entries() -> List[Entry]:
       continue
     base = os.path.join(folder, match.group(1))
     size = 0
-    for suffix in (".json", ".tflite"):
+    for suffix in (".json", ".tflite", PACKED_SUFFIX):
       with contextlib.suppress(OSError):
         size += os.path.getsize(base + suffix)
     try:
@@ -758,7 +919,7 @@ def entries() -> List[Entry]:
 
 
 def _remove(base: str):
-  for suffix in (".json", ".tflite", ".lock"):
+  for suffix in (".json", ".tflite", PACKED_SUFFIX, ".lock"):
     with contextlib.suppress(OSError):
       os.unlink(base + suffix)
 

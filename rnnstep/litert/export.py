@@ -181,6 +181,11 @@ class GenerateModule(tf.Module):
               tf.reshape(best.lengths, [rows_out]))
 
     ids, lengths = tf.cond(num_beams > 1, beam_search, sample)
+    # An output made by a control-flow op (the cond's IF) never reaches the
+    # caller's buffers in LiteRT's CompiledModel (`runner.pack_weights`'
+    # path), which reallocates it: lengths leave through an op of their own
+    # (they are at most `steps` already).
+    lengths = tf.minimum(lengths, steps)
     ids = tf.where(tf.range(steps)[None, :] < lengths[:, None], ids, 0)
     return {"ids": ids, "lengths": lengths}
 

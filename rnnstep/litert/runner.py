@@ -10,6 +10,8 @@ flatbuffer per model and keys it on `EXPORT_OPTIONS`. The interpreter is
 imported on first use.
 """
 
+import os
+
 from rnnstep.litert import inputs as litert_inputs
 
 # The export's options: what `rnnstep.litert.export.convert` is asked for and the
@@ -20,20 +22,23 @@ EXPORT_OPTIONS = {"exporter": "litert", "signature": litert_inputs.SIGNATURE,
                   "inputs": [i.name for i in litert_inputs.INPUTS]}
 # The decoding options the artifact takes (every one the SavedModel serves).
 ARTIFACT_OPTIONS = tuple(o.name for o in litert_inputs.OPTIONS)
-# Past this size an artifact runs on LiteRT's builtin kernels, not the
-# XNNPACK delegate the interpreter applies by default: XNNPACK packs the
-# weights of every loop that uses them (the prime, the decode loops, beams)
-# into a copy of its own, on every run. The 0.1B RWKV-7's 766 MB artifact
-# held 2.7 GB that way and 784 MB on the builtin kernels (which read the
+# Past this size an artifact does not run on the XNNPACK delegate that
+# LiteRT's interpreter applies by default: that delegate packs the weights
+# of every loop that uses them (the prime, the decode loops, beams) into a
+# copy of its own, on every run. The 0.1B RWKV-7's 766 MB artifact held 2.7
+# GB that way and 784 MB on the builtin kernels (which read the
 # flatbuffer's weights in place); a 94 MB RWKV-7 primed 100 tokens and
 # decoded 200 in 1.8-1.9 s on them against 2.3-3.0 s with XNNPACK, while
-# the bundled GRU's 8 MB ran 1,500 steps 1.5x faster with XNNPACK.
+# the bundled GRU's 8 MB ran 1,500 steps 1.5x faster with XNNPACK. The
+# cache packs such an artifact's weights once, into a file of its own
+# (`pack_weights`), which each run maps: XNNPACK's speed without the copies.
 BUILTIN_KERNELS_FROM_BYTES = 64 << 20
 
 
-def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
+def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
                  seed: int, tokens=None, stop=(), regex=None,
-                 builtin_kernels=None, **values):
+                 builtin_kernels=None, weight_cache=None, num_threads=None,
+                 **values):
   """The continuations of `prompts` from the flatbuffer's `generate`.
 
   The inputs are built as `rnnstep.generate` builds its request
@@ -42,14 +47,22 @@ def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
   string's end).
 
   Args:
-    flatbuffer, vocab, prompts, num_steps, seed: the artifact, its
-      vocabulary and the request.
+    flatbuffer: the artifact: its bytes, or its file's path.
+    vocab, prompts, num_steps, seed: its vocabulary and the request.
     tokens: a token model's `vocabulary.Tokens` (the cache's `tokens_of`);
       None for a character model.
     stop: stop strings.
     regex: None, a pattern, or one (or None) per prompt.
     builtin_kernels: run on LiteRT's builtin kernels rather than XNNPACK;
       None: past `BUILTIN_KERNELS_FROM_BYTES`.
+    weight_cache: the path of XNNPACK's packed weights for the artifact
+      (`pack_weights`' file, for the same flatbuffer): the artifact, given
+      by its path, runs on XNNPACK through LiteRT's `CompiledModel`, its
+      weights mapped from that file (`builtin_kernels` is not used).
+    num_threads: the runtime's threads; None: one (LiteRT's default, what
+      the command runs: on 2 shared vCPUs two were not reliably faster,
+      benchmarks/results/warm-cli-epyc-zen4-2026-12.md), and the builtin
+      kernels ran on one thread whatever the number.
     **values: decoding options by name (`ARTIFACT_OPTIONS`; per-row ones
       one value or a list with one per prompt).
 
@@ -74,19 +87,95 @@ def run_artifact(flatbuffer: bytes, vocab, prompts, num_steps: int,
     raise ValueError("a prompt gives no tokens")
   inputs = litert_inputs.build(view, encoded, num_steps, seed, stop=stop,
                                regex=regex, **values)
-  if builtin_kernels is None:
-    builtin_kernels = len(flatbuffer) > BUILTIN_KERNELS_FROM_BYTES
-  resolver = (interpreter_lib.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-              if builtin_kernels else interpreter_lib.OpResolverType.AUTO)
-  runner = interpreter_lib.Interpreter(
-      model_content=flatbuffer, experimental_op_resolver_type=resolver
-  ).get_signature_runner(EXPORT_OPTIONS["signature"])
-  out = runner(**inputs)
   per_prompt = max(int(inputs["num_beams"]), 1)
   rows = len(prompts) * per_prompt
+  if weight_cache is not None:
+    out = _run_compiled(flatbuffer, weight_cache, inputs, rows, num_steps,
+                        num_threads)
+  else:
+    in_memory = isinstance(flatbuffer, bytes)
+    if builtin_kernels is None:
+      size = len(flatbuffer) if in_memory else os.path.getsize(flatbuffer)
+      builtin_kernels = size > BUILTIN_KERNELS_FROM_BYTES
+    resolver = (
+        interpreter_lib.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        if builtin_kernels else interpreter_lib.OpResolverType.AUTO)
+    out = interpreter_lib.Interpreter(
+        **({"model_content": flatbuffer} if in_memory
+           else {"model_path": flatbuffer}),
+        experimental_op_resolver_type=resolver, num_threads=num_threads
+    ).get_signature_runner(EXPORT_OPTIONS["signature"])(**inputs)
   if (out["ids"].shape != (rows, num_steps)
       or out["lengths"].shape != (rows,)
       or not np.all((0 <= out["lengths"]) & (out["lengths"] <= num_steps))):
     raise ValueError(f"the artifact returned ids of shape {out['ids'].shape}")
   return litert_inputs.texts(view, out["ids"], out["lengths"], stop,
                              [p for p in prompts for _ in range(per_prompt)])
+
+
+def pack_weights(path: str, weight_cache: str):
+  """Packs the weights of the artifact at `path` for XNNPACK into the file
+  `weight_cache` (which `run_artifact(path, ..., weight_cache=...)` then
+  maps instead of packing them again).
+
+  Raises:
+    RuntimeError: the runtime wrote no packed weights.
+    ImportError: no ai_edge_litert.
+  """
+  _compiled_model(path, weight_cache, None).close()
+  if not os.path.isfile(weight_cache) or not os.path.getsize(weight_cache):
+    raise RuntimeError("LiteRT wrote no XNNPACK weight cache")
+
+
+def _compiled_model(path: str, weight_cache: str, num_threads):
+  """The artifact at `path` compiled for the CPU (XNNPACK), with its packed
+  weights in the file `weight_cache` (made there when it holds none)."""
+  # pylint: disable-next=g-import-not-at-top
+  from ai_edge_litert import compiled_model as compiled_lib
+  options = compiled_lib.Options(
+      hardware_accelerators=compiled_lib.HardwareAccelerator.CPU,
+      cpu_options=compiled_lib.CpuOptions(
+          num_threads=num_threads or 1,
+          xnnpack_weight_cache_path=weight_cache))
+  return compiled_lib.CompiledModel.from_file(path, options=options)
+
+
+def _run_compiled(path: str, weight_cache: str, inputs: dict, rows: int,
+                  num_steps: int, num_threads) -> dict:
+  """`generate`'s outputs from the compiled artifact at `path`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from ai_edge_litert import compiled_model as compiled_lib
+  signature = EXPORT_OPTIONS["signature"]
+  model = _compiled_model(path, weight_cache, num_threads)
+  try:
+    buffers = {}
+    for name, value in inputs.items():
+      value = np.asarray(value)
+      if value.ndim:  # The signature's scalars have their shape already.
+        model.resize_input_tensor_by_name(signature, name, value.shape)
+      buffers[name] = model.create_input_buffer_by_name(signature, name)
+      buffers[name].write(value.reshape(-1))
+    # The ids' shape follows the num_steps input, which the runtime cannot
+    # know before it runs: it writes the outputs into arrays of the known
+    # shapes (one column at least: a buffer may not be empty).
+    ids = _aligned_zeros((rows, max(num_steps, 1)))
+    lengths = _aligned_zeros((rows,))
+    outputs = {"ids": compiled_lib.TensorBuffer.create_from_host_memory(ids),
+               "lengths": compiled_lib.TensorBuffer.create_from_host_memory(
+                   lengths)}
+    model.run_by_name(signature, buffers, outputs)
+  finally:
+    model.close()
+  return {"ids": ids[:, :num_steps], "lengths": lengths}
+
+
+
+def _aligned_zeros(shape):
+  """int32 zeros at a 64-byte boundary: LiteRT's host buffers need it, and
+  it would write into a copy of an array that is not aligned."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  count = int(np.prod(shape))
+  raw = np.zeros(count + 16, np.int32)
+  start = (-raw.ctypes.data % 64) // 4
+  return raw[start:start + count].reshape(shape)

@@ -119,12 +119,26 @@ def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
   except ValueError as e:  # A folder too large to hash on every run.
     raise NotServed(str(e)) from None
   try:
-    flatbuffer, manifest = cache.lookup(key)
+    artifact = cache.open_entry(key)
   except cache.Miss as e:
     raise NotServed(str(e), fill_key=key if e.rebuild else None) from None
-  vocab = manifest["vocab"]
+  with artifact:
+    texts = _run(artifact, prompts, per_prompt, num_steps, seed, decoding,
+                 stop, regex)
+  beams, returned = decoding["num_beams"], decoding["num_return_sequences"]
+  if beams > 1:  # Each prompt's best `returned` of its `beams` rows.
+    texts = [text for p in range(len(prompts))
+             for text in texts[p * beams:p * beams + returned]]
+  return Served(texts, f"{cache.entry_base(key)}.tflite")
+
+
+def _run(artifact, prompts, per_prompt, num_steps, seed, decoding, stop,
+         regex):
+  """`generate`'s texts from the open `artifact`, one per row (a beam
+  search's every hypothesis); raises NotServed."""
+  vocab = artifact.manifest["vocab"]
   try:
-    tokens = cache.tokens_of(manifest)
+    tokens = cache.tokens_of(artifact.manifest)
   except cache.Miss as e:
     raise NotServed(str(e)) from None
   _check_prompts(prompts, vocab, tokens)
@@ -139,18 +153,15 @@ def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
   else:
     prompts = [prompt for prompt in prompts for _ in range(per_prompt)]
   try:
-    texts = runner.run_artifact(flatbuffer, vocab, prompts, num_steps,
-                                seed=seed, tokens=tokens, stop=list(stop),
-                                regex=regex, **values)
+    return runner.run_artifact(artifact.path, vocab, prompts, num_steps,
+                               seed=seed, tokens=tokens, stop=list(stop),
+                               regex=regex,
+                               weight_cache=artifact.weight_cache, **values)
   except errors.ArgumentError as e:  # The library refuses it too: its words.
     raise NotServed(f"--{e.argument}: {e}") from None
   except (ImportError, ValueError, RuntimeError) as e:
     raise NotServed(f"the compiled artifact failed ({type(e).__name__}: "
                     f"{e})") from None
-  if beams > 1:
-    texts = [text for p in range(len(prompts))
-             for text in texts[p * beams:p * beams + returned]]
-  return Served(texts, f"{cache.entry_base(key)}.tflite")
 
 
 def _check_prompts(prompts, vocab, tokens):
