@@ -26,6 +26,7 @@ from tests.support import cli as cli_support
 from tests.support import forkserver
 import rnnstep
 from rnnstep.litert import cache as compiled_cache
+from rnnstep.litert import fill as compiled_fill
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
 from rnnstep.decoding import options as options_lib
@@ -296,7 +297,7 @@ def test_the_default_cap_keeps_twice_the_largest_artifact(cache):
   assert compiled_cache.max_bytes(100 << 20) == 800 << 20
 
 
-# `write_entry`'s packing child (`compiled_cache._PACK_CHILD`'s argv: the
+# The packing child (`compiled_fill._PACK_CHILD`'s argv: the
 # flatbuffer, then the file to write), made up: 600 kB of packed weights, or
 # half a file and a failure.
 PACKS = {"made": "import sys; open(sys.argv[3], 'wb').write(bytes(600_000))",
@@ -315,12 +316,13 @@ def test_packed_weights_are_kept_whole_and_under_the_cap(cache, monkeypatch,
   cap grows to twice the entry); otherwise the entry is its flatbuffer
   alone, valid, and no file of the packing is left."""
   monkeypatch.setattr(compiled_cache.runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
-  monkeypatch.setattr(compiled_cache, "_PACK_CHILD", PACKS[pack])
+  monkeypatch.setattr(compiled_fill, "_PACK_CHILD", PACKS[pack])
   if cap_mb:
     monkeypatch.setenv(compiled_cache.MAX_MB_ENV, cap_mb)
   compiled_cache.ensure_directory()
   compiled_cache.write_entry(fake_key(1), flatbuffer=os.urandom(600_000),
-                             vocab=["a", "b"], pack=True)
+                             vocab=["a", "b"],
+                             pack=compiled_fill.packed_weights)
   base = compiled_cache.entry_base(fake_key(1))
   with compiled_cache.open_entry(fake_key(1)) as artifact:
     assert (artifact.weight_cache is not None) == kept
@@ -343,9 +345,9 @@ def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
   os.makedirs(os.path.dirname(base), mode=0o700)
   with open(base + ".lock", "w"):
     pass  # An old run's lock, not held.
-  monkeypatch.setattr(compiled_cache, "_export",
+  monkeypatch.setattr(compiled_fill, "_export",
                       lambda path: (b"flatbuffer", ["a"], None), raising=False)
-  assert compiled_cache.fill(weights, the_key) == "built"
+  assert compiled_fill.fill(weights, the_key) == "built"
   assert sorted(set(os.listdir(os.path.dirname(base))) - {
       compiled_cache.DIGESTS_FILE}) == [
       os.path.basename(base) + ".json", os.path.basename(base) + ".tflite"]
@@ -365,10 +367,10 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
 
   def broken(path):
     raise RuntimeError("converter crashed")
-  monkeypatch.setattr(compiled_cache, "_export", broken, raising=False)
+  monkeypatch.setattr(compiled_fill, "_export", broken, raising=False)
   from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(litert, "convert", broken)
-  assert compiled_cache.fill(weights, the_key) == "failed"
+  assert compiled_fill.fill(weights, the_key) == "failed"
   with pytest.raises(compiled_cache.Miss,
                      match="RuntimeError: converter crashed") as miss:
     compiled_cache.lookup(the_key)
@@ -383,9 +385,9 @@ def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
   cli_support.write_model(weights, seed=3, window=8)
   the_key = compiled_cache.key(weights, RUNTIME)
   base = compiled_cache.entry_base(the_key)
-  assert compiled_cache.fill(weights, the_key) == "no cache directory"
+  assert compiled_fill.fill(weights, the_key) == "no cache directory"
   os.makedirs(os.path.dirname(base))
-  assert compiled_cache.fill(weights, the_key) == "unsupported"
+  assert compiled_fill.fill(weights, the_key) == "unsupported"
   with pytest.raises(compiled_cache.Miss, match="window=8") as miss:
     compiled_cache.lookup(the_key)
   assert not miss.value.rebuild
@@ -565,7 +567,7 @@ def test_the_child_runs_isolated_from_the_working_directory(
       return True
     except compiled_cache.Miss:
       return marker.exists()
-  compiled_cache.spawn_fill(weights, the_key)
+  compiled_fill.spawn_fill(weights, the_key)
   _wait(valid, "the background child")
   assert not marker.exists()
   compiled_cache.lookup(the_key)
@@ -579,7 +581,7 @@ def test_a_second_filler_leaves_while_the_first_holds_the_lock(cache,
   os.makedirs(os.path.dirname(base))
   with open(base + ".lock", "a+b") as lock:
     fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-    assert compiled_cache.fill(weights, the_key) == (
+    assert compiled_fill.fill(weights, the_key) == (
         "another process is building this entry")
   assert sorted(os.listdir(os.path.dirname(base))) == [
       os.path.basename(base) + ".lock"]

@@ -588,6 +588,7 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import fill as compiled_fill  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
   from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
   cache = tmp_path / "cache"
@@ -602,7 +603,7 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
   os.chmod(cache, 0o700)
   monkeypatch.setattr(litert_runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
-  assert compiled_cache.fill(weights, the_key) == "built"
+  assert compiled_fill.fill(weights, the_key) == "built"
   with compiled_cache.open_entry(the_key) as artifact:
     assert artifact.weight_cache is not None
   warm = fast.cli(cache, args, importtime=True)

@@ -97,6 +97,7 @@ from absl import flags
 from rnnstep.cli import common  # pylint: disable=g-bad-import-order
 from rnnstep.decoding import options as options_lib
 from rnnstep.litert import cache as artifact_cache
+from rnnstep.litert import fill as artifact_fill
 from rnnstep.litert import warm
 from rnnstep import records
 import rnnstep  # pylint: disable=g-bad-import-order
@@ -341,7 +342,7 @@ def main(argv):
   _say_tensorflow_only()
   if fill_key is not None:  # After the text is out: the user never waits.
     _flush_outputs()
-    artifact_cache.spawn_fill(_model_path(), fill_key)
+    artifact_fill.spawn_fill(_model_path(), fill_key)
   return 0
 
 

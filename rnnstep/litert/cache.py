@@ -11,7 +11,7 @@ So the command keeps one exported flatbuffer per model here, and a run
 whose request the flatbuffer serves (`rnnstep.litert.warm`, the warm path)
 runs it instead of TensorFlow. A run that finds no valid entry generates on
 the TensorFlow path as before and, once its text is written, starts a
-detached child (`rnnstep.litert.fill`, `spawn_fill`) that builds the
+detached child (`rnnstep.litert.fill`, its `spawn_fill`) that builds the
 entry for the next run; the user's command does not wait for it. The
 flatbuffer is run by `rnnstep.litert.runner`.
 
@@ -88,7 +88,7 @@ import os
 import re
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from rnnstep.engine import cpu
 from rnnstep.engine import tuning_cache
@@ -109,7 +109,7 @@ MAX_MB_ENV = tuning_cache.MAX_MB_ENV
 # Converting held about this many bytes per byte of the model's float32
 # weights (TensorFlow's LiteRT converter on the 0.1B RWKV-7, 12 blocks x
 # 768, 729 MB of weights, a 766 MB artifact: 8.8 GB peak with the model
-# loaded in the converting process, 6.1 GB in `_export`'s, whose child
+# loaded in the converting process, 6.1 GB in `fill._export`'s, whose child
 # loads it, 175 s; kept at 12 for the converter's own variation).
 CONVERT_BYTES_PER_WEIGHT_BYTE = 12
 # A model folder with more files or bytes than this is not cached (hashing it
@@ -134,12 +134,6 @@ MAX_DIGESTS = 2000
 # A file changed less than this before its digest was taken may change again
 # within the same timestamp tick: its digest is not remembered ("racy git").
 _RACY_SECONDS = 2.0
-# The child's program: the parent's sys.path (less its working directory)
-# first, then the fill. `-I` ignores PYTHON* variables and the user's site,
-# and, with -c, adds no script folder (3.11+; before, '': the cache folder).
-_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-          "from rnnstep.litert import fill; "
-          "sys.exit(fill.main(sys.argv))")
 
 
 class Miss(Exception):
@@ -330,7 +324,7 @@ def _check_trusted(st: os.stat_result, what: str):
                f"{oct(st.st_mode & 0o777)}): not trusted")
 
 
-def _check_directory(folder: str):
+def check_directory(folder: str):
   try:
     st = os.stat(folder)
   except FileNotFoundError:
@@ -439,7 +433,7 @@ class _Digests:
     if not self.added:
       return
     with contextlib.suppress(OSError, Miss):
-      _check_directory(os.path.dirname(self.path))
+      check_directory(os.path.dirname(self.path))
       merged = dict(self.known)
       merged.update(self.added)
       kept = list(merged.items())[-MAX_DIGESTS:]
@@ -525,7 +519,7 @@ def open_entry(the_key: dict) -> Artifact:
   manifest's mtime), for the cap's LRU.
   """
   base = entry_base(the_key)
-  _check_directory(os.path.dirname(base))
+  check_directory(os.path.dirname(base))
   manifest = read_manifest(base, the_key)
   digests = _Digests()
   flatbuffer = _open_checked(base + ".tflite", manifest["tflite_bytes"],
@@ -593,158 +587,6 @@ def child_path() -> List[str]:
   return out
 
 
-def spawn_fill(model_path: str, the_key: dict):
-  """Starts the detached child that builds the entry; does not wait.
-
-  Its own session (Ctrl-C at the terminal does not reach it), no stdio, low
-  priority, isolated (`python -I`, its working directory the cache folder:
-  see `child_path`). Errors starting it are ignored: the next run tries
-  again.
-  """
-  with contextlib.suppress(OSError):
-    folder = ensure_directory()
-    import subprocess  # pylint: disable=g-import-not-at-top
-    subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-I", "-c", _CHILD, json.dumps(child_path()),
-         model_path, json.dumps(the_key, sort_keys=True)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-        cwd=folder, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-
-
-def _export(model_path: str):
-  """(flatbuffer, vocab, tokens JSON or None) of the model (imports TF).
-
-  A child process loads the model and saves its generation as a SavedModel
-  (`_save_child`); this one converts that, never holding the model: the
-  0.1B RWKV-7's conversion peaked at 8.8 GB with the model loaded in the
-  same process (~11x its weights, TensorFlow's own ~0.6 GB aside), ~8.4x
-  without it.
-
-  Raises:
-    ValueError: the export refuses the model (e.g. one recording a window).
-    Exception: anything loading or converting raises.
-  """
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as work:
-    saved = os.path.join(work, "saved")
-    child = subprocess.run(
-        [sys.executable, "-I", "-c", _SAVE_CHILD, json.dumps(child_path()),
-         model_path, saved, os.path.join(work, "vocab.json")],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, cwd=work, check=False,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    said = child.stderr.decode("utf-8", "replace").strip().splitlines()
-    said = said[-1] if said else f"exit status {child.returncode}"
-    if child.returncode == _REFUSED:
-      raise ValueError(said)
-    if child.returncode:
-      raise RuntimeError(f"saving the model for conversion failed: {said}")
-    with open(os.path.join(work, "vocab.json"), encoding="utf-8") as f:
-      vocab, tokens = json.load(f)
-    from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
-    return export.convert_saved(saved), vocab, tokens
-
-
-# `_export`'s child: loads the model, saves its generation for the
-# converter and its vocabulary beside; exit status _REFUSED with the
-# export's refusal (a ValueError) as its last line on stderr.
-_REFUSED = 3
-_SAVE_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-               "from rnnstep.litert import cache; "
-               "sys.exit(cache.save_child(*sys.argv[1:]))")
-
-
-def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
-  """`_export`'s child's work (imports TensorFlow): see `_SAVE_CHILD`."""
-  # pylint: disable=g-import-not-at-top
-  from rnnstep import api
-  from rnnstep.litert import export
-  # pylint: enable=g-import-not-at-top
-  try:
-    model = api.load(model_path)
-    os.mkdir(saved_dir, 0o700)
-    export.save_generation(model, saved_dir)
-  except ValueError as e:
-    print(_one_line(e), file=sys.stderr)
-    return _REFUSED
-  with open(vocab_path, "w", encoding="utf-8") as f:
-    json.dump([list(model.vocab),
-               None if model.is_characters else model.tokens.to_json()], f)
-  return 0
-
-
-def fill(model_path: str, the_key: dict) -> str:
-  """Builds the entry for `the_key` (the child's work); returns what it did.
-
-  Holds the entry's lock while it works: a second child finds it held and
-  leaves; the lock file is removed when done. An entry already valid is
-  kept. The key must still be this process's key for `model_path` (before
-  and after loading), else nothing is written. An export that fails is
-  recorded with its reason (`read_manifest` then misses without rebuild).
-  """
-  import fcntl  # pylint: disable=g-import-not-at-top
-  base = entry_base(the_key)
-  folder = os.path.dirname(base)
-  if not os.path.isdir(folder):  # Made by the parent; gone: cache removed.
-    return "no cache directory"
-  try:
-    _check_directory(folder)
-  except Miss as e:
-    return str(e)
-  with open(base + ".lock", "a+b") as lock:
-    try:
-      fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      return "another process is building this entry"
-    if _replaced(lock, base + ".lock"):  # Its builder finished meanwhile.
-      return "another process is building this entry"
-    try:
-      return _fill_locked(model_path, the_key, base)
-    finally:
-      with contextlib.suppress(OSError):
-        os.unlink(base + ".lock")  # Still ours and held: removed whole.
-
-
-def _replaced(lock, path: str) -> bool:
-  """Whether the lock file at `path` is no longer the one `lock` holds."""
-  try:
-    return os.stat(path).st_ino != os.fstat(lock.fileno()).st_ino
-  except OSError:
-    return True
-
-
-def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
-  try:
-    lookup(the_key)
-    return "already valid"
-  except Miss as e:
-    if not e.rebuild:
-      return "already recorded"
-  if key(model_path, runtime_version() or "") != the_key:
-    return "key changed (model, rnnstep, TensorFlow or runtime)"
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  fields = {}
-  try:
-    flatbuffer, vocab, tokens = _export(model_path)
-  except ValueError as e:  # E.g. a model that records a window.
-    fields["unsupported"] = _one_line(e)
-  except Exception as e:  # pylint: disable=broad-except
-    fields["failed"] = f"{type(e).__name__}: {_one_line(e)}"
-  else:
-    fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens)
-    cap = max_bytes(len(flatbuffer))
-    if len(flatbuffer) > cap:  # It would be evicted at once.
-      fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "
-                f"exceed the cache's cap ({MAX_MB_ENV}={cap >> 20})"}
-  if model_digest(model_path) != the_key["model"]:
-    return "model file changed"
-  write_entry(the_key, model_path=model_path, pack=True, **fields)
-  return ("unsupported" if "unsupported" in fields
-          else "failed" if "failed" in fields else "built")
-
-
 def size_refusal(weight_bytes: int, available_memory: Optional[int]
                  ) -> Tuple[Optional[str], bool]:
   """Why the artifact of a model with `weight_bytes` of float32 weights is
@@ -780,7 +622,7 @@ def max_bytes(admitting: int = 0) -> int:
   RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The
   memory converting needs (`size_refusal`) bounds what is built; packed
   weights that would take an entry past an explicit cap are not kept
-  (`_packed_weights`).
+  (`fill.packed_weights`).
   """
   if MAX_MB_ENV in os.environ:
     return tuning_cache.max_bytes()
@@ -796,51 +638,12 @@ def max_bytes(admitting: int = 0) -> int:
   return max(tuning_cache.max_bytes(), 2 * largest)
 
 
-# `_packed_weights`' child: packs the flatbuffer at argv[1] into argv[2]
-# (it imports ai_edge_litert only, where the fill has TensorFlow).
-_PACK_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-               "from rnnstep.litert import runner; "
-               "runner.pack_weights(*sys.argv[1:])")
-
-
-def _packed_weights(base: str, flatbuffer_bytes: int) -> dict:
-  """Packs the entry's flatbuffer's weights for XNNPACK into
-  `base`.xnnpack (atomically, 0600; `runner.pack_weights` in a child) and
-  returns the manifest's fields for it: none where packing failed or the
-  entry would then pass an explicit cap (the artifact then runs on
-  LiteRT's builtin kernels)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  try:
-    with staging.staged_path(base + PACKED_SUFFIX, mode=0o600) as tmp:
-      os.unlink(tmp)  # LiteRT writes a file of its own there.
-      child = subprocess.run(
-          [sys.executable, "-I", "-c", _PACK_CHILD, json.dumps(child_path()),
-           base + ".tflite", tmp],
-          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-          stderr=subprocess.DEVNULL, cwd=os.path.dirname(base), check=False)
-      if child.returncode or not os.path.isfile(tmp):
-        raise OSError(f"packing exited {child.returncode}")
-      packed_bytes = os.path.getsize(tmp)
-      entry_bytes = flatbuffer_bytes + packed_bytes
-      # `_fill_locked` admitted the flatbuffer alone; only an explicit cap
-      # can be below the two (the default one is twice the largest entry).
-      if entry_bytes > max_bytes(entry_bytes):
-        raise OSError("the packed weights would pass the cache's cap")
-      # Hashed before the rename: the digest is of the bytes the child
-      # wrote, whatever the entry's name holds later.
-      fields = {"xnnpack_sha256": file_sha256(tmp),
-                "xnnpack_bytes": packed_bytes}
-  except OSError:  # The temp file is gone (`staged_path`).
-    return {}
-  return fields
-
-
 def _megabytes(n: int) -> str:
   megabytes = n / 2**20
   return f"{megabytes:.0f}" if megabytes >= 10 else f"{megabytes:.2g}"
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
   return " ".join(str(error).split())[:500] or type(error).__name__
 
 
@@ -848,12 +651,14 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
                 vocab=None, tokens: Optional[str] = None,
                 unsupported: Optional[str] = None,
                 failed: Optional[str] = None, model_path: str = "",
-                pack: bool = False):
+                pack: Optional[Callable[[str, int], dict]] = None):
   """Writes an entry (flatbuffer first, manifest last, each atomically and
   0600), then trims the cache to its cap (`prune`).
 
-  With `pack`, a flatbuffer past `runner.BUILTIN_KERNELS_FROM_BYTES` gets
-  its weights packed for XNNPACK (`_packed_weights`) before the manifest.
+  With `pack` (`fill.packed_weights`), a flatbuffer past
+  `runner.BUILTIN_KERNELS_FROM_BYTES` gets its weights packed for XNNPACK
+  before the manifest: `pack(base, flatbuffer_bytes)` returns the
+  manifest's fields for them.
   """
   base = entry_base(the_key)
   manifest = {"format": FORMAT, "version": VERSION, "key": the_key,
@@ -872,7 +677,7 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
     with contextlib.suppress(OSError):
       os.unlink(base + PACKED_SUFFIX)  # An earlier build's.
     if pack and len(flatbuffer) > runner.BUILTIN_KERNELS_FROM_BYTES:
-      manifest.update(_packed_weights(base, len(flatbuffer)))
+      manifest.update(pack(base, len(flatbuffer)))
   with staging.staged_path(base + ".json", mode=0o600) as tmp:
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(manifest, f, ensure_ascii=False, sort_keys=True)

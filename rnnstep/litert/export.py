@@ -264,7 +264,7 @@ def save_generation(model, saved_dir: str):
 def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
   """The LiteRT flatbuffer (builtin ops only) of `save_generation`'s
   SavedModel. Apart from the model, so that a process converting need not
-  hold it (`rnnstep.litert.cache`'s fill: ~8.4x the weights at the
+  hold it (`rnnstep.litert.fill`: ~8.4x the weights at the
   converter's peak, against ~11x with the model loaded).
 
   Args:

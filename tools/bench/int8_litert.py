@@ -154,8 +154,8 @@ def convert(args):
     start = time.perf_counter()
     status, _, err, peak = child_peak(
         [sys.executable, "-c",
-         "import sys; from rnnstep.litert import cache; "
-         "sys.exit(cache.save_child(*sys.argv[1:]))", args.model, saved,
+         "import sys; from rnnstep.litert import fill; "
+         "sys.exit(fill.save_child(*sys.argv[1:]))", args.model, saved,
          os.path.join(args.out, "vocab.json")], env=env)
     if status:
       raise SystemExit(f"saving {args.model} failed: {err.strip()[-400:]}")
