@@ -215,5 +215,31 @@ class ImportGraphTest(unittest.TestCase):
         "from rnnstep.litert import cache, fill, inputs, runner, warm; "
         "from rnnstep import version")
 
+
+# A module past these is doing more than one job (issue #59's rooms): split
+# it by role before adding to it.
+MAX_MODULE_LINES = 900
+MAX_CLASS_LINES = 500
+
+
+class RoomSizeTest(unittest.TestCase):
+
+  def test_no_module_or_class_outgrows_its_room(self):
+    too_big = []
+    for name, path in sorted(module_files().items()):
+      with open(path, encoding="utf-8") as f:
+        source = f.read()
+      lines = source.count("\n")
+      if lines > MAX_MODULE_LINES:
+        too_big.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES})")
+      for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.ClassDef):
+          size = node.end_lineno - node.lineno + 1
+          if size > MAX_CLASS_LINES:
+            too_big.append(f"{name}.{node.name}: {size} lines "
+                           f"(at most {MAX_CLASS_LINES})")
+    self.assertEqual(too_big, [])
+
+
 if __name__ == "__main__":
   unittest.main()
