@@ -99,8 +99,7 @@ class Scheduler:
       completion picks, `Completion.state`; the default's name).
 
   Attributes:
-    calls: its `calls.ChunkCalls` (the device calls, their tables in
-      `calls.tables`: `stop_capacity`, `dfa_capacity`).
+    calls: its `calls.ChunkCalls` (the device calls; their `tables`).
     generator: the path's `Generator`.
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
@@ -137,19 +136,19 @@ class Scheduler:
         strategy=strategy, compile_in_background=compile_in_background)
     self.generator = self.calls.generator
     self.prime_chars = self.calls.prime_chars
+    self._condition = threading.Condition()
     self.starts = starts_lib.RowStarts(
         self.calls, model, prefix_cache, dict(states or {}), default_state,
-        model_key=model_key)
+        model_key=model_key, condition=self._condition)
     self.states, self.default_state = self.starts.states, default_state
     self.prefix_cache = prefix_cache
     self.burst_steps = min(self.chunk_steps, max(8, self.chunk_steps // 8))
     self._waiting = collections.deque()
     self._active: List[Row] = []
     self._carry = None  # numpy Carry of `_active`'s rows, in order.
-    # Admitted rows that wait for a row priming the same prefix to store
-    # its states (`RowStarts.start`): they hold their slots, out of the calls.
+    # Admitted rows waiting for a row priming their prefix, in any lane, to
+    # store its states (`RowStarts.start`): slots held, out of the calls.
     self._parked: List[Row] = []
-    self._condition = threading.Condition()
     self._admitting = True
     self._stopping = False
     self._stopped = False
@@ -250,8 +249,7 @@ class Scheduler:
     return drained
 
   def warm_up(self) -> None:
-    """Traces (and where the path compiles, compiles) every program a
-    request can need (`calls.ChunkCalls.warm_up`)."""
+    """Traces (and compiles) what requests need (`ChunkCalls.warm_up`)."""
     self.calls.warm_up()
 
   @property
@@ -285,9 +283,10 @@ class Scheduler:
           self._send(row, completion_lib.ended(
               row, "error",
               f"the scheduler failed: {completion_lib.describe(e)}"))
-        self._active, self._carry, self._round_rows = [], None, []
-        self._parked = []
+        self._active, self._carry, self._round_rows, self._parked = (
+            [], None, [], [])
         self.stats.running = 0
+        self.starts.forget()
         try:
           self._flush()
         except Exception:  # pylint: disable=broad-except
@@ -297,7 +296,8 @@ class Scheduler:
     """Retires, admits, prepares, runs one call and hands out its output."""
     self._flush()  # The last round's updates (outside the lock).
     with self._condition:
-      while (not self._stopping and not self._active and not self._parked
+      while (not self._stopping and not self._active
+             and not self.starts.ready(self._parked)
              and not self._live_waiting()):
         self._condition.wait()
       if self._stopping:
