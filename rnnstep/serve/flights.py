@@ -10,8 +10,9 @@ lane the rows priming now are the lane's own; across lanes they are what
 each lane last published here (`Flights.publish`): the rows it primes in
 its current call. A burst of requests with one system prompt then has one
 row priming it, in one lane, while the other lanes' rows wait; the lanes
-split the rows that follow evenly (`lanes.Lanes.submit` counts waiting rows
-as running), so each lane's call after the prefix runs half the burst.
+split the rows that follow evenly (`lanes.Lanes.submit` counts a lane's
+waiting rows among its running ones), so each lane's call after the prefix
+runs half the burst.
 
 A lane whose rows all wait on another lane's row has no call to run: it
 sleeps until another lane publishes (a piece stored, a row started or
@@ -40,8 +41,9 @@ class Flights:
     self._wakes: Dict[Hashable, Callable[[], None]] = {}
 
   def join(self, lane: Hashable, wake: Callable[[], None]) -> None:
-    """Adds a lane: `wake` is called (on another lane's thread, holding no
-    lock of this object's) whenever another lane publishes."""
+    """Adds a lane: `wake` is called whenever another lane publishes, on
+    that lane's thread, which may hold `deciding` (a wake must not wait for
+    it: a scheduler takes its own condition only)."""
     with self._lock:
       self._rows[lane] = ()
       self._wakes[lane] = wake
@@ -53,8 +55,7 @@ class Flights:
 
   def publish(self, lane: Hashable, rows: Sequence[Row]) -> None:
     """Says which rows `lane` primes now (none: `()`) and wakes the other
-    lanes (their scheduler threads; a wake takes a lane's condition, which
-    no lane holds while it waits for this object)."""
+    lanes' scheduler threads."""
     with self._lock:
       self._rows[lane] = tuple((row, row.primed) for row in rows)
       wakes = [wake for other, wake in self._wakes.items()
