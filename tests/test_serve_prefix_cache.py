@@ -741,6 +741,62 @@ def test_lanes_prime_a_shared_prefix_once_in_the_whole_server(model):
   assert max(rounds) < 200, rounds
 
 
+@pytest.mark.parametrize("leader_ends", ["cancelled", "error"])
+def test_a_row_waiting_on_another_lane_s_row_goes_on_when_that_one_ends(
+    model, leader_ends):
+  """A row waiting in one lane for the row priming its prefix in the other
+  (`flights.py`) primes the prefix itself when that row ends before storing
+  the state it waits for (its client cancels it, or its device call fails):
+  it never waits on a row that is gone, and its text is the uncached one."""
+  system = SYSTEM * 2  # 116 ids: many pieces of 5.
+  prompts = [system + USERS[0], system + USERS[1]]
+  options, shared = CASES[1]
+  plain = texts(make_scheduler(model, max_prompt_tokens=256), model,
+                [prompts[1:]], options, shared)
+  cache = prefix_cache_lib.PrefixCache(1 << 22)
+  schedulers = [make_scheduler(model, prefix_cache=cache,
+                               max_prompt_tokens=256) for _ in range(2)]
+  lanes = lanes_lib.Lanes(schedulers, max_queue=64)
+  leading, released, parked = (threading.Event(), threading.Event(),
+                               threading.Event())
+
+  def held_run(rows, prepared, *, carry, steps, run=schedulers[0].calls.run):
+    leading.set()  # The leader is published: the other lane may wait on it.
+    assert released.wait(60)
+    if leader_ends == "error":
+      raise RuntimeError("the device call failed")
+    return run(rows, prepared, carry=carry, steps=steps)
+
+  def noting_start(rows, going_on, parked_rows,
+                   start=schedulers[1].starts.start):
+    started = start(rows, going_on, parked_rows)
+    if started[1]:
+      parked.set()
+    return started
+
+  schedulers[0].calls.run = held_run
+  schedulers[1].starts.start = noting_start
+  lanes.start()
+  try:
+    leader, follower = Collector(1), Collector(1)
+    leading_completion = completion(model, prompts[:1], options, shared,
+                                    leader)
+    schedulers[0].submit(leading_completion)
+    assert leading.wait(60)
+    schedulers[1].submit(completion(model, prompts[1:], options, shared,
+                                    follower))
+    assert parked.wait(60)  # It waits for the leader's states.
+    if leader_ends == "cancelled":
+      leading_completion.cancel()
+    released.set()
+    assert leader.done.wait(60)
+    assert follower.done.wait(60)
+  finally:
+    assert lanes.close(timeout=30)
+  assert leader.reason(0) == leader_ends
+  assert follower.text(0) == plain[0]
+
+
 @pytest.fixture(scope="module")
 def long_prompt_server(tmp_path_factory):
   """An `rnnstep-serve` of the tiny GRU with two lanes, pieces of 8 ids and
