@@ -15,7 +15,7 @@ touches the device), it
     by no more than one chunk's worth;
   - shortens the call (`burst_steps`) when the rows just admitted are most
     of a batch that is not full, so that the rest of a burst of arrivals
-    joins at its end and the burst runs in full batches;
+    joins at its end and the burst runs in full batches (`steps.py`);
   - hands each row's new ids and characters to its `Completion`'s sink
     (`completion.py`), with their log-probabilities where it asks.
 
@@ -47,6 +47,7 @@ from rnnstep.model import network
 from rnnstep.serve import calls as calls_lib
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import starts as starts_lib
+from rnnstep.serve import steps as steps_lib
 from rnnstep.serve.completion import Completion
 from rnnstep.serve.completion import Row
 from rnnstep.serve.completion import Update
@@ -340,7 +341,9 @@ class Scheduler:
     carry = None
     if carried:  # Carried rows come first, in `_active`'s order.
       carry = tf.nest.map_structure(lambda x: x[carried], self._carry)
-    steps = self._steps(rows, prepared, len(fresh_rows))
+    steps = steps_lib.call_steps(
+        rows, prepared, len(fresh_rows), chunk_steps=self.chunk_steps,
+        burst_steps=self.burst_steps, max_batch=self.max_batch)
     ran, result, self._carry = (self._attempt(rows, prepared, carry, steps)
                                 if rows else ([], None, None))
     primes_only = {row: p.primes_only for row, p in zip(rows, prepared)}
@@ -364,33 +367,6 @@ class Scheduler:
       survivors = [i for i, row in enumerate(ran) if row in self._active]
       self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                           self._carry)
-
-  def _steps(self, rows: List[Row], prepared: List[calls_lib.Prepared],
-             fresh: int) -> int:
-    """The steps of a round's call over `rows` (`fresh` of them just
-    admitted): a chunk, or fewer where every decoding row ends sooner."""
-    steps = self.chunk_steps
-    decoding = [row for row, p in zip(rows, prepared) if not p.primes_only]
-    if decoding:
-      # No row needs more than its own ids: when they all end within the
-      # chunk, the call stops there (a row's text depends on its own seed
-      # and position only, so cutting the call changes none).
-      steps = min(steps, max(row.completion.max_tokens - row.produced
-                             for row in decoding))
-    if fresh and len(rows) < self.max_batch and 2 * fresh > len(rows):
-      # Most of a batch that is not full has just arrived: more are likely
-      # on their way (a burst, whose requests the HTTP side reads one after
-      # another). A short call lets them join at its end rather than wait
-      # a whole chunk beside a few rows, and the burst then runs, and ends,
-      # in full chunks together (`burst_steps`).
-      steps = min(steps, self.burst_steps)
-    scored = [row for row in decoding if row.completion.want_scores]
-    if scored:
-      # A row's score counts only its own ids: such a chunk ends at the
-      # first of their limits.
-      steps = min([steps] + [row.completion.max_tokens - row.produced
-                             for row in scored])
-    return steps
 
   def _fail(self, row: Row, what: str, error: Exception) -> None:
     """Retires one row whose own work failed: its completion gets an
