@@ -15,7 +15,9 @@ touches the device), it
     by no more than one chunk's worth;
   - shortens the call (`burst_steps`) when the rows just admitted are most
     of a batch that is not full, so that the rest of a burst of arrivals
-    joins at its end and the burst runs in full batches (`steps.py`);
+    joins at its end and the burst runs in full batches, and to one step
+    when rows start decoding after a long wait for their prompts and none
+    decodes beside them (`steps.py`);
   - hands each row's new ids and characters to its `Completion`'s sink
     (`completion.py`), with their log-probabilities where it asks.
 

@@ -11,6 +11,13 @@ and position only, so where a call stops changes none):
     HTTP side reads one after another); a short call lets them join at its
     end rather than wait a whole chunk beside a few rows, and the burst then
     runs, and ends, in full chunks together;
+  - one, where rows start decoding after their prompts took calls before
+    this one (a long prompt primed in pieces, or a wait for the shared
+    prefix another row primed: a burst's rows after one system prompt) or
+    the prefix cache's state, and no row decodes on from before: their
+    first ids go out as soon as their prompts are primed, not a chunk's
+    decoding later, and the next call decodes on (a lane running other
+    rows' decoding keeps its chunks);
   - the first of their limits, where a row wants scores: a row's score
     counts only its own ids.
 """
@@ -39,6 +46,13 @@ def call_steps(rows: List[Row], prepared: Sequence, fresh: int, *,
                            for row in decoding))
   if fresh and len(rows) < max_batch and 2 * fresh > len(rows):  # A burst.
     steps = min(steps, burst_steps)
+  # Rows whose prompts' last piece this call primes, and whether any row
+  # decodes on from before (it has no piece).
+  starting = [row for row, p in zip(rows, prepared)
+              if p.piece is not None and not p.primes_only]
+  if (any(row.primed for row in starting)
+      and all(p.piece is not None for p in prepared)):
+    steps = min(steps, 1)  # Their first ids, as soon as they are primed.
   scored = [row for row in decoding if row.completion.want_scores]
   if scored:
     steps = min([steps] + [row.completion.max_tokens - row.produced
