@@ -687,3 +687,162 @@ def test_server_chat_requests_start_after_the_shared_system_message(
   assert after["hits"] - before["hits"] >= 2
   assert after["tokens_saved"] - before["tokens_saved"] >= 2 * len(
       f"SYSTEM: {system}\n")
+
+
+# -- one priming for the whole server ------------------------------------------
+
+
+def test_lanes_prime_a_shared_prefix_once_in_the_whole_server(model):
+  """A cold burst over two lanes sharing a cache: one row in the whole
+  server primes the prefix the requests share (a miss), every other row,
+  whichever lane runs it, waits for its states and starts from them (a hit
+  each); a lane whose rows all wait runs no rounds meanwhile (it sleeps
+  until the other lane publishes), and the texts are the uncached ones."""
+  system = SYSTEM * 2  # 116 ids: many pieces of 5.
+  prompts = [system + USERS[i % len(USERS)] for i in range(6)]
+  options, shared = CASES[1]
+  plain = texts(make_scheduler(model, max_prompt_tokens=256), model,
+                [prompts], options, shared)
+  cache = prefix_cache_lib.PrefixCache(1 << 22)
+  schedulers = [make_scheduler(model, prefix_cache=cache,
+                               max_prompt_tokens=256) for _ in range(2)]
+  lanes = lanes_lib.Lanes(schedulers, max_queue=64)
+  rounds = [0, 0]
+  for lane, scheduler in enumerate(schedulers):
+
+    def counted_start(rows, going_on, parked, lane=lane,
+                      start=scheduler.starts.start):
+      rounds[lane] += 1
+      return start(rows, going_on, parked)
+
+    def slow_run(rows, prepared, *, carry, steps, run=scheduler.calls.run):
+      time.sleep(0.05)  # The requests arrive while the prefix is primed.
+      return run(rows, prepared, carry=carry, steps=steps)
+
+    scheduler.starts.start = counted_start
+    scheduler.calls.run = slow_run
+  lanes.start()
+  try:
+    sinks = []
+    for prompt in prompts:
+      sinks.append(Collector(1))
+      lanes.submit(completion(model, [prompt], options, shared, sinks[-1]))
+    for sink in sinks:
+      assert sink.done.wait(300)
+  finally:
+    assert lanes.close(timeout=30)
+  assert [sink.text(0) for sink in sinks] == plain
+  assert [s.stats.chunks > 0 for s in schedulers] == [True, True]
+  assert (cache.misses, cache.hits) == (1, len(prompts) - 1)
+  # Each row saved the shared prefix but its last piece at most.
+  assert cache.tokens_saved >= (len(prompts) - 1) * (len(system) - 5)
+  # 116 ids in pieces of 5: ~24 calls of the leader's lane, and the other
+  # lane one round a publication at most (a spinning lane: thousands).
+  assert max(rounds) < 200, rounds
+
+
+@pytest.mark.parametrize("leader_ends", ["cancelled", "error"])
+def test_a_row_waiting_on_another_lane_s_row_goes_on_when_that_one_ends(
+    model, leader_ends):
+  """A row waiting in one lane for the row priming its prefix in the other
+  (`flights.py`) primes the prefix itself when that row ends before storing
+  the state it waits for (its client cancels it, or its device call fails):
+  it never waits on a row that is gone, and its text is the uncached one."""
+  system = SYSTEM * 2  # 116 ids: many pieces of 5.
+  prompts = [system + USERS[0], system + USERS[1]]
+  options, shared = CASES[1]
+  plain = texts(make_scheduler(model, max_prompt_tokens=256), model,
+                [prompts[1:]], options, shared)
+  cache = prefix_cache_lib.PrefixCache(1 << 22)
+  schedulers = [make_scheduler(model, prefix_cache=cache,
+                               max_prompt_tokens=256) for _ in range(2)]
+  lanes = lanes_lib.Lanes(schedulers, max_queue=64)
+  leading, released, parked = (threading.Event(), threading.Event(),
+                               threading.Event())
+
+  def held_run(rows, prepared, *, carry, steps, run=schedulers[0].calls.run):
+    leading.set()  # The leader is published: the other lane may wait on it.
+    assert released.wait(60)
+    if leader_ends == "error":
+      raise RuntimeError("the device call failed")
+    return run(rows, prepared, carry=carry, steps=steps)
+
+  def noting_start(rows, going_on, parked_rows,
+                   start=schedulers[1].starts.start):
+    started = start(rows, going_on, parked_rows)
+    if started[1]:
+      parked.set()
+    return started
+
+  schedulers[0].calls.run = held_run
+  schedulers[1].starts.start = noting_start
+  lanes.start()
+  try:
+    leader, follower = Collector(1), Collector(1)
+    leading_completion = completion(model, prompts[:1], options, shared,
+                                    leader)
+    schedulers[0].submit(leading_completion)
+    assert leading.wait(60)
+    schedulers[1].submit(completion(model, prompts[1:], options, shared,
+                                    follower))
+    assert parked.wait(60)  # It waits for the leader's states.
+    if leader_ends == "cancelled":
+      leading_completion.cancel()
+    released.set()
+    assert leader.done.wait(60)
+    assert follower.done.wait(60)
+  finally:
+    assert lanes.close(timeout=30)
+  assert leader.reason(0) == leader_ends
+  assert follower.text(0) == plain[0]
+
+
+@pytest.fixture(scope="module")
+def long_prompt_server(tmp_path_factory):
+  """An `rnnstep-serve` of the tiny GRU with two lanes, pieces of 8 ids and
+  room for prompts of 2,000 ids: a long shared prefix takes its lane some
+  hundred calls, while the burst's requests arrive."""
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  path = str(tmp_path_factory.mktemp("long_prompts") / "tiny.npz")
+  cli.write_model(path)
+  with serve_process.RemoteServer([
+      f"--model={path}", "--max_batch=8", "--chunk_steps=4",
+      "--max_tokens_limit=32", "--max_prompt_tokens=2048",
+      "--jit_compile=false", "--lanes=2"]) as running:
+    yield running
+
+
+def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
+    model, long_prompt_server):
+  """Six requests at once over two lanes, sharing a prefix of 1,600 ids:
+  /metrics counts one miss (the one row that primed it, in one lane) and a
+  hit for each other row, whichever lane ran it, each saving the whole
+  prefix but its last piece; every text is `generate`'s."""
+  server = long_prompt_server
+  system = (SYSTEM * 28)[:1600]
+  bodies = [dict(prompt=system + u, max_tokens=8, seed=i, temperature=0.8)
+            for i, u in enumerate(USERS + USERS[:1])]
+  before = _metrics(server)
+  got = [None] * len(bodies)
+
+  def send(i):
+    reply = httpx.post(server.url("/v1/completions"), json=bodies[i],
+                       timeout=300)
+    assert reply.status_code == 200, reply.text
+    got[i] = [c["text"] for c in reply.json()["choices"]]
+
+  threads = [threading.Thread(target=send, args=(i,))
+             for i in range(len(bodies))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert got == [serve_process.expected(model, b, i)[0]
+                 for i, b in enumerate(bodies)]
+  after = _metrics(server)
+  assert after["misses"] - before["misses"] == 1
+  assert after["hits"] - before["hits"] == len(bodies) - 1
+  assert after["tokens_saved"] - before["tokens_saved"] >= (
+      len(bodies) - 1) * (len(system) - 8)

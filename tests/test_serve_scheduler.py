@@ -159,6 +159,48 @@ def test_a_burst_s_first_call_is_short_and_a_full_batch_s_is_not(model):
       model, ["a", "b", "c", "d"], 80, 2)
 
 
+def test_a_prompt_primed_over_calls_gets_its_first_id_at_once(model):
+  """A row whose prompt took calls before its last piece (a long prompt;
+  the same for a start from the prefix cache), with no row decoding beside
+  it, starts decoding in a call of one step: its first id goes out as soon
+  as its prompt is primed, and the next calls run whole chunks. The text is
+  `generate`'s."""
+  scheduler = make_scheduler(model, max_batch=4, chunk_steps=16,
+                             max_tokens_limit=40)
+  prompt = "ROMEO: But soft, what light through yonder"  # Pieces of 16.
+  assert len(model.encode(prompt)) > 2 * scheduler.prime_chars
+  scheduler.start()
+  try:
+    sink = submit(scheduler, model, [prompt], seed=4, max_tokens=40,
+                  options=dict(temperature=0.8))
+    assert sink.done.wait(60)
+  finally:
+    assert scheduler.close(timeout=10)
+  assert [u.tokens for u in sink.updates[0]] == [1, 16, 16, 7]
+  assert sink.text(0) == reference(model, [prompt], 40, 4,
+                                   dict(temperature=0.8))[0]
+
+
+def test_a_call_is_one_step_only_where_no_row_decodes_on(model):
+  """`steps.call_steps`: rows starting to decode after earlier calls'
+  priming shorten the call to one step, but not beside a row decoding on
+  from before (its chunk is kept), nor for rows primed in this call only."""
+  from rnnstep.serve import calls as calls_lib  # pylint: disable=g-import-not-at-top
+  from rnnstep.serve import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  rows = completion_lib.Completion(
+      [model.encode("ROMEO")] * 3, [options_lib.DEFAULTS] * 3, seed=0,
+      max_tokens=30, shared=completion_lib.Shared(), want_scores=False,
+      sink=lambda update: None).rows
+  last_piece = calls_lib.Prepared(np.zeros([3], np.int32), None, False)
+  decodes_on = calls_lib.Prepared(None, None, False)
+  rows[0].primed = 40  # Primed over calls before (or from the cache).
+  steps = lambda rows, prepared: steps_lib.call_steps(
+      rows, prepared, 0, chunk_steps=16, burst_steps=8, max_batch=4)
+  assert steps(rows[:2], [last_piece] * 2) == 1
+  assert steps(rows, [last_piece] * 2 + [decodes_on]) == 16
+  assert steps(rows[1:2], [last_piece]) == 16
+
+
 # -- one row's failure --------------------------------------------------------
 
 

@@ -11,7 +11,9 @@ use both cores with no hand-off (measured: `docs/guide/serving.md`).
 looks like one scheduler to the server: a request goes whole to the lane
 with the fewest rows running and waiting. Each row's text is its own seed's
 and position's whatever lane runs it (README "Reproducibility"), so lanes
-change no text.
+change no text. Lanes sharing a prefix cache share what they prime
+(`flights.py`): a prefix the requests of several lanes start with is primed
+by one row in the whole server, the others' rows waiting for its states.
 """
 
 import dataclasses
@@ -19,6 +21,7 @@ import threading
 from typing import List, Optional
 
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import flights as flights_lib
 from rnnstep.serve import scheduler as scheduler_lib
 
 
@@ -91,6 +94,11 @@ class Lanes:
     # named states.
     self.prefix_cache = first.prefix_cache
     self.states = first.states
+    if self.prefix_cache is not None and all(
+        e.prefix_cache is self.prefix_cache for e in self.schedulers):
+      flights = flights_lib.Flights()
+      for scheduler in self.schedulers:
+        scheduler.starts.share(flights)
 
   @property
   def deliver(self):

@@ -15,7 +15,9 @@ touches the device), it
     by no more than one chunk's worth;
   - shortens the call (`burst_steps`) when the rows just admitted are most
     of a batch that is not full, so that the rest of a burst of arrivals
-    joins at its end and the burst runs in full batches;
+    joins at its end and the burst runs in full batches, and to one step
+    when rows start decoding after a long wait for their prompts and none
+    decodes beside them (`steps.py`);
   - hands each row's new ids and characters to its `Completion`'s sink
     (`completion.py`), with their log-probabilities where it asks.
 
@@ -47,6 +49,7 @@ from rnnstep.model import network
 from rnnstep.serve import calls as calls_lib
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import starts as starts_lib
+from rnnstep.serve import steps as steps_lib
 from rnnstep.serve.completion import Completion
 from rnnstep.serve.completion import Row
 from rnnstep.serve.completion import Update
@@ -99,8 +102,7 @@ class Scheduler:
       completion picks, `Completion.state`; the default's name).
 
   Attributes:
-    calls: its `calls.ChunkCalls` (the device calls, their tables in
-      `calls.tables`: `stop_capacity`, `dfa_capacity`).
+    calls: its `calls.ChunkCalls` (the device calls; their `tables`).
     generator: the path's `Generator`.
     prime_chars: the longest prompt piece one call primes; a longer prompt
       is primed across calls.
@@ -137,19 +139,19 @@ class Scheduler:
         strategy=strategy, compile_in_background=compile_in_background)
     self.generator = self.calls.generator
     self.prime_chars = self.calls.prime_chars
+    self._condition = threading.Condition()
     self.starts = starts_lib.RowStarts(
         self.calls, model, prefix_cache, dict(states or {}), default_state,
-        model_key=model_key)
+        model_key=model_key, condition=self._condition)
     self.states, self.default_state = self.starts.states, default_state
     self.prefix_cache = prefix_cache
     self.burst_steps = min(self.chunk_steps, max(8, self.chunk_steps // 8))
     self._waiting = collections.deque()
     self._active: List[Row] = []
     self._carry = None  # numpy Carry of `_active`'s rows, in order.
-    # Admitted rows that wait for a row priming the same prefix to store
-    # its states (`RowStarts.start`): they hold their slots, out of the calls.
+    # Admitted rows waiting for a row priming their prefix, in any lane, to
+    # store its states (`RowStarts.start`): slots held, out of the calls.
     self._parked: List[Row] = []
-    self._condition = threading.Condition()
     self._admitting = True
     self._stopping = False
     self._stopped = False
@@ -250,8 +252,7 @@ class Scheduler:
     return drained
 
   def warm_up(self) -> None:
-    """Traces (and where the path compiles, compiles) every program a
-    request can need (`calls.ChunkCalls.warm_up`)."""
+    """Traces (and compiles) what requests need (`ChunkCalls.warm_up`)."""
     self.calls.warm_up()
 
   @property
@@ -285,9 +286,10 @@ class Scheduler:
           self._send(row, completion_lib.ended(
               row, "error",
               f"the scheduler failed: {completion_lib.describe(e)}"))
-        self._active, self._carry, self._round_rows = [], None, []
-        self._parked = []
+        self._active, self._carry, self._round_rows, self._parked = (
+            [], None, [], [])
         self.stats.running = 0
+        self.starts.forget()
         try:
           self._flush()
         except Exception:  # pylint: disable=broad-except
@@ -297,7 +299,8 @@ class Scheduler:
     """Retires, admits, prepares, runs one call and hands out its output."""
     self._flush()  # The last round's updates (outside the lock).
     with self._condition:
-      while (not self._stopping and not self._active and not self._parked
+      while (not self._stopping and not self._active
+             and not self.starts.ready(self._parked)
              and not self._live_waiting()):
         self._condition.wait()
       if self._stopping:
@@ -340,7 +343,9 @@ class Scheduler:
     carry = None
     if carried:  # Carried rows come first, in `_active`'s order.
       carry = tf.nest.map_structure(lambda x: x[carried], self._carry)
-    steps = self._steps(rows, prepared, len(fresh_rows))
+    steps = steps_lib.call_steps(
+        rows, prepared, len(fresh_rows), chunk_steps=self.chunk_steps,
+        burst_steps=self.burst_steps, max_batch=self.max_batch)
     ran, result, self._carry = (self._attempt(rows, prepared, carry, steps)
                                 if rows else ([], None, None))
     primes_only = {row: p.primes_only for row, p in zip(rows, prepared)}
@@ -364,33 +369,6 @@ class Scheduler:
       survivors = [i for i, row in enumerate(ran) if row in self._active]
       self._carry = tf.nest.map_structure(lambda x: x[survivors],
                                           self._carry)
-
-  def _steps(self, rows: List[Row], prepared: List[calls_lib.Prepared],
-             fresh: int) -> int:
-    """The steps of a round's call over `rows` (`fresh` of them just
-    admitted): a chunk, or fewer where every decoding row ends sooner."""
-    steps = self.chunk_steps
-    decoding = [row for row, p in zip(rows, prepared) if not p.primes_only]
-    if decoding:
-      # No row needs more than its own ids: when they all end within the
-      # chunk, the call stops there (a row's text depends on its own seed
-      # and position only, so cutting the call changes none).
-      steps = min(steps, max(row.completion.max_tokens - row.produced
-                             for row in decoding))
-    if fresh and len(rows) < self.max_batch and 2 * fresh > len(rows):
-      # Most of a batch that is not full has just arrived: more are likely
-      # on their way (a burst, whose requests the HTTP side reads one after
-      # another). A short call lets them join at its end rather than wait
-      # a whole chunk beside a few rows, and the burst then runs, and ends,
-      # in full chunks together (`burst_steps`).
-      steps = min(steps, self.burst_steps)
-    scored = [row for row in decoding if row.completion.want_scores]
-    if scored:
-      # A row's score counts only its own ids: such a chunk ends at the
-      # first of their limits.
-      steps = min([steps] + [row.completion.max_tokens - row.produced
-                             for row in scored])
-    return steps
 
   def _fail(self, row: Row, what: str, error: Exception) -> None:
     """Retires one row whose own work failed: its completion gets an

@@ -1,10 +1,11 @@
 """Where the scheduler's admitted rows start: a named initial state, or the
 prefix cache's state after the longest cached prefix of the prompt
 (`prefix_cache.py`), and which rows wait for another row priming the same
-prefix. `RowStarts` is the scheduler's (`scheduler.py`) use of the cache,
-on its thread.
+prefix, in their lane or another (`flights.py`). `RowStarts` is the
+scheduler's (`scheduler.py`) use of the cache, on its thread.
 """
 
+import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -14,6 +15,7 @@ import tensorflow as tf
 from rnnstep.engine import paths
 from rnnstep.model import network
 from rnnstep.serve import completion as completion_lib
+from rnnstep.serve import flights as flights_lib
 from rnnstep.serve.completion import Row
 
 
@@ -30,10 +32,14 @@ class RowStarts:
     default_state: the name of the state a completion naming none starts
       from; None: zeros.
     model_key: the model's part of the cache's namespaces.
+    condition: the scheduler's condition, which its thread waits on: another
+      lane's publication (`share`) notifies it.
 
   Attributes:
     splits_exact: priming a prompt in pieces split anywhere gives its state
       bit for bit (`start`).
+    flights: None, or the `flights.Flights` of the lanes sharing the prefix
+      cache (`share`).
 
   Raises:
     ValueError: a `default_state` not in `states`; a state not of the
@@ -41,8 +47,13 @@ class RowStarts:
   """
 
   def __init__(self, calls, model, prefix_cache, states: Dict[str, tuple],
-               default_state: Optional[str], *, model_key):
+               default_state: Optional[str], *, model_key,
+               condition: Optional[threading.Condition] = None):
     self.calls = calls
+    self.flights = None
+    self._condition = condition or threading.Condition()
+    # Another lane published since `start` last looked (`share`).
+    self._woken = False
     self.prefix_cache = prefix_cache
     self.states = states
     if default_state is not None and default_state not in states:
@@ -66,6 +77,29 @@ class RowStarts:
     if prefix_cache is not None:
       for name in [None] + list(states):
         prefix_cache.register(self.namespace(name), shapes)
+
+  def share(self, flights: flights_lib.Flights) -> None:
+    """Joins the lanes of `flights`: rows wait for a row priming their
+    prefix in any of them, and this lane publishes the rows it primes."""
+    self.flights = flights
+    flights.join(self, self._wake)
+
+  def _wake(self) -> None:
+    with self._condition:
+      self._woken = True
+      self._condition.notify()
+
+  def ready(self, parked: List[Row]) -> bool:
+    """Whether the parked rows are worth another look now: after this
+    lane's call, where one waits for a row of that call; else once another
+    lane has published since `start` (until then the scheduler's thread
+    sleeps, rather than poll)."""
+    return bool(parked) and (self.flights is None or self._woken)
+
+  def forget(self) -> None:
+    """Publishes that this lane primes nothing now (its round failed)."""
+    if self.flights is not None:
+      self.flights.publish(self, ())
 
   def namespace(self, state_name: Optional[str]):
     """The prefix cache's namespace of rows starting from `state_name`'s
@@ -98,9 +132,11 @@ class RowStarts:
     without the cache.
 
     A row whose next piece another row is priming now, on the same prefix
-    (requests that arrive together with one system prompt), waits for that
-    row to store its state (parked, holding its slot) rather than prime it
-    too; the rows parked before are looked at again first.
+    (requests that arrive together with one system prompt), in this lane's
+    call or another lane's (`flights`), waits for that row to store its
+    state (parked, holding its slot) rather than prime it too; the rows
+    parked before are looked at again first. The rows this lane primes in
+    this round's call are then published to the other lanes.
 
     Args:
       rows: the rows admitted this round.
@@ -112,10 +148,20 @@ class RowStarts:
       but those now parked), the rows parked now, the parked rows whose
       completion was cancelled)`.
     """
+    if self.flights is None:
+      return self._start(rows, going_on, parked)
+    with self.flights.deciding():  # No other lane leads what this one does.
+      return self._start(rows, going_on, parked)
+
+  def _start(self, rows: List[Row], going_on: List[Row], parked: List[Row]
+             ) -> Tuple[List[Row], List[Row], List[Row]]:
     waiting, cancelled = [], []
     # Rows priming in this round's call: their piece ends will be stored.
     leaders = [row for row in going_on if not row.decoding]
-    starting = []
+    self._woken = False  # Before reading the others': none is missed.
+    # The other lanes' priming rows, as they published them.
+    elsewhere = [] if self.flights is None else self.flights.others(self)
+    starting, mine = [], False  # mine: a row waits for one of this lane's.
     for row in parked + rows:
       if row.completion.cancelled:
         cancelled.append(row)
@@ -138,8 +184,11 @@ class RowStarts:
           row.cache_points = tuple(sorted(set(row.cache_points)
                                           | {hit.diverges}))
           ends = self.calls.boundaries(row)
-        if self.follows(row, hit.length, ends, namespace, leaders):
+        leader = self.follows(row, hit.length, ends, namespace, [
+            (leader, leader.primed) for leader in leaders] + elsewhere)
+        if leader is not None:
           waiting.append(row)
+          mine = mine or any(leader is own for own in leaders)
           continue
         self.prefix_cache.count(hit)
       except Exception as e:  # pylint: disable=broad-except
@@ -151,34 +200,40 @@ class RowStarts:
         row.primed, row.start_state = hit.length, hit.state
       starting.append(row)
       leaders.append(row)
+    if self.flights is not None:
+      if mine:  # Its call stores the state: look again after it.
+        self._wake()
+      self.flights.publish(self, leaders)
     return starting, waiting, cancelled
 
   def follows(self, row: Row, start: int, ends: List[int], namespace,
-               leaders: List[Row]) -> bool:
-    """Whether a row starting at `start` waits: one of `leaders` (rows
-    priming now, of the same namespace) will store the state at the row's
-    next piece end, the same prefix."""
+              leaders: List[Tuple[Row, int]]) -> Optional[Row]:
+    """The row of `leaders` (rows priming now, of any namespace, each with
+    the ids it has primed) that a row starting at `start` waits for: the
+    first that will store the state at the row's next piece end, the same
+    prefix in the same namespace; None: it waits for none."""
     following = [end for end in ends if end > start]
     if not following:
-      return False
+      return None
     end = following[0]
     prefix = row.prompt_ids[:end]
-    for leader in leaders:
-      if (leader.primed < end and len(leader.prompt_ids) > end
+    for leader, primed in leaders:
+      if (primed < end and len(leader.prompt_ids) > end
           and self.namespace(self.state_name(leader)) == namespace
           and np.array_equal(leader.prompt_ids[:end], prefix)
           and end in self.calls.boundaries(leader)):
-        return True
-    return False
+        return leader
+    return None
 
   def store(self, rows: List[Row], primes_only: Sequence[bool], carry
             ) -> None:
     """Stores in the prefix cache the state each row that only primed has
     after its first `primed` ids (`carry`: the call's numpy `Carry`, the
-    rows in order)."""
-    if self.prefix_cache is None or carry is None:
-      return
+    rows in order), then publishes the rows that prime on (`flights`): the
+    rows of other lanes waiting for these states find them."""
     for r, row in enumerate(rows):
+      if self.prefix_cache is None or carry is None:
+        break
       if not primes_only[r]:
         continue
       namespace = self.namespace(self.state_name(row))
@@ -190,3 +245,6 @@ class RowStarts:
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("prefix cache insert failed: %s",
                         completion_lib.describe(e))
+    if self.flights is not None:
+      self.flights.publish(self, [row for row, primes in zip(rows, primes_only)
+                                  if primes])
