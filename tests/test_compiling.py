@@ -333,12 +333,26 @@ sys.stdout.write("the last line, not flushed\\n")
 """
 
 
+# The same where the elementwise path is picked (this CPU's table forced,
+# as the `elementwise` fixture does), its small programs compiling.
+EXIT_WHILE_COMPILING_ELEMENTWISE = """
+from rnnstep.engine import cpu, paths
+paths.FASTEST_PATHS[cpu.kind()] = dict(
+    paths.FASTEST_PATHS[cpu.kind()], float32=((None, paths.ELEMENTWISE),))
+""" + EXIT_WHILE_COMPILING.replace(
+    "compiling.background(model)",
+    "compiling.background(model, paths.ELEMENTWISE)")
+
+
 @pytest.mark.slow  # A process importing TensorFlow.
-def test_a_process_that_exits_while_a_program_compiles_exits_at_once(tmp_path):
+@pytest.mark.parametrize("script", [EXIT_WHILE_COMPILING,
+                                    EXIT_WHILE_COMPILING_ELEMENTWISE])
+def test_a_process_that_exits_while_a_program_compiles_exits_at_once(
+    tmp_path, script):
   """Exit status 0, no abort, the script's exit handlers and output kept,
   and the compile is not waited for (it wrote no program to the cache)."""
   result = subprocess.run(
-      [sys.executable, "-c", EXIT_WHILE_COMPILING], capture_output=True,
+      [sys.executable, "-c", script], capture_output=True,
       text=True, env=fresh_process_env(tmp_path), timeout=cli.TIMEOUT,
       check=False)
   assert result.returncode == 0, result.stderr[-2000:]
