@@ -218,7 +218,8 @@ def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
     model, elementwise, monkeypatch):
   """Scored by batch: a batch size not compiled runs on the graph path and
   queues its compile; once compiled, elementwise, a longer text at that
-  batch too; every score the float64 model's."""
+  batch too, and a shared context's call the same way; every score the
+  float64 model's."""
   taken = []
   call = scoring.Calls.call
 
@@ -230,9 +231,11 @@ def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
   monkeypatch.setattr(scoring.Calls, "call", recorded)
   reference = nr.Reference(*nr.tensors_of_file(
       model_file.read(rnnstep.bundled_model_path())))
+  shared = [("ROMEO: ROMEO:", " O"), ("ROMEO: ROMEO:", " a"), ("Q", "x")]
   for pairs in ([("ROMEO:", " O"), ("To be", ", or"), ("K", "ING")],
                 [("ROMEO:", " O"), ("To be", ", or"), ("K", "ING")],
-                [("First Citizen:", " Before we"), ("a", "bc"), ("Q", "x")]):
+                [("First Citizen:", " Before we"), ("a", "bc"), ("Q", "x")],
+                shared, shared):
     got = rnnstep.loglikelihood(model, pairs)
     for (context, continuation), (logprob, _) in zip(pairs, got):
       ids = model.encode(context + continuation)
@@ -244,7 +247,11 @@ def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
       want = logsoftmax[positions, ids[positions + 1]].sum()
       assert abs(logprob - want) <= 1e-4, (logprob, want)
     wait_compiled(elementwise.compiler)
-  assert taken == [("graph", "stepped")] + [("elementwise", "stepped")] * 2
+  # A context two rows share runs once (`scoring.PREFIX`), its one row a
+  # batch of its own.
+  assert taken == ([("graph", "stepped")] + [("elementwise", "stepped")] * 2
+                   + [("graph", "prefix"), ("elementwise", "stepped"),
+                      ("elementwise", "prefix"), ("elementwise", "stepped")])
 
 
 Request = collections.namedtuple("Request", "num_steps")

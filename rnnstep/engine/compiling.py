@@ -9,7 +9,8 @@ function traced for the graph path (no XLA) is one trace for every shape.
 The elementwise path (`paths.ELEMENTWISE`) is a TF graph whose small XLA
 programs (each cell's gate math, the decode loop's choose-and-consume
 call) compile per exact batch size, stop table and tail
-(`Programs.compile_key`): about a second for the bundled model's.
+(`Programs.compile_key`): 0.5-1.5 s for the bundled model's (the first
+shape also traces the path).
 
 So no call waits on a compile it can avoid: a call whose programs are not
 compiled yet runs the graph path's function with the same arguments (the
