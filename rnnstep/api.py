@@ -329,9 +329,13 @@ def _score(model, rows, jit_compile, window, name) -> scoring.Scores:
   window = window_lib.resolve(model, options_lib.check("window", window))
   scoring.check_fits(model, max(len(row.ids) for row in rows), name)
   path = paths.from_jit_compile(jit_compile)
-  if path == paths.AUTO:
+  chosen = path == paths.AUTO
+  if chosen:
     path = scoring.default_path(window)
-  return scoring.score(model, path, rows, window)
+  # Where the library chose the elementwise path, no call waits on its
+  # compile (`scoring._caller`).
+  return scoring.score(model, path, rows, window,
+                       background=chosen and path == paths.ELEMENTWISE)
 
 
 def _check_ids(model, ids, name: str) -> np.ndarray:
@@ -637,14 +641,14 @@ def _is_one_prompt(prompts) -> bool:
 
 
 def _generator(model, jit_compile, batch_size, window, strategy=None):
-  """The generator a call runs on. Where `jit_compile=None` picks XLA, one
-  whose calls run on the graph path while their XLA program compiles in the
-  background (`compiling.Background`); an explicit path compiles (or not)
-  in the foreground."""
+  """The generator a call runs on. Where `jit_compile=None` picks XLA or
+  the elementwise path, one whose calls run on the graph path while their
+  XLA programs compile in the background (`compiling.Background`); an
+  explicit path compiles (or not) in the foreground."""
   path = _path(model, jit_compile, batch_size, window)
-  if (path == paths.XLA and strategy is None
+  if (path in (paths.XLA, paths.ELEMENTWISE) and strategy is None
       and paths.from_jit_compile(jit_compile) == paths.AUTO):
-    return compiling.background(model)
+    return compiling.background(model, path)
   return generator_lib.cached(model, path)
 
 

@@ -10,15 +10,20 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import rnnstep
 from rnnstep import api
 from rnnstep.engine import compiling
+from rnnstep.engine import cpu
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import paths
+from rnnstep.engine import scoring
 from rnnstep.engine import xla_cache
+from rnnstep.model import model_file
 from tests.support import cli
+from tests.support import numpy_reference as nr
 
 # These tests are about the choice jit_compile=None makes (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("unpinned_default_path")
@@ -38,14 +43,20 @@ def background(model, monkeypatch):
     pytest.skip("jit_compile=None does not pick XLA on this machine")
   found = compiling.background(model)
   monkeypatch.setattr(found, "compiler", compiling.Compiler())
+  record_paths_taken(found, monkeypatch)
+  return found
+
+
+def record_paths_taken(found, monkeypatch):
+  """Appends (path, function) to `found.taken` for each call the library
+  makes on `found`'s target or graph generator."""
   found.taken = []
-  for path, generator in (("xla", found.xla), ("graph", found.graph)):
-    def call(name, *args, _path=path, _call=generator.call):
+  for generator in (found.target, found.graph):
+    def call(name, *args, _path=generator.path, _call=generator.call):
       if threading.current_thread() is threading.main_thread():  # Not a
         found.taken.append((_path, name))  # compile's call.
       return _call(name, *args)
     monkeypatch.setattr(generator, "call", call)
-  return found
 
 
 def wait_compiled(compiler, timeout=300):
@@ -106,6 +117,141 @@ def test_a_stream_goes_on_under_xla_once_its_programs_are_compiled(
   assert set(background.taken[2:]) == {("xla", "continue_fn")}
   assert "".join(pieces) == rnnstep.generate(model, "Hello", 120,
                                              jit_compile=False, **options)
+
+
+@pytest.fixture
+def elementwise(model, monkeypatch):
+  """`jit_compile=None` picks the elementwise path at every batch size
+  (this CPU's table forced: its own puts the elementwise band where
+  another kind's may not), and the model's elementwise `Background`, with
+  a compiler of its own that scoring shares, records each call's path."""
+  monkeypatch.setitem(paths.FASTEST_PATHS, cpu.kind(), dict(
+      paths.FASTEST_PATHS[cpu.kind()], float32=((None, paths.ELEMENTWISE),)))
+  found = compiling.background(model, paths.ELEMENTWISE)
+  compiler = compiling.Compiler()
+  monkeypatch.setattr(found, "compiler", compiler)
+  monkeypatch.setitem(compiling._COMPILERS, found.programs, compiler)
+  record_paths_taken(found, monkeypatch)
+  return found
+
+
+def reference_greedy(model, prompt, num_steps):
+  """The float64 numpy model's greedy continuation (text)."""
+  reference = nr.Reference(*nr.tensors_of_file(
+      model_file.read(rnnstep.bundled_model_path())))
+  return model.decode(reference.greedy(model.encode(prompt), num_steps))
+
+
+def test_an_elementwise_choice_compiles_in_the_background(model, elementwise):
+  assert api._path(model, None, 40) == paths.ELEMENTWISE
+  assert api._generator(model, None, 40, 0) is elementwise
+  assert api._generator(model, "elementwise", 40, 0) is elementwise.target
+  assert api._generator(model, False, 40, 0) is elementwise.graph
+
+
+@pytest.mark.slow  # The elementwise path's small programs compile (seconds).
+@pytest.mark.parametrize("options", [dict(temperature=0.0),
+                                     dict(temperature=0.8, seed=7)])
+def test_a_new_batch_runs_on_the_graph_path_while_its_programs_compile(
+    model, elementwise, options):
+  """Its first call runs on the graph path and queues the compile; once
+  compiled, its calls run elementwise, a new prompt length at that batch
+  among them (nothing new compiles: XLA's disk cache gains no program);
+  each text is the explicit paths' (and greedy, the float64 model's)."""
+  prompts = ["ROMEO:", "To be, or", "a"]
+  first = rnnstep.generate(model, prompts, 40, **options)
+  assert elementwise.taken == [("graph", "generate_fn")]
+  assert elementwise.compiler.pending == 1
+  wait_compiled(elementwise.compiler)
+  second = rnnstep.generate(model, prompts, 40, **options)
+  assert elementwise.taken[-1] == ("elementwise", "generate_fn")
+  assert first == second
+  for jit_compile in (False, "elementwise"):
+    assert first == rnnstep.generate(model, prompts, 40,
+                                     jit_compile=jit_compile, **options)
+  if not options["temperature"]:
+    assert first[0] == reference_greedy(model, prompts[0], 40)
+  before = xla_cache.entry_names()
+  longer = ["First Citizen:\nBefore we proceed", "b", "c"]
+  text = rnnstep.generate(model, longer, 40, **options)
+  assert elementwise.taken[-1] == ("elementwise", "generate_fn")
+  assert elementwise.compiler.pending == 0
+  assert xla_cache.entry_names() == before
+  assert text == rnnstep.generate(model, longer, 40, jit_compile=False,
+                                  **options)
+
+
+@pytest.mark.slow  # Two compiles of the elementwise path's programs.
+def test_a_stream_keeps_the_path_it_started_on(model, elementwise):
+  """The elementwise loop's carry has consumed its last id, the graph
+  path's has not: a stream that starts on the graph path stays there after
+  its programs compile; the next stream of its shape runs elementwise.
+  Joined, each is `generate`'s text."""
+  options = dict(seed=11, temperature=0.8)
+  prompts = ["Hello", "ROMEO:", "x"]
+  pieces = []
+  for piece in rnnstep.stream(model, prompts, 100, chunk_size=20, **options):
+    pieces.append(piece)
+    wait_compiled(elementwise.compiler)
+  assert elementwise.taken == ([("graph", "generate_fn")]
+                               + [("graph", "continue_fn")] * 4)
+  again = list(rnnstep.stream(model, prompts, 100, chunk_size=20, **options))
+  assert elementwise.taken[5:] == ([("elementwise", "generate_fn")]
+                                   + [("elementwise", "continue_fn")] * 4)
+  want = rnnstep.generate(model, prompts, 100, jit_compile=False, **options)
+  for chunks in (pieces, again):
+    assert ["".join(row) for row in zip(*chunks)] == want
+
+
+def test_a_compiler_bound_keeps_later_batches_on_the_graph_path(
+    model, elementwise, monkeypatch):
+  compiler = compiling.Compiler(max_programs=0)
+  monkeypatch.setattr(elementwise, "compiler", compiler)
+  for _ in range(2):
+    rnnstep.generate(model, ["a", "b", "c", "d"], 5, temperature=0.0)
+    assert compiler.pending == 0 and not compiler.compiled
+  assert elementwise.taken == [("graph", "generate_fn")] * 2
+
+
+@pytest.mark.slow  # The elementwise path's scoring programs compile.
+def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
+    model, elementwise, monkeypatch):
+  """Scored by batch: a batch size not compiled runs on the graph path and
+  queues its compile; once compiled, elementwise, a longer text at that
+  batch too, and a shared context's call the same way; every score the
+  float64 model's."""
+  taken = []
+  call = scoring.Calls.call
+
+  def recorded(self, name, *args):
+    if threading.current_thread() is threading.main_thread():
+      taken.append((self.path, name))
+    return call(self, name, *args)
+
+  monkeypatch.setattr(scoring.Calls, "call", recorded)
+  reference = nr.Reference(*nr.tensors_of_file(
+      model_file.read(rnnstep.bundled_model_path())))
+  shared = [("ROMEO: ROMEO:", " O"), ("ROMEO: ROMEO:", " a"), ("Q", "x")]
+  for pairs in ([("ROMEO:", " O"), ("To be", ", or"), ("K", "ING")],
+                [("ROMEO:", " O"), ("To be", ", or"), ("K", "ING")],
+                [("First Citizen:", " Before we"), ("a", "bc"), ("Q", "x")],
+                shared, shared):
+    got = rnnstep.loglikelihood(model, pairs)
+    for (context, continuation), (logprob, _) in zip(pairs, got):
+      ids = model.encode(context + continuation)
+      logits = reference.logits(ids[:-1])
+      peak = logits.max(-1, keepdims=True)
+      logsoftmax = logits - peak - np.log(
+          np.exp(logits - peak).sum(-1, keepdims=True))
+      positions = np.arange(len(context) - 1, len(ids) - 1)
+      want = logsoftmax[positions, ids[positions + 1]].sum()
+      assert abs(logprob - want) <= 1e-4, (logprob, want)
+    wait_compiled(elementwise.compiler)
+  # A context two rows share runs once (`scoring.PREFIX`), its one row a
+  # batch of its own.
+  assert taken == ([("graph", "stepped")] + [("elementwise", "stepped")] * 2
+                   + [("graph", "prefix"), ("elementwise", "stepped"),
+                      ("elementwise", "prefix"), ("elementwise", "stepped")])
 
 
 Request = collections.namedtuple("Request", "num_steps")
@@ -194,12 +340,26 @@ sys.stdout.write("the last line, not flushed\\n")
 """
 
 
+# The same where the elementwise path is picked (this CPU's table forced,
+# as the `elementwise` fixture does), its small programs compiling.
+EXIT_WHILE_COMPILING_ELEMENTWISE = """
+from rnnstep.engine import cpu, paths
+paths.FASTEST_PATHS[cpu.kind()] = dict(
+    paths.FASTEST_PATHS[cpu.kind()], float32=((None, paths.ELEMENTWISE),))
+""" + EXIT_WHILE_COMPILING.replace(
+    "compiling.background(model)",
+    "compiling.background(model, paths.ELEMENTWISE)")
+
+
 @pytest.mark.slow  # A process importing TensorFlow.
-def test_a_process_that_exits_while_a_program_compiles_exits_at_once(tmp_path):
+@pytest.mark.parametrize("script", [EXIT_WHILE_COMPILING,
+                                    EXIT_WHILE_COMPILING_ELEMENTWISE])
+def test_a_process_that_exits_while_a_program_compiles_exits_at_once(
+    tmp_path, script):
   """Exit status 0, no abort, the script's exit handlers and output kept,
   and the compile is not waited for (it wrote no program to the cache)."""
   result = subprocess.run(
-      [sys.executable, "-c", EXIT_WHILE_COMPILING], capture_output=True,
+      [sys.executable, "-c", script], capture_output=True,
       text=True, env=fresh_process_env(tmp_path), timeout=cli.TIMEOUT,
       check=False)
   assert result.returncode == 0, result.stderr[-2000:]

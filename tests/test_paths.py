@@ -270,11 +270,14 @@ class DefaultPathTest(tf.test.TestCase):
   def test_one_shot_runs_take_the_graph_path_where_xla_would_compile(self):
     full, half = small_models()
     for batch in (1, 3, 16, 20, 32, 48, 64, 65, 256):
-      limit = min(paths.ONE_SHOT_GRAPH_MAX_STEPS,
-                  paths.ONE_SHOT_GRAPH_MAX_ROW_STEPS // batch)
       default = paths.default_path(full, batch)
+      limit = (paths.ONE_SHOT_GRAPH_MAX_ELEMENTWISE_STEPS
+               if default == "elementwise" else
+               min(paths.ONE_SHOT_GRAPH_MAX_STEPS,
+                   paths.ONE_SHOT_GRAPH_MAX_ROW_STEPS // batch))
       short = paths.one_shot_path(full, batch, limit)
-      self.assertEqual(short, "graph" if default == "xla" else default, batch)
+      self.assertEqual(short, "graph" if default != "graph" else default,
+                       batch)
       # Past the limit (steps, or rows x steps: a bulk job's 256-row
       # batches take XLA past 512 steps in all), and in a reduced dtype, the
       # default stands.
@@ -283,6 +286,22 @@ class DefaultPathTest(tf.test.TestCase):
                        paths.default_path(half, batch))
     with mock.patch.object(paths, "gpu_visible", return_value=True):
       self.assertEqual(paths.one_shot_path(full, 1, 10), "xla")
+
+  def test_one_shot_runs_take_the_graph_path_where_elementwise_would_compile(
+      self):
+    """Whatever this CPU's table says (a table with an elementwise band)."""
+    full, half = small_models()
+    limit = paths.ONE_SHOT_GRAPH_MAX_ELEMENTWISE_STEPS
+    with mock.patch.object(paths, "default_path",
+                           return_value="elementwise"):
+      self.assertEqual(paths.one_shot_path(full, 40, limit), "graph")
+      self.assertEqual(paths.bulk_job_path(full, 400, 40, limit // 10),
+                       "graph")
+      self.assertEqual(paths.one_shot_path(full, 40, limit + 1),
+                       "elementwise")
+      self.assertEqual(paths.bulk_job_path(full, 410, 40, limit // 10),
+                       "elementwise")
+      self.assertEqual(paths.one_shot_path(half, 40, 10), "elementwise")
 
   def test_rwkv7_has_its_own_cpu_paths(self):
     """paths.KIND_PATHS: XLA in float32, the graph path in bfloat16, whatever

@@ -120,9 +120,11 @@ def _jit_compile(model, given, batch: int, num_steps: int, calls_rows: int):
         f"{paths.from_jit_compile(given)} path, as "
         f"--{'' if given else 'no'}jit_compile says")
   path = paths.one_shot_path(model, batch, num_steps)
-  if path == paths.GRAPH and paths.default_path(model, batch) != path:
-    which = (f"graph path: {num_steps} steps in float32, where "
-             "compiling XLA would cost this one run more than it saves")
+  default = paths.default_path(model, batch)
+  if path == paths.GRAPH and default != path:
+    which = (f"graph path: {num_steps} steps in float32, where compiling "
+             f"{'XLA' if default == paths.XLA else 'the elementwise path'} "
+             "would cost this one run more than it saves")
     # A model that unrolls block by block (RWKV-7) lowers to so large an
     # HLO that finding its program on disk (a trace and the lowering)
     # costs a short run more than XLA saves it.

@@ -201,11 +201,8 @@ def invariants(network, request, start, keys=None) -> Invariants:
   (`keys`: the rows' noise keys, default from the request's seeds)."""
   parts = active(request.sampling, request.lookback, network.vocab_size)
   back = looks_back(parts)
-  # Options the plain tail does not run: any row using one takes the general.
-  general = [o for o in options.HISTORY_OPTIONS + options.FILTERS
-             if not o.plain]
   constrained = is_constrained(request.constraint)
-  plain = ~(_any_of(parts, general) | request.want_scores | constrained)
+  plain = takes_plain_tail(parts, request.want_scores, constrained)
   return Invariants(
       params=request.sampling, parts=parts,
       keys=(sampling.row_keys(request.seeds.seeds, request.seeds.index)
@@ -214,6 +211,17 @@ def invariants(network, request, start, keys=None) -> Invariants:
       looks_back=back, want_scores=request.want_scores, plain=plain,
       table=network.input_table, banned=network.banned,
       constraint=request.constraint, constrained=constrained)
+
+
+def takes_plain_tail(parts: Active, want_scores, constrained) -> tf.Tensor:
+  """Whether the `plain` tail gives a request's text (bool scalar): no row
+  uses an option that tail does not run, no one wants scores and no row has
+  a pattern. Which tail runs is chosen by these values, not by shapes, so
+  the elementwise path, whose tails are XLA programs of their own, compiles
+  each tail when a call first takes it (`generator.Programs.compile_key`)."""
+  general = [o for o in options.HISTORY_OPTIONS + options.FILTERS
+             if not o.plain]
+  return ~(_any_of(parts, general) | want_scores | constrained)
 
 
 def is_constrained(dfa: constraints.Dfa) -> tf.Tensor:

@@ -6,25 +6,37 @@ compiled once per shape: per batch bucket, prompt width, output capacity
 and table size (`request.build`). The bundled model's program takes 3-8 CPU
 seconds to compile, RWKV-7's at the 0.1B shape about a minute; the same
 function traced for the graph path (no XLA) is one trace for every shape.
+The elementwise path (`paths.ELEMENTWISE`) is a TF graph whose small XLA
+programs (each cell's gate math, the decode loop's choose-and-consume
+call) compile per exact batch size, stop table and tail
+(`Programs.compile_key`): 0.5-1.5 s for the bundled model's (the first
+shape also traces the path).
 
-So no call waits on a compile it can avoid: a call whose XLA program is not
+So no call waits on a compile it can avoid: a call whose programs are not
 compiled yet runs the graph path's function with the same arguments (the
-very same request and carry), while a `Compiler` compiles that shape's XLA
-program on its own thread; once it is compiled, calls of that shape run on
-XLA. The graph and XLA programs are one Python function traced twice, take
-the same arguments and give the same carry (both prime all but a row's last
-id): a generation may run one chunk on the graph path and the next under
-XLA, and its text is the same either way (README "Reproducibility": the
-paths agree to float32 rounding).
+very same request and carry), while a `Compiler` compiles that shape's
+programs on its own thread; once they are compiled, calls of that shape run
+on the target path. The graph and XLA programs are one Python function
+traced twice, take the same arguments and give the same carry (both prime
+all but a row's last id): a generation may run one chunk on the graph path
+and the next under XLA, and its text is the same either way (README
+"Reproducibility": the paths agree to float32 rounding). The elementwise
+path's carry has consumed its last id: a generation keeps the path it
+started on (`Background`).
 
-Two users:
+Three users:
   - the server's chunk calls (`rnnstep/serve/calls.py`) ask for
     `serve_fn`'s shapes, a call's first, then its warm-up's;
   - the library (`rnnstep.generate`, `rnnstep.stream` with
-    `jit_compile=None` where that picks XLA) calls through `Background`.
+    `jit_compile=None` where that picks XLA or the elementwise path) calls
+    through `Background`;
+  - scoring (`rnnstep.loglikelihood`, `loglikelihood_rolling` with
+    `jit_compile=None` on a CPU: the elementwise path) calls per batch
+    through `graph_while_compiling` (`scoring._caller`).
 
-One `Compiler` per XLA `Programs` (`for_programs`): the programs, and so
-what has been compiled, are shared by every model of the architecture. A
+One `Compiler` per XLA or elementwise `Programs` (`for_programs`; scoring's
+elementwise programs share the generation's): the programs, and so what
+has been compiled, are shared by every model of the architecture. A
 `Compiler` compiles at most `MAX_PROGRAMS` shapes; later shapes stay on the
 graph path, which bounds the memory the compiled programs hold (the bundled
 model's program is about 1 MB of machine code; a process's XLA programs are
@@ -69,7 +81,8 @@ shape_key = generator_lib.shape_key
 
 
 class Compiler:
-  """Shapes of one XLA `Programs` compiled, and a thread compiling more.
+  """Shapes of one XLA or elementwise `Programs` compiled, and a thread
+  compiling more.
 
   `ready(key)` says whether a shape's program is compiled; `want(...)`
   queues a shape with arguments to compile it with (a call of those
@@ -109,11 +122,13 @@ class Compiler:
   def want(self, key, generator, args, *, first: bool = False,
            owner=None, name: str = "serve_fn") -> bool:
     """Queues `key`'s program, to compile by calling `generator`'s function
-    `name` with `args` (for one step; the arrays are not changed).
+    `name` with `args` (a generation's for one step; the arrays are not
+    changed).
 
     Args:
-      key: `shape_key(args, name)`.
-      generator: the XLA `Generator` whose function to compile.
+      key: `Programs.compile_key(name, args)` (scoring's: its own).
+      generator: the XLA or elementwise `Generator` whose function to
+        compile (or anything with such a `call`: `scoring.Calls`).
       args: the function's arguments but the weights.
       first: ahead of the shapes queued before (a call asked for it).
       owner: what queued it (`forget` drops its shapes).
@@ -133,8 +148,9 @@ class Compiler:
             + (self._compiling is not None)) >= self._max_programs:
           return False
         request = args[0]
-        # One step is all a compile needs (the steps are not a constant).
-        args = (request._replace(num_steps=np.int32(1)),) + tuple(args[1:])
+        if hasattr(request, "num_steps"):  # A generation's request.
+          # One step is all a compile needs (the steps are not a constant).
+          args = (request._replace(num_steps=np.int32(1)),) + tuple(args[1:])
         self._queue[key] = (generator, name, args, owner)
       if first:
         self._queue.move_to_end(key, last=False)
@@ -277,62 +293,94 @@ def _remember_exit_status() -> None:
 
 
 class Background:
-  """A model's XLA generator whose calls never wait on a compile.
+  """A model's generator on a path that compiles (XLA, or the elementwise
+  path's small XLA programs) whose calls never wait on a compile.
 
-  It stands in for the XLA `Generator` where the host side calls one
-  (`host.generate_ids`, `host.stream_ids`: `call`, `model`, `path`,
-  `jit_compile`, `chunked_prompts`, `state_sizes`, so requests are built with XLA's buckets).
-  A call whose shape's program is compiled runs under XLA; any other runs
-  the graph path's function with the same arguments while the `Compiler`
-  compiles it (`MAX_PROGRAMS` at most; past that, the graph path).
+  It stands in for the target path's `Generator` where the host side calls
+  one (`host.generate_ids`, `host.stream_ids`: `call`, `model`, `path`,
+  `jit_compile`, `chunked_prompts`, `state_sizes`, so requests are built
+  with the target's shapes). A call whose programs are compiled
+  (`Programs.compile_key`) runs on the target path; any other runs the
+  graph path's function with the same arguments while the `Compiler`
+  compiles them (`MAX_PROGRAMS` at most; past that, the graph path).
+
+  Under XLA that is decided call by call: the carries interchange. The
+  elementwise path's carry has consumed its last id, the graph path's has
+  not (`Programs.unconsumed`), so there a generation (a stream: all its
+  calls) takes one path, chosen at its start: the target where the
+  programs of its first call and of its continuations are compiled, else
+  the graph path throughout, each call queueing its compile
+  (`_GraphWhileCompiling`).
 
   In a process that generates once (`generate_once`: rnnstep-generate),
-  nothing is compiled (the process would not live to use it): a call runs
-  under XLA where its program is in XLA's disk cache (`xla_cache.has_program`,
-  loaded in seconds), else on the graph path, with the graph path's exact
-  shapes when the generation's first call is not on disk.
+  nothing is compiled (the process would not live to use it): under XLA a
+  call runs where its program is in XLA's disk cache
+  (`xla_cache.has_program`, loaded in seconds), else on the graph path,
+  with the graph path's exact shapes when the generation's first call is
+  not on disk; the elementwise path's calls run on the graph path.
 
   Args:
     model: the `rnnstep.Model`.
+    target: `paths.XLA` or `paths.ELEMENTWISE`.
     compiles: whether calls not compiled queue their compile.
   """
 
-  def __init__(self, model, compiles: bool = True):
+  def __init__(self, model, target: str = paths.XLA, compiles: bool = True):
     xla_cache.prune_once()  # Before TensorFlow loads a program from it.
-    self.xla = generator_lib.cached(model, paths.XLA)
+    self.target = generator_lib.cached(model, target)
     self.graph = generator_lib.cached(model, paths.GRAPH)
-    self.compiler = for_programs(self.xla.programs)
+    self.compiler = for_programs(self.target.programs)
     self.compiles = compiles
-    self.path = paths.XLA
-    self.jit_compile = True
-    # Requests are built with XLA's prompt widths, which the graph path
-    # primes as well (its unroll stops at the longest prompt).
-    self.chunked_prompts = self.xla.chunked_prompts
-    self.programs = self.xla.programs
+    self.path = target
+    self.jit_compile = self.target.jit_compile
+    # Requests are built with the target's prompt widths, which the graph
+    # path primes as well (its unroll stops at the longest prompt).
+    self.chunked_prompts = self.target.chunked_prompts
+    self.programs = self.target.programs
+    self.switches_mid_generation = (self.programs.unconsumed
+                                    == self.graph.programs.unconsumed)
 
   @property
   def model(self):
-    return self.xla.model
+    return self.target.model
 
   def state_sizes(self):
-    return self.xla.state_sizes()
+    return self.target.state_sizes()
 
   def generate_ids(self, prompts, num_steps, options, *, strategy=None):
-    """`host.generate_ids` through `call` (no strategy)."""
+    """`host.generate_ids` on the generation's runner (no strategy)."""
     assert strategy is None, "a strategy's replicas run XLA in the foreground"
-    if not self.compiles and not self._first_on_disk(prompts, num_steps,
-                                                     options):
-      return host.generate_ids(self.graph, prompts, num_steps, options)
-    return host.generate_ids(self, prompts, num_steps, options)
+    return host.generate_ids(self._runner(prompts, num_steps, options),
+                             prompts, num_steps, options)
 
   def stream_ids(self, prompts, num_steps, chunk_size, options):
-    """`host.stream_ids` through `call`."""
-    if not self.compiles and not self._first_on_disk(
-        prompts, min(chunk_size, num_steps), options,
-        capacity_steps=chunk_size, total_steps=num_steps):
-      return host.stream_ids(self.graph, prompts, num_steps, chunk_size,
-                             options)
-    return host.stream_ids(self, prompts, num_steps, chunk_size, options)
+    """`host.stream_ids` on the stream's runner."""
+    runner = self._runner(prompts, min(chunk_size, num_steps), options,
+                          continues=num_steps > chunk_size,
+                          capacity_steps=chunk_size, total_steps=num_steps)
+    return host.stream_ids(runner, prompts, num_steps, chunk_size, options)
+
+  def _runner(self, prompts, num_steps, options, *, continues=False,
+              **buffer_steps):
+    """What runs a generation's calls: this `Background` (call by call),
+    the graph path's generator, the target's, or `_GraphWhileCompiling`."""
+    if self.switches_mid_generation:
+      if self.compiles or self._first_on_disk(prompts, num_steps, options,
+                                              **buffer_steps):
+        return self
+      return self.graph
+    if not self.compiles:
+      return self.graph
+    request = host.build_request(self, prompts, num_steps, options,
+                                 **buffer_steps)
+    name, args = _first_call(request, options)
+    keys = [self.programs.compile_key(name, args)]
+    if continues:
+      keys.append(self.programs.compile_key(
+          "window_continue_fn" if options.window else "continue_fn", args))
+    if all(self._ready(key) for key in keys):
+      return self.target
+    return _GraphWhileCompiling(self)
 
   def _first_on_disk(self, prompts, num_steps, options,
                      **buffer_steps) -> bool:
@@ -343,31 +391,67 @@ class Background:
       return False  # Nothing of this model's: no request built for XLA.
     request = host.build_request(self, prompts, num_steps, options,
                                  **buffer_steps)
-    if options.num_beams > 1:
-      return self._xla_ready(shape_key((request,), "beam_fn"))
-    if options.window:
-      return self._xla_ready(shape_key(
-          (request, np.int32(options.window)), "window_fn"))
-    return self._xla_ready(shape_key((request,), "generate_fn"))
+    name, args = _first_call(request, options)
+    return self._ready(self.programs.compile_key(name, args))
 
-  def _xla_ready(self, key) -> bool:
-    """Whether `key`'s XLA program runs without compiling: compiled here,
-    or (where this generator compiles nothing) on disk."""
+  def _ready(self, key) -> bool:
+    """Whether `key`'s programs run without compiling: compiled here, or
+    (an XLA program, where this generator compiles nothing) on disk."""
     if self.compiler.ready(key) or self.programs.compiled(key):
       return True
-    return not self.compiles and xla_cache.has_program(
-        self.programs.program_key(key))
+    return (not self.compiles and self.path == paths.XLA
+            and xla_cache.has_program(self.programs.program_key(key)))
+
+  def call(self, name: str, *args, target: bool = True):
+    """`Generator.call` on the target path if its programs are ready (and
+    `target`), else on the graph path, queueing their compile."""
+    key = self.programs.compile_key(name, args)
+    if target and self._ready(key):
+      return self.target.call(name, *args)
+    return graph_while_compiling(self.compiler if self.compiles else None,
+                                 key, self.target, self.graph, name, args)
+
+
+def graph_while_compiling(compiler, key, target, graph, name: str, args,
+                          compile_args=None):
+  """`graph.call(name, *args)`, queueing (first) the compile of `key`'s
+  programs on `compiler`'s thread by `target.call(name, *compile_args)`
+  (default: `args`), unless compiling them failed before or `compiler` is
+  None."""
+  result = graph.call(name, *args)
+  if compiler is not None and not compiler.failed(key):
+    compiler.want(key, target, args if compile_args is None else compile_args,
+                  first=True, name=name)
+  return result
+
+
+def _first_call(request, options):
+  """The name and arguments of a generation's first call (as `host` makes
+  it)."""
+  if options.num_beams > 1:
+    return "beam_fn", (request,)
+  if options.window:
+    return "window_fn", (request, np.int32(options.window))
+  return "generate_fn", (request,)
+
+
+class _GraphWhileCompiling:
+  """A generation on the graph path throughout, each call queueing the
+  compile of its shape on its `Background`'s target path (whose carry the
+  graph path's cannot continue)."""
+
+  def __init__(self, background: Background):
+    self._background = background
+    self.jit_compile = background.jit_compile
+    self.chunked_prompts = background.chunked_prompts
+    self.state_sizes = background.state_sizes
+
+  @property
+  def model(self):
+    return self._background.model
 
   def call(self, name: str, *args):
-    """`Generator.call` on XLA if its program is ready, else on the graph
-    path, queueing the program's compile."""
-    key = shape_key(args, name)
-    if self._xla_ready(key):
-      return self.xla.call(name, *args)
-    result = self.graph.call(name, *args)
-    if self.compiles and not self.compiler.failed(key):
-      self.compiler.want(key, self.xla, args, first=True, name=name)
-    return result
+    return self._background.call(name, *args, target=False)
 
 
 _BACKGROUND = weakref.WeakKeyDictionary()
@@ -380,11 +464,12 @@ def generate_once() -> None:
   _GENERATES_ONCE[:] = [True]
 
 
-def background(model) -> Background:
-  """The model's `Background` (one per model, held weakly as
-  `generator.cached`'s generators are)."""
-  found = _BACKGROUND.get(model)
+def background(model, target: str = paths.XLA) -> Background:
+  """The model's `Background` for a target path (one per model and path,
+  held weakly as `generator.cached`'s generators are)."""
+  per_model = _BACKGROUND.setdefault(model, {})
+  found = per_model.get(target)
   if found is None:
-    found = _BACKGROUND[model] = Background(
-        model, compiles=not _GENERATES_ONCE)
+    found = per_model[target] = Background(
+        model, target, compiles=not _GENERATES_ONCE)
   return found

@@ -58,6 +58,7 @@ class Programs(tf.Module):
     super().__init__(name=f"programs_{path}")
     self.architecture = model.architecture
     self.path = path
+    self.vocab_size = model.vocab_size
     self.jit_compile = path == paths.XLA
     state_sizes = state_sizes_of(model.config)
     weights_spec = model.weights_spec()
@@ -109,6 +110,44 @@ class Programs(tf.Module):
     """Whether the program of `key` (`shape_key`) was called in this
     process (XLA: compiled, or loaded from XLA's disk cache)."""
     return key in self._compiled
+
+  def compile_key(self, name: str, args) -> Hashable:
+    """What this path compiles a call's programs for (None on the graph
+    path, which compiles nothing).
+
+    Under XLA, `shape_key`: the whole function is one program per shape. On
+    the elementwise path only the small XLA programs inside the TF graph
+    compile (each cell's gate math; the loop's choose-and-consume call,
+    `loop.choose_then_consume`), per shape of what reaches them: the batch,
+    the stop automaton's and the pattern's state counts, the history's
+    length; not the prompt's width (priming feeds them a column at a time)
+    nor the output buffer's (the loop writes it outside them). The tail a
+    call takes is chosen by values (`pipeline.takes_plain_tail`), and each
+    tail is a program of its own. Measured with the bundled GRU (the files
+    XLA's disk cache gained per call): a new prompt length or step count at
+    a known batch compiles nothing; a new batch, stop string, top_k or
+    repetition penalty does. A continuation's carry has the shapes its
+    request gives it: the key reads the request (and a window's length).
+
+    Args:
+      name: the compiled function.
+      args: its arguments but the weights (a request first), numpy.
+    """
+    if self.path == paths.XLA:
+      return shape_key(args, name)
+    if self.path == paths.GRAPH:
+      return None
+    request = args[0]
+    parts = pipeline.active(request.sampling, request.lookback,
+                            self.vocab_size)
+    plain = pipeline.takes_plain_tail(
+        parts, request.want_scores,
+        pipeline.is_constrained(request.constraint))
+    request = request._replace(
+        prompts=request.prompts._replace(ids=request.prompts.ids[:, :0]),
+        capacity=np.int32(0))
+    window = tuple(args[-1:]) if name.startswith("window") else ()
+    return shape_key((request,) + window, name) + (bool(plain),)
 
   def index_prefix(self) -> str:
     """What every key of these programs in XLA's program index starts with

@@ -331,16 +331,30 @@ ONE_SHOT_GRAPH_MAX_STEPS = 2000
 ONE_SHOT_GRAPH_MAX_ROW_STEPS = 131_072
 
 
+# The elementwise path's small programs gain the bundled model little a
+# step over the graph path (40 rows: within noise; 65 rows: ~10%), and a
+# process pays their trace and compile: whole `rnnstep-generate
+# --num_samples=40` processes on a 2-vCPU EPYC Zen 4 took 1.6 s (200
+# steps), 1.3 s (1,000) and 0.7-2.9 s (3,000) longer on it than on the
+# graph path, and 150 MB more
+# (benchmarks/results/first-call-epyc-zen4-2026-12.md). So a one-shot
+# run takes the graph path where the table says elementwise, up to this
+# many steps (a bulk job's batches count as one run).
+ONE_SHOT_GRAPH_MAX_ELEMENTWISE_STEPS = 5000
+
+
 def one_shot_path(model, batch_size: int, num_steps: int) -> str:
   """The path for a process that runs one generation and exits.
 
-  `default_path` is the fastest path once its program is compiled, which is
-  what a notebook, a server or a loop of calls pays off. A process that
+  `default_path` is the fastest path once its programs are compiled, which
+  is what a notebook, a server or a loop of calls pays off. A process that
   generates once (the command line) also pays the compile: for a float32
   model on a CPU, XLA's costs more than it saves up to
   `ONE_SHOT_GRAPH_MAX_STEPS` steps and `ONE_SHOT_GRAPH_MAX_ROW_STEPS` rows x
-  steps, so such a run takes the graph path. In float32 the paths give the
-  same text (README "Reproducibility").
+  steps, and the elementwise path's up to
+  `ONE_SHOT_GRAPH_MAX_ELEMENTWISE_STEPS` steps, so such a run takes the
+  graph path. In float32 the paths give the same text (README
+  "Reproducibility").
 
   Args:
     model: the `rnnstep.Model`.
@@ -351,10 +365,14 @@ def one_shot_path(model, batch_size: int, num_steps: int) -> str:
     One of CONCRETE.
   """
   path = default_path(model, batch_size)
-  if (path == XLA and pinned_path() is None
-      and num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
-      and batch_size * num_steps <= ONE_SHOT_GRAPH_MAX_ROW_STEPS
-      and model.compute_dtype.name == "float32" and not gpu_visible()):
+  if (pinned_path() is not None or model.compute_dtype.name != "float32"
+      or gpu_visible()):
+    return path
+  if path == XLA and (num_steps <= ONE_SHOT_GRAPH_MAX_STEPS
+                      and batch_size * num_steps
+                      <= ONE_SHOT_GRAPH_MAX_ROW_STEPS):
+    return GRAPH
+  if path == ELEMENTWISE and num_steps <= ONE_SHOT_GRAPH_MAX_ELEMENTWISE_STEPS:
     return GRAPH
   return path
 
@@ -363,8 +381,8 @@ def bulk_job_path(model, records: int, batch_size: int, num_steps: int) -> str:
   """The one path of every batch of a bulk job (`rnnstep-generate --input`).
 
   The job's batches count as one one-shot run (`one_shot_path`): the
-  batch's rows and the steps of all its batches, so XLA's compile is
-  weighed against the whole job (the last, smaller batch takes it too).
+  batch's rows and the steps of all its batches, so a compile is weighed
+  against the whole job (the last, smaller batch takes its path too).
 
   Args:
     model: the `rnnstep.Model`.

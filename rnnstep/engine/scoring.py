@@ -28,12 +28,14 @@ generation sees them.
 """
 
 from typing import List, NamedTuple, Sequence
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from rnnstep.decoding import pipeline
 from rnnstep.decoding import sampling
+from rnnstep.engine import compiling
 from rnnstep.engine import generator as generator_lib
 from rnnstep.engine import host
 from rnnstep.engine import paths
@@ -183,6 +185,62 @@ def prefix_function(model, path: str) -> network_lib.BoundFunction:
       model.network_weights)
 
 
+# The names of scoring's functions (`Calls.call`).
+STEPPED = "stepped"
+WINDOWS = "windows"
+PREFIX = "prefix"
+
+
+class Calls:
+  """Scoring's compiled functions of one model on one path, called by name
+  (`STEPPED`: `function`, `WINDOWS`: over windows, `PREFIX`:
+  `prefix_function`) as a `compiling.Compiler` calls a generator's; the
+  model is held weakly, as a cached generator's is."""
+
+  def __init__(self, model, path: str):
+    self._model = weakref.ref(model)
+    self.path = paths.check_concrete(path)
+
+  @property
+  def model(self):
+    return self._model()
+
+  def call(self, name: str, *args):
+    if name == PREFIX:
+      compiled = prefix_function(self.model, self.path)
+    else:
+      compiled = function(self.model, self.path, windowed=name == WINDOWS)
+    return compiled(*args)
+
+
+def _caller(model, path: str, background: bool):
+  """What `score` calls its functions through: `(name, *args) -> outputs`.
+
+  With `background` (the elementwise path, which `jit_compile=None` took),
+  a batch whose elementwise programs are not compiled runs on the graph path
+  while they compile on `compiling`'s thread; later batches of its size run
+  elementwise. Its small XLA programs (each cell's gate math) compile per
+  batch size, not per length (measured with the bundled GRU: a longer text
+  at a known batch adds nothing to XLA's disk cache), so a compile runs the
+  batch's first two columns.
+  """
+  on_path = Calls(model, path)
+  if not background:
+    return on_path.call
+  graph = Calls(model, paths.GRAPH)
+  compiler = compiling.for_programs(generator_lib.programs_for(model, path))
+
+  def call(name, ids, extra):
+    key = (f"loglikelihood/{name}", ids.shape[0])
+    if compiler.ready(key):
+      return on_path.call(name, ids, extra)
+    columns = (ids[:, :2], extra[:, :2] if name == PREFIX else extra)
+    return compiling.graph_while_compiling(compiler, key, on_path, graph,
+                                           name, (ids, extra), columns)
+
+  return call
+
+
 def _traced(function, architecture, name: str):
   """`function` (of one input signature) traced now, its names numbered as
   the generation programs' are (`generator.stable_names`), so its XLA
@@ -272,9 +330,9 @@ def _shared_contexts(rows: Sequence[Row]):
   return prefixes, owner
 
 
-def _prefix_states(model, path, prefixes, units):
-  """Each prefix's state after its ids, as numpy `StackState` rows."""
-  compiled = prefix_function(model, path)
+def _prefix_states(call, model, path, prefixes, units):
+  """Each prefix's state after its ids, as numpy `StackState` rows
+  (`call`: `_caller`'s)."""
   lengths = [len(ids) for ids in prefixes]
   states = None
   for members, width, batch in batches(lengths, model.vocab_size,
@@ -284,7 +342,7 @@ def _prefix_states(model, path, prefixes, units):
     for slot, index in enumerate(members):
       ids[slot, :lengths[index]] = prefixes[index]
       mask[slot, :lengths[index]] = True
-    state = tf.nest.map_structure(lambda x: x.numpy(), compiled(ids, mask))
+    state = tf.nest.map_structure(lambda x: x.numpy(), call(PREFIX, ids, mask))
     if states is None:
       states = tf.nest.map_structure(
           lambda x: np.zeros((len(prefixes),) + x.shape[1:], x.dtype), state)
@@ -294,7 +352,8 @@ def _prefix_states(model, path, prefixes, units):
   return states
 
 
-def score(model, path: str, rows: Sequence[Row], window: int = 0) -> Scores:
+def score(model, path: str, rows: Sequence[Row], window: int = 0, *,
+          background: bool = False) -> Scores:
   """Scores rows of ids, one compiled call per batch (`batches`).
 
   A context that two rows or more share (lm-evaluation-harness's
@@ -310,11 +369,15 @@ def score(model, path: str, rows: Sequence[Row], window: int = 0) -> Scores:
     rows: the `Row`s (checked: ids in range, start >= 1).
     window: k > 0 scores over windows of the last k ids; 0 over the whole
       row from a zero state.
+    background: on the elementwise path, run a batch whose programs are not
+      compiled on the graph path while they compile (`_caller`); the paths
+      agree to float32 rounding (README "Reproducibility").
 
   Returns:
     The `Scores`, in the rows' order.
   """
-  compiled = function(model, path, windowed=bool(window))
+  call = _caller(model, path, background)
+  name = WINDOWS if window else STEPPED
   # The widest layer's outputs (both directions'), for `batches`' bound.
   units = max(layer.units * (1 + layer.bidirectional)
               for layer in model.config.layers)
@@ -322,7 +385,7 @@ def score(model, path: str, rows: Sequence[Row], window: int = 0) -> Scores:
   if not window:
     prefixes, owner = _shared_contexts(rows)
     if prefixes:
-      states = _prefix_states(model, path, prefixes, units)
+      states = _prefix_states(call, model, path, prefixes, units)
       # The rest of each such row, read from its context's state.
       rows = [row if at < 0 else Row(row.ids[row.start - 1:], 1)
               for row, at in zip(rows, owner)]
@@ -349,7 +412,7 @@ def score(model, path: str, rows: Sequence[Row], window: int = 0) -> Scores:
             for target, value in zip(tf.nest.flatten(extra),
                                      tf.nest.flatten(states)):
               target[slot] = value[owner[index]]
-    token_logprobs, token_greedy = compiled(ids, extra)
+    token_logprobs, token_greedy = call(name, ids, extra)
     token_logprobs = token_logprobs.numpy().astype(np.float64)
     token_greedy = token_greedy.numpy()
     for slot, index in enumerate(members):
