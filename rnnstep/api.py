@@ -332,10 +332,10 @@ def _score(model, rows, jit_compile, window, name) -> scoring.Scores:
   chosen = path == paths.AUTO
   if chosen:
     path = scoring.default_path(window)
-  # Where the library chose the elementwise path, no call waits on its
-  # compile (`scoring._caller`).
+  # Where the library chose the path, no call waits on its compile
+  # (`scoring._caller`).
   return scoring.score(model, path, rows, window,
-                       background=chosen and path == paths.ELEMENTWISE)
+                       background=chosen and path != paths.GRAPH)
 
 
 def _check_ids(model, ids, name: str) -> np.ndarray:

@@ -254,6 +254,44 @@ def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
                       ("elementwise", "prefix"), ("elementwise", "stepped")])
 
 
+def test_scoring_over_windows_runs_on_the_graph_path_while_xla_compiles(
+    model, monkeypatch):
+  """Over windows `jit_compile=None` scores under XLA (one program a padded
+  shape and window): a shape not compiled runs on the graph path and queues
+  its compile; once compiled, XLA; every score the float64 model's over the
+  same windows."""
+  monkeypatch.delenv("RNNSTEP_DEFAULT_PATH", raising=False)
+  assert scoring.default_path(4) == paths.XLA
+  compiler = compiling.Compiler()
+  programs = generator_lib.programs_for(model, paths.XLA)
+  monkeypatch.setitem(compiling._COMPILERS, programs, compiler)
+  taken = []
+  call = scoring.Calls.call
+
+  def recorded(self, name, *args):
+    if threading.current_thread() is threading.main_thread():
+      taken.append((self.path, name))
+    return call(self, name, *args)
+
+  monkeypatch.setattr(scoring.Calls, "call", recorded)
+  reference = nr.Reference(*nr.tensors_of_file(
+      model_file.read(rnnstep.bundled_model_path())))
+  pairs = [("ROMEO: ", "O Juliet"), ("To be", ", or not")]
+  for _ in range(2):
+    got = rnnstep.loglikelihood(model, pairs, window=4)
+    for (context, continuation), (logprob, _) in zip(pairs, got):
+      ids = model.encode(context + continuation)
+      want = 0.0
+      for t in range(len(context) - 1, len(ids) - 1):
+        logits = reference.logits(ids[max(0, t - 3):t + 1])[-1]
+        peak = logits.max()
+        want += logits[ids[t + 1]] - peak - np.log(
+            np.exp(logits - peak).sum())
+      assert abs(logprob - want) <= 1e-4, (logprob, want)
+    wait_compiled(compiler)
+  assert taken == [("graph", "windows"), ("xla", "windows")]
+
+
 Request = collections.namedtuple("Request", "num_steps")
 
 

@@ -216,13 +216,14 @@ class Calls:
 def _caller(model, path: str, background: bool):
   """What `score` calls its functions through: `(name, *args) -> outputs`.
 
-  With `background` (the elementwise path, which `jit_compile=None` took),
-  a batch whose elementwise programs are not compiled runs on the graph path
-  while they compile on `compiling`'s thread; later batches of its size run
-  elementwise. Its small XLA programs (each cell's gate math) compile per
-  batch size, not per length (measured with the bundled GRU: a longer text
-  at a known batch adds nothing to XLA's disk cache), so a compile runs the
-  batch's first two columns.
+  With `background` (the elementwise path or XLA, which `jit_compile=None`
+  took), a batch whose programs are not compiled runs on the graph path
+  while they compile on `compiling`'s thread; later batches of that shape
+  run on the path taken. The elementwise path's small XLA programs (each
+  cell's gate math) compile per batch size, not per length (measured with
+  the bundled GRU: a longer text at a known batch adds nothing to XLA's disk
+  cache), so its compile runs the batch's first two columns; an XLA program
+  is one per padded shape (and window), compiled with the batch itself.
   """
   on_path = Calls(model, path)
   if not background:
@@ -231,10 +232,16 @@ def _caller(model, path: str, background: bool):
   compiler = compiling.for_programs(generator_lib.programs_for(model, path))
 
   def call(name, ids, extra):
-    key = (f"loglikelihood/{name}", ids.shape[0])
+    if path == paths.XLA:
+      key = (f"loglikelihood/{name}", ids.shape,
+             tuple(np.shape(x) for x in tf.nest.flatten(extra)),
+             int(extra) if name == WINDOWS else None)
+      columns = None
+    else:
+      key = (f"loglikelihood/{name}", ids.shape[0])
+      columns = (ids[:, :2], extra[:, :2] if name == PREFIX else extra)
     if compiler.ready(key):
       return on_path.call(name, ids, extra)
-    columns = (ids[:, :2], extra[:, :2] if name == PREFIX else extra)
     return compiling.graph_while_compiling(compiler, key, on_path, graph,
                                            name, (ids, extra), columns)
 
@@ -369,8 +376,8 @@ def score(model, path: str, rows: Sequence[Row], window: int = 0, *,
     rows: the `Row`s (checked: ids in range, start >= 1).
     window: k > 0 scores over windows of the last k ids; 0 over the whole
       row from a zero state.
-    background: on the elementwise path, run a batch whose programs are not
-      compiled on the graph path while they compile (`_caller`); the paths
+    background: on the elementwise path or XLA, run a batch whose programs
+      are not compiled on the graph path while they compile (`_caller`); the paths
       agree to float32 rounding (README "Reproducibility").
 
   Returns:
