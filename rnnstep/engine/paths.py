@@ -155,13 +155,26 @@ KIND_PATHS = {
     "rwkv7": {"float32": ((None, XLA),), "bfloat16": ((None, GRAPH),),
               "float16": ((None, GRAPH),)},
 }
+# The same for a server's lanes, each on one intra-op thread (`lane_path`).
+# RWKV-7 there takes the graph path: on a quiet 2-vCPU EPYC Zen 4 (its 0.1B
+# shape, lanes of 16 rows) a lane decoded 8 steps in 0.83 s on the graph
+# path against 1.74 s under XLA, and XLA ran two lanes' priming calls one
+# after the other where the graph path ran them side by side, ending
+# together (benchmarks/results/serve-epyc-zen4-2026-12.md); nor does the
+# server then compile or load minutes of XLA programs at its start.
+KIND_LANE_PATHS = {
+    "rwkv7": {dtype: ((None, GRAPH),)
+              for dtype in ("float32", "bfloat16", "float16")},
+}
 
 
-def _kind_bands(model, dtype: str):
-  """The bands `KIND_PATHS` gives one of `model`'s layer kinds, else None."""
+def _kind_bands(model, dtype: str, table=None):
+  """The bands `table` (default `KIND_PATHS`) gives one of `model`'s layer
+  kinds, else None."""
+  table = KIND_PATHS if table is None else table
   for layer in model.config.layers:
-    if layer.kind in KIND_PATHS:
-      return KIND_PATHS[layer.kind][dtype]
+    if layer.kind in table:
+      return table[layer.kind][dtype]
   return None
 
 
@@ -276,7 +289,7 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   A call on several threads is what the library's table measured
   (`default_path`). On one thread, a winner `rnnstep-tune --lanes` measured
   here for as many lanes comes first (`tuning_cache.cached_path`), then
-  a cell kind's own bands (`KIND_PATHS`), then `lane_table_path` (on a
+  a cell kind's own lane bands (`KIND_LANE_PATHS`), then `lane_table_path` (on a
   GPU, XLA as always; a reduced dtype without its arithmetic is noted as by
   `default_path`).
 
@@ -297,9 +310,9 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   measured = tuning_cache.cached_path(model, rows, lanes=lanes)
   if measured is not None:
     return measured
-  own = _kind_bands(model, dtype)
+  own = _kind_bands(model, dtype, KIND_LANE_PATHS)
   if own is not None:
-    return _band_path(own, rows)  # As `default_path`.
+    return _band_path(own, rows)
   # The table's bands hold for a lane a core, as measured.
   return lane_table_path(dtype, rows)
 
