@@ -213,13 +213,9 @@ def test_a_compiler_bound_keeps_later_batches_on_the_graph_path(
   assert elementwise.taken == [("graph", "generate_fn")] * 2
 
 
-@pytest.mark.slow  # The elementwise path's scoring programs compile.
-def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
-    model, elementwise, monkeypatch):
-  """Scored by batch: a batch size not compiled runs on the graph path and
-  queues its compile; once compiled, elementwise, a longer text at that
-  batch too, and a shared context's call the same way; every score the
-  float64 model's."""
+def record_scoring_paths(monkeypatch):
+  """The `(path, function)` of each scoring call the library makes on the
+  main thread (not the compiling thread's), in order."""
   taken = []
   call = scoring.Calls.call
 
@@ -229,6 +225,17 @@ def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
     return call(self, name, *args)
 
   monkeypatch.setattr(scoring.Calls, "call", recorded)
+  return taken
+
+
+@pytest.mark.slow  # The elementwise path's scoring programs compile.
+def test_scoring_runs_on_the_graph_path_while_its_batch_compiles(
+    model, elementwise, monkeypatch):
+  """Scored by batch: a batch size not compiled runs on the graph path and
+  queues its compile; once compiled, elementwise, a longer text at that
+  batch too, and a shared context's call the same way; every score the
+  float64 model's."""
+  taken = record_scoring_paths(monkeypatch)
   reference = nr.Reference(*nr.tensors_of_file(
       model_file.read(rnnstep.bundled_model_path())))
   shared = [("ROMEO: ROMEO:", " O"), ("ROMEO: ROMEO:", " a"), ("Q", "x")]
@@ -265,15 +272,7 @@ def test_scoring_over_windows_runs_on_the_graph_path_while_xla_compiles(
   compiler = compiling.Compiler()
   programs = generator_lib.programs_for(model, paths.XLA)
   monkeypatch.setitem(compiling._COMPILERS, programs, compiler)
-  taken = []
-  call = scoring.Calls.call
-
-  def recorded(self, name, *args):
-    if threading.current_thread() is threading.main_thread():
-      taken.append((self.path, name))
-    return call(self, name, *args)
-
-  monkeypatch.setattr(scoring.Calls, "call", recorded)
+  taken = record_scoring_paths(monkeypatch)
   reference = nr.Reference(*nr.tensors_of_file(
       model_file.read(rnnstep.bundled_model_path())))
   pairs = [("ROMEO: ", "O Juliet"), ("To be", ", or not")]
