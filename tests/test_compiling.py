@@ -184,17 +184,18 @@ def test_a_new_batch_runs_on_the_graph_path_while_its_programs_compile(
 @pytest.mark.slow  # Two compiles of the elementwise path's programs.
 def test_a_stream_keeps_the_path_it_started_on(model, elementwise):
   """The elementwise loop's carry has consumed its last id, the graph
-  path's has not: a stream that starts on the graph path stays there after
-  its programs compile; the next stream of its shape runs elementwise.
-  Joined, each is `generate`'s text."""
+  path's has not: a stream that starts on the graph path stays there, its
+  programs compiled once it ends (not beside its chunks); the next stream
+  of its shape runs elementwise. Joined, each is `generate`'s text."""
   options = dict(seed=11, temperature=0.8)
   prompts = ["Hello", "ROMEO:", "x"]
   pieces = []
   for piece in rnnstep.stream(model, prompts, 100, chunk_size=20, **options):
     pieces.append(piece)
-    wait_compiled(elementwise.compiler)
+    assert not elementwise.compiler.pending  # Nothing compiles beside it.
   assert elementwise.taken == ([("graph", "generate_fn")]
                                + [("graph", "continue_fn")] * 4)
+  wait_compiled(elementwise.compiler)
   again = list(rnnstep.stream(model, prompts, 100, chunk_size=20, **options))
   assert elementwise.taken[5:] == ([("elementwise", "generate_fn")]
                                    + [("elementwise", "continue_fn")] * 4)
