@@ -414,10 +414,10 @@ class Background:
     return graph_while_compiling(self.compiler if self.compiles else None,
                                  key, self.target, self.graph, name, args)
 
-  def queue(self, name: str, args) -> None:
-    """Queues the compile of the target path's programs for a call of
-    `name` with `args` (unless compiling them failed before)."""
-    key = self.programs.compile_key(name, args)
+  def queue(self, key, name: str, args) -> None:
+    """Queues the compile of the target path's programs of `key`
+    (`Programs.compile_key` of a call of `name` with `args`), unless
+    compiling them failed before."""
     if self.compiles and not self.compiler.failed(key):
       self.compiler.want(key, self.target, args, first=True, name=name)
 
@@ -484,8 +484,8 @@ class _GraphWhileCompiling:
       yield from chunks
     finally:
       if not (_EXITING or sys.is_finalizing()):
-        for name, args in self._after.values():
-          self._background.queue(name, args)
+        for key, (name, args) in self._after.items():
+          self._background.queue(key, name, args)
       self._after.clear()
 
 
