@@ -29,6 +29,7 @@ from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import prefix_cache
 from rnnstep.serve import http
 from rnnstep.serve import protocol
+from rnnstep.serve import tables
 
 
 class RequestChecks:
@@ -54,6 +55,11 @@ class RequestChecks:
     self._checking = http.CheckPool(2, "rnnstep-check")
     self._checking_patterns = http.CheckPool(2, "rnnstep-check-regex")
     self._checking_rows = 0  # Rows of the requests being checked.
+    # Each distinct stop list's automaton, made once: a token model's is
+    # a pass over the whole vocabulary (52 ms for the world vocabulary's,
+    # the chat route's end of turn in every request), which a burst's
+    # requests would otherwise each pay on a core the device calls need.
+    self._stop_automata = tables.Lru(256)
     self._abandon = threading.Event()  # Set at shutdown: checks stop.
 
   def abandon(self) -> None:
@@ -149,7 +155,9 @@ class RequestChecks:
                       for prompt in parsed.prompts),
         prompt_ids=[ids[:length] for ids, length in
                     zip(prompt_ids, prompt_lengths) for _ in range(parsed.n)],
-        stop_automaton=host.stop_automaton(self.model, record.stop),
+        stop_automaton=self._stop_automata.get_or_make(
+            record.stop, lambda: host.stop_automaton(self.model,
+                                                     record.stop)),
         pattern=(None if parsed.regex is None  # Compiled by the check.
                  else constraints.compile_pattern(self.model, parsed.regex)),
         created=int(time.time()),  # One for all its chunks, as OpenAI's.

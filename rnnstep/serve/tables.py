@@ -18,11 +18,13 @@ running rows have drained (`ChunkTables.fits`), as an LLM server's request
 waits for cache blocks; a row beside rows of its own settings always fits,
 its table padded to a power of two when it is over the capacity alone.
 Each distinct setting's own table, and each layout, is made once and kept
-in a least-recently-used cache (`Lru`): clients may send any number of
-distinct stop lists.
+in a least-recently-used cache (`Lru`) bounded in entries and in bytes:
+clients may send any number of distinct stop lists, each up to the
+library's table limit (64 MiB for a 65,536-token vocabulary).
 """
 
 import collections
+import threading
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -39,25 +41,64 @@ from rnnstep.serve import completion as completion_lib
 # small: 2 x 128 KiB for a 65-character vocabulary.
 TABLE_BYTES = 256 << 10
 
+# The bytes each cache of tables (`Lru`) holds at most: a stop list of the
+# world vocabulary's end of turn ("\n\n", 3 states) is 0.75 MiB, so a few
+# hundred distinct ones fit; a client's largest table (the library's limit,
+# 64 MiB) fits too, alone.
+CACHED_TABLE_BYTES = 256 << 20
+
 
 def power_of_two_at_least(n: int, minimum: int) -> int:
   return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-class Lru(collections.OrderedDict):
-  """A dict of the `size` most recently used entries."""
+def table_bytes(value) -> int:
+  """The bytes of the numpy arrays in a cached value (an automaton, a
+  joined layout: any nest of tuples, dicts and arrays)."""
+  if isinstance(value, np.ndarray):
+    return value.nbytes
+  if isinstance(value, dict):
+    return sum(table_bytes(v) for v in value.values())
+  if isinstance(value, (tuple, list)):
+    return sum(table_bytes(v) for v in value)
+  return 0
 
-  def __init__(self, size: int):
-    super().__init__()
-    self.size = size
+
+class Lru:
+  """The most recently used entries, at most `size` of them and `max_bytes`
+  (default `CACHED_TABLE_BYTES`) of arrays together (`table_bytes`; the newest entry is kept even alone
+  over the bound), safe to share between threads (a value is made outside
+  the lock: two threads may make the same one, and one is kept).
+  """
+
+  def __init__(self, size: int, max_bytes: Optional[int] = None):
+    self.size = int(size)
+    self.max_bytes = int(CACHED_TABLE_BYTES if max_bytes is None
+                         else max_bytes)
+    self.bytes = 0
+    self._entries = collections.OrderedDict()  # key -> (value, bytes)
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._entries)
 
   def get_or_make(self, key, make):
-    if key in self:
-      self.move_to_end(key)
-      return self[key]
-    value = self[key] = make()
-    if len(self) > self.size:
-      self.popitem(last=False)
+    with self._lock:
+      if key in self._entries:
+        self._entries.move_to_end(key)
+        return self._entries[key][0]
+    value = make()
+    size = table_bytes(value)
+    with self._lock:
+      if key in self._entries:  # Made meanwhile by another thread.
+        self._entries.move_to_end(key)
+        return self._entries[key][0]
+      self._entries[key] = (value, size)
+      self.bytes += size
+      while len(self._entries) > 1 and (len(self._entries) > self.size
+                                        or self.bytes > self.max_bytes):
+        _, (_, dropped) = self._entries.popitem(last=False)
+        self.bytes -= dropped
     return value
 
 
