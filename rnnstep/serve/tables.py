@@ -41,11 +41,12 @@ from rnnstep.serve import completion as completion_lib
 # small: 2 x 128 KiB for a 65-character vocabulary.
 TABLE_BYTES = 256 << 10
 
-# The bytes each cache of tables (`Lru`) holds at most: a stop list of the
-# world vocabulary's end of turn ("\n\n", 3 states) is 0.75 MiB, so a few
-# hundred distinct ones fit; a client's largest table (the library's limit,
-# 64 MiB) fits too, alone.
-CACHED_TABLE_BYTES = 256 << 20
+# The bytes each cache of tables (`Lru`) holds at most: the world
+# vocabulary's end of turn ("\n\n", 3 states) is 0.75 MiB, so 85 distinct
+# stop lists of that size fit; a client's largest table (the library's
+# limit, `stopping.MAX_TABLE_BYTES`) fits alone. A server keeps three such
+# caches a lane and one for its checks.
+CACHED_TABLE_BYTES = stopping.MAX_TABLE_BYTES
 
 
 def power_of_two_at_least(n: int, minimum: int) -> int:
