@@ -44,8 +44,8 @@ TABLE_BYTES = 256 << 10
 # The bytes each cache of tables (`Lru`) holds at most: the world
 # vocabulary's end of turn ("\n\n", 3 states) is 0.75 MiB, so 85 distinct
 # stop lists of that size fit; a client's largest table (the library's
-# limit, `stopping.MAX_TABLE_BYTES`) fits alone. A server keeps three such
-# caches a lane and one for its checks.
+# limit, `stopping.MAX_TABLE_BYTES`) fits alone. A server keeps two such
+# caches a lane (stop lists, layouts) and one for its checks.
 CACHED_TABLE_BYTES = stopping.MAX_TABLE_BYTES
 
 
