@@ -181,24 +181,28 @@ def test_a_prompt_primed_over_calls_gets_its_first_id_at_once(model):
                                    dict(temperature=0.8))[0]
 
 
-def test_a_call_is_one_step_only_where_no_row_decodes_on(model):
+def test_a_call_is_one_step_where_rows_resumed_are_most_of_it(model):
   """`steps.call_steps`: rows starting to decode after earlier calls'
-  priming shorten the call to one step, but not beside a row decoding on
-  from before (its chunk is kept), nor for rows primed in this call only."""
+  priming shorten the call to one step where they are most of its rows or
+  no row decodes on from before; a lane decoding mostly rows from before
+  keeps its chunk, and rows primed in this call only do not shorten it."""
   from rnnstep.serve import calls as calls_lib  # pylint: disable=g-import-not-at-top
   from rnnstep.serve import steps as steps_lib  # pylint: disable=g-import-not-at-top
   rows = completion_lib.Completion(
-      [model.encode("ROMEO")] * 3, [options_lib.DEFAULTS] * 3, seed=0,
+      [model.encode("ROMEO")] * 4, [options_lib.DEFAULTS] * 4, seed=0,
       max_tokens=30, shared=completion_lib.Shared(), want_scores=False,
       sink=lambda update: None).rows
   last_piece = calls_lib.Prepared(np.zeros([3], np.int32), None, False)
   decodes_on = calls_lib.Prepared(None, None, False)
-  rows[0].primed = 40  # Primed over calls before (or from the cache).
+  rows[0].primed = rows[1].primed = 40  # Primed before (or the cache's).
   steps = lambda rows, prepared: steps_lib.call_steps(
-      rows, prepared, 0, chunk_steps=16, burst_steps=8, max_batch=4)
-  assert steps(rows[:2], [last_piece] * 2) == 1
-  assert steps(rows, [last_piece] * 2 + [decodes_on]) == 16
-  assert steps(rows[1:2], [last_piece]) == 16
+      rows, prepared, 0, chunk_steps=16, burst_steps=8, max_batch=8)
+  assert steps(rows[:1], [last_piece]) == 1
+  assert steps(rows[:3], [last_piece] * 2 + [decodes_on]) == 1
+  assert steps(rows[:2] + rows[2:], [last_piece] * 2 + [decodes_on] * 2) == 16
+  assert steps([rows[0], rows[2], rows[3]],
+               [last_piece, decodes_on, decodes_on]) == 16
+  assert steps(rows[2:3], [last_piece]) == 16
 
 
 # -- one row's failure --------------------------------------------------------

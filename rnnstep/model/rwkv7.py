@@ -43,8 +43,8 @@ RWKV7_NORMALIZE_EPSILON = 1e-12
 # update is ~20 ops a token a block: at one row their dispatch, at 16 rows
 # six passes over the 3 MB state, was 24-38% of a prompt's priming (the
 # 0.1B shape, one thread, a quiet Zen 4); fused, 8 tokens a program ran the
-# update 3.9-4.5x faster than op by op and compiled in 0.8 s a batch size
-# (16 tokens: no faster, 1.1 s).
+# update 3.9-4.5x faster than op by op and compiled in 0.8 s a power of two
+# of rows (16 tokens: no faster, 1.1 s).
 WKV_CHUNK_TOKENS = 8
 
 
@@ -340,17 +340,23 @@ class RWKV7Cell(Cell):
 
   def _scan_chunks(self, s, mask, length, batch, inputs):
     """`_wkv_scan`'s loop `WKV_CHUNK_TOKENS` tokens at a time, each chunk
-    one small XLA program (`_wkv_chunk`, compiled once per batch size); the
-    prompt is padded to whole chunks, every row holding its state over the
-    padding. The same equations as `_scan_tokens`, in XLA's arithmetic."""
+    one small XLA program (`_wkv_chunk`). The prompt is padded to whole
+    chunks and the rows to a power of two (a program per power: a server
+    runs any number of rows), each padding row and column holding its
+    state. The same equations as `_scan_tokens`, in XLA's arithmetic."""
     chunk = WKV_CHUNK_TOKENS
     chunks = (length + chunk - 1) // chunk
     padding = chunks * chunk - length
+    powers = tf.constant([1 << i for i in range(31)])
+    rows = tf.reduce_min(tf.where(powers >= batch, powers, powers[-1]))
     keep = tf.range(chunks * chunk) < length
     keep = tf.broadcast_to(keep[:, None], [chunks * chunk, batch])
     if mask is not None:
       keep = tf.logical_and(keep, tf.pad(mask, [[0, padding], [0, 0]]))
-    inputs = tuple(tf.pad(t, [[0, padding], [0, 0], [0, 0]]) for t in inputs)
+    keep = tf.pad(keep, [[0, 0], [0, rows - batch]])
+    inputs = tuple(tf.pad(t, [[0, padding], [0, rows - batch], [0, 0]])
+                   for t in inputs)
+    s = tf.pad(s, [[0, rows - batch], [0, 0], [0, 0], [0, 0]])
     update = self._wkv_chunk_function()
     ys = tf.TensorArray(tf.float32, size=chunks, element_shape=[
         chunk, None, self.heads, self.head_size])
@@ -362,7 +368,7 @@ class RWKV7Cell(Cell):
 
     _, s, ys = tf.while_loop(lambda i, *_: i < chunks, body,
                              (tf.constant(0), s, ys))
-    return s, ys.concat()[:length]
+    return s[:batch], ys.concat()[:length, :batch]
 
   def _wkv_chunk_function(self):
     if "_wkv_chunk" not in self._functions:
