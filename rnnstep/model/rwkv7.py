@@ -303,10 +303,21 @@ class RWKV7Cell(Cell):
     x = x + as_float32(self._mm(self._wkv_output(b, y, r, k, v, g), b.o))
     xf = layer_norm(x, b.ln[2:])
     ffn_x = xf + (_shifted(xf, prev_ffn, length, batch, last) - xf) * b.mix[6]
-    ffn_out = self._mm(_squared_relu(self._mm(ffn_x, b.fk)), b.fv)
+    ffn_out = self._halves(
+        lambda rows: self._mm(_squared_relu(self._mm(rows, b.fk)), b.fv),
+        ffn_x)
     x = x + as_float32(ffn_out)
     return x, v_first, (_final(xx, prev_att, length, batch, last), s,
                         _final(xf, prev_ffn, length, batch, last))
+
+  def _halves(self, fn, rows):
+    """fn over the first and the second half of `rows` as two independent
+    ops (outside one XLA program), which TensorFlow's inter-op threads run
+    side by side."""
+    if self.one_xla_program:
+      return fn(rows)
+    half = tf.shape(rows)[0] // 2
+    return tf.concat([fn(rows[:half]), fn(rows[half:])], 0)
 
   def _wkv_scan(self, wkv, mask, length, batch, inputs):
     """The state update over time: the final state `[B, H*N*N]` and S @ r
