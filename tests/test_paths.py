@@ -306,7 +306,8 @@ class DefaultPathTest(tf.test.TestCase):
   def test_rwkv7_has_its_own_cpu_paths(self):
     """paths.KIND_PATHS: XLA in float32, the graph path in bfloat16, whatever
     the GRU tables say for the batch; a one-shot run takes the graph path;
-    a server's lane on one thread the graph path (`KIND_LANE_PATHS`)."""
+    a server's lane the graph path (`KIND_LANE_PATHS`), on one thread or
+    on TensorFlow's pools."""
     def rwkv7(dtype):
       return types.SimpleNamespace(
           compute_dtype=dtype,
@@ -319,12 +320,12 @@ class DefaultPathTest(tf.test.TestCase):
         self.assertEqual(paths.default_path(full, batch), "xla")
         self.assertEqual(paths.default_path(half, batch), "graph")
         self.assertEqual(paths.one_shot_path(full, batch, 200), "graph")
-        # A server's lane: on one thread the graph path, on TensorFlow's
-        # pools the library's choice.
+        # A server's lane: the graph path, on one thread or on TensorFlow's
+        # pools.
         for lanes in (1, 2):
           self.assertEqual(paths.lane_path(full, batch, lanes, 1), "graph")
           self.assertEqual(paths.lane_path(half, batch, lanes, 1), "graph")
-        self.assertEqual(paths.lane_path(full, batch, 1, 0), "xla")
+        self.assertEqual(paths.lane_path(full, batch, 1, 0), "graph")
         self.assertEqual(paths.lane_path(half, batch, 1, 0), "graph")
       with mock.patch.object(paths, "gpu_visible", return_value=True):
         self.assertEqual(paths.default_path(half, 1), "xla")
