@@ -266,8 +266,9 @@ def main():
   # and the server is measured once they are.
   parser.add_argument("--jit_compile", default="false",
                       help="rnnstep-serve's --jit_compile")
-  parser.add_argument("--serve_args", nargs="*", default=[],
-                      help="more rnnstep-serve flags, for both servers")
+  parser.add_argument("--serve_args", action="extend", nargs="*", default=[],
+                      help="more rnnstep-serve flags, for both servers, "
+                      "each as --serve_args=--flag=value (repeatable)")
   args = parser.parse_args()
   tmp = None
   if args.model is None:
