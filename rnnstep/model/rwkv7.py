@@ -21,6 +21,7 @@ layout. The readers of the files (KerasHub presets, `.weights.h5`, official
 `.pth`) are `rnnstep.convert.rwkv7`.
 """
 
+import functools
 from typing import NamedTuple, Tuple
 
 import tensorflow as tf
@@ -39,7 +40,7 @@ RWKV7_GROUP_NORM_EPSILON = 64e-5
 RWKV7_NORMALIZE_EPSILON = 1e-12
 
 # Tokens of the state update one small XLA program runs when a prompt is
-# primed outside one XLA program (`RWKV7Cell._wkv_chunk`). Op by op the
+# primed outside one XLA program (`_wkv_chunk_program`). Op by op the
 # update is ~20 ops a token a block: at one row their dispatch, at 16 rows
 # six passes over the 3 MB state, was 24-38% of a prompt's priming (the
 # 0.1B shape, one thread, a quiet Zen 4); fused, 8 tokens a program ran the
@@ -351,10 +352,11 @@ class RWKV7Cell(Cell):
 
   def _scan_chunks(self, s, mask, length, batch, inputs):
     """`_wkv_scan`'s loop `WKV_CHUNK_TOKENS` tokens at a time, each chunk
-    one small XLA program (`_wkv_chunk`). The prompt is padded to whole
-    chunks and the rows to a power of two (a program per power: a server
-    runs any number of rows), each padding row and column holding its
-    state. The same equations as `_scan_tokens`, in XLA's arithmetic."""
+    one small XLA program (`_wkv_chunk_program`). The prompt is padded to
+    whole chunks and the rows to a power of two (a program per power: a
+    server runs any number of rows), each padding row and column holding
+    its state. The same equations as `_scan_tokens`, in XLA's
+    arithmetic."""
     chunk = WKV_CHUNK_TOKENS
     chunks = (length + chunk - 1) // chunk
     padding = chunks * chunk - length
@@ -382,22 +384,7 @@ class RWKV7Cell(Cell):
     return s[:batch], ys.concat()[:length, :batch]
 
   def _wkv_chunk_function(self):
-    if "_wkv_chunk" not in self._functions:
-      self._functions["_wkv_chunk"] = tf.function(
-          self._wkv_chunk, autograph=False, jit_compile=True)
-    return self._functions["_wkv_chunk"]
-
-  def _wkv_chunk(self, s, keep, decay, kk, a, k, v, r):
-    """`WKV_CHUNK_TOKENS` tokens' state updates (inputs `[chunk, B, C]`,
-    keep `[chunk, B]`: where False the row holds its state): (the state,
-    S @ r `[chunk, B, H, N]`)."""
-    ys = []
-    for t in range(WKV_CHUNK_TOKENS):
-      new, y = self._wkv_update(s, decay[t], self._heads(kk[t]), a[t], k[t],
-                                v[t], r[t])
-      s = tf.where(keep[t][:, None, None, None], new, s)
-      ys.append(y)
-    return s, tf.stack(ys)
+    return _wkv_chunk_program(self.heads, self.head_size)
 
   # The elementwise parts (see the class docstring for the equations); `b`
   # is the block's `_Block`.
@@ -446,14 +433,7 @@ class RWKV7Cell(Cell):
     return tf.reshape(t, [-1, self.heads, self.head_size])
 
   def _wkv_update(self, s, decay, kk, a, k, v, r):
-    """One token's state update, `s` `[B, H, N, N]` ([value, key] per
-    head), kk `[B, H, N]`, the rest `[B, C]`: the new state and S @ r."""
-    heads_of = self._heads
-    rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
-    s = (s * heads_of(decay)[:, :, None, :]
-         + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
-         + vh[..., None] * kh[:, :, None, :])
-    return s, tf.linalg.matvec(s, rh)
+    return wkv_update(s, decay, kk, a, k, v, r, self.heads, self.head_size)
 
   def _wkv_output(self, b, y, r, k, v, g):
     """The block's attention output before O, from S @ r `[rows, H, N]`."""
@@ -476,6 +456,41 @@ class RWKV7Cell(Cell):
 
   def _output(self, x, ffn_out):
     return layer_norm(x + as_float32(ffn_out), self.output_norm)
+
+
+def wkv_update(s, decay, kk, a, k, v, r, heads: int, head_size: int):
+  """One token's state update, `s` `[B, H, N, N]` ([value, key] per head),
+  kk `[B, H, N]`, the rest `[B, C]`: the new state and S @ r."""
+  def heads_of(t):
+    return tf.reshape(t, [-1, heads, head_size])
+  rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
+  s = (s * heads_of(decay)[:, :, None, :]
+       + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
+       + vh[..., None] * kh[:, :, None, :])
+  return s, tf.linalg.matvec(s, rh)
+
+
+@functools.lru_cache(maxsize=None)
+def _wkv_chunk_program(heads: int, head_size: int):
+  """`WKV_CHUNK_TOKENS` tokens' state updates as one XLA program, shared by
+  every cell of this head layout in the process (compiled once per power of
+  two of rows, not once per model loaded).
+
+  The program takes the state `s` `[B, H, N, N]`, keep `[chunk, B]` (where
+  False the row holds its state) and the inputs `[chunk, B, C]`, and gives
+  (the state, S @ r `[chunk, B, H, N]`)."""
+
+  def chunk(s, keep, decay, kk, a, k, v, r):
+    ys = []
+    for t in range(WKV_CHUNK_TOKENS):
+      new, y = wkv_update(s, decay[t], tf.reshape(kk[t], [-1, heads,
+                                                          head_size]),
+                          a[t], k[t], v[t], r[t], heads, head_size)
+      s = tf.where(keep[t][:, None, None, None], new, s)
+      ys.append(y)
+    return s, tf.stack(ys)
+
+  return tf.function(chunk, autograph=False, jit_compile=True)
 
 
 def _blocks_of(split, stacked):
