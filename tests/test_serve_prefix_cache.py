@@ -846,3 +846,28 @@ def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
   assert after["hits"] - before["hits"] == len(bodies) - 1
   assert after["tokens_saved"] - before["tokens_saved"] >= (
       len(bodies) - 1) * (len(system) - 8)
+
+
+def test_a_graph_lane_compiles_every_row_count_behind_its_warm_up(
+    rwkv7_model, model):
+  """RWKV-7's cells compile small XLA programs per batch size off one XLA
+  program (a block's step, the state update): a graph-path lane's warm-up
+  queues a one-step call of every row count on the compiling thread,
+  counted by `compiling` until done, so that no request's call compiles
+  them. A GRU's graph path compiles nothing per batch."""
+  from rnnstep.serve import calls as calls_lib  # pylint: disable=g-import-not-at-top
+  settings = dict(path="graph", max_batch=5, chunk_steps=4,
+                  max_tokens_limit=8, max_prompt_tokens=32)
+  calls = calls_lib.ChunkCalls(rwkv7_model, stats=scheduler_lib.Stats(),
+                               **settings)
+  calls.warm_up()
+  deadline = time.monotonic() + 300
+  while calls.compiling and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert calls.compiling == 0
+  warmer = calls._batch_warmer  # pylint: disable=protected-access
+  assert all(warmer.ready(("rows", rows)) for rows in range(2, 6))
+  gru = calls_lib.ChunkCalls(model, stats=scheduler_lib.Stats(), **settings)
+  gru.warm_up()
+  assert gru.compiling == 0
+  assert gru._batch_warmer is None  # pylint: disable=protected-access

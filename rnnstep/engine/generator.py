@@ -534,6 +534,10 @@ class Generator(tf.Module):
     # its prompts are padded to `request.chunked_width`.
     self.chunked_prompts = self.jit_compile and network_lib.unrolls_blockwise(
         model.config)
+    # Off one XLA program such a model's cells compile small programs at
+    # each batch size's first call (`network.compiles_per_batch`).
+    self.compiles_per_batch = (not self.jit_compile
+                               and network_lib.compiles_per_batch(model.config))
     self.programs = programs_for(model, self.path)
     for name in ("generate_fn", "continue_fn", "beam_fn", "window_fn",
                  "window_continue_fn", "serve_fn", "step"):

@@ -79,6 +79,10 @@ class Cell:
   # Whether the cell is traced into one XLA program (the "xla" path; set by
   # `network.network_of`), where graph functions of its own would be inlined.
   one_xla_program = False
+  # Whether the cell, outside one XLA program, runs small XLA programs of its
+  # own, compiled at each batch size's first call (RWKV-7: a block's step,
+  # the state update over a prompt).
+  compiles_per_batch = False
 
   def __init__(self, kernel, recurrent_kernel, compute_dtype=tf.float32,
                compile_elementwise=False, activation="tanh"):

@@ -723,6 +723,14 @@ def unrolls_blockwise(config) -> bool:
              for layer in config.layers)
 
 
+def compiles_per_batch(config) -> bool:
+  """Whether a `model_file.ModelConfig` has a cell that compiles small XLA
+  programs per batch size outside one XLA program
+  (`cells.Cell.compiles_per_batch`: RWKV-7)."""
+  return any(cell_class(kinds.get(layer.kind)).compiles_per_batch
+             for layer in config.layers)
+
+
 def make_cell(layer_config, tensors, compute_dtype=tf.float32,
               compile_elementwise=False) -> cells_lib.Cell:
   """Builds the cell for a `model_file.LayerConfig` from its tensors.

@@ -116,6 +116,7 @@ class RWKV7Cell(Cell):
 
   fusable = False
   unrolls_blockwise = True
+  compiles_per_batch = True
 
   def __init__(self, kernel, ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2,
                g1, g2, receptance, key, value, output, ffn_key, ffn_value,

@@ -87,6 +87,14 @@ class ChunkCalls:
         and strategy is None):
       self._interim = generator_lib.cached(model, paths.GRAPH)
       self._compiler = compiling.for_programs(self.generator.programs)
+    # On the graph path, a model whose cells compile small XLA programs per
+    # batch size (RWKV-7) would compile them in the call of each row count
+    # the lane first runs (0.5-1.1 s each, a Zen 4): the warm-up queues a
+    # one-step call of every row count on the compiling thread instead.
+    self._batch_warmer = None
+    if (self.generator.path == paths.GRAPH and strategy is None
+        and self.generator.compiles_per_batch):
+      self._batch_warmer = compiling.for_programs(self.generator.programs)
     self.max_batch = int(max_batch)
     self.chunk_steps = int(chunk_steps)
     self.max_prompt_tokens = int(max_prompt_tokens)
@@ -114,13 +122,17 @@ class ChunkCalls:
   @property
   def compiling(self) -> int:
     """XLA programs still to compile (`compile_in_background`: calls of
-    their shapes run on the graph path meanwhile); 0 otherwise."""
-    return 0 if self._compiler is None else self._compiler.pending
+    their shapes run on the graph path meanwhile; on the graph path, the row
+    counts whose small programs the warm-up queued); 0 otherwise."""
+    return sum(compiler.pending for compiler in (self._compiler,
+                                                 self._batch_warmer)
+               if compiler is not None)
 
   def forget_compiles(self) -> None:
     """Drops the programs these calls queued to compile, not yet begun."""
-    if self._compiler is not None:
-      self._compiler.forget(self)
+    for compiler in (self._compiler, self._batch_warmer):
+      if compiler is not None:
+        compiler.forget(self)
 
   def warm_up(self) -> None:
     """Traces (and where the path compiles, compiles) every program a
@@ -138,7 +150,10 @@ class ChunkCalls:
     With `compile_in_background` (under XLA), one call traces the graph
     path's program, and the XLA programs of the same shapes are queued on
     the compiling thread (`compiling.Compiler`), smallest batch first
-    (shapes that calls ask for go ahead of them).
+    (shapes that calls ask for go ahead of them). On the graph path, for a
+    model whose cells compile per batch size (`Generator.compiles_per_batch`),
+    a one-step call of every other row count up to `max_batch` is queued on
+    that thread, so that no request's call compiles them.
     """
     batches, widths = [1], [1]  # The graph path: one trace fits all.
     if self._bucketed:
@@ -163,6 +178,12 @@ class ChunkCalls:
           self.run(*dummy_call(batch, width, want_scores), carry=None,
                    steps=1)
       self._prompt_logprobs(np.zeros([1, 2], np.int32))
+      if self._batch_warmer is not None:  # Every other row count, behind.
+        for batch in range(2, self.max_batch + 1):
+          args, _ = self._arguments(*dummy_call(batch, 1, False), carry=None,
+                                    steps=1)
+          self._batch_warmer.want(("rows", batch), self.generator, args,
+                                  owner=self)
       return
     # XLA compiles one program for both (scores are a value, not a shape).
     queued = []  # (key, args) per shape, smallest batch first.
