@@ -8,31 +8,16 @@ over the whole vocabulary, once per distinct list, not per request).
 """
 
 import numpy as np
-import pytest
 
-import rnnstep
 from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
-from rnnstep.model import model_file
-from rnnstep.model import vocabulary
 from rnnstep.serve import checks as checks_lib
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import protocol
 from rnnstep.serve import scheduler as scheduler_lib
 from rnnstep.serve import tables as tables_lib
-
-
-@pytest.fixture(scope="module")
-def byte_model(tmp_path_factory):
-  """A byte model: a stop string's table is a pass over its 256 tokens."""
-  config = model_file.ModelConfig(8, (model_file.LayerConfig("gru", 16),))
-  rng = np.random.default_rng(4)
-  tokens = vocabulary.Tokens("bytes", vocabulary.bytes_vocab())
-  path = tmp_path_factory.mktemp("serve_tables") / "bytes.npz"
-  model_file.write(path, config, list(tokens.vocab), {
-      k: rng.normal(size=s).astype(np.float32)
-      for k, s in config.expected_shapes(256).items()}, tokens)
-  return rnnstep.load(str(path))
+# A byte model: a stop string's table is a pass over its 256 tokens.
+from tests.test_serve_scheduler import byte_model  # pylint: disable=unused-import
 
 
 def test_the_cache_keeps_its_count_and_its_bytes():
