@@ -371,7 +371,7 @@ class RWKV7Cell(Cell):
     inputs = tuple(tf.pad(t, [[0, padding], [0, rows - batch], [0, 0]])
                    for t in inputs)
     s = tf.pad(s, [[0, rows - batch], [0, 0], [0, 0], [0, 0]])
-    update = self._wkv_chunk_function()
+    update = _wkv_chunk_program(self.heads, self.head_size)
     ys = tf.TensorArray(tf.float32, size=chunks, element_shape=[
         chunk, None, self.heads, self.head_size])
 
@@ -383,9 +383,6 @@ class RWKV7Cell(Cell):
     _, s, ys = tf.while_loop(lambda i, *_: i < chunks, body,
                              (tf.constant(0), s, ys))
     return s[:batch], ys.concat()[:length, :batch]
-
-  def _wkv_chunk_function(self):
-    return _wkv_chunk_program(self.heads, self.head_size)
 
   # The elementwise parts (see the class docstring for the equations); `b`
   # is the block's `_Block`.
