@@ -13,7 +13,6 @@ Every test shares the two module-scoped models (one architecture: their
 compiled programs are shared too).
 """
 
-import concurrent.futures
 import json
 import os
 import pathlib
@@ -386,65 +385,6 @@ def test_the_servers_xla_calls_take_the_librarys_chunked_prompt_widths(
       assert width == request_lib.chunked_width(width), (chunk_steps, longest)
 
 
-@pytest.mark.slow
-def test_rnnstep_serve_over_http_equals_generate(preset_model):
-  """A real `rnnstep-serve` process on the preset folder: concurrent
-  requests (streamed and not, stop strings, a regex, several rows) each
-  give `generate`'s text; logprobs are the model's, teacher-forced."""
-  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
-  if not serve_process.stack_installed():
-    pytest.skip("the serving stack is not installed (pip install "
-                "'rnnstep[serve]')")
-  import httpx  # pylint: disable=g-import-not-at-top
-  server = serve_process.RemoteServer([
-      f"--model={PRESET}", "--max_batch=2", "--chunk_steps=8",
-      "--max_tokens_limit=32", "--max_prompt_tokens=32",
-      "--jit_compile=false", "--lanes=1"], wait=False)
-  try:
-    bodies = [dict(prompt="Hello the poet said", max_tokens=24, seed=1,
-                   temperature=0.9, stop=["he", "an"]),
-              dict(prompt=["中文", "the"], max_tokens=20, seed=2,
-                   temperature=1.0, regex="[a-z ]+"),
-              dict(prompt="café", max_tokens=24, seed=3, temperature=0.9,
-                   regex="[a-z ]+", logprobs=1)]
-    want = [serve_process.expected(preset_model, b, b["seed"])[0]
-            for b in bodies]
-    server.wait_until_healthy(300)
-
-    def send(body):
-      if body["seed"] == 1:  # Streamed: the chunks join into the text.
-        with httpx.stream("POST", server.url("/v1/completions"),
-                          json=dict(body, stream=True), timeout=120) as r:
-          assert r.status_code == 200
-          frames = [json.loads(line[6:]) for line in r.iter_lines()
-                    if line.startswith("data: {")]
-        return ["".join(c["text"] for f in frames for c in f["choices"])]
-      reply = httpx.post(server.url("/v1/completions"), json=body,
-                         timeout=120)
-      assert reply.status_code == 200, reply.text
-      return [c["text"] for c in reply.json()["choices"]]
-
-    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
-      assert list(pool.map(send, bodies)) == want
-    # Log-probabilities are the raw model's, teacher-forced over the ids
-    # generated (ASCII tokens, by the regex: each names one id).
-    choice = httpx.post(server.url("/v1/completions"), json=bodies[2],
-                        timeout=120).json()["choices"][0]
-    tokens = choice["logprobs"]["tokens"]
-    assert "".join(tokens) == choice["text"] == want[2][0]
-    prompt = preset_model.encode("café").tolist()
-    ids = prompt + [preset_model.tokens.pieces.index(t.encode())
-                    for t in tokens]
-    logp = _log_softmax(rnnstep.logits(preset_model, ids)[0].astype(
-        np.float64))
-    np.testing.assert_allclose(
-        choice["logprobs"]["token_logprobs"],
-        logp[np.arange(len(prompt) - 1, len(ids) - 1), ids[len(prompt):]],
-        atol=1e-4)
-  finally:
-    server.close()
-
-
 # ---------------------------------------------------------------- readers
 
 
@@ -514,9 +454,9 @@ LITERT_CASES = {
 
 
 @pytest.fixture(scope="module")
-def deep_pth_model(tmp_path_factory):
-  """A 12-block official `.pth` (the 0.1B model's depth): the fixture's
-  three blocks four times over, block 0's ln0 once."""
+def deep_pth_file(tmp_path_factory):
+  """A 12-block official `.pth` (the 0.1B model's depth), converted: the
+  fixture's three blocks four times over, block 0's ln0 once."""
   arrays = _pth_arrays()
   deep = {name: array for name, array in arrays.items()
           if not name.startswith("blocks.")}
@@ -528,17 +468,50 @@ def deep_pth_model(tmp_path_factory):
   folder = tmp_path_factory.mktemp("rwkv7_deep")
   torch_files.write_state_dict(folder / "deep.pth", deep)
   convert.convert(folder / "deep.pth", folder / "deep.npz", vocab=VOCAB)
-  return rnnstep.load(str(folder / "deep.npz"))
+  return str(folder / "deep.npz")
 
 
-# A LiteRT conversion a model: by default the KerasHub preset and the
-# 12-block official .pth (the 3-block .pth, its blocks, is exhaustive).
+@pytest.fixture(scope="module")
+def deep_pth_model(deep_pth_file):
+  return rnnstep.load(deep_pth_file)
+
+
+@pytest.fixture(scope="module")
+def deep_artifact(deep_pth_file, tmp_path_factory):
+  """The 12-block model's entry in a compiled-artifact cache, built once as
+  a cold run's child builds it (`fill`, here in process) and, as for an
+  artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), with
+  its weights packed for XNNPACK: the cache folder and the entry's key.
+  The LiteRT text test runs its files and the warm command line the entry
+  (one conversion for both)."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import fill as compiled_fill  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
+  cache = tmp_path_factory.mktemp("rwkv7_cache") / "cache"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("RNNSTEP_CACHE_DIR", str(cache))
+    patch.setattr(litert_runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
+    the_key = compiled_cache.key(deep_pth_file,
+                                 compiled_cache.runtime_version())
+    os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)),
+                mode=0o700)
+    os.chmod(cache, 0o700)
+    assert compiled_fill.fill(deep_pth_file, the_key) == "built"
+    with compiled_cache.open_entry(the_key) as artifact:
+      assert artifact.weight_cache is not None
+    base = compiled_cache.entry_base(the_key)
+  return cache, the_key, base
+
+
+# A model's LiteRT artifact: by default the 12-block official .pth's, the
+# warm command line's entry (the KerasHub preset and the 3-block .pth, its
+# blocks, are exhaustive: a conversion each).
 @pytest.mark.slow
 @pytest.mark.parametrize("which", quick_params(["preset", "pth", "12 blocks"],
-                                               "preset", "12 blocks"))
-def test_litert_artifact_gives_the_library_s_text(which, preset_model,
-                                                  pth_model, deep_pth_model,
-                                                  tmp_path):
+                                               "12 blocks"))
+def test_litert_artifact_gives_the_library_s_text(which, request, tmp_path):
   """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
   built with numpy), gives `generate`'s greedy, sampled and beam text
   (the converter once dropped the feed-forward's ReLU: `_squared_relu`),
@@ -547,15 +520,23 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
   `RWKV7Cell.blocks_sliced_in_step`)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
-  model = {"preset": preset_model, "pth": pth_model,
-           "12 blocks": deep_pth_model}[which]
-  flatbuffer = litert.convert(model)
-  path, packed = str(tmp_path / "m.tflite"), str(tmp_path / "m.xnnpack")
-  with open(path, "wb") as f:
-    f.write(flatbuffer)
-  litert_runner.pack_weights(path, packed)
+  if which == "12 blocks":  # The warm command line's entry.
+    model = request.getfixturevalue("deep_pth_model")
+    base = request.getfixturevalue("deep_artifact")[2]
+    path, packed = base + ".tflite", base + compiled_cache.PACKED_SUFFIX
+    with open(path, "rb") as f:
+      flatbuffer = f.read()
+  else:
+    model = request.getfixturevalue(
+        {"preset": "preset_model", "pth": "pth_model"}[which])
+    flatbuffer = litert.convert(model)
+    path, packed = str(tmp_path / "m.tflite"), str(tmp_path / "m.xnnpack")
+    with open(path, "wb") as f:
+      f.write(flatbuffer)
+    litert_runner.pack_weights(path, packed)
   # XNNPACK's kernels (small artifacts), the builtin ones, and XNNPACK on
   # weights packed once into a file (large artifacts in the cache).
   ways = {"xnnpack": dict(flatbuffer=flatbuffer, builtin_kernels=False),
@@ -576,15 +557,39 @@ def test_litert_artifact_gives_the_library_s_text(which, preset_model,
       assert got == want, (case, way)
 
 
-@pytest.mark.slow  # A LiteRT conversion and a fresh process.
-def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
-                                              monkeypatch):
-  """rnnstep-generate on an RWKV-7 model file: the cache's fill (a cold
-  run's child's work, here in process) builds the artifact and, as for an
-  artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), its
-  weights packed for XNNPACK; a warm run prints `generate`'s text from
-  them, TensorFlow never imported, and one whose packed weights were cut
-  short prints it from TensorFlow's path."""
+WARM_ARGS = ["--prompt=Hello the poet said", "--num_steps=24",
+             "--temperature=0.8", "--seed=5", "--verbose"]
+
+
+def _warm_cli_want(model):
+  return "Hello the poet said" + rnnstep.generate(
+      model, "Hello the poet said", 24, temperature=0.8, seed=5) + "\n"
+
+
+@pytest.mark.slow  # A fresh process.
+def test_cli_runs_the_warm_artifact_without_tensorflow(
+    deep_pth_file, deep_pth_model, deep_artifact):
+  """rnnstep-generate on an RWKV-7 model file whose entry the cache's fill
+  built (a cold run's child's work), its weights packed for XNNPACK: a warm
+  run prints `generate`'s text from them, TensorFlow never imported."""
+  from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
+  cache = deep_artifact[0]
+  warm = fast.cli(cache, [f"--weights={deep_pth_file}"] + WARM_ARGS,
+                  importtime=True)
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert warm.stdout == _warm_cli_want(deep_pth_model)
+  assert "fast path: compiled artifact" in fast.verbose_line(warm)
+  imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
+              if line.startswith("import time:")]
+  assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
+
+
+@pytest.mark.exhaustive  # A conversion, a fresh TensorFlow process, a child.
+def test_cli_never_runs_packed_weights_cut_short(tmp_path, preset_model,
+                                                 monkeypatch):
+  """An RWKV-7 entry whose packed weights were cut short is never run
+  (XNNPACK would read them, or rebuild them in place): the command takes
+  TensorFlow's path, the same text, and its child rebuilds the entry."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
@@ -595,32 +600,16 @@ def test_cli_keeps_and_uses_the_warm_artifact(tmp_path, preset_model,
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
   weights = str(tmp_path / "rwkv7.npz")
   convert.convert(PRESET, weights)
-  args = [f"--weights={weights}", "--prompt=Hello the poet said",
-          "--num_steps=24", "--temperature=0.8", "--seed=5", "--verbose"]
-  want = "Hello the poet said" + rnnstep.generate(
-      preset_model, "Hello the poet said", 24, temperature=0.8, seed=5) + "\n"
   the_key = compiled_cache.key(weights, compiled_cache.runtime_version())
   os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
   os.chmod(cache, 0o700)
   monkeypatch.setattr(litert_runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
   assert compiled_fill.fill(weights, the_key) == "built"
-  with compiled_cache.open_entry(the_key) as artifact:
-    assert artifact.weight_cache is not None
-  warm = fast.cli(cache, args, importtime=True)
-  assert warm.returncode == 0, warm.stderr[-3000:]
-  assert warm.stdout == want
-  assert "fast path: compiled artifact" in fast.verbose_line(warm)
-  imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
-              if line.startswith("import time:")]
-  assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
-  # Packed weights cut short are never run (XNNPACK would read them, or
-  # rebuild them in place): the run takes TensorFlow's path, the same text,
-  # and its child rebuilds the entry.
   packed = compiled_cache.entry_base(the_key) + compiled_cache.PACKED_SUFFIX
   os.truncate(packed, os.path.getsize(packed) // 2)
-  cold = fast.cli(cache, args)
+  cold = fast.cli(cache, [f"--weights={weights}"] + WARM_ARGS)
   assert cold.returncode == 0, cold.stderr[-3000:]
-  assert cold.stdout == want
+  assert cold.stdout == _warm_cli_want(preset_model)
   line = fast.verbose_line(cold)
   assert "TensorFlow path: packed-weights file does not match" in line
   assert "building the compiled artifact in the background" in line

@@ -1,5 +1,6 @@
 """Chat completions (#61): templates, and `rnnstep-serve`'s
-`/v1/chat/completions` through the official `openai` client.
+`/v1/chat/completions` through the official `openai` client (and the
+RWKV-7 server's `/v1/completions`).
 
 The library-level tests check the chat templates against strings written
 here (RWKV's convention as BlinkDL's ChatRWKV `API_DEMO_CHAT.py` renders
@@ -12,6 +13,7 @@ equals `rnnstep.generate` on the rendered prompt (written out here) with the
 same seed, cut before the end of turn.
 """
 
+import concurrent.futures
 import json
 import pathlib
 import shutil
@@ -237,6 +239,54 @@ def stream_chat(client, **kwargs):
         reasons[choice.index] = choice.finish_reason
   assert set(roles.values()) == {"assistant"}
   return contents, reasons, chunks
+
+
+@pytest.mark.slow
+def test_rwkv7_completions_over_http_equal_generate(servers, rwkv_model):
+  """The RWKV-7 preset's server (tests/test_rwkv7.py's model) on
+  `/v1/completions`: concurrent requests (streamed and not, stop strings, a
+  regex, several rows) each give `generate`'s text; logprobs are the
+  model's, teacher-forced."""
+  server = servers[0]
+  bodies = [dict(prompt="Hello the poet said", max_tokens=24, seed=1,
+                 temperature=0.9, stop=["he", "an"]),
+            dict(prompt=["中文", "the"], max_tokens=20, seed=2,
+                 temperature=1.0, regex="[a-z ]+"),
+            dict(prompt="café", max_tokens=24, seed=3, temperature=0.9,
+                 regex="[a-z ]+", logprobs=1)]
+  want = [serve_process.expected(rwkv_model, b, b["seed"])[0]
+          for b in bodies]
+
+  def send(body):
+    if body["seed"] == 1:  # Streamed: the chunks join into the text.
+      with httpx.stream("POST", server.url("/v1/completions"),
+                        json=dict(body, stream=True), timeout=120) as r:
+        assert r.status_code == 200
+        frames = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+      return ["".join(c["text"] for f in frames for c in f["choices"])]
+    reply = httpx.post(server.url("/v1/completions"), json=body,
+                       timeout=120)
+    assert reply.status_code == 200, reply.text
+    return [c["text"] for c in reply.json()["choices"]]
+
+  with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+    assert list(pool.map(send, bodies)) == want
+  # Log-probabilities are the raw model's, teacher-forced over the ids
+  # generated (ASCII tokens, by the regex: each names one id).
+  choice = httpx.post(server.url("/v1/completions"), json=bodies[2],
+                      timeout=120).json()["choices"][0]
+  tokens = choice["logprobs"]["tokens"]
+  assert "".join(tokens) == choice["text"] == want[2][0]
+  prompt = rwkv_model.encode("café").tolist()
+  ids = prompt + [rwkv_model.tokens.pieces.index(t.encode())
+                  for t in tokens]
+  logp = _log_softmax(rnnstep.logits(rwkv_model, ids)[0].astype(
+      np.float64))
+  np.testing.assert_allclose(
+      choice["logprobs"]["token_logprobs"],
+      logp[np.arange(len(prompt) - 1, len(ids) - 1), ids[len(prompt):]],
+      atol=1e-4)
 
 
 @pytest.mark.slow

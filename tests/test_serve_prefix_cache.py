@@ -180,7 +180,12 @@ def test_cached_prefixes_give_the_same_text_rwkv7_xla(rwkv7_model, case):
   assert cached == plain and cache.hits
 
 
-@pytest.mark.slow
+# Two XLA programs (20 s): RWKV-7's lanes take the graph path by default
+# (paths.KIND_LANE_PATHS). The default run keeps tests/test_rwkv7.py's
+# chunked priming's states (test_chunked_priming_holds_each_row_at_its_own_
+# length, as a graph) and the server's widths (test_the_servers_xla_calls_
+# take_the_librarys_chunked_prompt_widths).
+@pytest.mark.exhaustive
 def test_rwkv7_xla_many_rows_prime_in_narrower_chunks_to_the_same_state(
     rwkv7_model):
   """Under XLA a call over many rows primes RWKV-7 in chunks of
