@@ -281,7 +281,7 @@ def test_sigterm_while_exporting_removes_what_it_created(env):
   parent = env["tmp"] / "sigterm"
   made = parent / "a" / "b"
   paused = env["tmp"] / "sigterm.paused"
-  proc = subprocess.Popen(
+  proc = forkserver.popen(
       COMMAND + [f"--weights={env['weights']}", f"--output={made / '1'}"],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**ENV, export.PAUSE_ENV: str(paused)})

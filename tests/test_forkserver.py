@@ -2,6 +2,7 @@
 sees and returns equals what a fresh interpreter sees and returns."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -57,6 +58,44 @@ def test_a_module_and_a_console_script_run_as_installed(tmp_path):
       cli.command("rnnstep-generate", "rnnstep.cli.generate") + flags,
       env=cli.ENV, capture_output=True, text=True, timeout=120)
   assert (script.returncode, script.stdout) == (0, real.stdout)
+
+
+# A long-running child: a line on each stream, then waits for a signal.
+SERVING = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+print("up", flush=True)
+print("err", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_long_running_child_is_signalled_and_reaped_as_popen_s(sig):
+  """`popen` (the tests' servers): the pid is the child's, a signal reaches
+  it, and `poll`, `wait` and `communicate` give what `subprocess.Popen`'s
+  give."""
+  cmd = [sys.executable, "-c", SERVING]
+  kwargs = dict(env=cli.ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+  real = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kwargs)
+  forked = forkserver.popen(cmd, **kwargs)
+  assert isinstance(forked, forkserver.Process)
+  outcomes = []
+  for process in (real, forked):
+    assert process.stdout.readline() == "up\n"
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+      process.wait(0.1)
+    with open(f"/proc/{process.pid}/cmdline", "rb") as f:
+      assert b"-c" in f.read()
+    process.send_signal(sig)
+    outcomes.append(process.communicate(timeout=60) + (process.returncode,
+                                                       process.poll()))
+  assert outcomes[1] == outcomes[0] == (
+      "", "err\n", 7 if sig == signal.SIGTERM else -signal.SIGKILL,
+      7 if sig == signal.SIGTERM else -signal.SIGKILL)
+
 
 def test_a_timeout_kills_the_child_and_other_programs_exec():
   with pytest.raises(subprocess.TimeoutExpired):

@@ -105,9 +105,9 @@ def test_killed_job_resumes_with_every_record_once(setup):
   # Killed at a random moment once it has written something (maybe after
   # its end: any moment will do).
   size = len(data)
-  process = subprocess.Popen(COMMAND + args, env=cli.ENV,
-                             stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+  process = cli.forkserver.popen(COMMAND + args, env=cli.ENV,
+                                 stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
   deadline = time.monotonic() + cli.TIMEOUT
   while os.path.getsize(out) <= size and process.poll() is None:
     assert time.monotonic() < deadline

@@ -16,7 +16,9 @@ What a fork cannot reproduce falls back to a real exec (`subprocess.run`):
 anything but this Python (`bash -c`, another interpreter), an environment that
 differs in what an interpreter or TensorFlow reads while importing (`TF_*`
 but TF_CONFIG, `PYTHON*` but PYTHONPATH, `LD_*`, ...), a timeout-free call
-site that wants a `Popen`. Tests that are about a fresh process itself (what
+site that wants a real `Popen` (`popen` forks the servers the tests drive:
+a long-running child with pipes, signals and an exit status). Tests that are
+about a fresh process itself (what
 importing `rnnstep` imports, the CLI's start-up and its TensorFlow noise, the
 fast path's cold run, the benchmark's start-up phases, another process's hash
 seed) call `subprocess` directly and never come here. `RNNSTEP_TEST_FORK=off`
@@ -248,6 +250,147 @@ def _plan(cmd):
   return None
 
 
+def _start(server, plan, cmd, env, cwd, stdin_spec, input_data, stdout,
+           stderr):
+  """Sends the fork request: (connection, pid, readers, stdin writer).
+
+  `readers` maps "stdout"/"stderr" to the read end of a pipe made for a
+  `subprocess.PIPE` (else None); the stdin writer is the pipe's write end
+  when `input_data` is given.
+  """
+  opened, readers = [], {}
+
+  def target(spec, mode):
+    if spec == subprocess.PIPE:
+      read, write = os.pipe()
+      opened.append(write)
+      return write, read
+    if spec == subprocess.DEVNULL or spec is None:
+      # A fork inherits nothing from the test process: None means what a
+      # child of pytest would get (its stdin/stdout/stderr), which for a
+      # captured test is not a terminal either.
+      fd = os.open(os.devnull, mode)
+      opened.append(fd)
+      return fd, None
+    if spec == subprocess.STDOUT:
+      return None, None
+    fd = spec if isinstance(spec, int) else spec.fileno()
+    return fd, None
+
+  stdin_fd, stdin_write = None, None
+  if input_data is not None:
+    read, stdin_write = os.pipe()
+    opened.append(read)
+    stdin_fd = read
+  else:
+    stdin_fd, _ = target(stdin_spec if stdin_spec is not None
+                         else subprocess.DEVNULL, os.O_RDONLY)
+  out_fd, readers["stdout"] = target(stdout, os.O_WRONLY)
+  err_fd, readers["stderr"] = target(stderr, os.O_WRONLY)
+  if err_fd is None:
+    err_fd = out_fd
+  request = {"kind": plan[0], "what": plan[1], "args": plan[2], "env": env,
+             "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}
+  conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  try:
+    conn.connect(server.path)
+    socket.send_fds(conn, [json.dumps(request).encode()],
+                    [stdin_fd, out_fd, err_fd])
+    for fd in opened:
+      os.close(fd)
+    opened.clear()
+    pid = int(conn.recv(64))
+  except BaseException:
+    for fd in opened + [fd for fd in readers.values() if fd is not None] + (
+        [stdin_write] if stdin_write is not None else []):
+      os.close(fd)
+    conn.close()
+    raise
+  return conn, pid, readers, stdin_write
+
+
+class Process:
+  """A child forked by the server, as much of `subprocess.Popen` as the
+  tests use: `pid`, `stdout`/`stderr` (pipes' read ends), `returncode`,
+  `poll`, `wait`, `communicate`, `send_signal`, `terminate`, `kill`. The
+  exit status comes from the fork server, which reaps the child."""
+
+  def __init__(self, cmd, conn, pid, readers, text):
+    self.args, self.pid, self.returncode = cmd, pid, None
+    self._conn = conn
+    mode = "r" if text else "rb"
+    self.stdout, self.stderr = (
+        os.fdopen(readers[name], mode) if readers.get(name) is not None
+        else None for name in ("stdout", "stderr"))
+
+  def _status(self, timeout):
+    """The exit status, waiting up to `timeout` s (None: for ever, 0: not
+    at all); None while it runs."""
+    if self.returncode is None:
+      self._conn.settimeout(timeout)
+      try:
+        status = self._conn.recv(64)
+      except (socket.timeout, BlockingIOError):
+        return None
+      self.returncode = int(status)
+      self._conn.close()
+    return self.returncode
+
+  def poll(self):
+    return self._status(0)
+
+  def wait(self, timeout=None):
+    if self._status(timeout) is None:
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    return self.returncode
+
+  def communicate(self, timeout=None):
+    """(stdout, stderr) read to their ends, then the exit status waited
+    for (stdin is /dev/null)."""
+    outputs = {}
+
+    def drain(name, stream):
+      outputs[name] = stream.read()
+      stream.close()
+
+    threads = [threading.Thread(target=drain, args=(name, stream),
+                                daemon=True)
+               for name, stream in (("stdout", self.stdout),
+                                    ("stderr", self.stderr)) if stream]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(timeout)
+      if thread.is_alive():
+        raise subprocess.TimeoutExpired(self.args, timeout)
+    self.wait(timeout)
+    return outputs.get("stdout"), outputs.get("stderr")
+
+  def send_signal(self, sig):
+    if self.poll() is None:  # Not reaped: the pid is still the child's.
+      os.kill(self.pid, sig)
+
+  def terminate(self):
+    self.send_signal(signal.SIGTERM)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+
+def popen(cmd, *, env=None, cwd=None, stdout=None, stderr=None, text=False):
+  """`subprocess.Popen(cmd, ...)` (stdin /dev/null), through the fork
+  server where a fork can run `cmd`: a `Process`, else a real `Popen`."""
+  env = dict(os.environ if env is None else env)
+  plan = _plan(list(cmd)) if _ENABLED else None
+  server = _server_for(env) if plan else None
+  if server is None:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=stderr, text=text)
+  conn, pid, readers, _ = _start(server, plan, cmd, env, cwd, None, None,
+                                 stdout, stderr)
+  return Process(cmd, conn, pid, readers, text)
+
+
 def run(cmd, *, env=None, cwd=None, stdin=None, input=None,  # pylint: disable=redefined-builtin
         capture_output=False, stdout=None, stderr=None, text=False,
         timeout=None, check=False):
@@ -274,48 +417,9 @@ def run(cmd, *, env=None, cwd=None, stdin=None, input=None,  # pylint: disable=r
                           check=check)
   if capture_output:
     stdout = stderr = subprocess.PIPE
-  opened, readers = [], {}
-
-  def target(spec, mode):
-    if spec == subprocess.PIPE:
-      read, write = os.pipe()
-      opened.append(write)
-      return write, read
-    if spec == subprocess.DEVNULL or spec is None:
-      # A fork inherits nothing from the test process: None means what a
-      # child of pytest would get (its stdin/stdout/stderr), which for a
-      # captured test is not a terminal either.
-      fd = os.open(os.devnull, mode)
-      opened.append(fd)
-      return fd, None
-    if spec == subprocess.STDOUT:
-      return None, None
-    fd = spec if isinstance(spec, int) else spec.fileno()
-    return fd, None
-
-  stdin_fd, stdin_write = None, None
-  if input is not None:
-    read, stdin_write = os.pipe()
-    opened.append(read)
-    stdin_fd = read
-  else:
-    stdin_fd, _ = target(stdin if stdin is not None else subprocess.DEVNULL,
-                         os.O_RDONLY)
-  out_fd, readers["stdout"] = target(stdout, os.O_WRONLY)
-  err_fd, readers["stderr"] = target(stderr, os.O_WRONLY)
-  if err_fd is None:
-    err_fd = out_fd
-  request = {"kind": plan[0], "what": plan[1], "args": plan[2], "env": env,
-             "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}
-  conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  conn, pid, readers, stdin_write = _start(server, plan, cmd, env, cwd, stdin,
+                                           input, stdout, stderr)
   try:
-    conn.connect(server.path)
-    socket.send_fds(conn, [json.dumps(request).encode()],
-                    [stdin_fd, out_fd, err_fd])
-    for fd in opened:
-      os.close(fd)
-    opened.clear()
-    pid = int(conn.recv(64))
     outputs = {}
 
     def drain(name, fd):
@@ -350,8 +454,6 @@ def run(cmd, *, env=None, cwd=None, stdin=None, input=None,  # pylint: disable=r
     for thread in threads:
       thread.join()
   finally:
-    for fd in opened:
-      os.close(fd)
     conn.close()
   returncode = int(status)
 

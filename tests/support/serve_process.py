@@ -18,6 +18,7 @@ from rnnstep.decoding import options as options_lib
 from rnnstep import records
 from rnnstep.serve import protocol
 from tests.support import cli
+from tests.support import forkserver
 
 
 def free_port() -> int:
@@ -39,7 +40,10 @@ class RemoteServer:
 
   def __init__(self, args, startup_timeout: float = 120.0, wait: bool = True):
     self.port = free_port()
-    self.process = subprocess.Popen(
+    # Forked from an interpreter that imported TensorFlow (the console
+    # script's own function in a process of its own: tests/support/
+    # forkserver.py), which saves each server TensorFlow's import.
+    self.process = forkserver.popen(
         cli.command("rnnstep-serve", "rnnstep.serve.main")
         + list(args) + ["--host=127.0.0.1", f"--port={self.port}"],
         cwd=cli.REPO, env=cli.ENV, stdout=subprocess.PIPE,
