@@ -65,6 +65,18 @@ def unpinned_default_path(monkeypatch):
   monkeypatch.delitem(cli.ENV, "RNNSTEP_DEFAULT_PATH", raising=False)
 
 
+def pytest_configure(config):
+  """One garbage collection, not five, when a process's session ends:
+  pytest's unraisable-exception check collects five times over the whole
+  heap, which in a worker holding TensorFlow's graphs took seconds of the
+  run's last minute (as pytester sets it for its in-process runs)."""
+  try:
+    from _pytest import unraisableexception  # pylint: disable=g-import-not-at-top
+    config.stash[unraisableexception.gc_collect_iterations_key] = 1
+  except (ImportError, AttributeError):  # Another pytest: its default.
+    pass
+
+
 def pytest_sessionfinish(session, exitstatus):
   """A background XLA compile still running when pytest exits ends the
   process by os._exit (rnnstep/engine/compiling.py), which does not see the

@@ -14,11 +14,11 @@ reference is no reference for it.
 """
 
 import pathlib
-import subprocess
 
 import pytest
 
 import rnnstep
+from tests.support import forkserver
 from tests.support.cli import ENV, TIMEOUT, Result, command, ok
 
 pytestmark = pytest.mark.slow  # A LiteRT conversion and a numpy reference.
@@ -35,7 +35,7 @@ def test_exported_int8_text_is_xnnpack_int8_arithmetic_s(tmp_path):
   from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
   from tools.bench import int8_litert  # pylint: disable=g-import-not-at-top
   output = tmp_path / "int8"
-  done = subprocess.run(
+  done = forkserver.run(
       COMMAND + [f"--model={PRESET}", "--format=tflite",
                  "--dynamic_range_int8", f"--output={output}"],
       env=ENV, capture_output=True, text=True, timeout=TIMEOUT, check=False)
