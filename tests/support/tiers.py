@@ -53,38 +53,39 @@ def quick_params(values, *quick):
 
 
 # The test files that take longest, longest first (seconds per file or
-# family, `--durations=0` of a 2-worker default run on a 2-core EPYC at load
-# 8-20, 2026-12-04: only their order matters): tests/conftest.py queues them
-# first and the rest after, in their own order. With `--dist loadgroup` each
-# file (or family, below) runs whole on one worker, and xdist's default queue
-# (files with the most tests first) left long files of few tests for last,
-# so one worker idled while the other finished them. Longest first keeps the
-# run's tail short. A file not named here only runs later; keep the list
-# roughly current (`--durations=0`, summed per file).
+# family, the mean of two `--durations=0` runs of the 2-worker default run on
+# a 2-core EPYC Zen 4, 2026-12-06: only their order matters):
+# tests/conftest.py queues them first and the rest after, in their own
+# order. With `--dist loadgroup` each file (or family, below) runs whole on
+# one worker, and xdist's default queue (files with the most tests first)
+# left long files of few tests for last, so one worker idled while the other
+# finished them. Longest first keeps the run's tail short. A file not named
+# here only runs later; keep the list roughly current (`--durations=0`,
+# summed per file).
 LONGEST_FIRST = (
-    "test_generator.py",        # 680 with test_saved_model (its family)
-    "test_api.py",              # 650 with the rest of the tiny family
-    "test_cache_trust.py",      # 454 (three background exports)
-    "test_tokens.py",           # 426 with test_scoring
-    "test_fast_path.py",        # 355
-    "test_recompute.py",        # 253
-    "test_cli_generate.py",     # 244
-    "test_rwkv7.py",            # 231 (XLA compiles)
-    "test_convert.py",          # 200
-    "test_sampling.py",         # 198 with test_constraints
-    "test_convert_torch.py",    # 170
-    "test_serve.py",            # 149
-    "test_serve_network.py",    # 148
-    "test_window.py",           # 141
-    "test_litert_options.py",   # 127 (three LiteRT conversions)
-    "test_serve_hostile.py",    # 74
-    "test_compiling.py",        # ~60 (fresh processes that compile)
-    # Measured 2026-12-02 (quieter: about half the figures above).
-    "test_jobs.py",             # ~50
-    "test_beam_search.py",      # 48
-    "test_processors.py",       # 45
-    "test_litert.py",           # 42
-    "test_request.py",          # 35
+    "test_generator.py",        # 97 with test_saved_model (its family)
+    "test_tokens.py",           # 96 with test_scoring
+    "test_rwkv7.py",            # 87 (a LiteRT conversion, XLA compiles)
+    "test_api.py",              # 63 with the rest of the tiny family
+    "test_convert.py",          # 45
+    "test_compiling.py",        # 42 (fresh processes that compile)
+    "test_serve_prefix_cache.py",  # 36
+    "test_fast_path.py",        # 36
+    "test_sampling.py",         # 35 with test_constraints
+    "test_window.py",           # 28
+    "test_cli_generate.py",     # 26
+    "test_weights_dtype.py",    # 25
+    "test_recompute.py",        # 23
+    "test_cache_trust.py",      # 23 (background exports)
+    "test_serve_chat.py",       # 21
+    "test_litert.py",           # 20
+    "test_jobs.py",             # 18
+    "test_litert_options.py",   # 18 (three LiteRT conversions)
+    "test_serve.py",            # 18
+    "test_convert_recipes.py",  # 16
+    "test_serve_network.py",    # 15
+    "test_convert_torch.py",    # 14
+    "test_convert_errors.py",   # 14
 )
 
 
