@@ -481,9 +481,9 @@ def deep_artifact(deep_pth_file, tmp_path_factory):
   """The 12-block model's entry in a compiled-artifact cache, built once as
   a cold run's child builds it (`fill`, here in process) and, as for an
   artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), with
-  its weights packed for XNNPACK: the cache folder and the entry's key.
-  The LiteRT text test runs its files and the warm command line the entry
-  (one conversion for both)."""
+  its weights packed for XNNPACK: (the cache folder, the entry's files'
+  base path). The LiteRT text test runs its files and the warm command line
+  the entry (one conversion for both)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
@@ -502,7 +502,7 @@ def deep_artifact(deep_pth_file, tmp_path_factory):
     with compiled_cache.open_entry(the_key) as artifact:
       assert artifact.weight_cache is not None
     base = compiled_cache.entry_base(the_key)
-  return cache, the_key, base
+  return cache, base
 
 
 # A model's LiteRT artifact: by default the 12-block official .pth's, the
@@ -525,7 +525,7 @@ def test_litert_artifact_gives_the_library_s_text(which, request, tmp_path):
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
   if which == "12 blocks":  # The warm command line's entry.
     model = request.getfixturevalue("deep_pth_model")
-    base = request.getfixturevalue("deep_artifact")[2]
+    base = request.getfixturevalue("deep_artifact")[1]
     path, packed = base + ".tflite", base + compiled_cache.PACKED_SUFFIX
     with open(path, "rb") as f:
       flatbuffer = f.read()
