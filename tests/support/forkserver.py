@@ -12,13 +12,13 @@ interpreter's start and TensorFlow's import. Forking after `import tensorflow`
 is safe because importing starts no TensorFlow runtime: no context, device or
 thread pool exists until the child makes one.
 
-What a fork cannot reproduce falls back to a real exec (`subprocess.run`):
+What a fork cannot reproduce falls back to a real exec (`subprocess`):
 anything but this Python (`bash -c`, another interpreter), an environment that
 differs in what an interpreter or TensorFlow reads while importing (`TF_*`
-but TF_CONFIG, `PYTHON*` but PYTHONPATH, `LD_*`, ...), a timeout-free call
-site that wants a real `Popen` (`popen` forks the servers the tests drive:
-a long-running child with pipes, signals and an exit status). Tests that are
-about a fresh process itself (what
+but TF_CONFIG, `PYTHON*` but PYTHONPATH, `LD_*`, ...). `run` stands for
+`subprocess.run`, `popen` for `subprocess.Popen` (the servers the tests
+drive: a long-running child with pipes, signals and an exit status). Tests
+that are about a fresh process itself (what
 importing `rnnstep` imports, the CLI's start-up and its TensorFlow noise, the
 fast path's cold run, the benchmark's start-up phases, another process's hash
 seed) call `subprocess` directly and never come here. `RNNSTEP_TEST_FORK=off`
