@@ -38,6 +38,7 @@ from rnnstep.engine import request as request_lib
 from rnnstep.engine import window as window_lib
 from rnnstep.engine import xla_cache
 from rnnstep.model import cells
+from rnnstep.model import graph_calls
 from rnnstep.model import network as network_lib
 
 
@@ -166,10 +167,14 @@ class Programs(tf.Module):
         repr(key).encode("utf-8")).hexdigest()[:16]
 
   def call(self, name: str, weights, *args):
-    """Calls the concrete function `name`; under XLA, the first call of a
-    shape in this process records the program's files in XLA's program
-    index (`xla_cache.record_program`)."""
+    """Calls the concrete function `name`: on the graph path without
+    Grappler (`graph_calls`); under XLA, the first call of a shape in this
+    process records the program's files in XLA's program index
+    (`xla_cache.record_program`)."""
     concrete = self.concrete(name)
+    if self.path == paths.GRAPH:
+      with graph_calls.without_grappler():
+        return concrete(weights, *args)
     if not self.jit_compile:
       return concrete(weights, *args)
     key = shape_key(args, name)
@@ -542,7 +547,8 @@ class Generator(tf.Module):
     for name in ("generate_fn", "continue_fn", "beam_fn", "window_fn",
                  "window_continue_fn", "serve_fn", "step"):
       setattr(self, name, network_lib.BoundFunction(
-          getattr(self.programs, name), self._network_weights))
+          getattr(self.programs, name), self._network_weights,
+          graph=self.path == paths.GRAPH))
 
   @property
   def model(self):

@@ -156,7 +156,7 @@ def function(model, path: str, windowed: bool) -> network_lib.BoundFunction:
   name = f"loglikelihood/{path}/{'windows' if windowed else 'stepped'}"
   return network_lib.BoundFunction(
       network_lib.shared_function(architecture, name, build),
-      model.network_weights)
+      model.network_weights, graph=path == paths.GRAPH)
 
 
 def prefix_function(model, path: str) -> network_lib.BoundFunction:
@@ -182,7 +182,7 @@ def prefix_function(model, path: str) -> network_lib.BoundFunction:
   name = f"loglikelihood/{path}/prefix"
   return network_lib.BoundFunction(
       network_lib.shared_function(architecture, name, build),
-      model.network_weights)
+      model.network_weights, graph=path == paths.GRAPH)
 
 
 # The names of scoring's functions (`Calls.call`).

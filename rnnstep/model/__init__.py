@@ -12,6 +12,7 @@ and the command lines can read a file before TensorFlow loads.
                `make_cell`, a layer's cell by its kind
   functions    a model's compiled whole-sequence functions: scores, every
                position's states, the final state
+  graph_calls  host calls of the graph functions, made without Grappler
   model_file   the .npz model file: its format, reader and writer
   chat_template  a model's chat format: messages to a prompt, the end of a
                reply (TensorFlow-free; `jinja2` for a Jinja template)

@@ -20,6 +20,7 @@ built by `make_cell`.
 """
 
 import collections
+import contextlib
 import dataclasses
 import os
 import weakref
@@ -29,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from rnnstep.model import cells as cells_lib
+from rnnstep.model import graph_calls
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import reduced_weights
@@ -93,18 +95,28 @@ class BoundFunction:
     function: a `tf.function` whose first argument is a model's weights
       (`Model.network_weights()`'s structure).
     weights: a callable returning the weights to pass.
+    graph: whether `function` is a TensorFlow graph (no XLA program), called
+      without Grappler (`graph_calls`).
   """
 
-  def __init__(self, function, weights: Callable[[], dict]):
+  def __init__(self, function, weights: Callable[[], dict], *,
+               graph: bool = True):
     self.function = function
     self._weights = weights
+    self._graph = graph
+
+  def _options(self):
+    return (graph_calls.without_grappler() if self._graph
+            else contextlib.nullcontext())
 
   def __call__(self, *args):
-    return self.function(self._weights(), *args)
+    with self._options():
+      return self.function(self._weights(), *args)
 
   def call_concrete(self, concrete, *args):
     """Calls `concrete` (from `get_concrete_function`) with the weights."""
-    return concrete(self._weights(), *args)
+    with self._options():
+      return concrete(self._weights(), *args)
 
   def get_concrete_function(self):
     return self.function.get_concrete_function()
