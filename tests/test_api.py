@@ -13,6 +13,7 @@ import tensorflow as tf
 from tests.support import keras_reference as kr
 from tests.support import numpy_reference as nr
 from tests.support import reference_models
+from tests.support import tiers
 
 import rnnstep
 from rnnstep import api
@@ -419,15 +420,22 @@ def _valid_calls(draw):
   return prompts, draw(st.integers(0, KERAS_STEPS)), kwargs
 
 
-@settings(max_examples=20, deadline=None)
-@given(call=_valid_calls())
-@pytest.mark.slow  # Every path, for each drawn call.
-def test_valid_arguments_give_checked_content_on_every_path(call):
-  prompts, num_steps, kwargs = call
-  outcomes = {jit: rnnstep.generate(_model(), prompts, num_steps,
-                                    jit_compile=jit, **kwargs)
-              for jit in PATHS}
-  _check_content(prompts, num_steps, kwargs, outcomes)
+# Each drawn call runs every path (under XLA a new batch or width bucket
+# compiles a program): the default run draws 8 calls, the exhaustive tier 20.
+@pytest.mark.slow
+@pytest.mark.parametrize("examples", tiers.quick_params([8, 20], 8))
+def test_valid_arguments_give_checked_content_on_every_path(examples):
+
+  @settings(max_examples=examples, deadline=None)
+  @given(call=_valid_calls())
+  def check(call):
+    prompts, num_steps, kwargs = call
+    outcomes = {jit: rnnstep.generate(_model(), prompts, num_steps,
+                                      jit_compile=jit, **kwargs)
+                for jit in PATHS}
+    _check_content(prompts, num_steps, kwargs, outcomes)
+
+  check()
 
 
 def _check_content(prompts, num_steps, kwargs, outcomes):
