@@ -88,6 +88,9 @@ def run_benchmark(*args, timeout=600, cache_dir=None):
     json_path = os.path.join(tmp, "out.json")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                RNNSTEP_CACHE_DIR=cache_dir or os.path.join(tmp, "cache"))
+    # The benchmark's "default" is what users get: not the suite's pinned
+    # graph path (tests/conftest.py).
+    env.pop("RNNSTEP_DEFAULT_PATH", None)
     proc = subprocess.run(
         [sys.executable, BENCHMARK, "--quick", f"--json_out={json_path}", *args],
         capture_output=True, text=True, timeout=timeout, env=env, check=False)
