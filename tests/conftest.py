@@ -26,6 +26,7 @@ if _XLA_CACHE_ENV not in os.environ:
 from absl import flags  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
+from tests.support import tf_audit  # pylint: disable=g-import-not-at-top
 from tests.support import tiers  # pylint: disable=g-import-not-at-top
 
 # absl's TestCase helpers (create_tempdir) read flags; pytest does not parse them.
@@ -69,12 +70,15 @@ def pytest_configure(config):
   """One garbage collection, not five, when a process's session ends:
   pytest's unraisable-exception check collects five times over the whole
   heap, which in a worker holding TensorFlow's graphs took seconds of the
-  run's last minute (as pytester sets it for its in-process runs)."""
+  run's last minute (as pytester sets it for its in-process runs). And the
+  CPU recorder, where asked for."""
   try:
     from _pytest import unraisableexception  # pylint: disable=g-import-not-at-top
     config.stash[unraisableexception.gc_collect_iterations_key] = 1
   except (ImportError, AttributeError):  # Another pytest: its default.
     pass
+  # `RNNSTEP_TEST_AUDIT=DIR`: where the run's CPU goes (tests/support/tf_audit.py).
+  tf_audit.install(config)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -108,3 +108,18 @@ def test_a_timeout_kills_the_child_and_other_programs_exec():
   changed = dict(cli.ENV, TF_CPP_MIN_LOG_LEVEL="1")
   assert forkserver._server_for(changed) is None  # pylint: disable=protected-access
   assert forkserver._server_for(cli.ENV) is not None  # pylint: disable=protected-access
+
+
+def test_each_forked_child_s_cpu_seconds_are_reported():
+  """What `tests/support/tf_audit.py` charges a test for its forks: the
+  child's CPU seconds come back with its exit status (`children_cpu`)."""
+  burn = "import time\nend = time.process_time() + 0.3\n" \
+         "while time.process_time() < end: pass\n"
+  before = forkserver.children_cpu()
+  result = forkserver.run([sys.executable, "-c", burn], env=cli.ENV,
+                          timeout=120)
+  assert result.returncode == 0
+  assert 0.3 <= forkserver.children_cpu() - before < 30
+  child = forkserver.popen([sys.executable, "-c", burn], env=cli.ENV)
+  assert child.wait(120) == 0
+  assert forkserver.children_cpu() - before >= 0.6

@@ -171,13 +171,16 @@ while True:
     except OSError:  # Its client went away; the child is reaped below.
       pass
   while running:
-    pid, status = os.waitpid(-1, os.WNOHANG)
+    pid, status, usage = os.wait4(-1, os.WNOHANG)
     if not pid:
       break
     conn = running.pop(pid, None)
     if conn is not None:
       try:
-        conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+        # The exit status, then the child's CPU seconds (its own and its
+        # reaped children's: `children_cpu`).
+        conn.send(f"{os.waitstatus_to_exitcode(status)} "
+                  f"{usage.ru_utime + usage.ru_stime:.6f}".encode())
       except OSError:
         pass
       conn.close()
@@ -185,6 +188,27 @@ while True:
 
 _lock = threading.Lock()
 _server = None
+_children_cpu = 0.0  # CPU seconds of the forked children reaped so far.
+
+
+def _exit_status(message: bytes) -> int:
+  """The exit status in the server's report on a child ("status cpu"),
+  whose CPU seconds are added to `children_cpu`'s."""
+  global _children_cpu
+  code, _, cpu = message.decode().partition(" ")
+  with _lock:
+    _children_cpu += float(cpu or 0)
+  return int(code)
+
+
+def children_cpu() -> float:
+  """The CPU seconds (user + system) of every child this process's fork
+  server has reaped and reported so far, their own children's included: the
+  forks' share of a test's cost, which `resource.RUSAGE_CHILDREN` does not
+  see (the server, not this process, reaps them). `tests/support/
+  tf_audit.py` reads it around each test."""
+  with _lock:
+    return _children_cpu
 
 
 class _Server:
@@ -332,7 +356,7 @@ class Process:
         status = self._conn.recv(64)
       except (socket.timeout, BlockingIOError):
         return None
-      self.returncode = int(status)
+      self.returncode = _exit_status(status)
       self._conn.close()
     return self.returncode
 
@@ -447,7 +471,7 @@ def run(cmd, *, env=None, cwd=None, stdin=None, input=None,  # pylint: disable=r
     except socket.timeout:
       os.kill(pid, signal.SIGKILL)
       conn.settimeout(None)
-      conn.recv(64)
+      _exit_status(conn.recv(64))
       for thread in threads:
         thread.join()
       raise subprocess.TimeoutExpired(cmd, timeout)  # pylint: disable=raise-missing-from
@@ -455,7 +479,7 @@ def run(cmd, *, env=None, cwd=None, stdin=None, input=None,  # pylint: disable=r
       thread.join()
   finally:
     conn.close()
-  returncode = int(status)
+  returncode = _exit_status(status)
 
   def decoded(name):
     data = outputs.get(name)
