@@ -23,6 +23,7 @@ from rnnstep.engine import scoring
 from rnnstep.engine import xla_cache
 from rnnstep.model import model_file
 from tests.support import cli
+from tests.support import forkserver
 from tests.support import numpy_reference as nr
 
 # These tests are about the choice jit_compile=None makes (tests/conftest.py).
@@ -442,7 +443,9 @@ tf.function(lambda x: x + 1)(tf.constant(1))
 def test_a_second_process_loads_the_programs_the_first_one_compiled(tmp_path):
   """Even when it traced other functions before (in another order)."""
   env = fresh_process_env(tmp_path)
-  run = lambda script: subprocess.run(
+  # Forked (tests/support/forkserver.py): their own TF_XLA_FLAGS are read
+  # at XLA's first use; what matters is that each is another process.
+  run = lambda script: forkserver.run(
       [sys.executable, "-c", script], capture_output=True, text=True,
       env=env, timeout=cli.TIMEOUT, check=True).stdout
   text = run(COMPILE_AND_USE + SCORE)

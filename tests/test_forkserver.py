@@ -123,3 +123,19 @@ def test_each_forked_child_s_cpu_seconds_are_reported():
   child = forkserver.popen([sys.executable, "-c", burn], env=cli.ENV)
   assert child.wait(120) == 0
   assert forkserver.children_cpu() - before >= 0.6
+
+
+def test_a_child_s_own_tf_xla_flags_are_the_ones_its_xla_reads(tmp_path):
+  """TensorFlow reads TF_XLA_FLAGS at XLA's first use, not at import: a
+  forked child with its own persistent cache folder compiles into it."""
+  flags = f"--tf_xla_persistent_cache_directory={tmp_path}"
+  env = dict(cli.ENV, TF_XLA_FLAGS=flags)
+  assert forkserver._server_for(env) is not None  # pylint: disable=protected-access
+  script = ("import tensorflow as tf\n"
+            "f = tf.function(lambda x: x * 3 + 1, jit_compile=True)\n"
+            "print(int(f(tf.constant(2))))\n")
+  result = forkserver.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0 and result.stdout == "7\n", result.stderr
+  assert [p.name for p in tmp_path.iterdir()
+          if p.name.startswith("xla_compile_cache")], list(tmp_path.iterdir())

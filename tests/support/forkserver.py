@@ -48,7 +48,10 @@ _ENABLED = os.environ.get("RNNSTEP_TEST_FORK", "on") != "off"
 # a child whose value differs from the server's cannot be forked from it.
 _IMPORT_TIME_PREFIXES = ("TF_", "PYTHON", "LD_", "MALLOC", "OMP_", "KMP_",
                          "CUDA_", "XLA_", "GRPC_")
-_PER_CHILD = ("TF_CONFIG", "PYTHONPATH")
+# Read later than the import, so a child may have its own: TF_CONFIG and
+# PYTHONPATH, and TF_XLA_FLAGS, which TensorFlow reads at XLA's first use in
+# a process (tests/test_forkserver.py checks it).
+_PER_CHILD = ("TF_CONFIG", "PYTHONPATH", "TF_XLA_FLAGS")
 
 # The server's own code: it imports TensorFlow as a CLI tool does (without
 # TensorFlow's eager Keras import, rnnstep/cli/common.py), then serves.
