@@ -153,7 +153,7 @@ def summary(directory: str, top: int = 25) -> str:
     if name.endswith(".jsonl"):
       with open(os.path.join(directory, name), encoding="utf-8") as f:
         records.extend(json.loads(line) for line in f if line.strip())
-  per_file = collections.defaultdict(lambda: collections.Counter())
+  per_file = collections.defaultdict(collections.Counter)
   per_function = collections.Counter()
   counts = collections.Counter()
   for record in records:
