@@ -6,7 +6,9 @@ ops only (no Flex ops: the plain interpreter could not run them).
 """
 
 import ast
+import collections
 import functools
+import hashlib
 import json
 import os
 
@@ -186,6 +188,23 @@ def test_the_flatbuffer_holds_builtin_ops_only():
   codes = op_codes(flatbuffer)
   assert ("WHILE", None) in codes  # The whole loop is in the flatbuffer.
   assert [c for c in codes if c[0] == "CUSTOM" or c[1] is not None] == []
+
+
+def test_no_weight_is_stored_twice():
+  """`convert_saved` skips TensorFlow's pass that merges equal read-only
+  buffers (and its metadata pass): MLIR's flatbuffer must leave nothing of
+  size to merge (a few equal small constants, shapes or scalars, at most).
+  The stack's kernels and the loops' reads of them are what could repeat."""
+  _, _, flatbuffer = exported("lstm_then_gru")
+  root = schema.Model.GetRootAsModel(flatbuffer, 0)
+  copies = collections.Counter()
+  for i in range(root.BuffersLength()):
+    data = root.Buffers(i).DataAsNumpy()
+    if not isinstance(data, int) and data.size > 64:
+      copies[hashlib.sha256(data.tobytes()).digest()] += 1
+  assert copies and max(copies.values()) == 1
+  assert not any(root.Metadata(i).Name() == b"CONVERSION_METADATA"
+                 for i in range(root.MetadataLength()))
 
 
 def test_row_keys_equal_the_library_s_for_int32_seeds():

@@ -279,12 +279,42 @@ def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
       arithmetic's, not `rnnstep.generate`'s (nor `weights_dtype="int8"`'s,
       which keeps the products float32).
   """
+  converter = converter_for(saved_dir, dynamic_range_int8)
+  _skip_passes_after_mlir(converter)
+  return converter.convert()
+
+
+def converter_for(saved_dir: str, dynamic_range_int8: bool = False):
+  """TensorFlow's LiteRT converter of `save_generation`'s SavedModel, as
+  TensorFlow configures it for builtin ops (and `Optimize.DEFAULT`'s
+  dynamic-range int8); `convert_saved` leaves out its passes after MLIR's."""
   converter = tf.lite.TFLiteConverter.from_saved_model(
       saved_dir, signature_keys=[SIGNATURE])
   converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
   if dynamic_range_int8:
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
-  return converter.convert()
+  return converter
+
+
+def _skip_passes_after_mlir(converter) -> None:
+  """Leaves out the converter's two passes that rewrite MLIR's flatbuffer
+  in Python, op by op, and change nothing an interpreter runs: the
+  conversion metadata (TensorFlow's version and options, which nothing
+  reads) and the deduplication of equal read-only buffers (MLIR's
+  flatbuffer has none here: tests/test_litert.py checks). They took about
+  a third of a small model's conversion CPU and a ninth of the 0.1B
+  RWKV-7's (benchmarks/results/litert-convert-epyc-zen4-2026-12.md).
+
+  The metadata is a public switch. The deduplication runs in the
+  converter's `_optimize_tflite_model`, which for this export (no
+  representative dataset, so no integer quantization; no sparsity) does
+  nothing else in TensorFlow 2.21; where a TensorFlow lacks that method,
+  its conversion runs as it is."""
+  converter.exclude_conversion_metadata = True
+  if (hasattr(converter, "_optimize_tflite_model")
+      and converter.representative_dataset is None):
+    converter._optimize_tflite_model = (  # pylint: disable=protected-access
+        lambda model, *args, **kwargs: model)
 
 
 def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
