@@ -300,10 +300,11 @@ def _skip_passes_after_mlir(converter) -> None:
   """Leaves out the converter's two passes that rewrite MLIR's flatbuffer
   in Python, op by op, and change nothing an interpreter runs: the
   conversion metadata (TensorFlow's version and options, which nothing
-  reads) and the deduplication of equal read-only buffers (MLIR's
-  flatbuffer has none here: tests/test_litert.py checks). They took about
-  a third of a small model's conversion CPU and a ninth of the 0.1B
-  RWKV-7's (benchmarks/results/litert-convert-epyc-zen4-2026-12.md).
+  reads) and the merging of equal read-only buffers (MLIR's flatbuffer
+  stores each weight once; a few equal small constants are left:
+  tests/test_litert.py checks). On a 2-vCPU Zen 4 they took a sixth to two
+  fifths of small models' conversion CPU and a ninth of the 0.1B RWKV-7's
+  (benchmarks/results/litert-convert-epyc-zen4-2026-12.md).
 
   The metadata is a public switch. The deduplication runs in the
   converter's `_optimize_tflite_model`, which for this export (no
