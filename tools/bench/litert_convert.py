@@ -86,9 +86,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
       "--models", default="bundled," + os.path.join(
-          ROOT, "tests", "data", "rwkv7", "rwkv7.npz"),
-      help="comma list of model files (bundled: the bundled GRU); a .pth "
-      "is converted with --vocab first")
+          ROOT, "tests", "data", "rwkv7", "rwkv7.pth"),
+      help="comma list of model files (bundled: the bundled GRU); an "
+      "RWKV-7 .pth is converted with --vocab first")
   parser.add_argument("--vocab", default=os.path.join(
       ROOT, "tests", "data", "rwkv7", "preset", "assets", "tokenizer",
       "vocabulary.txt"))
@@ -99,12 +99,10 @@ def main():
   for model_path in args.models.split(","):
     shown = model_path
     with tempfile.TemporaryDirectory(prefix="litert_convert_") as folder:
-      if model_path.endswith(".npz") and not os.path.exists(model_path):
-        # The RWKV-7 test fixture's official .pth, converted.
+      if model_path.endswith(".pth"):  # An official RWKV-7 checkpoint.
         from rnnstep import convert  # pylint: disable=g-import-not-at-top
-        pth = model_path[:-len(".npz")] + ".pth"
         model_path = os.path.join(folder, "model.npz")
-        convert.convert(pth, model_path, vocab=args.vocab)
+        convert.convert(shown, model_path, vocab=args.vocab)
       saved = save(model_path, folder)
       results = {how: [] for how in HOWS}
       for r in range(args.rounds):
