@@ -25,6 +25,7 @@ from rnnstep.model import model_file
 from tests.support import cli
 from tests.support import forkserver
 from tests.support import numpy_reference as nr
+from tests.support.tiers import quick_params
 
 # These tests are about the choice jit_compile=None makes (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("unpinned_default_path")
@@ -390,9 +391,12 @@ paths.FASTEST_PATHS[cpu.kind()] = dict(
     "compiling.background(model, paths.ELEMENTWISE)")
 
 
+# The graph path's background compile by default; the elementwise path's
+# small programs in the exhaustive tier (one fresh process each).
 @pytest.mark.slow  # A process importing TensorFlow.
-@pytest.mark.parametrize("script", [EXIT_WHILE_COMPILING,
-                                    EXIT_WHILE_COMPILING_ELEMENTWISE])
+@pytest.mark.parametrize("script", quick_params(
+    [EXIT_WHILE_COMPILING, EXIT_WHILE_COMPILING_ELEMENTWISE],
+    EXIT_WHILE_COMPILING))
 def test_a_process_that_exits_while_a_program_compiles_exits_at_once(
     tmp_path, script):
   """Exit status 0, no abort, the script's exit handlers and output kept,

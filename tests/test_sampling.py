@@ -114,41 +114,56 @@ _SETTING = st.fixed_dictionaries({
 
 
 class PerRowTest(tf.test.TestCase):
+  """Drawn batches (prompts, per-row settings, seeds; path, window, n-gram
+  size): each row of a batch, generated or streamed, is the row alone. The
+  default run draws 2 batches, the exhaustive tier 5
+  (`PerRowExhaustiveTest`)."""
 
-  @settings(max_examples=5, deadline=None)
-  @given(rows=st.lists(st.tuples(st.text(alphabet="abcdej ,", min_size=1,
-                                         max_size=9), _SETTING,
-                                 st.integers(0, 2**40)),
-                       min_size=1, max_size=5),
-         path=st.sampled_from(PATHS), window=st.sampled_from([0, 4]),
-         ngram=st.sampled_from([0, 3]))
+  examples = 2
+
   @pytest.mark.slow  # Drawn paths and batches.
-  def test_each_row_equals_itself_alone(self, rows, path, window, ngram):
-    model, reference = small()
-    prompts = [prompt for prompt, _, _ in rows]
-    seeds = [seed for _, _, seed in rows]
-    per_row = {name: [s[name] for _, s, _ in rows] for name in _SETTING_KEYS}
-    common = dict(repetition_window=window, no_repeat_ngram_size=ngram,
-                  jit_compile=path)
-    batch = rnnstep.generate(model, prompts, 24, seed=seeds, **per_row,
-                             **common)
-    streamed = list(rnnstep.stream(model, prompts, 24, chunk_size=10,
-                                   seed=seeds, **per_row, **common))
-    self.assertEqual(["".join(c[i] for c in streamed)
-                      for i in range(len(rows))], batch)
-    for (prompt, setting, seed), text in zip(rows, batch):
-      alone = rnnstep.generate(model, prompt, 24, seed=[seed], **setting,
+  def test_each_row_equals_itself_alone(self):
+
+    @settings(max_examples=self.examples, deadline=None)
+    @given(rows=st.lists(st.tuples(st.text(alphabet="abcdej ,", min_size=1,
+                                           max_size=9), _SETTING,
+                                   st.integers(0, 2**40)),
+                         min_size=1, max_size=5),
+           path=st.sampled_from(PATHS), window=st.sampled_from([0, 4]),
+           ngram=st.sampled_from([0, 3]))
+    def check(rows, path, window, ngram):
+      model, reference = small()
+      prompts = [prompt for prompt, _, _ in rows]
+      seeds = [seed for _, _, seed in rows]
+      per_row = {name: [s[name] for _, s, _ in rows] for name in _SETTING_KEYS}
+      common = dict(repetition_window=window, no_repeat_ngram_size=ngram,
+                    jit_compile=path)
+      batch = rnnstep.generate(model, prompts, 24, seed=seeds, **per_row,
                                **common)
-      if setting["top_k"] or setting["top_p"] < 1 or setting["min_p"]:
-        # A filter's edge can also flip at a rounding tie; not modelled by
-        # the near-tie check, and never seen: held to equality.
-        self.assertEqual(alone, text, (prompt, setting, seed))
-        continue
-      row_contract.assert_same_or_near_tie(
-          reference, model.encode(prompt), model.encode(text),
-          model.encode(alone), temperature=setting["temperature"],
-          key=dr.row_key(seed, 0), theta=setting["repetition_penalty"],
-          window=window, ngram=ngram, message=(prompt, setting, seed))
+      streamed = list(rnnstep.stream(model, prompts, 24, chunk_size=10,
+                                     seed=seeds, **per_row, **common))
+      self.assertEqual(["".join(c[i] for c in streamed)
+                        for i in range(len(rows))], batch)
+      for (prompt, setting, seed), text in zip(rows, batch):
+        alone = rnnstep.generate(model, prompt, 24, seed=[seed], **setting,
+                                 **common)
+        if setting["top_k"] or setting["top_p"] < 1 or setting["min_p"]:
+          # A filter's edge can also flip at a rounding tie; not modelled by
+          # the near-tie check, and never seen: held to equality.
+          self.assertEqual(alone, text, (prompt, setting, seed))
+          continue
+        row_contract.assert_same_or_near_tie(
+            reference, model.encode(prompt), model.encode(text),
+            model.encode(alone), temperature=setting["temperature"],
+            key=dr.row_key(seed, 0), theta=setting["repetition_penalty"],
+            window=window, ngram=ngram, message=(prompt, setting, seed))
+
+    check()
+
+
+@pytest.mark.exhaustive
+class PerRowExhaustiveTest(PerRowTest):
+  examples = 5
 
 
 class MixedRowsTest(tf.test.TestCase, parameterized.TestCase):

@@ -63,9 +63,11 @@ def run_binary(cmd, args, tty_stderr=False):
     proc = forkserver.run(cmd + args, capture_output=True, text=True,
                           env=ENV, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+  # A terminal on stderr only: the fork server passes the pty's end to the
+  # child as it passes a pipe (a real exec where it cannot fork).
   master, slave = pty.openpty()
-  proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=slave,
-                          stdin=subprocess.DEVNULL, env=ENV)
+  proc = forkserver.popen(cmd + args, stdout=subprocess.PIPE, stderr=slave,
+                          env=ENV)
   os.close(slave)
   chunks = []
   while True:
