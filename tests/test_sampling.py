@@ -23,15 +23,19 @@ small = reference_models.sampling_model
 
 class SupportTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(
+  @parameterized.parameters(*[dict(filters, jit_compile=path) for filters in (
       dict(min_p=0.1), dict(min_p=0.5), dict(top_k=3), dict(top_p=0.6),
       dict(top_k=5, top_p=0.8, min_p=0.05), dict(temperature=0.5, min_p=0.2),
       dict(temperature=2.0, top_p=0.9), dict(typical_p=0.5),
       dict(typical_p=0.9, temperature=0.7), dict(typical_p=0.2),
-      dict(typical_p=0.8, min_p=0.02, top_k=12))
-  @pytest.mark.slow  # Every path (21 s): out of the quick tier.
-  @quick_cases(0)  # One filter set, on every path.
-  def test_draws_cover_exactly_the_reference_support(self, **filters):
+      dict(typical_p=0.8, min_p=0.02, top_k=12)) for path in PATHS])
+  @pytest.mark.slow  # Thousands of rows a path: out of the quick tier.
+  # One filter set on the graph path; the compiled paths (an XLA program
+  # for 3,000 rows each) and the other sets are exhaustive. That the paths
+  # draw the same rows is tests/test_generator.py's BatchTest.
+  @quick_cases(0)
+  def test_draws_cover_exactly_the_reference_support(self, jit_compile,
+                                                     **filters):
     model, reference = small()
     prompt = "abc d"
     raw = reference.logits(model.encode(prompt))[-1]
@@ -39,15 +43,14 @@ class SupportTest(tf.test.TestCase, parameterized.TestCase):
     want = dr.support(logits, **filters)
     probs = np.exp(dr.log_softmax(logits / filters.get("temperature", 1.0)))
     rows = 3000
-    for jit in PATHS:
-      drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=17,
-                               jit_compile=jit, **filters)
-      got = {model.encode(t)[0] for t in drawn}
-      self.assertLessEqual(got, want, f"{jit} {filters}")
-      # Every id in the support with a fair chance of being drawn was drawn.
-      likely = {i for i in want
-                if probs[i] / probs[list(want)].sum() > 5.0 / rows}
-      self.assertLessEqual(likely, got, f"{jit} {filters}")
+    drawn = rnnstep.generate(model, [prompt] * rows, 1, seed=17,
+                             jit_compile=jit_compile, **filters)
+    got = {model.encode(t)[0] for t in drawn}
+    self.assertLessEqual(got, want, f"{jit_compile} {filters}")
+    # Every id in the support with a fair chance of being drawn was drawn.
+    likely = {i for i in want
+              if probs[i] / probs[list(want)].sum() > 5.0 / rows}
+    self.assertLessEqual(likely, got, f"{jit_compile} {filters}")
 
   @parameterized.parameters(dict(top_k=6, min_p=0.05), dict(typical_p=0.6),
                             dict(typical_p=0.9, temperature=1.5))
