@@ -42,6 +42,36 @@ def bundled_model_path() -> str:
       *records.BUNDLED_MODEL.split(os.sep)))
 
 
+def check_model(model, argument: str = "model") -> model_lib.Model:
+  """`model` if it is an `rnnstep.Model`; otherwise an error saying how to
+  make one from what was given (a path, a Keras or PyTorch model).
+
+  Raises:
+    errors.ArgumentError: naming `argument`.
+  """
+  if isinstance(model, model_lib.Model):
+    return model
+  kind = type(model)
+  # A subclassed model (the TF tutorial's) is defined in the user's module.
+  frameworks = {c.__module__.split(".")[0] for c in kind.__mro__}
+  if isinstance(model, (str, os.PathLike)):
+    how = f"load the file first: rnnstep.load({os.fspath(model)!r})"
+  elif frameworks & {"keras", "tf_keras"} or any(
+      ".keras" in c.__module__ for c in kind.__mro__):
+    how = ("save its weights (model.save_weights('model.weights.h5')) and "
+           "pass rnnstep.load('model.weights.h5', corpus='train.txt')")
+  elif "torch" in frameworks:
+    how = ("save its weights (torch.save(model.state_dict(), 'model.pt')) "
+           "and pass rnnstep.load('model.pt', vocab='vocab.json')")
+  else:
+    how = "rnnstep.load(path) makes one from a model file"
+  name = ("None" if model is None else kind.__qualname__
+          if kind.__module__ == "builtins"
+          else f"{kind.__module__}.{kind.__qualname__}")
+  raise errors.ArgumentError(
+      argument, f"{argument} must be an rnnstep.Model, got {name}: {how}")
+
+
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
          dtype: str = "float32",
          corpus: Optional[Union[str, os.PathLike]] = None,
@@ -128,6 +158,7 @@ def logits(model: model_lib.Model, ids, initial_state=None, *,
     ValueError: ids not 1- or 2-D, empty, or outside `[0, V)`; an
       `initial_state` of the wrong structure, shape or dtype.
   """
+  check_model(model)
   array = _check_ids(model, ids, "ids")
   window = window_lib.resolve(model, options_lib.check("window", window))
   if window:
@@ -236,6 +267,7 @@ def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
   Raises:
     errors.ArgumentError: as `loglikelihood`, naming `pairs[i]`.
   """
+  check_model(model)
   if not isinstance(pairs, (list, tuple)) or not pairs:
     raise errors.ArgumentError(
         "pairs", "pairs must be a non-empty list of (context, continuation) "
@@ -280,6 +312,7 @@ def check_rolling(model: model_lib.Model, texts: Sequence[str]
   Raises:
     errors.ArgumentError: as `loglikelihood_rolling`, naming `texts[i]`.
   """
+  check_model(model)
   if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or (
       not texts):
     raise errors.ArgumentError(
@@ -681,6 +714,7 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     errors.ArgumentError: naming the argument.
     TypeError: an unknown decoding option.
   """
+  check_model(model)
   caller = "stream" if streams else "generate"
   for name in decoding:
     option = options_lib.BY_NAME.get(name)
@@ -707,6 +741,7 @@ def check_record(model: model_lib.Model, record: records.Record,
   Raises:
     errors.ArgumentError: naming the argument.
   """
+  check_model(model)
   values = dict(record.options)
   _check_beams(model, values["num_beams"], values["num_return_sequences"])
   values["window"] = window_lib.resolve(model, values["window"])

@@ -18,6 +18,7 @@ import numpy as np
 from rnnstep import errors
 from rnnstep.api import _check_ids
 from rnnstep.api import check_initial_state
+from rnnstep.api import check_model
 from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
 from rnnstep.engine import window as window_lib
@@ -57,6 +58,7 @@ def hidden_states(model: model_lib.Model, texts_or_ids, initial_state=None):
       `initial_state`, or states too large for memory (refused before
       anything is allocated); each a one-line message naming the argument.
   """
+  check_model(model)
   ids, mask, state = _stepped_rows(model, texts_or_ids, initial_state,
                                    "hidden_states", every_position=True)
   sequences, _ = functions_lib.sequence_function(model)(ids, mask, state)
@@ -110,6 +112,7 @@ def prompt_state(model: model_lib.Model, texts_or_ids, initial_state=None):
   Raises:
     ValueError: as `hidden_states`, naming the argument.
   """
+  check_model(model)
   ids, mask, state = _stepped_rows(model, texts_or_ids, initial_state,
                                    "prompt_state", every_position=False)
   final = functions_lib.final_state_function(model)(ids, mask, state)
@@ -155,6 +158,7 @@ def load_state(path: Union[str, os.PathLike], model: model_lib.Model, *,
       finite; a model with no state (one that recomputes windows); a bad
       `batch_size` (an `errors.ArgumentError`).
   """
+  check_model(model)
   # pylint: disable-next=g-import-not-at-top
   from rnnstep.convert import state_file  # Only loaded when needed.
   if not options_lib.is_int(batch_size) or batch_size < 1:
@@ -192,6 +196,7 @@ def save_state(path: Union[str, os.PathLike], model: model_lib.Model, state,
       a name without one of the suffixes, a model with no state.
     OSError: the file cannot be written.
   """
+  check_model(model)
   # pylint: disable-next=g-import-not-at-top
   from rnnstep.convert import state_file  # Only loaded when needed.
   path = os.fspath(path)

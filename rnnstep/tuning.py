@@ -158,6 +158,7 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
   Raises:
     ValueError: a bad argument.
   """
+  api.check_model(model)
   batch_sizes = list(batch_sizes)
   if not batch_sizes:
     raise ValueError("batch_sizes is empty; give at least one batch size")

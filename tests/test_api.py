@@ -124,6 +124,55 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual([len(t) for t in out], [3, 3])
     self.assertLen(rnnstep.generate(self.model, "AB", 3, seed=np.int64(4)), 3)
 
+  def test_what_is_not_a_model_is_refused_saying_how_to_make_one(self):
+    # Every public function taking a model, before it touches anything:
+    # one line naming `model` (no AttributeError from deep inside).
+    root = self.create_tempdir().full_path
+    callers = {
+        "generate": lambda m: rnnstep.generate(m, "A", 5),
+        "stream": lambda m: next(rnnstep.stream(m, "A", 5)),
+        "check_request": lambda m: api.check_request(m, "A", 5),
+        "logits": lambda m: rnnstep.logits(m, [[1, 2]]),
+        "loglikelihood": lambda m: rnnstep.loglikelihood(m, [("A", "B")]),
+        "loglikelihood_rolling": lambda m: rnnstep.loglikelihood_rolling(
+            m, ["AB"]),
+        "hidden_states": lambda m: rnnstep.hidden_states(m, "AB"),
+        "prompt_state": lambda m: rnnstep.prompt_state(m, "AB"),
+        "save_state": lambda m: rnnstep.save_state(
+            os.path.join(root, "s.safetensors"), m, None),
+        "load_state": lambda m: rnnstep.load_state(
+            os.path.join(root, "s.safetensors"), m),
+        "export": lambda m: rnnstep.export(m, os.path.join(root, "saved")),
+        "export_web": lambda m: rnnstep.export(m, os.path.join(root, "web"),
+                                               format="web"),
+        "export_litert": lambda m: rnnstep.export_litert(
+            m, os.path.join(root, "litert")),
+        "tune": lambda m: rnnstep.tune(m),
+    }
+    keras_model = kr.build(LAYERS, seed=2)
+    weights = os.path.join(root, "model.weights.h5")
+    not_models = {
+        "none": (None, r"got None: rnnstep\.load\(path\) makes one"),
+        "path": (weights, r"got str: load the file first: rnnstep\.load\("),
+        "keras": (keras_model,
+                  r"got keras\.[\w.]*\.Functional: save its weights"),
+    }
+    for caller, call in callers.items():
+      for kind, (value, pattern) in not_models.items():
+        with self.subTest(caller=caller, given=kind):
+          with self.assertRaisesRegex(
+              ValueError, "^model must be an rnnstep.Model, " + pattern) as e:
+            call(value)
+          self.assertEqual(e.exception.argument, "model")
+          self.assertNotIn("\n", str(e.exception))
+    self.assertEqual(os.listdir(root), [])  # Nothing was written.
+    # The Keras hint's recipe loads that model.
+    keras_model.save_weights(weights)
+    corpus = os.path.join(root, "train.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+      f.write("".join(kr.default_vocab(65)))
+    self.assertIsInstance(rnnstep.load(weights, corpus=corpus), rnnstep.Model)
+
 
 @pytest.mark.slow  # a SavedModel export
 class LoadTest(tf.test.TestCase):

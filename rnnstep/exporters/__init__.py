@@ -41,6 +41,8 @@ def export(model, export_dir, *, jit_compile=False, format="saved_model",
       jit_compile or regex with another format, a bad pattern
       (`errors.ArgumentError`), or a model that format refuses.
   """
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  api.check_model(model)
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
                      f"{format!r}")

@@ -54,6 +54,7 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
+from rnnstep.api import check_model
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options
 from rnnstep.decoding import pipeline
@@ -338,6 +339,7 @@ def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
     ValueError: export_dir exists and is not empty, or the model cannot be
       exported (see `convert`).
   """
+  check_model(model)
   export_dir = staging.require_new_directory(export_dir)
   flatbuffer = convert(model, dynamic_range_int8)
   with staging.staged_path(export_dir, directory=True) as tmp:
