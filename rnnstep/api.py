@@ -13,6 +13,7 @@ import os
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import tensorflow as tf
 
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options as options_lib
@@ -72,6 +73,23 @@ def check_model(model, argument: str = "model") -> model_lib.Model:
       argument, f"{argument} must be an rnnstep.Model, got {name}: {how}")
 
 
+def check_path(value, argument: str, what: str = "file") -> str:
+  """`value`, a path argument, as a str; refuses anything but a non-empty
+  str or os.PathLike naming `argument` (an int would be taken for a file
+  descriptor: `open(0)` reads standard input).
+
+  Raises:
+    errors.ArgumentError: naming `argument`.
+  """
+  if isinstance(value, (str, os.PathLike)):
+    path = os.fspath(value)
+    if isinstance(path, str) and path:
+      return path
+  raise errors.ArgumentError(
+      argument, f"{argument} must be a {what}'s path (a non-empty str or "
+      f"os.PathLike), got {_kind_of(value)}")
+
+
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
          dtype: str = "float32",
          corpus: Optional[Union[str, os.PathLike]] = None,
@@ -111,7 +129,8 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
     FileNotFoundError: no such file (or no bundled model in this install).
     ValueError: the file is not a valid model or weights file, a weights file
       without `corpus`/`vocab` (or a model file with one), a vocabulary that
-      does not fit, or a bad dtype or weights_dtype.
+      does not fit, or a bad path (not a str or os.PathLike), dtype or
+      weights_dtype.
   """
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import convert as convert_lib  # Only loaded when needed.
@@ -122,7 +141,11 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       raise FileNotFoundError(
           f"{path}: the bundled model is missing from this install; reinstall "
           "rnnstep or pass a model file path")
-  path = os.fspath(path)
+  path = check_path(path, "path", "model or weights file")
+  if corpus is not None:
+    corpus = check_path(corpus, "corpus", "training text file or folder")
+  if vocab is not None and not isinstance(vocab, (list, tuple, dict)):
+    vocab = check_path(vocab, "vocab", "vocabulary file")
   if dtype not in model_lib.DTYPES:
     raise errors.ArgumentError(
         "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
@@ -549,6 +572,11 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
                                           decoding, streams=False, regex=regex)
   rows_per_device = len(prompt_list)
   if strategy is not None:
+    if not isinstance(strategy, tf.distribute.Strategy):
+      raise errors.ArgumentError(
+          "strategy", "strategy must be a tf.distribute.Strategy (such as "
+          f"tf.distribute.MirroredStrategy()) or None, got "
+          f"{_kind_of(strategy)}")
     model = model_lib.replicated(model, strategy)
     rows_per_device = -(-rows_per_device // strategy.num_replicas_in_sync)
   generator = _generator(model, jit_compile, rows_per_device,
@@ -600,15 +628,16 @@ def stream(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
     `(pieces, scores)`: each row's log-likelihood of its text so far.
 
   Raises:
-    errors.ArgumentError: as for `generate`, a chunk_size below 1, or
-      num_beams > 1.
+    errors.ArgumentError: as for `generate`, a chunk_size outside
+      [1, 2**31), or num_beams > 1.
     TypeError: an unknown keyword argument.
   """
   single = _is_one_prompt(prompts)
-  if not options_lib.is_int(chunk_size) or chunk_size < 1:
+  if (not options_lib.is_int(chunk_size) or chunk_size < 1
+      or chunk_size >= records.STEPS_LIMIT):
     raise errors.ArgumentError(
-        "chunk_size", f"chunk_size must be a positive integer, got "
-        f"{chunk_size!r}")
+        "chunk_size", f"chunk_size must be a positive integer below 2**31, "
+        f"got {chunk_size!r}")
   beams = decoding.pop("num_beams", 1)
   if options_lib.is_int(beams) and beams > 1:
     raise errors.ArgumentError(

@@ -21,6 +21,7 @@ the cache; a plain `rnnstep.generate` or `rnnstep-generate` only reads it
 (once per process) and never spends time measuring.
 """
 
+import collections.abc
 import datetime
 import math
 import numbers
@@ -30,6 +31,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from rnnstep import api
+from rnnstep import errors
 from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
 
@@ -74,7 +76,8 @@ def _check_positive_int(name, value, allow_none=False):
     return
   if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
       or value < 1):
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    raise errors.ArgumentError(
+        name, f"{name} must be a positive integer, got {value!r:.60}")
 
 
 def _concurrently(lanes: int, call: Callable[[int], None]) -> None:
@@ -159,9 +162,15 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
     ValueError: a bad argument.
   """
   api.check_model(model)
+  if isinstance(batch_sizes, (str, bytes, dict)) or not isinstance(
+      batch_sizes, collections.abc.Iterable):
+    raise errors.ArgumentError(
+        "batch_sizes", "batch_sizes must be a list of positive integers, got "
+        f"{type(batch_sizes).__name__} {batch_sizes!r:.60}")
   batch_sizes = list(batch_sizes)
   if not batch_sizes:
-    raise ValueError("batch_sizes is empty; give at least one batch size")
+    raise errors.ArgumentError(
+        "batch_sizes", "batch_sizes is empty; give at least one batch size")
   for batch in batch_sizes:
     _check_positive_int("batch_sizes", batch)
   _check_positive_int("num_steps", num_steps, allow_none=True)

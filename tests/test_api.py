@@ -114,8 +114,63 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
       rnnstep.generate(self.model, ["A"] * 100000, 2**30)
 
   def test_chunk_size(self):
-    with self.assertRaisesRegex(ValueError, "chunk_size must be a positive"):
-      next(rnnstep.stream(self.model, "A", 5, chunk_size=0))
+    for bad in (0, 2**31, 2**70, 1.5):
+      with self.assertRaisesRegex(ValueError, "^chunk_size must be a positive "
+                                  r"integer below 2\*\*31, got "):
+        next(rnnstep.stream(self.model, "A", 5, chunk_size=bad))
+
+  def test_what_is_not_a_path_is_refused_naming_the_argument(self):
+    # An int would be taken for a file descriptor (open(0) reads stdin).
+    root = self.create_tempdir().full_path
+    state = os.path.join(root, "state.safetensors")
+    rnnstep.save_state(state, self.model, rnnstep.prompt_state(self.model,
+                                                               "AB"))
+    weights = os.path.join(root, "m.weights.h5")
+    kr.build(LAYERS, seed=2).save_weights(weights)
+    callers = {
+        "path": (rnnstep.load, "model or weights file"),
+        "corpus": (lambda v: rnnstep.load(weights, corpus=v),
+                   "training text file or folder"),
+        "vocab": (lambda v: rnnstep.load(weights, vocab=v), "vocabulary file"),
+        "load_state": (lambda v: rnnstep.load_state(v, self.model),
+                       "state file"),
+        "save_state": (lambda v: rnnstep.save_state(v, self.model, None),
+                       "state file"),
+        "export": (lambda v: rnnstep.export(self.model, v), "directory"),
+        "export_web": (lambda v: rnnstep.export(self.model, v, format="web"),
+                       "directory"),
+        "export_litert": (lambda v: rnnstep.export_litert(self.model, v),
+                          "directory"),
+    }
+    names = {"corpus": "corpus", "vocab": "vocab", "path": "path",
+             "load_state": "path", "save_state": "path"}
+    for caller, (call, what) in callers.items():
+      argument = names.get(caller, "export_dir")
+      for bad in (0, 3.5, b"model", "", ["x"] if caller != "vocab" else 7):
+        with self.subTest(caller=caller, given=bad):
+          with self.assertRaisesRegex(
+              ValueError, f"^{argument} must be a {what}'s path \\(a "
+              r"non-empty str or os.PathLike\), got ") as e:
+            call(bad)
+          self.assertEqual(e.exception.argument, argument)
+    self.assertEqual(sorted(os.listdir(root)), ["m.weights.h5",
+                                                "state.safetensors"])
+    with self.assertRaisesRegex(ValueError, r"^batch_size: \d+ rows of this "
+                                "state need about .* GiB but only") as e:
+      rnnstep.load_state(state, self.model, batch_size=2**70)
+    self.assertEqual(e.exception.argument, "batch_size")
+    for bad in (5, "16", None):
+      with self.assertRaisesRegex(ValueError, "^batch_sizes must be a list of "
+                                  "positive integers, got ") as e:
+        rnnstep.tune(self.model, batch_sizes=bad)
+      self.assertEqual(e.exception.argument, "batch_sizes")
+
+  def test_a_strategy_that_is_not_one_is_refused_naming_it(self):
+    for bad in ("mirrored", 2, True, [tf.distribute.get_strategy()]):
+      with self.assertRaisesRegex(
+          ValueError, "^strategy must be a tf.distribute.Strategy") as e:
+        rnnstep.generate(self.model, "A", 5, strategy=bad)
+      self.assertEqual(e.exception.argument, "strategy")
 
   def test_return_types(self):
     self.assertIsInstance(rnnstep.generate(self.model, "AB", 3), str)

@@ -43,6 +43,7 @@ def export(model, export_dir, *, jit_compile=False, format="saved_model",
   """
   from rnnstep import api  # pylint: disable=g-import-not-at-top
   api.check_model(model)
+  export_dir = api.check_path(export_dir, "export_dir", "directory")
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
                      f"{format!r}")

@@ -477,7 +477,7 @@ def export_saved_model(model, export_dir, *, jit_compile=False,
     OSError: the folder cannot be written; nothing is left.
   """
   export_dir = os.fspath(export_dir)
-  staging.require_new_directory(export_dir, "choose a new --output")
+  staging.require_new_directory(export_dir)
   module = ServingModule(model, jit_compile=jit_compile, regex=regex)
   os.makedirs(os.path.dirname(os.path.abspath(export_dir)), exist_ok=True)
   # Staged: written to a temp sibling renamed into place whole, so a server

@@ -55,6 +55,7 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
 from rnnstep.api import check_model
+from rnnstep.api import check_path
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options
 from rnnstep.decoding import pipeline
@@ -340,7 +341,8 @@ def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
       exported (see `convert`).
   """
   check_model(model)
-  export_dir = staging.require_new_directory(export_dir)
+  export_dir = staging.require_new_directory(
+      check_path(export_dir, "export_dir", "directory"))
   flatbuffer = convert(model, dynamic_range_int8)
   with staging.staged_path(export_dir, directory=True) as tmp:
     with open(os.path.join(tmp, MODEL_FILE), "wb") as f:
