@@ -396,7 +396,8 @@ def test_truncated_checkpoint_data_is_refused_before_reading(files):
 @pytest.mark.parametrize("args,words", [
     ((), "--input must have a value"),
     (("--input=x.keras",), "--output is required"),
-    (("--input=x.keras", "--output=o.npz"), "--corpus=TEXT_FILE or --vocab"),
+    # A weights file holds no vocabulary; a missing one is named first.
+    (("--input={keras}", "--output=o.npz"), "--corpus=TEXT_FILE or --vocab"),
     (("--input=x", "--output=o.npz", "--corpus=a", "--vocab=b"),
      "At most one of (corpus, vocab)"),
     (("--input=x", "--inspect", "--output=o.npz"), "drop --output"),
@@ -405,15 +406,26 @@ def test_truncated_checkpoint_data_is_refused_before_reading(files):
     (("--input=x", "--output=o.npz", "--corpus=a", "extra"),
      "unexpected arguments"),
 ])
-def test_cli_flag_errors_are_one_line(args, words, capfd, tmp_path,
+def test_cli_flag_errors_are_one_line(args, words, files, capfd, tmp_path,
                                       monkeypatch):
   monkeypatch.chdir(tmp_path)
-  status = run_cli(*args)
+  status = run_cli(*(arg.format(keras=files["good_keras"]) for arg in args))
   captured = capfd.readouterr()
   assert status == 2
   lines = captured.err.splitlines()
   assert len(lines) == 1, captured.err
   assert lines[0].startswith("rnnstep-convert: error: ") and words in lines[0]
+  assert os.listdir(tmp_path) == []
+
+
+def test_cli_names_a_missing_input_before_asking_for_a_vocabulary(
+    capfd, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  status = run_cli("--input=typo.keras", "--output=o.npz")
+  lines = capfd.readouterr().err.splitlines()
+  assert status == 1 and lines == [
+      "rnnstep-convert: error: typo.keras: no such file, directory or "
+      "checkpoint prefix"]
   assert os.listdir(tmp_path) == []
 
 

@@ -220,9 +220,16 @@ def holds_vocabulary(input_path: PathLike) -> bool:
   """Whether a weights file holds its own vocabulary (a char-rnn-tensorflow
   save directory's `chars_vocab.pkl`, a Keras model's TextVectorization
   layer), so that it needs no `corpus` or `vocab`; False for a file that
-  cannot be read (its own errors come when it is read)."""
+  cannot be read (its own errors come when it is read).
+
+  Raises:
+    FileNotFoundError: no such file (said first, rather than asking for a
+      vocabulary).
+  """
   try:
     return _contained(input_path, _holds_vocabulary, input_path)
+  except FileNotFoundError:
+    raise
   except (OSError, ValueError):
     return False
 
