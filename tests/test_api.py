@@ -203,6 +203,7 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
         "export_litert": lambda m: rnnstep.export_litert(
             m, os.path.join(root, "litert")),
         "tune": lambda m: rnnstep.tune(m),
+        "Generator": lambda m: rnnstep.Generator(m, "graph"),
     }
     keras_model = kr.build(LAYERS, seed=2)
     weights = os.path.join(root, "model.weights.h5")

@@ -40,6 +40,7 @@ from rnnstep.engine import xla_cache
 from rnnstep.model import cells
 from rnnstep.model import graph_calls
 from rnnstep.model import network as network_lib
+from rnnstep.model.check import check_model
 
 
 class Programs(tf.Module):
@@ -529,6 +530,7 @@ class Generator(tf.Module):
   """
 
   def __init__(self, model, path: str = paths.XLA, *, hold_model: bool = True):
+    check_model(model)
     super().__init__(name=f"{model.name}_generator")
     if hold_model:
       self._held_model = model

@@ -10,6 +10,8 @@ and the command lines can read a file before TensorFlow loads.
   rwkv7        RWKV-7's stack of blocks as one cell (its WKV math)
   network      `Model`: the raw tensors and the step of the whole stack;
                `make_cell`, a layer's cell by its kind
+  check        `check_model`: a `model` argument is a `Model`, or an error
+               saying how to make one of what was given
   functions    a model's compiled whole-sequence functions: scores, every
                position's states, the final state
   graph_calls  host calls of the graph functions, made without Grappler
