@@ -377,6 +377,7 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
   assert not miss.value.rebuild
 
 
+@pytest.mark.slow  # The fill's export child: a fresh interpreter.
 def test_a_model_the_export_refuses_is_recorded_and_not_rebuilt(
     cache, tmp_path):
   """The child's work, in this process: a windowed model gets a manifest

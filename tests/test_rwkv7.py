@@ -245,6 +245,7 @@ def test_xla_path_streams_with_stop_regex_and_penalties(preset_model):
   assert all(set(t) <= set("abcdefghijklmnopqrstuvwxyz ") for t in want)
 
 
+@pytest.mark.slow  # Six rows primed eagerly (seconds of CPU).
 def test_chunked_priming_holds_each_row_at_its_own_length(preset_model):
   """XLA's priming in chunks (`loop.primes_in_chunks`) of a batch padded to
   a chunked width: each row's state is the one its own prompt, unpadded and

@@ -358,6 +358,7 @@ def test_models_health_and_one_completion_with_openai_client(server, model):
   assert response.usage.prompt_tokens == 6
 
 
+@pytest.mark.slow  # The server process, as its other tests.
 def test_token_id_prompts_answer_as_their_text_does(server, model):
   """#61: `prompt` as a list of ints (one prompt) or of int lists (one
   prompt each), as OpenAI's completions take it: the same continuation as

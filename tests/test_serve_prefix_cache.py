@@ -542,6 +542,7 @@ def _metrics(server):
   return values
 
 
+@pytest.mark.slow  # A server process.
 def test_server_texts_are_generate_s_and_metrics_count_the_cache(model,
                                                                  server):
   bodies = [dict(prompt=SYSTEM + u, max_tokens=10, seed=7, temperature=0.8)
@@ -576,6 +577,7 @@ def test_server_texts_are_generate_s_and_metrics_count_the_cache(model,
   assert 0 < after["bytes"] <= BOUND_MB * (1 << 20)
 
 
+@pytest.mark.slow  # A server process.
 def test_server_cache_bytes_never_pass_the_bound(server):
   """Distinct prompts of 90 ids (12 states each), one after another: after
   each, the bytes held are within --prefix_cache_mb, and states were
@@ -591,6 +593,7 @@ def test_server_cache_bytes_never_pass_the_bound(server):
   assert _metrics(server)["evictions"] > 0
 
 
+@pytest.mark.slow  # A server process.
 def test_server_refuses_an_unknown_state_with_404_naming_it(server):
   reply = httpx.post(server.url("/v1/completions"), json=dict(
       prompt="ROMEO:", max_tokens=2, state="nonesuch"), timeout=60)
@@ -599,6 +602,7 @@ def test_server_refuses_an_unknown_state_with_404_naming_it(server):
   assert "nonesuch" in reply.json()["error"]["message"]
 
 
+@pytest.mark.slow  # A server process.
 def test_server_named_states_give_generate_s_text_from_them(model, server):
   """`state` picks a --states file (its name less the suffix): the text is
   `generate`'s from `load_state` of it, twice (the second from the cache);
@@ -635,6 +639,7 @@ def test_server_named_states_give_generate_s_text_from_them(model, server):
   assert reply.status_code == 404 and reply.json()["error"]["param"] == "state"
 
 
+@pytest.mark.slow  # Command-line runs.
 @pytest.mark.parametrize("flags, says", [
     (["--state=/nonexistent/s.pth"], "--state: /nonexistent/s.pth"),
     (["--states=/nonexistent"], "--states: /nonexistent is not a folder"),
@@ -671,6 +676,7 @@ def test_chat_message_boundaries_are_cache_points(model):
       template.render, messages[:1], template.render(messages[:1])) == ()
 
 
+@pytest.mark.slow  # A server process.
 def test_server_chat_requests_start_after_the_shared_system_message(
     model, server):
   """Chat requests sharing a system message: the second and later start
@@ -819,6 +825,7 @@ def long_prompt_server(tmp_path_factory):
     yield running
 
 
+@pytest.mark.slow  # A server process.
 def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
     model, long_prompt_server):
   """Six requests at once over two lanes, sharing a prefix of 1,600 ids:
@@ -853,6 +860,7 @@ def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
       len(bodies) - 1) * (len(system) - 8)
 
 
+@pytest.mark.slow  # Compiles a program per row count.
 def test_a_graph_lane_compiles_every_row_count_behind_its_warm_up(
     rwkv7_model, model):
   """RWKV-7's cells compile small XLA programs per batch size off one XLA

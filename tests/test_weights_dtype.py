@@ -121,6 +121,7 @@ def test_float32_is_the_weights_as_they_are(gru_file):
 
 # XLA against the graph path in the default run; the elementwise path (and
 # the graph against itself) in the exhaustive tier, as the other sweeps.
+@pytest.mark.slow  # XLA compiles (the default run's case).
 @pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
                                               True))
 def test_every_path_gives_int8_s_text(gru_file, path):
@@ -190,6 +191,7 @@ def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
     np.testing.assert_array_equal(twice.tensors()[key], value, err_msg=key)
 
 
+@pytest.mark.slow  # Command-line runs.
 def test_cli_convert_stores_int8_and_generate_gives_the_library_s_text(
     gru_file, tmp_path):
   small = tmp_path / "int8.npz"
