@@ -8,6 +8,7 @@ Every argument is checked here, with the caller's words, before anything is
 compiled or allocated; the compiled work lives in `generator.py`.
 """
 
+import collections.abc
 import importlib.resources
 import os
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
@@ -115,8 +116,14 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
   path = check_path(path, "path", "model or weights file")
   if corpus is not None:
     corpus = check_path(corpus, "corpus", "training text file or folder")
-  if vocab is not None and not isinstance(vocab, (list, tuple, dict)):
-    vocab = check_path(vocab, "vocab", "vocabulary file")
+  if vocab is not None and (isinstance(vocab, (str, bytes, os.PathLike)) or
+                            not isinstance(vocab, collections.abc.Iterable)):
+    try:
+      vocab = check_path(vocab, "vocab", "vocabulary file")
+    except errors.ArgumentError:
+      raise errors.ArgumentError(
+          "vocab", "vocab must be a vocabulary file's path or a list of the "
+          f"characters or words in id order, got {_kind_of(vocab)}") from None
   if dtype not in model_lib.DTYPES:
     raise errors.ArgumentError(
         "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")

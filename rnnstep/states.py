@@ -18,12 +18,12 @@ import numpy as np
 from rnnstep import errors
 from rnnstep.api import _check_ids
 from rnnstep.api import check_initial_state
-from rnnstep.api import check_model
 from rnnstep.api import check_path
 from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
 from rnnstep.engine import window as window_lib
 from rnnstep.model import cells
+from rnnstep.model.check import check_model
 from rnnstep.model import functions as functions_lib
 from rnnstep.model import network as model_lib
 

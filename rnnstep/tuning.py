@@ -34,6 +34,7 @@ from rnnstep import api
 from rnnstep import errors
 from rnnstep.engine import paths
 from rnnstep.engine import tuning_cache
+from rnnstep.model.check import check_model
 
 # Measuring defaults: seconds of timed rounds per batch size, and rounds.
 DEFAULT_BUDGET_SECONDS = 3.0
@@ -161,7 +162,7 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
   Raises:
     ValueError: a bad argument.
   """
-  api.check_model(model)
+  check_model(model)
   if isinstance(batch_sizes, (str, bytes, dict)) or not isinstance(
       batch_sizes, collections.abc.Iterable):
     raise errors.ArgumentError(

@@ -131,7 +131,8 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
         "path": (rnnstep.load, "model or weights file"),
         "corpus": (lambda v: rnnstep.load(weights, corpus=v),
                    "training text file or folder"),
-        "vocab": (lambda v: rnnstep.load(weights, vocab=v), "vocabulary file"),
+        "vocab": (lambda v: rnnstep.load(weights, vocab=v),
+                  "vocabulary file's path or a list"),
         "load_state": (lambda v: rnnstep.load_state(v, self.model),
                        "state file"),
         "save_state": (lambda v: rnnstep.save_state(v, self.model, None),
@@ -148,9 +149,10 @@ class GenerateArgumentsTest(tf.test.TestCase, parameterized.TestCase):
       argument = names.get(caller, "export_dir")
       for bad in (0, 3.5, b"model", "", ["x"] if caller != "vocab" else 7):
         with self.subTest(caller=caller, given=bad):
-          with self.assertRaisesRegex(
-              ValueError, f"^{argument} must be a {what}'s path \\(a "
-              r"non-empty str or os.PathLike\), got ") as e:
+          pattern = (f"^vocab must be a {what} of the characters" if
+                     caller == "vocab" else f"^{argument} must be a {what}'s "
+                     r"path \(a non-empty str or os.PathLike\), got ")
+          with self.assertRaisesRegex(ValueError, pattern) as e:
             call(bad)
           self.assertEqual(e.exception.argument, argument)
     self.assertEqual(sorted(os.listdir(root)), ["m.weights.h5",

@@ -41,8 +41,10 @@ def export(model, export_dir, *, jit_compile=False, format="saved_model",
       jit_compile or regex with another format, a bad pattern
       (`errors.ArgumentError`), or a model that format refuses.
   """
-  from rnnstep import api  # pylint: disable=g-import-not-at-top
-  api.check_model(model)
+  # pylint: disable-next=g-import-not-at-top
+  from rnnstep import api
+  from rnnstep.model import check  # pylint: disable=g-import-not-at-top
+  check.check_model(model)
   export_dir = api.check_path(export_dir, "export_dir", "directory")
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "

@@ -54,7 +54,6 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
-from rnnstep.api import check_model
 from rnnstep.api import check_path
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options
@@ -68,6 +67,7 @@ from rnnstep.engine import request as request_lib
 from rnnstep.litert import inputs as litert_inputs
 from rnnstep import staging
 from rnnstep.model import rwkv7
+from rnnstep.model.check import check_model
 from rnnstep.model import vocabulary
 
 SIGNATURE = litert_inputs.SIGNATURE
