@@ -91,6 +91,24 @@ def pytest_sessionfinish(session, exitstatus):
     compiling.set_exit_status(int(exitstatus))
 
 
+def pytest_sessionstart(session):
+  """The quick tier's rule: a test that starts a process is `slow`
+  (`tiers.guard_processes`)."""
+  del session
+  tiers.guard_processes()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Which test is running, for `tiers.check_process_allowed`."""
+  del nextitem
+  tiers.current_test = item
+  try:
+    yield
+  finally:
+    tiers.current_test = None
+
+
 # First: `-m` selects on the markers added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):

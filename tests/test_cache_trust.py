@@ -305,6 +305,7 @@ PACKS = {"made": "import sys; open(sys.argv[3], 'wb').write(bytes(600_000))",
                     "sys.exit(1)")}
 
 
+@pytest.mark.light_process  # Its packer: a `python -I -c` writing bytes.
 @pytest.mark.parametrize("pack, cap_mb, kept", [
     ("made", None, True), ("made", "2", True), ("made", "1", False),
     ("failed", None, False)])

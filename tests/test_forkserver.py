@@ -10,6 +10,7 @@ import pytest
 
 from tests.support import cli
 from tests.support import forkserver
+from tests.support import tiers
 
 pytestmark = pytest.mark.slow  # Subprocesses.
 
@@ -139,3 +140,31 @@ def test_a_child_s_own_tf_xla_flags_are_the_ones_its_xla_reads(tmp_path):
   assert result.returncode == 0 and result.stdout == "7\n", result.stderr
   assert [p.name for p in tmp_path.iterdir()
           if p.name.startswith("xla_compile_cache")], list(tmp_path.iterdir())
+
+
+class _QuickTest:
+  """A collected test as the guard sees it, marked with `marks`."""
+
+  nodeid = "tests/test_x.py::test_quick"
+
+  def __init__(self, *marks):
+    self.marks = marks
+
+  def get_closest_marker(self, name):
+    return pytest.mark.slow if name in self.marks else None
+
+
+def test_a_test_outside_slow_that_starts_a_process_fails_naming_the_mark(
+    monkeypatch):
+  """tests/support/tiers.py's guard (installed by tests/conftest.py): a
+  process started by a test that is neither `slow` nor `light_process`
+  fails it before it starts, by exec or by the fork server."""
+  monkeypatch.setattr(tiers, "current_test", _QuickTest())
+  for start in (subprocess.run, forkserver.run):
+    with pytest.raises(tiers.ProcessInQuickTest, match=(
+        r"^tests/test_x.py::test_quick started a process \(\['true'\]\) but "
+        "is not marked slow: mark it @pytest.mark.slow")):
+      start(["true"])
+  for marks in (("slow",), ("light_process",)):
+    monkeypatch.setattr(tiers, "current_test", _QuickTest(*marks))
+    assert subprocess.run(["true"], check=True).returncode == 0

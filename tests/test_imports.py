@@ -12,6 +12,8 @@ import subprocess
 import sys
 import unittest
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "rnnstep"
 
@@ -202,12 +204,14 @@ class ImportGraphTest(unittest.TestCase):
                           check=True)
     self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
 
+  @pytest.mark.light_process  # A fresh interpreter without TensorFlow.
   def test_tuning_cache_and_cpu_read_without_tensorflow(self):
     self.assert_loads_no_tensorflow(
         "from rnnstep.engine import cpu, tuning_cache; "
         "cpu.info(); tuning_cache.machine_key(); "
         "tuning_cache.entries(tuning_cache.cache_file())")
 
+  @pytest.mark.light_process  # A fresh interpreter without TensorFlow.
   def test_the_warm_path_imports_without_tensorflow(self):
     """A warm rnnstep-generate imports these before it knows whether
     TensorFlow will be needed: none imports it (or numpy) at module level."""

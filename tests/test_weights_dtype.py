@@ -224,6 +224,10 @@ def test_bad_values_are_refused_in_one_line(gru_file, tmp_path):
     model_file.write(tmp_path / "x.npz", plain.config, plain.vocab, big,
                      weights_dtype="float16")
   assert not (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.slow  # A command-line run.
+def test_the_command_line_refuses_a_bad_weights_dtype_in_one_line(gru_file):
   result = cli.run_binary(cli.command("rnnstep-generate",
                                       "rnnstep.cli.generate"),
                           [f"--model={gru_file}", "--weights_dtype=int4"])

@@ -134,3 +134,55 @@ def longest_first(items):
   def key(item):
     return rank.get(_file_name(item), len(LONGEST_FIRST))
   return sorted(items, key=key)
+
+
+# The quick tier's rule, enforced: a test that starts another process is
+# `slow` (a fresh interpreter costs seconds of TensorFlow's import; a forked
+# one its trace and compile), unless its children import no TensorFlow
+# (`light_process`). `tests/conftest.py` sets `current_test` around each
+# test and installs the guard on `subprocess.Popen` and the fork server.
+current_test = None
+
+
+class ProcessInQuickTest(AssertionError):
+  """A test outside `slow` started a process."""
+
+
+def check_process_allowed(args) -> None:
+  """Raises `ProcessInQuickTest` when the running test (on the main thread:
+  a process a background thread starts is nobody's test) is neither `slow`
+  nor `light_process`."""
+  import threading  # pylint: disable=g-import-not-at-top
+  item = current_test
+  if (item is None or threading.current_thread() is not threading.main_thread()
+      or item.get_closest_marker("slow")
+      or item.get_closest_marker("light_process")):
+    return
+  raise ProcessInQuickTest(
+      f"{item.nodeid} started a process ({str(args)[:120]}) but is not "
+      "marked slow: mark it @pytest.mark.slow (the quick tier starts no "
+      "process: docs/dev/testing.md), or @pytest.mark.light_process if its "
+      "children import no TensorFlow")
+
+
+def guard_processes() -> None:
+  """Wraps `subprocess.Popen` and the fork server's `run`/`popen` with
+  `check_process_allowed` (once per process)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests.support import forkserver  # pylint: disable=g-import-not-at-top
+  if getattr(subprocess.Popen, "_quick_tier_guard", False):
+    return
+  popen_init = subprocess.Popen.__init__
+
+  def guarded_init(self, args, *rest, **kwargs):
+    check_process_allowed(args)
+    popen_init(self, args, *rest, **kwargs)
+  subprocess.Popen.__init__ = guarded_init
+  subprocess.Popen._quick_tier_guard = True  # pylint: disable=protected-access
+  for name in ("run", "popen"):
+    start = getattr(forkserver, name)
+
+    def guarded(args, *rest, _start=start, **kwargs):
+      check_process_allowed(args)
+      return _start(args, *rest, **kwargs)
+    setattr(forkserver, name, guarded)
