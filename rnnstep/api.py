@@ -45,23 +45,6 @@ def bundled_model_path() -> str:
       *records.BUNDLED_MODEL.split(os.sep)))
 
 
-def check_path(value, argument: str, what: str = "file") -> str:
-  """`value`, a path argument, as a str; refuses anything but a non-empty
-  str or os.PathLike naming `argument` (an int would be taken for a file
-  descriptor: `open(0)` reads standard input).
-
-  Raises:
-    errors.ArgumentError: naming `argument`.
-  """
-  if isinstance(value, (str, os.PathLike)):
-    path = os.fspath(value)
-    if isinstance(path, str) and path:
-      return path
-  raise errors.ArgumentError(
-      argument, f"{argument} must be a {what}'s path (a non-empty str or "
-      f"os.PathLike), got {_kind_of(value)}")
-
-
 def load(path: Optional[Union[str, os.PathLike]] = None, *,
          dtype: str = "float32",
          corpus: Optional[Union[str, os.PathLike]] = None,
@@ -113,17 +96,19 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       raise FileNotFoundError(
           f"{path}: the bundled model is missing from this install; reinstall "
           "rnnstep or pass a model file path")
-  path = check_path(path, "path", "model or weights file")
+  path = errors.check_path(path, "path", "model or weights file")
   if corpus is not None:
-    corpus = check_path(corpus, "corpus", "training text file or folder")
+    corpus = errors.check_path(corpus, "corpus",
+                               "training text file or folder")
   if vocab is not None and (isinstance(vocab, (str, bytes, os.PathLike)) or
                             not isinstance(vocab, collections.abc.Iterable)):
     try:
-      vocab = check_path(vocab, "vocab", "vocabulary file")
+      vocab = errors.check_path(vocab, "vocab", "vocabulary file")
     except errors.ArgumentError:
       raise errors.ArgumentError(
           "vocab", "vocab must be a vocabulary file's path or a list of the "
-          f"characters or words in id order, got {_kind_of(vocab)}") from None
+          "characters or words in id order, got "
+          f"{errors.kind_of(vocab)}") from None
   if dtype not in model_lib.DTYPES:
     raise errors.ArgumentError(
         "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
@@ -272,7 +257,7 @@ def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
   if not isinstance(pairs, (list, tuple)) or not pairs:
     raise errors.ArgumentError(
         "pairs", "pairs must be a non-empty list of (context, continuation) "
-        f"str pairs, got {_kind_of(pairs)}")
+        f"str pairs, got {errors.kind_of(pairs)}")
   rows = []
   for i, pair in enumerate(pairs):
     where = f"pairs[{i}]"
@@ -283,7 +268,7 @@ def check_pairs(model: model_lib.Model, pairs: Sequence[Pair]
     if not (texts or ids):
       raise errors.ArgumentError(
           "pairs", f"{where} must be a (context, continuation) pair of str, "
-          f"or of token-id lists, got {_kind_of(pair)}")
+          f"or of token-id lists, got {errors.kind_of(pair)}")
     context, continuation = pair
     if texts:
       context_ids = _encode(model, context, f"{where} (the context)")
@@ -318,7 +303,7 @@ def check_rolling(model: model_lib.Model, texts: Sequence[str]
       not texts):
     raise errors.ArgumentError(
         "texts", f"texts must be a non-empty list of str, got "
-        f"{_kind_of(texts)}")
+        f"{errors.kind_of(texts)}")
   rows = []
   for i, text in enumerate(texts):
     if _is_ids(text):
@@ -328,7 +313,7 @@ def check_rolling(model: model_lib.Model, texts: Sequence[str]
     else:
       raise errors.ArgumentError(
           "texts", f"texts[{i}] must be a str or a list of token ids, got "
-          f"{_kind_of(text)}")
+          f"{errors.kind_of(text)}")
     if not len(ids):
       raise errors.ArgumentError(
           "texts", f"texts[{i}] gives no tokens; give at least one")
@@ -343,11 +328,6 @@ def _is_ids(value) -> bool:
     return value.ndim == 1 and (value.dtype.kind in "iu" or value.size == 0)
   return isinstance(value, (list, tuple)) and all(
       options_lib.is_int(v) for v in value)
-
-
-def _kind_of(value) -> str:
-  """A value for an error message: its type, and a short repr."""
-  return f"{type(value).__name__} {repr(value)[:60]}"
 
 
 def _encode(model, text: str, where: str) -> np.ndarray:
@@ -554,7 +534,7 @@ def generate(model: model_lib.Model, prompts: Prompts, num_steps: int, *,
       raise errors.ArgumentError(
           "strategy", "strategy must be a tf.distribute.Strategy (such as "
           f"tf.distribute.MirroredStrategy()) or None, got "
-          f"{_kind_of(strategy)}")
+          f"{errors.kind_of(strategy)}")
     model = model_lib.replicated(model, strategy)
     rows_per_device = -(-rows_per_device // strategy.num_replicas_in_sync)
   generator = _generator(model, jit_compile, rows_per_device,
@@ -721,7 +701,6 @@ def _check_arguments(model, prompts, num_steps, seed, stop, return_scores,
     errors.ArgumentError: naming the argument.
     TypeError: an unknown decoding option.
   """
-  check_model(model)
   caller = "stream" if streams else "generate"
   for name in decoding:
     option = options_lib.BY_NAME.get(name)

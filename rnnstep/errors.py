@@ -11,6 +11,8 @@ This module imports nothing heavy, so the command-line tools can use it before
 TensorFlow loads.
 """
 
+import os
+
 
 class ArgumentError(ValueError):
   """A bad value for one argument.
@@ -50,3 +52,25 @@ def not_text(text: str) -> str:
   except UnicodeEncodeError as e:
     return (f"a lone surrogate U+{ord(text[e.start]):04X} at position "
             f"{e.start}, which is not text (it has no UTF-8 encoding)")
+
+
+def kind_of(value) -> str:
+  """A value for an error message: its type, and a short repr."""
+  return f"{type(value).__name__} {repr(value)[:60]}"
+
+
+def check_path(value, argument: str, what: str = "file") -> str:
+  """`value`, a path argument, as a str; refuses anything but a non-empty
+  str or os.PathLike naming `argument` (an int would be taken for a file
+  descriptor: `open(0)` reads standard input).
+
+  Raises:
+    ArgumentError: naming `argument`.
+  """
+  if isinstance(value, (str, os.PathLike)):
+    path = os.fspath(value)
+    if isinstance(path, str) and path:
+      return path
+  raise ArgumentError(
+      argument, f"{argument} must be a {what}'s path (a non-empty str or "
+      f"os.PathLike), got {kind_of(value)}")

@@ -18,7 +18,6 @@ import numpy as np
 from rnnstep import errors
 from rnnstep.api import _check_ids
 from rnnstep.api import check_initial_state
-from rnnstep.api import check_path
 from rnnstep.decoding import options as options_lib
 from rnnstep.engine import host
 from rnnstep.engine import window as window_lib
@@ -166,7 +165,8 @@ def load_state(path: Union[str, os.PathLike], model: model_lib.Model, *,
     raise errors.ArgumentError(
         "batch_size", f"batch_size must be a positive integer, got "
         f"{batch_size!r}")
-  rows = state_file.read(check_path(path, "path", "state file"), model.config)
+  rows = state_file.read(errors.check_path(path, "path", "state file"),
+                         model.config)
   need = batch_size * sum(row.nbytes for layer in rows for row in layer)
   have = host.available_memory_bytes()
   if have is not None and need > have:
@@ -207,7 +207,7 @@ def save_state(path: Union[str, os.PathLike], model: model_lib.Model, state,
   check_model(model)
   # pylint: disable-next=g-import-not-at-top
   from rnnstep.convert import state_file  # Only loaded when needed.
-  path = check_path(path, "path", "state file")
+  path = errors.check_path(path, "path", "state file")
   if not path.lower().endswith(state_file.SUFFIXES):
     raise errors.ArgumentError(
         "path", f"{path}: a state file's name ends in one of "

@@ -167,7 +167,7 @@ def tune(model, batch_sizes: Iterable[int] = (1, 16, 32, 64, 256), *,
       batch_sizes, collections.abc.Iterable):
     raise errors.ArgumentError(
         "batch_sizes", "batch_sizes must be a list of positive integers, got "
-        f"{type(batch_sizes).__name__} {batch_sizes!r:.60}")
+        f"{errors.kind_of(batch_sizes)}")
   batch_sizes = list(batch_sizes)
   if not batch_sizes:
     raise errors.ArgumentError(

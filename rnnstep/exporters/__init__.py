@@ -11,6 +11,8 @@ This front holds the dispatcher, `export`, and imports the exporters (and so
 TensorFlow) only when one is called.
 """
 
+from rnnstep import errors
+
 FORMATS = ("saved_model", "web", "tflite")
 
 
@@ -42,10 +44,9 @@ def export(model, export_dir, *, jit_compile=False, format="saved_model",
       (`errors.ArgumentError`), or a model that format refuses.
   """
   # pylint: disable-next=g-import-not-at-top
-  from rnnstep import api
-  from rnnstep.model import check  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import check
   check.check_model(model)
-  export_dir = api.check_path(export_dir, "export_dir", "directory")
+  export_dir = errors.check_path(export_dir, "export_dir", "directory")
   if format not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
                      f"{format!r}")

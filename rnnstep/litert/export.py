@@ -54,7 +54,6 @@ import tensorflow as tf
 # DYNAMIC_UPDATE_SLICE (tf.raw_ops does not export it).
 from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-direct-tensorflow-import
 
-from rnnstep.api import check_path
 from rnnstep.decoding import constraints
 from rnnstep.decoding import options
 from rnnstep.decoding import pipeline
@@ -64,6 +63,7 @@ from rnnstep.decoding import stopping
 from rnnstep.engine import beams
 from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
+from rnnstep import errors
 from rnnstep.litert import inputs as litert_inputs
 from rnnstep import staging
 from rnnstep.model import rwkv7
@@ -342,7 +342,7 @@ def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
   """
   check_model(model)
   export_dir = staging.require_new_directory(
-      check_path(export_dir, "export_dir", "directory"))
+      errors.check_path(export_dir, "export_dir", "directory"))
   flatbuffer = convert(model, dynamic_range_int8)
   with staging.staged_path(export_dir, directory=True) as tmp:
     with open(os.path.join(tmp, MODEL_FILE), "wb") as f:
