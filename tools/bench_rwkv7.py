@@ -69,6 +69,11 @@ llama.cpp as a peer (issue #62), instead of the runs above:
     python tools/bench_rwkv7.py --llama_cpp_dir=... --convert_python=... \
         --gguf_types=F32,F16,Q8_0,Q4_0 \
         --rnnstep_weights_dtypes=float32,float16,int8
+    python tools/bench_rwkv7.py --llama_cpp_dir=... --convert_python=... \
+        --gguf_dir=/tmp/ggufs --rounds=0   # only build, check and keep them
+                                           # (tools/bench/int8_litert.py
+                                           # bench --gguf pairs them with
+                                           # the LiteRT exports)
 
 --llama_cpp_dir is a llama.cpp tree built apart (nothing of it is part of
 rnnstep), e.g. the llama-cpp-python source package's `vendor/llama.cpp`:
@@ -90,8 +95,9 @@ the `.pth`, --check_steps greedy tokens: llama.cpp's greedy text and its
 logits after the prompt; rnnstep's greedy ids and logits on the same
 `.pth`), and nothing is timed if they disagree. Then --rounds rounds, the
 order rotated each round, each run `llama-bench -t 2 -p 512 -n 128
--r 3` on each --gguf_types GGUF and, for each --rnnstep_weights_dtypes
-(`rnnstep.load(..., weights_dtype=...)`; a dtype the installed rnnstep
+-r 3` on each --gguf_types GGUF (kept in --gguf_dir where given) and,
+for each --rnnstep_weights_dtypes (`rnnstep.load(...,
+weights_dtype=...)`; a dtype the installed rnnstep
 refuses is skipped, with the reason), rnnstep's default path after a
 warm-up call of each shape: decode (tg128's equivalent) is a 128-token
 greedy call less the 1-token call of the same 16-token prompt, over 127
@@ -509,7 +515,8 @@ def compare_llama_cpp(args):
     hf = os.path.join(tmp, "hf")
     llama_cpp.write_hf_folder(hf, official, vocab_path)
     start = time.perf_counter()
-    ggufs = llama.build_ggufs(hf, gguf_kinds, tmp)
+    # --gguf_dir keeps them (for tools/bench/int8_litert.py bench --gguf).
+    ggufs = llama.build_ggufs(hf, gguf_kinds, args.gguf_dir or tmp)
     say(f"GGUFs {', '.join(gguf_kinds)} built in "
         f"{time.perf_counter() - start:.0f} s (load {load():.1f})")
 
@@ -629,6 +636,10 @@ def main():
   parser.add_argument("--world_vocab", default="",
                       help="rwkv_vocab_v20230424.txt (default: the rwkv "
                       "package's, found by --convert_python)")
+  parser.add_argument("--gguf_dir", default="",
+                      help="keep the GGUFs (checked, before the rounds) in "
+                      "this existing folder (--rounds=0: only build and "
+                      "check them)")
   parser.add_argument("--gguf_types", default="F32,F16,Q8_0",
                       help="F32, F16 (converted) and llama-quantize types")
   parser.add_argument("--rnnstep_weights_dtypes", default="float32",

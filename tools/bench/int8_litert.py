@@ -37,7 +37,9 @@ prompt's 1-token call:
   - rnnstep float32: `rnnstep.generate` on the default path of --model
     (this process; TensorFlow's own threads);
   - llama.cpp: `llama-bench -p 512 -n 128 -r 3 -t T` on each --gguf (the
-    median of its repetitions), T in --threads.
+    median of its repetitions), T in --threads; GGUFs of the same weights,
+    checked against the official reference, from
+    `tools/bench_rwkv7.py --llama_cpp_dir=... --gguf_dir=DIR --rounds=0`.
 The variants run in rounds, the order rotated each round; figures are
 medians over --rounds with their ranges, ratios paired by round (against
 rnnstep float32, LiteRT float32 on the same kernels and threads, and
