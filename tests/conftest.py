@@ -37,6 +37,7 @@ if not flags.FLAGS.is_parsed():
 # winner measured on this machine would change which path jit_compile=None
 # takes. Subprocesses inherit this.
 import atexit  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import platform  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import shutil  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
@@ -95,6 +96,11 @@ def pytest_sessionstart(session):
   """The quick tier's rule: a test that starts a process is `slow`
   (`tiers.guard_processes`)."""
   del session
+  # `platform.processor()` runs `uname -p` once a process and keeps the
+  # answer; h5py's import asks for it. Asked here, before the guard, it is
+  # nobody's test's process (else the first quick test importing h5py in a
+  # worker would fail the guard, depending on the order of the files).
+  platform.processor()
   tiers.guard_processes()
 
 
