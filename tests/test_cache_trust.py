@@ -347,7 +347,8 @@ def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
   with open(base + ".lock", "w"):
     pass  # An old run's lock, not held.
   monkeypatch.setattr(compiled_fill, "_export",
-                      lambda path: (b"flatbuffer", ["a"], None), raising=False)
+                      lambda path: (b"flatbuffer", ["a"], None, False),
+                      raising=False)
   assert compiled_fill.fill(weights, the_key) == "built"
   assert sorted(set(os.listdir(os.path.dirname(base))) - {
       compiled_cache.DIGESTS_FILE}) == [
@@ -469,6 +470,23 @@ def test_an_entry_for_another_key_is_not_used(cache):
       compiled_cache.lookup(changed)
     os.unlink(base + ".tflite")
     os.unlink(base + ".json")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tflite_bytes", "1000"), ("vocab", []), ("vocab", ["a", 1]),
+    ("tokens", 3), ("primes_in_bulk", "yes"), ("primes_in_bulk", 1),
+    ("xnnpack_bytes", None)])
+def test_a_manifest_field_of_another_type_misses_as_corrupt(cache, field,
+                                                            value):
+  """What a warm run reads of a manifest is checked before it is used (the
+  prompt crossover's `primes_in_bulk` a bool; a missing one: false)."""
+  base = plant(fake_key(1), packed=100)
+  _, manifest = compiled_cache.lookup(fake_key(1))
+  assert "primes_in_bulk" not in manifest  # An entry before the field.
+  with open(base + ".json", "w", encoding="utf-8") as f:
+    json.dump(dict(manifest, **{field: value}), f)
+  with pytest.raises(compiled_cache.Miss, match="cache manifest corrupt"):
+    compiled_cache.lookup(fake_key(1))
 
 
 # ------------------------------------------------------------------ isolated

@@ -185,6 +185,10 @@ def test_cold_run_is_the_library_s_text_and_schedules_the_artifact(env, warm):
   assert [f for f in entry_files(warm) if not f.startswith(".")
           and f != compiled_cache.DIGESTS_FILE] == [
               f"{name}.json", f"{name}.tflite"]
+  # A GRU steps through a prompt on either path: no prompt crossover.
+  with open(os.path.join(warm, compiled_cache.SUBDIR, f"{name}.json"),
+            encoding="utf-8") as f:
+    assert json.load(f)["primes_in_bulk"] is False
 
 
 def test_warm_run_is_byte_identical_and_imports_no_tensorflow(env, warm):

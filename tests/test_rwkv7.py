@@ -585,6 +585,48 @@ def test_cli_runs_the_warm_artifact_without_tensorflow(
   assert not [m for m in imported if m.split(".")[0] == "tensorflow"]
 
 
+@pytest.mark.slow  # The exported artifact (shared with the tests above).
+def test_warm_path_leaves_a_prompt_past_its_crossover_to_tensorflow(
+    deep_pth_file, deep_pth_model, deep_artifact, monkeypatch):
+  """The fill records that RWKV-7 primes block by block, and the warm path
+  serves a prompt short of the artifact's crossover (`prompt_crossover`,
+  its start-up constant lowered here so that a short prompt passes it) but
+  leaves one past it to TensorFlow, saying why."""
+  from rnnstep.litert import warm  # pylint: disable=g-import-not-at-top
+  cache, base = deep_artifact
+  with open(base + ".json", encoding="utf-8") as f:
+    manifest = json.load(f)
+  assert manifest["primes_in_bulk"] is True
+  monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
+  monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
+  monkeypatch.setattr(warm, "TENSORFLOW_START_S", 0.0)
+  # A start-up as long as 300 tokens' priming saves: the crossover 301.
+  monkeypatch.setattr(warm, "TENSORFLOW_START_S_PER_BYTE", 300 * (
+      1 / warm.ARTIFACT_PRIME_BYTES_PER_S
+      - 1 / warm.TENSORFLOW_PRIME_BYTES_PER_S))
+  crossover = warm.prompt_crossover(
+      manifest.get("xnnpack_bytes", manifest["tflite_bytes"]), True)
+  assert crossover in (300, 301)  # Rounding of the two products.
+  assert warm.prompt_crossover(manifest["tflite_bytes"], False) is None
+  short, long_ = "Hello the poet said", "the poet said " * (crossover // 3)
+  assert len(deep_pth_model.encode(long_)) >= crossover
+  assert len(deep_pth_model.encode(short)) < crossover
+  from rnnstep.decoding import options as options_lib  # pylint: disable=g-import-not-at-top
+  decoding = {option.name: option.default for option in options_lib.OPTIONS}
+  decoding["temperature"] = 0.8
+  served = warm.generate(deep_pth_file, [short], 1, 24, seed=5,
+                         decoding=decoding)
+  assert served.texts == [rnnstep.generate(deep_pth_model, short, 24,
+                                           temperature=0.8, seed=5)]
+  with pytest.raises(warm.NotServed, match=(
+      f"a {len(deep_pth_model.encode(long_)):,}-token prompt is past the "
+      f"compiled artifact's crossover for this model \\({crossover:,} "
+      "tokens\\), where TensorFlow primes it faster")) as refused:
+    warm.generate(deep_pth_file, [short, long_], 1, 24, seed=5,
+                  decoding=decoding)
+  assert refused.value.fill_key is None  # Nothing to build.
+
+
 @pytest.mark.exhaustive  # A conversion, a fresh TensorFlow process, a child.
 def test_cli_never_runs_packed_weights_cut_short(tmp_path, preset_model,
                                                  monkeypatch):

@@ -51,9 +51,9 @@ generation loop to a LiteRT flatbuffer kept in the cache directory
 ($RNNSTEP_CACHE_DIR, else ~/.cache/rnnstep); later runs whose request it
 serves (every decoding option, --stop, --regex and beams, per-row values
 included; not --format=jsonl, --stream, --window, other dtypes than float32,
-or more than 40,000 characters x rows) run it with the
-ai_edge_litert interpreter instead, in a fraction of a second and with the
-same text. --verbose says which path ran and why, and what still takes
+more than 40,000 characters x rows, or an RWKV-7 prompt long enough that
+TensorFlow primes it sooner) run it with the ai_edge_litert interpreter
+instead, in a fraction of a second and with the same text. --verbose says which path ran and why, and what still takes
 TensorFlow; --nocache turns the cache off. The cache is keyed on every file
 the model is read from, the TensorFlow, rnnstep and ai_edge_litert versions
 and the CPU, holds at most
@@ -493,7 +493,9 @@ TENSORFLOW_ONLY = ("--format=jsonl (its logprob)", "--state",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
-                   f"over {warm.MAX_CHAR_ROWS:,} characters x rows")
+                   f"over {warm.MAX_CHAR_ROWS:,} characters x rows",
+                   "an RWKV-7 prompt past the artifact's crossover "
+                   "(~840 tokens at the 0.1B shape)")
 
 
 def _flag_refusal():

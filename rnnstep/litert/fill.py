@@ -61,7 +61,10 @@ def spawn_fill(model_path: str, the_key: dict):
 
 
 def _export(model_path: str):
-  """(flatbuffer, vocab, tokens JSON or None) of the model (imports TF).
+  """(flatbuffer, vocab, tokens JSON or None, primes_in_bulk) of the model
+  (imports TF); primes_in_bulk: the model's cell unrolls block by block
+  (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a prompt
+  with each block's products over all of it at once (`warm.refusal`).
 
   A child process loads the model and saves its generation as a SavedModel
   (`_save_child`); this one converts that, never holding the model: the
@@ -91,9 +94,9 @@ def _export(model_path: str):
     if child.returncode:
       raise RuntimeError(f"saving the model for conversion failed: {said}")
     with open(os.path.join(work, "vocab.json"), encoding="utf-8") as f:
-      vocab, tokens = json.load(f)
+      vocab, tokens, primes_in_bulk = json.load(f)
     from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
-    return export.convert_saved(saved), vocab, tokens
+    return export.convert_saved(saved), vocab, tokens, primes_in_bulk
 
 
 # `_export`'s child: loads the model, saves its generation for the
@@ -110,6 +113,7 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
   # pylint: disable=g-import-not-at-top
   from rnnstep import api
   from rnnstep.litert import export
+  from rnnstep.model import network
   # pylint: enable=g-import-not-at-top
   try:
     model = api.load(model_path)
@@ -120,7 +124,8 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
     return _REFUSED
   with open(vocab_path, "w", encoding="utf-8") as f:
     json.dump([list(model.vocab),
-               None if model.is_characters else model.tokens.to_json()], f)
+               None if model.is_characters else model.tokens.to_json(),
+               network.unrolls_blockwise(model.config)], f)
   return 0
 
 
@@ -176,13 +181,14 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   fields = {}
   try:
-    flatbuffer, vocab, tokens = _export(model_path)
+    flatbuffer, vocab, tokens, primes_in_bulk = _export(model_path)
   except ValueError as e:  # E.g. a model that records a window.
     fields["unsupported"] = cache.one_line(e)
   except Exception as e:  # pylint: disable=broad-except
     fields["failed"] = f"{type(e).__name__}: {cache.one_line(e)}"
   else:
-    fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens)
+    fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens,
+                  primes_in_bulk=primes_in_bulk)
     cap = cache.max_bytes(len(flatbuffer))
     if len(flatbuffer) > cap:  # It would be evicted at once.
       fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "

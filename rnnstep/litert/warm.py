@@ -26,6 +26,19 @@ from rnnstep.litert import runner
 # artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 MAX_CHAR_ROWS = 40_000
 
+# A prompt: the artifact primes it token by token, reading every weight a
+# token; TensorFlow primes a model whose cell unrolls block by block (RWKV-7)
+# with each block's products over the whole prompt at once, after a start-up
+# (import, load, trace) that grows with the weights. Measured on a 2-vCPU
+# EPYC Zen 4, one LiteRT thread (benchmarks/results/
+# warm-cli-prompts-epyc-zen4-2026-12.md): the 0.1B RWKV-7 (563 MB of packed
+# weights) primed at 14.7 ms a token on the artifact and 1.6 ms on
+# TensorFlow, whose start took 11.2 s; the bundled GRU's 3.8 s.
+ARTIFACT_PRIME_BYTES_PER_S = 38e9
+TENSORFLOW_PRIME_BYTES_PER_S = 350e9
+TENSORFLOW_START_S = 3.8
+TENSORFLOW_START_S_PER_BYTE = 13e-9
+
 
 class NotServed(Exception):
   """The warm path does not serve this generation: the message says why.
@@ -78,6 +91,27 @@ def refusal(num_steps: int, num_rows: int, seed: int,
   if not interpreter_installed():
     return "ai_edge_litert is not installed (pip install ai-edge-litert)"
   return None
+
+
+def prompt_crossover(weight_bytes: int, primes_in_bulk: bool
+                     ) -> Optional[int]:
+  """The prompt length (tokens) past which TensorFlow's run, start-up
+  included, primes a prompt sooner than the artifact (the constants above),
+  or None: never, where TensorFlow too primes token by token (a recurrent
+  cell's steps: `primes_in_bulk` false) or the artifact is the faster.
+
+  Args:
+    weight_bytes: what the artifact reads a token (its packed weights).
+    primes_in_bulk: the manifest's (`cache.write_entry`).
+  """
+  if not primes_in_bulk or weight_bytes <= 0:
+    return None
+  saved_a_token = weight_bytes * (1 / ARTIFACT_PRIME_BYTES_PER_S
+                                  - 1 / TENSORFLOW_PRIME_BYTES_PER_S)
+  if saved_a_token <= 0:
+    return None
+  start = TENSORFLOW_START_S + weight_bytes * TENSORFLOW_START_S_PER_BYTE
+  return int(start / saved_a_token) + 1
 
 
 def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
@@ -141,7 +175,15 @@ def _run(artifact, prompts, per_prompt, num_steps, seed, decoding, stop,
     tokens = cache.tokens_of(artifact.manifest)
   except cache.Miss as e:
     raise NotServed(str(e)) from None
-  _check_prompts(prompts, vocab, tokens)
+  longest = _check_prompts(prompts, vocab, tokens)
+  manifest = artifact.manifest
+  crossover = prompt_crossover(
+      manifest.get("xnnpack_bytes", manifest["tflite_bytes"]),
+      manifest.get("primes_in_bulk", False))
+  if crossover is not None and longest >= crossover:
+    raise NotServed(f"a {longest:,}-token prompt is past the compiled "
+                    f"artifact's crossover for this model ({crossover:,} "
+                    "tokens), where TensorFlow primes it faster")
   # The artifact's inputs: every decoding option it has.
   values = {name: value for name, value in decoding.items()
             if name in runner.ARTIFACT_OPTIONS}
@@ -164,19 +206,21 @@ def _run(artifact, prompts, per_prompt, num_steps, seed, decoding, stop,
                     f"{e})") from None
 
 
-def _check_prompts(prompts, vocab, tokens):
-  """Raises NotServed unless the model's vocabulary encodes every prompt
-  (a token model's by the library's encoding, whose refusals are the
-  TensorFlow path's)."""
+def _check_prompts(prompts, vocab, tokens) -> int:
+  """The longest prompt's length in tokens; raises NotServed unless the
+  model's vocabulary encodes every prompt (a token model's by the library's
+  encoding, whose refusals are the TensorFlow path's)."""
   if tokens is None:
     known = set(vocab)
     if any(c not in known for prompt in prompts for c in prompt):
       raise NotServed("a --prompt character is not in the model's "
                       "vocabulary")
-    return
+    return max(len(prompt) for prompt in prompts)
   try:
-    if not all(len(tokens.encode(prompt)) for prompt in prompts):
+    lengths = [len(tokens.encode(prompt)) for prompt in prompts]
+    if not all(lengths):
       raise ValueError("gives no tokens")
   except ValueError:
     raise NotServed("a --prompt the model's vocabulary cannot encode"
                     ) from None
+  return max(lengths)

@@ -329,7 +329,7 @@ def bench(args):
   say(bench_rwkv7.machine_line())
   threads = [int(t) for t in args.threads.split(",")]
   with open(os.path.join(args.out, "vocab.json"), encoding="utf-8") as f:
-    vocab, tokens_json = json.load(f)
+    vocab, tokens_json = json.load(f)[:2]
   tokens = vocabulary.Tokens.from_json(json.loads(tokens_json), vocab)
   # RnnstepPeer's prompts (one letter a token).
   prompt_ids, prefill_ids = ([int(i) for i in tokens.encode(
