@@ -619,9 +619,9 @@ def test_warm_path_leaves_a_prompt_past_its_crossover_to_tensorflow(
   assert served.texts == [rnnstep.generate(deep_pth_model, short, 24,
                                            temperature=0.8, seed=5)]
   with pytest.raises(warm.NotServed, match=(
-      f"a {len(deep_pth_model.encode(long_)):,}-token prompt is past the "
-      f"compiled artifact's crossover for this model \\({crossover:,} "
-      "tokens\\), where TensorFlow primes it faster")) as refused:
+      f"a prompt of {len(deep_pth_model.encode(long_)):,} tokens is past "
+      f"the compiled artifact's crossover for this model \\({crossover:,}\\), "
+      "where TensorFlow primes it faster")) as refused:
     warm.generate(deep_pth_file, [short, long_], 1, 24, seed=5,
                   decoding=decoding)
   assert refused.value.fill_key is None  # Nothing to build.

@@ -181,9 +181,9 @@ def _run(artifact, prompts, per_prompt, num_steps, seed, decoding, stop,
       manifest.get("xnnpack_bytes", manifest["tflite_bytes"]),
       manifest.get("primes_in_bulk", False))
   if crossover is not None and longest >= crossover:
-    raise NotServed(f"a {longest:,}-token prompt is past the compiled "
-                    f"artifact's crossover for this model ({crossover:,} "
-                    "tokens), where TensorFlow primes it faster")
+    raise NotServed(f"a prompt of {longest:,} tokens is past the compiled "
+                    f"artifact's crossover for this model ({crossover:,}), "
+                    "where TensorFlow primes it faster")
   # The artifact's inputs: every decoding option it has.
   values = {name: value for name, value in decoding.items()
             if name in runner.ARTIFACT_OPTIONS}
