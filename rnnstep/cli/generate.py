@@ -53,8 +53,9 @@ serves (every decoding option, --stop, --regex and beams, per-row values
 included; not --format=jsonl, --stream, --window, other dtypes than float32,
 more than 40,000 characters x rows, or an RWKV-7 prompt long enough that
 TensorFlow primes it sooner) run it with the ai_edge_litert interpreter
-instead, in a fraction of a second and with the same text. --verbose says which path ran and why, and what still takes
-TensorFlow; --nocache turns the cache off. The cache is keyed on every file
+instead, in a fraction of a second and with the same text. --verbose says
+which path ran and why, and what still takes TensorFlow; --nocache turns
+the cache off. The cache is keyed on every file
 the model is read from, the TensorFlow, rnnstep and ai_edge_litert versions
 and the CPU, holds at most
 $RNNSTEP_CACHE_MAX_MB MB (default: 512, or twice the largest artifact),
@@ -494,8 +495,7 @@ TENSORFLOW_ONLY = ("--format=jsonl (its logprob)", "--state",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
                    f"over {warm.MAX_CHAR_ROWS:,} characters x rows",
-                   "an RWKV-7 prompt past the artifact's crossover "
-                   "(~840 tokens at the 0.1B shape)")
+                   "an RWKV-7 prompt past the artifact's crossover")
 
 
 def _flag_refusal():

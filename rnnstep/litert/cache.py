@@ -25,7 +25,7 @@ both folders made 0700), one per key, named by the key's sha256:
                 `Tokens.to_json`, so that a warm run tokenizes and decodes
                 as the library does) and whether the model primes block by
                 block (`primes_in_bulk`: RWKV-7, whose long prompts the warm
-                path leaves to TensorFlow, `warm.refusal`); or, for a model
+                path leaves to TensorFlow, `warm.prompt_crossover`); or, for a model
                 the export refuses (a model recording a window),
                 {"unsupported": reason}; or, for an export that failed,
                 {"failed": reason}. Neither is retried until the key changes

@@ -64,7 +64,8 @@ def _export(model_path: str):
   """(flatbuffer, vocab, tokens JSON or None, primes_in_bulk) of the model
   (imports TF); primes_in_bulk: the model's cell unrolls block by block
   (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a prompt
-  with each block's products over all of it at once (`warm.refusal`).
+  with each block's products over all of it at once
+  (`warm.prompt_crossover`).
 
   A child process loads the model and saves its generation as a SavedModel
   (`_save_child`); this one converts that, never holding the model: the
