@@ -347,7 +347,7 @@ def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
   with open(base + ".lock", "w"):
     pass  # An old run's lock, not held.
   monkeypatch.setattr(compiled_fill, "_export",
-                      lambda path: (b"flatbuffer", ["a"], None, False),
+                      lambda path: (b"flatbuffer", ["a"], None, False, 0),
                       raising=False)
   assert compiled_fill.fill(weights, the_key) == "built"
   assert sorted(set(os.listdir(os.path.dirname(base))) - {
@@ -475,14 +475,16 @@ def test_an_entry_for_another_key_is_not_used(cache):
 @pytest.mark.parametrize("field, value", [
     ("tflite_bytes", "1000"), ("vocab", []), ("vocab", ["a", 1]),
     ("tokens", 3), ("primes_in_bulk", "yes"), ("primes_in_bulk", 1),
-    ("xnnpack_bytes", None)])
+    ("prime_bytes", "1"), ("prime_bytes", -1), ("prime_bytes", True),
+    ("prime_bytes", 1.5), ("xnnpack_bytes", None)])
 def test_a_manifest_field_of_another_type_misses_as_corrupt(cache, field,
                                                             value):
   """What a warm run reads of a manifest is checked before it is used (the
-  prompt crossover's `primes_in_bulk` a bool; a missing one: false)."""
+  prompt crossover's `primes_in_bulk` a bool, `prime_bytes` an int >= 0;
+  missing: false, 0)."""
   base = plant(fake_key(1), packed=100)
   _, manifest = compiled_cache.lookup(fake_key(1))
-  assert "primes_in_bulk" not in manifest  # An entry before the field.
+  assert "primes_in_bulk" not in manifest  # Neither written by `plant`.
   with open(base + ".json", "w", encoding="utf-8") as f:
     json.dump(dict(manifest, **{field: value}), f)
   with pytest.raises(compiled_cache.Miss, match="cache manifest corrupt"):

@@ -597,17 +597,19 @@ def test_warm_path_leaves_a_prompt_past_its_crossover_to_tensorflow(
   with open(base + ".json", encoding="utf-8") as f:
     manifest = json.load(f)
   assert manifest["primes_in_bulk"] is True
+  # The layers' weights: less than the flatbuffer's (the embedding's and
+  # the head's too).
+  assert 0 < manifest["prime_bytes"] < manifest["tflite_bytes"]
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(cache))
   monkeypatch.setenv("RNNSTEP_COMPILED_CACHE", "on")
-  monkeypatch.setattr(warm, "TENSORFLOW_START_S", 0.0)
   # A start-up as long as 300 tokens' priming saves: the crossover 301.
-  monkeypatch.setattr(warm, "TENSORFLOW_START_S_PER_BYTE", 300 * (
-      1 / warm.ARTIFACT_PRIME_BYTES_PER_S
-      - 1 / warm.TENSORFLOW_PRIME_BYTES_PER_S))
-  crossover = warm.prompt_crossover(
-      manifest.get("xnnpack_bytes", manifest["tflite_bytes"]), True)
+  monkeypatch.setattr(warm, "TENSORFLOW_START_S_PER_BYTE", 0.0)
+  monkeypatch.setattr(warm, "TENSORFLOW_START_S", 300 * manifest[
+      "prime_bytes"] * (1 / warm.ARTIFACT_PRIME_BYTES_PER_S
+                        - 1 / warm.TENSORFLOW_PRIME_BYTES_PER_S))
+  crossover = warm.prompt_crossover(manifest)
   assert crossover in (300, 301)  # Rounding of the two products.
-  assert warm.prompt_crossover(manifest["tflite_bytes"], False) is None
+  assert warm.prompt_crossover(dict(manifest, primes_in_bulk=False)) is None
   short, long_ = "Hello the poet said", "the poet said " * (crossover // 3)
   assert len(deep_pth_model.encode(long_)) >= crossover
   assert len(deep_pth_model.encode(short)) < crossover

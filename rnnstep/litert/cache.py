@@ -23,13 +23,15 @@ both folders made 0700), one per key, named by the key's sha256:
   NAME.json     the manifest: the full key, the flatbuffer's sha256 and size,
                 the vocabulary (and a token model's kind and rules,
                 `Tokens.to_json`, so that a warm run tokenizes and decodes
-                as the library does) and whether the model primes block by
+                as the library does), whether the model primes block by
                 block (`primes_in_bulk`: RWKV-7, whose long prompts the warm
-                path leaves to TensorFlow, `warm.prompt_crossover`); or, for a model
-                the export refuses (a model recording a window),
-                {"unsupported": reason}; or, for an export that failed,
-                {"failed": reason}. Neither is retried until the key changes
-                (`--cache_clear` forgets them).
+                path leaves to TensorFlow, `warm.prompt_crossover`) and the
+                bytes of weights the artifact reads priming a token
+                (`prime_bytes`); or, for a model the export refuses (a
+                model recording a window), {"unsupported": reason}; or, for
+                an export that failed, {"failed": reason}. Neither is
+                retried until the key changes (`--cache_clear` forgets
+                them).
   NAME.xnnpack  an artifact past `runner.BUILTIN_KERNELS_FROM_BYTES`: its
                 weights packed for XNNPACK (`runner.pack_weights`, by the
                 child after the export; its sha256 and size in the
@@ -383,7 +385,9 @@ def read_manifest(base: str, the_key: dict) -> dict:
       or not isinstance(vocab, list) or not vocab
       or not all(isinstance(c, str) for c in vocab)
       or not isinstance(manifest.get("tokens"), (str, type(None)))
-      or not isinstance(manifest.get("primes_in_bulk", False), bool)):
+      or not isinstance(manifest.get("primes_in_bulk", False), bool)
+      or type(manifest.get("prime_bytes", 0)) is not int  # Not a bool.
+      or manifest.get("prime_bytes", 0) < 0):
     raise Miss("cache manifest corrupt")
   return manifest
 
@@ -653,7 +657,7 @@ def one_line(error: BaseException) -> str:
 
 def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
                 vocab=None, tokens: Optional[str] = None,
-                primes_in_bulk: bool = False,
+                primes_in_bulk: bool = False, prime_bytes: int = 0,
                 unsupported: Optional[str] = None,
                 failed: Optional[str] = None, model_path: str = "",
                 pack: Optional[Callable[[str, int], dict]] = None):
@@ -678,7 +682,8 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
         f.write(flatbuffer)
     manifest.update(tflite_sha256=hashlib.sha256(flatbuffer).hexdigest(),
                     tflite_bytes=len(flatbuffer), vocab=list(vocab),
-                    tokens=tokens, primes_in_bulk=bool(primes_in_bulk))
+                    tokens=tokens, primes_in_bulk=bool(primes_in_bulk),
+                    prime_bytes=int(prime_bytes))
     with contextlib.suppress(OSError):
       os.unlink(base + PACKED_SUFFIX)  # An earlier build's.
     if pack and len(flatbuffer) > runner.BUILTIN_KERNELS_FROM_BYTES:

@@ -61,11 +61,13 @@ def spawn_fill(model_path: str, the_key: dict):
 
 
 def _export(model_path: str):
-  """(flatbuffer, vocab, tokens JSON or None, primes_in_bulk) of the model
-  (imports TF); primes_in_bulk: the model's cell unrolls block by block
-  (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a prompt
-  with each block's products over all of it at once
-  (`warm.prompt_crossover`).
+  """(flatbuffer, vocab, tokens JSON or None, primes_in_bulk, prime_bytes)
+  of the model (imports TF); primes_in_bulk: the model's cell unrolls block
+  by block (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a
+  prompt with each block's products over all of it at once; prime_bytes:
+  the layers' weights, what the artifact reads priming a token (not the
+  embedding, of which it gathers a row, nor the head) (both for
+  `warm.prompt_crossover`).
 
   A child process loads the model and saves its generation as a SavedModel
   (`_save_child`); this one converts that, never holding the model: the
@@ -95,9 +97,10 @@ def _export(model_path: str):
     if child.returncode:
       raise RuntimeError(f"saving the model for conversion failed: {said}")
     with open(os.path.join(work, "vocab.json"), encoding="utf-8") as f:
-      vocab, tokens, primes_in_bulk = json.load(f)
+      vocab, tokens, primes_in_bulk, prime_bytes = json.load(f)
     from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
-    return export.convert_saved(saved), vocab, tokens, primes_in_bulk
+    return (export.convert_saved(saved), vocab, tokens, primes_in_bulk,
+            prime_bytes)
 
 
 # `_export`'s child: loads the model, saves its generation for the
@@ -124,9 +127,13 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
     print(cache.one_line(e), file=sys.stderr)
     return _REFUSED
   with open(vocab_path, "w", encoding="utf-8") as f:
+    layers = [weights for weights in model.layer_weights
+              + model.backward_weights if weights]
     json.dump([list(model.vocab),
                None if model.is_characters else model.tokens.to_json(),
-               network.unrolls_blockwise(model.config)], f)
+               network.unrolls_blockwise(model.config),
+               sum(v.shape.num_elements() * v.dtype.size
+                   for weights in layers for v in weights.values())], f)
   return 0
 
 
@@ -182,14 +189,15 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   fields = {}
   try:
-    flatbuffer, vocab, tokens, primes_in_bulk = _export(model_path)
+    (flatbuffer, vocab, tokens, primes_in_bulk,
+     prime_bytes) = _export(model_path)
   except ValueError as e:  # E.g. a model that records a window.
     fields["unsupported"] = cache.one_line(e)
   except Exception as e:  # pylint: disable=broad-except
     fields["failed"] = f"{type(e).__name__}: {cache.one_line(e)}"
   else:
     fields.update(flatbuffer=flatbuffer, vocab=vocab, tokens=tokens,
-                  primes_in_bulk=primes_in_bulk)
+                  primes_in_bulk=primes_in_bulk, prime_bytes=prime_bytes)
     cap = cache.max_bytes(len(flatbuffer))
     if len(flatbuffer) > cap:  # It would be evicted at once.
       fields = {"unsupported": f"the artifact's {len(flatbuffer) >> 20} MB "

@@ -26,18 +26,19 @@ from rnnstep.litert import runner
 # artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 MAX_CHAR_ROWS = 40_000
 
-# A prompt: the artifact primes it token by token, reading every weight a
-# token; TensorFlow primes a model whose cell unrolls block by block (RWKV-7)
-# with each block's products over the whole prompt at once, after a start-up
-# (import, load, trace) that grows with the weights. Measured on a 2-vCPU
-# EPYC Zen 4, one LiteRT thread (benchmarks/results/
-# warm-cli-prompts-epyc-zen4-2026-12.md): the 0.1B RWKV-7 (563 MB of packed
-# weights) primed at 14.7 ms a token on the artifact and 1.6 ms on
-# TensorFlow, whose start took 11.2 s; the bundled GRU's 2.9 s.
-ARTIFACT_PRIME_BYTES_PER_S = 38e9
-TENSORFLOW_PRIME_BYTES_PER_S = 350e9
+# A prompt: the artifact primes it token by token, reading the layers'
+# weights a token (`prime_bytes`); TensorFlow primes a model whose cell
+# unrolls block by block (RWKV-7) with each block's products over the whole
+# prompt at once, after a start-up (import, load, trace) that grows with the
+# weights. Measured on a 2-vCPU EPYC Zen 4, one LiteRT thread
+# (benchmarks/results/warm-cli-prompts-epyc-zen4-2026-12.md): the 0.1B
+# RWKV-7 (362 MB of layer weights, 563 MB packed with its head) primed at
+# 14.7 ms a token on the artifact and 1.6 ms on TensorFlow, whose start
+# took 11.2 s; the bundled GRU's 2.9 s.
+ARTIFACT_PRIME_BYTES_PER_S = 24.6e9
+TENSORFLOW_PRIME_BYTES_PER_S = 226e9
 TENSORFLOW_START_S = 2.9
-TENSORFLOW_START_S_PER_BYTE = 14.7e-9
+TENSORFLOW_START_S_PER_BYTE = 14.7e-9  # Of the artifact's packed weights.
 
 
 class NotServed(Exception):
@@ -93,24 +94,26 @@ def refusal(num_steps: int, num_rows: int, seed: int,
   return None
 
 
-def prompt_crossover(weight_bytes: int, primes_in_bulk: bool
-                     ) -> Optional[int]:
+def prompt_crossover(manifest: dict) -> Optional[int]:
   """The prompt length (tokens) past which TensorFlow's run, start-up
-  included, primes a prompt sooner than the artifact (the constants above),
-  or None: never, where TensorFlow too primes token by token (a recurrent
-  cell's steps: `primes_in_bulk` false) or the artifact is the faster.
+  included, primes a prompt sooner than the entry's artifact (the constants
+  above), or None: never, where TensorFlow too primes token by token (a
+  recurrent cell's steps: `primes_in_bulk` false) or the artifact is the
+  faster.
 
   Args:
-    weight_bytes: what the artifact reads a token (its packed weights).
-    primes_in_bulk: the manifest's (`cache.write_entry`).
+    manifest: the entry's (`cache.write_entry`: `primes_in_bulk`,
+      `prime_bytes`, and the artifact's packed or flatbuffer bytes).
   """
-  if not primes_in_bulk or weight_bytes <= 0:
+  prime_bytes = manifest.get("prime_bytes", 0)
+  if not manifest.get("primes_in_bulk", False) or prime_bytes <= 0:
     return None
-  saved_a_token = weight_bytes * (1 / ARTIFACT_PRIME_BYTES_PER_S
-                                  - 1 / TENSORFLOW_PRIME_BYTES_PER_S)
+  saved_a_token = prime_bytes * (1 / ARTIFACT_PRIME_BYTES_PER_S
+                                 - 1 / TENSORFLOW_PRIME_BYTES_PER_S)
   if saved_a_token <= 0:
     return None
-  start = TENSORFLOW_START_S + weight_bytes * TENSORFLOW_START_S_PER_BYTE
+  start = TENSORFLOW_START_S + TENSORFLOW_START_S_PER_BYTE * manifest.get(
+      "xnnpack_bytes", manifest["tflite_bytes"])
   return int(start / saved_a_token) + 1
 
 
@@ -176,10 +179,7 @@ def _run(artifact, prompts, per_prompt, num_steps, seed, decoding, stop,
   except cache.Miss as e:
     raise NotServed(str(e)) from None
   longest = _check_prompts(prompts, vocab, tokens)
-  manifest = artifact.manifest
-  crossover = prompt_crossover(
-      manifest.get("xnnpack_bytes", manifest["tflite_bytes"]),
-      manifest.get("primes_in_bulk", False))
+  crossover = prompt_crossover(artifact.manifest)
   if crossover is not None and longest >= crossover:
     raise NotServed(f"a prompt of {longest:,} tokens is past the compiled "
                     f"artifact's crossover for this model ({crossover:,}), "
