@@ -65,9 +65,9 @@ def _export(model_path: str):
   of the model (imports TF); primes_in_bulk: the model's cell unrolls block
   by block (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a
   prompt with each block's products over all of it at once; prime_bytes:
-  the layers' weights, what the artifact reads priming a token (not the
-  embedding, of which it gathers a row, nor the head) (both for
-  `warm.prompt_crossover`).
+  the layers' weights, what the artifact reads priming a token, neither the
+  embedding (of which it gathers a row) nor the head. Both are for
+  `warm.prompt_crossover`.
 
   A child process loads the model and saves its generation as a SavedModel
   (`_save_child`); this one converts that, never holding the model: the
