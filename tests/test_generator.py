@@ -375,6 +375,49 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
     for generator in cache.values():
       self.assertEqual(generator.generate_fn.experimental_get_tracing_count(), 1)
 
+  @parameterized.parameters(*PATHS)
+  @quick_cases(0)  # The graph path.
+  def test_one_shot_programs_trace_only_the_loop_their_request_takes(self,
+                                                                     jit):
+    """rnnstep-generate's programs (`generator.one_tail`): each call runs a
+    program traced with only the decode loop its request takes (the plain
+    one; the general one for an option the plain loop lacks or for scores),
+    a stream's continuations too, with the library's texts and scores."""
+    layers = STACKS["gru_x2"]  # (One the file already compiles.)
+    model = kr.rnnstep_model(kr.build(layers, seed=3), layers)
+    calls = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=4, return_scores=True),
+        dict(temperature=0.9, seed=5, top_k=4),
+    ]
+    prompts = ["ROMEO", "A"]
+    want = [rnnstep.generate(model, prompts, 30, jit_compile=jit, **kwargs)
+            for kwargs in calls]
+    want_chunks = list(rnnstep.stream(model, prompts, 30, chunk_size=7,
+                                      seed=6, jit_compile=jit))
+    programs = generator_lib.cached(model, paths.from_jit_compile(jit)).programs
+    with generator_lib.one_tail():
+      got = [rnnstep.generate(model, prompts, 30, jit_compile=jit, **kwargs)
+             for kwargs in calls]
+      chunks = list(rnnstep.stream(model, prompts, 30, chunk_size=7, seed=6,
+                                   jit_compile=jit))
+    self.assertEqual(got, want)
+    self.assertEqual(chunks, want_chunks)
+    for name in ("generate_fn", "continue_fn"):
+      self.assertTrue(programs.traced(f"{name}/plain"), name)
+    self.assertTrue(programs.traced("generate_fn/general"))
+    self.assertFalse(programs.traced("continue_fn/general"))
+    # Each traced one decode loop: a graph of about half the nodes.
+    nodes = lambda name: sum(
+        len(f.node_def) for f in programs.concrete(name).graph.as_graph_def(
+        ).library.function)
+    whole = nodes("generate_fn")
+    self.assertLess(nodes("generate_fn/plain"), whole * 0.6)
+    self.assertLess(nodes("generate_fn/general"), whole)
+    # Outside it, the library's one program for every request again.
+    self.assertEqual(rnnstep.generate(model, prompts, 30, jit_compile=jit,
+                                      **calls[2]), want[2])
+
 
 class StreamAndStopTest(tf.test.TestCase, parameterized.TestCase):
 

@@ -455,7 +455,10 @@ def _run_job() -> int:
     run_batch = jobs.generation_batch(
         model, job, _NUM_STEPS.value, options, _STOP.value,
         (_REGEX.value or [None])[0], jit_compile, batch_size)
-  with jobs.blamed(FLAGS):
+  # The process generates once: its programs are traced for the loop its
+  # records take (`generator.one_tail`).
+  from rnnstep.engine import generator  # pylint: disable=g-import-not-at-top
+  with jobs.blamed(FLAGS), generator.one_tail():
     say(jobs.run(job, checked, output, run_batch, batch_size, skipped))
   return 0
 
@@ -633,6 +636,11 @@ class Printer:
     self._current = 0  # The first row not completely printed.
     self._started = False  # Whether the current row's head is printed.
     self._scores = [None] * len(rows)  # Each row's log-likelihood so far.
+
+  @property
+  def prints_scores(self) -> bool:
+    """Whether its output holds the rows' scores (jsonl's "logprob")."""
+    return self._fmt == "jsonl"
 
   def add(self, pieces, scores=None):
     """Takes the next text of every row (a list, one str per row).

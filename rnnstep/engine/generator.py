@@ -105,6 +105,8 @@ class Programs(tf.Module):
         weights_spec, tf.TensorSpec([None], tf.int32, name="ids"),
         carry_spec.state])
     self._concrete_functions = {}
+    # The one-tail variants (`one_tail`) traced in this process, by name.
+    self._one_tail_functions = {}
     # Under XLA, the `shape_key`s called here (their programs compiled).
     self._compiled = set()
 
@@ -135,21 +137,43 @@ class Programs(tf.Module):
       name: the compiled function.
       args: its arguments but the weights (a request first), numpy.
     """
+    name = self.program_name(name, args)
     if self.path == paths.XLA:
       return shape_key(args, name)
     if self.path == paths.GRAPH:
       return None
     request = args[0]
-    parts = pipeline.active(request.sampling, request.lookback,
-                            self.vocab_size)
-    plain = pipeline.takes_plain_tail(
-        parts, request.want_scores,
-        pipeline.is_constrained(request.constraint))
+    plain = self._takes_plain_tail(request)
     request = request._replace(
         prompts=request.prompts._replace(ids=request.prompts.ids[:, :0]),
         capacity=np.int32(0))
     window = tuple(args[-1:]) if name.startswith("window") else ()
     return shape_key((request,) + window, name) + (bool(plain),)
+
+  def _takes_plain_tail(self, request) -> bool:
+    """Whether a request (numpy) takes the plain decode loop
+    (`pipeline.takes_plain_tail`, as the loop decides it on device)."""
+    parts = pipeline.active(request.sampling, request.lookback,
+                            self.vocab_size)
+    return bool(pipeline.takes_plain_tail(
+        parts, request.want_scores,
+        pipeline.is_constrained(request.constraint)))
+
+  def program_name(self, name: str, args) -> str:
+    """The function a call of `name` with `args` (a request first) runs.
+
+    In a process that generates once (`one_tail`), a generation's call runs
+    the variant of its function traced with only the decode loop its request
+    takes, "generate_fn/plain" or "generate_fn/general" (`loop.run_decode`'s
+    `plain`), unless XLA's disk cache holds the whole function's program for
+    the call, which loads faster than half of it traces and compiles.
+    """
+    if not _ONE_TAIL or name not in ONE_TAIL_FUNCTIONS:
+      return name
+    if self.jit_compile and xla_cache.has_program(
+        self.program_key(shape_key(args, name))):
+      return name
+    return f"{name}/{'plain' if self._takes_plain_tail(args[0]) else 'general'}"
 
   def index_prefix(self) -> str:
     """What every key of these programs in XLA's program index starts with
@@ -171,7 +195,9 @@ class Programs(tf.Module):
     """Calls the concrete function `name`: on the graph path without
     Grappler (`graph_calls`); under XLA, the first call of a shape in this
     process records the program's files in XLA's program index
-    (`xla_cache.record_program`)."""
+    (`xla_cache.record_program`); in a process that generates once, a
+    generation's call runs the variant `program_name` says."""
+    name = self.program_name(name, args)
     concrete = self.concrete(name)
     if self.path == paths.GRAPH:
       with graph_calls.without_grappler():
@@ -203,9 +229,27 @@ class Programs(tf.Module):
     concrete = self._concrete_functions.get(name)
     if concrete is None:
       with stable_names(f"{self.architecture!r}/{self.path}/{name}"):
-        concrete = getattr(self, name).get_concrete_function()
+        concrete = self._function(name).get_concrete_function()
       self._concrete_functions[name] = concrete
     return concrete
+
+  def _function(self, name: str):
+    """The compiled function `name`, or its one-tail variant
+    ("generate_fn/plain", ...: `program_name`), made at first use."""
+    base, _, tail = name.partition("/")
+    if not tail:
+      return getattr(self, name)
+    function = self._one_tail_functions.get(name)
+    if function is None:
+      plain = tail == "plain"
+      impl = {"generate_fn": lambda weights, request: self._generate(
+                  weights, request, plain),
+              "continue_fn": lambda weights, request, carry: self._continue(
+                  weights, request, carry, plain)}[base]
+      function = self._one_tail_functions[name] = tf.function(
+          impl, jit_compile=self.jit_compile, autograph=False,
+          input_signature=getattr(self, base).input_signature)
+    return function
 
   # -- compiled bodies -------------------------------------------------------
 
@@ -234,19 +278,28 @@ class Programs(tf.Module):
 
   def _generate_impl(self, weights, request: request_lib.Request
                      ) -> request_lib.Result:
+    return self._generate(weights, request, plain=None)
+
+  def _generate(self, weights, request, plain) -> request_lib.Result:
+    """Primes, then decodes (`loop.run_decode`, whose `plain` says which
+    of its loops are traced)."""
     network = self._network(weights)
     # Priming leaves each row's last character to the first decode step,
     # except where the loop chooses before it consumes.
     carry = loop.start_carry(network, request, unconsumed=self.unconsumed)
-    return loop.run_decode(network, request, carry, self._chooses_first)
+    return loop.run_decode(network, request, carry, self._chooses_first,
+                           plain=plain)
 
   def _beam_impl(self, weights, request: request_lib.Request
                  ) -> beams.BeamResult:
     return beams.search(self._network(weights), request)
 
   def _continue_impl(self, weights, request, carry):
+    return self._continue(weights, request, carry, plain=None)
+
+  def _continue(self, weights, request, carry, plain):
     return loop.run_decode(self._network(weights), request, carry,
-                       self._chooses_first)
+                           self._chooses_first, plain=plain)
 
   def _serve_impl(self, weights, request, carry, fresh, primes_only):
     """Primes the `fresh` rows' prompts, then decodes every row on.
@@ -484,6 +537,26 @@ def prompt_logprobs_function(model) -> network_lib.BoundFunction:
   return network_lib.BoundFunction(
       network_lib.shared_function(architecture, "prompt_logprobs", build),
       model.network_weights)
+
+
+# The functions whose calls `one_tail` narrows to their request's loop.
+ONE_TAIL_FUNCTIONS = ("generate_fn", "continue_fn")
+_ONE_TAIL = []
+
+
+@contextlib.contextmanager
+def one_tail() -> Iterator[None]:
+  """Inside it, this process generates once (rnnstep-generate), so each
+  generation's programs are traced with only the decode loop its request
+  takes (`Programs.program_name`): about half the trace and half of XLA's
+  compile, paid per kind of request (plain, or with options or scores the
+  plain loop lacks) rather than once for every request. The library keeps
+  one program for every request: nothing a caller changes retraces."""
+  _ONE_TAIL.append(True)
+  try:
+    yield
+  finally:
+    _ONE_TAIL.pop()
 
 
 def programs_for(model, path: str) -> Programs:

@@ -18,7 +18,7 @@ same text.
 """
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import tensorflow as tf
 
@@ -172,7 +172,8 @@ def start_carry(network, request: request_lib.Request, unconsumed: int,
 def run_decode(network, request: request_lib.Request,
                carry: request_lib.Carry, chooses_first: bool,
                steps_loop=None, logprobs: bool = False, keys=None,
-               ids_buffer=None) -> request_lib.Result:
+               ids_buffer=None, plain: Optional[bool] = None
+               ) -> request_lib.Result:
   """Decodes `request.num_steps` steps (at most) on from `carry`.
 
   (Not `decode`: `Model.decode` turns ids into text.)
@@ -193,6 +194,11 @@ def run_decode(network, request: request_lib.Request,
       ids, an object with `write(step, ids [B])` (returning the buffer
       written) and `stack()` (`[C, B]`); default: a TensorArray. The LiteRT
       loop's has no TensorList ops (`litert.SliceBuffer`).
+    plain: None: both decode loops are traced, and the request's values
+      choose one when it runs (`pipeline.takes_plain_tail`); True or
+      False: only the plain or the general one, for a caller that knows
+      which its request takes (`generator.one_tail`: about half the trace
+      and of XLA's compile).
 
   Returns:
     The `Result`.
@@ -228,8 +234,11 @@ def run_decode(network, request: request_lib.Request,
   # When no row asks for an option the plain tail lacks, or for scores, the
   # loop whose step has no conditionals runs: XLA fuses its tail whole, and
   # default settings pay nothing for the options they do not use.
-  end = tf.cond(inv.plain, lambda: run(plain_tail, False),
-                lambda: run(general_tail, True))
+  if plain is None:
+    end = tf.cond(inv.plain, lambda: run(plain_tail, False),
+                  lambda: run(general_tail, True))
+  else:
+    end = run(plain_tail, False) if plain else run(general_tail, True)
   done = end.progress
   return request_lib.Result(
       ids=end.ids, lengths=done.lengths, scores=done.scores,
