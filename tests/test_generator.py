@@ -389,24 +389,30 @@ class TraceTest(tf.test.TestCase, parameterized.TestCase):
         dict(temperature=0.0),
         dict(temperature=0.8, seed=4, return_scores=True),
         dict(temperature=0.9, seed=5, top_k=4),
+        dict(temperature=0.0, window=4),  # Over windows: their functions.
     ]
+    streams = [dict(seed=6), dict(seed=7, window=5, top_p=0.8)]
     prompts = ["ROMEO", "A"]
     want = [rnnstep.generate(model, prompts, 30, jit_compile=jit, **kwargs)
             for kwargs in calls]
-    want_chunks = list(rnnstep.stream(model, prompts, 30, chunk_size=7,
-                                      seed=6, jit_compile=jit))
+    want_chunks = [list(rnnstep.stream(model, prompts, 30, chunk_size=7,
+                                       jit_compile=jit, **kwargs))
+                   for kwargs in streams]
     programs = generator_lib.cached(model, paths.from_jit_compile(jit)).programs
     with generator_lib.one_tail():
       got = [rnnstep.generate(model, prompts, 30, jit_compile=jit, **kwargs)
              for kwargs in calls]
-      chunks = list(rnnstep.stream(model, prompts, 30, chunk_size=7, seed=6,
-                                   jit_compile=jit))
+      chunks = [list(rnnstep.stream(model, prompts, 30, chunk_size=7,
+                                    jit_compile=jit, **kwargs))
+                for kwargs in streams]
     self.assertEqual(got, want)
     self.assertEqual(chunks, want_chunks)
-    for name in ("generate_fn", "continue_fn"):
-      self.assertTrue(programs.traced(f"{name}/plain"), name)
-    self.assertTrue(programs.traced("generate_fn/general"))
-    self.assertFalse(programs.traced("continue_fn/general"))
+    self.assertEqual(
+        {name: [programs.traced(f"{name}/{tail}")
+                for tail in ("plain", "general")]
+         for name in generator_lib.ONE_TAIL_FUNCTIONS},
+        {"generate_fn": [True, True], "continue_fn": [True, False],
+         "window_fn": [True, True], "window_continue_fn": [False, True]})
     # Each traced one decode loop: a graph of about half the nodes.
     nodes = lambda name: sum(
         len(f.node_def) for f in programs.concrete(name).graph.as_graph_def(

@@ -242,10 +242,16 @@ class Programs(tf.Module):
     function = self._one_tail_functions.get(name)
     if function is None:
       plain = tail == "plain"
-      impl = {"generate_fn": lambda weights, request: self._generate(
-                  weights, request, plain),
-              "continue_fn": lambda weights, request, carry: self._continue(
-                  weights, request, carry, plain)}[base]
+      impl = {
+          "generate_fn": lambda weights, request: self._generate(
+              weights, request, plain),
+          "continue_fn": lambda weights, request, carry: self._continue(
+              weights, request, carry, plain),
+          "window_fn": lambda weights, request, window: self._window(
+              weights, request, window, plain),
+          "window_continue_fn": lambda weights, request, carry, window: (
+              self._window_continue(weights, request, carry, window, plain)),
+      }[base]
       function = self._one_tail_functions[name] = tf.function(
           impl, jit_compile=self.jit_compile, autograph=False,
           input_signature=getattr(self, base).input_signature)
@@ -387,14 +393,23 @@ class Programs(tf.Module):
   # keep its windows in slots recomputes each (`recompute.py`): a fact of
   # the architecture, so each `Programs` runs one kind.
   def _window_impl(self, weights, request, window):
+    return self._window(weights, request, window, plain=None)
+
+  def _window(self, weights, request, window, plain):
     if self.architecture.config.recomputes:
-      return recompute.generate(self._network(weights), request, window)
-    return window_lib.generate(self._network(weights), request, window)
+      return recompute.generate(self._network(weights), request, window,
+                                plain)
+    return window_lib.generate(self._network(weights), request, window, plain)
 
   def _window_continue_impl(self, weights, request, carry, window):
+    return self._window_continue(weights, request, carry, window, plain=None)
+
+  def _window_continue(self, weights, request, carry, window, plain):
     if self.architecture.config.recomputes:  # The carried window holds k.
-      return recompute.run_decode(self._network(weights), request, carry)
-    return window_lib.run_decode(self._network(weights), request, carry, window)
+      return recompute.run_decode(self._network(weights), request, carry,
+                                  plain)
+    return window_lib.run_decode(self._network(weights), request, carry,
+                                 window, plain)
 
 
 # TensorFlow names a traced function and every function inside it (loop
@@ -540,7 +555,8 @@ def prompt_logprobs_function(model) -> network_lib.BoundFunction:
 
 
 # The functions whose calls `one_tail` narrows to their request's loop.
-ONE_TAIL_FUNCTIONS = ("generate_fn", "continue_fn")
+ONE_TAIL_FUNCTIONS = ("generate_fn", "continue_fn", "window_fn",
+                      "window_continue_fn")
 _ONE_TAIL = []
 
 

@@ -80,18 +80,19 @@ def recomputed_loop(network, tail, num_steps, carry, progress, ids):
   return end
 
 
-def generate(network, request: request_lib.Request, window):
-  """A whole recomputed generation (`Generator.window_fn`'s body)."""
+def generate(network, request: request_lib.Request, window, plain=None):
+  """A whole recomputed generation (`Generator.window_fn`'s body; `plain` as
+  `loop.run_decode`'s)."""
   state = ((prime(request.prompts, window),),)
   carry = loop.start_carry(network, request, unconsumed=0, state=state)
-  return run_decode(network, request, carry)
+  return run_decode(network, request, carry, plain)
 
 
-def run_decode(network, request: request_lib.Request, carry):
+def run_decode(network, request: request_lib.Request, carry, plain=None):
   """`loop.run_decode` over recomputed windows, on from `carry` (whose
   window holds k, the window length)."""
   return loop.run_decode(network, request, carry, chooses_first=False,
-                         steps_loop=recomputed_loop)
+                         steps_loop=recomputed_loop, plain=plain)
 
 
 def score(network, ids, window):

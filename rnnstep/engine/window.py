@@ -181,14 +181,16 @@ def windows_loop(network, tail, num_steps, carry, progress, ids, *,
   return end
 
 
-def generate(network, request: request_lib.Request, window):
-  """A whole windowed generation (`Generator.window_fn`'s body)."""
+def generate(network, request: request_lib.Request, window, plain=None):
+  """A whole windowed generation (`Generator.window_fn`'s body; `plain` as
+  `loop.run_decode`'s)."""
   state = prime(network, request.prompts, window)
   carry = loop.start_carry(network, request, unconsumed=1, state=state)
-  return run_decode(network, request, carry, window)
+  return run_decode(network, request, carry, window, plain)
 
 
-def run_decode(network, request: request_lib.Request, carry, window):
+def run_decode(network, request: request_lib.Request, carry, window,
+               plain=None):
   """`loop.run_decode` over windows, on from a windowed `carry`."""
 
   def steps_loop(*args):
@@ -196,7 +198,7 @@ def run_decode(network, request: request_lib.Request, carry, window):
                         prompt_lengths=request.prompts.lengths)
 
   return loop.run_decode(network, request, carry, chooses_first=False,
-                         steps_loop=steps_loop)
+                         steps_loop=steps_loop, plain=plain)
 
 
 def score(network, ids, window):
