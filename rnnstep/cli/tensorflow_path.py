@@ -62,7 +62,7 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
   scored = printer.prints_scores
   common_args = dict(seed=seed, stop=stop or None, return_scores=True,
                      jit_compile=jit_compile, regex=regex)
-  unscored = dict(common_args, return_scores=scored)
+  as_printed = dict(common_args, return_scores=scored)
   with_scores = lambda result: result if scored else (result, None)
   state_of = lambda rows: None if initial_state is None else [
       {name: np.repeat(value, rows, axis=0) for name, value in layer.items()}
@@ -77,20 +77,20 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
       _call(model, prompts, unique, num_steps, printer, stream=stream,
             chunk_size=chunk_size, beams=beams, decoding=decoding,
             sampling=sampling, state_of=state_of, common_args=common_args,
-            unscored=unscored, with_scores=with_scores, program=program)
+            as_printed=as_printed, with_scores=with_scores, program=program)
   except ValueError as e:
     raise _blame(model, prompts, stop, e, num_steps, flag_values) from None
 
 
 def _call(model, prompts, unique, num_steps, printer, *, stream, chunk_size,
-          beams, decoding, sampling, state_of, common_args, unscored,
+          beams, decoding, sampling, state_of, common_args, as_printed,
           with_scores, program):
   """`generate`'s library call: a stream, beam searches or one batch."""
   if stream:
     for result in rnnstep.stream(model, prompts, num_steps,
                                  chunk_size=chunk_size,
                                  initial_state=state_of(len(prompts)),
-                                 **sampling, **unscored):
+                                 **sampling, **as_printed):
       printer.add(*with_scores(result))
   elif beams > 1:
     # One beam search per prompt; its hypotheses are the prompt's rows.
@@ -114,7 +114,7 @@ def _call(model, prompts, unique, num_steps, printer, *, stream, chunk_size,
                   f"generating {len(prompts)} x {num_steps} characters"):
       printer.add(*with_scores(rnnstep.generate(
           model, prompts, num_steps, initial_state=state_of(len(prompts)),
-          **decoding, **unscored)))
+          **decoding, **as_printed)))
   printer.finish()
 
 
