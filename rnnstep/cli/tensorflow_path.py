@@ -74,48 +74,39 @@ def generate(model, prompts, per_prompt: int, num_steps: int, printer, *,
   from rnnstep.engine import generator  # pylint: disable=g-import-not-at-top
   try:
     with generator.one_tail():
-      _call(model, prompts, unique, num_steps, printer, stream=stream,
-            chunk_size=chunk_size, beams=beams, decoding=decoding,
-            sampling=sampling, state_of=state_of, common_args=common_args,
-            as_printed=as_printed, with_scores=with_scores, program=program)
+      if stream:
+        for result in rnnstep.stream(model, prompts, num_steps,
+                                     chunk_size=chunk_size,
+                                     initial_state=state_of(len(prompts)),
+                                     **sampling, **as_printed):
+          printer.add(*with_scores(result))
+      elif beams > 1:
+        # One beam search per prompt; its hypotheses are the prompt's rows.
+        returned = decoding["num_return_sequences"]
+        # Per-row values belong to rows; beams run one row per prompt.
+        per_prompt = {name: (value[::returned] if isinstance(value, list)
+                             else value) for name, value in decoding.items()}
+        if isinstance(common_args["regex"], list):
+          common_args["regex"] = common_args["regex"][::returned]
+        with Progress(program, f"beam search, {beams} beams x "
+                      f"{len(unique)} prompts x {num_steps} characters"):
+          texts, scores = rnnstep.generate(
+              model, unique, num_steps, initial_state=state_of(len(unique)),
+              **per_prompt, **common_args)
+        if returned == 1:
+          texts, scores = [[t] for t in texts], [[s] for s in scores]
+        printer.add([t for per in texts for t in per],
+                    [s for per in scores for s in per])
+      else:
+        with Progress(program,
+                      f"generating {len(prompts)} x {num_steps} characters"):
+          printer.add(*with_scores(rnnstep.generate(
+              model, prompts, num_steps,
+              initial_state=state_of(len(prompts)), **decoding,
+              **as_printed)))
+      printer.finish()
   except ValueError as e:
     raise _blame(model, prompts, stop, e, num_steps, flag_values) from None
-
-
-def _call(model, prompts, unique, num_steps, printer, *, stream, chunk_size,
-          beams, decoding, sampling, state_of, common_args, as_printed,
-          with_scores, program):
-  """`generate`'s library call: a stream, beam searches or one batch."""
-  if stream:
-    for result in rnnstep.stream(model, prompts, num_steps,
-                                 chunk_size=chunk_size,
-                                 initial_state=state_of(len(prompts)),
-                                 **sampling, **as_printed):
-      printer.add(*with_scores(result))
-  elif beams > 1:
-    # One beam search per prompt; its hypotheses are the prompt's rows.
-    returned = decoding["num_return_sequences"]
-    # Per-row values belong to rows; beams run one row per prompt.
-    per_prompt = {name: (value[::returned] if isinstance(value, list)
-                         else value) for name, value in decoding.items()}
-    if isinstance(common_args["regex"], list):
-      common_args = dict(common_args, regex=common_args["regex"][::returned])
-    with Progress(program, f"beam search, {beams} beams x "
-                  f"{len(unique)} prompts x {num_steps} characters"):
-      texts, scores = rnnstep.generate(model, unique, num_steps,
-                                       initial_state=state_of(len(unique)),
-                                       **per_prompt, **common_args)
-    if returned == 1:
-      texts, scores = [[t] for t in texts], [[s] for s in scores]
-    printer.add([t for per in texts for t in per],
-                [s for per in scores for s in per])
-  else:
-    with Progress(program,
-                  f"generating {len(prompts)} x {num_steps} characters"):
-      printer.add(*with_scores(rnnstep.generate(
-          model, prompts, num_steps, initial_state=state_of(len(prompts)),
-          **decoding, **as_printed)))
-  printer.finish()
 
 
 def _jit_compile(model, given, batch: int, num_steps: int, calls_rows: int):
