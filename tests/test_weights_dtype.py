@@ -2,8 +2,10 @@
 
 Each reduced model's logits against an independent numpy forward of the
 same rounded weights (rounded here, with numpy and ml_dtypes: int8 per
-output channel, max|w| / 127), every path's text the same, the model file's
-round trip, and bad values refused in one line naming weights_dtype.
+output channel, max|w| / 127; an int8 model's products in XNNPACK's
+dynamic-range arithmetic, `tests/support/int8_reference.py`), every path's
+text the same, the model file's round trip, and bad values refused in one
+line naming weights_dtype.
 """
 
 import os
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.support import cli
+from tests.support import int8_reference
 from tests.support import numpy_reference as nr
 from tests.support import rwkv7_reference
 from tests.support.tiers import quick_params
@@ -88,7 +91,10 @@ def test_stack_logits_are_the_rounded_weights_numpy_forward(gru_file,
     if key not in GRU_KEYS:
       np.testing.assert_array_equal(got[key], value, err_msg=key)
   ids = model.encode(PROMPT)
-  reference = nr.Reference(want, plain.config.layers)
+  int8 = weights_dtype == "int8"
+  reference = nr.Reference(
+      want, plain.config.layers,
+      product=int8_reference.by_key(want, GRU_KEYS) if int8 else None)
   np.testing.assert_allclose(rnnstep.logits(model, ids)[0],
                              reference.logits(ids), rtol=1e-4, atol=1e-5)
 
@@ -100,9 +106,12 @@ def test_rwkv7_logits_are_the_rounded_weights_numpy_forward(rwkv7_tensors,
   want = reference_tensors(rwkv7_tensors, RWKV7_KEYS, weights_dtype)
   ids = model.encode("Hello the poet said")
   head_size = model.config.layers[0].size["head_size"]
-  np.testing.assert_allclose(rnnstep.logits(model, ids)[0],
-                             rwkv7_reference.logits(want, head_size, ids),
-                             rtol=1e-4, atol=1e-4)
+  int8 = weights_dtype == "int8"
+  np.testing.assert_allclose(
+      rnnstep.logits(model, ids)[0],
+      rwkv7_reference.logits(want, head_size, ids, **(
+          dict(product=int8_reference.by_values) if int8 else {})),
+      rtol=1e-4, atol=1e-4)
   # What stays float32 is untouched.
   got = model.tensors()
   for key in set(rwkv7_tensors) - set(RWKV7_KEYS):
@@ -189,6 +198,38 @@ def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
   twice = rnnstep.load(str(path), weights_dtype=weights_dtype)
   for key, value in model.tensors().items():
     np.testing.assert_array_equal(twice.tensors()[key], value, err_msg=key)
+
+
+@pytest.mark.slow  # Command-line runs, an artifact built in the background.
+def test_the_warm_command_line_serves_an_int8_file_with_its_text(
+    gru_file, tmp_path, monkeypatch):
+  """An int8 file's compiled artifact multiplies on XNNPACK's int8 kernel
+  (`rnnstep.litert.int8_products`): the cold run (TensorFlow) and the warm
+  one (the artifact) print the library's int8 text."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  small = tmp_path / "int8.npz"
+  plain = model_file.read(gru_file)
+  model_file.write(small, plain.config, plain.vocab, plain.tensors,
+                   weights_dtype="int8")
+  model = rnnstep.load(str(small))
+  want = fast.render(rnnstep.generate(model, ["ROMEO:"] * 2 + ["To be"] * 2,
+                                      40, seed=7, temperature=0.8, top_k=20),
+                     7)
+  cache = tmp_path / "cache"
+  args = [f"--weights={small}", *fast.BASE]
+  cold = fast.cli(cache, args)
+  assert cold.returncode == 0, cold.stderr[-3000:]
+  assert cold.stdout == want
+  fast.wait_for_valid_entry(
+      cache, compiled_cache.key(str(small), compiled_cache.runtime_version()),
+      monkeypatch)
+  warm = fast.cli(cache, args)
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert "fast path: compiled artifact" in fast.verbose_line(warm)
+  assert warm.stdout == want
 
 
 @pytest.mark.slow  # Command-line runs.

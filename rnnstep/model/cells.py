@@ -31,6 +31,7 @@ from typing import NamedTuple, Tuple
 
 import tensorflow as tf
 
+from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
 
 State = Tuple[tf.Tensor, ...]
@@ -90,10 +91,12 @@ class Cell:
     # The candidate's activation (an LSTM's cell output's too), by its kind.
     self.activation = ACTIVATIONS[activation]
     self.compile_elementwise = compile_elementwise
-    self.units = int(recurrent_kernel.shape[0])
+    self.recurrent_kernel = int8_arithmetic.cast(recurrent_kernel,
+                                                 self.compute_dtype)
+    self.units = int(int8_arithmetic.shape(self.recurrent_kernel)[0])
     # None where the input projection is precomputed elsewhere (layer 0's table).
-    self.kernel = None if kernel is None else tf.cast(kernel, self.compute_dtype)
-    self.recurrent_kernel = tf.cast(recurrent_kernel, self.compute_dtype)
+    self.kernel = None if kernel is None else int8_arithmetic.cast(
+        kernel, self.compute_dtype)
 
   def zero_state(self, batch_size) -> State:
     """Returns the all-zero initial state (Keras' default) for `batch_size` rows."""
@@ -152,15 +155,20 @@ def matmul(a, w, compute_dtype, float32_result=True):
   Kept free of a fused bias add: XLA's CPU backend runs a matvec with an addend
   on a single thread (see docs/guide/performance.md), a plain one on all of them.
 
+  An `int8_arithmetic.Int8Kernel` (an int8 model's matrix) multiplies in
+  its int8 arithmetic, float32 whatever the compute dtype.
+
   Args:
     a: `[..., D]` inputs (float32, or the compute dtype already).
-    w: `[D, N]` weights in the compute dtype.
+    w: `[D, N]` weights in the compute dtype, or an `Int8Kernel`.
     compute_dtype: the dtype the product runs in.
     float32_result: widen the product to float32 here.
 
   Returns:
     `[..., N]`, float32 or (`float32_result=False`) the compute dtype.
   """
+  if int8_arithmetic.is_int8(w):
+    return int8_arithmetic.product(a, w)
   if compute_dtype != tf.float32:
     a = tf.cast(a, compute_dtype)
   if a.shape.rank == 2:
@@ -213,8 +221,10 @@ class GRUCell(Cell):
     else:
       self.fusable = False
       self.input_bias = bias
-      self.recurrent_gates = self.recurrent_kernel[:, :2 * units]
-      self.recurrent_candidate = self.recurrent_kernel[:, 2 * units:]
+      self.recurrent_gates = int8_arithmetic.columns(self.recurrent_kernel,
+                                                     0, 2 * units)
+      self.recurrent_candidate = int8_arithmetic.columns(
+          self.recurrent_kernel, 2 * units, 3 * units)
       self._reset = self._elementwise(self._gates_z_and_reset_h)
       self._candidate = self._elementwise(self._gates_candidate)
 

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import graph_calls
+from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import reduced_weights
@@ -76,11 +77,15 @@ class Architecture(NamedTuple):
     vocab_size: V.
     has_unk: whether id 0 is "[UNK]" (never chosen: see `Network.banned`).
     compute_dtype: the matmuls' dtype, by name.
+    int8_products: whether the large matrices are int8 and multiply in
+      `int8_arithmetic` (`weights_dtype="int8"`); float16 and bfloat16
+      weights are float32 values of the float32 programs.
   """
   config: model_file.ModelConfig
   vocab_size: int
   has_unk: bool
   compute_dtype: str
+  int8_products: bool = False
 
 
 class BoundFunction:
@@ -167,7 +172,9 @@ class Model(tf.Module):
     compute_dtype: the dtype of the recurrent and output matmuls.
     weights_dtype: the dtype its large matrices are stored in
       (`reduced_weights`: float32, float16, bfloat16 or int8); the tensors
-      are those values, exactly, in float32.
+      are those values, exactly, in float32. With int8 each matrix
+      (not the embedding, a gather) is an `int8_arithmetic.Int8Kernel`
+      of variables, which multiplies in XNNPACK's int8 arithmetic.
     source: the file the model was read from, if any.
     chat_template: the `model_file.ChatTemplateData` found with it, or None.
   """
@@ -217,7 +224,13 @@ class Model(tf.Module):
     self.source = source
     self._char_to_id = {c: i for i, c in enumerate(vocab)}
 
+    int8_keys = ({key for key, axis in config.reduced_keys().items()
+                  if axis == -2}
+                 if weights_dtype == "int8" else set())
+
     def var(key):
+      if key in int8_keys:
+        return int8_arithmetic.variables(tensors[key], key)
       return tf.Variable(tensors[key], trainable=False, name=key)
 
     self.embedding = var("embedding")
@@ -241,13 +254,17 @@ class Model(tf.Module):
     self.dense_kernel = var("dense_kernel")
     self.dense_bias = var("dense_bias")
     # The first layer's input projection for every id, computed in float32
-    # whatever the compute dtype (it is only gathered, never multiplied again).
-    first = make_cell(config.layers[0], self.layer_weights[0])
+    # whatever the compute dtype (it is only gathered, never multiplied
+    # again; from an int8 kernel's float32 values: `int8_arithmetic`).
+    first = make_cell(config.layers[0],
+                      int8_arithmetic.decoded_layer(self.layer_weights[0]))
     self.input_table = tf.Variable(first.project_inputs(self.embedding),
                                    trainable=False, name="input_table")
     self.backward_input_table = None
     if self.backward_weights[0] is not None:  # The same for its backward copy.
-      backward = make_cell(config.layers[0], self.backward_weights[0])
+      backward = make_cell(
+          config.layers[0],
+          int8_arithmetic.decoded_layer(self.backward_weights[0]))
       self.backward_input_table = tf.Variable(
           backward.project_inputs(self.embedding), trainable=False,
           name="backward_input_table")
@@ -290,18 +307,20 @@ class Model(tf.Module):
     return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
 
   def tensors(self):
-    """The weights as float32 numpy arrays, keyed as in the model file."""
-    tensors = {"embedding": self.embedding.numpy(),
-               "dense_kernel": self.dense_kernel.numpy(),
-               "dense_bias": self.dense_bias.numpy()}
+    """The weights as float32 numpy arrays, keyed as in the model file
+    (an int8 kernel's float32 values)."""
+    numpy = int8_arithmetic.numpy_values
+    tensors = {"embedding": numpy(self.embedding),
+               "dense_kernel": numpy(self.dense_kernel),
+               "dense_bias": numpy(self.dense_bias)}
     for i, weights in enumerate(self.layer_weights):
       for name, weight in weights.items():
-        tensors[f"layer{i}_{name}"] = weight.numpy()
+        tensors[f"layer{i}_{name}"] = numpy(weight)
       for name, weight in (self.backward_weights[i] or {}).items():
-        tensors[f"layer{i}_{model_file.BACKWARD}{name}"] = weight.numpy()
+        tensors[f"layer{i}_{model_file.BACKWARD}{name}"] = numpy(weight)
     for j, weights in enumerate(self.head_weights):
       for name, weight in weights.items():
-        tensors[f"head{j}_{name}"] = weight.numpy()
+        tensors[f"head{j}_{name}"] = numpy(weight)
     if self.attention_kernel is not None:
       tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
@@ -310,7 +329,8 @@ class Model(tf.Module):
   def architecture(self) -> Architecture:
     """What this model's compiled programs depend on (shared by equal ones)."""
     return Architecture(dataclasses.replace(self.config, window=None),
-                        self.vocab_size, self.has_unk, self.compute_dtype.name)
+                        self.vocab_size, self.has_unk, self.compute_dtype.name,
+                        self.weights_dtype == "int8")
 
   def network_weights(self) -> dict:
     """The variables a `Network` reads, as one structure (see `network_of`).
@@ -403,7 +423,8 @@ class Network:
     self.attention = attention
     self.vocab_size = int(dense_bias.shape[0])
     self.unfused_projection = one_xla_program and (
-        dense_kernel.shape.num_elements() >= UNFUSED_PROJECTION_ELEMENTS)
+        int8_arithmetic.shape(dense_kernel).num_elements()
+        >= UNFUSED_PROJECTION_ELEMENTS)
     self.banned = None
     if has_unk:
       self.banned = tf.one_hot(0, self.vocab_size, on_value=-float("inf"),
@@ -421,9 +442,11 @@ class Network:
     (after the head's Dense layers, where the model has them)."""
     for kernel, bias, activation in self.head:
       outputs = HEAD_ACTIVATIONS[activation](
-          cells_lib.matmul(outputs, kernel, kernel.dtype) + bias)
-    product = cells_lib.matmul(outputs, self.dense_kernel,
-                               self.dense_kernel.dtype, float32_result=False)
+          cells_lib.matmul(outputs, kernel,
+                           int8_arithmetic.product_dtype(kernel)) + bias)
+    product = cells_lib.matmul(
+        outputs, self.dense_kernel,
+        int8_arithmetic.product_dtype(self.dense_kernel), float32_result=False)
     if self.unfused_projection:
       # XLA's CPU backend fuses a matrix-vector product (batch 1) with the
       # add that consumes it (the bias, `logits_of_product`) into one output
@@ -801,7 +824,7 @@ def network_of(architecture: Architecture, weights: dict,
                   architecture.config.layers, weights["backward"]))),
         (tf.convert_to_tensor(weights["backward_input_table"])
          if "backward_input_table" in weights else None))
-  head = [(tf.cast(layer_weights["kernel"], dtype),
+  head = [(int8_arithmetic.cast(layer_weights["kernel"], dtype),
            tf.convert_to_tensor(layer_weights["bias"]), layer.activation)
           for layer, layer_weights in zip(architecture.config.head,
                                           weights.get("head", ()))]
@@ -810,7 +833,7 @@ def network_of(architecture: Architecture, weights: dict,
     attention = {name: tf.convert_to_tensor(weight)
                  for name, weight in weights["attention"].items()}
   return Network(cells, tf.convert_to_tensor(weights["input_table"]),
-                 tf.cast(weights["dense_kernel"], dtype),
+                 int8_arithmetic.cast(weights["dense_kernel"], dtype),
                  tf.convert_to_tensor(weights["dense_bias"]),
                  architecture.has_unk, backward, head, attention,
                  one_xla_program)

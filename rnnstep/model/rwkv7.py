@@ -26,6 +26,7 @@ from typing import NamedTuple, Tuple
 
 import tensorflow as tf
 
+from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
 from rnnstep.model.cells import Cell
 from rnnstep.model.cells import as_float32
@@ -205,7 +206,8 @@ class RWKV7Cell(Cell):
     """The stacked tensors (`_blocks_of`'s order) in their dtypes: the
     vectors and LoRAs float32, the big matrices the compute dtype."""
     return (*(tf.cast(t, tf.float32) for t in stacked[:12]),
-            *(tf.cast(t, self.compute_dtype) for t in stacked[12:]))
+            *(int8_arithmetic.cast(t, self.compute_dtype)
+              for t in stacked[12:]))
 
   def step(self, x_proj, state):
     x = gather_rows(x_proj)
@@ -500,7 +502,8 @@ def _blocks_of(split, stacked):
   rows = lambda t: [tuple(tf.unstack(b)) for b in split(t)]
   return [_Block(*parts) for parts in zip(
       rows(ln), rows(mix), rows(vectors), rows(ln_x),
-      zip(*map(split, loras)), *map(split, matrices))]
+      zip(*map(split, loras)),
+      *(int8_arithmetic.split(split, m) for m in matrices))]
 
 
 def _shifted(seq, initial, length, batch, last):

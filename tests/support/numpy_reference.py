@@ -27,12 +27,22 @@ class Reference:
       "dense_bias").
     layers: the `model_file.LayerConfig`s, in order.
     banned: ids never chosen by `greedy` (an "[UNK]" at id 0).
+    product: `product(x, key)` computes `x @ tensors[key]` for the keys it
+      takes (`int8_products`: an int8 model's products), None for the
+      others; layer 0's kernel is always `x @ k` (an int8 model's input
+      table is computed so).
   """
 
-  def __init__(self, tensors, layers, banned=()):
+  def __init__(self, tensors, layers, banned=(), product=None):
     self.t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
     self.layers = list(layers)
     self.banned = list(banned)
+    self.product = product
+
+  def _mm(self, x, key):
+    """`x @ tensors[key]`, by `product` where it takes the key."""
+    got = None if self.product is None else self.product(x, key)
+    return x @ self.t[key] if got is None else got
 
   def zero_state(self):
     """One list of `[U]` arrays per layer: [h] or [h, c] (LSTM)."""
@@ -40,34 +50,36 @@ class Reference:
             for l in self.layers]
 
   def _cell(self, i, spec, x, state):
-    k = self.t[f"layer{i}_kernel"]
-    r = self.t[f"layer{i}_recurrent_kernel"]
+    xk = (x @ self.t["layer0_kernel"] if i == 0
+          else self._mm(x, f"layer{i}_kernel"))
+    hr = lambda h: self._mm(h, f"layer{i}_recurrent_kernel")
     b = self.t[f"layer{i}_bias"]
     u = spec.units
     if spec.kind == "gru":
       (h,) = state
       if spec.reset_after:
-        xp, hp = x @ k + b[0], h @ r + b[1]
+        xp, hp = xk + b[0], hr(h) + b[1]
         z = _sigmoid(xp[..., :u] + hp[..., :u])
         rr = _sigmoid(xp[..., u:2 * u] + hp[..., u:2 * u])
         n = np.tanh(xp[..., 2 * u:] + rr * hp[..., 2 * u:])
       else:
-        xp = x @ k + b
-        z = _sigmoid(xp[..., :u] + h @ r[:, :u])
-        rr = _sigmoid(xp[..., u:2 * u] + h @ r[:, u:2 * u])
-        n = np.tanh(xp[..., 2 * u:] + (rr * h) @ r[:, 2 * u:])
+        xp = xk + b
+        hp = hr(h)
+        z = _sigmoid(xp[..., :u] + hp[..., :u])
+        rr = _sigmoid(xp[..., u:2 * u] + hp[..., u:2 * u])
+        n = np.tanh(xp[..., 2 * u:] + hr(rr * h)[..., 2 * u:])
       h = z * h + (1 - z) * n
       return h, [h]
     if spec.kind == "lstm":
       h, c = state
-      g = x @ k + h @ r + b
+      g = xk + hr(h) + b
       i_, f, cc, o = (g[..., j * u:(j + 1) * u] for j in range(4))
       c = _sigmoid(f) * c + _sigmoid(i_) * np.tanh(cc)
       h = _sigmoid(o) * np.tanh(c)
       return h, [h, c]
     if spec.kind in ("simple_rnn", "simple_rnn_relu"):
       (h,) = state
-      h = x @ k + h @ r + b
+      h = xk + hr(h) + b
       h = np.maximum(h, 0.0) if spec.kind == "simple_rnn_relu" else np.tanh(h)
       return h, [h]
     raise ValueError(spec.kind)
@@ -82,7 +94,7 @@ class Reference:
     for i, (spec, layer_state) in enumerate(zip(self.layers, state)):
       x, layer_state = self._cell(i, spec, x, layer_state)
       new_state.append(layer_state)
-    return x @ self.t["dense_kernel"] + self.t["dense_bias"], new_state
+    return self._mm(x, "dense_kernel") + self.t["dense_bias"], new_state
 
   def logits(self, ids):
     """Teacher-forced logits from a zero state: ids `[T]` -> `[T, V]`, or

@@ -45,13 +45,13 @@ class NumpyGru:
   numpy, `product(x, name)` doing each large product."""
 
   def __init__(self, model):
-    weights = model.layer_weights[0]
-    self.units = weights["recurrent_kernel"].shape[0]
+    tensors = model.tensors()  # An int8 kernel's float32 values.
+    self.units = tensors["layer0_recurrent_kernel"].shape[0]
     self.table = model.input_table.numpy()
-    self.kernels = {"recurrent": weights["recurrent_kernel"].numpy(),
-                    "head": model.dense_kernel.numpy()}
-    self.candidate_bias = weights["bias"].numpy()[1, 2 * self.units:]
-    self.head_bias = model.dense_bias.numpy()
+    self.kernels = {"recurrent": tensors["layer0_recurrent_kernel"],
+                    "head": tensors["dense_kernel"]}
+    self.candidate_bias = tensors["layer0_bias"][1, 2 * self.units:]
+    self.head_bias = tensors["dense_bias"]
 
   def logits(self, ids, product):
     """`[B, T, V]` logits of ids `[B, T]` from a zero state."""
