@@ -145,7 +145,8 @@ def env(tmp_path_factory):
       "int8_saved_model": ([f"--weights={weights}", "--dynamic_range_int8",
                             f"--output={tmp / 'litert_errors' / 'h'}"], False),
       "int8_rounded_weights": ([f"--weights={weights}", "--format=tflite",
-                                "--dynamic_range_int8", "--weights_dtype=int8",
+                                "--dynamic_range_int8",
+                                "--weights_dtype=float16",
                                 f"--output={tmp / 'litert_errors' / 'i'}"],
                                False),
   }
@@ -235,7 +236,8 @@ def test_web_export_reports_the_files(env):
     ("int8_saved_model", 2,
      "--dynamic_range_int8 applies to --format=tflite only"),
     ("int8_rounded_weights", 2,
-     "--weights_dtype=int8: --dynamic_range_int8 rounds the float32 weights"),
+     "--weights_dtype=float16: --dynamic_range_int8 rounds the weights to "
+     "int8; drop one of them"),
 ])
 def test_tflite_bad_values_are_one_line_and_create_nothing(env, run, status,
                                                           words):

@@ -1,24 +1,26 @@
-"""`rnnstep-export --format=tflite --dynamic_range_int8` (issue #62): its
-artifact's greedy text is XNNPACK int8 arithmetic's, checked against an
-independent numpy RWKV-7 in that arithmetic.
+"""An int8 model's LiteRT export (issue #62): its products are XNNPACK's
+int8 kernel's, in the library's int8 arithmetic, so its greedy text is
+`rnnstep.load(..., weights_dtype="int8")`'s, checked against an independent
+numpy RWKV-7 in that arithmetic.
 
-The reference is `tests/support/rwkv7_reference.py`'s equations in float32
-with each int8-weight product computed as XNNPACK's dynamic-range
-fully-connected kernel computes it (`int8_products.xnnpack_dynamic_int8`,
-itself pinned bit for bit against LiteRT in
-tests/test_weights_dtype_int8_arithmetic.py), on the int8 weights and scales
-the converter stored in the artifact, and the prompt's rows from the
-artifact's int8 input table (`tools/bench/int8_litert.py`'s
-`numpy_greedy`). The export's text is not the float32 text, so the float32
-reference is no reference for it.
+The reference is `tests/support/rwkv7_reference.py`'s equations with each
+int8-weight product computed as XNNPACK's dynamic-range fully-connected
+kernel computes it (`tests/support/int8_reference.py`, on
+`int8_products.xnnpack_dynamic_int8`, itself pinned bit for bit against
+LiteRT in tests/test_weights_dtype_int8_arithmetic.py). The artifact's
+int8 constants are the library's q and scales, and nothing else in it is
+int8.
 """
 
 import pathlib
 
+import numpy as np
 import pytest
 
 import rnnstep
 from tests.support import forkserver
+from tests.support import int8_reference
+from tests.support import rwkv7_reference
 from tests.support.cli import ENV, TIMEOUT, Result, command, ok
 
 pytestmark = pytest.mark.slow  # A LiteRT conversion and a numpy reference.
@@ -29,7 +31,7 @@ PROMPT = "The quick brown fox"
 STEPS = 40
 
 
-def test_exported_int8_text_is_xnnpack_int8_arithmetic_s(tmp_path):
+def test_exported_int8_text_is_the_library_s_int8_text(tmp_path):
   interpreter_lib = pytest.importorskip(
       "ai_edge_litert.interpreter", reason="ai_edge_litert is not installed")
   from rnnstep.litert import inputs as litert_inputs  # pylint: disable=g-import-not-at-top
@@ -39,11 +41,10 @@ def test_exported_int8_text_is_xnnpack_int8_arithmetic_s(tmp_path):
       COMMAND + [f"--model={PRESET}", "--format=tflite",
                  "--dynamic_range_int8", f"--output={output}"],
       env=ENV, capture_output=True, text=True, timeout=TIMEOUT, check=False)
-  report = ok(Result(done.returncode, done.stdout, done.stderr))
-  assert "dynamic-range int8" in report.splitlines()[0]
+  ok(Result(done.returncode, done.stdout, done.stderr))
   flatbuffer = (output / "model.tflite").read_bytes()
 
-  model = rnnstep.load(PRESET)
+  model = rnnstep.load(PRESET, weights_dtype="int8")
   prompt = model.encode(PROMPT).tolist()
   runner = interpreter_lib.Interpreter(
       model_path=str(output / "model.tflite")).get_signature_runner(
@@ -51,11 +52,30 @@ def test_exported_int8_text_is_xnnpack_int8_arithmetic_s(tmp_path):
   out = runner(**litert_inputs.build(model, [prompt], STEPS, seed=1,
                                      temperature=0.0))
   got = out["ids"][0][:out["lengths"][0]].tolist()
-
-  int8 = int8_litert.int8_constants(flatbuffer)
-  table = int8_litert.primed_table(int8)
-  assert table is not None  # The priming loop's table is int8 too.
-  want, products = int8_litert.numpy_greedy(model, int8, prompt, STEPS, table)
-  assert any(kind == "int8" for kind, *_ in products), products
-  assert got == want
   assert len(got) == STEPS
+
+  # The artifact's int8 matrices are the int8 model's (R, K, V, O, the
+  # feed-forward's two, the head), as q `[out, in]` and its scales.
+  tensors = model.tensors()
+  int8 = int8_litert.int8_constants(flatbuffer)
+  names = ("receptance", "key", "value", "output", "ffn_key", "ffn_value")
+  want = [tensors["dense_kernel"]] + [
+      block for name in names for block in tensors[f"layer0_{name}"]]
+  assert len(int8) == len(want)
+  for matrix in want:
+    q, scale = int8_reference.int8_of(matrix)
+    assert any(np.array_equal(found, q.T) and np.allclose(
+        found_scale, scale, rtol=1e-6) and not zero_point.any()
+               for found, found_scale, zero_point in int8)
+
+  # Greedy along the numpy reference in the int8 arithmetic.
+  head_size = model.config.layers[0].size["head_size"]
+  ids = list(prompt)
+  for _ in range(STEPS):
+    logits = rwkv7_reference.logits(tensors, head_size, ids,
+                                    product=int8_reference.by_values,
+                                    dtype=np.float32)
+    ids.append(int(np.argmax(logits[-1])))
+  assert got == ids[len(prompt):]
+  assert model.decode(got) == rnnstep.generate(model, PROMPT, STEPS, seed=1,
+                                               temperature=0.0)

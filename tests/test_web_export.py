@@ -116,6 +116,12 @@ def small_model():
   return model_lib.Model(config, SMALL_VOCAB, tensors, source="small.npz")
 
 
+def int8_of(model):
+  """`model` with weights_dtype int8 (its products the int8 arithmetic)."""
+  return model_lib.Model(model.config, model.vocab, model.tensors(),
+                         source="small_int8.npz", weights_dtype="int8")
+
+
 def js_options(options, seed):
   out = dict(options)
   if seed is not None:
@@ -152,6 +158,15 @@ PROBE = """<script>
     out.small.push(attempt(function () {
       return small.generate(c[0], input.num_chars, c[1]);
     }));
+  });
+  var int8 = rnnstep.fromData(input.int8_meta, input.int8_weights);
+  out.int8 = input.small.map(function (c) {
+    return attempt(function () {
+      return int8.generate(c[0], input.num_chars, c[1]);
+    });
+  });
+  out.int8_logits = input.logit_prompts.map(function (p) {
+    return Array.from(int8.step(p).logits);
   });
   input.logit_prompts.forEach(function (p) {
     out.logits.push(Array.from(small.step(p).logits));
@@ -244,12 +259,15 @@ def probe(export_dir, bundled, small):
   if binary is None:
     pytest.skip(why_not)
   meta, weights = web.export_data(small)
+  int8_meta, int8_weights = web.export_data(int8_of(small))
   probe_input = {
       "num_chars": NUM_CHARS,
       "bundled": [[p, js_options(o, s)] for p, o, s in BUNDLED_CASES],
       "small": [[p, js_options(o, s)] for p, o, s in SMALL_CASES],
       "small_meta": meta,
       "small_weights": base64.b64encode(weights).decode("ascii"),
+      "int8_meta": int8_meta,
+      "int8_weights": base64.b64encode(int8_weights).decode("ascii"),
       "logit_prompts": LOGIT_PROMPTS,
       "noise_keys": [str(k) for k in NOISE_KEYS]}
   data = ('<script type="application/json" id="probe-input">'
@@ -264,6 +282,10 @@ def probe(export_dir, bundled, small):
   library = {
       "bundled": [library_text(bundled, *case) for case in BUNDLED_CASES],
       "small": [library_text(small, *case) for case in SMALL_CASES],
+      "int8": [library_text(int8_of(small), *case) for case in SMALL_CASES],
+      "int8_logits": [rnnstep.logits(int8_of(small), small.encode(p)[None],
+                                     window=0)[0, -1]
+                      for p in LOGIT_PROMPTS],
       # Statefully, as `step` runs (the model records a window).
       "logits": [rnnstep.logits(small, small.encode(p)[None],
                                 window=0)[0, -1] for p in LOGIT_PROMPTS]}
@@ -324,6 +346,19 @@ def test_every_cell_kind_and_windows(probe):
     assert result["value"] == want, case
   # Lively: the texts differ from each other.
   assert len({r["value"] for r in probe["small"]}) == len(SMALL_CASES)
+
+
+def test_int8_texts_and_logits_are_the_librarys(probe):
+  """An int8 model's page multiplies in the library's int8 arithmetic
+  (`int8Product`): every cell kind's text, and its logits to float32
+  rounding."""
+  for case, result, want in zip(SMALL_CASES, probe["int8"],
+                                probe["library"]["int8"]):
+    assert "error" not in result, result
+    assert result["value"] == want, case
+  assert probe["int8"] != probe["small"]  # Not float32's arithmetic.
+  for got, want in zip(probe["int8_logits"], probe["library"]["int8_logits"]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_logits_and_state(probe):

@@ -37,12 +37,12 @@ TensorFlow needed). Its one signature works on ids, float32 models only:
   generate(prompt_ids: int32 [B, T] (right-padded), prompt_lengths: int32 [B],
            num_steps: int32, temperature: float32, top_k: int32,
            top_p: float32, seed: int32) -> {"ids": int32 [B, num_steps]}
-With --dynamic_range_int8 the products' weights are stored int8 (LiteRT's
-dynamic-range int8: a quarter of their bytes) and XNNPACK rounds each
-product's input rows to int8 as it runs: on the 0.1B RWKV-7 it decodes 2.8x
-as fast as rnnstep.generate's float32 (and primes a prompt at about half
-its speed), but its text is that arithmetic's, not rnnstep.generate's (nor
---weights_dtype=int8's); its measured loss: docs/guide/performance.md.
+An int8 model (a file stored with rnnstep-convert --weights_dtype=int8, or
+--weights_dtype=int8 here; --dynamic_range_int8 is the same) stores its
+products' weights int8 (a quarter of their bytes), which XNNPACK's int8
+kernel multiplies, rounding each input row to int8 as the library's int8
+arithmetic does: the library's int8 text, about 3x as fast on the 0.1B
+RWKV-7 as float32; its measured loss: docs/guide/performance.md.
 
 --format=web writes DIR/index.html (a page that generates in the browser,
 everything inline, so it works from file:// and loads nothing), DIR/rnnstep.js
@@ -95,11 +95,12 @@ _JIT_COMPILE = flags.DEFINE_boolean(
     flag_values=FLAGS)
 _DYNAMIC_RANGE_INT8 = flags.DEFINE_boolean(
     "dynamic_range_int8", False,
-    "--format=tflite only: store the products' weights int8 (LiteRT's "
-    "dynamic-range int8, decoded by XNNPACK's int8 kernels: fewer bytes a "
-    "token, faster); its text is XNNPACK int8 arithmetic's, not the "
-    "float32 text of rnnstep.generate (docs/guide/performance.md has its "
-    "measured loss).", flag_values=FLAGS)
+    "--format=tflite only: the weights rounded to int8 first, as "
+    "--weights_dtype=int8 rounds them (the products' weights stored int8, "
+    "multiplied by XNNPACK's int8 kernel: fewer bytes a token, faster); the "
+    "text of rnnstep.load(..., weights_dtype='int8'), not float32's "
+    "(docs/guide/performance.md has its measured loss).",
+    flag_values=FLAGS)
 _REGEX = flags.DEFINE_multi_string(
     "regex", [],
     "A pattern (Python syntax; repeatable) the SavedModel serves: "
@@ -124,11 +125,10 @@ def main(argv):
                          "only; add --format=tflite or drop it",
                          common.EXIT_USAGE)
   if _DYNAMIC_RANGE_INT8.value and _WEIGHTS_DTYPE.value not in (None,
-                                                                "float32"):
+                                                                "int8"):
     raise common.Failure(
         f"--weights_dtype={_WEIGHTS_DTYPE.value}: --dynamic_range_int8 "
-        "rounds the float32 weights itself; drop --weights_dtype",
-        common.EXIT_USAGE)
+        "rounds the weights to int8; drop one of them", common.EXIT_USAGE)
   if (litert or web) and _DTYPE.value != "float32":
     raise common.Failure(f"--dtype={_DTYPE.value}: --format={_FORMAT.value} "
                          "exports float32 models only; drop --dtype",

@@ -103,6 +103,9 @@ def tensors(model) -> Dict[str, np.ndarray]:
   folded bias, as the library gathers it); kernels are transposed to
   `[G*U, D]` so each output is one contiguous dot product; biases are the
   cells' own folded ones (`network.make_cell`), so no sum is regrouped here.
+  An int8 model's kernel is its int8 q (as float32) with `{name}_scale`,
+  a scale per output, which the page multiplies in the library's int8
+  arithmetic (`int8_arithmetic`, `int8Product` in the runtime).
 
   Raises:
     ValueError: as `check_exportable`.
@@ -110,17 +113,26 @@ def tensors(model) -> Dict[str, np.ndarray]:
   check_exportable(model)
   # pylint: disable=g-import-not-at-top
   from rnnstep.model import network
+  from rnnstep.model import int8_arithmetic
   out = {"input_table": model.input_table.numpy()}
+
+  def kernel(name, weights):
+    if int8_arithmetic.is_int8(weights):
+      out[f"{name}_t"] = weights.values.numpy().T
+      out[f"{name}_t_scale"] = weights.scales.numpy()[0]
+    else:
+      out[f"{name}_t"] = weights.numpy().T
+
   for i, (layer, weights) in enumerate(zip(model.config.layers,
                                            model.layer_weights)):
     cell = network.make_cell(layer, weights)
-    out[f"layer{i}_recurrent_kernel_t"] = weights["recurrent_kernel"].numpy().T
+    kernel(f"layer{i}_recurrent_kernel", weights["recurrent_kernel"])
     if i:
-      out[f"layer{i}_kernel_t"] = weights["kernel"].numpy().T
+      kernel(f"layer{i}_kernel", weights["kernel"])
       out[f"layer{i}_input_bias"] = cell.input_bias.numpy()
     if layer.kind == "gru" and layer.reset_after:
       out[f"layer{i}_candidate_bias"] = cell.candidate_bias.numpy()
-  out["dense_kernel_t"] = model.dense_kernel.numpy().T
+  kernel("dense_kernel", model.dense_kernel)
   out["dense_bias"] = model.dense_bias.numpy()
   return {name: np.ascontiguousarray(value, "<f4")
           for name, value in out.items()}

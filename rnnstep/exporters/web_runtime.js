@@ -124,6 +124,64 @@ var rnnstep = (function () {
     return out;
   }
 
+  // Ties to even, as TensorFlow's round and XNNPACK's rounding.
+  function rint(v) {
+    const r = Math.round(v);
+    return (r - v === 0.5 && r % 2 !== 0) ? r - 1 : r;
+  }
+
+  // An int8 model's product (rnnstep/model/int8_arithmetic.py): XNNPACK's
+  // dynamic-range int8 arithmetic. x is rounded to int8 asymmetrically
+  // (each float32 op rounded as written there), the integer sums are exact
+  // in float64, and each sum is scaled back by the row's scale, then its
+  // column's. kernel: {w: q [rows x cols] (float32 integers), scale: per
+  // row, sums: each row's sum of q}.
+  function int8Product(kernel, first, rows, cols, x, out) {
+    let low = 0, high = 0;
+    for (let c = 0; c < cols; c++) {
+      if (x[c] < low) low = x[c];
+      if (x[c] > high) high = x[c];
+    }
+    const m = low === high ? 1 : fround(255 / fround(high - low));
+    const lowScaled = fround(low * m), highScaled = fround(high * m);
+    let zp = fround(fround(-128 + lowScaled) + fround(127 + highScaled)) > 0
+      ? fround(-128 - lowScaled) : fround(127 - highScaled);
+    zp = rint(Math.min(127, Math.max(-128, zp)));
+    const qx = kernel.row || (kernel.row = new Float64Array(cols));
+    for (let c = 0; c < cols; c++) {
+      qx[c] = Math.min(127, Math.max(-128, rint(fround(x[c] * m)) + zp));
+    }
+    const rowScale = fround(1 / m), w = kernel.w;
+    for (let r = 0; r < rows; r++) {
+      let base = (first + r) * cols, sum = 0;
+      for (let c = 0; c < cols; c++, base++) sum += qx[c] * w[base];
+      const scale = kernel.scale[first + r];
+      const exact = sum - zp * kernel.sums[first + r];
+      out[r] = scale === 0 ? 0 : fround(fround(fround(exact) * rowScale) * scale);
+    }
+    return out;
+  }
+
+  // x @ a kernel: `matvec` for float32 weights, `int8Product` for int8.
+  function product(kernel, first, rows, cols, x, out) {
+    return kernel.scale ? int8Product(kernel, first, rows, cols, x, out)
+      : matvec(kernel.w, first, rows, cols, x, out);
+  }
+
+  // A transposed kernel `name` ([rows x cols]) and, for an int8 model's,
+  // its scales and rows' sums.
+  function kernelOf(tensors, name, cols) {
+    const w = tensors[name], scale = tensors[`${name}_scale`];
+    if (!scale) return {w};
+    const sums = new Float64Array(scale.length);
+    for (let r = 0; r < scale.length; r++) {
+      let sum = 0;
+      for (let c = 0; c < cols; c++) sum += w[r * cols + c];
+      sums[r] = sum;
+    }
+    return {w, scale, sums};
+  }
+
   const GATES = {gru: 3, lstm: 4, simple_rnn: 1};
 
   class Layer {
@@ -133,8 +191,8 @@ var rnnstep = (function () {
       this.inputs = spec.inputs;
       this.resetAfter = spec.kind === "gru" ? spec.reset_after : false;
       this.width = GATES[spec.kind] * spec.units;
-      this.recurrent = tensors[`layer${index}_recurrent_kernel_t`];
-      this.kernel = index ? tensors[`layer${index}_kernel_t`] : null;
+      this.recurrent = kernelOf(tensors, `layer${index}_recurrent_kernel_t`, spec.units);
+      this.kernel = index ? kernelOf(tensors, `layer${index}_kernel_t`, spec.inputs) : null;
       this.inputBias = index ? tensors[`layer${index}_input_bias`] : null;
       this.candidateBias = this.resetAfter ? tensors[`layer${index}_candidate_bias`] : null;
       this.xProj = new Float32Array(this.width);
@@ -150,7 +208,7 @@ var rnnstep = (function () {
 
     // x @ K + input bias for layers above the first (cells.project_inputs).
     project(x) {
-      matvec(this.kernel, 0, this.width, this.inputs, x, this.xProj);
+      product(this.kernel, 0, this.width, this.inputs, x, this.xProj);
       for (let j = 0; j < this.width; j++) this.xProj[j] = fround(this.xProj[j] + this.inputBias[j]);
       return this.xProj;
     }
@@ -159,10 +217,10 @@ var rnnstep = (function () {
     step(xp, state) {
       const U = this.units, h = state.h, hp = this.hProj;
       if (this.kind === "simple_rnn") {
-        matvec(this.recurrent, 0, U, U, h, hp);
+        product(this.recurrent, 0, U, U, h, hp);
         for (let j = 0; j < U; j++) h[j] = tanh(fround(xp[j] + hp[j]));
       } else if (this.kind === "lstm") {
-        matvec(this.recurrent, 0, 4 * U, U, h, hp);
+        product(this.recurrent, 0, 4 * U, U, h, hp);
         const c = state.c;
         for (let j = 0; j < U; j++) {
           const i = sigmoid(fround(xp[j] + hp[j]));
@@ -174,7 +232,7 @@ var rnnstep = (function () {
           h[j] = fround(o * tanh(cNew));
         }
       } else if (this.resetAfter) {
-        matvec(this.recurrent, 0, 3 * U, U, h, hp);
+        product(this.recurrent, 0, 3 * U, U, h, hp);
         const cb = this.candidateBias;
         for (let j = 0; j < U; j++) {
           const z = sigmoid(fround(xp[j] + hp[j]));
@@ -184,13 +242,13 @@ var rnnstep = (function () {
         }
       } else {
         // reset_after=False: the candidate's product is of r * h.
-        matvec(this.recurrent, 0, 2 * U, U, h, hp);
+        product(this.recurrent, 0, 2 * U, U, h, hp);
         const rh = this.resetH, z = new Float32Array(U);
         for (let j = 0; j < U; j++) {
           z[j] = sigmoid(fround(xp[j] + hp[j]));
           rh[j] = fround(sigmoid(fround(xp[U + j] + hp[U + j])) * h[j]);
         }
-        matvec(this.recurrent, 2 * U, U, U, rh, hp);
+        product(this.recurrent, 2 * U, U, U, rh, hp);
         for (let j = 0; j < U; j++) {
           const n = tanh(fround(xp[2 * U + j] + hp[j]));
           h[j] = fround(fround(z[j] * h[j]) + fround(fround(1 - z[j]) * n));
@@ -235,7 +293,7 @@ var rnnstep = (function () {
       if (this.hasUnk) this.ids.delete(this.vocab[0]);
       this.layers = meta.layers.map((spec, i) => new Layer(spec, tensors, i));
       this.table = tensors.input_table;
-      this.dense = tensors.dense_kernel_t;
+      this.dense = kernelOf(tensors, "dense_kernel_t", this.layers[this.layers.length - 1].units);
       this.denseBias = tensors.dense_bias;
       this.options = new Map(meta.options.map((o) => [o.name, o]));
       this.last = this.layers[this.layers.length - 1].units;
@@ -281,7 +339,7 @@ var rnnstep = (function () {
         x = this.layers[i].step(this.layers[i].project(x), state[i]);
       }
       if (logits) {
-        matvec(this.dense, 0, this.vocabSize, this.last, x, logits);
+        product(this.dense, 0, this.vocabSize, this.last, x, logits);
         for (let v = 0; v < this.vocabSize; v++) logits[v] = fround(logits[v] + this.denseBias[v]);
       }
       return logits;

@@ -44,6 +44,7 @@ Only float32 models are exported: LiteRT has no bfloat16 matmul, so a model
 loaded with dtype bfloat16/float16 is refused rather than silently changed.
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -65,13 +66,18 @@ from rnnstep.engine import loop
 from rnnstep.engine import request as request_lib
 from rnnstep import errors
 from rnnstep.litert import inputs as litert_inputs
+from rnnstep.litert import int8_products
 from rnnstep import staging
+from rnnstep.model import int8_arithmetic
 from rnnstep.model import rwkv7
 from rnnstep.model.check import check_model
 from rnnstep.model import vocabulary
 
 SIGNATURE = litert_inputs.SIGNATURE
 MODEL_FILE = "model.tflite"
+# In `save_generation`'s SavedModel of an int8 model: its products are to
+# be XNNPACK's int8 ones (`int8_products.rewrite`).
+INT8_PRODUCTS_MARK = "rnnstep_int8_products"
 VOCAB_FILE = "vocab.json"
 TOKENS_FILE = vocabulary.Tokens.TOKENS_FILE
 TOKENIZER_FILE = vocabulary.Tokens.TOKENIZER_FILE
@@ -227,7 +233,10 @@ def row_keys(seeds, index):
 
 def convert(model, dynamic_range_int8: bool = False) -> bytes:
   """Converts `model`'s generation to a LiteRT flatbuffer (builtin ops only);
-  `dynamic_range_int8` as `convert_saved`'s.
+  `dynamic_range_int8`: the model's weights rounded to int8 first (as
+  `rnnstep.load(..., weights_dtype="int8")` rounds them), whose products
+  the artifact runs in XNNPACK's int8 kernel (`int8_products`); an int8
+  model's products are so without it.
 
   Raises:
     ValueError: the model is not float32, or its file records a window
@@ -237,8 +246,20 @@ def convert(model, dynamic_range_int8: bool = False) -> bytes:
   # Through a SavedModel: the only converter route that names the signature
   # (from_concrete_functions calls a single function "serving_default").
   with tempfile.TemporaryDirectory(prefix="rnnstep_litert_") as saved:
-    save_generation(model, saved)
-    return convert_saved(saved, dynamic_range_int8)
+    save_generation(as_int8(model) if dynamic_range_int8 else model, saved)
+    return convert_saved(saved)
+
+
+def as_int8(model):
+  """`model` with its weights rounded to int8 (itself if they are)."""
+  if model.weights_dtype == "int8":
+    return model
+  from rnnstep.model import network  # pylint: disable=g-import-not-at-top
+  copy = network.Model(model.config, model.vocab, model.tensors(),
+                       model.compute_dtype.name, model.source,
+                       tokens=model.tokens, weights_dtype="int8")
+  copy.chat_template = model.chat_template
+  return copy
 
 
 def save_generation(model, saved_dir: str):
@@ -259,38 +280,56 @@ def save_generation(model, saved_dir: str):
         "statefully and would not give its text; export a SavedModel "
         "(--format=saved_model), which serves its windows")
   module = GenerateModule(model)
-  tf.saved_model.save(module, saved_dir,
-                      signatures={SIGNATURE: module.generate})
+  int8 = model.architecture.int8_products
+  # An int8 model's products traced as float32 products by `q * scale`,
+  # which `convert_saved` turns into XNNPACK's int8 ones.
+  with (int8_arithmetic.decoded_products() if int8
+        else contextlib.nullcontext()):
+    tf.saved_model.save(module, saved_dir,
+                        signatures={SIGNATURE: module.generate})
+  if int8:
+    with open(os.path.join(saved_dir, INT8_PRODUCTS_MARK), "w",
+              encoding="utf-8") as f:
+      f.write("int8 products: rewritten to XNNPACK's dynamic-range int8\n")
 
 
-def convert_saved(saved_dir: str, dynamic_range_int8: bool = False) -> bytes:
+def convert_saved(saved_dir: str) -> bytes:
   """The LiteRT flatbuffer (builtin ops only) of `save_generation`'s
   SavedModel. Apart from the model, so that a process converting need not
   hold it (`rnnstep.litert.fill`: ~8.4x the weights at the
   converter's peak, against ~11x with the model loaded).
 
-  Args:
-    saved_dir: `save_generation`'s SavedModel.
-    dynamic_range_int8: store the constant weights of the products as int8
-      per output channel (the converter's `Optimize.DEFAULT`); the
-      interpreter then rounds each product's input rows to int8 as it runs
-      (XNNPACK's dynamic-range arithmetic), and the priming loop's input
-      table is int8 too. The products read a quarter of the bytes
-      (benchmarks/results/int8-litert-epyc-zen4-2026-12.md: the 0.1B
-      RWKV-7 decodes 2.8x the library's float32), but the text is that
-      arithmetic's, not `rnnstep.generate`'s (nor `weights_dtype="int8"`'s,
-      which keeps the products float32).
+  An int8 model's products (its SavedModel marked `INT8_PRODUCTS_MARK`)
+  become XNNPACK's dynamic-range int8 fully-connected products
+  (`int8_products.rewrite`): int8 weights per output channel, a quarter of
+  the bytes read, each input row rounded to int8 as the interpreter runs,
+  the library's int8 arithmetic (`rnnstep.model.int8_arithmetic`), so the
+  library's text.
+
+  Raises:
+    ValueError: an int8 model's artifact past 2 GB (its weights outside the
+      flatbuffer, which the rewrite does not reach).
   """
-  converter = converter_for(saved_dir, dynamic_range_int8, lean=True)
+  int8 = os.path.exists(os.path.join(saved_dir, INT8_PRODUCTS_MARK))
+  converter = converter_for(saved_dir, lean=True)
+  if int8:
+    # A constant multiplying a product's input or output folded into its
+    # weights would leave them no longer int8.
+    converter._experimental_disable_fuse_mul_and_fc = True  # pylint: disable=protected-access
   _skip_passes_after_mlir(converter)
-  return _convert_without_reloading(converter)
+  flatbuffer = _convert_without_reloading(converter)
+  if int8:
+    try:
+      flatbuffer, _ = int8_products.rewrite(flatbuffer)
+    except int8_products.TooLarge as e:
+      raise ValueError(f"the LiteRT export of an int8 model: {e}") from None
+  return flatbuffer
 
 
-def converter_for(saved_dir: str, dynamic_range_int8: bool = False, *,
-                  lean: bool = False):
+def converter_for(saved_dir: str, *, lean: bool = False):
   """TensorFlow's LiteRT converter of `save_generation`'s SavedModel, as
-  TensorFlow configures it for builtin ops (and `Optimize.DEFAULT`'s
-  dynamic-range int8); `convert_saved` leaves out its passes after MLIR's.
+  TensorFlow configures it for builtin ops; `convert_saved` leaves out its
+  passes after MLIR's.
 
   `lean`: made without `from_saved_model`'s load of the whole SavedModel
   (its weights included), which only finds the signature's function, known
@@ -311,8 +350,6 @@ def converter_for(saved_dir: str, dynamic_range_int8: bool = False, *,
     converter = tf.lite.TFLiteConverter.from_saved_model(
         saved_dir, signature_keys=[SIGNATURE])
   converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-  if dynamic_range_int8:
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
   return converter
 
 
@@ -367,8 +404,7 @@ def export_litert(model, export_dir, dynamic_range_int8: bool = False) -> str:
   Args:
     model: a float32 `rnnstep.Model`.
     export_dir: the directory to create; it must not exist yet or be empty.
-    dynamic_range_int8: int8 weights in XNNPACK's arithmetic, its own text
-      (see `convert_saved`).
+    dynamic_range_int8: the weights rounded to int8 first, as `convert`'s.
 
   Returns:
     The export directory.

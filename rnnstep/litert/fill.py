@@ -117,6 +117,7 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
   # pylint: disable=g-import-not-at-top
   from rnnstep import api
   from rnnstep.litert import export
+  from rnnstep.model import int8_arithmetic
   from rnnstep.model import network
   # pylint: enable=g-import-not-at-top
   try:
@@ -132,7 +133,7 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
     json.dump([list(model.vocab),
                None if model.is_characters else model.tokens.to_json(),
                network.unrolls_blockwise(model.config),
-               sum(v.shape.num_elements() * v.dtype.size
+               sum(int8_arithmetic.bytes_read(v)
                    for weights in layers for v in weights.values())], f)
   return 0
 

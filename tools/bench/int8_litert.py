@@ -133,11 +133,24 @@ sys.path.insert(0, sys.argv[1])
 from rnnstep.litert import export
 saved, kind, out = sys.argv[2:5]
 start = time.perf_counter()
-flatbuffer = export.convert_saved(saved, dynamic_range_int8=(kind == "int8"))
+flatbuffer = export.convert_saved(saved)
 with open(out + ".tmp", "wb") as f:
   f.write(flatbuffer)
 os.replace(out + ".tmp", out)
 print(time.perf_counter() - start)
+"""
+
+
+SAVE_CHILD = """
+import json, os, sys
+import rnnstep
+from rnnstep.litert import export
+model_path, saved, kind = sys.argv[1:4]
+model = rnnstep.load(model_path, weights_dtype=kind)
+export.save_generation(model, saved)
+with open(os.path.join(os.path.dirname(saved), "vocab.json"), "w") as f:
+  json.dump([list(model.vocab), None if model.is_characters
+             else model.tokens.to_json()], f)
 """
 
 
@@ -151,21 +164,22 @@ def convert(args):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=os.pathsep.join(
                  [str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  saved = os.path.join(args.out, "saved")
-  if not os.path.isdir(saved):
-    start = time.perf_counter()
-    status, _, err, peak = child_peak(
-        [sys.executable, "-c",
-         "import sys; from rnnstep.litert import fill; "
-         "sys.exit(fill.save_child(*sys.argv[1:]))", args.model, saved,
-         os.path.join(args.out, "vocab.json")], env=env)
-    if status:
-      raise SystemExit(f"saving {args.model} failed: {err.strip()[-400:]}")
-    say(f"SavedModel of {args.model}: {time.perf_counter() - start:.0f} s, "
-        f"peak {peak / 1e9:.1f} GB")
   del cache
   for kind in KINDS:
     path = artifact_path(args.out, kind)
+    # The int8 model's SavedModel (weights_dtype="int8"), which the export
+    # converts with XNNPACK's int8 products.
+    saved = os.path.join(args.out, "saved" if kind == "float32"
+                         else f"saved_{kind}")
+    if not os.path.isfile(path) and not os.path.isdir(saved):
+      start = time.perf_counter()
+      status, _, err, peak = child_peak(
+          [sys.executable, "-c", SAVE_CHILD, args.model, saved, kind],
+          env=env)
+      if status:
+        raise SystemExit(f"saving {args.model} failed: {err.strip()[-400:]}")
+      say(f"SavedModel of {args.model} ({kind}): "
+          f"{time.perf_counter() - start:.0f} s, peak {peak / 1e9:.1f} GB")
     if os.path.isfile(path):
       say(f"{path}: kept")
     else:
@@ -454,12 +468,10 @@ def agreement(results, names):
 
 
 def int8_flatbuffer(model):
-  """`model`'s LiteRT export with dynamic-range int8 weights."""
+  """`model`'s LiteRT export with its weights rounded to int8 (XNNPACK's
+  int8 products)."""
   from rnnstep.litert import export  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory(prefix="int8_litert_") as work:
-    saved = os.path.join(work, "saved")
-    export.save_generation(model, saved)
-    return export.convert_saved(saved, dynamic_range_int8=True)
+  return export.convert(model, dynamic_range_int8=True)
 
 
 def check(args):
