@@ -333,3 +333,18 @@ def test_converting_weights_stores_them_reduced(tmp_path):
                         weights_dtype="int8")
   for key, value in loaded.tensors().items():
     np.testing.assert_array_equal(stored.tensors()[key], value, err_msg=key)
+
+
+@pytest.mark.slow  # A SavedModel export.
+def test_saved_model_serves_the_library_s_int8_text(gru_file, tmp_path):
+  """The SavedModel of an int8 model holds its int8 kernels and computes
+  the int8 arithmetic in its graph: the library's int8 text."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(gru_file, weights_dtype="int8")
+  export_dir = rnnstep.export(model, str(tmp_path / "served"))
+  serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+  out = serve(prompts=tf.constant([PROMPT, "A"]),
+              temperature=tf.constant(0.0), seed=tf.constant(1, tf.int64),
+              num_steps=tf.constant(24))
+  assert [t.decode() for t in out["text"].numpy()] == rnnstep.generate(
+      model, [PROMPT, "A"], 24, temperature=0.0, seed=1)

@@ -1,5 +1,7 @@
 """int8 x int8 products as one arithmetic on every runtime (issue #62):
-tools/bench/int8_products.py's definitions against numpy.
+tools/bench/int8_products.py's definitions against numpy, and rnnstep's
+int8 products (`rnnstep.model.int8_arithmetic`, the artifact's
+`rnnstep.litert.int8_products`) against them.
 
 int8 weights decode faster only where the activations are rounded to int8
 too and the products summed in int32 (LiteRT/XNNPACK's dynamic-range int8,
@@ -80,8 +82,73 @@ def test_int8_product_is_near_the_float32_product():
   assert (np.abs(got - want) <= bound * 1.001 + 1e-6).all()
 
 
-@pytest.mark.slow
-@pytest.mark.exhaustive  # A benchmark tool's finding (LiteRT conversions).
+@pytest.mark.parametrize("k,n", [(64, 48), (768, 40), (3072, 24),
+                                 (2000, 8)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_rnnstep_int8_products_are_xnnpack_arithmetic(k, n, jit):
+  """`int8_arithmetic.product` (an int8 model's every product, on the graph
+  and XLA paths) equals XNNPACK's arithmetic in numpy bit for bit: rows of
+  every size (chunked past 1,032 terms), batched or not, and the edge
+  rows (zero, one-hot, constant, one-signed, tiny, huge)."""
+  from rnnstep.model import int8_arithmetic  # pylint: disable=g-import-not-at-top
+  array = weights(k, n)
+  q, scale = int8_products.quantize_columns(array)
+  kernel = int8_arithmetic.Int8Kernel(
+      *(tf.constant(t) for t in int8_arithmetic.parts(array)))
+  x = activations(k)
+  x[5], x[6] = np.abs(x[5]), -np.abs(x[6])
+  x[7] *= np.float32(1e-30)
+  x[8] *= np.float32(1e30)
+  want = int8_products.xnnpack_dynamic_int8(x, q.T, scale)
+  product = tf.function(lambda x: int8_arithmetic.product(x, kernel),
+                        jit_compile=jit, autograph=False)
+  np.testing.assert_array_equal(product(tf.constant(x)).numpy(), want)
+  np.testing.assert_array_equal(
+      product(tf.constant(x.reshape(4, 10, k))).numpy().reshape(40, n), want)
+
+
+@pytest.mark.slow  # A LiteRT conversion.
+def test_the_artifact_s_int8_products_are_the_library_s_bit_for_bit():
+  """`rnnstep.litert.int8_products.rewrite` turns a float32 product by
+  int8-valued weights (and its fused bias) into XNNPACK's int8 product:
+  LiteRT's outputs are the library's, bit for bit, and the weights stored
+  are the library's q and scales."""
+  from ai_edge_litert import interpreter as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import int8_products as rewriting  # pylint: disable=g-import-not-at-top
+  from rnnstep.model import int8_arithmetic  # pylint: disable=g-import-not-at-top
+  k, n = 192, 40
+  array = weights(k, n, seed=5)
+  bias = np.random.default_rng(6).standard_normal(n).astype(np.float32)
+  fn = tf.function(lambda x: tf.nn.relu(tf.matmul(x, tf.constant(array))
+                                        + tf.constant(bias)),
+                   input_signature=[tf.TensorSpec([1, k], tf.float32)])
+  converter = tf.lite.TFLiteConverter.from_concrete_functions(
+      [fn.get_concrete_function()], fn)
+  flatbuffer, count = rewriting.rewrite(converter.convert())
+  assert count == 1
+  interpreter = litert.Interpreter(model_content=flatbuffer)
+  interpreter.allocate_tensors()
+  q, scale = int8_products.quantize_columns(array)
+  stored = next(t for t in interpreter.get_tensor_details()
+                if t["dtype"] == np.int8)
+  np.testing.assert_array_equal(interpreter.get_tensor(stored["index"]).T, q)
+  np.testing.assert_array_equal(
+      stored["quantization_parameters"]["scales"].astype(np.float32), scale)
+  kernel = int8_arithmetic.Int8Kernel(
+      *(tf.constant(t) for t in int8_arithmetic.parts(array)))
+  x = activations(k, seed=7)
+  x[5], x[6] = np.abs(x[5]), -np.abs(x[6])
+  want = tf.nn.relu(int8_arithmetic.product(tf.constant(x), kernel)
+                    + bias).numpy()
+  for row, expected in zip(x, want):
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"],
+                           row[None])
+    interpreter.invoke()
+    np.testing.assert_array_equal(interpreter.get_tensor(
+        interpreter.get_output_details()[0]["index"])[0], expected)
+
+
+@pytest.mark.slow  # A LiteRT conversion: the numpy definition's pin.
 def test_litert_dynamic_int8_is_xnnpack_arithmetic():
   from ai_edge_litert import interpreter as litert
   k, n = 160, 56

@@ -172,21 +172,15 @@ def xnnpack_int8_product(array):
   plus 128 is a u8 row; 128 and the zero point come off in int32), the
   weights constants of the graph: x `[B, K]` -> x @ array."""
   import tensorflow as tf
+  from rnnstep.model import int8_arithmetic
   q, column_scale = quantize_columns(np.asarray(array, np.float32))
   column_sums = q.astype(np.int32).sum(0)
   zero_bias = np.zeros(q.shape[1], np.int32)
   f = lambda value: tf.constant(np.float32(value))
 
   def product(x):
-    low = tf.minimum(f(0), tf.reduce_min(x, -1, keepdims=True))
-    high = tf.maximum(f(0), tf.reduce_max(x, -1, keepdims=True))
-    multiplier = tf.where(low == high, f(1), f(255) / (high - low))
-    low_scaled, high_scaled = low * multiplier, high * multiplier
-    zero_point = tf.where((f(-128) + low_scaled) + (f(127) + high_scaled) > 0,
-                          f(-128) - low_scaled, f(127) - high_scaled)
-    zero_point = tf.round(tf.clip_by_value(zero_point, f(-128), f(127)))
-    qx = tf.clip_by_value(tf.round(x * multiplier) + zero_point, f(-128),
-                          f(127))
+    # The rows rounded as rnnstep's int8 products round them.
+    qx, zero_point, multiplier = int8_arithmetic.rounded_rows(x)
     shifted = tf.cast(tf.cast(qx, tf.int32) + 128, tf.uint8)
     sums = tf.raw_ops.QuantizedMatMulWithBias(
         a=tf.bitcast(shifted, tf.quint8), b=tf.constant(q, tf.qint8),
