@@ -2,12 +2,14 @@
 
 A model's large matrices may be stored as float16, bfloat16 or int8
 (`WEIGHTS_DTYPES`; float32, the default, leaves every tensor as it is).
-The reduced values ARE the model's weights: every path computes with their
-exact float32 values (`reduce`: what the file stores, decoded), so the
-graph, XLA, elementwise and LiteRT paths give one text, and a model file
-written with a weights dtype reads back to the same weights bit for bit.
-This is not `dtype=` (the arithmetic's precision, `network.DTYPES`): a
-weights dtype changes which weights there are, the arithmetic stays float32.
+The reduced values ARE the model's weights (`reduce`: what the file
+stores, decoded), and a model file written with a weights dtype reads back
+to the same weights bit for bit. float16 and bfloat16 weights are
+multiplied as float32 values; an int8 matrix's products are XNNPACK's
+dynamic-range int8 arithmetic (`int8_arithmetic`), the one arithmetic of
+every path and caller, which the LiteRT artifact runs on XNNPACK's own
+int8 kernel. This is not `dtype=` (the arithmetic's precision,
+`network.DTYPES`).
 
 Which tensors: the large matrices (`model_file.ModelConfig.reduced_keys`:
 the embedding, every kind's `Kind.reduced_tensors`, the head's kernels and

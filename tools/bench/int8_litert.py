@@ -15,11 +15,13 @@ weights (the llama.cpp comparison's) to --model. (R.npz: a trained RWKV-7,
 tools/train_rwkv7_small.py's, converted by rnnstep-convert.)
 
 convert: rnnstep's LiteRT export of --model (`rnnstep.litert.export`: the
-whole generation, one flatbuffer), once as it is (float32) and once with
-the converter's dynamic-range int8 (`Optimize.DEFAULT`:
-`export.convert_saved(..., dynamic_range_int8=True)`): the constant weights
-of every product stored int8 per output channel, each product's input rows
-rounded to int8 as the interpreter runs. One process at a time (a child
+whole generation, one flatbuffer), once as it is (float32) and once
+loaded with weights_dtype="int8" (its products XNNPACK's int8 ones,
+`rnnstep.litert.int8_products`: each product's weights int8 per output
+channel, its input rows rounded to int8 as the interpreter runs, the
+library's int8 arithmetic; until 0.20.0 the converter's own
+`Optimize.DEFAULT`, which also made the priming loop's input table int8).
+One process at a time (a child
 saves the SavedModel, one child a conversion: ~6 GB each at the 0.1B
 shape); prints each one's time, peak resident memory and what the
 flatbuffer holds (its int8 and float32 constants, its products).
