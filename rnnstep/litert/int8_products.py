@@ -24,9 +24,8 @@ multiply-add).
 
 TensorFlow's LiteRT schema (`tensorflow.lite.python.schema_py_generated`,
 the flatbuffer's object API, as TensorFlow's converter uses it) reads and
-writes the flatbuffer; a flatbuffer
-past 2 GB keeps its buffers outside (offsets), which this does not
-rewrite (`TooLarge`).
+writes the flatbuffer; a flatbuffer past 2 GB keeps its buffers outside
+(offsets), which this does not rewrite (`TooLarge`).
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -74,7 +73,8 @@ def rewrite(flatbuffer: bytes) -> Tuple[bytes, int]:
                    "itself; its int8 products are not rewritten")
   codes = [max(code.builtinCode, code.deprecatedBuiltinCode)
            for code in model.operatorCodes]
-  rewritten: Dict[int, Optional[int]] = {}  # float buffer -> int8 buffer.
+  # A float32 buffer -> (its int8 buffer, the scales).
+  rewritten: Dict[int, Tuple[int, np.ndarray]] = {}
   count = 0
   for graph in model.subgraphs:
     operators: List = []
