@@ -108,11 +108,14 @@ def test_rnnstep_int8_products_are_xnnpack_arithmetic(k, n, jit):
 
 
 @pytest.mark.slow  # A LiteRT conversion.
-def test_the_artifact_s_int8_products_are_the_library_s_bit_for_bit():
+@pytest.mark.parametrize("buffers_after", [False, True])
+def test_the_artifact_s_int8_products_are_the_library_s_bit_for_bit(
+    buffers_after):
   """`rnnstep.litert.int8_products.rewrite` turns a float32 product by
   int8-valued weights (and its fused bias) into XNNPACK's int8 product:
   LiteRT's outputs are the library's, bit for bit, and the weights stored
-  are the library's q and scales."""
+  are the library's q and scales. `buffers_after`: the weights after the
+  flatbuffer, as the converter writes a model past 2 GB."""
   from ai_edge_litert import interpreter as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import int8_products as rewriting  # pylint: disable=g-import-not-at-top
   from rnnstep.model import int8_arithmetic  # pylint: disable=g-import-not-at-top
@@ -124,8 +127,14 @@ def test_the_artifact_s_int8_products_are_the_library_s_bit_for_bit():
                    input_signature=[tf.TensorSpec([1, k], tf.float32)])
   converter = tf.lite.TFLiteConverter.from_concrete_functions(
       [fn.get_concrete_function()], fn)
+  converter._experimental_use_buffer_offset = buffers_after  # pylint: disable=protected-access
   flatbuffer, count = rewriting.rewrite(converter.convert())
   assert count == 1
+  # The weights (and the bias) lie after the flatbuffer, or in it.
+  from tensorflow.lite.python import schema_py_generated as schema  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  stored = schema.Model.GetRootAs(flatbuffer, 0)
+  assert buffers_after == any(stored.Buffers(i).Offset() > 1
+                              for i in range(stored.BuffersLength()))
   interpreter = litert.Interpreter(model_content=flatbuffer)
   interpreter.allocate_tensors()
   q, scale = int8_products.quantize_columns(array)

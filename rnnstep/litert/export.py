@@ -305,10 +305,6 @@ def convert_saved(saved_dir: str) -> bytes:
   the bytes read, each input row rounded to int8 as the interpreter runs,
   the library's int8 arithmetic (`rnnstep.model.int8_arithmetic`), so the
   library's text.
-
-  Raises:
-    ValueError: an int8 model's artifact past 2 GB (its weights outside the
-      flatbuffer, which the rewrite does not reach).
   """
   int8 = os.path.exists(os.path.join(saved_dir, INT8_PRODUCTS_MARK))
   converter = converter_for(saved_dir, lean=True)
@@ -319,10 +315,7 @@ def convert_saved(saved_dir: str) -> bytes:
   _skip_passes_after_mlir(converter)
   flatbuffer = _convert_without_reloading(converter)
   if int8:
-    try:
-      flatbuffer, _ = int8_products.rewrite(flatbuffer)
-    except int8_products.TooLarge as e:
-      raise ValueError(f"the LiteRT export of an int8 model: {e}") from None
+    flatbuffer, _ = int8_products.rewrite(flatbuffer)
   return flatbuffer
 
 

@@ -24,8 +24,9 @@ multiply-add).
 
 TensorFlow's LiteRT schema (`tensorflow.lite.python.schema_py_generated`,
 the flatbuffer's object API, as TensorFlow's converter uses it) reads and
-writes the flatbuffer; a flatbuffer past 2 GB keeps its buffers outside
-(offsets), which this does not rewrite (`TooLarge`).
+writes the flatbuffer. A model past 2 GB (the converter then keeps the
+weights after the flatbuffer, each buffer an offset and a size) is written
+back so, its buffers after the rewritten flatbuffer.
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -35,8 +36,8 @@ import numpy as np
 from rnnstep.model import reduced_weights
 
 
-class TooLarge(ValueError):
-  """The flatbuffer keeps its buffers outside itself (past 2 GB)."""
+# Where a buffer kept after the flatbuffer starts (a multiple of this).
+_ALIGNMENT = 64
 
 
 def _schema():
@@ -63,14 +64,15 @@ def rewrite(flatbuffer: bytes) -> Tuple[bytes, int]:
   """The flatbuffer with each int8-valued FULLY_CONNECTED weight as int8
   (see the module docstring); returns (flatbuffer, products rewritten).
 
-  Raises:
-    TooLarge: the flatbuffer's buffers are outside it.
   """
   schema = _schema()
   model = schema.ModelT.InitFromObj(schema.Model.GetRootAs(flatbuffer, 0))
-  if any(getattr(b, "offset", 0) for b in model.buffers):
-    raise TooLarge("the flatbuffer keeps its weights past 2 GB, outside "
-                   "itself; its int8 products are not rewritten")
+  outside = any((b.offset or 0) > 1 for b in model.buffers)
+  for buffer in model.buffers:  # Read what lies after the flatbuffer.
+    if (buffer.offset or 0) > 1:
+      buffer.data = np.frombuffer(flatbuffer, np.uint8, buffer.size,
+                                  buffer.offset)
+      buffer.offset, buffer.size = 0, 0
   codes = [max(code.builtinCode, code.deprecatedBuiltinCode)
            for code in model.operatorCodes]
   # A float32 buffer -> (its int8 buffer, the scales).
@@ -106,9 +108,43 @@ def rewrite(flatbuffer: bytes) -> Tuple[bytes, int]:
                 if t.type != schema.TensorType.INT8}
   for old in set(rewritten) - still_read:  # Float32 copies no one reads.
     model.buffers[old].data = None
-  builder = _builder(flatbuffer)
+  if outside:
+    return _packed_with_buffers_after(model), count
+  return _packed(model, len(flatbuffer)), count
+
+
+def _packed(model, size: int = 1024) -> bytes:
+  import flatbuffers  # pylint: disable=g-import-not-at-top
+  builder = flatbuffers.Builder(size)
   builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-  return bytes(builder.Output()), count
+  return bytes(builder.Output())
+
+
+def _packed_with_buffers_after(model) -> bytes:
+  """The model with every buffer's data after the flatbuffer (offsets and
+  sizes, as the converter writes a model past 2 GB)."""
+  outside = []  # (buffer, its bytes)
+  for buffer in model.buffers:
+    if buffer.data is not None and len(buffer.data):
+      outside.append((buffer, np.asarray(buffer.data, np.uint8)))
+      buffer.offset, buffer.size = 2, len(buffer.data)  # Set below.
+    else:
+      buffer.offset, buffer.size = 0, 0
+    buffer.data = None
+  # Offsets are fixed-size fields: the placeholders' length is the final one.
+  head = len(_packed(model))
+  position = head
+  for buffer, _ in outside:
+    buffer.offset = position = -(-position // _ALIGNMENT) * _ALIGNMENT
+    position += buffer.size
+  out = bytearray(position)
+  packed = _packed(model)
+  if len(packed) != head:
+    raise RuntimeError("the rewritten flatbuffer's length moved")
+  out[:head] = packed
+  for buffer, data in outside:
+    out[buffer.offset:buffer.offset + buffer.size] = data.tobytes()
+  return bytes(out)
 
 
 def _int8_buffer(model, weights, rewritten):
@@ -206,6 +242,3 @@ def _opcode(model, codes, builtin) -> int:
   return len(codes) - 1
 
 
-def _builder(flatbuffer: bytes):
-  import flatbuffers  # pylint: disable=g-import-not-at-top
-  return flatbuffers.Builder(len(flatbuffer))
