@@ -142,6 +142,16 @@ def test_a_copy_keys_as_the_original(tmp_path, weights):
       weights, RUNTIME)
 
 
+def test_the_weights_dtype_asked_for_is_keyed(weights):
+  """rnnstep-generate --weights_dtype=int8 has an entry of its own (the
+  model loaded so); without the flag the key is the one of before."""
+  plain = compiled_cache.key(weights, RUNTIME)
+  assert "weights_dtype" not in plain
+  int8 = compiled_cache.key(weights, RUNTIME, "int8")
+  assert int8 == dict(plain, weights_dtype="int8")
+  assert compiled_cache.entry_name(int8) != compiled_cache.entry_name(plain)
+
+
 def test_a_textgenrnn_vocabulary_beside_the_weights_is_keyed(tmp_path):
   weights = tmp_path / "textgen_weights.hdf5"
   weights.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
@@ -347,7 +357,7 @@ def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,
   with open(base + ".lock", "w"):
     pass  # An old run's lock, not held.
   monkeypatch.setattr(compiled_fill, "_export",
-                      lambda path: (b"flatbuffer", ["a"], None, False, 0),
+                      lambda path, *_: (b"flatbuffer", ["a"], None, False, 0),
                       raising=False)
   assert compiled_fill.fill(weights, the_key) == "built"
   assert sorted(set(os.listdir(os.path.dirname(base))) - {
@@ -367,7 +377,7 @@ def test_a_failed_export_is_recorded_and_not_retried(cache, weights,
   the_key = compiled_cache.key(weights, RUNTIME)
   os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)), mode=0o700)
 
-  def broken(path):
+  def broken(path, *_):
     raise RuntimeError("converter crashed")
   monkeypatch.setattr(compiled_fill, "_export", broken, raising=False)
   from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top

@@ -341,7 +341,7 @@ def refusal(*args):
     (["--window=0"], None),
     (["--stream"], "--stream"),
     (["--dtype=bfloat16"], "--dtype=bfloat16"),
-    (["--weights_dtype=int8"], "--weights_dtype=int8"),
+    (["--weights_dtype=int8"], None),  # Its own artifact (keyed by it).
     (["--nojit_compile"], "--jit_compile"),
     (["--vocab=v.json"], "--corpus/--vocab"),
     (["--nocache"], "--nocache"),

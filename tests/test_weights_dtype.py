@@ -200,31 +200,36 @@ def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
     np.testing.assert_array_equal(twice.tensors()[key], value, err_msg=key)
 
 
-@pytest.mark.slow  # Command-line runs, an artifact built in the background.
-def test_the_warm_command_line_serves_an_int8_file_with_its_text(
-    gru_file, tmp_path, monkeypatch):
-  """An int8 file's compiled artifact multiplies on XNNPACK's int8 kernel
+@pytest.mark.slow  # Command-line runs, artifacts built in the background.
+@pytest.mark.parametrize("stored", [True, False])
+def test_the_warm_command_line_serves_int8_with_its_text(
+    gru_file, tmp_path, monkeypatch, stored):
+  """An int8 model's compiled artifact multiplies on XNNPACK's int8 kernel
   (`rnnstep.litert.int8_products`): the cold run (TensorFlow) and the warm
-  one (the artifact) print the library's int8 text."""
+  one (the artifact) print the library's int8 text, for a file stored int8
+  and for a float32 file with --weights_dtype=int8 (its own entry)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
-  small = tmp_path / "int8.npz"
-  plain = model_file.read(gru_file)
-  model_file.write(small, plain.config, plain.vocab, plain.tensors,
-                   weights_dtype="int8")
-  model = rnnstep.load(str(small))
+  small, flag, dtype = gru_file, ["--weights_dtype=int8"], "int8"
+  if stored:
+    small, flag, dtype = tmp_path / "int8.npz", [], None
+    plain = model_file.read(gru_file)
+    model_file.write(small, plain.config, plain.vocab, plain.tensors,
+                     weights_dtype="int8")
+  model = rnnstep.load(str(small), weights_dtype="int8")
   want = fast.render(rnnstep.generate(model, ["ROMEO:"] * 2 + ["To be"] * 2,
                                       40, seed=7, temperature=0.8, top_k=20),
                      7)
   cache = tmp_path / "cache"
-  args = [f"--weights={small}", *fast.BASE]
+  args = [f"--weights={small}", *fast.BASE, *flag]
   cold = fast.cli(cache, args)
   assert cold.returncode == 0, cold.stderr[-3000:]
   assert cold.stdout == want
   fast.wait_for_valid_entry(
-      cache, compiled_cache.key(str(small), compiled_cache.runtime_version()),
+      cache, compiled_cache.key(str(small), compiled_cache.runtime_version(),
+                                dtype),
       monkeypatch)
   warm = fast.cli(cache, args)
   assert warm.returncode == 0, warm.stderr[-3000:]

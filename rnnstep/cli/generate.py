@@ -493,7 +493,6 @@ def _model_path() -> str:
 # decoding option).
 TENSORFLOW_ONLY = ("--format=jsonl (its logprob)", "--state",
                    "--stream", "--dtype other than float32",
-                   "--weights_dtype (a file stored with one is served)",
                    "--jit_compile/--nojit_compile", "--corpus/--vocab",
                    "--window > 0 or a model recording a window",
                    "a --seed outside int32",
@@ -511,10 +510,6 @@ def _flag_refusal():
     return "--corpus/--vocab: weights converted in memory are not cached"
   if _DTYPE.value != "float32":
     return f"--dtype={_DTYPE.value}: the compiled artifact is float32"
-  if _WEIGHTS_DTYPE.value is not None:
-    return (f"--weights_dtype={_WEIGHTS_DTYPE.value}: the compiled artifact "
-            "holds the file's weights (rnnstep-convert --weights_dtype "
-            "stores a file that it serves)")
   if _JIT_COMPILE.value is not None:
     return "--jit_compile/--nojit_compile choose a TensorFlow path"
   if _FORMAT.value != "text":
@@ -544,7 +539,8 @@ def _generate_fast(rows, seed, decoding) -> bool:
   served = warm.generate(
       _model_path(), _PROMPT.value, per_prompt, _NUM_STEPS.value, seed=seed,
       decoding=decoding, stop=_STOP.value or [],
-      regex=_regex_rows(len(_PROMPT.value), per_prompt))
+      regex=_regex_rows(len(_PROMPT.value), per_prompt),
+      weights_dtype=_WEIGHTS_DTYPE.value)
   _say(f"fast path: compiled artifact {served.artifact} (no TensorFlow)")
   with _open_output(_OUTPUT.value) as out:
     printer = Printer(out, rows, seed, _STOP.value or [], "text")

@@ -260,8 +260,10 @@ def runtime_version() -> Optional[str]:
   return tuning_cache.installed_version(RUNTIME_DISTRIBUTION)
 
 
-def key(model_path: str, runtime: str) -> dict:
-  """The cache key of the artifact for the model at `model_path`.
+def key(model_path: str, runtime: str,
+        weights_dtype: Optional[str] = None) -> dict:
+  """The cache key of the artifact for the model at `model_path` (loaded
+  with `weights_dtype`, where given: rnnstep-generate's --weights_dtype).
 
   Raises:
     OSError, ValueError: as `model_files`.
@@ -276,6 +278,8 @@ def key(model_path: str, runtime: str) -> dict:
              "runtime": f"{RUNTIME_DISTRIBUTION} {runtime}",
              "cpu": this.name, "cpu_flags": list(this.features),
              "export": runner.EXPORT_OPTIONS}
+  if weights_dtype is not None:  # Without it, the keys of before.
+    the_key["weights_dtype"] = weights_dtype
   digests.save()
   return the_key
 

@@ -60,7 +60,7 @@ def spawn_fill(model_path: str, the_key: dict):
         cwd=folder, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
-def _export(model_path: str):
+def _export(model_path: str, weights_dtype=None):
   """(flatbuffer, vocab, tokens JSON or None, primes_in_bulk, prime_bytes)
   of the model (imports TF); primes_in_bulk: the model's cell unrolls block
   by block (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a
@@ -69,7 +69,8 @@ def _export(model_path: str):
   embedding (of which it gathers a row) nor the head. Both are for
   `warm.prompt_crossover`.
 
-  A child process loads the model and saves its generation as a SavedModel
+  A child process loads the model (with `weights_dtype`, where the key
+  has one) and saves its generation as a SavedModel
   (`_save_child`); this one converts that, never holding the model: the
   0.1B RWKV-7's conversion peaked at 8.8 GB with the model loaded in the
   same process (~11x its weights, TensorFlow's own ~0.6 GB aside), ~8.4x
@@ -86,7 +87,8 @@ def _export(model_path: str):
     child = subprocess.run(
         [sys.executable, "-I", "-c", _SAVE_CHILD,
          json.dumps(cache.child_path()),
-         model_path, saved, os.path.join(work, "vocab.json")],
+         model_path, saved, os.path.join(work, "vocab.json"),
+         json.dumps(weights_dtype)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, cwd=work, check=False,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -112,7 +114,8 @@ _SAVE_CHILD = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
                "sys.exit(fill.save_child(*sys.argv[1:]))")
 
 
-def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
+def save_child(model_path: str, saved_dir: str, vocab_path: str,
+               weights_dtype: str = "null") -> int:
   """`_export`'s child's work (imports TensorFlow): see `_SAVE_CHILD`."""
   # pylint: disable=g-import-not-at-top
   from rnnstep import api
@@ -121,7 +124,7 @@ def save_child(model_path: str, saved_dir: str, vocab_path: str) -> int:
   from rnnstep.model import network
   # pylint: enable=g-import-not-at-top
   try:
-    model = api.load(model_path)
+    model = api.load(model_path, weights_dtype=json.loads(weights_dtype))
     os.mkdir(saved_dir, 0o700)
     export.save_generation(model, saved_dir)
   except ValueError as e:
@@ -185,13 +188,15 @@ def _fill_locked(model_path: str, the_key: dict, base: str) -> str:
   except cache.Miss as e:
     if not e.rebuild:
       return "already recorded"
-  if cache.key(model_path, cache.runtime_version() or "") != the_key:
+  weights_dtype = the_key.get("weights_dtype")
+  if cache.key(model_path, cache.runtime_version() or "",
+               weights_dtype) != the_key:
     return "key changed (model, rnnstep, TensorFlow or runtime)"
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   fields = {}
   try:
     (flatbuffer, vocab, tokens, primes_in_bulk,
-     prime_bytes) = _export(model_path)
+     prime_bytes) = _export(model_path, weights_dtype)
   except ValueError as e:  # E.g. a model that records a window.
     fields["unsupported"] = cache.one_line(e)
   except Exception as e:  # pylint: disable=broad-except

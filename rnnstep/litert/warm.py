@@ -118,7 +118,8 @@ def prompt_crossover(manifest: dict) -> Optional[int]:
 
 
 def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
-             seed: int, decoding: dict, stop=(), regex=None) -> Served:
+             seed: int, decoding: dict, stop=(), regex=None,
+             weights_dtype: Optional[str] = None) -> Served:
   """The texts of the model at `model_path` from its cached artifact.
 
   Args:
@@ -131,6 +132,8 @@ def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
       per row (prompts x per_prompt, in row order).
     stop: stop strings.
     regex: None, a pattern, or one per row.
+    weights_dtype: the model loaded with it (`rnnstep.load`'s), which the
+      artifact is built from and keyed by; None: the file's own.
 
   Returns:
     `Served`: one text per row, in row order (prompt p's rows p * per_prompt
@@ -148,7 +151,7 @@ def generate(model_path: str, prompts, per_prompt: int, num_steps: int, *,
   if runtime is None:
     raise NotServed("ai_edge_litert's version is unknown")
   try:
-    key = cache.key(model_path, runtime)
+    key = cache.key(model_path, runtime, weights_dtype)
   except OSError as e:
     where = f": {e.filename}" if e.strerror and e.filename else ""
     raise NotServed(f"cannot read the model file ({e.strerror or e}{where})"
