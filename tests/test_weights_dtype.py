@@ -173,6 +173,46 @@ def test_litert_gives_int8_s_text(gru_file):
                                  jit_compile=False)
 
 
+@pytest.mark.slow  # A LiteRT conversion.
+def test_litert_int8_products_are_every_cell_kind_s(tmp_path):
+  """Every product of every cell kind (LSTM, GRU both ways, SimpleRNN, a
+  head) is XNNPACK's int8 one in the artifact, none left a float32 matmul
+  (a GRU without reset_after slices its recurrent kernel: sliced outside
+  the loops, it reached the converter as a loop operand, a float32
+  BATCH_MATMUL), so the artifact gives the library's int8 texts."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from tensorflow.lite.python import schema_py_generated as schema  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  layers = (model_file.LayerConfig("lstm", 20),
+            model_file.LayerConfig("gru", 18, False),
+            model_file.LayerConfig("simple_rnn", 16),
+            model_file.LayerConfig("gru", 24, True))
+  config = model_file.ModelConfig(12, layers,
+                                  head=(model_file.HeadLayer(20, "tanh"),))
+  tensors = {k: (rng.normal(size=shape) * (
+      2.5 / np.sqrt(shape[0]) if len(shape) > 1 else 0.3)).astype(np.float32)
+             for k, shape in config.expected_shapes(len(cli.VOCAB)).items()}
+  path = tmp_path / "kinds.npz"
+  model_file.write(path, config, cli.VOCAB, tensors)
+  model = rnnstep.load(str(path), weights_dtype="int8")
+  flatbuffer = litert.convert(model)
+  stored = schema.Model.GetRootAs(flatbuffer, 0)
+  codes = [max(stored.OperatorCodes(i).BuiltinCode(),
+               stored.OperatorCodes(i).DeprecatedBuiltinCode())
+           for i in range(stored.OperatorCodesLength())]
+  assert schema.BuiltinOperator.BATCH_MATMUL not in codes
+  prompts = ["ROMEO: the", "A", "To be or", "pin\nkin, ok", "the king"]
+  for decoding in (dict(temperature=0.0, seed=0),
+                   dict(temperature=1.0, seed=3, top_p=0.9)):
+    assert litert_runner.run_artifact(
+        flatbuffer, list(model.vocab), prompts, 60, tokens=model.tokens,
+        **decoding) == rnnstep.generate(model, prompts, 60, jit_compile=False,
+                                        **decoding)
+
+
 @pytest.mark.parametrize("weights_dtype", REDUCED)
 def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
     gru_file, tmp_path, weights_dtype):

@@ -111,8 +111,16 @@ def decoded(kernel: Int8Kernel) -> tf.Tensor:
   return kernel.values * kernel.scales
 
 
+class Columns(NamedTuple):
+  """Columns `[start, stop)` of an `Int8Kernel`, sliced where a product
+  uses them (`columns` within `decoded_products()`)."""
+  kernel: Int8Kernel
+  start: int
+  stop: int
+
+
 def is_int8(weights) -> bool:
-  return isinstance(weights, Int8Kernel)
+  return isinstance(weights, (Int8Kernel, Columns))
 
 
 def numpy_values(weight) -> np.ndarray:
@@ -152,9 +160,15 @@ def split(fn, weights):
 
 def columns(weights, start, stop):
   """Columns `[start, stop)` of a matrix (an `Int8Kernel`'s, with their
-  scales and sums)."""
+  scales and sums). Within `decoded_products()` an `Int8Kernel`'s are
+  `Columns`, sliced by the product that uses them: a slice made outside a
+  loop reaches the LiteRT converter as a loop operand, not a constant, and
+  the product by it would stay float32 (`rnnstep.litert.int8_products`
+  rewrites constants only)."""
   if not is_int8(weights):
     return weights[..., start:stop]
+  if getattr(_DECODED, "on", False):
+    return Columns(weights, start, stop)
   return Int8Kernel(*(t[..., start:stop] for t in weights))
 
 
@@ -169,6 +183,9 @@ def bytes_read(weights) -> int:
 
 def shape(weights) -> tf.TensorShape:
   """A matrix's shape (an `Int8Kernel`'s values')."""
+  if isinstance(weights, Columns):
+    return shape(weights.kernel)[:-1].concatenate(
+        [weights.stop - weights.start])
   return (weights.values if is_int8(weights) else weights).shape
 
 
@@ -218,7 +235,8 @@ def product(x, kernel: Int8Kernel):
   x = tf.cast(x, tf.float32)
   rank = x.shape.rank
   if getattr(_DECODED, "on", False):
-    w = decoded(kernel)
+    w = (decoded(kernel.kernel)[..., kernel.start:kernel.stop]
+         if isinstance(kernel, Columns) else decoded(kernel))
     if rank == 2:
       return tf.matmul(x, w)
     return tf.tensordot(x, w, [[rank - 1], [0]])
