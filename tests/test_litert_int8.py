@@ -68,14 +68,13 @@ def test_exported_int8_text_is_the_library_s_int8_text(tmp_path):
         found_scale, scale, rtol=1e-6) and not zero_point.any()
                for found, found_scale, zero_point in int8)
 
-  # Greedy along the numpy reference in the int8 arithmetic.
+  # Greedy along the numpy reference in the int8 arithmetic: its logits are
+  # teacher-forced (a row depends on the ids before it only), so one pass
+  # over the prompt and the artifact's ids gives each step's argmax.
   head_size = model.config.layers[0].size["head_size"]
-  ids = list(prompt)
-  for _ in range(STEPS):
-    logits = rwkv7_reference.logits(tensors, head_size, ids,
-                                    product=int8_reference.by_values,
-                                    dtype=np.float32)
-    ids.append(int(np.argmax(logits[-1])))
-  assert got == ids[len(prompt):]
+  logits = rwkv7_reference.logits(tensors, head_size, prompt + got[:-1],
+                                  product=int8_reference.by_values,
+                                  dtype=np.float32)
+  assert got == np.argmax(logits[len(prompt) - 1:], axis=-1).tolist()
   assert model.decode(got) == rnnstep.generate(model, PROMPT, STEPS, seed=1,
                                                temperature=0.0)

@@ -99,7 +99,7 @@ def model_path(tmp_path_factory):
 @pytest.mark.slow
 def test_every_front_end_says_the_librarys_message(model_path, tmp_path):
   # pylint: disable=g-import-not-at-top
-  import httpx
+  from tests.support import http
   from tests.support import serve_process
   # pylint: enable=g-import-not-at-top
   model = rnnstep.load(model_path)
@@ -149,7 +149,7 @@ def test_every_front_end_says_the_librarys_message(model_path, tmp_path):
       pytest.skip("the serving stack is not installed")
     server.wait_until_healthy(startup_timeout=600)
     for field, value in BAD_VALUES + (("stop", LONG_STOP),):
-      reply = httpx.post(server.url("/v1/completions"), timeout=60, json={
+      reply = http.post(server.url("/v1/completions"), timeout=60, json={
           "prompt": PROMPT, "max_tokens": STEPS, field: value})
       assert reply.status_code == 400, reply.text
       error = reply.json()["error"]

@@ -26,6 +26,7 @@ from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import protocol
 from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
+from tests.support import http
 from tests.support import serve_process
 
 pytestmark = pytest.mark.skipif(not serve_process.stack_installed(),
@@ -67,7 +68,7 @@ def sigterm_drains_in_flight_then_exits_0(server, model):
   stream runs. New work is refused (503) while it drains, the stream ends
   with `generate`'s whole text, and the process exits 0."""
   body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
-  with httpx.stream("POST", server.url("/v1/completions"),
+  with http.stream("POST", server.url("/v1/completions"),
                     json=dict(body, stream=True), timeout=60) as response:
     lines = response.iter_lines()
     text = ""
@@ -92,7 +93,7 @@ def sigterm_drains_in_flight_then_exits_0(server, model):
 
 
 def post(server, body, timeout=60, **kwargs):
-  return httpx.post(server.url("/v1/completions"), json=body, timeout=timeout,
+  return http.post(server.url("/v1/completions"), json=body, timeout=timeout,
                     **kwargs)
 
 
@@ -100,7 +101,7 @@ def stream_text(server, body):
   """Each choice's streamed text joined, its finish reasons, the frames and
   the seed the server reports (None after a 429)."""
   texts, reasons, frames, seed = {}, {}, [], None
-  with httpx.stream("POST", server.url("/v1/completions"),
+  with http.stream("POST", server.url("/v1/completions"),
                     json=dict(body, stream=True), timeout=60) as response:
     if response.status_code == 429:
       return None
@@ -341,8 +342,8 @@ def test_a_running_chunk_is_the_json_of_its_envelope():
 
 @pytest.mark.slow
 def test_models_health_and_one_completion_with_openai_client(server, model):
-  assert httpx.get(server.url("/health")).status_code == 200
-  listed = httpx.get(server.url("/v1/models")).json()
+  assert http.get(server.url("/health")).status_code == 200
+  listed = http.get(server.url("/v1/models")).json()
   assert listed["object"] == "list" and len(listed["data"]) == 1
   client = server.openai_client()
   response = client.completions.create(
@@ -403,7 +404,7 @@ def test_chat_without_a_template_is_400_naming_the_flag(server):
   """A character model has no chat template of its own: without
   --chat_template its chat requests are refused, never given a guessed
   format (tests/test_serve_chat.py serves chat)."""
-  reply = httpx.post(server.url("/v1/chat/completions"), timeout=60, json=dict(
+  reply = http.post(server.url("/v1/chat/completions"), timeout=60, json=dict(
       messages=[{"role": "user", "content": "hi"}], max_tokens=5))
   assert reply.status_code == 400
   error = reply.json()["error"]
@@ -667,7 +668,7 @@ def test_the_xla_server_answers_while_its_programs_compile(model_path,
   with serve_process.RemoteServer([
       f"--model={model_path}", "--jit_compile=true", "--lanes=1",
       "--max_batch=64"]) as server:
-    assert httpx.get(server.url("/health")).json()["programs_compiling"] > 0
+    assert http.get(server.url("/health")).json()["programs_compiling"] > 0
     body = dict(prompt=PROMPTS[3], max_tokens=60, seed=4, temperature=0.8)
     reply = post(server, body)
     assert reply.status_code == 200, reply.text
@@ -712,7 +713,7 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
   ]
   for body, param in cases:
     if isinstance(body, bytes):
-      reply = httpx.post(server.url("/v1/completions"), content=body,
+      reply = http.post(server.url("/v1/completions"), content=body,
                          headers={"content-type": "application/json"})
     else:
       reply = post(server, body)
@@ -726,7 +727,7 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
     server.openai_client().completions.create(model="tiny", prompt="a",
                                               max_tokens=3, top_p=7)
   # An oversized body is refused from its length, before it is parsed.
-  reply = httpx.post(server.url("/v1/completions"),
+  reply = http.post(server.url("/v1/completions"),
                      content=b"x" * (8 << 20),
                      headers={"content-type": "application/json"})
   assert reply.status_code == 413
@@ -741,7 +742,7 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
 
 
 def metric(server, name, labels=""):
-  page = httpx.get(server.url("/metrics")).text
+  page = http.get(server.url("/metrics")).text
   found = re.search(rf"^{re.escape(name + labels)} (\S+)$", page, re.M)
   return float(found.group(1)) if found else 0.0
 
@@ -764,7 +765,7 @@ def generated_once_idle(server, before):
 @pytest.mark.slow
 def test_disconnect_mid_stream_cancels_the_row(server):
   before = metric(server, "rnnstep_generated_characters_total")
-  with httpx.stream("POST", server.url("/v1/completions"), json=dict(
+  with http.stream("POST", server.url("/v1/completions"), json=dict(
       prompt="ROMEO:", max_tokens=MAX_TOKENS_LIMIT, seed=1, stream=True,
       repetition_penalty=1.1, no_repeat_ngram_size=2),
                     timeout=60) as response:

@@ -18,7 +18,6 @@ import json
 import pathlib
 import shutil
 
-import httpx
 import numpy as np
 import pytest
 
@@ -27,6 +26,7 @@ from rnnstep import convert
 from rnnstep.model import chat_template
 from rnnstep.model import model_file
 from tests.support import cli
+from tests.support import http
 from tests.support import serve_process
 
 PRESET = str(pathlib.Path(__file__).parent / "data" / "rwkv7" / "preset")
@@ -259,13 +259,13 @@ def test_rwkv7_completions_over_http_equal_generate(servers, rwkv_model):
 
   def send(body):
     if body["seed"] == 1:  # Streamed: the chunks join into the text.
-      with httpx.stream("POST", server.url("/v1/completions"),
+      with http.stream("POST", server.url("/v1/completions"),
                         json=dict(body, stream=True), timeout=120) as r:
         assert r.status_code == 200
         frames = [json.loads(line[6:]) for line in r.iter_lines()
                   if line.startswith("data: {")]
       return ["".join(c["text"] for f in frames for c in f["choices"])]
-    reply = httpx.post(server.url("/v1/completions"), json=body,
+    reply = http.post(server.url("/v1/completions"), json=body,
                        timeout=120)
     assert reply.status_code == 200, reply.text
     return [c["text"] for c in reply.json()["choices"]]
@@ -274,7 +274,7 @@ def test_rwkv7_completions_over_http_equal_generate(servers, rwkv_model):
     assert list(pool.map(send, bodies)) == want
   # Log-probabilities are the raw model's, teacher-forced over the ids
   # generated (ASCII tokens, by the regex: each names one id).
-  choice = httpx.post(server.url("/v1/completions"), json=bodies[2],
+  choice = http.post(server.url("/v1/completions"), json=bodies[2],
                       timeout=120).json()["choices"][0]
   tokens = choice["logprobs"]["tokens"]
   assert "".join(tokens) == choice["text"] == want[2][0]
@@ -392,7 +392,7 @@ def test_char_model_chat_with_a_template_file(servers, gru_model):
 
 
 def post_chat(server, body, **kwargs):
-  return httpx.post(server.url("/v1/chat/completions"), json=body,
+  return http.post(server.url("/v1/chat/completions"), json=body,
                     timeout=60, **kwargs)
 
 
@@ -440,9 +440,9 @@ def test_bad_chat_requests_get_400_naming_the_field(servers):
   # The same guards as completions.
   assert refusal(post_chat(rwkv, dict(messages=[user], model="other")),
                  404)["param"] == "model"
-  assert refusal(httpx.post(rwkv.url("/v1/chat/completions"),
+  assert refusal(http.post(rwkv.url("/v1/chat/completions"),
                             content=b'{"messages": []}', timeout=60,
                             headers={"Content-Type": "text/plain"}), 415)
-  schema = httpx.get(rwkv.url("/openapi.json")).json()
+  schema = http.get(rwkv.url("/openapi.json")).json()
   assert "/v1/chat/completions" in schema["paths"]
   assert "ChatCompletionRequest" in schema["components"]["schemas"]

@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 
-import httpx
 import numpy as np
 import pytest
 
 import rnnstep
 from tests.support import cli
+from tests.support import http
 from tests.support import forkserver
 from tests.support import serve_process
 from tests.support import token_models
@@ -102,7 +102,7 @@ def sigterm_while_a_pattern_is_checked_exits_0_in_time(server):
 def post(server, body, *, headers=AUTH, path="/v1/completions", timeout=60):
   """POSTs a JSON body (bytes as they are), with the key by default."""
   content = body if isinstance(body, bytes) else json.dumps(body).encode()
-  return httpx.post(server.url(path), content=content, timeout=timeout,
+  return http.post(server.url(path), content=content, timeout=timeout,
                     headers={"Content-Type": "application/json", **headers})
 
 
@@ -132,23 +132,23 @@ def test_the_issue_s_table_each_answered_as_it_must_be(server, model):
   assert_error(post(server, dict(prompt="a", regex="(" * 2000 + "a"
                                  + ")" * 2000)), 400, "regex")
   # A web page's simple request (no preflight) is not JSON: 415.
-  assert_error(httpx.post(server.url("/v1/completions"), content=json.dumps(
+  assert_error(http.post(server.url("/v1/completions"), content=json.dumps(
       dict(prompt="a", max_tokens=3)), headers={
           "Content-Type": "text/plain", **AUTH}), 415, "body")
   assert_error(post(server, dict(prompt="a", model="gpt-4")), 404, "model",
                "model_not_found")
   assert post(server, dict(prompt="a", model=NAME, max_tokens=2)
               ).status_code == 200
-  assert_error(httpx.post(server.url("/v1/completions"), json=dict(
+  assert_error(http.post(server.url("/v1/completions"), json=dict(
       prompt="a")), 401, code="invalid_api_key")
   assert_error(post(server, dict(prompt="a"), headers={
       "Authorization": "Bearer sk-wrong"}), 401, code="invalid_api_key")
   assert_error(post(server, dict(prompt="a"), headers={
       "Authorization": KEYS[0]}), 401)  # Not a bearer token.
   for path in ("/health", "/metrics", "/openapi.json"):  # Open, as vLLM's.
-    assert httpx.get(server.url(path)).status_code == 200, path
-  assert_error(httpx.get(server.url("/v1/models")), 401)
-  assert_error(httpx.get(server.url("/nowhere"), headers=AUTH), 404)
+    assert http.get(server.url(path)).status_code == 200, path
+  assert_error(http.get(server.url("/v1/models")), 401)
+  assert_error(http.get(server.url("/nowhere"), headers=AUTH), 404)
 
 
 def test_a_pattern_that_blows_up_is_refused_while_others_are_served(
@@ -273,7 +273,7 @@ def test_prompt_over_the_limit_in_tokens_is_refused(server):
 
 def test_cors_answers_the_allowed_origin_only(server):
   def preflight(origin):
-    return httpx.options(server.url("/v1/completions"), headers={
+    return http.options(server.url("/v1/completions"), headers={
         "Origin": origin, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization,content-type"})
   allowed = preflight(ORIGIN)
@@ -282,9 +282,9 @@ def test_cors_answers_the_allowed_origin_only(server):
   other = preflight("https://evil.example")
   assert "access-control-allow-origin" not in other.headers
   # DNS rebinding: a loopback server answers loopback Host names only.
-  assert httpx.get(server.url("/health"), headers={
+  assert http.get(server.url("/health"), headers={
       "Host": "evil.example:8000"}).status_code == 400
-  assert httpx.get(server.url("/health"), headers={
+  assert http.get(server.url("/health"), headers={
       "Host": "localhost"}).status_code == 200
 
 

@@ -12,7 +12,6 @@ it compiles).
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -24,6 +23,7 @@ from rnnstep.serve import lanes as lanes_lib
 from rnnstep.serve import prefix_cache as prefix_cache_lib
 from rnnstep.serve import scheduler as scheduler_lib
 from tests.support import cli
+from tests.support import http
 from tests.support import serve_process
 from tests.support.tiers import quick_params
 from tests.test_rwkv7 import PRESET
@@ -533,7 +533,7 @@ def server(model, tmp_path_factory):
 
 
 def _metrics(server):
-  text = httpx.get(server.url("/metrics"), timeout=30).text
+  text = http.get(server.url("/metrics"), timeout=30).text
   values = {}
   for line in text.splitlines():
     if line.startswith("rnnstep_prefix_cache_"):
@@ -550,7 +550,7 @@ def test_server_texts_are_generate_s_and_metrics_count_the_cache(model,
   before = _metrics(server)
 
   def send(body):
-    reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+    reply = http.post(server.url("/v1/completions"), json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     return [c["text"] for c in reply.json()["choices"]]
 
@@ -586,7 +586,7 @@ def test_server_cache_bytes_never_pass_the_bound(server):
   letters = list("abcdefghijklmnopqrstuvwxyz")
   for _ in range(10):
     prompt = "".join(rng.choice(letters, 90))
-    reply = httpx.post(server.url("/v1/completions"), json=dict(
+    reply = http.post(server.url("/v1/completions"), json=dict(
         prompt=prompt, max_tokens=2), timeout=120)
     assert reply.status_code == 200, reply.text
     assert _metrics(server)["bytes"] <= BOUND_MB * (1 << 20)
@@ -595,7 +595,7 @@ def test_server_cache_bytes_never_pass_the_bound(server):
 
 @pytest.mark.slow  # A server process.
 def test_server_refuses_an_unknown_state_with_404_naming_it(server):
-  reply = httpx.post(server.url("/v1/completions"), json=dict(
+  reply = http.post(server.url("/v1/completions"), json=dict(
       prompt="ROMEO:", max_tokens=2, state="nonesuch"), timeout=60)
   assert reply.status_code == 404, reply.text
   assert reply.json()["error"]["param"] == "state"
@@ -618,7 +618,7 @@ def test_server_named_states_give_generate_s_text_from_them(model, server):
     want = rnnstep.generate(model, prompt, 12, seed=3, temperature=0.9,
                             jit_compile=False, initial_state=initial)
     for _ in range(2):
-      reply = httpx.post(server.url("/v1/completions"), json=body,
+      reply = http.post(server.url("/v1/completions"), json=body,
                          timeout=120)
       assert reply.status_code == 200, reply.text
       assert reply.json()["choices"][0]["text"] == want
@@ -629,12 +629,12 @@ def test_server_named_states_give_generate_s_text_from_them(model, server):
       model, prompt, 12, seed=3, temperature=0.9, jit_compile=False,
       stop="\n", initial_state=rnnstep.load_state(
           server.states / "warm.safetensors", model))
-  reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+  reply = http.post(server.url("/v1/chat/completions"), json=dict(
       messages=messages, max_tokens=12, seed=3, temperature=0.9,
       state="warm"), timeout=120)
   assert reply.status_code == 200, reply.text
   assert reply.json()["choices"][0]["message"]["content"] == want
-  reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+  reply = http.post(server.url("/v1/chat/completions"), json=dict(
       messages=messages, max_tokens=2, state="nonesuch"), timeout=60)
   assert reply.status_code == 404 and reply.json()["error"]["param"] == "state"
 
@@ -685,7 +685,7 @@ def test_server_chat_requests_start_after_the_shared_system_message(
   system = "You are a terse assistant who answers in one word only."
   before = _metrics(server)
   for user in ("Hi", "And now?", "Again"):
-    reply = httpx.post(server.url("/v1/chat/completions"), json=dict(
+    reply = http.post(server.url("/v1/chat/completions"), json=dict(
         messages=[dict(role="system", content=system),
                   dict(role="user", content=user)],
         max_tokens=6, seed=2, temperature=0.8), timeout=120)
@@ -840,7 +840,7 @@ def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
   got = [None] * len(bodies)
 
   def send(i):
-    reply = httpx.post(server.url("/v1/completions"), json=bodies[i],
+    reply = http.post(server.url("/v1/completions"), json=bodies[i],
                        timeout=300)
     assert reply.status_code == 200, reply.text
     got[i] = [c["text"] for c in reply.json()["choices"]]

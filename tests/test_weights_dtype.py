@@ -159,7 +159,9 @@ def test_rwkv7_paths_give_int8_s_text(path):
                               jit_compile=True))
 
 
-@pytest.mark.slow  # A LiteRT conversion.
+# Exhaustive: test_litert_int8_products_are_every_cell_kind_s runs a GRU
+# (and every other kind) through an int8 artifact in the default run.
+@pytest.mark.exhaustive  # A LiteRT conversion.
 def test_litert_gives_int8_s_text(gru_file):
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
@@ -240,8 +242,11 @@ def test_file_stores_fewer_bytes_and_reads_back_the_same_weights(
     np.testing.assert_array_equal(twice.tensors()[key], value, err_msg=key)
 
 
+# The default run serves the flag (its own cache key, the fill loading the
+# float32 file as int8); a file stored int8 (the fill reads its dtype as
+# `rnnstep.load` does) is exhaustive.
 @pytest.mark.slow  # Command-line runs, artifacts built in the background.
-@pytest.mark.parametrize("stored", [True, False])
+@pytest.mark.parametrize("stored", quick_params([True, False], False))
 def test_the_warm_command_line_serves_int8_with_its_text(
     gru_file, tmp_path, monkeypatch, stored):
   """An int8 model's compiled artifact multiplies on XNNPACK's int8 kernel
@@ -350,7 +355,7 @@ def test_server_gives_the_library_s_int8_text(gru_file):
   if not serve_process.stack_installed():
     pytest.skip("the serving stack is not installed (pip install "
                 "'rnnstep[serve]')")
-  import httpx  # pylint: disable=g-import-not-at-top
+  from tests.support import http  # pylint: disable=g-import-not-at-top
   model = rnnstep.load(gru_file, weights_dtype="int8")
   body = dict(prompt=PROMPT, max_tokens=20, seed=1, temperature=0.9)
   want = serve_process.expected(model, body, body["seed"])[0]
@@ -358,7 +363,7 @@ def test_server_gives_the_library_s_int8_text(gru_file):
                                    "--weights_dtype=int8", "--max_batch=2",
                                    "--jit_compile=false",
                                    "--lanes=1"], startup_timeout=300) as server:
-    reply = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+    reply = http.post(server.url("/v1/completions"), json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     assert [c["text"] for c in reply.json()["choices"]] == want
 

@@ -2,7 +2,7 @@
 
     with RemoteServer(["--model", path, "--max_batch=8"]) as server:
       client = server.openai_client()
-      httpx.get(server.url("/health"))
+      http.get(server.url("/health"))
 """
 
 import importlib.util
@@ -19,6 +19,7 @@ from rnnstep import records
 from rnnstep.serve import protocol
 from tests.support import cli
 from tests.support import forkserver
+from tests.support import http
 
 
 def free_port() -> int:
@@ -65,7 +66,7 @@ class RemoteServer:
         raise RuntimeError(f"rnnstep-serve exited {self.process.returncode}: "
                            f"{self.process.stderr.read()}")
       try:
-        if httpx.get(self.url("/health"), timeout=2).status_code == 200:
+        if http.get(self.url("/health"), timeout=2).status_code == 200:
           return
       except httpx.HTTPError:
         pass
