@@ -115,6 +115,37 @@ def pytest_runtest_protocol(item, nextitem):
     tiers.current_test = None
 
 
+# A background XLA compile (rnnstep/engine/compiling.py) that a test's call
+# left running would go on into the next tests of its worker, beside their
+# own work and past the fixtures it uses: a compile once outlived its test's
+# temporary state and crashed a later one's process. Each test's body and
+# teardown end when this process's compiles have (the CPU is spent either
+# way); one still running after 10 minutes fails the test.
+_COMPILE_WAIT_SECONDS = 600
+
+
+def _wait_for_background_compiles(outcome, phase):
+  compiling = sys.modules.get("rnnstep.engine.compiling")
+  if compiling is not None and not compiling.wait_idle(_COMPILE_WAIT_SECONDS):
+    outcome.force_exception(AssertionError(
+        f"a background XLA compile was still running {_COMPILE_WAIT_SECONDS}"
+        f" s after the test's {phase}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+  del item
+  outcome = yield
+  _wait_for_background_compiles(outcome, "body")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+  del item, nextitem
+  outcome = yield
+  _wait_for_background_compiles(outcome, "teardown")
+
+
 # First: `-m` selects on the markers added here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):

@@ -164,7 +164,9 @@ def test_a_new_batch_runs_on_the_graph_path_while_its_programs_compile(
   first = rnnstep.generate(model, prompts, 40, **options)
   assert elementwise.taken == [("graph", "generate_fn")]
   assert elementwise.compiler.pending == 1
-  wait_compiled(elementwise.compiler)
+  assert not compiling.wait_idle(timeout=0)  # Compiling (for seconds).
+  assert compiling.wait_idle(timeout=300)
+  assert elementwise.compiler.pending == 0
   second = rnnstep.generate(model, prompts, 40, **options)
   assert elementwise.taken[-1] == ("elementwise", "generate_fn")
   assert first == second

@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from unittest import mock
 
 import pytest
@@ -236,12 +235,9 @@ class CacheReadTest(TuningTestCase):
     # The call left XLA's program compiling on a thread of its own: done
     # before the test ends, it never runs into the next tests (it crashed a
     # worker, a segfault in that thread's call while a later test removed
-    # its temporary folder).
-    compiler = compiling.background(self.model).compiler
-    deadline = time.monotonic() + 300
-    while compiler.pending and time.monotonic() < deadline:
-      time.sleep(0.05)
-    self.assertEqual(compiler.pending, 0)
+    # its temporary folder; the tests' own hook waits after tearDown, which
+    # removes that folder).
+    self.assertTrue(compiling.wait_idle(300))
 
 
 class TuneTest(TuningTestCase):

@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Optional
 
 from absl import logging
 import numpy as np
@@ -222,6 +223,26 @@ def for_programs(programs) -> Compiler:
     if compiler is None:
       compiler = _COMPILERS[programs] = Compiler()
     return compiler
+
+
+def wait_idle(timeout: Optional[float] = None) -> bool:
+  """Waits until no program of this process is queued or compiling in the
+  background, at most `timeout` seconds (None: as long as it takes).
+
+  Returns:
+    Whether every compiler is idle: a benchmark times settled calls after
+    it, and the tests end each test with it, so that no compile outlives
+    the test that started it.
+  """
+  deadline = None if timeout is None else time.monotonic() + timeout
+  while True:
+    with _COMPILERS_LOCK:
+      compilers = list(_COMPILERS.values())
+    if not any(compiler.pending for compiler in compilers):
+      return True
+    if deadline is not None and time.monotonic() >= deadline:
+      return False
+    time.sleep(0.05)
 
 
 def _exit_at_once_while_compiling() -> None:

@@ -72,17 +72,12 @@ def _child():
     call()
     return time.perf_counter() - start
 
-  def idle():
-    compilers = compiling._COMPILERS  # pylint: disable=protected-access
-    while any(c.pending for c in list(compilers.values())):
-      time.sleep(0.05)
-
   def measure(name, path, run, graph_first=None):
     # Scoring's graph path pays a first call of its own at a new shape:
     # timed on a sibling shape that nothing ran before.
     graph_first = None if graph_first is None else timed(graph_first)
     first = timed(lambda: run(None))
-    idle()
+    compiling.wait_idle()
     graph = statistics.median(timed(lambda: run(False)) for _ in range(5))
     settled = statistics.median(timed(lambda: run(None)) for _ in range(3))
     print(json.dumps(dict(case=name, path=path, first=first, graph=graph,
@@ -91,7 +86,7 @@ def _child():
 
   warm_up = lambda: rnnstep.generate(model, PROMPT, 100, temperature=0.0)
   warm_up()
-  idle()
+  compiling.wait_idle()
   warm_up()
   for name, prompts, steps in GENERATE_CASES:
     measure(name, paths.default_path(model, len(prompts)),
@@ -99,7 +94,7 @@ def _child():
                 model, p, s, temperature=0.0, jit_compile=jit))
   rnnstep.loglikelihood(model, [("ROMEO: ", "x")], jit_compile=False)
   rnnstep.loglikelihood(model, [("ROMEO: ", "x")])
-  idle()
+  compiling.wait_idle()
   for name, pairs in SCORE_CASES:
     sibling = [(context, text + "y") for context, text in pairs]
     measure(name, "elementwise (scoring)",
