@@ -49,6 +49,20 @@ def byte_model(tmp_path_factory):
   return rnnstep.load(str(path))
 
 
+@pytest.fixture
+def uncompiled_model(tmp_path):
+  """A character model of an architecture (GRU 20 over 65 characters, D=12)
+  no other test compiles: its XLA programs (shared per architecture) are
+  not compiled yet, whichever tests ran before in this process."""
+  config = model_file.ModelConfig(12, (model_file.LayerConfig("gru", 20),))
+  rng = np.random.default_rng(8)
+  path = tmp_path / "uncompiled.npz"
+  model_file.write(path, config, cli.VOCAB, {
+      k: (rng.normal(size=s) * 0.6).astype(np.float32)
+      for k, s in config.expected_shapes(len(cli.VOCAB)).items()})
+  return rnnstep.load(str(path))
+
+
 class Collector:
   """A completion's sink: its updates per choice, and when all ended."""
 
@@ -464,11 +478,14 @@ def test_the_scheduler_survives_failing_rounds(model, monkeypatch):
 
 
 @pytest.mark.slow  # One XLA compile (seconds).
-def test_a_row_begun_on_the_graph_path_goes_on_under_xla_once_compiled(model):
+def test_a_row_begun_on_the_graph_path_goes_on_under_xla_once_compiled(
+    uncompiled_model):
   """With `compile_in_background` the scheduler serves before its XLA program
   is compiled: the row's first chunks run on the graph path while the
   program compiles, the next ones (its carry from the host) under XLA, and
-  its text is `generate`'s on either path."""
+  its text is `generate`'s on either path. (A model of its own architecture:
+  with the tiny one's, an earlier test's XLA calls had compiled it.)"""
+  model = uncompiled_model
   scheduler = make_scheduler(model, path="xla", max_batch=1, chunk_steps=4,
                              compile_in_background=True)
   scheduler.warm_up()  # The graph path traced; one shape queued (1 row).
