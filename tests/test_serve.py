@@ -69,7 +69,7 @@ def sigterm_drains_in_flight_then_exits_0(server, model):
   with `generate`'s whole text, and the process exits 0."""
   body = dict(prompt="ROMEO:", max_tokens=1000, seed=5, temperature=0.9)
   with http.stream("POST", server.url("/v1/completions"),
-                    json=dict(body, stream=True), timeout=60) as response:
+                   json=dict(body, stream=True), timeout=60) as response:
     lines = response.iter_lines()
     text = ""
     for line in lines:
@@ -94,7 +94,7 @@ def sigterm_drains_in_flight_then_exits_0(server, model):
 
 def post(server, body, timeout=60, **kwargs):
   return http.post(server.url("/v1/completions"), json=body, timeout=timeout,
-                    **kwargs)
+                   **kwargs)
 
 
 def stream_text(server, body):
@@ -102,7 +102,7 @@ def stream_text(server, body):
   the seed the server reports (None after a 429)."""
   texts, reasons, frames, seed = {}, {}, [], None
   with http.stream("POST", server.url("/v1/completions"),
-                    json=dict(body, stream=True), timeout=60) as response:
+                   json=dict(body, stream=True), timeout=60) as response:
     if response.status_code == 429:
       return None
     assert response.status_code == 200, response.read()
@@ -714,7 +714,7 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
   for body, param in cases:
     if isinstance(body, bytes):
       reply = http.post(server.url("/v1/completions"), content=body,
-                         headers={"content-type": "application/json"})
+                        headers={"content-type": "application/json"})
     else:
       reply = post(server, body)
     assert reply.status_code == 400, (body, reply.text)
@@ -728,8 +728,8 @@ def test_bad_input_answers_400_naming_the_field_then_serves(server, model):
                                               max_tokens=3, top_p=7)
   # An oversized body is refused from its length, before it is parsed.
   reply = http.post(server.url("/v1/completions"),
-                     content=b"x" * (8 << 20),
-                     headers={"content-type": "application/json"})
+                    content=b"x" * (8 << 20),
+                    headers={"content-type": "application/json"})
   assert reply.status_code == 413
   assert post(server, dict(prompt="a", max_tokens=5, seed=1)).status_code == 200
   # OpenAI's penalties, as the openai client sends them, are generate's.

@@ -260,13 +260,13 @@ def test_rwkv7_completions_over_http_equal_generate(servers, rwkv_model):
   def send(body):
     if body["seed"] == 1:  # Streamed: the chunks join into the text.
       with http.stream("POST", server.url("/v1/completions"),
-                        json=dict(body, stream=True), timeout=120) as r:
+                       json=dict(body, stream=True), timeout=120) as r:
         assert r.status_code == 200
         frames = [json.loads(line[6:]) for line in r.iter_lines()
                   if line.startswith("data: {")]
       return ["".join(c["text"] for f in frames for c in f["choices"])]
     reply = http.post(server.url("/v1/completions"), json=body,
-                       timeout=120)
+                      timeout=120)
     assert reply.status_code == 200, reply.text
     return [c["text"] for c in reply.json()["choices"]]
 
@@ -275,7 +275,7 @@ def test_rwkv7_completions_over_http_equal_generate(servers, rwkv_model):
   # Log-probabilities are the raw model's, teacher-forced over the ids
   # generated (ASCII tokens, by the regex: each names one id).
   choice = http.post(server.url("/v1/completions"), json=bodies[2],
-                      timeout=120).json()["choices"][0]
+                     timeout=120).json()["choices"][0]
   tokens = choice["logprobs"]["tokens"]
   assert "".join(tokens) == choice["text"] == want[2][0]
   prompt = rwkv_model.encode("café").tolist()
@@ -393,7 +393,7 @@ def test_char_model_chat_with_a_template_file(servers, gru_model):
 
 def post_chat(server, body, **kwargs):
   return http.post(server.url("/v1/chat/completions"), json=body,
-                    timeout=60, **kwargs)
+                   timeout=60, **kwargs)
 
 
 def refusal(response, status=400):
@@ -441,8 +441,8 @@ def test_bad_chat_requests_get_400_naming_the_field(servers):
   assert refusal(post_chat(rwkv, dict(messages=[user], model="other")),
                  404)["param"] == "model"
   assert refusal(http.post(rwkv.url("/v1/chat/completions"),
-                            content=b'{"messages": []}', timeout=60,
-                            headers={"Content-Type": "text/plain"}), 415)
+                           content=b'{"messages": []}', timeout=60,
+                           headers={"Content-Type": "text/plain"}), 415)
   schema = http.get(rwkv.url("/openapi.json")).json()
   assert "/v1/chat/completions" in schema["paths"]
   assert "ChatCompletionRequest" in schema["components"]["schemas"]

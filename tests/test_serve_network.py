@@ -103,7 +103,7 @@ def post(server, body, *, headers=AUTH, path="/v1/completions", timeout=60):
   """POSTs a JSON body (bytes as they are), with the key by default."""
   content = body if isinstance(body, bytes) else json.dumps(body).encode()
   return http.post(server.url(path), content=content, timeout=timeout,
-                    headers={"Content-Type": "application/json", **headers})
+                   headers={"Content-Type": "application/json", **headers})
 
 
 def assert_error(reply, status, param=None, code=None):

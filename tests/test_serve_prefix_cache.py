@@ -619,7 +619,7 @@ def test_server_named_states_give_generate_s_text_from_them(model, server):
                             jit_compile=False, initial_state=initial)
     for _ in range(2):
       reply = http.post(server.url("/v1/completions"), json=body,
-                         timeout=120)
+                        timeout=120)
       assert reply.status_code == 200, reply.text
       assert reply.json()["choices"][0]["text"] == want
   # A chat picks a state alike (its prompt rendered by the template).
@@ -841,7 +841,7 @@ def test_server_primes_a_burst_s_shared_prefix_once_over_its_lanes(
 
   def send(i):
     reply = http.post(server.url("/v1/completions"), json=bodies[i],
-                       timeout=300)
+                      timeout=300)
     assert reply.status_code == 200, reply.text
     got[i] = [c["text"] for c in reply.json()["choices"]]
 
