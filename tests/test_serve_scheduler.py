@@ -54,13 +54,9 @@ def uncompiled_model(tmp_path):
   """A character model of an architecture (GRU 20 over 65 characters, D=12)
   no other test compiles: its XLA programs (shared per architecture) are
   not compiled yet, whichever tests ran before in this process."""
-  config = model_file.ModelConfig(12, (model_file.LayerConfig("gru", 20),))
-  rng = np.random.default_rng(8)
-  path = tmp_path / "uncompiled.npz"
-  model_file.write(path, config, cli.VOCAB, {
-      k: (rng.normal(size=s) * 0.6).astype(np.float32)
-      for k, s in config.expected_shapes(len(cli.VOCAB)).items()})
-  return rnnstep.load(str(path))
+  path = str(tmp_path / "uncompiled.npz")
+  cli.write_model(path, seed=8, embedding_dim=12, units=20)
+  return rnnstep.load(path)
 
 
 class Collector:

@@ -103,7 +103,7 @@ def run_concurrently(cmd, runs, workers=4):
     return {name: future.result() for name, future in futures.items()}
 
 
-def write_model(path, seed=0, window=None):
+def write_model(path, seed=0, window=None, embedding_dim=16, units=32):
   """A small random GRU model (V=65, D=16, U=32) over VOCAB: the
   architecture of `reference_models.TINY_LAYERS` (programs shared).
 
@@ -111,9 +111,11 @@ def write_model(path, seed=0, window=None):
     path: where to write the model file.
     seed: the weights' random seed.
     window: the window the file records, if any.
+    embedding_dim, units: D and U for another architecture (its own
+      programs).
   """
   rng = np.random.default_rng(seed)
-  v, d, u = len(VOCAB), 16, 32
+  v, d, u = len(VOCAB), embedding_dim, units
   config = model_file.ModelConfig(d, (model_file.LayerConfig("gru", u, True),),
                                   window=window)
   tensors = {
