@@ -144,7 +144,7 @@ class Cell:
     raise NotImplementedError
 
 
-def matmul(a, w, compute_dtype, float32_result=True):
+def matmul(a, w, compute_dtype, float32_result=True, transposed=False):
   """`a @ w` with `a` cast to the weights' dtype (the cells' and the Dense's).
 
   The result is float32, or with `float32_result=False` left in the compute
@@ -160,9 +160,11 @@ def matmul(a, w, compute_dtype, float32_result=True):
 
   Args:
     a: `[..., D]` inputs (float32, or the compute dtype already).
-    w: `[D, N]` weights in the compute dtype, or an `Int8Kernel`.
+    w: `[D, N]` weights in the compute dtype (`[N, D]` with `transposed`),
+      or an `Int8Kernel` (whatever `transposed` says).
     compute_dtype: the dtype the product runs in.
     float32_result: widen the product to float32 here.
+    transposed: `w` is held `[N, D]` (`Kind.held_transposed`); `a` 2-D.
 
   Returns:
     `[..., N]`, float32 or (`float32_result=False`) the compute dtype.
@@ -172,7 +174,9 @@ def matmul(a, w, compute_dtype, float32_result=True):
   if compute_dtype != tf.float32:
     a = tf.cast(a, compute_dtype)
   if a.shape.rank == 2:
-    product = tf.matmul(a, w)
+    product = tf.matmul(a, w, transpose_b=transposed)
+  elif transposed:
+    raise ValueError("matmul: transposed weights take 2-D inputs")
   else:
     product = tf.tensordot(a, w, [[a.shape.rank - 1], [0]])
   return tf.cast(product, tf.float32) if float32_result else product

@@ -53,13 +53,15 @@ UNFUSED_PROJECTION_ELEMENTS = 1 << 18
 
 def _optimization_barrier(*tensors):
   """XLA's `opt-barrier`: its outputs are its inputs, never fused across.
-
-  TensorFlow exposes the op only in its tf2xla module (loaded by `import
-  tensorflow`, so importing it here costs nothing); it exists only inside an
-  XLA program.
-  """
+  Only inside an XLA program; TensorFlow exposes it only in its tf2xla
+  module (loaded by `import tensorflow`: importing it here costs nothing)."""
   from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-import-not-at-top
   return xla.optimization_barrier(*tensors)
+
+
+def _swap_last_axes(array) -> np.ndarray:
+  """`[..., in, out]` <-> `[..., out, in]` (`Kind.held_transposed`)."""
+  return np.ascontiguousarray(np.swapaxes(array, -1, -2))
 
 
 class Architecture(NamedTuple):
@@ -91,17 +93,12 @@ class Architecture(NamedTuple):
 class BoundFunction:
   """A shared compiled function with one model's weights as its first argument.
 
-  Calling it calls `function(weights(), *args)`, reading the weights at each
-  call (so a model whose variables are assigned new values runs with them).
-  It offers what callers of a `tf.function` use: `get_concrete_function()`
-  and `experimental_get_tracing_count()`.
-
-  Args:
-    function: a `tf.function` whose first argument is a model's weights
-      (`Model.network_weights()`'s structure).
-    weights: a callable returning the weights to pass.
-    graph: whether `function` is a TensorFlow graph (no XLA program), called
-      without Grappler (`graph_calls`).
+  Calling it calls `function(weights(), *args)` (`function`'s first argument
+  is `Model.network_weights()`'s structure), reading the weights at each
+  call (so a model whose variables are assigned new values runs with them);
+  with `graph` (a TensorFlow graph, no XLA program) without Grappler
+  (`graph_calls`). It offers what callers of a `tf.function` use:
+  `get_concrete_function()` and `experimental_get_tracing_count()`.
   """
 
   def __init__(self, function, weights: Callable[[], dict], *,
@@ -138,16 +135,9 @@ MAX_SHARED_FUNCTIONS = 64
 
 def shared_function(architecture: Architecture, name: str,
                     build: Callable[[], Callable]):
-  """The compiled function `name` of an architecture, built once by `build()`.
-
-  Args:
-    architecture: the models' `Architecture`.
-    name: which function (with its path, where it has one).
-    build: makes the `tf.function` on first use.
-
-  Returns:
-    The `tf.function`, shared by every model of the architecture.
-  """
+  """The compiled function `name` (with its path, where it has one) of an
+  architecture: the `tf.function` `build()` made at first use, shared by
+  every model of the architecture."""
   key = (architecture, name)
   function = _SHARED_FUNCTIONS.get(key)
   if function is None:
@@ -228,10 +218,20 @@ class Model(tf.Module):
                   if axis == -2}
                  if weights_dtype == "int8" else set())
 
+    # The kinds' `held_transposed` matrices, held `[..., out, in]`.
+    self._held_transposed = {
+        key for i, layer in enumerate(config.layers)
+        for name in kinds.get(layer.kind).held_transposed
+        for key in (f"layer{i}_{name}",
+                    f"layer{i}_{model_file.BACKWARD}{name}")
+        if key in tensors and key not in int8_keys}
+
     def var(key):
       if key in int8_keys:
         return int8_arithmetic.variables(tensors[key], key)
-      return tf.Variable(tensors[key], trainable=False, name=key)
+      return tf.Variable(_swap_last_axes(tensors[key])
+                         if key in self._held_transposed else tensors[key],
+                         trainable=False, name=key)
 
     self.embedding = var("embedding")
     # One dict per layer of the tensors its kind declares (`kinds.py`).
@@ -307,8 +307,8 @@ class Model(tf.Module):
     return "".join(vocab[i] for i in np.asarray(ids).ravel().tolist())
 
   def tensors(self):
-    """The weights as float32 numpy arrays, keyed as in the model file
-    (an int8 kernel's float32 values)."""
+    """The weights as float32 numpy arrays, keyed and laid out as in the
+    model file (an int8 kernel's float32 values)."""
     numpy = int8_arithmetic.numpy_values
     tensors = {"embedding": numpy(self.embedding),
                "dense_kernel": numpy(self.dense_kernel),
@@ -321,6 +321,8 @@ class Model(tf.Module):
     for j, weights in enumerate(self.head_weights):
       for name, weight in weights.items():
         tensors[f"head{j}_{name}"] = numpy(weight)
+    for key in self._held_transposed:
+      tensors[key] = _swap_last_axes(tensors[key])
     if self.attention_kernel is not None:
       tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
@@ -333,14 +335,11 @@ class Model(tf.Module):
                         self.weights_dtype == "int8")
 
   def network_weights(self) -> dict:
-    """The variables a `Network` reads, as one structure (see `network_of`).
-
-    Layer 0's kernel is left out: it is folded into `input_table` (and its
-    backward copy's into `backward_input_table`). A model with bidirectional
-    layers or a head adds `"backward"` (per layer, a dict, empty for a layer
-    of one direction) and `"head"`; others have neither key, so their
-    programs' signatures are as before.
-    """
+    """The variables a `Network` reads, as one structure (see `network_of`):
+    layer 0's kernel left out (folded into `input_table`, its backward
+    copy's into `backward_input_table`); `"backward"` (per layer, a dict,
+    empty for a layer of one direction) and `"head"` only where a model has
+    them, so other programs' signatures are as before."""
     def layer_weights(i, weights):
       return {name: weight for name, weight in weights.items()
               if not (i == 0 and name == "kernel")}

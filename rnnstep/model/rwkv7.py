@@ -99,7 +99,8 @@ class RWKV7Cell(Cell):
   [H*N*N], prev_ffn); h is carried only so that a masked step keeps the
   output it had, as every cell's state[0] is its output.
 
-  Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`).
+  Matrices are stored `[in, out]` and stacked per block (`kinds.rwkv7_shapes`);
+  a `Model` holds the big ones `[out, in]` (`Kind.held_transposed`).
   The big products (R, K, V, O, FK, FV) are TensorFlow matmuls in the
   compute dtype; the rest, LoRAs included, are elementwise functions
   (`_elementwise`: XLA-compiled on the elementwise path). A prompt runs
@@ -181,7 +182,9 @@ class RWKV7Cell(Cell):
                       self.input_norm)
 
   def _mm(self, a, w):
-    return matmul(a, w, self.compute_dtype, float32_result=False)
+    """a @ W of a big matrix, held `[out, in]` (`Kind.held_transposed`)."""
+    return matmul(a, w, self.compute_dtype, float32_result=False,
+                  transposed=True)
 
   def blocks_sliced_in_step(self):
     """Each block's tensors sliced from the stacked ones where the step runs
