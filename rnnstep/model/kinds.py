@@ -49,8 +49,9 @@ class Kind:
       (`Model.tensors` gives the file's back), and its cell multiplies with
       `cells.matmul(..., transposed=True)`: at batch 1 XLA's CPU
       matrix-vector product reads a 768-wide square matrix in that layout
-      ~15% faster, and the 0.1B RWKV-7 decodes ~10% faster (an int8
-      model's kernels keep their own layout).
+      ~10% faster, and the 0.1B RWKV-7 decodes 1.12-1.20x as fast on the
+      XLA path (benchmarks/results/rwkv7-layout-epyc-zen5-2026-12.md). An
+      int8 model's kernels keep their own layout.
     activation: the candidate's (and an LSTM's output's) activation, Keras's
       `activation` (PyTorch's `nonlinearity`): one of `cells.ACTIVATIONS`.
     variant_of: for a kind that differs from another only in `activation`
