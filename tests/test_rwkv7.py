@@ -188,28 +188,25 @@ def test_logits_match_keras_hub_and_the_official_equations(
 
 
 def test_the_big_matrices_are_held_transposed_and_given_back_as_filed(
-    tmp_path):
+    pth_model):
   """A model holds R, K, V, O and the feed-forward's two `[out, in]`
   (`Kind.held_transposed`: XLA's matrix-vector product reads that layout
   faster), and `Model.tensors` gives the file's `[in, out]` back, bit for
   bit; an int8 model's kernels keep their own layout."""
-  path = tmp_path / "official.npz"
-  convert.convert(PTH, path, vocab=VOCAB)
-  filed = model_file.read(str(path)).tensors
-  model = rnnstep.load(str(path))
-  for key, value in model.tensors().items():
+  filed = model_file.read(pth_model.source).tensors
+  for key, value in pth_model.tensors().items():
     np.testing.assert_array_equal(value, filed[key], err_msg=key)
   held = kinds.get("rwkv7").held_transposed
   assert set(held) == {"receptance", "key", "value", "output", "ffn_key",
                        "ffn_value"}
-  for name, weight in model.layer_weights[0].items():
+  for name, weight in pth_model.layer_weights[0].items():
     want = filed[f"layer0_{name}"]
     np.testing.assert_array_equal(
         weight.numpy(), np.swapaxes(want, -1, -2) if name in held else want,
         err_msg=name)
-  int8 = rnnstep.load(str(path), weights_dtype="int8")
-  assert [w.values.shape for name, w in int8.layer_weights[0].items()
-          if name in held] == [filed[f"layer0_{name}"].shape for name in held]
+  int8 = rnnstep.load(pth_model.source, weights_dtype="int8")
+  assert ({name: int8.layer_weights[0][name].values.shape for name in held}
+          == {name: filed[f"layer0_{name}"].shape for name in held})
 
 
 @pytest.mark.parametrize("path", PATH_CASES)
