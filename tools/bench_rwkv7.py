@@ -221,7 +221,10 @@ def _floor_token(model, weights):
   which oneDNN needs to reorder them once."""
   import tensorflow as tf
   from tools.bench import int8_products
-  w = model.layer_weights[0]
+  # The file's [in, out] layout (the model holds the big six [out, in]:
+  # `Kind.held_transposed`), as every floor figure before 0.22.0 read it.
+  tensors = model.tensors()
+  w = {name: tensors[f"layer0_{name}"] for name in FLOOR_NAMES}
   big = {"receptance", "key", "value", "output", "ffn_key", "ffn_value"}
 
   def product(array, large):
@@ -255,7 +258,7 @@ def _floor_token(model, weights):
                              tf.float32)
 
   # Per block, sliced once outside the loop (as rnnstep's cell does).
-  mats = [[product(m, n in big) for m in w[n].numpy()] for n in FLOOR_NAMES]
+  mats = [[product(m, n in big) for m in w[n]] for n in FLOOR_NAMES]
   head = product(model.dense_kernel.numpy(), True)
   c = SHAPE["units"]
 
