@@ -59,10 +59,10 @@ def _optimization_barrier(*tensors):
   return xla.optimization_barrier(*tensors)
 
 
-def _swap_last_axes(array) -> np.ndarray:
+def _swap_last_axes(array) -> tf.Tensor:
   """`[..., in, out]` <-> `[..., out, in]` (`Kind.held_transposed`);
   TensorFlow's transpose, 2.5x numpy's (0.1B: 0.08 s for 340 MB)."""
-  return tf.linalg.matrix_transpose(array).numpy()
+  return tf.linalg.matrix_transpose(array)
 
 
 class Architecture(NamedTuple):
@@ -323,7 +323,7 @@ class Model(tf.Module):
       for name, weight in weights.items():
         tensors[f"head{j}_{name}"] = numpy(weight)
     for key in self._held_transposed:
-      tensors[key] = _swap_last_axes(tensors[key])
+      tensors[key] = _swap_last_axes(tensors[key]).numpy()
     if self.attention_kernel is not None:
       tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
