@@ -237,12 +237,21 @@ def _primed(calls, model, ids, splits):
                          quick_params(["graph", "elementwise"], "graph"))
 def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
     model, tmp_path, path):
-  """Where `splits_exact` holds (a stepped cell; TensorFlow's matmuls for
-  the layers above), the state after a prompt primed from a cached prefix
-  is the state after it primed from zeros, bit for bit, however the
-  pieces fall: one layer, and a stack (an LSTM over a GRU)."""
+  """Where `splits_exact` holds (one stepped layer: its inputs rows of a
+  table), the state after a prompt primed from a cached prefix is the
+  state after it primed from zeros, bit for bit, however the pieces fall.
+  A stack (an LSTM over a GRU) does not claim it on any path: its upper
+  layer multiplies all of a piece's columns at once, which oneDNN's AVX2
+  kernel rounds by their count (this test failed for the stack with
+  ONEDNN_MAX_CPU_ISA=AVX2), so it resumes only where its own pieces end."""
+  scheduler = make_scheduler(model, chunk_steps=16, path=path)
+  assert scheduler.starts.splits_exact
+  ids = model.encode("but soft what light through yonder window breaks it is")
+  whole = _primed(scheduler.calls, model, ids, [0, 15, 30])
+  for splits in ([0, 7, 22, 30], [0, 1, 16, 30], [0, 13, 14, 29, 30]):
+    for got, want in zip(_primed(scheduler.calls, model, ids, splits), whole):
+      np.testing.assert_array_equal(got, want, err_msg=str(splits))
   stack = str(tmp_path / "stack.npz")
-  cli.write_model(stack)
   from rnnstep.model import model_file  # pylint: disable=g-import-not-at-top
   config = model_file.ModelConfig(16, (model_file.LayerConfig("gru", 24),
                                        model_file.LayerConfig("lstm", 20)))
@@ -251,14 +260,20 @@ def test_a_prompt_split_anywhere_primes_to_the_same_state_bit_for_bit(
       k: (rng.normal(size=s) * 0.5).astype(np.float32)
       for k, s in config.expected_shapes(model.vocab_size).items()},
                    model.tokens)
-  for m in (model, rnnstep.load(stack)):
-    scheduler = make_scheduler(m, chunk_steps=16, path=path)
-    assert scheduler.starts.splits_exact
-    ids = m.encode("but soft what light through yonder window breaks it is")
-    whole = _primed(scheduler.calls, m, ids, [0, 15, 30])
-    for splits in ([0, 7, 22, 30], [0, 1, 16, 30], [0, 13, 14, 29, 30]):
-      for got, want in zip(_primed(scheduler.calls, m, ids, splits), whole):
-        np.testing.assert_array_equal(got, want, err_msg=str(splits))
+  stacked = rnnstep.load(stack)
+  assert not make_scheduler(stacked, chunk_steps=16,
+                            path=path).starts.splits_exact
+  row = completion(stacked, ["a" * 50], {}, completion_lib.Shared(),
+                   lambda u: None, cache_points=[20]).rows[0]
+  cache = prefix_cache_lib.PrefixCache(1 << 24)
+  scheduler = make_scheduler(stacked, chunk_steps=16, path=path,
+                             prefix_cache=cache)
+  ends = scheduler.calls.boundaries(row)  # [15, 20, 35]; elementwise +1.
+  state = tf.nest.map_structure(lambda x: x[0], scheduler.calls._template.state)  # pylint: disable=protected-access
+  for n in (ends[0], 30, 34):  # 30 and 34 are no boundary of this row's.
+    cache.insert(scheduler.starts.namespace(None), row.prompt_ids[:n], state)
+  scheduler.starts.start([row], [], [])
+  assert row.primed == ends[0] and ends[1] == 20
 
 
 def test_rwkv7_resumes_only_where_its_own_pieces_end(rwkv7_model):

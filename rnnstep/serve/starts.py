@@ -12,7 +12,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from rnnstep.engine import paths
 from rnnstep.model import network
 from rnnstep.serve import completion as completion_lib
 from rnnstep.serve import flights as flights_lib
@@ -68,12 +67,13 @@ class RowStarts:
         raise ValueError(f"states: {name!r} has shapes {got}; this model's "
                          f"state has {shapes}")
     # Whether a prompt primed in pieces split anywhere leaves its state bit
-    # for bit (`start`): a cell stepped token by token, whose only products
-    # over all of a piece's columns are the layers above the first's
-    # inputs, which TensorFlow's matmuls round the same whatever their rows
-    # and XLA's do not.
-    self.splits_exact = not network.unrolls_blockwise(model.config) and (
-        calls.generator.path != paths.XLA or len(model.config.layers) == 1)
+    # for bit (`start`): one stepped layer, whose inputs are rows of a
+    # table and whose only product is a step's `h @ R`. A stack's upper
+    # layers multiply all of a piece's columns at once, and a matmul rounds
+    # a row by the rows beside it on some CPUs (oneDNN's AVX2 sgemm, under
+    # TensorFlow's matmuls too; XLA's dots on every CPU).
+    self.splits_exact = (len(model.config.layers) == 1
+                         and not network.unrolls_blockwise(model.config))
     if prefix_cache is not None:
       for name in [None] + list(states):
         prefix_cache.register(self.namespace(name), shapes)
@@ -125,11 +125,10 @@ class RowStarts:
     whose unroll multiplies all of a piece's columns at once, so that a
     column rounds by its place in the piece: on the graph path, pieces
     split at multiples of 16 columns gave the whole prompt's state bit for
-    bit, other splits states 3e-5 apart at the 0.1B shape; a stack under
-    XLA, whose dots round by their row count) a row resumes only at the
-    end of one of its own pieces
-    (`ChunkCalls.boundaries`), so that it primes the very pieces it primes
-    without the cache.
+    bit, other splits states 3e-5 apart at the 0.1B shape; a stack, whose
+    upper layers' products may round by their row count) a row resumes
+    only at the end of one of its own pieces (`ChunkCalls.boundaries`), so
+    that it primes the very pieces it primes without the cache.
 
     A row whose next piece another row is priming now, on the same prefix
     (requests that arrive together with one system prompt), in this lane's

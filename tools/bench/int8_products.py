@@ -107,6 +107,25 @@ def numpy_int8_product(x, q, scale):
   return sums * (row_scale * scale)
 
 
+def onednn_int8_inexact_why():
+  """Why oneDNN's u8 x s8 sums cannot be exact in this process, or None.
+
+  They are exact only through VNNI (`vpdpbusd` adds in int32). TensorFlow
+  turns oneDNN off on CPUs without VNNI, BF16 or AMX (the AVX2 machines),
+  where `QuantizedMatMulWithBias` fails; limited to AVX2
+  (`ONEDNN_MAX_CPU_ISA`), oneDNN adds pairs of products in int16, which
+  saturates (benchmarks/results/int8-onednn-avx2-epyc-zen5-2026-12.md).
+  """
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+  if not _pywrap_util_port.IsMklEnabled():
+    return ("TensorFlow runs without oneDNN here (its default on CPUs "
+            "without VNNI, BF16 or AMX; or TF_ENABLE_ONEDNN_OPTS=0)")
+  isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+  if isa != "ALL" and not any(s in isa for s in ("VNNI", "BF16", "AMX")):
+    return f"ONEDNN_MAX_CPU_ISA={isa} leaves oneDNN no VNNI"
+  return None
+
+
 def int8_product(array, how, const_in_body=False):
   """(x -> x @ array) as the int8 x int8 product (the module docstring),
   `how`: "s8s8" (`tf.linalg.matmul(..., output_type=tf.int32)`) or
