@@ -50,8 +50,9 @@ def activations(k, rows=40, seed=1):
 @pytest.mark.parametrize("how", ["s8s8", "onednn_u8s8"])
 @pytest.mark.parametrize("k,n", [(64, 48), (200, 24)])
 def test_graph_int8_products_equal_numpy(how, k, n):
-  if how == "onednn_u8s8" and int8_products.onednn_int8_inexact_why():
-    pytest.skip(int8_products.onednn_int8_inexact_why())
+  why = how == "onednn_u8s8" and int8_products.onednn_int8_inexact_why()
+  if why:
+    pytest.skip(why)
   array = weights(k, n)
   q, scale = int8_products.quantize_columns(array)
   x = activations(k)
@@ -193,8 +194,9 @@ def test_litert_dynamic_int8_is_xnnpack_arithmetic():
 def test_graph_computes_litert_dynamic_int8_bit_for_bit():
   """XNNPACK's arithmetic in a TensorFlow graph (oneDNN's u8 x s8 sums)
   gives LiteRT's outputs exactly: one int8 text on both is possible."""
-  if int8_products.onednn_int8_inexact_why():
-    pytest.skip(int8_products.onednn_int8_inexact_why())
+  why = int8_products.onednn_int8_inexact_why()
+  if why:
+    pytest.skip(why)
   from ai_edge_litert import interpreter as litert
   k, n = 192, 40
   array = weights(k, n, seed=3)
