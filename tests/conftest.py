@@ -37,6 +37,7 @@ if not flags.FLAGS.is_parsed():
 # winner measured on this machine would change which path jit_compile=None
 # takes. Subprocesses inherit this.
 import atexit  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import platform  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import shutil  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -141,9 +142,22 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-  del item, nextitem
   outcome = yield
   _wait_for_background_compiles(outcome, "teardown")
+  if nextitem is None or nextitem.path != item.path:
+    _freeze_what_outlives_the_file()
+
+
+def _freeze_what_outlives_the_file():
+  """Collects a finished file's garbage, then moves what outlives it (the
+  imports, the programs shared per architecture, caches) to the garbage
+  collector's permanent generation: Python's full collections scan every
+  object not frozen, and a worker holding every file's traced programs
+  holds millions, so its full collections took 25 of the default run's
+  CPU-seconds (0.4 s each). What dies later is still freed by its reference
+  count; only a cycle among frozen objects would stay."""
+  gc.collect()
+  gc.freeze()
 
 
 # First: `-m` selects on the markers added here.
