@@ -6,11 +6,15 @@ ops only (no Flex ops: the plain interpreter could not run them).
 """
 
 import ast
+import atexit
 import collections
 import functools
 import hashlib
 import json
 import os
+import pathlib
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -74,18 +78,33 @@ def models(name):
 
 
 @functools.lru_cache(maxsize=None)
-def exported(name):
-  """(keras model, rnnstep model, flatbuffer bytes) for a stack: each
-  conversion (seconds of CPU) is made once, and only for the stacks that
-  the selected tests run."""
+def exported_to(name):
+  """(keras model, rnnstep model, folder) for a stack: `rnnstep.export_litert`
+  writes the folder, `out` in a temporary directory of its own (removed at
+  exit). Each conversion (seconds of CPU) is made once, and only for the
+  stacks that the selected tests run."""
   keras_model, model = models(name)
-  return keras_model, model, litert.convert(model)
+  parent = tempfile.mkdtemp(prefix="rnnstep_litert_")
+  atexit.register(shutil.rmtree, parent, True)
+  target = os.path.join(parent, "out")
+  assert rnnstep.export_litert(model, target) == target  # It says where.
+  return keras_model, model, target
+
+
+@functools.lru_cache(maxsize=None)
+def exported(name):
+  """(keras model, rnnstep model, flatbuffer bytes) for a stack, as
+  `exported_to` wrote it."""
+  keras_model, model, folder = exported_to(name)
+  with open(os.path.join(folder, "model.tflite"), "rb") as f:
+    return keras_model, model, f.read()
 
 
 # The stack the default run converts; a test about something other than
 # the cell kinds (banning, padding, zero steps) runs on it by default and on
 # its other stack in the exhaustive tier, so the default run converts one
-# model (and `test_export_writes_both_files_and_leaves_no_temp` its own).
+# model (`test_export_writes_both_files_and_leaves_no_temp` checks its
+# folder).
 QUICK_STACK = "lstm_then_gru"
 
 
@@ -217,11 +236,11 @@ def test_row_keys_equal_the_library_s_for_int32_seeds():
                         tf.constant(index)).numpy())
 
 
-def test_export_writes_both_files_and_leaves_no_temp(tmp_path):
-  _, model = models("gru_reset_after")
-  target = tmp_path / "out"
-  assert rnnstep.export_litert(model, target) == str(target)
-  assert sorted(os.listdir(tmp_path)) == ["out"]
+def test_export_writes_both_files_and_leaves_no_temp():
+  _, model, folder = exported_to(QUICK_STACK)
+  target = pathlib.Path(folder)
+  assert target.name == "out"
+  assert sorted(os.listdir(target.parent)) == ["out"]
   assert sorted(os.listdir(target)) == ["model.tflite", "vocab.json"]
   vocab = json.loads((target / "vocab.json").read_text(encoding="utf-8"))
   assert vocab == list(model.vocab) and vocab[0] == "[UNK]"
