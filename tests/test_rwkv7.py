@@ -69,10 +69,16 @@ def preset_model():
 
 
 @pytest.fixture(scope="module")
-def pth_model(tmp_path_factory):
+def pth_file(tmp_path_factory):
+  """The official three-block `.pth`, converted."""
   path = tmp_path_factory.mktemp("rwkv7") / "official.npz"
   convert.convert(PTH, path, vocab=VOCAB)
-  return rnnstep.load(str(path))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def pth_model(pth_file):
+  return rnnstep.load(pth_file)
 
 
 def _log_softmax(x):
@@ -501,41 +507,54 @@ def deep_pth_model(deep_pth_file):
   return rnnstep.load(deep_pth_file)
 
 
-@pytest.fixture(scope="module")
-def deep_artifact(deep_pth_file, tmp_path_factory):
-  """The 12-block model's entry in a compiled-artifact cache, built once as
+def _filled_artifact(model_file_path, cache):
+  """A model file's entry in a compiled-artifact cache at `cache`, built as
   a cold run's child builds it (`fill`, here in process) and, as for an
   artifact past `runner.BUILTIN_KERNELS_FROM_BYTES` (lowered here), with
   its weights packed for XNNPACK: (the cache folder, the entry's files'
-  base path). The LiteRT text test runs its files and the warm command line
-  the entry (one conversion for both)."""
+  base path)."""
   pytest.importorskip("ai_edge_litert.interpreter",
                       reason="ai_edge_litert is not installed")
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import fill as compiled_fill  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
-  cache = tmp_path_factory.mktemp("rwkv7_cache") / "cache"
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("RNNSTEP_CACHE_DIR", str(cache))
     patch.setattr(litert_runner, "BUILTIN_KERNELS_FROM_BYTES", 0)
-    the_key = compiled_cache.key(deep_pth_file,
+    the_key = compiled_cache.key(model_file_path,
                                  compiled_cache.runtime_version())
     os.makedirs(os.path.dirname(compiled_cache.entry_base(the_key)),
                 mode=0o700)
     os.chmod(cache, 0o700)
-    assert compiled_fill.fill(deep_pth_file, the_key) == "built"
+    assert compiled_fill.fill(model_file_path, the_key) == "built"
     with compiled_cache.open_entry(the_key) as artifact:
       assert artifact.weight_cache is not None
     base = compiled_cache.entry_base(the_key)
   return cache, base
 
 
-# A model's LiteRT artifact: by default the 12-block official .pth's, the
-# warm command line's entry (the KerasHub preset and the 3-block .pth, its
-# blocks, are exhaustive: a conversion each).
+@pytest.fixture(scope="module")
+def pth_artifact(pth_file, tmp_path_factory):
+  """The official `.pth`'s entry (`_filled_artifact`): the LiteRT text test
+  runs its files and the warm command line the entry (one conversion for
+  both)."""
+  return _filled_artifact(pth_file,
+                          tmp_path_factory.mktemp("rwkv7_cache") / "cache")
+
+
+@pytest.fixture(scope="module")
+def deep_artifact(deep_pth_file, tmp_path_factory):
+  """The 12-block model's entry (`_filled_artifact`)."""
+  cache = tmp_path_factory.mktemp("rwkv7_deep_cache") / "cache"
+  return _filled_artifact(deep_pth_file, cache)
+
+
+# A model's LiteRT artifact: by default the official .pth's, the warm
+# command line's entry, its weights packed (the KerasHub preset and the
+# 12-block .pth are exhaustive: a conversion each, the 12 blocks' 17 CPU-s).
 @pytest.mark.slow
 @pytest.mark.parametrize("which", quick_params(["preset", "pth", "12 blocks"],
-                                               "12 blocks"))
+                                               "pth"))
 def test_litert_artifact_gives_the_library_s_text(which, request, tmp_path):
   """The flatbuffer, run as rnnstep-generate's warm path runs it (inputs
   built with numpy), gives `generate`'s greedy, sampled and beam text
@@ -548,15 +567,16 @@ def test_litert_artifact_gives_the_library_s_text(which, request, tmp_path):
   from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import export as litert  # pylint: disable=g-import-not-at-top
   from rnnstep.litert import runner as litert_runner  # pylint: disable=g-import-not-at-top
-  if which == "12 blocks":  # The warm command line's entry.
-    model = request.getfixturevalue("deep_pth_model")
-    base = request.getfixturevalue("deep_artifact")[1]
+  if which != "preset":  # An entry the cache's fill built.
+    model = request.getfixturevalue(
+        {"pth": "pth_model", "12 blocks": "deep_pth_model"}[which])
+    base = request.getfixturevalue(
+        {"pth": "pth_artifact", "12 blocks": "deep_artifact"}[which])[1]
     path, packed = base + ".tflite", base + compiled_cache.PACKED_SUFFIX
     with open(path, "rb") as f:
       flatbuffer = f.read()
   else:
-    model = request.getfixturevalue(
-        {"preset": "preset_model", "pth": "pth_model"}[which])
+    model = request.getfixturevalue("preset_model")
     flatbuffer = litert.convert(model)
     path, packed = str(tmp_path / "m.tflite"), str(tmp_path / "m.xnnpack")
     with open(path, "wb") as f:
@@ -593,16 +613,16 @@ def _warm_cli_want(model):
 
 @pytest.mark.slow  # A fresh process.
 def test_cli_runs_the_warm_artifact_without_tensorflow(
-    deep_pth_file, deep_pth_model, deep_artifact):
+    pth_file, pth_model, pth_artifact):
   """rnnstep-generate on an RWKV-7 model file whose entry the cache's fill
   built (a cold run's child's work), its weights packed for XNNPACK: a warm
   run prints `generate`'s text from them, TensorFlow never imported."""
   from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
-  cache = deep_artifact[0]
-  warm = fast.cli(cache, [f"--weights={deep_pth_file}"] + WARM_ARGS,
+  cache = pth_artifact[0]
+  warm = fast.cli(cache, [f"--weights={pth_file}"] + WARM_ARGS,
                   importtime=True)
   assert warm.returncode == 0, warm.stderr[-3000:]
-  assert warm.stdout == _warm_cli_want(deep_pth_model)
+  assert warm.stdout == _warm_cli_want(pth_model)
   assert "fast path: compiled artifact" in fast.verbose_line(warm)
   imported = [line.split("|")[-1].strip() for line in warm.stderr.splitlines()
               if line.startswith("import time:")]
@@ -611,13 +631,13 @@ def test_cli_runs_the_warm_artifact_without_tensorflow(
 
 @pytest.mark.slow  # The exported artifact (shared with the tests above).
 def test_warm_path_leaves_a_prompt_past_its_crossover_to_tensorflow(
-    deep_pth_file, deep_pth_model, deep_artifact, monkeypatch):
+    pth_file, pth_model, pth_artifact, monkeypatch):
   """The fill records that RWKV-7 primes block by block, and the warm path
   serves a prompt short of the artifact's crossover (`prompt_crossover`,
   its start-up constant lowered here so that a short prompt passes it) but
   leaves one past it to TensorFlow, saying why."""
   from rnnstep.litert import warm  # pylint: disable=g-import-not-at-top
-  cache, base = deep_artifact
+  cache, base = pth_artifact
   with open(base + ".json", encoding="utf-8") as f:
     manifest = json.load(f)
   assert manifest["primes_in_bulk"] is True
@@ -635,20 +655,20 @@ def test_warm_path_leaves_a_prompt_past_its_crossover_to_tensorflow(
   assert crossover in (300, 301)  # Rounding of the two products.
   assert warm.prompt_crossover(dict(manifest, primes_in_bulk=False)) is None
   short, long_ = "Hello the poet said", "the poet said " * (crossover // 3)
-  assert len(deep_pth_model.encode(long_)) >= crossover
-  assert len(deep_pth_model.encode(short)) < crossover
+  assert len(pth_model.encode(long_)) >= crossover
+  assert len(pth_model.encode(short)) < crossover
   from rnnstep.decoding import options as options_lib  # pylint: disable=g-import-not-at-top
   decoding = {option.name: option.default for option in options_lib.OPTIONS}
   decoding["temperature"] = 0.8
-  served = warm.generate(deep_pth_file, [short], 1, 24, seed=5,
+  served = warm.generate(pth_file, [short], 1, 24, seed=5,
                          decoding=decoding)
-  assert served.texts == [rnnstep.generate(deep_pth_model, short, 24,
+  assert served.texts == [rnnstep.generate(pth_model, short, 24,
                                            temperature=0.8, seed=5)]
   with pytest.raises(warm.NotServed, match=(
-      f"a prompt of {len(deep_pth_model.encode(long_)):,} tokens is past "
+      f"a prompt of {len(pth_model.encode(long_)):,} tokens is past "
       f"the compiled artifact's crossover for this model \\({crossover:,}\\), "
       "where TensorFlow primes it faster")) as refused:
-    warm.generate(deep_pth_file, [short, long_], 1, 24, seed=5,
+    warm.generate(pth_file, [short, long_], 1, 24, seed=5,
                   decoding=decoding)
   assert refused.value.fill_key is None  # Nothing to build.
 
@@ -710,7 +730,11 @@ def test_cli_converts_a_preset_folder_and_generates(tmp_path, preset_model):
     assert want in got, (name, got)
 
 
-@pytest.mark.slow
+# Exhaustive (an export and a load, 11 CPU-s): the default run keeps the
+# generate_ids signature (a BPE model's, test_tokens.py's
+# test_saved_model_serves_token_models_without_rnnstep) and RWKV-7 on every
+# other caller.
+@pytest.mark.exhaustive
 def test_saved_model_serves_ids(preset_model, tmp_path):
   """The export takes ids (the world tokenizer is not graph ops) and
   returns the library's text and ids."""
