@@ -889,7 +889,12 @@ def test_cli_stops_patterns_penalties_and_beams_on_token_models(word_file,
     assert [r["text"] for r in records] == want, run
 
 
-@pytest.mark.slow
+# Exhaustive (a LiteRT conversion and a fresh interpreter, 5 CPU-s): the
+# default run keeps the warm command line on characters
+# (tests/test_fast_path.py) and on RWKV-7's world vocabulary
+# (tests/test_rwkv7.py), and the warm runner on words in process
+# (tests/test_litert_options.py).
+@pytest.mark.exhaustive
 def test_cli_fast_path_serves_a_word_model_as_the_library(word_file,
                                                           tmp_path,
                                                           monkeypatch):

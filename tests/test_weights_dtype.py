@@ -385,7 +385,10 @@ def test_converting_weights_stores_them_reduced(tmp_path):
     np.testing.assert_array_equal(stored.tensors()[key], value, err_msg=key)
 
 
-@pytest.mark.slow  # A SavedModel export.
+# Exhaustive (an export and a load, 5 CPU-s): the default run keeps the
+# SavedModel caller (tests/test_saved_model.py) and int8 on the CLI, the
+# server, LiteRT and every path in process.
+@pytest.mark.exhaustive
 def test_saved_model_serves_the_library_s_int8_text(gru_file, tmp_path):
   """The SavedModel of an int8 model holds its int8 kernels and computes
   the int8 arithmetic in its graph: the library's int8 text."""

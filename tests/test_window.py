@@ -207,8 +207,11 @@ def served_inputs(prompts, **values):
   return inputs
 
 
-@pytest.mark.slow  # SavedModel exports
-@pytest.mark.parametrize("path", quick_params(PATHS, False))
+# Exhaustive, every path (an export and a load, 6 CPU-s a path): the default
+# run keeps the SavedModel caller (tests/test_saved_model.py) and windows on
+# every path in process (test_greedy_text_is_the_recipes_loop_on_every_path).
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("path", PATHS)
 def test_saved_model_serves_the_windows_the_model_records(tmp_path, path):
   """Exported on each path, a model recording window=5 is served over its
   windows, as rnnstep.generate runs it: greedy text is the float64 window
