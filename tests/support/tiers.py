@@ -74,7 +74,7 @@ def quick_params(values, *quick):
 FORKS_FIRST = (
     "test_convert_errors.py",   # 68 reader children
     "test_convert_torch.py",    # 33
-    "test_convert.py",          # 27 (and 45 s of its own)
+    "test_convert.py",          # 27 (its tests: 30-40 s in all)
     "test_convert_recipes.py",  # 16
 )
 LONGEST_FIRST = FORKS_FIRST + (
