@@ -97,6 +97,13 @@ LONGEST_FIRST = FORKS_FIRST + (
     "test_litert_options.py",   # 18 (three LiteRT conversions)
     "test_serve.py",            # 18
     "test_serve_network.py",    # 15
+    # (Seconds on a Zen 5, 2026-12-07.) Left to the unlisted files' order,
+    # these ended the run, one worker idling while the other finished them.
+    "test_litert_int8.py",      # 10 (an RWKV-7 LiteRT export)
+    "test_web_export.py",       # 10 (Chromium)
+    "test_state_file.py",       # 9
+    "test_keras_free.py",       # 9 (a fresh interpreter)
+    "test_cli_export.py",       # 7
 )
 
 
