@@ -4,11 +4,12 @@ already imported TensorFlow, instead of starting a fresh one each time.
 Why: about 45% of the suite's CPU went to fresh interpreters (CLI runs,
 serving scripts), and in each the `import tensorflow` alone costs 3-5 s of
 CPU on a 2-core machine, more than most of those runs spend on their own work.
-A child forked from a process that only imported TensorFlow is still a
-separate process running the real entry point (the console script's function,
+A child forked from a process that has only imported TensorFlow (and
+rnnstep-serve's web stack: fastapi, pydantic, uvicorn) is still a separate
+process running the real entry point (the console script's function,
 `python -m module`, `python -c script`) with its own argv, environment,
 working directory, stdin/stdout/stderr and exit status; what it skips is the
-interpreter's start and TensorFlow's import. Forking after `import tensorflow`
+interpreter's start and those imports. Forking after `import tensorflow`
 is safe because importing starts no TensorFlow runtime: no context, device or
 thread pool exists until the child makes one.
 
@@ -61,6 +62,13 @@ sys.modules["keras.src.optimizers"] = None
 import tensorflow
 del sys.modules["keras.src.optimizers"]
 import absl.flags, numpy  # pylint: disable=unused-import
+# rnnstep-serve's web stack, imported once here rather than in each server
+# child (a third of a second of CPU each); nothing it starts (threads, event
+# loops) exists before a child runs its program.
+try:
+  import fastapi, prometheus_client, pydantic, uvicorn  # pylint: disable=unused-import
+except ImportError:  # Not installed: a child imports what it can.
+  pass
 
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(sys.argv[1])
