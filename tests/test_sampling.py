@@ -119,10 +119,12 @@ _SETTING = st.fixed_dictionaries({
 class PerRowTest(tf.test.TestCase):
   """Drawn batches (prompts, per-row settings, seeds; path, window, n-gram
   size): each row of a batch, generated or streamed, is the row alone. The
-  default run draws 2 batches, the exhaustive tier 5
-  (`PerRowExhaustiveTest`)."""
+  default run draws 2 batches on the graph path (as the batch contract's
+  other tests, tests/test_generator.py's `BatchTest`), the exhaustive tier 5
+  on drawn paths (`PerRowExhaustiveTest`)."""
 
   examples = 2
+  paths = (False,)
 
   @pytest.mark.slow  # Drawn paths and batches.
   def test_each_row_equals_itself_alone(self):
@@ -132,7 +134,7 @@ class PerRowTest(tf.test.TestCase):
                                            max_size=9), _SETTING,
                                    st.integers(0, 2**40)),
                          min_size=1, max_size=5),
-           path=st.sampled_from(PATHS), window=st.sampled_from([0, 4]),
+           path=st.sampled_from(self.paths), window=st.sampled_from([0, 4]),
            ngram=st.sampled_from([0, 3]))
     def check(rows, path, window, ngram):
       model, reference = small()
@@ -167,6 +169,7 @@ class PerRowTest(tf.test.TestCase):
 @pytest.mark.exhaustive
 class PerRowExhaustiveTest(PerRowTest):
   examples = 5
+  paths = PATHS
 
 
 class MixedRowsTest(tf.test.TestCase, parameterized.TestCase):
