@@ -116,14 +116,14 @@ SCRIPT = textwrap.dedent("""
         out["error"] = e.message
       # An export served for its basic signatures only (no cases) leaves
       # generate_decoding unloaded (its first call costs a second of CPU).
-      try:
-        bad = dict(DECODING_DEFAULTS, typical_p=0.0)
-        if DECODING_CASES:
+      if DECODING_CASES:
+        try:
+          bad = dict(DECODING_DEFAULTS, typical_p=0.0)
           decoding(prompts=prompts, num_steps=steps, **{
               k: tf.constant(v, DECODING_DTYPES[k]) for k, v in bad.items()})
-        out["typical_error"] = None
-      except tf.errors.InvalidArgumentError as e:
-        out["typical_error"] = e.message
+          out["typical_error"] = None
+        except tf.errors.InvalidArgumentError as e:
+          out["typical_error"] = e.message
       results[export_dir] = out
     print(json.dumps(results))
 """)

@@ -5,11 +5,11 @@ Why: about 45% of the suite's CPU went to fresh interpreters (CLI runs,
 serving scripts), and in each the `import tensorflow` alone costs 3-5 s of
 CPU on a 2-core machine, more than most of those runs spend on their own work.
 A child forked from a process that has only imported TensorFlow (and
-rnnstep-serve's web stack: fastapi, pydantic, uvicorn) is still a separate
-process running the real entry point (the console script's function,
-`python -m module`, `python -c script`) with its own argv, environment,
-working directory, stdin/stdout/stderr and exit status; what it skips is the
-interpreter's start and those imports. Forking after `import tensorflow`
+rnnstep-serve's web stack: fastapi, pydantic, prometheus_client, uvicorn) is
+still a separate process running the real entry point (the console script's
+function, `python -m module`, `python -c script`) with its own argv,
+environment, working directory, stdin/stdout/stderr and exit status; what it
+skips is the interpreter's start and those imports. Forking after `import tensorflow`
 is safe because importing starts no TensorFlow runtime: no context, device or
 thread pool exists until the child makes one.
 
