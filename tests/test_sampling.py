@@ -126,7 +126,7 @@ class PerRowTest(tf.test.TestCase):
   examples = 2
   paths = (False,)
 
-  @pytest.mark.slow  # Drawn paths and batches.
+  @pytest.mark.slow  # Drawn batches (and, exhaustive, drawn paths).
   def test_each_row_equals_itself_alone(self):
 
     @settings(max_examples=self.examples, deadline=None)
