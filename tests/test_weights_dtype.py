@@ -159,6 +159,133 @@ def test_rwkv7_paths_give_int8_s_text(path):
                               jit_compile=True))
 
 
+def _rwkv7_numpy_greedy(tensors, head_size, ids, steps):
+  """Greedy ids after `ids` and their summed log-softmax, by the float64
+  numpy forward."""
+  ids, chosen, score = list(ids), [], 0.0
+  for _ in range(steps):
+    last = rwkv7_reference.logits(tensors, head_size, np.array(ids))[-1]
+    logp = last - last.max()
+    logp -= np.log(np.exp(logp).sum())
+    ids.append(int(last.argmax()))
+    chosen.append(ids[-1])
+    score += logp[ids[-1]]
+  return chosen, score
+
+
+# 16-bit RWKV-7 (`rnnstep.model.sixteen_bit`): the graph path in the default
+# run (its step blocks are XLA programs, its head and priming products small
+# XLA programs of their own); the whole XLA program and the elementwise path
+# exhaustive (an XLA program of the generation each).
+@pytest.mark.parametrize("path", quick_params([False, True, "elementwise"],
+                                              False))
+@pytest.mark.parametrize("weights_dtype", ("float16", "bfloat16"))
+def test_rwkv7_holds_16bit_weights_and_decodes_them(rwkv7_tensors,
+                                                    weights_dtype, path):
+  """R, K, V, O, the feed-forward's two and the head are variables of the
+  weights dtype (the head `[V, U]`), `tensors()` gives their float32
+  values as filed, and greedy decoding gives the numpy forward's ids and
+  score on the rounded weights."""
+  model = rnnstep.load(RWKV7_PRESET, weights_dtype=weights_dtype)
+  assert model.held_16bit == weights_dtype
+  held = [model.layer_weights[0][key.split("_", 1)[1]]
+          for key in RWKV7_KEYS[2:]]
+  assert {w.dtype.name for w in held + [model.dense_kernel]} == {
+      weights_dtype}
+  assert model.dense_kernel.shape == (model.vocab_size, model.config.layers[
+      0].units)
+  want = reference_tensors(rwkv7_tensors, RWKV7_KEYS, weights_dtype)
+  for key, value in model.tensors().items():
+    np.testing.assert_array_equal(value, want[key], err_msg=key)
+  prompt = "Hello the poet said"
+  greedy, want_score = _rwkv7_numpy_greedy(
+      want, model.config.layers[0].size["head_size"], model.encode(prompt),
+      12)
+  texts, scores = rnnstep.generate(model, [prompt], 12, temperature=0.0,
+                                   return_scores=True, jit_compile=path)
+  assert texts == [model.tokens.decode(greedy)]
+  np.testing.assert_allclose(scores[0], want_score, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def rwkv7_file(tmp_path_factory):
+  """The RWKV-7 preset as a model file (float32)."""
+  from rnnstep import convert  # pylint: disable=g-import-not-at-top
+  path = tmp_path_factory.mktemp("rwkv7_16bit") / "preset.npz"
+  convert.convert(RWKV7_PRESET, path)
+  return str(path)
+
+
+# Exhaustive (a cold and a warm command line, a LiteRT conversion): the
+# default run decodes 16-bit RWKV-7 in process
+# (test_rwkv7_holds_16bit_weights_and_decodes_them).
+@pytest.mark.exhaustive
+def test_the_command_line_gives_the_library_s_16bit_text_cold_and_warm(
+    rwkv7_file, tmp_path, monkeypatch):
+  """--weights_dtype=float16: the cold run's TensorFlow program reads the
+  16-bit matrices; the warm run's LiteRT artifact holds their float32
+  values (`litert.export.held_in_float32`); both print the library's
+  text."""
+  pytest.importorskip("ai_edge_litert.interpreter",
+                      reason="ai_edge_litert is not installed")
+  from tests import test_fast_path as fast  # pylint: disable=g-import-not-at-top
+  from rnnstep.litert import cache as compiled_cache  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(rwkv7_file, weights_dtype="float16")
+  want = fast.render(rnnstep.generate(model, ["ROMEO:"] * 2 + ["To be"] * 2,
+                                      40, seed=7, temperature=0.8, top_k=20),
+                     7)
+  cache = tmp_path / "cache"
+  args = [f"--weights={rwkv7_file}", *fast.BASE, "--weights_dtype=float16"]
+  cold = fast.cli(cache, args)
+  assert cold.returncode == 0, cold.stderr[-3000:]
+  assert cold.stdout == want
+  fast.wait_for_valid_entry(
+      cache, compiled_cache.key(rwkv7_file, compiled_cache.runtime_version(),
+                                "float16"),
+      monkeypatch)
+  warm = fast.cli(cache, args)
+  assert warm.returncode == 0, warm.stderr[-3000:]
+  assert "fast path: compiled artifact" in fast.verbose_line(warm)
+  assert warm.stdout == want
+
+
+# Exhaustive (a server process, an export): the default run's 16-bit test
+# decodes on the graph path, the server's lanes' and the export's.
+@pytest.mark.exhaustive
+def test_server_and_saved_model_give_the_library_s_16bit_text(rwkv7_file,
+                                                              tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tests.support import http  # pylint: disable=g-import-not-at-top
+  from tests.support import serve_process  # pylint: disable=g-import-not-at-top
+  from tests.test_saved_model import DECODING_DEFAULTS  # pylint: disable=g-import-not-at-top
+  model = rnnstep.load(rwkv7_file, weights_dtype="bfloat16")
+  prompt = "Hello the poet said"
+  export_dir = rnnstep.export(model, str(tmp_path / "served"))
+  dtypes = {k: tf.int64 if k == "seed" else tf.float32 if isinstance(
+      v, float) else tf.int32 for k, v in DECODING_DEFAULTS.items()}
+  ids = model.encode(prompt)
+  out = tf.saved_model.load(export_dir).signatures["generate_ids"](
+      prompt_ids=tf.constant([ids], tf.int32),
+      prompt_lengths=tf.constant([len(ids)], tf.int32),
+      num_steps=tf.constant(12),
+      **{k: tf.constant(v, dtypes[k]) for k, v in
+         dict(DECODING_DEFAULTS, temperature=0.0).items()})
+  assert out["text"].numpy()[0].decode("utf-8") == rnnstep.generate(
+      model, prompt, 12, temperature=0.0, jit_compile=False)
+  if not serve_process.stack_installed():
+    pytest.skip("the serving stack is not installed (pip install "
+                "'rnnstep[serve]')")
+  body = dict(prompt=prompt, max_tokens=12, seed=1, temperature=0.9)
+  want = serve_process.expected(model, body, body["seed"])[0]
+  with serve_process.RemoteServer([f"--model={rwkv7_file}",
+                                   "--weights_dtype=bfloat16",
+                                   "--max_batch=2"],
+                                  startup_timeout=300) as server:
+    reply = http.post(server.url("/v1/completions"), json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert [c["text"] for c in reply.json()["choices"]] == want
+
+
 # Exhaustive: test_litert_int8_products_are_every_cell_kind_s runs a GRU
 # (and every other kind) through an int8 artifact in the default run.
 @pytest.mark.exhaustive  # A LiteRT conversion.

@@ -18,8 +18,8 @@ its layer names (`is_textgenrnn`); the recurrent layers' kinds and widths
 come from their stored shapes, the window from the config's `max_length`
 (textgenrnn's default, 40, where no config is beside the weights), and the
 attention's W from the `attention` group. The model file records it as
-`"attention": true` (`network.attention_weighted_average` is the layer's
-math), with windows padded at the front with id 0 as textgenrnn's
+`"attention": true` (`rnnstep.model.head.attention_weighted_average` is
+the layer's math), with windows padded at the front with id 0 as textgenrnn's
 `textgenrnn_encode_sequence` pads them (`pad_sequences`, padding 'pre').
 
 The vocabulary (`tokens`): a words vocabulary of textgenrnn's characters,

@@ -262,6 +262,21 @@ def as_int8(model):
   return copy
 
 
+def held_in_float32(model):
+  """`model` with its 16-bit matrices held as their float32 values (itself
+  if it holds none, `Model.held_16bit`): the same weights, in the ops
+  LiteRT's converter takes (a 16-bit product is fenced for XLA:
+  `sixteen_bit`)."""
+  if not model.held_16bit:
+    return model
+  from rnnstep.model import network  # pylint: disable=g-import-not-at-top
+  copy = network.Model(model.config, model.vocab, model.tensors(),
+                       model.compute_dtype.name, model.source,
+                       tokens=model.tokens)
+  copy.chat_template = model.chat_template
+  return copy
+
+
 def save_generation(model, saved_dir: str):
   """Writes the SavedModel `convert_saved` converts (`generate` as its
   signature) into the existing, empty `saved_dir`.
@@ -279,7 +294,7 @@ def save_generation(model, saved_dir: str):
         "(built for fixed windows), but the LiteRT export steps a model "
         "statefully and would not give its text; export a SavedModel "
         "(--format=saved_model), which serves its windows")
-  module = GenerateModule(model)
+  module = GenerateModule(held_in_float32(model))
   int8 = model.architecture.int8_products
   # An int8 model's products traced as float32 products by `q * scale`,
   # which `convert_saved` turns into XNNPACK's int8 ones.

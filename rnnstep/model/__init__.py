@@ -10,6 +10,7 @@ and the command lines can read a file before TensorFlow loads.
   rwkv7        RWKV-7's stack of blocks as one cell (its WKV math)
   network      `Model`: the raw tensors and the step of the whole stack;
                `make_cell`, a layer's cell by its kind
+  head         the head's Dense activations and textgenrnn's attention
   check        `check_model`: a `model` argument is a `Model`, or an error
                saying how to make one of what was given
   functions    a model's compiled whole-sequence functions: scores, every
@@ -20,4 +21,6 @@ and the command lines can read a file before TensorFlow loads.
                reply (TensorFlow-free; `jinja2` for a Jinja template)
   reduced_weights  weights stored in fewer bits (`weights_dtype`: float16,
                bfloat16, int8): their rounding and storage (numpy only)
+  sixteen_bit  RWKV-7's 16-bit matrices, read as 16 bits: widened inside
+               each product, fenced against XLA's hoisting and fusion
 """

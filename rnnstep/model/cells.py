@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
+from rnnstep.model import sixteen_bit
 
 State = Tuple[tf.Tensor, ...]
 
@@ -144,7 +145,8 @@ class Cell:
     raise NotImplementedError
 
 
-def matmul(a, w, compute_dtype, float32_result=True, transposed=False):
+def matmul(a, w, compute_dtype, float32_result=True, transposed=False,
+           in_xla=False):
   """`a @ w` with `a` cast to the weights' dtype (the cells' and the Dense's).
 
   The result is float32, or with `float32_result=False` left in the compute
@@ -156,29 +158,33 @@ def matmul(a, w, compute_dtype, float32_result=True, transposed=False):
   on a single thread (see docs/guide/performance.md), a plain one on all of them.
 
   An `int8_arithmetic.Int8Kernel` (an int8 model's matrix) multiplies in
-  its int8 arithmetic, float32 whatever the compute dtype.
+  its int8 arithmetic, float32 whatever the compute dtype; a 16-bit matrix
+  under float32 arithmetic is widened inside the product
+  (`sixteen_bit.product`).
 
   Args:
     a: `[..., D]` inputs (float32, or the compute dtype already).
     w: `[D, N]` weights in the compute dtype (`[N, D]` with `transposed`),
-      or an `Int8Kernel` (whatever `transposed` says).
+      16-bit ones under float32 arithmetic, or an `Int8Kernel` (whatever
+      `transposed` says).
     compute_dtype: the dtype the product runs in.
     float32_result: widen the product to float32 here.
-    transposed: `w` is held `[N, D]` (`Kind.held_transposed`); `a` 2-D.
+    transposed: `w` is held `[N, D]` (`Kind.held_transposed`).
+    in_xla: the product is traced inside an XLA program (`sixteen_bit`).
 
   Returns:
     `[..., N]`, float32 or (`float32_result=False`) the compute dtype.
   """
   if int8_arithmetic.is_int8(w):
     return int8_arithmetic.product(a, w)
+  if sixteen_bit.widened_in_product(w, compute_dtype):
+    return sixteen_bit.product(a, w, transposed, in_xla)
   if compute_dtype != tf.float32:
     a = tf.cast(a, compute_dtype)
   if a.shape.rank == 2:
     product = tf.matmul(a, w, transpose_b=transposed)
-  elif transposed:
-    raise ValueError("matmul: transposed weights take 2-D inputs")
   else:
-    product = tf.tensordot(a, w, [[a.shape.rank - 1], [0]])
+    product = tf.tensordot(a, w, [[a.shape.rank - 1], [int(transposed)]])
   return tf.cast(product, tf.float32) if float32_result else product
 
 

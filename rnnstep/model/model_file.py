@@ -106,7 +106,7 @@ MAX_TEXT_BYTES = 64 << 20
 MAX_HEAD = 16
 
 # The activations a head Dense layer may have: Keras's names, each computed
-# as TensorFlow's op of that name (`network.HEAD_ACTIVATIONS`), which is how
+# as TensorFlow's op of that name (`head.ACTIVATIONS`), which is how
 # Keras computes it. Keras 2 and 3 compute `hard_sigmoid` differently, so it
 # is not here.
 DENSE_ACTIVATIONS = ("linear", "relu", "relu6", "sigmoid", "tanh", "softplus",

@@ -31,11 +31,13 @@ import tensorflow as tf
 
 from rnnstep.model import cells as cells_lib
 from rnnstep.model import graph_calls
+from rnnstep.model import head as head_lib
 from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import reduced_weights
 from rnnstep.model import rwkv7 as rwkv7_lib
+from rnnstep.model import sixteen_bit
 from rnnstep.model import vocabulary as vocabulary_lib
 
 # A state is one tuple of tensors per layer: (h,) for GRU/SimpleRNN, (h, c) for LSTM.
@@ -49,14 +51,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 # handing half of it to another thread costs (the bundled model's 768 x 65
 # ran no faster either way).
 UNFUSED_PROJECTION_ELEMENTS = 1 << 18
-
-
-def _optimization_barrier(*tensors):
-  """XLA's `opt-barrier`: its outputs are its inputs, never fused across.
-  Only inside an XLA program; TensorFlow exposes it only in its tf2xla
-  module (loaded by `import tensorflow`: importing it here costs nothing)."""
-  from tensorflow.compiler.tf2xla.python import xla  # pylint: disable=g-import-not-at-top
-  return xla.optimization_barrier(*tensors)
 
 
 def _swap_last_axes(array) -> tf.Tensor:
@@ -81,7 +75,10 @@ class Architecture(NamedTuple):
     has_unk: whether id 0 is "[UNK]" (never chosen: see `Network.banned`).
     compute_dtype: the matmuls' dtype, by name.
     int8_products: whether the large matrices are int8 and multiply in
-      `int8_arithmetic` (`weights_dtype="int8"`); float16 and bfloat16
+      `int8_arithmetic` (`weights_dtype="int8"`).
+    held_16bit: "float16" or "bfloat16" where the `Kind.held_transposed`
+      matrices and the head (then `[V, U]`) are held in it and widened in
+      their products (`sixteen_bit`), else None; other float16 and bfloat16
       weights are float32 values of the float32 programs.
   """
   config: model_file.ModelConfig
@@ -89,6 +86,7 @@ class Architecture(NamedTuple):
   has_unk: bool
   compute_dtype: str
   int8_products: bool = False
+  held_16bit: Optional[str] = None
 
 
 class BoundFunction:
@@ -219,20 +217,28 @@ class Model(tf.Module):
                   if axis == -2}
                  if weights_dtype == "int8" else set())
 
-    # The kinds' `held_transposed` matrices, held `[..., out, in]`.
+    # The kinds' `held_transposed` matrices, held `[..., out, in]`; with
+    # 16-bit weights, in 16 bits, and the head with them (`sixteen_bit`).
     self._held_transposed = {
         key for i, layer in enumerate(config.layers)
         for name in kinds.get(layer.kind).held_transposed
         for key in (f"layer{i}_{name}",
                     f"layer{i}_{model_file.BACKWARD}{name}")
         if key in tensors and key not in int8_keys}
+    self.held_16bit = (weights_dtype if self._held_transposed and
+                       weights_dtype in sixteen_bit.WEIGHTS_DTYPES else None)
+    if self.held_16bit:
+      self._held_transposed.add("dense_kernel")
 
     def var(key):
       if key in int8_keys:
         return int8_arithmetic.variables(tensors[key], key)
-      return tf.Variable(_swap_last_axes(tensors[key])
-                         if key in self._held_transposed else tensors[key],
-                         trainable=False, name=key)
+      value = tensors[key]
+      if key in self._held_transposed:
+        value = _swap_last_axes(value)
+        if self.held_16bit:  # The values are 16-bit ones: exact.
+          value = tf.cast(value, weights_dtype)
+      return tf.Variable(value, trainable=False, name=key)
 
     self.embedding = var("embedding")
     # One dict per layer of the tensors its kind declares (`kinds.py`).
@@ -323,7 +329,8 @@ class Model(tf.Module):
       for name, weight in weights.items():
         tensors[f"head{j}_{name}"] = numpy(weight)
     for key in self._held_transposed:
-      tensors[key] = _swap_last_axes(tensors[key]).numpy()
+      tensors[key] = _swap_last_axes(
+          tf.cast(tensors[key], tf.float32)).numpy()
     if self.attention_kernel is not None:
       tensors["attention_kernel"] = self.attention_kernel.numpy()
     return tensors
@@ -333,7 +340,7 @@ class Model(tf.Module):
     """What this model's compiled programs depend on (shared by equal ones)."""
     return Architecture(dataclasses.replace(self.config, window=None),
                         self.vocab_size, self.has_unk, self.compute_dtype.name,
-                        self.weights_dtype == "int8")
+                        self.weights_dtype == "int8", self.held_16bit)
 
   def network_weights(self) -> dict:
     """The variables a `Network` reads, as one structure (see `network_of`):
@@ -394,7 +401,8 @@ class Network:
   Args:
     cells: one `cells.Cell` per layer (layer 0's kernel is in `input_table`).
     input_table: `[V, G*U_0]`, layer 0's input projection per id.
-    dense_kernel: `[U_last, V]` in the compute dtype.
+    dense_kernel: `[U_last, V]` in the compute dtype (`[V, U_last]` in 16
+      bits with `held_16bit`).
     dense_bias: `[V]`.
     has_unk: whether id 0 is "[UNK]".
     backward: a `Backward` for a model with bidirectional layers, else None.
@@ -405,6 +413,8 @@ class Network:
     one_xla_program: the network is traced into one XLA program (the "xla"
       path), where a large output projection is kept out of XLA's output
       fusion (`output_product`).
+    held_16bit: `Architecture.held_16bit`.
+    compute_dtype: the dtype of the products (`Model.compute_dtype`).
 
   Attributes:
     banned: float32 `[V]`, -inf at "[UNK]" (id 0) and 0 elsewhere, which
@@ -413,7 +423,8 @@ class Network:
   """
 
   def __init__(self, cells, input_table, dense_kernel, dense_bias, has_unk,
-               backward=None, head=(), attention=None, one_xla_program=False):
+               backward=None, head=(), attention=None, one_xla_program=False,
+               held_16bit=None, compute_dtype=tf.float32):
     self.cells = cells
     self.input_table = input_table
     self.dense_kernel = dense_kernel
@@ -422,6 +433,9 @@ class Network:
     self.head = tuple(head)
     self.attention = attention
     self.vocab_size = int(dense_bias.shape[0])
+    self.one_xla_program = one_xla_program
+    self.held_16bit = held_16bit
+    self.compute_dtype = compute_dtype
     self.unfused_projection = one_xla_program and (
         int8_arithmetic.shape(dense_kernel).num_elements()
         >= UNFUSED_PROJECTION_ELEMENTS)
@@ -441,12 +455,12 @@ class Network:
     """`outputs @ dense_kernel` in the compute dtype: the logits before bias
     (after the head's Dense layers, where the model has them)."""
     for kernel, bias, activation in self.head:
-      outputs = HEAD_ACTIVATIONS[activation](
+      outputs = head_lib.ACTIVATIONS[activation](
           cells_lib.matmul(outputs, kernel,
                            int8_arithmetic.product_dtype(kernel)) + bias)
     product = cells_lib.matmul(
-        outputs, self.dense_kernel,
-        int8_arithmetic.product_dtype(self.dense_kernel), float32_result=False)
+        outputs, self.dense_kernel, self.compute_dtype, float32_result=False,
+        transposed=bool(self.held_16bit), in_xla=self.one_xla_program)
     if self.unfused_projection:
       # XLA's CPU backend fuses a matrix-vector product (batch 1) with the
       # add that consumes it (the bias, `logits_of_product`) into one output
@@ -456,7 +470,7 @@ class Network:
       # word model's batch-1 step markedly faster (a 2-vCPU EPYC Zen 4,
       # benchmarks/results/epyc-zen4-2026-12.md); batch > 1 is never
       # output-fused, so it is a no-op.
-      (product,) = _optimization_barrier(product)
+      (product,) = sixteen_bit.optimization_barrier(product)
     return product
 
   def window_logits(self, ids: tf.Tensor) -> tf.Tensor:
@@ -500,7 +514,7 @@ class Network:
       sequences.append(outputs)
     if self.attention:
       embedded = tf.gather(self.attention["embedding"], ids)
-      return self.logits(attention_weighted_average(
+      return self.logits(head_lib.attention_weighted_average(
           tf.concat([embedded, *sequences], -1), self.attention["kernel"]))
     return self.logits(outputs[-1])
 
@@ -683,35 +697,6 @@ def _unroll_cell(cell, x_proj, state, mask, steps=None, record_states=False):
   return tuple(array.stack() for array in outputs), state
 
 
-# Keras's `backend.epsilon()`, which textgenrnn's attention adds to its sum.
-KERAS_EPSILON = 1e-7
-
-
-def attention_weighted_average(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
-  """textgenrnn's `AttentionWeightedAverage` over a window, time-major.
-
-  Its `call` (minimaxir/textgenrnn, textgenrnn/AttentionWeightedAverage.py,
-  no mask: textgenrnn's Embedding has none), per row:
-
-      logits_t = x_t . W                      W: [channels, 1], no bias
-      a_t      = exp(logits_t - max_t logits_t)
-      w_t      = a_t / (sum_t a_t + epsilon)  epsilon = 1e-7 (Keras's)
-      result   = sum_t w_t * x_t
-
-  Args:
-    x: float32 `[T, B, C]`, the concatenated embedding and layer outputs.
-    kernel: `[C, 1]`, the layer's W.
-
-  Returns:
-    float32 `[B, C]`.
-  """
-  logits = tf.tensordot(x, tf.cast(kernel, x.dtype), [[2], [0]])[..., 0]
-  weights = tf.exp(logits - tf.reduce_max(logits, 0, keepdims=True))
-  weights = weights / (tf.reduce_sum(weights, 0, keepdims=True)
-                       + KERAS_EPSILON)
-  return tf.reduce_sum(x * weights[..., None], 0)
-
-
 class Backward(NamedTuple):
   """A model's backward copies of its bidirectional layers.
 
@@ -722,22 +707,6 @@ class Backward(NamedTuple):
   """
   cells: Tuple[Optional[cells_lib.Cell], ...]
   input_table: Optional[tf.Tensor]
-
-
-def _gelu(x):
-  return tf.nn.gelu(x, approximate=False)  # Keras's default.
-
-
-# `model_file.DENSE_ACTIVATIONS`, each as the op Keras computes it with.
-HEAD_ACTIVATIONS = {
-    "linear": tf.identity, "relu": tf.nn.relu, "relu6": tf.nn.relu6,
-    "sigmoid": tf.sigmoid, "tanh": tf.tanh, "softplus": tf.nn.softplus,
-    "softsign": tf.nn.softsign, "elu": tf.nn.elu, "selu": tf.nn.selu,
-    "exponential": tf.exp, "swish": tf.nn.silu, "silu": tf.nn.silu,
-    "gelu": _gelu, "mish": lambda x: x * tf.tanh(tf.nn.softplus(x)),
-    "leaky_relu": lambda x: tf.nn.leaky_relu(x, 0.2),
-    "softmax": tf.nn.softmax}
-assert tuple(HEAD_ACTIVATIONS) == model_file.DENSE_ACTIVATIONS
 
 
 # The modules that hold the cell classes the kinds name
@@ -833,10 +802,10 @@ def network_of(architecture: Architecture, weights: dict,
     attention = {name: tf.convert_to_tensor(weight)
                  for name, weight in weights["attention"].items()}
   return Network(cells, tf.convert_to_tensor(weights["input_table"]),
-                 int8_arithmetic.cast(weights["dense_kernel"], dtype),
+                 sixteen_bit.cast(weights["dense_kernel"], dtype),
                  tf.convert_to_tensor(weights["dense_bias"]),
                  architecture.has_unk, backward, head, attention,
-                 one_xla_program)
+                 one_xla_program, architecture.held_16bit, dtype)
 
 
 def score_function(model: Model) -> BoundFunction:

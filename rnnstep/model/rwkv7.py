@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from rnnstep.model import int8_arithmetic
 from rnnstep.model import kinds
+from rnnstep.model import sixteen_bit
 from rnnstep.model.cells import Cell
 from rnnstep.model.cells import as_float32
 from rnnstep.model.cells import gather_rows
@@ -167,8 +168,7 @@ class RWKV7Cell(Cell):
     if self.one_xla_program:
       return fn
     if fn.__name__ not in self._functions:
-      if (compile_on_graph_path and not self.compile_elementwise
-          and self.compute_dtype == tf.float32):
+      if compile_on_graph_path and self._compiles_steps_on_graph_path():
         function = tf.function(fn, autograph=False, jit_compile=True)
       else:
         function = tf.function(fn, autograph=False,
@@ -181,10 +181,16 @@ class RWKV7Cell(Cell):
     return layer_norm(tf.convert_to_tensor(inputs, tf.float32),
                       self.input_norm)
 
-  def _mm(self, a, w):
-    """a @ W of a big matrix, held `[out, in]` (`Kind.held_transposed`)."""
+  def _compiles_steps_on_graph_path(self) -> bool:
+    """Whether the graph path's step block is an XLA program
+    (`_block_function`)."""
+    return not self.compile_elementwise and self.compute_dtype == tf.float32
+
+  def _mm(self, a, w, in_xla):
+    """a @ W of a big matrix, held `[out, in]` (`Kind.held_transposed`);
+    `in_xla`: traced inside an XLA program (`sixteen_bit`)."""
     return matmul(a, w, self.compute_dtype, float32_result=False,
-                  transposed=True)
+                  transposed=True, in_xla=in_xla)
 
   def blocks_sliced_in_step(self):
     """Each block's tensors sliced from the stacked ones where the step runs
@@ -209,7 +215,7 @@ class RWKV7Cell(Cell):
     """The stacked tensors (`_blocks_of`'s order) in their dtypes: the
     vectors and LoRAs float32, the big matrices the compute dtype."""
     return (*(tf.cast(t, tf.float32) for t in stacked[:12]),
-            *(int8_arithmetic.cast(t, self.compute_dtype)
+            *(sixteen_bit.cast(t, self.compute_dtype)
               for t in stacked[12:]))
 
   def step(self, x_proj, state):
@@ -232,11 +238,13 @@ class RWKV7Cell(Cell):
     # The elementwise functions take the block's vectors and LoRAs only (an
     # XLA-compiled one would take the big matrices as arguments too).
     small = b._replace(r=None, k=None, v=None, o=None, fk=None, fv=None)
+    mm = functools.partial(self._mm, in_xla=(
+        self.one_xla_program or self._compiles_steps_on_graph_path()))
     x, xx, xr, xk, xv = self._shift_in(small, x, ffn_out, prev_att)
-    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
+    r, k, v = mm(xr, b.r), mm(xk, b.k), mm(xv, b.v)
     y, wkv, v_first = self._wkv(small, xx, prev_att, r, k, v, wkv, v_first)
-    x, xf, ffn_x = self._ffn_in(small, x, self._mm(y, b.o), prev_ffn)
-    ffn_out = self._mm(self._square(self._mm(ffn_x, b.fk)), b.fv)
+    x, xf, ffn_x = self._ffn_in(small, x, mm(y, b.o), prev_ffn)
+    ffn_out = mm(self._square(mm(ffn_x, b.fk)), b.fv)
     return x, ffn_out, v_first, (xx, wkv, xf)
 
   def unroll(self, x_proj, state, mask=None, steps=None):
@@ -302,16 +310,17 @@ class RWKV7Cell(Cell):
     length = tf.shape(x)[0] // batch
     xx = layer_norm(x, b.ln[:2])
     prev = _shifted(xx, prev_att, length, batch, last)
+    mm = functools.partial(self._mm, in_xla=self.one_xla_program)
     x, xx, xr, xk, xv = self._time_inputs(b, x, None, prev)
-    r, k, v = self._mm(xr, b.r), self._mm(xk, b.k), self._mm(xv, b.v)
+    r, k, v = mm(xr, b.r), mm(xk, b.k), mm(xv, b.v)
     decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
         b, xx, prev, r, k, v, v_first)
     s, y = self._wkv_scan(wkv, mask, length, batch, (decay, kk, a, k, v, r))
-    x = x + as_float32(self._mm(self._wkv_output(b, y, r, k, v, g), b.o))
+    x = x + as_float32(mm(self._wkv_output(b, y, r, k, v, g), b.o))
     xf = layer_norm(x, b.ln[2:])
     ffn_x = xf + (_shifted(xf, prev_ffn, length, batch, last) - xf) * b.mix[6]
     ffn_out = self._halves(
-        lambda rows: self._mm(_squared_relu(self._mm(rows, b.fk)), b.fv),
+        lambda rows: mm(_squared_relu(mm(rows, b.fk)), b.fv),
         ffn_x)
     x = x + as_float32(ffn_out)
     return x, v_first, (_final(xx, prev_att, length, batch, last), s,
