@@ -235,9 +235,9 @@ class Model(tf.Module):
         return int8_arithmetic.variables(tensors[key], key)
       value = tensors[key]
       if key in self._held_transposed:
-        value = _swap_last_axes(value)
         if self.held_16bit:  # The values are 16-bit ones: exact.
           value = tf.cast(value, weights_dtype)
+        value = _swap_last_axes(value)
       return tf.Variable(value, trainable=False, name=key)
 
     self.embedding = var("embedding")

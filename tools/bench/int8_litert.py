@@ -303,13 +303,22 @@ class LiteRT:
     return got
 
 
-def library(model_path):
-  """`rnnstep.generate` on the default path of model_path, in this process:
-  `bench_rwkv7.RnnstepPeer`'s decode and prefill, with this table's peak
-  and greedy ids."""
+def library_name(weights_dtype):
+  return LIBRARY.replace("float32", weights_dtype)
+
+
+def library(model_path, weights_dtype="float32"):
+  """`rnnstep.generate` on the default path of model_path loaded with
+  `weights_dtype`, in this process: `bench_rwkv7.RnnstepPeer`'s decode and
+  prefill, with this table's peak (the process's: shared by the library's
+  variants) and greedy ids. The warm-up waits for the compiles it started
+  in the background (meanwhile the calls run on the graph path)."""
   import resource  # pylint: disable=g-import-not-at-top
-  peer = bench_rwkv7.RnnstepPeer(model_path, "float32")
+  from rnnstep.engine import compiling  # pylint: disable=g-import-not-at-top
+  peer = bench_rwkv7.RnnstepPeer(model_path, weights_dtype)
   peer.run()  # Traces each call's shape.
+  compiling.wait_idle(timeout=None)
+  peer.run()
   text = peer.rnnstep.generate(peer.model, peer.decode_prompt, DECODE_STEPS,
                                seed=1, temperature=0.0)[0]
   ids = peer.model.encode(text).tolist()
@@ -360,10 +369,11 @@ def bench(args):
         runners[f"LiteRT {kind}, {kernels}, {t}T"] = LiteRT(
             artifact_path(args.out, kind), kernels, t, prompt_ids,
             prefill_ids, len(vocab)).run
-  if args.library:
+  dtypes = {"1": "float32", "0": ""}.get(args.library, args.library)
+  for weights_dtype in (d for d in dtypes.split(",") if d):
     start = time.perf_counter()
-    runners[LIBRARY] = library(args.model)
-    say(f"rnnstep float32 loaded and warmed up in "
+    runners[library_name(weights_dtype)] = library(args.model, weights_dtype)
+    say(f"rnnstep {weights_dtype} loaded and warmed up in "
         f"{time.perf_counter() - start:.0f} s")
   for spec in (s for s in args.gguf.split(",") if s):
     kind, path, *only = spec.split(":")
@@ -410,7 +420,7 @@ def spread(values):
 
 
 def table(results, names):
-  peers = [n for n in names if n.startswith("llama.cpp Q8_0")]
+  peers = [n for n in names if n.startswith("llama.cpp")]
   say()
   say(f"| variant | decode, tokens/s (tg{DECODE_STEPS}) | vs rnnstep float32 | "
       "vs LiteRT float32 (same kernels, threads) | "
@@ -764,8 +774,9 @@ def main():
   parser.add_argument("--kinds", default="float32,int8",
                       help="the LiteRT artifacts to run")
   parser.add_argument("--kernels", default="xnnpack,builtin")
-  parser.add_argument("--library", type=int, default=1,
-                      help="1: rnnstep.generate float32 as a variant")
+  parser.add_argument("--library", default="float32",
+                      help="rnnstep.generate as variants, a comma list of "
+                      "weights dtypes (1: float32, 0: none)")
   parser.add_argument("--llama_cpp_bin", default="")
   parser.add_argument("--gguf", default="",
                       help="KIND:PATH[:T+T],... GGUFs of the same "
