@@ -254,12 +254,7 @@ def as_int8(model):
   """`model` with its weights rounded to int8 (itself if they are)."""
   if model.weights_dtype == "int8":
     return model
-  from rnnstep.model import network  # pylint: disable=g-import-not-at-top
-  copy = network.Model(model.config, model.vocab, model.tensors(),
-                       model.compute_dtype.name, model.source,
-                       tokens=model.tokens, weights_dtype="int8")
-  copy.chat_template = model.chat_template
-  return copy
+  return _copy(model, weights_dtype="int8")
 
 
 def held_in_float32(model):
@@ -269,10 +264,16 @@ def held_in_float32(model):
   `sixteen_bit`)."""
   if not model.held_16bit:
     return model
+  return _copy(model, weights_dtype="float32")
+
+
+def _copy(model, weights_dtype):
+  """A new `Model` of `model`'s weights (`tensors()`) loaded with
+  `weights_dtype`, its chat template kept."""
   from rnnstep.model import network  # pylint: disable=g-import-not-at-top
   copy = network.Model(model.config, model.vocab, model.tensors(),
                        model.compute_dtype.name, model.source,
-                       tokens=model.tokens)
+                       tokens=model.tokens, weights_dtype=weights_dtype)
   copy.chat_template = model.chat_template
   return copy
 
