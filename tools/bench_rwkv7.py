@@ -553,6 +553,10 @@ def compare_llama_cpp(args):
         say(f"  {name}: skipped, the installed rnnstep refuses it ({e})")
         continue
       first = peer.run()  # Traces or compiles each shape.
+      # The calls ran on the graph path while XLA compiled in the
+      # background; the rounds time the default path itself.
+      from rnnstep.engine import compiling  # pylint: disable=g-import-not-at-top
+      compiling.wait_idle(timeout=None)
       say(f"  {name}: warm-up round {first['tg']:.1f} tokens/s decode "
           f"(load {load():.1f})")
       runners[name], sizes[name] = peer.run, peer.bytes_a_token()
