@@ -34,6 +34,7 @@ from rnnstep.engine import request as request_lib
 from rnnstep.model import kinds
 from rnnstep.model import model_file
 from rnnstep.model import network as network_lib
+from rnnstep.model import rwkv7
 from tests.support import cli
 from tests.support import torch_files
 from tests.support.tiers import quick_params
@@ -472,7 +473,11 @@ def test_web_export_refuses_in_one_line(preset_model):
 
 
 # The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
-LITERT_PROMPTS = ["Hello the poet said", "中文", "A"]
+# The last, 43 tokens, primes over three of the artifact's chunks
+# (`request.STEPWISE_PRIME_CHUNK`), the last one partly; the others in one.
+LITERT_PROMPTS = ["Hello the poet said", "中文", "A",
+                  "Hello the poet said, and the world said hello to the poet"
+                  " and the world said hello to the poet once more"]
 LITERT_CASES = {
     "greedy": dict(temperature=0.0),
     "sampled": dict(temperature=0.8, seed=5),
@@ -547,6 +552,14 @@ def deep_artifact(deep_pth_file, tmp_path_factory):
   """The 12-block model's entry (`_filled_artifact`)."""
   cache = tmp_path_factory.mktemp("rwkv7_deep_cache") / "cache"
   return _filled_artifact(deep_pth_file, cache)
+
+
+def test_the_converter_s_running_maximum_is_a_scan_s():
+  """The LiteRT export's unroll finds each masked position's last kept one
+  without a scan (`rwkv7._running_max`): numpy's running maximum."""
+  marks = np.random.default_rng(3).integers(-1, 40, size=(16, 5))
+  np.testing.assert_array_equal(rwkv7._running_max(tf.constant(marks)),
+                                np.maximum.accumulate(marks, axis=0))
 
 
 # A model's LiteRT artifact: by default the official .pth's, the warm

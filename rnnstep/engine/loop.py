@@ -69,8 +69,11 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
     initial_state: the state each row starts from (None: zeros).
     unconsumed: 1 where the first decode step consumes the last character,
       else 0.
-    stepwise: one while loop over the columns through every layer, with no
-      TensorArray (LiteRT's builtin ops) instead of layer by layer.
+    stepwise: with LiteRT's builtin ops (no TensorArray): one while loop
+      over the columns through every layer instead of layer by layer; a
+      network that unrolls block by block (RWKV-7), whose products then run
+      over a chunk's rows at once, in chunks of `STEPWISE_PRIME_CHUNK`
+      columns.
     batch_sized_chunks: a model priming in chunks (`primes_in_chunks`) takes
       chunks of `request.chunk_columns(batch)` columns rather than
       `PRIME_CHUNK` (the server's calls, whose pieces end where their
@@ -86,6 +89,10 @@ def prime(network, prompts: request_lib.Prompts, unconsumed: int, *,
   steps = tf.reduce_max(prompts.lengths) - unconsumed
   if initial_state is None:
     initial_state = network.zero_state(batch)
+  # RWKV-7's unroll has builtin ops only (`RWKV7Cell.for_litert_converter`).
+  if stepwise and all(cell.unrolls_blockwise for cell in network.cells):
+    return _prime_in_chunks(network, prompts.ids, initial_state, mask, steps,
+                            request_lib.STEPWISE_PRIME_CHUNK, static=True)
   if not stepwise and primes_in_chunks(network):
     chunk = (request_lib.chunk_columns(batch) if batch_sized_chunks
              else request_lib.PRIME_CHUNK)
@@ -118,13 +125,15 @@ def primes_in_chunks(network) -> bool:
              for cell in network.cells)
 
 
-def _prime_in_chunks(network, ids, state, mask, steps, columns):
-  """`prime`'s unroll, `columns` columns at a time (at most the width), for
-  the first `steps` columns: a row's masked columns hold its state, so the
-  chunks past its length (the padding) leave it as it was."""
+def _prime_in_chunks(network, ids, state, mask, steps, columns,
+                     static=False):
+  """`prime`'s unroll, `columns` columns at a time (at most the width; with
+  `static`, exactly: the prompt is padded to whole chunks), for the first
+  `steps` columns: a row's masked columns hold its state, so the chunks
+  past its length (the padding) leave it as it was."""
   # Shapes of the inputs: compile-time constants to XLA.
   batch, width = tf.shape(ids)[0], tf.shape(ids)[1]
-  chunk = tf.minimum(columns, width)
+  chunk = columns if static else tf.minimum(columns, width)
   padding = -width % chunk
   count = (width + padding) // chunk
   chunks = lambda x: tf.transpose(tf.reshape(

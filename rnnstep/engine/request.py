@@ -315,6 +315,16 @@ MIN_WIDTH = 16
 # 128 primed a 512-token prompt of the 0.1B shape within noise of one unroll
 # on a quiet 2-vCPU Zen 4, 64 10% slower.
 PRIME_CHUNK = 128
+# The columns a LiteRT artifact of such a model primes at once (`loop.prime`
+# stepwise), its products over all of a chunk's rows and its state update
+# unrolled (`RWKV7Cell.for_litert_converter`). A chunk reads the weights
+# once, and its loop runs to the chunk holding the longest prompt's end,
+# so a short prompt costs a whole chunk. On the 0.1B shape, one thread, a
+# 2-vCPU Zen 5: a 512-token prompt primed at 3.3 ms a token in chunks of
+# 16 and 2.1 in chunks of 64 (10.5 token by token), a 4-token prompt in 59
+# and 160 ms (35), and the unrolled updates took the 12-block test model's
+# conversion from 4.8 s to 14.5 and 36.8 s.
+STEPWISE_PRIME_CHUNK = 16
 
 
 def chunk_columns(batch):

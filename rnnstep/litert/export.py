@@ -27,7 +27,10 @@ changes for the converter:
 
   - prime: `loop.prime` stepwise, a while loop over the prompt columns, each
     row's state advanced only while the column is before its last character
-    (masked, as generation's priming is), not layer by layer;
+    (masked, as generation's priming is), not layer by layer; RWKV-7's over
+    chunks of `request.STEPWISE_PRIME_CHUNK` columns, each block's products
+    over a chunk's rows at once and its state update unrolled
+    (`RWKV7Cell.for_litert_converter`);
   - the ids go into a `[num_steps, B]` tensor written by a dynamic update
     slice (`SliceBuffer`), not a TensorArray, whose TensorList ops need Flex.
 
@@ -137,7 +140,7 @@ class GenerateModule(tf.Module):
     network = self.model.network()
     for cell in network.cells:  # See `RWKV7Cell.blocks_sliced_in_step`.
       if isinstance(cell, rwkv7.RWKV7Cell):
-        cell.slices_blocks_in_step = True
+        cell.for_litert_converter = True
     prompt_ids = values["prompt_ids"]
     batch = tf.shape(prompt_ids)[0]
     width = tf.shape(prompt_ids)[1]

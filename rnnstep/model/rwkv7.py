@@ -115,6 +115,12 @@ class RWKV7Cell(Cell):
   On the graph path a decode step's block is moreover one small XLA program
   (`_block_function`): the loops, the priming and the sampling stay graph
   ops, and nothing compiles for minutes.
+
+  The LiteRT export sets `for_litert_converter`: the step slices each
+  block's tensors where it runs (`blocks_sliced_in_step`), and `unroll`
+  takes a static number of columns (a prompt chunk's), with builtin ops
+  only: the blocks inlined, the state update unrolled
+  (`_scan_tokens_unrolled`), the masks' running maximum without a scan.
   """
 
   fusable = False
@@ -140,8 +146,8 @@ class RWKV7Cell(Cell):
     self._stacked = (ln, mix, vectors, ln_x, w1, w2, a1, a2, v1, v2, g1, g2,
                      receptance, key, value, output, ffn_key, ffn_value)
     self.block_tensors = _blocks_of(tf.unstack, self._cast(self._stacked))
-    # See `blocks_sliced_in_step`.
-    self.slices_blocks_in_step = False
+    # Set by the LiteRT export: see `blocks_sliced_in_step` and `unroll`.
+    self.for_litert_converter = False
     self.output_norm = tuple(tf.unstack(
         tf.convert_to_tensor(output_norm, tf.float32)))
     self._shift_in = self._elementwise(self._time_inputs)
@@ -194,7 +200,7 @@ class RWKV7Cell(Cell):
 
   def blocks_sliced_in_step(self):
     """Each block's tensors sliced from the stacked ones where the step runs
-    (`slices_blocks_in_step`, set by the LiteRT export), else those sliced
+    (`for_litert_converter`, set by the LiteRT export), else those sliced
     once at construction.
 
     TensorFlow's LiteRT converter (2.21) passes every tensor a loop uses
@@ -206,7 +212,7 @@ class RWKV7Cell(Cell):
     heap, and the process aborts. Stacked, the step's tensors are 18 at any
     depth. The slices are the same values, so the step's math is unchanged.
     """
-    if not self.slices_blocks_in_step:
+    if not self.for_litert_converter:
       return self.block_tensors
     return _blocks_of(lambda t: [t[i] for i in range(self.blocks)],
                       self._cast(self._stacked))
@@ -277,17 +283,25 @@ class RWKV7Cell(Cell):
       x = x[:steps]
       mask = None if mask is None else mask[:steps]
     length = tf.shape(x)[0]
+    x_steps = x.shape[0]
     if mask is None:
       last = None
     else:
       # last[t, b]: the last kept position <= t (-1: none), whose values a
       # masked position holds.
       marks = tf.where(mask, tf.range(length)[:, None], -1)
-      last = tf.scan(tf.maximum, marks)
+      last = (_running_max(marks) if self.for_litert_converter
+              else tf.scan(tf.maximum, marks))
     x = tf.reshape(x, [length * batch, -1])
     new_state, v_first = [None], None
-    unroll_block = self._block_function(self._unroll_block)
-    for i, b in enumerate(self.block_tensors):
+    # The converter takes a function called, not inlined, as a custom op.
+    # A chunk's static width lets the state update run without a loop
+    # (`_scan_tokens_unrolled`).
+    unroll_block = (functools.partial(self._unroll_block,
+                                      static_length=x_steps)
+                    if self.for_litert_converter
+                    else self._block_function(self._unroll_block))
+    for i, b in enumerate(self.blocks_sliced_in_step()):
       x, v_first, block_state = unroll_block(
           b, x, tuple(state[1 + 3 * i:4 + 3 * i]), v_first, mask, last)
       new_state += block_state
@@ -302,9 +316,11 @@ class RWKV7Cell(Cell):
       outputs = tf.pad(outputs, [[0, size - length], [0, 0], [0, 0]])
     return (outputs,), tuple(new_state)
 
-  def _unroll_block(self, b, x, block_state, v_first, mask, last):
+  def _unroll_block(self, b, x, block_state, v_first, mask, last,
+                    static_length=None):
     """One block over all rows x `[T*B, C]` (`unroll`): the new x, v_first
-    and the block's final state. mask, last: as in `unroll` (or None)."""
+    and the block's final state. mask, last: as in `unroll` (or None);
+    static_length: T where it is static (`for_litert_converter`)."""
     prev_att, wkv, prev_ffn = block_state
     batch = tf.shape(prev_att)[0]
     length = tf.shape(x)[0] // batch
@@ -315,7 +331,8 @@ class RWKV7Cell(Cell):
     r, k, v = mm(xr, b.r), mm(xk, b.k), mm(xv, b.v)
     decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(
         b, xx, prev, r, k, v, v_first)
-    s, y = self._wkv_scan(wkv, mask, length, batch, (decay, kk, a, k, v, r))
+    s, y = self._wkv_scan(wkv, mask, static_length or length, batch,
+                          (decay, kk, a, k, v, r))
     x = x + as_float32(mm(self._wkv_output(b, y, r, k, v, g), b.o))
     xf = layer_norm(x, b.ln[2:])
     ffn_x = xf + (_shifted(xf, prev_ffn, length, batch, last) - xf) * b.mix[6]
@@ -329,20 +346,24 @@ class RWKV7Cell(Cell):
   def _halves(self, fn, rows):
     """fn over the first and the second half of `rows` as two independent
     ops (outside one XLA program), which TensorFlow's inter-op threads run
-    side by side."""
-    if self.one_xla_program:
+    side by side (LiteRT runs them one after the other, each reading the
+    weights)."""
+    if self.one_xla_program or self.for_litert_converter:
       return fn(rows)
     half = tf.shape(rows)[0] // 2
     return tf.concat([fn(rows[:half]), fn(rows[half:])], 0)
 
   def _wkv_scan(self, wkv, mask, length, batch, inputs):
     """The state update over time: the final state `[B, H*N*N]` and S @ r
-    of every row `[T*B, H, N]`; a masked row holds its state."""
+    of every row `[T*B, H, N]`; a masked row holds its state. `length`:
+    T, a Python int where it is static for LiteRT's converter."""
     heads, size = self.heads, self.head_size
     inputs = tuple(tf.reshape(t, [length, batch, -1]) for t in inputs)
     s = tf.reshape(wkv, [batch, heads, size, size])
     if self.one_xla_program:  # XLA fuses the loop's body as it is.
       s, ys = self._scan_tokens(s, mask, length, inputs)
+    elif isinstance(length, int):
+      s, ys = self._scan_tokens_unrolled(s, mask, length, inputs)
     else:
       s, ys = self._scan_chunks(s, mask, length, batch, inputs)
     return (tf.reshape(s, [batch, heads * size * size]),
@@ -364,6 +385,22 @@ class RWKV7Cell(Cell):
     _, s, ys = tf.while_loop(lambda t, *_: t < length, body,
                              (tf.constant(0), s, ys))
     return s, ys.stack()
+
+  def _scan_tokens_unrolled(self, s, mask, length, inputs):
+    """`_scan_tokens` with LiteRT's builtin ops, over a static number of
+    tokens (`length`, a prompt chunk's): one copy of the update a token,
+    no loop (a TensorArray's ops are not builtins, and a loop nested in the
+    chunks' loop got wrong text from the converter at 9 blocks or more,
+    builtin kernels only)."""
+    ys = []
+    for t in range(length):
+      decay, kk, a, k, v, r = (x[t] for x in inputs)
+      new, y = self._wkv_update(s, decay, self._heads(kk), a, k, v, r)
+      if mask is not None:
+        new = tf.where(mask[t][:, None, None, None], new, s)
+      s = new
+      ys.append(y)
+    return s, tf.stack(ys)
 
   def _scan_chunks(self, s, mask, length, batch, inputs):
     """`_wkv_scan`'s loop `WKV_CHUNK_TOKENS` tokens at a time, each chunk
@@ -538,6 +575,16 @@ def _final(seq, initial, length, batch, last):
     return seq[-1]
   whole = tf.concat([initial[None], seq], 0)
   return _held(whole, last[-1:])[0]
+
+
+def _running_max(marks):
+  """`tf.scan(tf.maximum, marks)` over a short time axis (`[T, B]`), with
+  LiteRT's builtin ops: each position's maximum over the positions up to
+  it, T x T x B values (a prompt chunk's)."""
+  length = tf.shape(marks)[0]
+  positions = tf.range(length)
+  upto = positions[None, :] <= positions[:, None]  # [t, t']: t' <= t.
+  return tf.reduce_max(tf.where(upto[:, :, None], marks[None], -1), 1)
 
 
 def _held(whole, index):
