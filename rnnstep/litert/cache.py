@@ -26,8 +26,8 @@ both folders made 0700), one per key, named by the key's sha256:
                 as the library does), whether the model primes block by
                 block (`primes_in_bulk`: RWKV-7, whose long prompts the warm
                 path leaves to TensorFlow, `warm.prompt_crossover`) and the
-                bytes of weights the artifact reads priming a token
-                (`prime_bytes`); or, for a model the export refuses (a
+                bytes of the layers' weights, what a primed token costs in
+                proportion (`prime_bytes`); or, for a model the export refuses (a
                 model recording a window), {"unsupported": reason}; or, for
                 an export that failed, {"failed": reason}. Neither is
                 retried until the key changes (`--cache_clear` forgets

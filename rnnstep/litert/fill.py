@@ -65,7 +65,7 @@ def _export(model_path: str, weights_dtype=None):
   of the model (imports TF); primes_in_bulk: the model's cell unrolls block
   by block (`network.unrolls_blockwise`: RWKV-7), so TensorFlow primes a
   prompt with each block's products over all of it at once; prime_bytes:
-  the layers' weights, what the artifact reads priming a token, neither the
+  the layers' weights, what a primed token costs in proportion, neither the
   embedding (of which it gathers a row) nor the head. Both are for
   `warm.prompt_crossover`.
 

@@ -26,19 +26,21 @@ from rnnstep.litert import runner
 # artifact (measured on a 2-vCPU EPYC Zen 3 with the bundled GRU 768).
 MAX_CHAR_ROWS = 40_000
 
-# A prompt: the artifact primes it token by token, reading the layers'
-# weights a token (`prime_bytes`); TensorFlow primes a model whose cell
-# unrolls block by block (RWKV-7) with each block's products over the whole
-# prompt at once, after a start-up (import, load, trace) that grows with the
-# weights. Measured on a 2-vCPU EPYC Zen 4, one LiteRT thread
-# (benchmarks/results/warm-cli-prompts-epyc-zen4-2026-12.md): the 0.1B
-# RWKV-7 (362 MB of layer weights, 563 MB packed with its head) primed at
-# 14.7 ms a token on the artifact and 1.6 ms on TensorFlow, whose start
-# took 11.2 s; the bundled GRU's 2.9 s.
-ARTIFACT_PRIME_BYTES_PER_S = 24.6e9
-TENSORFLOW_PRIME_BYTES_PER_S = 226e9
-TENSORFLOW_START_S = 2.9
-TENSORFLOW_START_S_PER_BYTE = 14.7e-9  # Of the artifact's packed weights.
+# A prompt of a model whose cell unrolls block by block (RWKV-7): the
+# artifact primes it in chunks of `request.STEPWISE_PRIME_CHUNK` tokens,
+# TensorFlow with each block's products over the whole prompt at once,
+# after a start-up (import, load, trace) that grows with the weights; both
+# cost about the layers' weights (`prime_bytes`) a token. Whole commands on
+# a 2-vCPU EPYC Zen 5, one LiteRT thread
+# (benchmarks/results/litert-chunked-priming-epyc-zen5-2026-12.md): the
+# 0.1B RWKV-7 (362 MB of layer weights, 563 MB packed with its head)
+# primed at 2.58 ms a token on the artifact and 0.94 ms on TensorFlow,
+# whose start took 5.15 s longer than the artifact's; the bundled GRU's
+# (8 MB) 2.0 s. So the 0.1B shape's crossover is about 3,200 tokens.
+ARTIFACT_PRIME_BYTES_PER_S = 140e9
+TENSORFLOW_PRIME_BYTES_PER_S = 385e9
+TENSORFLOW_START_S = 2.0
+TENSORFLOW_START_S_PER_BYTE = 5.7e-9  # Of the artifact's packed weights.
 
 
 class NotServed(Exception):
