@@ -388,17 +388,21 @@ class RWKV7Cell(Cell):
 
   def _scan_tokens_unrolled(self, s, mask, length, inputs):
     """`_scan_tokens` with LiteRT's builtin ops, over a static number of
-    tokens (`length`, a prompt chunk's): one copy of the update a token,
-    no loop (a TensorArray's ops are not builtins, and a loop nested in the
-    chunks' loop got wrong text from the converter at 9 blocks or more,
-    builtin kernels only)."""
+    tokens (`length`, a prompt chunk's): the factors of every token made at
+    once, then the update unrolled, a few ops a token (a TensorArray's ops
+    are not builtins, and a loop nested in the chunks' loop got wrong text
+    from the converter at 9 blocks or more, builtin kernels only)."""
+    decay, kk, a, k, v, r = inputs
+    factors = wkv_factors(decay, tf.reshape(kk, [length, -1, self.heads,
+                                                 self.head_size]),
+                          a, k, v, r, self.heads, self.head_size)
+    tokens = zip(*(tf.unstack(f, num=length) for f in factors))
+    keep = (tf.unstack(tf.reshape(mask, [length, -1, 1, 1, 1]), num=length)
+            if mask is not None else [None] * length)
     ys = []
-    for t in range(length):
-      decay, kk, a, k, v, r = (x[t] for x in inputs)
-      new, y = self._wkv_update(s, decay, self._heads(kk), a, k, v, r)
-      if mask is not None:
-        new = tf.where(mask[t][:, None, None, None], new, s)
-      s = new
+    for held, token in zip(keep, tokens):
+      new, y = wkv_apply(s, WkvFactors(*token))
+      s = new if held is None else tf.where(held, new, s)
       ys.append(y)
     return s, tf.stack(ys)
 
@@ -507,16 +511,48 @@ class RWKV7Cell(Cell):
     return layer_norm(x + as_float32(ffn_out), self.output_norm)
 
 
+class WkvFactors(NamedTuple):
+  """One token's (or, with leading dims, many tokens') factors of the state
+  update (`wkv_update`), shaped as they multiply S `[..., H, N, N]`
+  ([value, key] per head): `decay` and `kk_a` (kk * a) along the keys
+  `[..., H, 1, N]`; `minus_kk`, `v` and `r` along the values `[..., H, N,
+  1]`; `k` along the keys."""
+  decay: tf.Tensor
+  minus_kk: tf.Tensor
+  kk_a: tf.Tensor
+  v: tf.Tensor
+  k: tf.Tensor
+  r: tf.Tensor
+
+
+def wkv_factors(decay, kk, a, k, v, r, heads: int, head_size: int
+                ) -> WkvFactors:
+  """The update's factors of kk `[..., H, N]` and the rest `[..., C]`."""
+  def heads_of(t):
+    if t.shape.rank == 2:
+      return tf.reshape(t, [-1, heads, head_size])
+    return tf.reshape(t, tf.concat([tf.shape(t)[:-1], [heads, head_size]],
+                                   0))
+  # expand_dims, not t[..., None]: the converter takes no ellipsis slice.
+  along_keys = lambda t: tf.expand_dims(t, -2)
+  along_values = lambda t: tf.expand_dims(t, -1)
+  return WkvFactors(
+      decay=along_keys(heads_of(decay)), minus_kk=along_values(-kk),
+      kk_a=along_keys(kk * heads_of(a)), v=along_values(heads_of(v)),
+      k=along_keys(heads_of(k)), r=along_values(heads_of(r)))
+
+
+def wkv_apply(s, f: WkvFactors):
+  """S' = S diag(decay) + (S (-kk)) (kk * a)^T + v k^T, and S' r: the new
+  state and `[..., H, N]` (`tf.linalg.matvec` is this matmul, squeezed)."""
+  s = s * f.decay + tf.matmul(s, f.minus_kk) * f.kk_a + f.v * f.k
+  return s, tf.squeeze(tf.matmul(s, f.r), -1)
+
+
 def wkv_update(s, decay, kk, a, k, v, r, heads: int, head_size: int):
   """One token's state update, `s` `[B, H, N, N]` ([value, key] per head),
   kk `[B, H, N]`, the rest `[B, C]`: the new state and S @ r."""
-  def heads_of(t):
-    return tf.reshape(t, [-1, heads, head_size])
-  rh, kh, vh, ah = heads_of(r), heads_of(k), heads_of(v), heads_of(a)
-  s = (s * heads_of(decay)[:, :, None, :]
-       + tf.linalg.matvec(s, -kk)[..., None] * (kk * ah)[:, :, None, :]
-       + vh[..., None] * kh[:, :, None, :])
-  return s, tf.linalg.matvec(s, rh)
+  return wkv_apply(s, wkv_factors(decay, kk, a, k, v, r, heads, head_size))
 
 
 @functools.lru_cache(maxsize=None)
