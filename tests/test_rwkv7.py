@@ -473,8 +473,8 @@ def test_web_export_refuses_in_one_line(preset_model):
 
 
 # The LiteRT artifact's cases: rnnstep-generate's warm path runs them.
-# The last, 43 tokens, primes over three of the artifact's chunks
-# (`request.STEPWISE_PRIME_CHUNK`), the last one partly; the others in one.
+# The last, 43 tokens, primes over two of the artifact's chunks
+# (`request.STEPWISE_PRIME_CHUNK`), the second partly; the others in one.
 LITERT_PROMPTS = ["Hello the poet said", "中文", "A",
                   "Hello the poet said, and the world said hello to the poet"
                   " and the world said hello to the poet once more"]

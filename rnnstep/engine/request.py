@@ -320,11 +320,12 @@ PRIME_CHUNK = 128
 # unrolled (`RWKV7Cell.for_litert_converter`). A chunk reads the weights
 # once, and its loop runs to the chunk holding the longest prompt's end,
 # so a short prompt costs a whole chunk. On the 0.1B shape, one thread, a
-# 2-vCPU Zen 5: a 512-token prompt primed at 3.3 ms a token in chunks of
-# 16 and 2.1 in chunks of 64 (10.5 token by token), a 4-token prompt in 59
-# and 160 ms (35), and the unrolled updates took the 12-block test model's
-# conversion from 4.8 s to 14.5 and 36.8 s.
-STEPWISE_PRIME_CHUNK = 16
+# 2-vCPU Zen 5 (benchmarks/results/litert-chunked-priming-epyc-zen5-2026-12.md):
+# a 512-token prompt primed at 1.86 ms a token in chunks of 32 and 2.44 in
+# chunks of 16 (float32; int8 1.02 and 1.19; token by token 10.4 and 3.9),
+# a 4-token prompt in 61 and 38 ms (int8 35 and 21; token by token 30 and
+# 13); the conversion took as long.
+STEPWISE_PRIME_CHUNK = 32
 
 
 def chunk_columns(batch):

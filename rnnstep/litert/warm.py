@@ -31,16 +31,19 @@ MAX_CHAR_ROWS = 40_000
 # TensorFlow with each block's products over the whole prompt at once,
 # after a start-up (import, load, trace) that grows with the weights; both
 # cost about the layers' weights (`prime_bytes`) a token. Whole commands on
-# a 2-vCPU EPYC Zen 5, one LiteRT thread
+# a 2-vCPU EPYC Zen 5, one LiteRT thread, three runs of three rounds
 # (benchmarks/results/litert-chunked-priming-epyc-zen5-2026-12.md): the
 # 0.1B RWKV-7 (362 MB of layer weights, 563 MB packed with its head)
-# primed at 2.58 ms a token on the artifact and 0.94 ms on TensorFlow,
-# whose start took 5.15 s longer than the artifact's; the bundled GRU's
-# (8 MB) 2.0 s. So the 0.1B shape's crossover is about 3,200 tokens.
-ARTIFACT_PRIME_BYTES_PER_S = 140e9
-TENSORFLOW_PRIME_BYTES_PER_S = 385e9
+# primed at 1.88 ms a token on the artifact and 0.88 ms on TensorFlow,
+# whose start took 5.08 s longer than the artifact's; the bundled GRU's
+# (8 MB) 2.0 s. So the 0.1B shape's crossover is about 5,000 tokens. An
+# int8 model's is set too low (its file's ~9,700 where the artifact
+# stayed the faster to ~36,000): TensorFlow holds its weights as float32
+# values, so its cost follows their count, not `prime_bytes`.
+ARTIFACT_PRIME_BYTES_PER_S = 192e9
+TENSORFLOW_PRIME_BYTES_PER_S = 411e9
 TENSORFLOW_START_S = 2.0
-TENSORFLOW_START_S_PER_BYTE = 5.7e-9  # Of the artifact's packed weights.
+TENSORFLOW_START_S_PER_BYTE = 5.55e-9  # Of the artifact's packed weights.
 
 
 class NotServed(Exception):
