@@ -19,9 +19,10 @@ library's float32 prefill (`generate` of a 512-token prompt, 1 step, as
 an export of the same model with `--dynamic_range_int8`; the warm path's
 `runner.run_artifact`). Prefill tokens/s, medians over the rounds.
 
-What it leaves to the export: the chunks' loop over a prompt (a while loop
-whose body takes every block's tensors: `blocks_sliced_in_step`'s converter
-limit), the masked tail of each row, and the texts checked against the
+What it left to the export, done in 0.27.0 (`loop.prime` stepwise,
+`RWKV7Cell.for_litert_converter`; benchmarks/results/
+litert-chunked-priming-epyc-zen5-2026-12.md): the chunks' loop over a
+prompt, the masked tail of each row, and the texts checked against the
 library's.
 """
 
