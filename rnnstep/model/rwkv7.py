@@ -283,7 +283,7 @@ class RWKV7Cell(Cell):
       x = x[:steps]
       mask = None if mask is None else mask[:steps]
     length = tf.shape(x)[0]
-    x_steps = x.shape[0]
+    static_length = x.shape[0]  # None where T is not static.
     if mask is None:
       last = None
     else:
@@ -298,7 +298,7 @@ class RWKV7Cell(Cell):
     # A chunk's static width lets the state update run without a loop
     # (`_scan_tokens_unrolled`).
     unroll_block = (functools.partial(self._unroll_block,
-                                      static_length=x_steps)
+                                      static_length=static_length)
                     if self.for_litert_converter
                     else self._block_function(self._unroll_block))
     for i, b in enumerate(self.blocks_sliced_in_step()):
