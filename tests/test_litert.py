@@ -175,6 +175,20 @@ def test_zero_steps_give_an_empty_row_each(name):
   assert run(flatbuffer, model, PROMPTS, 0) == ["", "", ""]
 
 
+def test_the_runtime_takes_tensorflow_s_threads(monkeypatch):
+  """Unless told, the artifact runs on as many threads as TensorFlow's
+  products would: its `TF_NUM_INTRAOP_THREADS` where that is a positive
+  integer (TensorFlow ignores any other value, and so does the runtime),
+  else every core this process may use."""
+  cores = len(os.sched_getaffinity(0))
+  for value, threads in (("3", 3), (" 1 ", 1), ("0", cores), ("-2", cores),
+                         ("two", cores), ("", cores)):
+    monkeypatch.setenv(litert_runner.THREADS_ENV, value)
+    assert litert_runner.default_threads() == threads, value
+  monkeypatch.delenv(litert_runner.THREADS_ENV)
+  assert litert_runner.default_threads() == cores
+
+
 def test_every_kernel_set_on_two_threads_gives_the_library_s_text(tmp_path):
   """rnnstep-generate's warm path runs an artifact on LiteRT's builtin
   kernels, the interpreter's XNNPACK delegate, or XNNPACK on weights packed

@@ -12,6 +12,7 @@ imported on first use.
 
 import os
 
+from rnnstep.engine import cpu
 from rnnstep.litert import inputs as litert_inputs
 
 # The export's options: what `rnnstep.litert.export.convert` is asked for and the
@@ -33,6 +34,24 @@ ARTIFACT_OPTIONS = tuple(o.name for o in litert_inputs.OPTIONS)
 # cache packs such an artifact's weights once, into a file of its own
 # (`pack_weights`), which each run maps: XNNPACK's speed without the copies.
 BUILTIN_KERNELS_FROM_BYTES = 64 << 20
+# TensorFlow's own setting of its intra-op threads, which the artifact's
+# runtime takes too (`default_threads`).
+THREADS_ENV = "TF_NUM_INTRAOP_THREADS"
+
+
+def default_threads() -> int:
+  """The threads the artifact's runtime runs on unless told: as many as the
+  TensorFlow path's products would (`THREADS_ENV` where it holds a positive
+  integer, else every core this process may use), so that the two paths
+  are compared, and chosen between, on the same cores. (On a 2-vCPU Zen 5
+  two threads ran the 0.1B RWKV-7's artifact 1.14x as fast as one in
+  decode and 1.3-1.5x in priming, and the bundled GRU's no slower:
+  benchmarks/results/litert-threads-epyc-zen5-2026-12.md.) LiteRT's
+  builtin kernels run on one thread whatever the number."""
+  value = os.environ.get(THREADS_ENV, "").strip()
+  if value.isdigit() and int(value) > 0:  # TensorFlow ignores others too.
+    return int(value)
+  return cpu.usable_cores()
 
 
 def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
@@ -59,10 +78,7 @@ def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
       (`pack_weights`' file, for the same flatbuffer): the artifact, given
       by its path, runs on XNNPACK through LiteRT's `CompiledModel`, its
       weights mapped from that file (`builtin_kernels` is not used).
-    num_threads: the runtime's threads; None: one (LiteRT's default, what
-      the command runs: on 2 shared vCPUs two were not reliably faster,
-      benchmarks/results/warm-cli-epyc-zen4-2026-12.md), and the builtin
-      kernels ran on one thread whatever the number.
+    num_threads: the runtime's threads; None: `default_threads()`.
     **values: decoding options by name (`ARTIFACT_OPTIONS`; per-row ones
       one value or a list with one per prompt).
 
@@ -103,7 +119,8 @@ def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
     out = interpreter_lib.Interpreter(
         **({"model_content": flatbuffer} if in_memory
            else {"model_path": flatbuffer}),
-        experimental_op_resolver_type=resolver, num_threads=num_threads
+        experimental_op_resolver_type=resolver,
+        num_threads=num_threads or default_threads()
     ).get_signature_runner(EXPORT_OPTIONS["signature"])(**inputs)
   if (out["ids"].shape != (rows, num_steps)
       or out["lengths"].shape != (rows,)
@@ -135,7 +152,7 @@ def _compiled_model(path: str, weight_cache: str, num_threads):
   options = compiled_lib.Options(
       hardware_accelerators=compiled_lib.HardwareAccelerator.CPU,
       cpu_options=compiled_lib.CpuOptions(
-          num_threads=num_threads or 1,
+          num_threads=num_threads or default_threads(),
           xnnpack_weight_cache_path=weight_cache))
   return compiled_lib.CompiledModel.from_file(path, options=options)
 

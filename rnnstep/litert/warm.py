@@ -30,17 +30,18 @@ MAX_CHAR_ROWS = 40_000
 # artifact primes it in chunks of `request.STEPWISE_PRIME_CHUNK` tokens,
 # TensorFlow with each block's products over the whole prompt at once,
 # after a start-up (import, load, trace) that grows with the weights; both
-# cost about the layers' weights (`prime_bytes`) a token. Whole commands on
-# a 2-vCPU EPYC Zen 5, one LiteRT thread, three runs of three rounds
-# (benchmarks/results/litert-chunked-priming-epyc-zen5-2026-12.md): the
-# 0.1B RWKV-7 (362 MB of layer weights, 563 MB packed with its head)
-# primed at 1.88 ms a token on the artifact and 0.88 ms on TensorFlow,
-# whose start took 5.08 s longer than the artifact's; the bundled GRU's
-# (8 MB) 2.0 s. So the 0.1B shape's crossover is about 5,000 tokens. An
-# int8 model's is set too low (its file's ~9,700 where the artifact
-# stayed the faster to ~36,000): TensorFlow holds its weights as float32
-# values, so its cost follows their count, not `prime_bytes`.
-ARTIFACT_PRIME_BYTES_PER_S = 192e9
+# cost about the layers' weights (`prime_bytes`) a token, on the same
+# threads (`runner.default_threads`). Whole commands on a 2-vCPU EPYC Zen 5
+# (benchmarks/results/litert-chunked-priming-epyc-zen5-2026-12.md,
+# litert-threads-epyc-zen5-2026-12.md): the 0.1B RWKV-7 (362 MB of layer
+# weights, 563 MB packed with its head) primed at 1.88 ms a token on the
+# artifact's one thread, 1.5x as fast on its two (in one process: 2,000
+# tokens in 4.05 s and 2.70 s), and 0.88 ms on TensorFlow, whose start took
+# 5.08 s longer than the artifact's; the bundled GRU's (8 MB) 2.0 s. So the
+# 0.1B shape's crossover is about 13,600 tokens there. An int8 model's is
+# set too low: TensorFlow holds its weights as float32 values, so its cost
+# follows their count, not `prime_bytes`.
+ARTIFACT_PRIME_BYTES_PER_S = 288e9
 TENSORFLOW_PRIME_BYTES_PER_S = 411e9
 TENSORFLOW_START_S = 2.0
 TENSORFLOW_START_S_PER_BYTE = 5.55e-9  # Of the artifact's packed weights.
