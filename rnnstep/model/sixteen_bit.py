@@ -18,8 +18,13 @@ which changes every step; the product's consumer would join it in an
 output fusion, which takes no convert, so the product passes through a
 barrier of its own; and the ops making the input would be fused into the
 product's loop, recomputed for every output, so the input is made apart
-(`_kept_apart`). Outside one XLA program (the graph path's head and
-priming, the elementwise path) a product is a small XLA program of its own
+(`_kept_apart`). A prompt's products over a chunk's rows
+(`rows_in_a_loop`) are not fenced: XLA's CPU dot over many rows takes no
+convert, so the widened copy is made anyway, and unfenced it is made once
+a call, hoisted out of the loop over the prompt's chunks, rather than once
+a chunk (the copies of every matrix were live at once in the loop's body
+either way). Outside one XLA program (the graph path's head and priming,
+the elementwise path) a product is a small XLA program of its own
 (`_compiled_product`).
 
 The other kinds, and any model whose arithmetic is not float32 (`dtype`),
@@ -56,17 +61,21 @@ def cast(weights, dtype):
   return int8_arithmetic.cast(weights, dtype)
 
 
-def product(a, w, transposed: bool, in_xla: bool):
+def product(a, w, transposed: bool, in_xla: bool,
+            rows_in_a_loop: bool = False):
   """`a [..., K] @ w` in float32 for a 16-bit `w` (`[K, N]`, or `[N, K]`
   with `transposed`), read as 16 bits: fenced inside an XLA program
-  (`in_xla`), else a small XLA program of its own.
+  (`in_xla`), unless over a loop's rows (`rows_in_a_loop`: widened where
+  XLA hoists it out of the loop), else a small XLA program of its own.
 
   Returns:
     float32 `[..., N]`.
   """
   a = tf.cast(a, tf.float32)
   rows = tf.reshape(a, [-1, a.shape[-1]]) if a.shape.rank != 2 else a
-  if in_xla:
+  if in_xla and rows_in_a_loop:
+    out = tf.matmul(rows, tf.cast(w, tf.float32), transpose_b=transposed)
+  elif in_xla:
     out = _fenced_product(rows, w, transposed)
   else:
     out = _compiled_product(rows, w, transposed)
