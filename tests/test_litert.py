@@ -179,10 +179,11 @@ def test_the_runtime_takes_tensorflow_s_threads(monkeypatch):
   """Unless told, the artifact runs on as many threads as TensorFlow's
   products would: its `TF_NUM_INTRAOP_THREADS` where that is a positive
   integer (TensorFlow ignores any other value, and so does the runtime),
-  else every core this process may use."""
+  else every core this process may use; never more than those cores."""
   cores = len(os.sched_getaffinity(0))
-  for value, threads in (("3", 3), (" 1 ", 1), ("0", cores), ("-2", cores),
-                         ("two", cores), ("", cores)):
+  for value, threads in (("1", 1), (f" {cores} ", cores), ("0", cores),
+                         ("-2", cores), ("two", cores), ("", cores),
+                         (str(cores + 1), cores), ("100000", cores)):
     monkeypatch.setenv(litert_runner.THREADS_ENV, value)
     assert litert_runner.default_threads() == threads, value
   monkeypatch.delenv(litert_runner.THREADS_ENV)

@@ -46,12 +46,15 @@ def default_threads() -> int:
   are compared, and chosen between, on the same cores. (On a 2-vCPU Zen 5
   two threads ran the 0.1B RWKV-7's artifact 1.14x as fast as one in
   decode and 1.3-1.5x in priming, and the bundled GRU's no slower:
-  benchmarks/results/litert-threads-epyc-zen5-2026-12.md.) LiteRT's
-  builtin kernels run on one thread whatever the number."""
+  benchmarks/results/litert-threads-epyc-zen5-2026-12.md.) Never more than
+  those cores: more threads only wait for them, and LiteRT's thread pool
+  crashed the process when asked for 100,000. LiteRT's builtin kernels run
+  on one thread whatever the number."""
+  cores = cpu.usable_cores()
   value = os.environ.get(THREADS_ENV, "").strip()
   if value.isdigit() and int(value) > 0:  # TensorFlow ignores others too.
-    return int(value)
-  return cpu.usable_cores()
+    return min(int(value), cores)
+  return cores
 
 
 def run_artifact(flatbuffer, vocab, prompts, num_steps: int,
