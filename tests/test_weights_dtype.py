@@ -207,6 +207,23 @@ def test_rwkv7_holds_16bit_weights_and_decodes_them(rwkv7_tensors,
   np.testing.assert_allclose(scores[0], want_score, rtol=1e-5)
 
 
+@pytest.mark.slow  # An XLA compile.
+def test_rwkv7_16bit_rows_in_a_batch_give_the_numpy_forward_s_ids(
+    rwkv7_tensors):
+  """Under XLA a batch of several rows takes each 16-bit matrix widened once
+  a call and one row reads it as 16 bits (`sixteen_bit.product`): each row
+  of a batch still decodes the numpy forward's greedy ids on the rounded
+  weights, as it does alone."""
+  model = rnnstep.load(RWKV7_PRESET, weights_dtype="float16")
+  want = reference_tensors(rwkv7_tensors, RWKV7_KEYS, "float16")
+  prompts = ["Hello the poet said", "A", "the café"]
+  head_size = model.config.layers[0].size["head_size"]
+  expected = [model.tokens.decode(_rwkv7_numpy_greedy(
+      want, head_size, model.encode(p), 10)[0]) for p in prompts]
+  assert rnnstep.generate(model, prompts, 10, temperature=0.0,
+                          jit_compile=True) == expected
+
+
 @pytest.fixture(scope="module")
 def rwkv7_file(tmp_path_factory):
   """The RWKV-7 preset as a model file (float32)."""

@@ -74,15 +74,28 @@ def product(a, w, transposed: bool, in_xla: bool,
   a = tf.cast(a, tf.float32)
   rows = tf.reshape(a, [-1, a.shape[-1]]) if a.shape.rank != 2 else a
   if in_xla and rows_in_a_loop:
-    out = tf.matmul(rows, tf.cast(w, tf.float32), transpose_b=transposed)
+    out = _hoistable_product(rows, w, transposed)
   elif in_xla:
-    out = _fenced_product(rows, w, transposed)
+    # One row reads the weights as 16 bits (the fenced loop); several take
+    # the widened copy, made once a call.
+    count = rows.shape[0]
+    if count is not None:
+      out = (_fenced_product if count == 1 else _hoistable_product)(
+          rows, w, transposed)
+    else:  # A compile-time constant to XLA, which drops the other branch.
+      out = tf.cond(tf.shape(rows)[0] > 1,
+                    lambda: _hoistable_product(rows, w, transposed),
+                    lambda: _fenced_product(rows, w, transposed))
   else:
     out = _compiled_product(rows, w, transposed)
   if a.shape.rank == 2:
     return out
   return tf.reshape(out, tf.concat([tf.shape(a)[:-1], tf.shape(out)[-1:]],
                                    0))
+
+
+def _hoistable_product(a, w, transposed):
+  return tf.matmul(a, tf.cast(w, tf.float32), transpose_b=transposed)
 
 
 def _fenced_product(a, w, transposed):
