@@ -18,12 +18,12 @@ which changes every step; the product's consumer would join it in an
 output fusion, which takes no convert, so the product passes through a
 barrier of its own; and the ops making the input would be fused into the
 product's loop, recomputed for every output, so the input is made apart
-(`_kept_apart`). A prompt's products over a chunk's rows
-(`rows_in_a_loop`) are not fenced: XLA's CPU dot over many rows takes no
-convert, so the widened copy is made anyway, and unfenced it is made once
-a call, hoisted out of the loop over the prompt's chunks, rather than once
-a chunk (the copies of every matrix were live at once in the loop's body
-either way). Outside one XLA program (the graph path's head and priming,
+(`_kept_apart`). That is one row's product. XLA's CPU dot over several
+rows takes no convert, so it needs the widened copy anyway: a prompt's
+products over a chunk's rows (`rows_in_a_loop`) and a decode step's over
+a batch of rows are not fenced, and XLA hoists the copy out of the loop,
+made once a call rather than once a chunk or a step (the copies of every
+matrix were live at once in the loop's body either way). Outside one XLA program (the graph path's head and priming,
 the elementwise path) a product is a small XLA program of its own
 (`_compiled_product`).
 
