@@ -146,7 +146,7 @@ class Cell:
 
 
 def matmul(a, w, compute_dtype, float32_result=True, transposed=False,
-           in_xla=False, rows_in_a_loop=False):
+           in_xla=False):
   """`a @ w` with `a` cast to the weights' dtype (the cells' and the Dense's).
 
   The result is float32, or with `float32_result=False` left in the compute
@@ -171,8 +171,6 @@ def matmul(a, w, compute_dtype, float32_result=True, transposed=False,
     float32_result: widen the product to float32 here.
     transposed: `w` is held `[N, D]` (`Kind.held_transposed`).
     in_xla: the product is traced inside an XLA program (`sixteen_bit`).
-    rows_in_a_loop: the product runs over many rows in a loop whose every
-      iteration takes the same weights (a prompt's chunks: `sixteen_bit`).
 
   Returns:
     `[..., N]`, float32 or (`float32_result=False`) the compute dtype.
@@ -180,7 +178,7 @@ def matmul(a, w, compute_dtype, float32_result=True, transposed=False,
   if int8_arithmetic.is_int8(w):
     return int8_arithmetic.product(a, w)
   if sixteen_bit.widened_in_product(w, compute_dtype):
-    return sixteen_bit.product(a, w, transposed, in_xla, rows_in_a_loop)
+    return sixteen_bit.product(a, w, transposed, in_xla)
   if compute_dtype != tf.float32:
     a = tf.cast(a, compute_dtype)
   if a.shape.rank == 2:

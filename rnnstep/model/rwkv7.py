@@ -192,11 +192,11 @@ class RWKV7Cell(Cell):
     (`_block_function`)."""
     return not self.compile_elementwise and self.compute_dtype == tf.float32
 
-  def _mm(self, a, w, in_xla, rows_in_a_loop=False):
+  def _mm(self, a, w, in_xla):
     """a @ W of a big matrix, held `[out, in]` (`Kind.held_transposed`);
-    `in_xla`, `rows_in_a_loop`: as `cells.matmul`'s."""
+    `in_xla`: traced inside an XLA program (`sixteen_bit`)."""
     return matmul(a, w, self.compute_dtype, float32_result=False,
-                  transposed=True, in_xla=in_xla, rows_in_a_loop=rows_in_a_loop)
+                  transposed=True, in_xla=in_xla)
 
   def blocks_sliced_in_step(self):
     """Each block's tensors sliced from the stacked ones where the step runs
@@ -326,8 +326,7 @@ class RWKV7Cell(Cell):
     length = tf.shape(x)[0] // batch
     xx = layer_norm(x, b.ln[:2])
     prev = _shifted(xx, prev_att, length, batch, last)
-    mm = functools.partial(self._mm, in_xla=self.one_xla_program,
-                           rows_in_a_loop=True)
+    mm = functools.partial(self._mm, in_xla=self.one_xla_program)
     x, xx, xr, xk, xv = self._time_inputs(b, x, None, prev)
     r, k, v = mm(xr, b.r), mm(xk, b.k), mm(xv, b.v)
     decay, kk, a, k, v, r, g, v_first = self._wkv_inputs(

@@ -20,12 +20,12 @@ barrier of its own; and the ops making the input would be fused into the
 product's loop, recomputed for every output, so the input is made apart
 (`_kept_apart`). That is one row's product. XLA's CPU dot over several
 rows takes no convert, so it needs the widened copy anyway: a prompt's
-products over a chunk's rows (`rows_in_a_loop`) and a decode step's over
-a batch of rows are not fenced, and XLA hoists the copy out of the loop,
-made once a call rather than once a chunk or a step (the copies of every
-matrix were live at once in the loop's body either way). Outside one XLA program (the graph path's head and priming,
-the elementwise path) a product is a small XLA program of its own
-(`_compiled_product`).
+products over a chunk's rows and a decode step's over a batch of rows are
+not fenced, and XLA hoists the copy out of the loop, made once a call
+rather than once a chunk or a step (the copies of every matrix were live
+at once in the loop's body either way). Outside one XLA program (the
+graph path's head and priming, the elementwise path) a product is a small
+XLA program of its own (`_compiled_product`).
 
 The other kinds, and any model whose arithmetic is not float32 (`dtype`),
 hold float32 values (or the compute dtype's) as before.
@@ -61,23 +61,18 @@ def cast(weights, dtype):
   return int8_arithmetic.cast(weights, dtype)
 
 
-def product(a, w, transposed: bool, in_xla: bool,
-            rows_in_a_loop: bool = False):
+def product(a, w, transposed: bool, in_xla: bool):
   """`a [..., K] @ w` in float32 for a 16-bit `w` (`[K, N]`, or `[N, K]`
-  with `transposed`), read as 16 bits: fenced inside an XLA program
-  (`in_xla`), unless over a loop's rows (`rows_in_a_loop`: widened where
-  XLA hoists it out of the loop), else a small XLA program of its own.
+  with `transposed`): inside an XLA program (`in_xla`) fenced for one row
+  (read as 16 bits), plain for several (widened where XLA hoists the copy
+  out of the loop); else a small XLA program of its own.
 
   Returns:
     float32 `[..., N]`.
   """
   a = tf.cast(a, tf.float32)
   rows = tf.reshape(a, [-1, a.shape[-1]]) if a.shape.rank != 2 else a
-  if in_xla and rows_in_a_loop:
-    out = _hoistable_product(rows, w, transposed)
-  elif in_xla:
-    # One row reads the weights as 16 bits (the fenced loop); several take
-    # the widened copy, made once a call.
+  if in_xla:
     count = rows.shape[0]
     if count is not None:
       out = (_fenced_product if count == 1 else _hoistable_product)(
