@@ -213,15 +213,21 @@ def test_rwkv7_16bit_rows_in_a_batch_give_the_numpy_forward_s_ids(
   """Under XLA a batch of several rows takes each 16-bit matrix widened once
   a call and one row reads it as 16 bits (`sixteen_bit.product`): each row
   of a batch still decodes the numpy forward's greedy ids on the rounded
-  weights, as it does alone."""
+  weights, as it does alone, in one XLA program, streamed in chunks, and on
+  the graph path (whose step blocks are XLA programs of their own)."""
   model = rnnstep.load(RWKV7_PRESET, weights_dtype="float16")
   want = reference_tensors(rwkv7_tensors, RWKV7_KEYS, "float16")
   prompts = ["Hello the poet said", "A", "the café"]
   head_size = model.config.layers[0].size["head_size"]
   expected = [model.tokens.decode(_rwkv7_numpy_greedy(
       want, head_size, model.encode(p), 10)[0]) for p in prompts]
-  assert rnnstep.generate(model, prompts, 10, temperature=0.0,
-                          jit_compile=True) == expected
+  for path in (True, False):
+    assert rnnstep.generate(model, prompts, 10, temperature=0.0,
+                            jit_compile=path) == expected, path
+  chunks = list(rnnstep.stream(model, prompts, 10, temperature=0.0,
+                               chunk_size=4, jit_compile=True))
+  assert ["".join(c[i] for c in chunks)
+          for i in range(len(prompts))] == expected
 
 
 @pytest.fixture(scope="module")
