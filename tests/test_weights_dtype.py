@@ -298,15 +298,21 @@ def test_server_and_saved_model_give_the_library_s_16bit_text(rwkv7_file,
   if not serve_process.stack_installed():
     pytest.skip("the serving stack is not installed (pip install "
                 "'rnnstep[serve]')")
-  body = dict(prompt=prompt, max_tokens=12, seed=1, temperature=0.9)
-  want = serve_process.expected(model, body, body["seed"])[0]
+  # Two rows in one call (each matrix widened once a call:
+  # `sixteen_bit.product`), then one (read as 16 bits).
+  bodies = [dict(prompt=[prompt, "the café"], max_tokens=12, seed=1,
+                 temperature=0.9),
+            dict(prompt=prompt, max_tokens=12, seed=2, temperature=0.9)]
   with serve_process.RemoteServer([f"--model={rwkv7_file}",
                                    "--weights_dtype=bfloat16",
                                    "--max_batch=2"],
                                   startup_timeout=300) as server:
-    reply = http.post(server.url("/v1/completions"), json=body, timeout=120)
-    assert reply.status_code == 200, reply.text
-    assert [c["text"] for c in reply.json()["choices"]] == want
+    for body in bodies:
+      reply = http.post(server.url("/v1/completions"), json=body,
+                        timeout=120)
+      assert reply.status_code == 200, reply.text
+      assert [c["text"] for c in reply.json()["choices"]] == (
+          serve_process.expected(model, body, body["seed"])[0])
 
 
 # Exhaustive: test_litert_int8_products_are_every_cell_kind_s runs a GRU
