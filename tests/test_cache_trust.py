@@ -307,6 +307,23 @@ def test_the_default_cap_keeps_twice_the_largest_artifact(cache):
   assert compiled_cache.max_bytes(100 << 20) == 800 << 20
 
 
+def test_the_default_cap_keeps_two_entries_of_the_largest_size(cache):
+  """Two entries as large as the largest (a model's float32 and 16-bit
+  artifacts, the same bytes) both stay, their manifests counted: a manifest
+  holds the vocabulary (645 kB for the world vocabulary's), and a cap of
+  twice the flatbuffers and packed weights alone evicted the older of the
+  0.1B RWKV-7's two, so that each run of the other rebuilt its own."""
+  compiled_cache.ensure_directory()
+  for n in (1, 2):
+    compiled_cache.write_entry(fake_key(n), flatbuffer=b"flatbuffer",
+                               vocab=[f"token {i}" for i in range(20_000)])
+    with open(compiled_cache.entry_base(fake_key(n)) + ".tflite", "r+b") as f:
+      f.truncate(300 << 20)  # Sparse: no disk written.
+  assert compiled_cache.prune() == []
+  assert len(compiled_cache.entries()) == 2
+  assert compiled_cache.max_bytes() == 2 * compiled_cache.entries()[0].bytes
+
+
 # The packing child (`compiled_fill._PACK_CHILD`'s argv: the
 # flatbuffer, then the file to write), made up: 600 kB of packed weights, or
 # half a file and a failure.
@@ -346,7 +363,8 @@ def test_packed_weights_are_kept_whole_and_under_the_cap(cache, monkeypatch,
     assert stat.S_IMODE(packed.st_mode) == 0o600
     if not cap_mb:  # The default cap counts the packed weights (sparse).
       os.truncate(base + compiled_cache.PACKED_SUFFIX, 300 << 20)
-      assert compiled_cache.max_bytes() == 2 * (600_000 + (300 << 20))
+      assert compiled_cache.max_bytes() == 2 * (
+          600_000 + (300 << 20) + os.path.getsize(base + ".json"))
 
 
 def test_a_fill_leaves_no_lock_and_stale_locks_are_removed(cache, weights,

@@ -53,7 +53,7 @@ used.
 The cache is bounded: after each fill, entries are removed least recently
 used first (a warm run's lookup touches its manifest) until they hold at
 most `max_bytes` ($RNNSTEP_CACHE_MAX_MB, else the larger of
-`tuning_cache.DEFAULT_MAX_MB` and twice the largest artifact); locks and temp files
+`tuning_cache.DEFAULT_MAX_MB` and twice the largest entry); locks and temp files
 left by killed children are removed too. `rnnstep-generate --cache_info`
 lists the entries, `--cache_clear` removes them.
 
@@ -131,6 +131,8 @@ _CHECKPOINT_FILE = re.compile(r"\.index$|\.data-\d+-of-\d+$")
 _ENTRY_FILE = re.compile(r"^([0-9a-f]{40})\.(json|tflite|xnnpack|lock)$")
 # The suffix of an entry's weights packed for XNNPACK (`runner.pack_weights`).
 PACKED_SUFFIX = ".xnnpack"
+# The files an entry's size counts (`entries`, `max_bytes`).
+_COUNTED_SUFFIXES = (".json", ".tflite", PACKED_SUFFIX)
 # Temp files older than this are left by a killed writer.
 _STALE_TEMP_SECONDS = 3600
 _CHUNK = 1 << 20
@@ -628,22 +630,25 @@ def max_bytes(admitting: int = 0) -> int:
 
   $RNNSTEP_CACHE_MAX_MB where set (`tuning_cache.max_bytes`). Otherwise it
   follows the models its user runs: the larger of the default
-  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest entry's
-  flatbuffer and packed weights, one kept or the `admitting` bytes about to
-  be, so that the largest model and another of its size stay (the 0.1B
-  RWKV-7's artifact alone is 766 MB, its packed weights 563 MB). The
+  (`tuning_cache.DEFAULT_MAX_MB`, 512 MB) and twice the largest entry (its
+  flatbuffer, packed weights and manifest, as `entries` counts it: a
+  manifest holds the vocabulary, 645 kB for the world vocabulary's), one
+  kept or the `admitting` bytes about to be, so that the largest model and
+  another of its size stay (the 0.1B RWKV-7's artifact alone is 766 MB, its
+  packed weights 563 MB; its float32 and 16-bit artifacts are the same
+  bytes). The
   memory converting needs (`size_refusal`) bounds what is built; packed
   weights that would take an entry past an explicit cap are not kept
   (`fill.packed_weights`).
   """
   if MAX_MB_ENV in os.environ:
     return tuning_cache.max_bytes()
-  sizes = collections.Counter()  # An entry's flatbuffer and packed weights.
+  sizes = collections.Counter()  # An entry's bytes, as `entries` counts them.
   with contextlib.suppress(OSError):
     folder = directory()
     for name in os.listdir(folder):
       match = _ENTRY_FILE.match(name)
-      if match and match.group(2) in ("tflite", PACKED_SUFFIX[1:]):
+      if match and "." + match.group(2) in _COUNTED_SUFFIXES:
         with contextlib.suppress(OSError):
           sizes[match.group(1)] += os.path.getsize(os.path.join(folder, name))
   largest = max([admitting, *sizes.values()])
@@ -719,7 +724,7 @@ def entries() -> List[Entry]:
       continue
     base = os.path.join(folder, match.group(1))
     size = 0
-    for suffix in (".json", ".tflite", PACKED_SUFFIX):
+    for suffix in _COUNTED_SUFFIXES:
       with contextlib.suppress(OSError):
         size += os.path.getsize(base + suffix)
     try:
