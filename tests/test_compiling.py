@@ -509,6 +509,42 @@ def test_pruning_keeps_only_whole_entries_of_ours_under_the_cap(tmp_path):
   assert sorted(os.listdir(tmp_path)) == sorted([kept, xla_cache.CHECKED_FILE])
 
 
+def test_pruning_counts_the_folders_other_versions_left(tmp_path):
+  """Another rnnstep, TensorFlow or CPU keys a folder of its own beside
+  this one, which no process of this version reads: its entries count
+  toward the cap, least recently used first, and a folder emptied goes;
+  one another user could write is left alone."""
+  xla = tmp_path / xla_cache.SUBDIR
+  whole = entry_bytes((1, b"key"), (2, b"hlo"), (3, b"machine code"))
+
+  def entry(key, name, age):
+    (xla / key).mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = xla / key / f"xla_compile_cache__{name}__1__XLA_CPU_JIT.pb"
+    path.write_bytes(whole)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+  ours = entry("a" * 20, "1", age=10)
+  recent = entry("b" * 20, "2", age=100)  # Another version's, kept.
+  old = entry("b" * 20, "3", age=1000)
+  older = entry("c" * 20, "4", age=2000)  # Its folder's only entry.
+  (xla / ("c" * 20) / xla_cache.INDEX_FILE).write_text("{}")
+  shared = entry("d" * 20, "5", age=3000)
+  (xla / ("d" * 20)).chmod(0o777)
+  xla_cache.prune(str(xla / ("a" * 20)), cap=2 * len(whole))
+  assert ours.exists() and recent.exists() and shared.exists()
+  assert not old.exists() and not older.exists()
+  assert not (xla / ("c" * 20)).exists()
+  # Not under a cache's `xla` folder: its siblings are not another key's.
+  (tmp_path / ("e" * 20)).mkdir()
+  stray = tmp_path / ("e" * 20) / ours.name
+  stray.write_bytes(whole)
+  (tmp_path / ("f" * 20)).mkdir()
+  xla_cache.prune(str(tmp_path / ("f" * 20)), cap=0)
+  assert stray.exists()
+
+
 def test_a_cache_folder_writable_by_others_is_not_used(tmp_path, monkeypatch):
   monkeypatch.setenv("RNNSTEP_CACHE_DIR", str(tmp_path / "cache"))
   (tmp_path / "cache").mkdir()

@@ -55,7 +55,10 @@ there.
 
 Bounded as the LiteRT artifacts are: at each process's `enable`, entries
 are removed least recently used first (by access or modification time)
-until they hold at most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`).
+until they hold at most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`),
+counting the folders of other keys beside this one (`_other_keys`: another
+rnnstep, TensorFlow or CPU, which no process of this one reads; each
+upgrade left one behind, unbounded), which go once empty.
 RNNSTEP_XLA_CACHE=off (0, false, no) turns the cache off.
 """
 
@@ -82,6 +85,8 @@ INDEX_FILE = "programs.json"
 # ~150 bytes a program: thousands of programs, far more than the cap holds.
 MAX_INDEX_BYTES = 1 << 20
 _ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
+# A key's folder name (`directory`).
+_KEY_FOLDER = re.compile(r"^[0-9a-f]{20}$")
 
 _lock = threading.Lock()
 _enabled = []  # [folder or None] once `enable` ran.
@@ -218,10 +223,53 @@ def _complete(path: str) -> bool:
   return 1 in lengths and 2 in lengths and lengths.get(3, 0) > 0
 
 
+def _other_keys(folder: str):
+  """The entries in the folders of other keys beside `folder` (under a
+  `SUBDIR` folder only), as `(last used, size, path)`, and those folders:
+  only folders that are ours and not writable by others, only their
+  regular files of ours named as TensorFlow's entries."""
+  parent = os.path.dirname(os.path.abspath(folder))
+  if os.path.basename(parent) != SUBDIR:
+    return [], []
+  found, folders = [], []
+  for name in os.listdir(parent):
+    other = os.path.join(parent, name)
+    if other == os.path.abspath(folder) or not _KEY_FOLDER.match(name):
+      continue
+    with contextlib.suppress(OSError):
+      st = os.lstat(other)
+      if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+          or st.st_mode & 0o022):
+        continue
+      folders.append(other)
+      for entry in os.listdir(other):
+        path = os.path.join(other, entry)
+        with contextlib.suppress(OSError):
+          st = os.lstat(path)
+          if (_ENTRY.match(entry) and stat.S_ISREG(st.st_mode)
+              and st.st_uid == os.getuid()):
+            found.append((max(st.st_atime, st.st_mtime), st.st_size, path))
+  return found, folders
+
+
+def _remove_if_empty(folder: str) -> None:
+  """Removes another key's folder that holds no entries any more (its
+  index and checked files with it); one holding anything else (another
+  process's temp file) stays."""
+  with contextlib.suppress(OSError):
+    if any(_ENTRY.match(name) for name in os.listdir(folder)):
+      return
+    for name in (CHECKED_FILE, INDEX_FILE):
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, name))
+    os.rmdir(folder)
+
+
 def prune(folder: str, cap: Optional[int] = None) -> None:
   """Removes what `enable` must not let TensorFlow load (module docstring),
-  then the least recently used entries until the rest fit in `cap` bytes
-  (default `max_bytes()`)."""
+  then the least recently used entries, of this key's folder and the
+  others' (`_other_keys`), until the rest fit in `cap` bytes (default
+  `max_bytes()`); another key's folder goes once empty."""
   cap = max_bytes() if cap is None else cap
   checked_path = os.path.join(folder, CHECKED_FILE)
   try:
@@ -250,14 +298,19 @@ def prune(folder: str, cap: Optional[int] = None) -> None:
     except OSError:
       continue
     now_checked[name] = seen
-    kept.append((max(st.st_atime, st.st_mtime), st.st_size, name))
+    kept.append((max(st.st_atime, st.st_mtime), st.st_size,
+                 os.path.join(folder, name)))
+  others, other_folders = _other_keys(folder)
   total = 0
-  for _, size, name in sorted(kept, reverse=True):  # Most recent first.
+  for _, size, path in sorted(kept + others, reverse=True):  # Most recent first.
     total += size
     if total > cap:
       with contextlib.suppress(OSError):
-        os.unlink(os.path.join(folder, name))
-      del now_checked[name]
+        os.unlink(path)
+      if os.path.dirname(path) == folder:
+        del now_checked[os.path.basename(path)]
+  for other in other_folders:
+    _remove_if_empty(other)
   if now_checked != checked:
     _write_json(checked_path, dict(sorted(now_checked.items())))
   with _locked(folder):
