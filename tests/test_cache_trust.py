@@ -466,6 +466,12 @@ def test_the_cache_info_and_cache_clear_flags(cache):
   assert info.returncode == 0, info.stderr
   assert compiled_cache.entry_name(fake_key(1)) in info.stdout
   assert "1 entry" in info.stdout and str(cache) in info.stdout
+  assert "(twice the largest entry, at least 512 MB;" in info.stdout
+  set_cap = subprocess.run(
+      [sys.executable, "-m", "rnnstep.cli.generate", "--cache_info"],
+      capture_output=True, text=True, timeout=120, check=False,
+      env=dict(env, RNNSTEP_CACHE_MAX_MB="64"))
+  assert "cap 64.0 MB ($RNNSTEP_CACHE_MAX_MB)" in set_cap.stdout
   cleared = run("--cache_clear")
   assert cleared.returncode == 0, cleared.stderr
   assert "removed 1 entry" in cleared.stdout
