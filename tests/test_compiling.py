@@ -532,13 +532,17 @@ def test_pruning_counts_the_folders_other_versions_left(tmp_path):
   (xla / ("c" * 20) / xla_cache.INDEX_FILE).write_text("{}")
   shared = entry("d" * 20, "5", age=3000)
   (xla / ("d" * 20)).chmod(0o777)
+  fresh = entry("e" * 20, "6", age=4000)  # Its folder just made: it stays.
+  then = time.time() - 2 * xla_cache._IDLE_FOLDER_SECONDS
+  for key in "abcd":
+    os.utime(xla / (key * 20), (then, then))
   xla_cache.prune(str(xla / ("a" * 20)), cap=2 * len(whole))
   assert ours.exists() and recent.exists() and shared.exists()
-  assert not old.exists() and not older.exists()
-  assert not (xla / ("c" * 20)).exists()
+  assert not old.exists() and not older.exists() and not fresh.exists()
+  assert not (xla / ("c" * 20)).exists() and (xla / ("e" * 20)).exists()
   # Not under a cache's `xla` folder: its siblings are not another key's.
-  (tmp_path / ("e" * 20)).mkdir()
-  stray = tmp_path / ("e" * 20) / ours.name
+  (tmp_path / ("0" * 20)).mkdir()
+  stray = tmp_path / ("0" * 20) / ours.name
   stray.write_bytes(whole)
   (tmp_path / ("f" * 20)).mkdir()
   xla_cache.prune(str(tmp_path / ("f" * 20)), cap=0)

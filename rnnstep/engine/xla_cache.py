@@ -58,7 +58,7 @@ are removed least recently used first (by access or modification time)
 until they hold at most $RNNSTEP_CACHE_MAX_MB (default `tuning_cache.DEFAULT_MAX_MB`),
 counting the folders of other keys beside this one (`_other_keys`: another
 rnnstep, TensorFlow or CPU, which no process of this one reads; each
-upgrade left one behind, unbounded), which go once empty.
+upgrade left one behind, unbounded), which go once empty and idle.
 RNNSTEP_XLA_CACHE=off (0, false, no) turns the cache off.
 """
 
@@ -69,6 +69,7 @@ import os
 import re
 import stat
 import threading
+import time
 from typing import Iterable, Optional, Set
 
 from rnnstep.engine import cpu
@@ -87,6 +88,9 @@ MAX_INDEX_BYTES = 1 << 20
 _ENTRY = re.compile(r"^xla_compile_cache__\d+__\d+__[A-Z_]+\.pb$")
 # A key's folder name (`directory`).
 _KEY_FOLDER = re.compile(r"^[0-9a-f]{20}$")
+# Another key's folder is removed only if nothing in it changed for this
+# long: a process of that key may have just made it and be about to write.
+_IDLE_FOLDER_SECONDS = 3600
 
 _lock = threading.Lock()
 _enabled = []  # [folder or None] once `enable` ran.
@@ -225,9 +229,10 @@ def _complete(path: str) -> bool:
 
 def _other_keys(folder: str):
   """The entries in the folders of other keys beside `folder` (under a
-  `SUBDIR` folder only), as `(last used, size, path)`, and those folders:
-  only folders that are ours and not writable by others, only their
-  regular files of ours named as TensorFlow's entries."""
+  `SUBDIR` folder only), as `(last used, size, path)`, and those folders
+  idle for `_IDLE_FOLDER_SECONDS` (no file made or removed in them): only
+  folders that are ours and not writable by others, only their regular
+  files of ours named as TensorFlow's entries."""
   parent = os.path.dirname(os.path.abspath(folder))
   if os.path.basename(parent) != SUBDIR:
     return [], []
@@ -241,7 +246,8 @@ def _other_keys(folder: str):
       if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
           or st.st_mode & 0o022):
         continue
-      folders.append(other)
+      if st.st_mtime < time.time() - _IDLE_FOLDER_SECONDS:
+        folders.append(other)
       for entry in os.listdir(other):
         path = os.path.join(other, entry)
         with contextlib.suppress(OSError):
@@ -253,9 +259,9 @@ def _other_keys(folder: str):
 
 
 def _remove_if_empty(folder: str) -> None:
-  """Removes another key's folder that holds no entries any more (its
-  index and checked files with it); one holding anything else (another
-  process's temp file) stays."""
+  """Removes another key's idle folder (`_other_keys`) that holds no
+  entries any more (its index and checked files with it); one holding
+  anything else (another process's temp file) stays."""
   with contextlib.suppress(OSError):
     if any(_ENTRY.match(name) for name in os.listdir(folder)):
       return
