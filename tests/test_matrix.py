@@ -23,11 +23,13 @@ process get `model.source` (a model file) and `model.compute_dtype`; the
 jobs run through a small thread pool so that the subprocesses overlap.
 """
 
+import atexit
 import concurrent.futures
 import functools
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import textwrap
@@ -246,7 +248,9 @@ def cell_name(cell):
 
 @functools.lru_cache(maxsize=None)
 def workdir():
-  return tempfile.mkdtemp(prefix="rnnstep_matrix_")
+  path = tempfile.mkdtemp(prefix="rnnstep_matrix_")
+  atexit.register(shutil.rmtree, path, True)  # Each run's models and exports.
+  return path
 
 
 @functools.lru_cache(maxsize=None)

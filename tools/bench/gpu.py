@@ -155,15 +155,20 @@ def trace_counts(tf, fn):
     on the GPU planes, "device_traced": whether any GPU plane was recorded,
     "xla_programs": XLA executable runs seen on the host}.
   """
+  with tempfile.TemporaryDirectory(prefix="rnnstep_gpu_trace_") as logdir:
+    options = tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
+    tf.profiler.experimental.start(logdir, options=options)
+    try:
+      fn()
+    finally:
+      tf.profiler.experimental.stop()
+    return _counts(logdir)
+
+
+def _counts(logdir):
+  """`trace_counts`' counts from the profile written under `logdir`."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
-  logdir = tempfile.mkdtemp(prefix="rnnstep_gpu_trace_")
-  options = tf.profiler.experimental.ProfilerOptions(
-      host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
-  tf.profiler.experimental.start(logdir, options=options)
-  try:
-    fn()
-  finally:
-    tf.profiler.experimental.stop()
   counts = collections.Counter()
   for path in glob.glob(os.path.join(logdir, "plugins", "profile", "*",
                                      "*.xplane.pb")):
