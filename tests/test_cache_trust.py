@@ -12,6 +12,7 @@ through the command is tests/test_fast_path.py's.
 
 import concurrent.futures
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import pytest
 from tests.support import cli as cli_support
 from tests.support import forkserver
 import rnnstep
+from rnnstep.cli import cache_commands
 from rnnstep.litert import cache as compiled_cache
 from rnnstep.litert import fill as compiled_fill
 from rnnstep.engine import cpu
@@ -453,6 +455,24 @@ def test_cache_info_lists_and_clear_removes(cache):
       compiled_cache.entry_name(fake_key(n)) for n in (1, 2)}
   assert compiled_cache.clear() == (2, sum(e.bytes for e in listed))
   assert compiled_cache.entries() == []
+
+
+def test_cache_info_names_an_entry_s_weights_dtype(cache):
+  """A model's float32 and 16-bit entries have the same model path; the
+  listing says which holds which weights."""
+  compiled_cache.ensure_directory()
+  for n, weights_dtype in ((1, None), (2, "float16")):
+    the_key = dict(fake_key(n), **({"weights_dtype": weights_dtype}
+                                   if weights_dtype else {}))
+    compiled_cache.write_entry(the_key, flatbuffer=b"flatbuffer",
+                               vocab=["a"], model_path="m.npz")
+  assert sorted(map(str, (e.weights_dtype for e in compiled_cache.entries()))
+                ) == ["None", "float16"]
+  out = io.StringIO()
+  assert cache_commands.run(info=True, clear=False, out=out) == 0
+  lines = [line for line in out.getvalue().splitlines() if "m.npz" in line]
+  assert sorted(line.endswith("m.npz --weights_dtype=float16")
+                for line in lines) == [False, True]
 
 
 @pytest.mark.slow  # Two fresh interpreters, no TensorFlow.

@@ -35,8 +35,11 @@ def run(info: bool, clear: bool, out=None) -> int:
             f"{_megabytes(artifact_cache.max_bytes())} ({source})\n")
   for entry in found:
     used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
+    # A model's entries of other weights are the same path: say which.
+    weights = (f" --weights_dtype={entry.weights_dtype}"
+               if entry.weights_dtype else "")
     out.write(f"  {entry.name}  {_megabytes(entry.bytes):>9}  used {used}  "
-              f"{entry.status}  {entry.model}\n")
+              f"{entry.status}  {entry.model}{weights}\n")
   out.write(f"{_entries(len(found))}, "
             f"{_megabytes(sum(e.bytes for e in found))}\n")
   return 0

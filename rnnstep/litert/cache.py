@@ -704,7 +704,10 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
 
 
 
-Entry = collections.namedtuple("Entry", "name bytes last_used status model")
+# `weights_dtype`: the one its key records (`key`), None for the model's own.
+Entry = collections.namedtuple(
+    "Entry", "name bytes last_used status model weights_dtype",
+    defaults=(None,))
 
 
 def entries() -> List[Entry]:
@@ -736,9 +739,12 @@ def entries() -> List[Entry]:
                 if "unsupported" in manifest else
                 f"failed: {manifest.get('failed')}")
       model = str(manifest.get("model_path", ""))
+      weights_dtype = manifest.get("key", {}).get("weights_dtype")
+      weights_dtype = None if weights_dtype is None else str(weights_dtype)
     except (OSError, ValueError, AttributeError, TypeError):
-      last_used, status, model = 0.0, "unreadable", ""
-    found.append(Entry(match.group(1), size, last_used, status, model))
+      last_used, status, model, weights_dtype = 0.0, "unreadable", "", None
+    found.append(Entry(match.group(1), size, last_used, status, model,
+                       weights_dtype))
   return sorted(found, key=lambda e: e.last_used, reverse=True)
 
 
