@@ -4,11 +4,9 @@ cache (`rnnstep.litert.cache`) listed or emptied, on stdout.
 Neither imports TensorFlow nor the interpreter.
 """
 
-import os
 import sys
 import time
 
-from rnnstep.engine import tuning_cache
 from rnnstep.litert import cache as artifact_cache
 
 
@@ -24,15 +22,9 @@ def run(info: bool, clear: bool, out=None) -> int:
     if not info:
       return 0
   found = artifact_cache.entries()
-  # Where the variable is unset the cap follows the entries, which a user
-  # reading "($RNNSTEP_CACHE_MAX_MB)" would take for a value they set.
-  source = (f"${artifact_cache.MAX_MB_ENV}"
-            if artifact_cache.MAX_MB_ENV in os.environ else
-            f"twice the largest entry, at least "
-            f"{tuning_cache.DEFAULT_MAX_MB} MB; "
-            f"${artifact_cache.MAX_MB_ENV} sets it")
   out.write(f"compiled-artifact cache: {folder}, cap "
-            f"{_megabytes(artifact_cache.max_bytes())} ({source})\n")
+            f"{_megabytes(artifact_cache.max_bytes())} "
+            f"({artifact_cache.cap_source()})\n")
   for entry in found:
     used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used))
     # A model's entries of other weights are the same path: say which.

@@ -655,6 +655,16 @@ def max_bytes(admitting: int = 0) -> int:
   return max(tuning_cache.max_bytes(), 2 * largest)
 
 
+def cap_source() -> str:
+  """Where `max_bytes` comes from, in words (`--cache_info`): unset, the
+  cap follows the entries, which "($RNNSTEP_CACHE_MAX_MB)" would misname as
+  a value the user set."""
+  if MAX_MB_ENV in os.environ:
+    return f"${MAX_MB_ENV}"
+  return (f"twice the largest entry, at least {tuning_cache.DEFAULT_MAX_MB} "
+          f"MB; ${MAX_MB_ENV} sets it")
+
+
 def _megabytes(n: int) -> str:
   megabytes = n / 2**20
   return f"{megabytes:.0f}" if megabytes >= 10 else f"{megabytes:.2g}"
@@ -706,8 +716,7 @@ def write_entry(the_key: dict, *, flatbuffer: Optional[bytes] = None,
 
 # `weights_dtype`: the one its key records (`key`), None for the model's own.
 Entry = collections.namedtuple(
-    "Entry", "name bytes last_used status model weights_dtype",
-    defaults=(None,))
+    "Entry", "name bytes last_used status model weights_dtype")
 
 
 def entries() -> List[Entry]:
