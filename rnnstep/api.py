@@ -31,6 +31,7 @@ from rnnstep import records
 from rnnstep.model import cells
 from rnnstep.model.check import check_model
 from rnnstep.model import functions as functions_lib
+from rnnstep.model import model_file
 from rnnstep.model import network as model_lib
 from rnnstep.model import reduced_weights
 from rnnstep.model import vocabulary
@@ -87,9 +88,36 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
       does not fit, or a bad path (not a str or os.PathLike), dtype or
       weights_dtype.
   """
+  check_dtypes(dtype, weights_dtype)
+  return build(read(path, corpus=corpus, vocab=vocab), path, dtype=dtype,
+               weights_dtype=weights_dtype)
+
+
+def check_dtypes(dtype: str, weights_dtype: Optional[str]) -> None:
+  """`load`'s dtype and weights_dtype, checked.
+
+  Raises:
+    ValueError: either is not one `load` takes.
+  """
+  if dtype not in model_lib.DTYPES:
+    raise errors.ArgumentError(
+        "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
+  if weights_dtype is not None and (
+      weights_dtype not in reduced_weights.WEIGHTS_DTYPES):
+    raise errors.ArgumentError(
+        "weights_dtype", reduced_weights.choices_message(weights_dtype))
+
+
+def read(path: Optional[Union[str, os.PathLike]] = None, *,
+         corpus: Optional[Union[str, os.PathLike]] = None,
+         vocab: Union[None, str, os.PathLike, Sequence[str]] = None
+         ) -> model_file.ModelFile:
+  """`load`'s first half: the file read and checked into host memory, as
+  `load` reads it, TensorFlow not started (a front end that sizes
+  TensorFlow's threads by the model reads it first); `build` makes the
+  Model. Arguments and errors as `load`'s."""
   # pylint: disable-next=g-import-not-at-top
   from rnnstep import convert as convert_lib  # Only loaded when needed.
-  xla_cache.prune_once()  # Before TensorFlow loads a program from it.
   if path is None:
     path = bundled_model_path()
     if not os.path.exists(path):
@@ -109,16 +137,21 @@ def load(path: Optional[Union[str, os.PathLike]] = None, *,
           "vocab", "vocab must be a vocabulary file's path or a list of the "
           "characters or words in id order, got "
           f"{errors.kind_of(vocab)}") from None
-  if dtype not in model_lib.DTYPES:
-    raise errors.ArgumentError(
-        "dtype", f"dtype must be one of {model_lib.DTYPES}, got {dtype!r}")
-  if weights_dtype is not None and (
-      weights_dtype not in reduced_weights.WEIGHTS_DTYPES):
-    raise errors.ArgumentError(
-        "weights_dtype", reduced_weights.choices_message(weights_dtype))
-  return model_lib.from_file(
-      convert_lib.read_any(path, corpus=corpus, vocab=vocab), dtype=dtype,
-      source=path, weights_dtype=weights_dtype)
+  return convert_lib.read_any(path, corpus=corpus, vocab=vocab)
+
+
+def build(model_data: model_file.ModelFile,
+          path: Optional[Union[str, os.PathLike]] = None, *,
+          dtype: str = "float32",
+          weights_dtype: Optional[str] = None) -> model_lib.Model:
+  """`load`'s second half: the Model of what `read` read from `path`
+  (None: the bundled model), as `load` builds it."""
+  check_dtypes(dtype, weights_dtype)
+  xla_cache.prune_once()  # Before TensorFlow loads a program from it.
+  return model_lib.from_file(model_data, dtype=dtype,
+                             source=(bundled_model_path() if path is None
+                                     else os.fspath(path)),
+                             weights_dtype=weights_dtype)
 
 
 def logits(model: model_lib.Model, ids, initial_state=None, *,

@@ -5,4 +5,4 @@ compiled-artifact cache keys on it (`rnnstep.litert.cache.key`) without
 importing the package's front door.
 """
 
-__version__ = "0.28.1"
+__version__ = "0.29.0"

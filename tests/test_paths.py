@@ -235,6 +235,27 @@ class LanePathTest(tf.test.TestCase):
                              return_value=threads):
         self.assertEqual(serve_main._path(full, lanes), expected, argv)  # pylint: disable=protected-access
 
+  def test_an_rwkv7_server_runs_one_lane_on_tensorflow_s_pools(self):
+    """lanes.ONE_LANE_CELL_KINDS: unless told, a CPU server of an RWKV-7
+    model runs one lane on TensorFlow's own pools where a GRU's runs a lane
+    a core on one thread each; --lanes and --intra_op_threads still rule."""
+    from rnnstep.serve import main as serve_main  # pylint: disable=g-import-not-at-top
+    self.addCleanup(serve_main.FLAGS.unparse_flags)
+    with mock.patch.object(cpu, "info", return_value=ZEN4), \
+        mock.patch.object(cpu, "usable_cores", return_value=2):
+      for argv, kinds, lanes, intra in (
+          ([], ("rwkv7",), 1, 0),
+          ([], ("gru",), 2, 1),
+          (["--lanes=1"], ("gru",), 1, 1),
+          (["--lanes=2"], ("rwkv7",), 2, 1),
+          (["--intra_op_threads=1"], ("rwkv7",), 1, 1)):
+        serve_main.FLAGS.unparse_flags()
+        serve_main.FLAGS(["rnnstep-serve", *argv])
+        got = serve_main._lanes(kinds)  # pylint: disable=protected-access
+        self.assertEqual(got, lanes, argv)
+        self.assertEqual(serve_main._intra_op_threads(got, kinds), intra,  # pylint: disable=protected-access
+                         argv)
+
 
 class DefaultPathTest(tf.test.TestCase):
 
@@ -306,8 +327,8 @@ class DefaultPathTest(tf.test.TestCase):
   def test_rwkv7_has_its_own_cpu_paths(self):
     """paths.KIND_PATHS: XLA in float32, the graph path in bfloat16, whatever
     the GRU tables say for the batch; a one-shot run takes the graph path;
-    a server's lane the graph path (`KIND_LANE_PATHS`), on one thread or
-    on TensorFlow's pools."""
+    a server's lane of one thread the graph path (`KIND_LANE_PATHS`), a
+    lane on TensorFlow's pools the library's."""
     def rwkv7(dtype):
       return types.SimpleNamespace(
           compute_dtype=dtype,
@@ -320,12 +341,12 @@ class DefaultPathTest(tf.test.TestCase):
         self.assertEqual(paths.default_path(full, batch), "xla")
         self.assertEqual(paths.default_path(half, batch), "graph")
         self.assertEqual(paths.one_shot_path(full, batch, 200), "graph")
-        # A server's lane: the graph path, on one thread or on TensorFlow's
-        # pools.
+        # A server's lane: the graph path on one thread, the library's on
+        # TensorFlow's pools.
         for lanes in (1, 2):
           self.assertEqual(paths.lane_path(full, batch, lanes, 1), "graph")
           self.assertEqual(paths.lane_path(half, batch, lanes, 1), "graph")
-        self.assertEqual(paths.lane_path(full, batch, 1, 0), "graph")
+        self.assertEqual(paths.lane_path(full, batch, 1, 0), "xla")
         self.assertEqual(paths.lane_path(half, batch, 1, 0), "graph")
       with mock.patch.object(paths, "gpu_visible", return_value=True):
         self.assertEqual(paths.default_path(half, 1), "xla")

@@ -270,6 +270,9 @@ def test_lanes_split_slots_hold_the_queue_and_give_generate_s_text(model):
   assert lanes_lib.default_lanes("other", 8, 4) == 4
   assert all(lanes_lib.default_lanes(kind, 2, 64) == 1
              for kind in lanes_lib.ONE_LANE_KINDS)
+  # An RWKV-7 model: one lane on any CPU (ONE_LANE_CELL_KINDS).
+  assert lanes_lib.default_lanes("avx512_bf16", 2, 64, ("rwkv7",)) == 1
+  assert lanes_lib.default_lanes("avx512_bf16", 2, 64, ("gru", "lstm")) == 2
   assert lanes_lib.split_slots(64, 2) == [32, 32]
   assert lanes_lib.split_slots(7, 3) == [3, 2, 2]
   with pytest.raises(ValueError):

@@ -457,18 +457,39 @@ def load_state(path, model, flag: str = "--state"):
 
 
 def load_model(weights, dtype: str, corpus=None, vocab=None,
-               flag: str = "--model", weights_dtype=None):
+               flag: str = "--model", weights_dtype=None, model_data=None):
   """`rnnstep.load`, its errors as a Failure naming the flag at fault.
 
   `weights` may be a model file or any weights file rnnstep-convert reads;
   the latter need `corpus` or `vocab`. `flag` names the model's flag as the
-  user typed it (`ModelFlag.name`).
+  user typed it (`ModelFlag.name`). `model_data`: what `read_model` read
+  from `weights` already (TensorFlow not started then), built here.
   """
-  import rnnstep  # pylint: disable=g-import-not-at-top
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  with _model_errors(weights, corpus, vocab, flag):
+    if model_data is not None:
+      return api.build(model_data, weights, dtype=dtype,
+                       weights_dtype=weights_dtype)
+    return api.load(weights, dtype=dtype, corpus=corpus, vocab=vocab,
+                    weights_dtype=weights_dtype)
+
+
+def read_model(weights, corpus=None, vocab=None, flag: str = "--model"):
+  """`rnnstep.api.read` (the model into host memory, TensorFlow not
+  started), its errors as `load_model`'s; `load_model(model_data=)` builds
+  it."""
+  from rnnstep import api  # pylint: disable=g-import-not-at-top
+  with _model_errors(weights, corpus, vocab, flag):
+    return api.read(weights, corpus=corpus, vocab=vocab)
+
+
+@contextlib.contextmanager
+def _model_errors(weights, corpus, vocab, flag: str):
+  """Reading or building a model: its errors as a Failure naming the flag
+  at fault (`load_model`'s)."""
   from rnnstep import convert  # pylint: disable=g-import-not-at-top
   try:
-    return rnnstep.load(weights, dtype=dtype, corpus=corpus, vocab=vocab,
-                        weights_dtype=weights_dtype)
+    yield
   except convert.VocabularyRequired:
     raise Failure(f"{flag}={weights}: Keras and PyTorch weights hold no "
                   "vocabulary; give --corpus=TEXT_FILE (the training text, or "

@@ -155,16 +155,14 @@ KIND_PATHS = {
     "rwkv7": {"float32": ((None, XLA),), "bfloat16": ((None, GRAPH),),
               "float16": ((None, GRAPH),)},
 }
-# The same for a server's lanes (`lane_path`), on one intra-op thread or on
-# TensorFlow's pools. RWKV-7 there takes the graph path: on a quiet 2-vCPU
-# EPYC Zen 4 (its 0.1B shape, lanes of 16 rows, one thread each) a lane
-# decoded 8 steps in 0.83 s on the graph path against 1.74 s under XLA, and
-# XLA ran two lanes' priming calls one after the other where the graph path
-# ran them side by side; one lane of 32 rows on the pools (an AVX2 CPU's
-# default, measured on the Zen 4 only) primed 56 ids in 2.21 s against XLA's
-# 2.39 s and decoded 8 steps in 0.88 s against 0.80 s
-# (benchmarks/results/serve-epyc-zen4-2026-12.md). Nor does such a server
-# compile, or at a restart lower and load, minutes of XLA programs.
+# The same for a server's lanes of one intra-op thread (`lane_path`; a lane
+# on TensorFlow's pools takes the library's path). RWKV-7 there takes the
+# graph path: on a quiet 2-vCPU EPYC Zen 4 (its 0.1B shape, lanes of 16
+# rows) a lane decoded 8 steps in 0.83 s on the graph path against 1.74 s
+# under XLA, and XLA ran two lanes' calls one after the other where the
+# graph path ran them side by side (benchmarks/results/serve-epyc-zen4-2026-12.md).
+# A server runs RWKV-7 in one lane on the pools unless told otherwise
+# (`serve/lanes.py`'s ONE_LANE_CELL_KINDS).
 KIND_LANE_PATHS = {
     "rwkv7": {dtype: ((None, GRAPH),)
               for dtype in ("float32", "bfloat16", "float16")},
@@ -289,9 +287,8 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
 
   A lane runs up to `rows` rows in calls of its own on `threads` intra-op
   threads while `lanes - 1` other lanes run theirs (`rnnstep-serve`'s lanes).
-  A call on several threads is what the library's table measured
-  (`default_path`), but for a cell kind with its own lane bands
-  (`KIND_LANE_PATHS`) where nothing was measured here. On one thread, a
+  A call on several threads is what the library's table measured: its
+  path (`default_path`). On one thread, a
   winner `rnnstep-tune --lanes` measured here for as many lanes comes first
   (`tuning_cache.cached_path`), then a cell kind's own lane bands, then
   `lane_table_path` (on a GPU, XLA as always; a reduced dtype without its
@@ -308,12 +305,10 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   """
   if gpu_visible() or pinned_path() is not None:
     return default_path(model, rows)
+  if threads != 1:
+    return default_path(model, rows)
   dtype = model.compute_dtype.name
   own = _kind_bands(model, dtype, KIND_LANE_PATHS)
-  if threads != 1:  # The library's measured winner, else the kind's own.
-    if own is None or tuning_cache.cached_path(model, rows) is not None:
-      return default_path(model, rows)
-    return _band_path(own, rows)
   if slower_dtype_note(dtype):
     _warn_no_faster_than_float32(dtype)
   measured = tuning_cache.cached_path(model, rows, lanes=lanes)

@@ -34,12 +34,28 @@ from rnnstep.serve import scheduler as scheduler_lib
 # and Zen 5 measured two lanes were ahead (serve-epyc-zen4-2026-12.md). The
 # kinds not measured keep a lane a core.
 ONE_LANE_KINDS = frozenset({"avx2"})
+# The cell kinds a CPU server runs in one lane on TensorFlow's pools, on the
+# library's path, whatever the CPU: an RWKV-7 step reads every large matrix
+# once for all its rows, so lanes read them once each, and XLA's calls of
+# two lanes run one after the other. At the 0.1B shape with 16-bit weights
+# on a 2-vCPU Intel Xeon with AMX, one lane under XLA on both cores decoded
+# 482 tokens/s at 64 rows against two one-thread graph lanes' 270, and one
+# request at 50 against 26 (benchmarks/results/serve-rwkv7-lanes-xeon-amx-2026-12.md).
+ONE_LANE_CELL_KINDS = frozenset({"rwkv7"})
 
 
-def default_lanes(kind: str, usable_cores: int, max_batch: int) -> int:
-  """The lanes a CPU server runs when not told: one on a kind of
-  `ONE_LANE_KINDS`, else a lane a usable core (at most one a slot)."""
-  if kind in ONE_LANE_KINDS:
+def runs_one_lane(kind: str, cell_kinds=()) -> bool:
+  """Whether a CPU server runs one lane on TensorFlow's own pools by
+  default: on a CPU kind of `ONE_LANE_KINDS`, or for a model with a layer
+  of `ONE_LANE_CELL_KINDS` (`cell_kinds`: its layers' kinds)."""
+  return kind in ONE_LANE_KINDS or bool(ONE_LANE_CELL_KINDS & set(cell_kinds))
+
+
+def default_lanes(kind: str, usable_cores: int, max_batch: int,
+                  cell_kinds=()) -> int:
+  """The lanes a CPU server runs when not told: one where `runs_one_lane`,
+  else a lane a usable core (at most one a slot)."""
+  if runs_one_lane(kind, cell_kinds):
     return 1
   return max(1, min(usable_cores, max_batch))
 

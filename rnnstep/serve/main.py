@@ -121,15 +121,18 @@ _LANES = flags.DEFINE_integer(
     "lanes", None, "Schedulers, each running its share of the slots in "
     "compiled calls of its own, on one thread (rnnstep/serve/lanes.py). "
     "Default: on a CPU, one a core this process may use (at most "
-    "--max_batch); with a GPU or --strategy, 1.", lower_bound=1,
+    "--max_batch), but 1 for an RWKV-7 model or on an AVX2-only CPU "
+    "(lanes.runs_one_lane); with a GPU or --strategy, 1.", lower_bound=1,
     flag_values=FLAGS)
 _INTRA_OP_THREADS = flags.DEFINE_integer(
     "intra_op_threads", None, "TensorFlow's threads within one op (a "
     "matmul's). Default: 1 with several --lanes (each lane's call on a "
     "thread of its own); with one, one fewer than the CPUs this process may "
-    "use, at least 1 (with --strategy: TensorFlow's own), so the event loop, "
-    "which formats and sends every response, keeps a core beside the "
-    "compiled calls; 0: TensorFlow's own.", lower_bound=0, flag_values=FLAGS)
+    "use, at least 1, so the event loop, which formats and sends every "
+    "response, keeps a core beside the compiled calls (TensorFlow's own "
+    "with --strategy, and where one lane is the default: "
+    "lanes.runs_one_lane); 0: TensorFlow's own.", lower_bound=0,
+    flag_values=FLAGS)
 _INTER_OP_THREADS = flags.DEFINE_integer(
     "inter_op_threads", None, "TensorFlow's threads running independent "
     "ops at once. Default: --lanes with several, else as "
@@ -201,9 +204,9 @@ def _path(model, replicas: int) -> str:
   return paths.lane_path(model, rows, lanes, threads)
 
 
-def _lanes() -> int:
-  """--lanes, or its default: on a CPU the kind's (`lanes.default_lanes`),
-  else one."""
+def _lanes(cell_kinds=()) -> int:
+  """--lanes, or its default: on a CPU the kind's and the model's
+  (`lanes.default_lanes`; `cell_kinds`: its layers'), else one."""
   from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
   if _LANES.value is not None:
     return min(_LANES.value, _MAX_BATCH.value)
@@ -211,10 +214,10 @@ def _lanes() -> int:
   if _STRATEGY.value != "none" or tf.config.list_physical_devices("GPU"):
     return 1
   return lanes_lib.default_lanes(cpu.kind(), cpu.usable_cores(),
-                                 _MAX_BATCH.value)
+                                 _MAX_BATCH.value, cell_kinds)
 
 
-def _intra_op_threads(lanes: int) -> int:
+def _intra_op_threads(lanes: int, cell_kinds=()) -> int:
   """--intra_op_threads, or its default for `lanes` (see `_threads`; 0:
   TensorFlow's own, one a core)."""
   from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
@@ -222,19 +225,21 @@ def _intra_op_threads(lanes: int) -> int:
     return _INTRA_OP_THREADS.value
   if lanes > 1:
     return 1
-  if _STRATEGY.value != "none" or cpu.kind() in lanes_lib.ONE_LANE_KINDS:
+  if (_STRATEGY.value != "none"
+      or lanes_lib.runs_one_lane(cpu.kind(), cell_kinds)):
     return 0
   return max(cpu.usable_cores() - 1, 1)
 
 
-def _threads(lanes: int) -> None:
+def _threads(lanes: int, cell_kinds=()) -> None:
   """Sets TensorFlow's thread pools (--intra_op_threads, --inter_op_threads).
 
   With several lanes each lane's call runs on one thread of its own (one
   intra-op thread: an op runs on the thread that runs it; an inter-op thread
   a lane, so that the lanes' calls run side by side). With one lane on a
-  CPU kind that runs one lane by default (`lanes.ONE_LANE_KINDS`), or under
-  --strategy, TensorFlow's own pools (every core: what was measured there).
+  CPU kind or for a model that runs one lane by default
+  (`lanes.runs_one_lane`), or under --strategy, TensorFlow's own pools
+  (every core: what was measured there).
   Otherwise, with one lane, on a 2-core machine the graph's own two pools
   contend with the event loop for the cores; one fewer thread runs a chunk
   in less CPU time (no hand-offs between threads) and leaves a core to the
@@ -242,7 +247,7 @@ def _threads(lanes: int) -> None:
   then).
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  intra = _intra_op_threads(lanes)
+  intra = _intra_op_threads(lanes, cell_kinds)
   inter = _INTER_OP_THREADS.value
   if inter is None:
     inter = lanes if lanes > 1 else intra
@@ -429,11 +434,16 @@ def main(argv) -> int:
   from rnnstep.serve import prefix_cache as prefix_cache_lib
   from rnnstep.serve import scheduler as scheduler_lib
   # pylint: enable=g-import-not-at-top
-  lanes = _lanes()
-  _threads(lanes)
+  # Read before TensorFlow starts: its thread pools follow the model.
+  model_data = common.read_model(_MODEL.value, flag=_MODEL.name)
+  cell_kinds = tuple(layer.kind for layer in model_data.config.layers)
+  lanes = _lanes(cell_kinds)
+  _threads(lanes, cell_kinds)
   strategy = _strategy()
   model = common.load_model(_MODEL.value, _DTYPE.value, flag=_MODEL.name,
-                            weights_dtype=_WEIGHTS_DTYPE.value)
+                            weights_dtype=_WEIGHTS_DTYPE.value,
+                            model_data=model_data)
+  del model_data  # The model holds its tensors now.
   if model.config.window:
     raise common.Failure(f"--model: the model reads windows of "
                          f"{model.config.window} characters; rnnstep-serve "
