@@ -303,9 +303,7 @@ def lane_path(model, rows: int, lanes: int, threads: int = 1) -> str:
   Returns:
     One of CONCRETE.
   """
-  if gpu_visible() or pinned_path() is not None:
-    return default_path(model, rows)
-  if threads != 1:
+  if threads != 1 or gpu_visible() or pinned_path() is not None:
     return default_path(model, rows)
   dtype = model.compute_dtype.name
   own = _kind_bands(model, dtype, KIND_LANE_PATHS)
