@@ -86,6 +86,11 @@ rnnstep), e.g. the llama-cpp-python source package's `vendor/llama.cpp`:
     ninja -C vendor/llama.cpp/build llama-bench llama-quantize llama-simple \
         llama-debug
 
+(On a 2-vCPU Intel Xeon VM with AMX, `-DGGML_NATIVE=ON` compiled llama.cpp's
+AMX kernels and its Q8_0 prefill died of SIGILL; `-DGGML_NATIVE=OFF
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+-DGGML_AVX512_BF16=ON` ran: benchmarks/results/serve-rwkv7-lanes-xeon-amx-2026-12.md.)
+
 --convert_python is a Python with torch, transformers, numpy and the `rwkv`
 package (llama.cpp's `convert_hf_to_gguf.py` and the official reference run
 there). The same seeded weights go rnnstep -> an official `.pth` -> fla's
