@@ -669,6 +669,24 @@ def test_bad_state_flags_fail_in_one_line(model, tmp_path, flags, says):
   assert says in result.stderr_lines[0], result
 
 
+@pytest.mark.slow  # Command-line runs.
+@pytest.mark.parametrize("content", [None, b"not a zip archive"])
+def test_a_bad_model_file_fails_in_one_line_before_tensorflow(tmp_path,
+                                                              content):
+  """The server reads --model before TensorFlow starts (its thread pools
+  follow the model): a missing or forged file is still one line naming
+  the flag."""
+  path = tmp_path / "m.npz"
+  if content is not None:
+    path.write_bytes(content)
+  result = cli.run_binary(cli.command("rnnstep-serve", "rnnstep.serve.main"),
+                          [f"--model={path}", "--port=0"])
+  assert result.returncode != 0, result
+  assert len(result.stderr_lines) == 1, result
+  assert result.stderr_lines[0].startswith("rnnstep-serve: error: --model: "), \
+      result
+
+
 def test_chat_message_boundaries_are_cache_points(model):
   """A chat prompt's states are kept at its messages' boundaries: after the
   system message and after all but the last, as offsets in ids."""

@@ -204,7 +204,7 @@ def _path(model, replicas: int) -> str:
   return paths.lane_path(model, rows, lanes, threads)
 
 
-def _lanes(cell_kinds=()) -> int:
+def _lanes(cell_kinds) -> int:
   """--lanes, or its default: on a CPU the kind's and the model's
   (`lanes.default_lanes`; `cell_kinds`: its layers'), else one."""
   from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
@@ -217,7 +217,7 @@ def _lanes(cell_kinds=()) -> int:
                                  _MAX_BATCH.value, cell_kinds)
 
 
-def _intra_op_threads(lanes: int, cell_kinds=()) -> int:
+def _intra_op_threads(lanes: int, cell_kinds) -> int:
   """--intra_op_threads, or its default for `lanes` (see `_threads`; 0:
   TensorFlow's own, one a core)."""
   from rnnstep.serve import lanes as lanes_lib  # pylint: disable=g-import-not-at-top
@@ -231,7 +231,7 @@ def _intra_op_threads(lanes: int, cell_kinds=()) -> int:
   return max(cpu.usable_cores() - 1, 1)
 
 
-def _threads(lanes: int, cell_kinds=()) -> None:
+def _threads(lanes: int, cell_kinds) -> None:
   """Sets TensorFlow's thread pools (--intra_op_threads, --inter_op_threads).
 
   With several lanes each lane's call runs on one thread of its own (one
