@@ -11,7 +11,8 @@ after `--`, waits until `/health` answers and says `programs_compiling: 0`
 long length in turn, --rounds times, its decode rate the tokens between
 them over the difference of the times (median and range); and --at_once
 clients each asking --at_once_tokens tokens from its own prompt, all at
-once, total completion tokens over the wall time, --rounds times. The
+once, total completion tokens over the wall time, --rounds times; then the
+server's resident memory and its peak (`/proc/PID/status`). The
 evidence for `rnnstep.serve.lanes.ONE_LANE_CELL_KINDS`
 (benchmarks/results/serve-rwkv7-lanes-xeon-amx-2026-12.md). Run it under
 `flock /tmp/bench.lock`, one server at a time, and pair the variants.
@@ -53,6 +54,18 @@ def wait_compiled(url: str, proc, started: float, log) -> tuple:
       log.seek(0)
       sys.exit("the server ended: " + log.read()[-2000:])
     time.sleep(1)
+
+
+def resident_memory(pid: int) -> str:
+  """The process's resident memory now and at its peak, in GB."""
+  fields = {}
+  with open(f"/proc/{pid}/status") as status:
+    for line in status:
+      name, _, value = line.partition(":")
+      if name in ("VmRSS", "VmHWM"):
+        fields[name] = int(value.split()[0]) * 1024 / 1e9
+  return (f"resident {fields['VmRSS']:.2f} GB (peak "
+          f"{fields['VmHWM']:.2f} GB)")
 
 
 def complete(client, url: str, prompt: str, tokens: int) -> dict:
@@ -118,6 +131,7 @@ def main():
         print(f"{args.at_once} at once x {args.at_once_tokens}: "
               f"{sum(tokens) / seconds:.1f} tokens/s ({seconds:.1f} s)",
               flush=True)
+      print(resident_memory(proc.pid), flush=True)
     finally:
       proc.terminate()
       proc.wait(60)
